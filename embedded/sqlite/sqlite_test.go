@@ -1,0 +1,364 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLocate(t *testing.T) {
+	dir := t.TempDir()
+	cred := filepath.Join(dir, "cred")
+	if err := os.WriteFile(cred, []byte("\n  file:/srv/inv.db?cache=private \n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("data dir", func(t *testing.T) {
+		l, err := Locate("inventory", "/d", env(nil))
+		if err != nil || l.DSN != "/d/inventory.db" || l.From != "data dir" || l.Var != "MESH_STORE_INVENTORY" {
+			t.Fatalf("got %+v, %v", l, err)
+		}
+	})
+	t.Run("variable", func(t *testing.T) {
+		l, err := Locate("inventory", "/d", env(map[string]string{"MESH_STORE_INVENTORY": " /x.db ", "MESH_STORE_INVENTORY_FILE": cred}))
+		if err != nil || l.DSN != "/x.db" || l.From != "MESH_STORE_INVENTORY" {
+			t.Fatalf("got %+v, %v", l, err)
+		}
+	})
+	t.Run("file", func(t *testing.T) {
+		l, err := Locate("inventory", "/d", env(map[string]string{"MESH_STORE_INVENTORY_FILE": cred}))
+		if err != nil || l.DSN != "file:/srv/inv.db?cache=private" || !strings.HasPrefix(l.From, "MESH_STORE_INVENTORY_FILE") {
+			t.Fatalf("got %+v, %v", l, err)
+		}
+		if got := l.FilePath(); got != "/srv/inv.db" {
+			t.Fatalf("FilePath = %q", got)
+		}
+	})
+	t.Run("file missing", func(t *testing.T) {
+		_, err := Locate("health", "/d", env(map[string]string{"MESH_STORE_HEALTH_FILE": filepath.Join(dir, "nope")}))
+		if !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("file empty", func(t *testing.T) {
+		_, err := Locate("health", "/d", env(map[string]string{"MESH_STORE_HEALTH_FILE": empty}))
+		if err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestLocation_FilePath(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"/a/b.db":                    "/a/b.db",
+		"rel.db":                     "rel.db",
+		"file:/a/b.db?mode=rw":       "/a/b.db",
+		"file:///a/b.db":             "/a/b.db",
+		"file://localhost/a/b.db":    "/a/b.db",
+		"file::memory:?cache=shared": "",
+	} {
+		if got := (Location{DSN: dsn}).FilePath(); got != want {
+			t.Errorf("FilePath(%q) = %q, want %q", dsn, got, want)
+		}
+	}
+}
+
+func open(t *testing.T, path string, create bool) *DB {
+	t.Helper()
+	db, err := Open(context.Background(), Location{Context: "test", DSN: path}, create)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// The pragmas must really take effect: modernc silently ignores mattn-style
+// parameters (lessons.md).
+func TestOpen_Pragmas(t *testing.T) {
+	db := open(t, filepath.Join(t.TempDir(), "p.db"), true)
+	ctx := context.Background()
+	check := func(pool string, q interface {
+		Scan(...any) error
+	}, want string) {
+		t.Helper()
+		var got string
+		if err := q.Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s: got %q, want %q", pool, got, want)
+		}
+	}
+	check("writer journal_mode", db.Writer.QueryRowContext(ctx, "PRAGMA journal_mode"), "wal")
+	check("reader journal_mode", db.Reader.QueryRowContext(ctx, "PRAGMA journal_mode"), "wal")
+	check("writer busy_timeout", db.Writer.QueryRowContext(ctx, "PRAGMA busy_timeout"), "10000")
+	check("reader busy_timeout", db.Reader.QueryRowContext(ctx, "PRAGMA busy_timeout"), "10000")
+	check("writer foreign_keys", db.Writer.QueryRowContext(ctx, "PRAGMA foreign_keys"), "1")
+	check("reader foreign_keys", db.Reader.QueryRowContext(ctx, "PRAGMA foreign_keys"), "1")
+	check("writer synchronous", db.Writer.QueryRowContext(ctx, "PRAGMA synchronous"), "1")
+	check("writer journal_size_limit", db.Writer.QueryRowContext(ctx, "PRAGMA journal_size_limit"), "67108864")
+	check("reader query_only", db.Reader.QueryRowContext(ctx, "PRAGMA query_only"), "1")
+	if got := db.Writer.Stats().MaxOpenConnections; got != 1 {
+		t.Errorf("writer pool allows %d connections, want 1", got)
+	}
+	if _, err := db.Reader.ExecContext(ctx, "CREATE TABLE t (x)"); err == nil {
+		t.Error("reader pool wrote")
+	}
+}
+
+func TestOpen_Files(t *testing.T) {
+	dir := t.TempDir()
+	t.Run("missing without create", func(t *testing.T) {
+		p := filepath.Join(dir, "none", "x.db")
+		_, err := Open(context.Background(), Location{DSN: p}, false)
+		if !errors.Is(err, ErrNoStore) {
+			t.Fatalf("got %v", err)
+		}
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatal("a read left a store behind")
+		}
+	})
+	t.Run("missing without create, as URI", func(t *testing.T) {
+		p := filepath.Join(dir, "y.db")
+		_, err := Open(context.Background(), Location{DSN: "file:" + p}, false)
+		if !errors.Is(err, ErrNoStore) {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("created 0600 in a 0700 dir", func(t *testing.T) {
+		p := filepath.Join(dir, "new", "x.db")
+		open(t, p, true)
+		for path, want := range map[string]os.FileMode{p: 0o600, filepath.Dir(p): 0o700} {
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != want {
+				t.Errorf("%s has mode %v, want %v", path, fi.Mode().Perm(), want)
+			}
+		}
+	})
+	t.Run("not SQLite", func(t *testing.T) {
+		p := filepath.Join(dir, "notes.txt")
+		content := []byte("not a database at all, but somebody's notes\n")
+		if err := os.WriteFile(p, content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, create := range []bool{false, true} {
+			_, err := Open(context.Background(), Location{DSN: p}, create)
+			if !errors.Is(err, ErrNotSQLite) {
+				t.Fatalf("create=%v: got %v", create, err)
+			}
+		}
+		if b, _ := os.ReadFile(p); string(b) != string(content) {
+			t.Fatal("the file was changed")
+		}
+	})
+	t.Run("path with URI characters", func(t *testing.T) {
+		p := filepath.Join(dir, "odd?name#x%.db")
+		open(t, p, true)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func migrationsFS(files map[string]string) fstest.MapFS {
+	m := fstest.MapFS{}
+	for k, v := range files {
+		m[k] = &fstest.MapFile{Data: []byte(v)}
+	}
+	return m
+}
+
+func TestLoadMigrations(t *testing.T) {
+	ms, err := LoadMigrations(migrationsFS(map[string]string{
+		"0002_b.sql": "CREATE TABLE b (x);", "0001_a.sql": "CREATE TABLE a (x);", "schema.sql": "ignored", "README.md": "ignored",
+	}))
+	if err != nil || len(ms) != 2 || ms[0].Name != "0001_a.sql" || ms[1].Version != 2 {
+		t.Fatalf("got %+v, %v", ms, err)
+	}
+	for name, files := range map[string]map[string]string{
+		"gap":       {"0001_a.sql": "", "0003_c.sql": ""},
+		"twins":     {"0001_a.sql": "", "001_b.sql": ""},
+		"no number": {"0x_a.sql": ""},
+		"zero":      {"0000_a.sql": ""},
+	} {
+		if _, err := LoadMigrations(migrationsFS(files)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	v1 := map[string]string{"0001_a.sql": "CREATE TABLE a (x INTEGER PRIMARY KEY);"}
+	v2 := map[string]string{"0001_a.sql": v1["0001_a.sql"], "0002_b.sql": "CREATE TABLE b (y INTEGER REFERENCES a(x)); INSERT INTO a VALUES (1);"}
+	load := func(files map[string]string) []Migration {
+		ms, err := LoadMigrations(migrationsFS(files))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	path := filepath.Join(t.TempDir(), "m.db")
+	db := open(t, path, true)
+
+	t.Run("fresh store is behind", func(t *testing.T) {
+		v, err := db.Version(ctx, load(v1))
+		if v != 0 || !errors.Is(err, ErrBehind) {
+			t.Fatalf("got %d, %v", v, err)
+		}
+	})
+	t.Run("in order, then idempotent", func(t *testing.T) {
+		from, to, err := db.Migrate(ctx, load(v1), now)
+		if err != nil || from != 0 || to != 1 {
+			t.Fatalf("got %d -> %d, %v", from, to, err)
+		}
+		from, to, err = db.Migrate(ctx, load(v2), now)
+		if err != nil || from != 1 || to != 2 {
+			t.Fatalf("got %d -> %d, %v", from, to, err)
+		}
+		from, to, err = db.Migrate(ctx, load(v2), now)
+		if err != nil || from != 2 || to != 2 {
+			t.Fatalf("second run: got %d -> %d, %v", from, to, err)
+		}
+		if v, err := db.Version(ctx, load(v2)); v != 2 || err != nil {
+			t.Fatalf("Version = %d, %v", v, err)
+		}
+		var n int
+		db.Reader.QueryRow(`SELECT count(*) FROM a`).Scan(&n)
+		if n != 1 {
+			t.Fatalf("migration 2 ran %d times", n)
+		}
+	})
+	t.Run("newer schema refused", func(t *testing.T) {
+		_, _, err := db.Migrate(ctx, load(v1), now)
+		if !errors.Is(err, ErrSchemaNewer) {
+			t.Fatalf("got %v", err)
+		}
+		if _, err := db.Version(ctx, load(v1)); !errors.Is(err, ErrSchemaNewer) {
+			t.Fatalf("Version: got %v", err)
+		}
+	})
+	t.Run("changed migration refused", func(t *testing.T) {
+		changed := load(map[string]string{"0001_a.sql": "CREATE TABLE a (x TEXT);", "0002_b.sql": v2["0002_b.sql"]})
+		if _, _, err := db.Migrate(ctx, changed, now); !errors.Is(err, ErrMigrationChanged) {
+			t.Fatalf("got %v", err)
+		}
+		if _, err := db.Version(ctx, changed); !errors.Is(err, ErrMigrationChanged) {
+			t.Fatalf("Version: got %v", err)
+		}
+	})
+	t.Run("a failing migration leaves nothing half-done", func(t *testing.T) {
+		bad := load(map[string]string{"0001_a.sql": v1["0001_a.sql"], "0002_b.sql": v2["0002_b.sql"],
+			"0003_c.sql": "CREATE TABLE c (z); INSERT INTO nowhere VALUES (1);"})
+		_, to, err := db.Migrate(ctx, bad, now)
+		if err == nil || to != 2 {
+			t.Fatalf("got to=%d, %v", to, err)
+		}
+		var n int
+		db.Reader.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'c'`).Scan(&n)
+		if n != 0 {
+			t.Fatal("table c outlived its failed migration")
+		}
+	})
+	t.Run("foreign keys checked after migrating", func(t *testing.T) {
+		db := open(t, filepath.Join(t.TempDir(), "fk.db"), true)
+		// foreign_keys is on, so the insert itself is refused: the dangling row cannot be made.
+		_, _, err := db.Migrate(ctx, load(map[string]string{"0001_a.sql": "CREATE TABLE p (id INTEGER PRIMARY KEY); CREATE TABLE c (p INTEGER REFERENCES p(id)); INSERT INTO c VALUES (7);"}), now)
+		if err == nil {
+			t.Fatal("a dangling reference was accepted")
+		}
+	})
+}
+
+// Two processes on one file is the normal case (the daemon and a person's
+// command): a writer in another process must wait out a held write
+// transaction within the busy timeout, not fail at once.
+func TestBusyTimeout_SecondProcess(t *testing.T) {
+	if os.Getenv("MESH_TEST_WRITER") != "" {
+		return
+	}
+	path := filepath.Join(t.TempDir(), "busy.db")
+	db := open(t, path, true)
+	ctx := context.Background()
+	if _, err := db.Writer.Exec(`CREATE TABLE t (who TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Writer.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`INSERT INTO t VALUES ('first')`); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWriter$")
+	cmd.Env = append(os.Environ(), "MESH_TEST_WRITER="+path)
+	out := make(chan error, 1)
+	var output strings.Builder
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { out <- cmd.Wait() }()
+	// Hold the lock until the other process is surely waiting on it: its
+	// marker file says it is about to write.
+	marker := path + ".started"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("helper never started: %s", output.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // the helper now blocks in BEGIN IMMEDIATE
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-out; err != nil {
+		t.Fatalf("second process failed: %v\n%s", err, output.String())
+	}
+	var n int
+	db.Reader.QueryRow(`SELECT count(*) FROM t`).Scan(&n)
+	if n != 2 {
+		t.Fatalf("%d rows, want 2", n)
+	}
+}
+
+// TestHelperWriter is the second process of TestBusyTimeout_SecondProcess.
+func TestHelperWriter(t *testing.T) {
+	path := os.Getenv("MESH_TEST_WRITER")
+	if path == "" {
+		t.Skip("only run as the helper of TestBusyTimeout_SecondProcess")
+	}
+	db := open(t, path, false)
+	if err := os.WriteFile(path+".started", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := db.Write(context.Background(), func(tx *sql.Tx) error {
+		_, err := tx.Exec(`INSERT INTO t VALUES ('second')`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+}
