@@ -1,0 +1,110 @@
+package identity
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+	"mesh-controller/migrations"
+)
+
+func newStore(t *testing.T) (*Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "identity.db")
+	db, err := sqlite.Open(ctx, sqlite.Location{Context: "identity", DSN: path}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ms, err := sqlite.LoadMigrations(migrations.For("identity"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Migrate(ctx, ms, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return NewStore(db), path
+}
+
+func TestStore_SigningKey(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.SigningKey(ctx); err == nil {
+		t.Fatal("a fresh store has a key")
+	}
+	k, made, err := s.EnsureSigningKey(ctx, time.Now())
+	if err != nil || !made {
+		t.Fatalf("made=%v, %v", made, err)
+	}
+	again, made, err := s.EnsureSigningKey(ctx, time.Now())
+	if err != nil || made || !bytes.Equal(again.Public, k.Public) {
+		t.Fatalf("second ensure: made=%v, same=%v, %v", made, bytes.Equal(again.Public, k.Public), err)
+	}
+	read, err := s.SigningKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("declaration")
+	if !ed25519.Verify(k.Public, msg, read.Sign(msg)) {
+		t.Fatal("the stored key does not sign for its public half")
+	}
+	if fp := k.Fingerprint(); len(fp) != 19 || fp != read.Fingerprint() {
+		t.Fatalf("fingerprint %q", fp)
+	}
+}
+
+func TestStore_IssueToken(t *testing.T) {
+	s, path := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	first, _, revoked, err := s.IssueToken(ctx, "web1", time.Hour, now)
+	if err != nil || revoked != 0 {
+		t.Fatalf("revoked=%d, %v", revoked, err)
+	}
+	if len(first) > 64 {
+		t.Fatalf("token is %d characters, more than 64", len(first))
+	}
+	second, tok, revoked, err := s.IssueToken(ctx, "web1", 2*time.Hour, now.Add(time.Minute))
+	if err != nil || revoked != 1 || second == first {
+		t.Fatalf("revoked=%d, same=%v, %v", revoked, second == first, err)
+	}
+	if !tok.ExpiresAt.Equal(now.Add(time.Minute + 2*time.Hour)) {
+		t.Fatalf("expires %v", tok.ExpiresAt)
+	}
+	ts, err := s.Tokens(ctx, "web1")
+	if err != nil || len(ts) != 2 {
+		t.Fatalf("got %d tokens, %v", len(ts), err)
+	}
+	at := now.Add(2 * time.Minute)
+	if ts[0].State(at) != "usable" || ts[1].State(at) != "revoked" {
+		t.Fatalf("states %s, %s", ts[0].State(at), ts[1].State(at))
+	}
+	if ts[0].State(now.Add(3*time.Hour)) != "expired" {
+		t.Fatal("an old token is not expired")
+	}
+	t.Run("never stored in plaintext", func(t *testing.T) {
+		s.db.Writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+		for _, f := range []string{path, path + "-wal"} {
+			b, err := os.ReadFile(f)
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			for _, tok := range []string{first, second} {
+				if bytes.Contains(b, []byte(tok)) || bytes.Contains(b, []byte(tok[len(tokenPrefix):])) {
+					t.Fatalf("%s holds a token in plaintext", f)
+				}
+			}
+		}
+		var n int
+		s.db.Reader.QueryRow(`SELECT count(*) FROM join_tokens WHERE hash = ?`, hashToken(second)).Scan(&n)
+		if n != 1 {
+			t.Fatal("the token's hash is not what is kept")
+		}
+	})
+}

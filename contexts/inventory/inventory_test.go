@@ -1,0 +1,75 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+	"mesh-controller/migrations"
+)
+
+func newStore(t *testing.T) (*Store, *sqlite.DB) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, sqlite.Location{Context: "inventory", DSN: filepath.Join(t.TempDir(), "inventory.db")}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ms, err := sqlite.LoadMigrations(migrations.For("inventory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.Migrate(ctx, ms, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return NewStore(db), db
+}
+
+func TestStore_AddNode(t *testing.T) {
+	s, db := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 10, 0, 0, 123456789, time.UTC)
+	n, err := s.AddNode(ctx, "web1", Converged, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Node(ctx, "web1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "web1" || got.Mode != Converged || !got.CreatedAt.Equal(n.CreatedAt) || got.JoinedAt != nil || got.LastHeard != nil {
+		t.Fatalf("got %+v, want %+v", got, n)
+	}
+	t.Run("duplicate", func(t *testing.T) {
+		_, err := s.AddNode(ctx, "web1", Adopted, now)
+		if !errors.Is(err, ErrNodeExists) {
+			t.Fatalf("got %v", err)
+		}
+		if got, _ := s.Node(ctx, "web1"); got.Mode != Converged {
+			t.Fatal("the refused add changed the node")
+		}
+	})
+	t.Run("not found", func(t *testing.T) {
+		if _, err := s.Node(ctx, "web2"); !errors.Is(err, ErrNodeNotFound) {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("listed by name", func(t *testing.T) {
+		s.AddNode(ctx, "db1", Adopted, now)
+		nodes, err := s.Nodes(ctx)
+		if err != nil || len(nodes) != 2 || nodes[0].Name != "db1" || nodes[1].Name != "web1" || nodes[0].Mode != Adopted {
+			t.Fatalf("got %+v, %v", nodes, err)
+		}
+	})
+	t.Run("the store itself refuses bad names and modes", func(t *testing.T) {
+		for _, row := range [][2]string{{"Web9", "converged"}, {"9web", "converged"}, {"web_9", "converged"}, {"web9", "sideways"}} {
+			if _, err := db.Writer.Exec(`INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, '2026-01-01T00:00:00.000Z')`, row[0], row[1]); err == nil {
+				t.Errorf("store accepted %v", row)
+			}
+		}
+	})
+}
