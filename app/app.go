@@ -1,0 +1,129 @@
+// Package app holds mesh-controller's use cases. Each composes the contexts it
+// needs (no query joins two of them) and returns results for cmd/ to print.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+	"mesh-controller/migrations"
+)
+
+// Contexts names every context, each with its own store, in the order they
+// are migrated and listed.
+var Contexts = []string{"inventory", "identity", "secrets", "licences", "builds", "health"}
+
+// ErrInvalidName means a name is not [a-z][a-z0-9-]{0,62}.
+var ErrInvalidName = errors.New("is not a valid name: use a lowercase letter, then up to 62 lowercase letters, digits or dashes")
+
+var nameRule = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+
+// CheckName refuses a name (node, module, seat, provision, secret, licence)
+// that is not [a-z][a-z0-9-]{0,62}, before any store is touched.
+func CheckName(name string) error {
+	if !nameRule.MatchString(name) {
+		return fmt.Errorf("%q %w", name, ErrInvalidName)
+	}
+	return nil
+}
+
+// DefaultDataDir is $XDG_DATA_HOME/mesh-controller, else
+// ~/.local/share/mesh-controller.
+func DefaultDataDir(getenv func(string) string) string {
+	if x := getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "mesh-controller")
+	}
+	home := getenv("HOME")
+	if home == "" {
+		home, _ = os.UserHomeDir()
+	}
+	return filepath.Join(home, ".local", "share", "mesh-controller")
+}
+
+// Controller is the application: where its stores are, and its clock.
+type Controller struct {
+	// DataDir holds every store not moved by its own variable.
+	DataDir string
+	// Getenv reads the environment (the stores' credentials).
+	Getenv func(string) string
+	// Now is the clock; tests set it.
+	Now func() time.Time
+}
+
+// New makes a Controller on dataDir reading the process's environment.
+func New(dataDir string) *Controller {
+	return &Controller{DataDir: dataDir, Getenv: os.Getenv, Now: time.Now}
+}
+
+// StoreError is a failure to open or check one context's store; it carries
+// the location so the message can say which variable to check.
+type StoreError struct {
+	Location sqlite.Location
+	Err      error
+}
+
+func (e *StoreError) Error() string {
+	return fmt.Sprintf("%s store %s: %v", e.Location.Context, e.Location.DSN, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Stores resolves every context's store location.
+func (c *Controller) Stores() ([]sqlite.Location, error) {
+	locs := make([]sqlite.Location, 0, len(Contexts))
+	for _, name := range Contexts {
+		loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
+		if err != nil {
+			return nil, &StoreError{Location: loc, Err: err}
+		}
+		locs = append(locs, loc)
+	}
+	return locs, nil
+}
+
+// open opens a context's existing store and checks its schema is exactly
+// what this binary knows.
+func (c *Controller) open(ctx context.Context, name string) (*sqlite.DB, error) {
+	loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	ms, err := sqlite.LoadMigrations(migrations.For(name))
+	if err != nil {
+		return nil, err
+	}
+	db, err := sqlite.Open(ctx, loc, false)
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	if _, err := db.Version(ctx, ms); err != nil {
+		db.Close()
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	return db, nil
+}
+
+// stores opens several contexts' stores; close closes those opened.
+func (c *Controller) stores(ctx context.Context, names ...string) (dbs []*sqlite.DB, closeAll func(), err error) {
+	closeAll = func() {
+		for _, db := range dbs {
+			db.Close()
+		}
+	}
+	for _, n := range names {
+		db, err := c.open(ctx, n)
+		if err != nil {
+			closeAll()
+			return nil, func() {}, err
+		}
+		dbs = append(dbs, db)
+	}
+	return dbs, closeAll, nil
+}

@@ -1,0 +1,183 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// NodeView is a node as commands show it.
+type NodeView struct {
+	Name      string     `json:"name"`
+	Mode      string     `json:"mode"`
+	Joined    bool       `json:"joined"`
+	JoinedAt  *time.Time `json:"joined_at"`
+	LastHeard *time.Time `json:"last_heard"`
+	CreatedAt time.Time  `json:"created_at"`
+	// Token is the newest join token's state; only node show fills it.
+	Token *TokenView `json:"token,omitempty"`
+}
+
+// TokenView is a join token as commands show it: never the token itself.
+type TokenView struct {
+	State     string     `json:"state"`
+	IssuedAt  time.Time  `json:"issued_at"`
+	ExpiresAt time.Time  `json:"expires_at"`
+	UsedAt    *time.Time `json:"used_at"`
+}
+
+func nodeView(n inventory.Node) NodeView {
+	return NodeView{
+		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
+		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
+	}
+}
+
+// NodeAdd records a node, converged unless adopted.
+func (c *Controller) NodeAdd(ctx context.Context, name string, adopted bool) (NodeView, error) {
+	if err := CheckName(name); err != nil {
+		return NodeView{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return NodeView{}, err
+	}
+	defer closeAll()
+	n, err := inventory.NewStore(dbs[0]).AddNode(ctx, name, modeOf(adopted), c.Now())
+	if err != nil {
+		return NodeView{}, err
+	}
+	return nodeView(n), nil
+}
+
+func modeOf(adopted bool) inventory.Mode {
+	if adopted {
+		return inventory.Adopted
+	}
+	return inventory.Converged
+}
+
+// NodeList lists every node by name.
+func (c *Controller) NodeList(ctx context.Context) ([]NodeView, error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	nodes, err := inventory.NewStore(dbs[0]).Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	views := make([]NodeView, 0, len(nodes))
+	for _, n := range nodes {
+		views = append(views, nodeView(n))
+	}
+	return views, nil
+}
+
+// NodeShow shows one node and its newest join token.
+func (c *Controller) NodeShow(ctx context.Context, name string) (NodeView, error) {
+	if err := CheckName(name); err != nil {
+		return NodeView{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return NodeView{}, err
+	}
+	defer closeAll()
+	n, err := inventory.NewStore(dbs[0]).Node(ctx, name)
+	if err != nil {
+		return NodeView{}, err
+	}
+	v := nodeView(n)
+	tokens, err := identity.NewStore(dbs[1]).Tokens(ctx, name)
+	if err != nil {
+		return NodeView{}, err
+	}
+	if len(tokens) > 0 {
+		t := tokens[0]
+		v.Token = &TokenView{State: t.State(c.Now()), IssuedAt: t.IssuedAt, ExpiresAt: t.ExpiresAt, UsedAt: t.UsedAt}
+	}
+	return v, nil
+}
+
+// ErrBadTTL means a token's lifetime is not positive.
+var ErrBadTTL = errors.New("a token's lifetime must be positive")
+
+// TokenRequest asks for a join token: for an existing node, or for a new
+// record made in the same act.
+type TokenRequest struct {
+	Node    string
+	New     bool
+	Adopted bool
+	TTL     time.Duration
+}
+
+// IssuedToken is a join token, returned once.
+type IssuedToken struct {
+	Token     string
+	Node      string
+	ExpiresAt time.Time
+	// Created says the node record was made by this act.
+	Created bool
+	Mode    string
+	// Revoked counts earlier unused tokens of the node that no longer work.
+	Revoked int
+}
+
+// TokenIssue issues a one-time join token, kept only as its hash.
+func (c *Controller) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToken, error) {
+	if err := CheckName(r.Node); err != nil {
+		return IssuedToken{}, err
+	}
+	if r.TTL <= 0 {
+		return IssuedToken{}, fmt.Errorf("--ttl %s: %w", r.TTL, ErrBadTTL)
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return IssuedToken{}, err
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	var n inventory.Node
+	if r.New {
+		n, err = inv.AddNode(ctx, r.Node, modeOf(r.Adopted), c.Now())
+	} else {
+		n, err = inv.Node(ctx, r.Node)
+	}
+	if err != nil {
+		return IssuedToken{}, err
+	}
+	tok, t, revoked, err := identity.NewStore(dbs[1]).IssueToken(ctx, n.Name, r.TTL, c.Now())
+	if err != nil {
+		return IssuedToken{}, err
+	}
+	return IssuedToken{Token: tok, Node: n.Name, ExpiresAt: t.ExpiresAt, Created: r.New, Mode: string(n.Mode), Revoked: revoked}, nil
+}
+
+// IdentityView is the controller's identity as commands show it: the public
+// half only.
+type IdentityView struct {
+	Algorithm   string    `json:"algorithm"`
+	PublicKey   string    `json:"public_key"`
+	Fingerprint string    `json:"fingerprint"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// IdentityShow shows the controller's signing public key.
+func (c *Controller) IdentityShow(ctx context.Context) (IdentityView, error) {
+	dbs, closeAll, err := c.stores(ctx, "identity")
+	if err != nil {
+		return IdentityView{}, err
+	}
+	defer closeAll()
+	k, err := identity.NewStore(dbs[0]).SigningKey(ctx)
+	if err != nil {
+		return IdentityView{}, err
+	}
+	return IdentityView{Algorithm: "ed25519", PublicKey: k.PublicBase64(), Fingerprint: k.Fingerprint(), CreatedAt: k.CreatedAt}, nil
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"mesh-controller/app"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/sqlite"
+)
+
+// hint is the "what to do" half of an error line: the app says what went
+// wrong, the command line says what a person can do about it.
+func hint(err error) string {
+	var se *app.StoreError
+	isStore := errors.As(err, &se)
+	moved := isStore && se.Location.From != "data dir"
+	switch {
+	case errors.Is(err, sqlite.ErrNoStore), errors.Is(err, sqlite.ErrBehind):
+		if moved {
+			return fmt.Sprintf("run 'mesh-controller migrate' first, or check %s", se.Location.Var)
+		}
+		return "run 'mesh-controller migrate' first"
+	case errors.Is(err, sqlite.ErrNotSQLite) && isStore:
+		return fmt.Sprintf("check %s, or move that file away and run 'mesh-controller migrate'", se.Location.Var)
+	case errors.Is(err, sqlite.ErrSchemaNewer):
+		return "run the mesh-controller that migrated it"
+	case errors.Is(err, sqlite.ErrMigrationChanged):
+		return "restore the migration as it shipped: applied migrations are never edited"
+	case errors.Is(err, identity.ErrNoSigningKey):
+		return "run 'mesh-controller migrate' to make it"
+	case errors.Is(err, inventory.ErrNodeExists):
+		return "choose another name ('mesh-controller node list' shows those taken)"
+	case errors.Is(err, inventory.ErrNodeNotFound):
+		return "add it with 'mesh-controller node add', or see 'mesh-controller node list'"
+	case errors.Is(err, app.ErrBadTTL):
+		return "give --ttl a positive duration such as 24h"
+	case isStore:
+		return fmt.Sprintf("check %s and the data dir", se.Location.Var)
+	}
+	return ""
+}

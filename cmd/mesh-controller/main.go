@@ -1,0 +1,154 @@
+// Command mesh-controller is the control plane of a mesh: its daemon and the
+// commands a person runs. This package holds kong command structs only; each
+// Run calls app/ and prints what it returns.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"mesh-controller/app"
+)
+
+// version is stamped at link time: -ldflags "-X main.version=v1.2.3".
+var version string
+
+// Globals are the flags every command takes.
+type Globals struct {
+	Data string `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
+}
+
+// CLI is every command mesh-controller has. A command that is not built is not here.
+type CLI struct {
+	Globals
+
+	Migrate  MigrateCmd  `cmd:"" help:"Bring every context's store up to date (made on first use)."`
+	Prepare  MigrateCmd  `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
+	Version  VersionCmd  `cmd:"" help:"Print the version stamped at link time."`
+	Help     HelpCmd     `cmd:"" help:"Show usage, and where each context's store is."`
+	Identity IdentityCmd `cmd:"" help:"The controller's signing identity."`
+	Node     NodeCmd     `cmd:"" help:"Machines the mesh knows."`
+	Token    TokenCmd    `cmd:"" help:"One-time rights to join."`
+}
+
+// Env is what every Run is given: the application and where to print.
+type Env struct {
+	// Ctx ends on SIGINT or SIGTERM.
+	Ctx    context.Context
+	App    *app.Controller
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// UsageError is a command line that parsed but does not make sense; it exits 2.
+type UsageError struct{ Msg string }
+
+func (e UsageError) Error() string { return e.Msg }
+
+// exit carries an exit status out of kong through a panic, because kong
+// calls its Exit (for --help) in the middle of parsing.
+type exit int
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run parses args, runs the chosen command, and returns the exit status:
+// 0 done, 1 refused or failed, 2 usage error.
+func run(args []string, stdout, stderr io.Writer) (status int) {
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(exit)
+			if !ok {
+				panic(r)
+			}
+			status = int(code)
+		}
+	}()
+	var cli CLI
+	parser, err := kong.New(&cli,
+		kong.Name("mesh-controller"),
+		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv)},
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { panic(exit(code)) }),
+		kong.Help(helpWithStores),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true, NoExpandSubcommands: false}),
+	)
+	if err != nil {
+		fmt.Fprintf(stderr, "mesh-controller: %v\n", err)
+		return 1
+	}
+	if len(args) == 0 {
+		args = []string{"--help"}
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "mesh-controller: %s, see '%s --help'\n", oneLine(err.Error()), commandPath(err))
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	env := &Env{Ctx: ctx, App: app.New(cli.Data), Stdout: stdout, Stderr: stderr}
+	if err := kctx.Run(env); err != nil {
+		var usage UsageError
+		if errors.As(err, &usage) {
+			fmt.Fprintf(stderr, "mesh-controller: %s, see '%s --help'\n", oneLine(err.Error()), kctx.Selected().FullPath())
+			return 2
+		}
+		msg := oneLine(err.Error())
+		if h := hint(err); h != "" {
+			msg += ", " + h
+		}
+		fmt.Fprintf(stderr, "mesh-controller: %s\n", msg)
+		return 1
+	}
+	return 0
+}
+
+// timeShown is how times are printed for a person: UTC, to the second.
+const timeShown = "2006-01-02 15:04:05Z"
+
+// commandPath names the command a parse error happened in, for its --help.
+func commandPath(err error) string {
+	var perr *kong.ParseError
+	if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
+		return perr.Context.Selected().FullPath()
+	}
+	return "mesh-controller"
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+// printJSON prints v as one indented JSON document.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// Name is a name (node, module, seat…) checked while parsing, so an invalid
+// one is a usage error and no store is touched.
+type Name string
+
+// Decode implements kong.MapperValue.
+func (n *Name) Decode(ctx *kong.DecodeContext) error {
+	var s string
+	if err := ctx.Scan.PopValueInto("name", &s); err != nil {
+		return err
+	}
+	if err := app.CheckName(s); err != nil {
+		return err
+	}
+	*n = Name(s)
+	return nil
+}

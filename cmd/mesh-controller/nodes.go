@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"mesh-controller/app"
+)
+
+// NodeCmd groups node commands.
+type NodeCmd struct {
+	Add  NodeAddCmd  `cmd:"" help:"Create a node record (converged unless --adopted)."`
+	List NodeListCmd `cmd:"" help:"Every node: mode, joined or not, last heard."`
+	Show NodeShowCmd `cmd:"" help:"One node whole."`
+}
+
+// NodeAddCmd is node add.
+type NodeAddCmd struct {
+	Name    Name `arg:"" help:"The node's name: [a-z][a-z0-9-]{0,62}."`
+	Adopted bool `help:"The machine is already in use: the mesh runs its modules beside what is there and touches nothing else."`
+}
+
+// Run records the node.
+func (c *NodeAddCmd) Run(env *Env) error {
+	n, err := env.App.NodeAdd(env.Ctx, string(c.Name), c.Adopted)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "node %s added (%s)\n", n.Name, n.Mode)
+	fmt.Fprintf(env.Stderr, "next: give it a join token with 'mesh-controller token issue --node %s'\n", n.Name)
+	return nil
+}
+
+// NodeListCmd is node list.
+type NodeListCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists every node.
+func (c *NodeListCmd) Run(env *Env) error {
+	nodes, err := env.App.NodeList(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, nodes)
+	}
+	if len(nodes) == 0 {
+		fmt.Fprintln(env.Stderr, "no nodes yet; add one with 'mesh-controller node add NAME'")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard))
+	}
+	return tw.Flush()
+}
+
+// NodeShowCmd is node show.
+type NodeShowCmd struct {
+	Name Name `arg:"" help:"The node."`
+	JSON bool `name:"json" help:"Print one JSON object."`
+}
+
+// Run shows one node.
+func (c *NodeShowCmd) Run(env *Env) error {
+	n, err := env.App.NodeShow(env.Ctx, string(c.Name))
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, n)
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "name\t%s\n", n.Name)
+	fmt.Fprintf(tw, "mode\t%s\n", n.Mode)
+	fmt.Fprintf(tw, "recorded\t%s\n", n.CreatedAt.Format(timeShown))
+	fmt.Fprintf(tw, "joined\t%s\n", when(n.JoinedAt))
+	fmt.Fprintf(tw, "last heard\t%s\n", when(n.LastHeard))
+	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
+	return tw.Flush()
+}
+
+func tokenLine(t *app.TokenView) string {
+	if t == nil {
+		return "none issued"
+	}
+	s := fmt.Sprintf("%s (issued %s, expires %s", t.State, t.IssuedAt.Format(timeShown), t.ExpiresAt.Format(timeShown))
+	if t.UsedAt != nil {
+		s += ", used " + t.UsedAt.Format(timeShown)
+	}
+	return s + ")"
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func when(t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return t.Format(timeShown)
+}
