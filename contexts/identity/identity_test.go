@@ -5,30 +5,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"mesh-controller/embedded/sqlite"
-	"mesh-controller/migrations"
+	"mesh-controller/embedded/sqlite/sqlitetest"
 )
 
 func newStore(t *testing.T) (*Store, string) {
-	t.Helper()
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "identity.db")
-	db, err := sqlite.Open(ctx, sqlite.Location{Context: "identity", DSN: path}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ms, err := sqlite.LoadMigrations(migrations.For("identity"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := db.Migrate(ctx, ms, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	db, path := sqlitetest.Open(t, "identity")
 	return NewStore(db), path
 }
 

@@ -3,29 +3,15 @@ package inventory
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
-	"mesh-controller/migrations"
+	"mesh-controller/embedded/sqlite/sqlitetest"
 )
 
 func newStore(t *testing.T) (*Store, *sqlite.DB) {
-	t.Helper()
-	ctx := context.Background()
-	db, err := sqlite.Open(ctx, sqlite.Location{Context: "inventory", DSN: filepath.Join(t.TempDir(), "inventory.db")}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ms, err := sqlite.LoadMigrations(migrations.For("inventory"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := db.Migrate(ctx, ms, time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	db, _ := sqlitetest.Open(t, "inventory")
 	return NewStore(db), db
 }
 
