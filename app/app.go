@@ -54,6 +54,9 @@ type Controller struct {
 	Getenv func(string) string
 	// Now is the clock; tests set it.
 	Now func() time.Time
+	// Broker is an external NATS URL (--broker, MESH_BROKER); empty means the
+	// serving controller's embedded broker.
+	Broker string
 }
 
 // New makes a Controller on dataDir reading the process's environment.

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"strings"
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/sqlite"
@@ -58,12 +59,20 @@ func (c *Controller) migrateOne(ctx context.Context, name string) (Migrated, err
 	}
 	m := Migrated{Context: name, Store: loc.DSN, From: from, To: to, Known: len(ms)}
 	if name == "identity" {
-		key, made, err := identity.NewStore(db).EnsureSigningKey(ctx, c.Now())
+		ids := identity.NewStore(db)
+		key, made, err := ids.EnsureSigningKey(ctx, c.Now())
 		if err != nil {
 			return m, err
 		}
 		if made {
 			m.Note = "signing key made: " + key.Fingerprint()
+		}
+		madeBroker, err := ids.EnsureBrokerKeys(ctx, newBrokerSeeds, c.Now())
+		if err != nil {
+			return m, err
+		}
+		if madeBroker {
+			m.Note = strings.TrimPrefix(m.Note+"; broker keys made", "; ")
 		}
 	}
 	return m, nil

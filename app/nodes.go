@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 )
@@ -18,8 +19,48 @@ type NodeView struct {
 	JoinedAt  *time.Time `json:"joined_at"`
 	LastHeard *time.Time `json:"last_heard"`
 	CreatedAt time.Time  `json:"created_at"`
-	// Token is the newest join token's state; only node show fills it.
-	Token *TokenView `json:"token,omitempty"`
+	// SerialDeclared is its latest declaration's serial; SerialApplied the
+	// highest its host reported applied (0 when none).
+	SerialDeclared int64 `json:"serial_declared"`
+	SerialApplied  int64 `json:"serial_applied"`
+	// HeartbeatS is the interval its host beats at (0 until heard).
+	HeartbeatS float64 `json:"heartbeat_interval_s"`
+	// LastApply is its host's latest apply report.
+	LastApply *ApplyView `json:"last_apply"`
+}
+
+// NodeDetail is one node whole, as node show tells it.
+type NodeDetail struct {
+	NodeView
+	// Token is the newest join token's state (never the token).
+	Token *TokenView `json:"token"`
+	// Facts are what its host reported of the machine, each with why.
+	Facts []inventory.Fact `json:"facts"`
+	// Found is what its host found running beside the mesh's modules.
+	Found []inventory.Found `json:"found"`
+	// Data are its data sets as last reported.
+	Data []DataSetView `json:"data"`
+	// Dropped counts messages claiming to be from it that were refused.
+	Dropped []health.Drop `json:"dropped_messages"`
+}
+
+// ApplyView is a host's report of applying a declaration.
+type ApplyView struct {
+	Serial  int64     `json:"serial"`
+	OK      bool      `json:"ok"`
+	Error   string    `json:"error,omitempty"`
+	TotalMS float64   `json:"total_ms"`
+	At      time.Time `json:"at"`
+}
+
+// DataSetView is one data set as its host last reported it.
+type DataSetView struct {
+	Module     string     `json:"module"`
+	Name       string     `json:"name"`
+	Path       string     `json:"path"`
+	Bytes      int64      `json:"bytes"`
+	Precious   string     `json:"precious"`
+	LastBackup *time.Time `json:"last_backup"`
 }
 
 // TokenView is a join token as commands show it: never the token itself.
@@ -31,10 +72,15 @@ type TokenView struct {
 }
 
 func nodeView(n inventory.Node) NodeView {
-	return NodeView{
+	v := NodeView{
 		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
 		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
+		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS,
 	}
+	if o := n.LastOutcome; o != nil {
+		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}
+	}
+	return v
 }
 
 // NodeAdd records a node, converged unless adopted.
@@ -80,23 +126,38 @@ func (c *Controller) NodeList(ctx context.Context) ([]NodeView, error) {
 }
 
 // NodeShow shows one node and its newest join token.
-func (c *Controller) NodeShow(ctx context.Context, name string) (NodeView, error) {
+func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
 	if err := CheckName(name); err != nil {
-		return NodeView{}, err
+		return NodeDetail{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
 	if err != nil {
-		return NodeView{}, err
+		return NodeDetail{}, err
 	}
 	defer closeAll()
-	n, err := inventory.NewStore(dbs[0]).Node(ctx, name)
+	inv := inventory.NewStore(dbs[0])
+	n, err := inv.Node(ctx, name)
 	if err != nil {
-		return NodeView{}, err
+		return NodeDetail{}, err
 	}
-	v := nodeView(n)
+	v := NodeDetail{NodeView: nodeView(n)}
+	if v.Facts, v.Found, err = inv.Facts(ctx, name); err != nil {
+		return NodeDetail{}, err
+	}
+	sets, err := inv.DataSets(ctx, name)
+	if err != nil {
+		return NodeDetail{}, err
+	}
+	v.Data = []DataSetView{}
+	for _, d := range sets {
+		v.Data = append(v.Data, DataSetView(d))
+	}
+	if v.Dropped, err = health.NewStore(dbs[2]).Drops(ctx, name); err != nil {
+		return NodeDetail{}, err
+	}
 	tokens, err := identity.NewStore(dbs[1]).Tokens(ctx, name)
 	if err != nil {
-		return NodeView{}, err
+		return NodeDetail{}, err
 	}
 	if len(tokens) > 0 {
 		t := tokens[0]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"mesh-controller/app"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
@@ -34,6 +35,16 @@ func hint(err error) string {
 		return "choose another name ('mesh-controller node list' shows those taken)"
 	case errors.Is(err, inventory.ErrNodeNotFound):
 		return "add it with 'mesh-controller node add', or see 'mesh-controller node list'"
+	case errors.Is(err, identity.ErrLeaseHeld):
+		return "stop that controller first (SIGINT or SIGTERM gives the lease back), or wait until its lease expires"
+	case errors.Is(err, identity.ErrNoBrokerKeys):
+		return "run 'mesh-controller migrate' to make them"
+	case errors.Is(err, health.ErrNoWhy):
+		return "add --why \"...\""
+	case errors.Is(err, app.ErrNotAnObject):
+		return "write the body as one JSON object, e.g. {\"modules\": []}"
+	case errors.Is(err, app.ErrBrokerUnreachable):
+		return "start 'mesh-controller serve', or check --broker"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

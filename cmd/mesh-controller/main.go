@@ -24,7 +24,8 @@ var version string
 
 // Globals are the flags every command takes.
 type Globals struct {
-	Data string `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
+	Data   string `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
+	Broker string `name:"broker" env:"MESH_BROKER" placeholder:"URL" help:"An external NATS (nats://…) instead of the serving controller's embedded broker."`
 }
 
 // CLI is every command mesh-controller has. A command that is not built is not here.
@@ -38,6 +39,9 @@ type CLI struct {
 	Identity IdentityCmd `cmd:"" help:"The controller's signing identity."`
 	Node     NodeCmd     `cmd:"" help:"Machines the mesh knows."`
 	Token    TokenCmd    `cmd:"" help:"One-time rights to join."`
+	Serve    ServeCmd    `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
+	Broker   BrokerCmd   `cmd:"" help:"The broker hosts dial."`
+	Declare  DeclareCmd  `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
 }
 
 // Env is what every Run is given: the application and where to print.
@@ -76,7 +80,7 @@ func run(args []string, stdout, stderr io.Writer) (status int) {
 	parser, err := kong.New(&cli,
 		kong.Name("mesh-controller"),
 		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
-		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv)},
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(exit(code)) }),
 		kong.Help(helpWithStores),
@@ -96,7 +100,9 @@ func run(args []string, stdout, stderr io.Writer) (status int) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	env := &Env{Ctx: ctx, App: app.New(cli.Data), Stdout: stdout, Stderr: stderr}
+	a := app.New(cli.Data)
+	a.Broker = cli.Globals.Broker
+	env := &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
 	if err := kctx.Run(env); err != nil {
 		var usage UsageError
 		if errors.As(err, &usage) {

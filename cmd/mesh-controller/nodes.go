@@ -51,9 +51,9 @@ func (c *NodeListCmd) Run(env *Env) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD")
+	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), applyState(n))
 	}
 	return tw.Flush()
 }
@@ -80,7 +80,60 @@ func (c *NodeShowCmd) Run(env *Env) error {
 	fmt.Fprintf(tw, "joined\t%s\n", when(n.JoinedAt))
 	fmt.Fprintf(tw, "last heard\t%s\n", when(n.LastHeard))
 	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
-	return tw.Flush()
+	fmt.Fprintf(tw, "declared\t%s\n", serial(n.SerialDeclared))
+	fmt.Fprintf(tw, "applied\t%s\n", applyState(n.NodeView))
+	if a := n.LastApply; a != nil && !a.OK {
+		fmt.Fprintf(tw, "last apply\tfailed at %s: %s\n", a.At.Format(timeShown), a.Error)
+	}
+	for _, d := range n.Dropped {
+		fmt.Fprintf(tw, "dropped\t%d messages claiming to be from %s: %s (last %s)\n", d.Count, d.Node, d.Reason, d.LastAt.Format(timeShown))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(n.Facts) > 0 {
+		fmt.Fprintln(env.Stdout, "\nfacts:")
+		tw = tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+		for _, f := range n.Facts {
+			fmt.Fprintf(tw, "  %s\t%s\t(%s)\n", f.Name, f.Value, f.Why)
+		}
+		tw.Flush()
+	}
+	if len(n.Found) > 0 {
+		fmt.Fprintln(env.Stdout, "\nfound beside the mesh:")
+		for _, f := range n.Found {
+			fmt.Fprintf(env.Stdout, "  %s %s: %s\n", f.Kind, f.Name, f.Detail)
+		}
+	}
+	if len(n.Data) > 0 {
+		fmt.Fprintln(env.Stdout, "\ndata:")
+		tw = tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+		for _, d := range n.Data {
+			fmt.Fprintf(tw, "  %s/%s\t%s\t%d bytes\t%s\n", d.Module, d.Name, d.Path, d.Bytes, d.Precious)
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+func serial(s int64) string {
+	if s == 0 {
+		return "none"
+	}
+	return fmt.Sprint(s)
+}
+
+// applyState says how a node stands against its latest declaration.
+func applyState(n app.NodeView) string {
+	switch {
+	case n.SerialDeclared == 0 && n.SerialApplied == 0:
+		return "-"
+	case n.SerialApplied >= n.SerialDeclared:
+		return fmt.Sprintf("%d (current)", n.SerialApplied)
+	case n.LastApply != nil && !n.LastApply.OK && n.LastApply.Serial > n.SerialApplied:
+		return fmt.Sprintf("%s (behind; %d failed)", serial(n.SerialApplied), n.LastApply.Serial)
+	}
+	return fmt.Sprintf("%s (behind)", serial(n.SerialApplied))
 }
 
 func tokenLine(t *app.TokenView) string {

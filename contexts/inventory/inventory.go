@@ -39,6 +39,16 @@ type Node struct {
 	JoinedAt *time.Time
 	// LastHeard is when the mesh last heard from its host; nil if never.
 	LastHeard *time.Time
+	// SerialDeclared is the serial of its latest declaration; 0 if none.
+	SerialDeclared int64
+	// SerialApplied is the highest serial its host reported applied; 0 if none.
+	SerialApplied int64
+	// HeartbeatIntervalS is the interval its host says it beats at.
+	HeartbeatIntervalS float64
+	// UptimeS is the host's uptime at its last heartbeat.
+	UptimeS int64
+	// LastOutcome is its host's latest apply report; nil if none.
+	LastOutcome *Outcome
 }
 
 // Store is the inventory context's store.
@@ -73,14 +83,30 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 	return n, nil
 }
 
-const nodeColumns = `name, mode, created_at, joined_at, last_heard`
+const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, coalesce(d.serial, 0), n.serial_applied,
+	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at`
+
+const nodesFrom = ` FROM nodes n LEFT JOIN declarations d ON d.node = n.name`
 
 func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var n Node
 	var mode, created string
-	var joined, heard sql.NullString
-	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard); err != nil {
+	var joined, heard, appliedAt sql.NullString
+	var appliedSerial sql.NullInt64
+	var appliedOK sql.NullBool
+	var o Outcome
+	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard, &n.SerialDeclared, &n.SerialApplied,
+		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt); err != nil {
 		return Node{}, err
+	}
+	if appliedSerial.Valid && appliedAt.Valid {
+		o.Serial, o.OK = appliedSerial.Int64, appliedOK.Bool
+		at, err := sqlite.ParseTime(appliedAt.String)
+		if err != nil {
+			return Node{}, err
+		}
+		o.At = at
+		n.LastOutcome = &o
 	}
 	n.Mode = Mode(mode)
 	var err error
@@ -98,7 +124,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 
 // Node returns one node, or ErrNodeNotFound.
 func (s *Store) Node(ctx context.Context, name string) (Node, error) {
-	row := s.db.Reader.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE name = ?`, name)
+	row := s.db.Reader.QueryRowContext(ctx, `SELECT `+nodeColumns+nodesFrom+` WHERE n.name = ?`, name)
 	n, err := scanNode(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Node{}, fmt.Errorf("node %s %w", name, ErrNodeNotFound)
@@ -111,7 +137,7 @@ func (s *Store) Node(ctx context.Context, name string) (Node, error) {
 
 // Nodes returns every node, by name.
 func (s *Store) Nodes(ctx context.Context) ([]Node, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY name`)
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+nodeColumns+nodesFrom+` ORDER BY n.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}

@@ -1,6 +1,24 @@
+CREATE TABLE dropped_messages (
+    node     TEXT NOT NULL,
+    reason   TEXT NOT NULL,
+    count    INTEGER NOT NULL,
+    first_at TEXT NOT NULL,
+    last_at  TEXT NOT NULL,
+    PRIMARY KEY (node, reason)
+) STRICT;
+CREATE TABLE hand_acts (
+    id        INTEGER PRIMARY KEY,
+    at        TEXT NOT NULL,
+    what      TEXT NOT NULL,
+    why       TEXT NOT NULL CHECK (why <> ''),
+    cause     TEXT NOT NULL DEFAULT '',
+    who       TEXT NOT NULL,
+    condition TEXT NOT NULL DEFAULT ''
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
 	checksum   TEXT NOT NULL,
 	applied_at TEXT NOT NULL
 );
+CREATE INDEX hand_acts_at ON hand_acts (at);

@@ -1,3 +1,16 @@
+CREATE TABLE broker_keys (
+    role       TEXT PRIMARY KEY CHECK (role IN ('operator', 'account', 'system')),
+    seed       BLOB NOT NULL,
+    created_at TEXT NOT NULL
+) STRICT;
+CREATE TABLE hosts (
+    node          TEXT PRIMARY KEY,
+    host_key      BLOB NOT NULL CHECK (length(host_key) = 32),
+    age_recipient TEXT NOT NULL,
+    nkey          TEXT NOT NULL,
+    host_version  TEXT NOT NULL,
+    joined_at     TEXT NOT NULL
+) STRICT;
 CREATE TABLE join_tokens (
     hash       TEXT PRIMARY KEY,
     node       TEXT NOT NULL,
@@ -5,6 +18,15 @@ CREATE TABLE join_tokens (
     expires_at TEXT NOT NULL,
     used_at    TEXT,
     revoked_at TEXT
+, reused_count INTEGER NOT NULL DEFAULT 0, last_reused_at TEXT) STRICT;
+CREATE TABLE lease (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    holder     TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    taken_at   TEXT NOT NULL,
+    expires_at TEXT NOT NULL,
+    broker_url TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,

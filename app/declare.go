@@ -1,0 +1,114 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"time"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// ErrNotAnObject means a declaration file is not one JSON object.
+var ErrNotAnObject = errors.New("the declaration file is not one JSON object")
+
+// DeclareRequest is a hand-written declaration body for a node.
+type DeclareRequest struct {
+	Node string
+	// Body is the file's content: a JSON object; node, serial and issued_at are filled in.
+	Body []byte
+	// From names the file, for the hand-act record.
+	From string
+	Why  string
+}
+
+// Declared is what declare did.
+type Declared struct {
+	Node   string
+	Serial int64
+	Joined bool
+	// Sent says it was published to the node now; otherwise NotSent says why
+	// and the node gets it when it next asks (at latest when serve runs).
+	Sent    bool
+	NotSent string
+}
+
+// Declare signs a hand-written declaration for a node, keeps it as the
+// node's latest, records the hand act, and sends it if a broker is reachable.
+func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, error) {
+	if err := CheckName(r.Node); err != nil {
+		return Declared{}, err
+	}
+	if r.Why == "" {
+		return Declared{}, health.ErrNoWhy
+	}
+	var body map[string]any
+	dec := json.NewDecoder(bytes.NewReader(r.Body))
+	dec.UseNumber()
+	if err := dec.Decode(&body); err != nil || body == nil || dec.More() {
+		return Declared{}, fmt.Errorf("%s: %w", r.From, ErrNotAnObject)
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
+	if err != nil {
+		return Declared{}, err
+	}
+	defer closeAll()
+	inv, ids, hl := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), health.NewStore(dbs[2])
+	node, err := inv.Node(ctx, r.Node)
+	if err != nil {
+		return Declared{}, err
+	}
+	key, err := ids.SigningKey(ctx)
+	if err != nil {
+		return Declared{}, err
+	}
+	if _, ok := body["mode"]; !ok {
+		body["mode"] = string(node.Mode)
+	}
+	decl, err := inv.SaveDeclaration(ctx, r.Node, func(serial int64, issuedAt time.Time) (string, string, string, error) {
+		body["node"], body["serial"], body["issued_at"] = r.Node, serial, issuedAt.Format(time.RFC3339)
+		env, _, err := protocol.Seal(body, key.Sign, key.Fingerprint())
+		return env.Declaration, env.Signature, env.Key, err
+	}, c.Now())
+	if err != nil {
+		return Declared{}, err
+	}
+	out := Declared{Node: r.Node, Serial: decl.Serial, Joined: node.JoinedAt != nil}
+	if _, err := hl.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("declare %s serial %d from %s", r.Node, decl.Serial, r.From),
+		Why: r.Why, Cause: "declare", Who: who()}); err != nil {
+		return out, err
+	}
+	nc, err := c.dialBroker(ctx, ids)
+	if err != nil {
+		out.NotSent = err.Error()
+		return out, nil
+	}
+	defer nc.Close()
+	if err := publishDeclaration(nc, decl); err != nil {
+		out.NotSent = err.Error()
+		return out, nil
+	}
+	if err := nc.FlushTimeout(3 * time.Second); err != nil {
+		out.NotSent = err.Error()
+		return out, nil
+	}
+	out.Sent = true
+	return out, nil
+}
+
+// who names the person running a command: user@host.
+func who() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}

@@ -1,0 +1,182 @@
+package host
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+
+	"mesh-controller/app/protocol"
+)
+
+// applied is what the host remembers of the last declaration it applied.
+type applied struct {
+	Serial int64 `json:"serial"`
+	// Files are the files it wrote, relative to the root; removed when a later
+	// declaration no longer declares them.
+	Files []string `json:"files"`
+	// Data are the data sets declared, for data reports; never removed by the host.
+	Data []dataSet `json:"data"`
+}
+
+type dataSet struct {
+	Module   string `json:"module"`
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	Precious string `json:"precious"`
+}
+
+func loadApplied(dir string) (applied, error) {
+	var a applied
+	b, err := os.ReadFile(filepath.Join(dir, fileApplied))
+	if errors.Is(err, os.ErrNotExist) {
+		return a, nil
+	}
+	if err != nil {
+		return a, err
+	}
+	return a, json.Unmarshal(b, &a)
+}
+
+func saveApplied(dir string, a applied) error {
+	b, err := json.MarshalIndent(a, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, fileApplied), b)
+}
+
+var moduleName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+
+// modulesDir is where, under the root, each module's part of the declaration is written.
+const modulesDir = "etc/mesh/modules"
+
+// apply verifies and applies one declaration under root, returning the
+// report to send. Refused: a signature that does not verify against the
+// controller key from join, another node's declaration, a serial not above
+// the last applied.
+func apply(st *State, root string, last applied, env protocol.Envelope) (protocol.AppliedBody, applied) {
+	start := time.Now()
+	var tiers []protocol.Tier
+	tier := func(name string, since time.Time) {
+		tiers = append(tiers, protocol.Tier{Tier: name, MS: float64(time.Since(since).Microseconds()) / 1000})
+	}
+	fail := func(serial int64, format string, args ...any) (protocol.AppliedBody, applied) {
+		return protocol.AppliedBody{Serial: serial, OK: false, Error: fmt.Sprintf(format, args...), Tiers: tiers,
+			TotalMS: float64(time.Since(start).Microseconds()) / 1000}, last
+	}
+
+	t := time.Now()
+	d, err := env.Verify(st.ControllerKey)
+	if err != nil {
+		return fail(0, "refused: %v against the controller key received at join", err)
+	}
+	if d.Node != st.Node {
+		return fail(d.Serial, "refused: declaration %d is for node %q, this is %q", d.Serial, d.Node, st.Node)
+	}
+	if d.Serial <= last.Serial {
+		return fail(d.Serial, "refused: serial %d is not above the last applied %d (replayed or old)", d.Serial, last.Serial)
+	}
+	var raw struct {
+		Modules []json.RawMessage `json:"modules"`
+	}
+	if err := json.Unmarshal([]byte(env.Declaration), &raw); err != nil {
+		return fail(d.Serial, "refused: modules: %v", err)
+	}
+	for _, m := range d.Modules {
+		if !moduleName.MatchString(m.Module) {
+			return fail(d.Serial, "refused: module name %q is not valid", m.Module)
+		}
+		for _, ds := range m.Data {
+			if !path.IsAbs(ds.Path) || path.Clean(ds.Path) != ds.Path || ds.Path == "/" {
+				return fail(d.Serial, "refused: module %s data %s: path %q must be absolute and clean", m.Module, ds.Name, ds.Path)
+			}
+		}
+	}
+	tier("verify", t)
+
+	t = time.Now()
+	next := applied{Serial: d.Serial}
+	for i, m := range d.Modules {
+		dir := path.Join(modulesDir, m.Module)
+		var part any
+		json.Unmarshal(raw.Modules[i], &part)
+		b, _ := json.MarshalIndent(part, "", "  ")
+		files := map[string][]byte{path.Join(dir, "module.json"): append(b, '\n')}
+		if len(m.Settings) > 0 {
+			var settings any
+			json.Unmarshal(m.Settings, &settings)
+			sb, _ := json.MarshalIndent(settings, "", "  ")
+			files[path.Join(dir, "settings.json")] = append(sb, '\n')
+		}
+		for rel, content := range files {
+			full := filepath.Join(root, filepath.FromSlash(rel))
+			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+				return fail(d.Serial, "write %s: %v", rel, err)
+			}
+			if err := writeFile(full, content); err != nil {
+				return fail(d.Serial, "write %s: %v", rel, err)
+			}
+			next.Files = append(next.Files, rel)
+		}
+	}
+	sort.Strings(next.Files)
+	tier("files", t)
+
+	t = time.Now()
+	for _, m := range d.Modules {
+		for _, ds := range m.Data {
+			if err := os.MkdirAll(filepath.Join(root, filepath.FromSlash(ds.Path)), 0o750); err != nil {
+				return fail(d.Serial, "module %s data %s: %v", m.Module, ds.Name, err)
+			}
+			next.Data = append(next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious})
+		}
+	}
+	tier("data", t)
+
+	// Files an earlier declaration made and this one no longer declares go;
+	// data directories never do: only a declaration that says so explicitly
+	// may delete data (cleanup delete), and none does yet.
+	t = time.Now()
+	keep := map[string]bool{}
+	for _, f := range next.Files {
+		keep[f] = true
+	}
+	for _, f := range last.Files {
+		if keep[f] {
+			continue
+		}
+		full := filepath.Join(root, filepath.FromSlash(f))
+		if err := os.Remove(full); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fail(d.Serial, "remove %s: %v", f, err)
+		}
+		os.Remove(filepath.Dir(full)) // the module's directory, if now empty
+	}
+	tier("cleanup", t)
+
+	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
+}
+
+// dataReport measures every declared data set under root.
+func dataReport(root string, a applied) protocol.DataBody {
+	sets := make([]protocol.DataSet, 0, len(a.Data))
+	for _, ds := range a.Data {
+		var total int64
+		filepath.WalkDir(filepath.Join(root, filepath.FromSlash(ds.Path)), func(_ string, e fs.DirEntry, err error) error {
+			if err == nil && e.Type().IsRegular() {
+				if info, err := e.Info(); err == nil {
+					total += info.Size()
+				}
+			}
+			return nil
+		})
+		sets = append(sets, protocol.DataSet{Module: ds.Module, Name: ds.Name, Path: ds.Path, Bytes: total, Precious: ds.Precious})
+	}
+	return protocol.DataBody{Sets: sets}
+}

@@ -1,0 +1,195 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+)
+
+// Runner is a joined host at work.
+type Runner struct {
+	State *State
+	// Root is where declarations are applied: a data set's path /var/lib/x
+	// becomes <Root>/var/lib/x.
+	Root string
+	// Heartbeat is the interval between beats.
+	Heartbeat time.Duration
+	// DataEvery is the interval between data reports (besides after each apply).
+	DataEvery time.Duration
+	// Log receives the host's log lines.
+	Log io.Writer
+
+	mu   sync.Mutex
+	last applied
+}
+
+// Run beats, reports facts and data, receives, verifies and applies
+// declarations (asking for the latest whenever it connects), and reports each
+// outcome. It reconnects by itself and returns when ctx ends.
+func (r *Runner) Run(ctx context.Context) error {
+	if r.Heartbeat <= 0 {
+		r.Heartbeat = 10 * time.Second
+	}
+	if r.DataEvery <= 0 {
+		r.DataEvery = 5 * time.Minute
+	}
+	if r.Log == nil {
+		r.Log = io.Discard
+	}
+	var err error
+	if r.last, err = loadApplied(r.State.Dir); err != nil {
+		return fmt.Errorf("read %s: %w", fileApplied, err)
+	}
+	creds, err := r.State.credsOption()
+	if err != nil {
+		return fmt.Errorf("%s: %w", fileCreds, err)
+	}
+	started := time.Now()
+	envelopes := make(chan protocol.Envelope, 16)
+	connected := make(chan struct{}, 1)
+	onConnect := func(*nats.Conn) {
+		select {
+		case connected <- struct{}{}:
+		default:
+		}
+	}
+	nc, err := nats.Connect(strings.Join(r.State.BrokerURLs, ","), creds,
+		nats.Name("mesh-host "+r.State.Node),
+		nats.CustomInboxPrefix(protocol.HostInboxPrefix(r.State.Node)),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+		nats.ConnectHandler(onConnect), nats.ReconnectHandler(onConnect),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				r.logf("disconnected: %v; reconnecting", err)
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("connect to %v: %w", r.State.BrokerURLs, err)
+	}
+	defer nc.Close()
+	if _, err := nc.Subscribe(protocol.DeclarationInbox(r.State.Node), func(m *nats.Msg) {
+		var env protocol.Envelope
+		if err := json.Unmarshal(m.Data, &env); err != nil {
+			r.logf("a declaration that is not JSON: %v", err)
+			return
+		}
+		envelopes <- env
+	}); err != nil {
+		return err
+	}
+
+	beat := time.NewTicker(r.Heartbeat)
+	defer beat.Stop()
+	data := time.NewTicker(r.DataEvery)
+	defer data.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-connected:
+			r.logf("connected to %s", nc.ConnectedUrl())
+			r.publish(nc, protocol.FactsReport, Facts(r.Root))
+			go r.askLatest(ctx, nc, envelopes)
+		case env := <-envelopes:
+			r.applyOne(nc, env)
+		case <-beat.C:
+			r.mu.Lock()
+			serial := r.last.Serial
+			r.mu.Unlock()
+			r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
+				SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds())})
+		case <-data.C:
+			r.mu.Lock()
+			last := r.last
+			r.mu.Unlock()
+			r.publish(nc, protocol.DataReport, dataReport(r.Root, last))
+		}
+	}
+}
+
+func (r *Runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.Log, "%s %s: %s\n", time.Now().UTC().Format(time.RFC3339), r.State.Node, fmt.Sprintf(format, args...))
+}
+
+func (r *Runner) publish(nc *nats.Conn, what string, body any) {
+	b, err := protocol.Sign(r.State.HostKey, body)
+	if err == nil {
+		err = nc.Publish(protocol.NodeSubject(r.State.Node, what), b)
+	}
+	if err != nil {
+		r.logf("send %s: %v", what, err)
+	}
+}
+
+// askLatest asks the controller for this node's latest declaration, as a
+// host does whenever it (re)connects: what was declared while it was away
+// arrives now.
+func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- protocol.Envelope) {
+	r.mu.Lock()
+	serial := r.last.Serial
+	r.mu.Unlock()
+	req, err := protocol.Sign(r.State.HostKey, protocol.DeclarationAskBody{SerialApplied: serial})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := nc.RequestWithContext(ctx, protocol.NodeSubject(r.State.Node, protocol.DeclarationAsk), req)
+	if err != nil {
+		r.logf("ask for the latest declaration: %v", err)
+		return
+	}
+	var probe struct {
+		None bool `json:"none"`
+	}
+	if json.Unmarshal(m.Data, &probe) == nil && probe.None {
+		return
+	}
+	var env protocol.Envelope
+	if err := json.Unmarshal(m.Data, &env); err != nil {
+		r.logf("the latest declaration is not JSON: %v", err)
+		return
+	}
+	// The one already applied is not applied (or refused) again.
+	if d, err := env.Verify(r.State.ControllerKey); err == nil && d.Serial == serial {
+		return
+	}
+	envelopes <- env
+}
+
+func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
+	r.mu.Lock()
+	report, next := apply(r.State, r.Root, r.last, env)
+	if report.OK {
+		if err := saveApplied(r.State.Dir, next); err != nil {
+			report.OK, report.Error = false, "remember what was applied: "+err.Error()
+		} else {
+			r.last = next
+		}
+	}
+	last := r.last
+	r.mu.Unlock()
+	if report.OK {
+		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
+	} else {
+		r.logf("did not apply: %s", report.Error)
+	}
+	b, err := protocol.Sign(r.State.HostKey, report)
+	if err != nil {
+		return
+	}
+	if _, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, 5*time.Second); err != nil {
+		r.logf("report the outcome: %v", err)
+	}
+	if report.OK {
+		r.publish(nc, protocol.DataReport, dataReport(r.Root, last))
+	}
+}

@@ -1,0 +1,224 @@
+// Package host is the reference host (mesh-host): it joins a mesh with a
+// one-time token, keeps its keys in a state dir, reports its machine, and
+// applies the declarations its controller signs. It knows the controller only
+// through the protocol.
+package host
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"filippo.io/age"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"mesh-controller/app/protocol"
+)
+
+// Version is the host's version, sent when joining.
+var Version = "development build"
+
+// ErrRefused means the controller refused the join; the error says why.
+var ErrRefused = errors.New("the controller refused the join")
+
+// ErrJoinedAlready means the state dir already holds a joined host.
+var ErrJoinedAlready = errors.New("this state dir has joined already")
+
+// State is what a joined host keeps in its state dir.
+type State struct {
+	Dir           string
+	Node          string
+	HostKey       ed25519.PrivateKey
+	Age           *age.X25519Identity
+	Creds         string // .creds document: the user JWT and the host's own nkey seed
+	ControllerKey ed25519.PublicKey
+	BrokerURLs    []string
+}
+
+const (
+	fileNode       = "node"
+	fileHostKey    = "host.key"
+	fileAgeKey     = "age.key"
+	fileCreds      = "nats.creds"
+	fileController = "controller.pub"
+	fileBroker     = "broker"
+	fileApplied    = "applied.json"
+)
+
+// JoinOptions are what a person gives mesh-host join.
+type JoinOptions struct {
+	Broker string
+	Token  string
+	Node   string
+	State  string
+}
+
+// Join makes the host's keys (ed25519, age X25519, nkey), asks the
+// controller to join as the join user, and keeps what it answers in the
+// state dir (0700, files 0600).
+func Join(ctx context.Context, o JoinOptions) (*State, error) {
+	if _, err := os.Stat(filepath.Join(o.State, fileCreds)); err == nil {
+		return nil, fmt.Errorf("%s: %w", o.State, ErrJoinedAlready)
+	}
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	ageID, err := age.GenerateX25519Identity()
+	if err != nil {
+		return nil, err
+	}
+	nk, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	nkPub, _ := nk.PublicKey()
+	nkSeed, _ := nk.Seed()
+
+	// No credentials: the broker admits this connection as the join user,
+	// which may ask to join and read its own answer, nothing else.
+	nc, err := nats.Connect(o.Broker, nats.Name("mesh-host join "+o.Node), nats.Timeout(5*time.Second),
+		nats.NoReconnect(), nats.CustomInboxPrefix(protocol.JoinInboxPrefix))
+	if err != nil {
+		return nil, fmt.Errorf("reach the broker at %s: %w", o.Broker, err)
+	}
+	defer nc.Close()
+	req, _ := json.Marshal(protocol.JoinRequest{Token: o.Token, Node: o.Node, HostKey: base64.StdEncoding.EncodeToString(pub),
+		AgeRecipient: ageID.Recipient().String(), NKey: nkPub, HostVersion: Version})
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, protocol.JoinSubject, req)
+	if err != nil {
+		return nil, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
+	}
+	var reply protocol.JoinReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, fmt.Errorf("the controller's answer is not JSON: %w", err)
+	}
+	if !reply.OK {
+		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	}
+	userJWT, err := jwt.ParseDecoratedJWT([]byte(reply.Creds))
+	if err != nil {
+		return nil, fmt.Errorf("the controller's creds: %w", err)
+	}
+	creds, err := jwt.FormatUserConfig(userJWT, nkSeed)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := base64.StdEncoding.DecodeString(reply.ControllerKey)
+	if err != nil || len(ck) != ed25519.PublicKeySize {
+		return nil, errors.New("the controller's key is not an ed25519 public key")
+	}
+	urls := reply.BrokerURLs
+	if len(urls) == 0 {
+		urls = []string{o.Broker}
+	}
+	st := &State{Dir: o.State, Node: o.Node, HostKey: priv, Age: ageID, Creds: string(creds), ControllerKey: ck, BrokerURLs: urls}
+	return st, st.save()
+}
+
+func (s *State) save() error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(s.Dir, 0o700); err != nil {
+		return err
+	}
+	files := map[string]string{
+		fileNode:       s.Node + "\n",
+		fileHostKey:    base64.StdEncoding.EncodeToString(s.HostKey.Seed()) + "\n",
+		fileAgeKey:     s.Age.String() + "\n",
+		fileCreds:      s.Creds,
+		fileController: base64.StdEncoding.EncodeToString(s.ControllerKey) + "\n",
+		fileBroker:     strings.Join(s.BrokerURLs, "\n") + "\n",
+	}
+	for name, content := range files {
+		if err := writeFile(filepath.Join(s.Dir, name), []byte(content)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFile writes a file 0600 through a temporary file and a rename, so a
+// crash leaves the old content or the new, never half.
+func writeFile(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Load reads a joined host's state dir.
+func Load(dir string) (*State, error) {
+	read := func(name string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("%s has no %s: join first with 'mesh-host join'", dir, name)
+		}
+		return strings.TrimSpace(string(b)), err
+	}
+	s := &State{Dir: dir}
+	var err error
+	if s.Node, err = read(fileNode); err != nil {
+		return nil, err
+	}
+	seed, err := read(fileHostKey)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := base64.StdEncoding.DecodeString(seed)
+	if err != nil || len(raw) != ed25519.SeedSize {
+		return nil, fmt.Errorf("%s: host.key is damaged", dir)
+	}
+	s.HostKey = ed25519.NewKeyFromSeed(raw)
+	ageKey, err := read(fileAgeKey)
+	if err != nil {
+		return nil, err
+	}
+	if s.Age, err = age.ParseX25519Identity(ageKey); err != nil {
+		return nil, fmt.Errorf("%s: age.key: %w", dir, err)
+	}
+	if s.Creds, err = read(fileCreds); err != nil {
+		return nil, err
+	}
+	ck, err := read(fileController)
+	if err != nil {
+		return nil, err
+	}
+	if s.ControllerKey, err = base64.StdEncoding.DecodeString(ck); err != nil || len(s.ControllerKey) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%s: controller.pub is damaged", dir)
+	}
+	urls, err := read(fileBroker)
+	if err != nil {
+		return nil, err
+	}
+	s.BrokerURLs = strings.Fields(urls)
+	return s, nil
+}
+
+// credsOption connects as this host's broker user.
+func (s *State) credsOption() (nats.Option, error) {
+	userJWT, err := jwt.ParseDecoratedJWT([]byte(s.Creds))
+	if err != nil {
+		return nil, err
+	}
+	kp, err := jwt.ParseDecoratedNKey([]byte(s.Creds))
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	return nats.UserJWTAndSeed(userJWT, string(seed)), nil
+}

@@ -1,0 +1,72 @@
+package protocol
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Envelope is a signed declaration as sent to a host: the canonical bytes as
+// a string (so the signature is over exactly what arrives), the controller's
+// signature, and the id of its key.
+type Envelope struct {
+	Declaration string `json:"declaration"`
+	Signature   string `json:"signature"`
+	Key         string `json:"key"`
+}
+
+// None is the answer to a host asking for its latest declaration when there is none.
+type None struct {
+	None bool `json:"none"`
+}
+
+// Declaration is the part of a node's plan a host acts on. A host ignores
+// fields it does not know.
+type Declaration struct {
+	Node     string           `json:"node"`
+	Serial   int64            `json:"serial"`
+	IssuedAt time.Time        `json:"issued_at"`
+	Mode     string           `json:"mode"`
+	Modules  []DeclaredModule `json:"modules"`
+}
+
+// DeclaredModule is one module in a declaration.
+type DeclaredModule struct {
+	Module   string          `json:"module"`
+	Version  string          `json:"version"`
+	Settings json.RawMessage `json:"settings,omitempty"`
+	Data     []DeclaredData  `json:"data"`
+}
+
+// DeclaredData is one data set of a declared module.
+type DeclaredData struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	Precious string `json:"precious"`
+}
+
+// Seal canonicalises body (any JSON object, already holding node, serial and
+// issued_at) and signs it.
+func Seal(body map[string]any, sign func([]byte) []byte, keyID string) (Envelope, []byte, error) {
+	canon, err := Canonical(body)
+	if err != nil {
+		return Envelope{}, nil, err
+	}
+	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID}, canon, nil
+}
+
+// Verify checks an envelope against the controller key a host received at
+// join and decodes the declaration.
+func (e Envelope) Verify(key ed25519.PublicKey) (Declaration, error) {
+	sig, err := base64.StdEncoding.DecodeString(e.Signature)
+	if err != nil || len(key) != ed25519.PublicKeySize || !ed25519.Verify(key, []byte(e.Declaration), sig) {
+		return Declaration{}, fmt.Errorf("declaration: %w", ErrBadSignature)
+	}
+	var d Declaration
+	if err := json.Unmarshal([]byte(e.Declaration), &d); err != nil {
+		return Declaration{}, fmt.Errorf("declaration: %w", err)
+	}
+	return d, nil
+}

@@ -1,0 +1,209 @@
+// Package protocol is what crosses the broker between the controller and its
+// hosts (protocol.md): subjects, message bodies, the signed envelope of every
+// host message, and canonical, signed declarations. Both binaries use it; it
+// imports no context.
+package protocol
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Subjects.
+const (
+	// JoinSubject is where a joining host asks to join (request).
+	JoinSubject = "mesh.join"
+	// JoinInboxPrefix is the inbox a joining connection answers on; the join
+	// user may subscribe there and nowhere else.
+	JoinInboxPrefix = "_INBOX.join"
+)
+
+// What a host says, the last token of mesh.node.N.<what>.
+const (
+	Heartbeat   = "heartbeat"
+	FactsReport = "facts"
+	Applied     = "applied"
+	DataReport  = "data"
+	// DeclarationAsk is the host's request for its latest declaration.
+	DeclarationAsk = "declaration"
+)
+
+// NodeSubject is mesh.node.<node>.<what>.
+func NodeSubject(node, what string) string { return "mesh.node." + node + "." + what }
+
+// NodeWildcard is mesh.node.*.<what>, for the controller's subscriptions.
+func NodeWildcard(what string) string { return "mesh.node.*." + what }
+
+// NodeOfSubject returns N of mesh.node.N.<anything>, or "".
+func NodeOfSubject(subject string) string {
+	const prefix = "mesh.node."
+	if len(subject) <= len(prefix) || subject[:len(prefix)] != prefix {
+		return ""
+	}
+	rest := subject[len(prefix):]
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '.' {
+			return rest[:i]
+		}
+	}
+	return ""
+}
+
+// DeclarationInbox is where the controller publishes a node's new declaration.
+func DeclarationInbox(node string) string { return NodeSubject(node, "inbox.declaration") }
+
+// HostInboxPrefix is the inbox prefix of node N's connection: only that host
+// may subscribe there, so no host reads another's answers.
+func HostInboxPrefix(node string) string { return "_INBOX." + node }
+
+// JoinRequest is what a host sends to join.
+type JoinRequest struct {
+	Token        string `json:"token"`
+	Node         string `json:"node"`
+	HostKey      string `json:"host_key"` // ed25519 public key, base64
+	AgeRecipient string `json:"age_recipient"`
+	NKey         string `json:"nkey"` // the host's broker user public nkey
+	HostVersion  string `json:"host_version"`
+}
+
+// JoinReply is the controller's answer to a join.
+type JoinReply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+	// Creds is the host's user JWT as the JWT half of a .creds document; the
+	// host adds its own nkey seed, which never leaves it.
+	Creds         string   `json:"creds,omitempty"`
+	ControllerKey string   `json:"controller_key,omitempty"` // ed25519 public key, base64
+	BrokerURLs    []string `json:"broker_urls,omitempty"`
+}
+
+// HeartbeatBody is a host's regular beat.
+type HeartbeatBody struct {
+	At            time.Time `json:"at"`
+	IntervalS     float64   `json:"interval_s"`
+	SerialApplied int64     `json:"serial_applied"`
+	UptimeS       int64     `json:"uptime_s"`
+}
+
+// Fact is one thing a host reported about its machine, with its evidence.
+type Fact struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+	Why   string `json:"why"`
+}
+
+// Found is something a host found running beside the mesh's modules.
+type Found struct {
+	Kind   string `json:"kind"` // port, service or path
+	Name   string `json:"name"`
+	Detail string `json:"detail"`
+}
+
+// FactsBody is a host's facts report.
+type FactsBody struct {
+	Facts []Fact  `json:"facts"`
+	Found []Found `json:"found"`
+}
+
+// Tier is the duration of one stage of applying.
+type Tier struct {
+	Tier string  `json:"tier"`
+	MS   float64 `json:"ms"`
+}
+
+// AppliedBody is a host's report after applying (or refusing) a declaration.
+type AppliedBody struct {
+	Serial  int64   `json:"serial"`
+	OK      bool    `json:"ok"`
+	Error   string  `json:"error,omitempty"`
+	Tiers   []Tier  `json:"tiers"`
+	TotalMS float64 `json:"total_ms"`
+}
+
+// DataSet is one data set as a host found it.
+type DataSet struct {
+	Module     string     `json:"module"`
+	Name       string     `json:"name"`
+	Path       string     `json:"path"`
+	Bytes      int64      `json:"bytes"`
+	Precious   string     `json:"precious"`
+	LastBackup *time.Time `json:"last_backup"`
+}
+
+// DataBody is a host's data report.
+type DataBody struct {
+	Sets []DataSet `json:"sets"`
+}
+
+// DeclarationAskBody is a host's request for its latest declaration.
+type DeclarationAskBody struct {
+	SerialApplied int64 `json:"serial_applied"`
+}
+
+// OKReply is the controller's plain acknowledgement.
+type OKReply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// Signed wraps every host message: the body's exact bytes and the host key's
+// signature over them.
+type Signed struct {
+	Body      json.RawMessage `json:"body"`
+	Signature string          `json:"signature"`
+}
+
+// ErrBadSignature means a message did not verify against the key it claims.
+var ErrBadSignature = errors.New("signature does not verify")
+
+// Sign marshals body and wraps it with the host key's signature.
+func Sign(key ed25519.PrivateKey, body any) ([]byte, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(Signed{Body: b, Signature: base64.StdEncoding.EncodeToString(ed25519.Sign(key, b))})
+}
+
+// Open verifies a signed message against key and decodes its body into v.
+func Open(data []byte, key ed25519.PublicKey, v any) error {
+	var s Signed
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("not a signed message: %w", err)
+	}
+	sig, err := base64.StdEncoding.DecodeString(s.Signature)
+	if err != nil || len(key) != ed25519.PublicKeySize || !ed25519.Verify(key, s.Body, sig) {
+		return ErrBadSignature
+	}
+	if v == nil {
+		return nil
+	}
+	return json.Unmarshal(s.Body, v)
+}
+
+// Canonical is v as canonical JSON: object keys sorted, no insignificant
+// white space, numbers as written, no HTML escaping.
+func Canonical(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var generic any
+	if err := dec.Decode(&generic); err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(generic); err != nil { // maps marshal with sorted keys
+		return nil, err
+	}
+	return bytes.TrimRight(out.Bytes(), "\n"), nil
+}

@@ -1,0 +1,437 @@
+package app
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
+)
+
+// ServeOptions shape the daemon.
+type ServeOptions struct {
+	// Listen is the embedded broker's address (host:port; port 0 picks one).
+	Listen string
+	// Ready is called once the daemon serves, with where its broker is.
+	Ready func(Ready)
+	// Log receives the daemon's log lines.
+	Log io.Writer
+	// LeaseTTL is how long the lease lasts unrenewed; renewed at a third of it.
+	LeaseTTL time.Duration
+	// FlushEvery is how often absorbed heartbeats are written.
+	FlushEvery time.Duration
+}
+
+// Ready says where a serving controller can be reached.
+type Ready struct {
+	BrokerURL string
+	DataDir   string
+}
+
+// Serve is the daemon: it takes the lease, starts (or dials) the broker,
+// answers joins, absorbs what hosts report, answers their requests for
+// declarations, and sends nodes that are behind their latest. It returns
+// when ctx ends, having stopped the broker and given the lease back.
+func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 15 * time.Second
+	}
+	if o.FlushEvery == 0 {
+		o.FlushEvery = time.Second
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	dbs, closeAll, err := c.stores(ctx, Contexts...)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	d := &daemon{
+		c: c, log: o.Log,
+		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), health: health.NewStore(dbs[5]),
+		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
+	}
+
+	holder := randomID()
+	hostname, _ := os.Hostname()
+	if err := d.ids.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname,
+		ExpiresAt: c.Now().Add(o.LeaseTTL)}, c.Now()); err != nil {
+		return err
+	}
+	defer func() {
+		// Given back on exit, so the next controller starts at once.
+		if rerr := d.ids.ReleaseLease(context.Background(), holder); rerr != nil && err == nil {
+			err = fmt.Errorf("give the lease back: %w", rerr)
+		}
+	}()
+
+	if d.signer, err = d.ids.SigningKey(ctx); err != nil {
+		return err
+	}
+	if d.keys, err = brokerKeys(ctx, d.ids); err != nil {
+		return err
+	}
+	userJWT, seed, err := d.keys.NewUser("controller", controllerPermissions())
+	if err != nil {
+		return err
+	}
+	opts := []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-controller"), nats.MaxReconnects(-1)}
+	if c.Broker == "" {
+		trust, err := d.keys.Trust(joinPermissions())
+		if err != nil {
+			return err
+		}
+		srv, err := broker.Start(o.Listen, trust)
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		d.url = srv.ClientURL()
+		opts = append(opts, srv.InProcess())
+	} else {
+		d.url = c.Broker
+	}
+	if d.nc, err = nats.Connect(d.url, opts...); err != nil {
+		return fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+	}
+	defer d.nc.Close()
+
+	if err := d.loadHostKeys(ctx); err != nil {
+		return err
+	}
+	if err := d.subscribe(); err != nil {
+		return err
+	}
+	if err := d.ids.RenewLease(ctx, holder, c.Now().Add(o.LeaseTTL), d.url); err != nil {
+		return err
+	}
+	d.sendBehind(ctx)
+	if o.Ready != nil {
+		o.Ready(Ready{BrokerURL: d.url, DataDir: c.DataDir})
+	}
+
+	flush := time.NewTicker(o.FlushEvery)
+	defer flush.Stop()
+	renew := time.NewTicker(o.LeaseTTL / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Stop taking messages, then write what was absorbed.
+			d.nc.Drain()
+			d.flush(context.Background())
+			d.logf("stopped: lease given back")
+			return nil
+		case <-flush.C:
+			d.flush(ctx)
+		case <-renew.C:
+			if err := d.ids.RenewLease(ctx, holder, c.Now().Add(o.LeaseTTL), d.url); err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				return fmt.Errorf("renew the lease: %w", err)
+			}
+		}
+	}
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type dropKey struct{ node, reason string }
+
+// daemon is one serving controller's state.
+type daemon struct {
+	c      *Controller
+	log    io.Writer
+	inv    *inventory.Store
+	ids    *identity.Store
+	health *health.Store
+	signer identity.SigningKey
+	keys   broker.Keys
+	nc     *nats.Conn
+	url    string
+
+	mu       sync.Mutex
+	hostKeys map[string]ed25519.PublicKey
+	beats    map[string]inventory.Beat
+	drops    map[dropKey]int64
+
+	// Beats counts heartbeats absorbed (verified); Dropped those refused.
+	Beats, Dropped atomic.Int64
+}
+
+func (d *daemon) logf(format string, args ...any) {
+	fmt.Fprintf(d.log, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+}
+
+func (d *daemon) loadHostKeys(ctx context.Context) error {
+	hosts, err := d.ids.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, h := range hosts {
+		d.hostKeys[h.Node] = h.HostKey
+	}
+	return nil
+}
+
+func (d *daemon) subscribe() error {
+	subs := map[string]nats.MsgHandler{
+		protocol.JoinSubject:                           d.onJoin,
+		protocol.NodeWildcard(protocol.Heartbeat):      d.onHeartbeat,
+		protocol.NodeWildcard(protocol.FactsReport):    d.onFacts,
+		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
+		protocol.NodeWildcard(protocol.DataReport):     d.onData,
+		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
+	}
+	for subject, h := range subs {
+		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
+			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+	}
+	return d.nc.Flush()
+}
+
+// verify checks a host message against the key its node presented at join;
+// one that does not verify is dropped and counted.
+func (d *daemon) verify(m *nats.Msg, v any) (string, bool) {
+	node := protocol.NodeOfSubject(m.Subject)
+	d.mu.Lock()
+	key := d.hostKeys[node]
+	d.mu.Unlock()
+	reason := ""
+	if key == nil {
+		reason = "unknown sender"
+	} else if err := protocol.Open(m.Data, key, v); err != nil {
+		reason = "bad signature"
+		if !errors.Is(err, protocol.ErrBadSignature) {
+			reason = "malformed"
+		}
+	}
+	if reason == "" {
+		return node, true
+	}
+	d.Dropped.Add(1)
+	d.mu.Lock()
+	d.drops[dropKey{node, reason}]++
+	d.mu.Unlock()
+	d.logf("dropped %s from %s: %s", m.Subject, node, reason)
+	return node, false
+}
+
+func (d *daemon) respond(m *nats.Msg, v any) {
+	if m.Reply == "" {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = m.Respond(b)
+	}
+	if err != nil {
+		d.logf("answer %s: %v", m.Subject, err)
+	}
+}
+
+func (d *daemon) onJoin(m *nats.Msg) {
+	var r protocol.JoinRequest
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		d.respond(m, protocol.JoinReply{Error: "the join request is not JSON"})
+		return
+	}
+	reply, err := d.join(context.Background(), r)
+	if err != nil {
+		d.logf("join of %q refused: %v", r.Node, err)
+		d.respond(m, protocol.JoinReply{Error: err.Error()})
+		return
+	}
+	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
+	d.respond(m, reply)
+}
+
+func (d *daemon) join(ctx context.Context, r protocol.JoinRequest) (protocol.JoinReply, error) {
+	if err := CheckName(r.Node); err != nil {
+		return protocol.JoinReply{}, err
+	}
+	hostKey, err := base64.StdEncoding.DecodeString(r.HostKey)
+	if err != nil || len(hostKey) != ed25519.PublicKeySize {
+		return protocol.JoinReply{}, errors.New("host_key is not an ed25519 public key in base64")
+	}
+	if _, err := d.inv.Node(ctx, r.Node); err != nil {
+		return protocol.JoinReply{}, err
+	}
+	userJWT, err := d.keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
+	if err != nil {
+		return protocol.JoinReply{}, fmt.Errorf("nkey: %w", err)
+	}
+	now := d.c.Now()
+	if err := d.ids.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
+		NKey: r.NKey, HostVersion: r.HostVersion}, now); err != nil {
+		return protocol.JoinReply{}, err
+	}
+	if err := d.inv.MarkJoined(ctx, r.Node, now); err != nil {
+		return protocol.JoinReply{}, err
+	}
+	d.mu.Lock()
+	d.hostKeys[r.Node] = hostKey
+	d.mu.Unlock()
+	return protocol.JoinReply{OK: true, Creds: broker.JWTBlock(userJWT), ControllerKey: d.signer.PublicBase64(),
+		BrokerURLs: []string{d.url}}, nil
+}
+
+func (d *daemon) onHeartbeat(m *nats.Msg) {
+	var hb protocol.HeartbeatBody
+	node, ok := d.verify(m, &hb)
+	if !ok {
+		return
+	}
+	d.Beats.Add(1)
+	d.mu.Lock()
+	d.beats[node] = inventory.Beat{Node: node, HeardAt: d.c.Now(), IntervalS: hb.IntervalS, SerialApplied: hb.SerialApplied, UptimeS: hb.UptimeS}
+	d.mu.Unlock()
+}
+
+// flush writes the absorbed heartbeats in one transaction, and the drop counts.
+func (d *daemon) flush(ctx context.Context) {
+	d.mu.Lock()
+	beats, drops := d.beats, d.drops
+	d.beats, d.drops = make(map[string]inventory.Beat, len(beats)), map[dropKey]int64{}
+	d.mu.Unlock()
+	batch := make([]inventory.Beat, 0, len(beats))
+	for _, b := range beats {
+		batch = append(batch, b)
+	}
+	if err := d.inv.RecordBeats(ctx, batch); err != nil {
+		d.logf("%v", err)
+	}
+	for k, n := range drops {
+		if err := d.health.CountDrops(ctx, k.node, k.reason, n, d.c.Now()); err != nil {
+			d.logf("%v", err)
+		}
+	}
+}
+
+func (d *daemon) onFacts(m *nats.Msg) {
+	var f protocol.FactsBody
+	node, ok := d.verify(m, &f)
+	if !ok {
+		return
+	}
+	facts := make([]inventory.Fact, 0, len(f.Facts))
+	for _, x := range f.Facts {
+		facts = append(facts, inventory.Fact(x))
+	}
+	found := make([]inventory.Found, 0, len(f.Found))
+	for _, x := range f.Found {
+		found = append(found, inventory.Found(x))
+	}
+	if err := d.inv.RecordFacts(context.Background(), node, facts, found, d.c.Now()); err != nil {
+		d.logf("%v", err)
+	}
+}
+
+func (d *daemon) onApplied(m *nats.Msg) {
+	var a protocol.AppliedBody
+	node, ok := d.verify(m, &a)
+	if !ok {
+		return
+	}
+	err := d.inv.RecordOutcome(context.Background(), node, inventory.Outcome{Serial: a.Serial, OK: a.OK, Error: a.Error, TotalMS: a.TotalMS, At: d.c.Now()})
+	if err != nil {
+		d.logf("%v", err)
+		d.respond(m, protocol.OKReply{Error: "not recorded"})
+		return
+	}
+	if a.OK {
+		d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
+	} else {
+		d.logf("%s refused or failed declaration %d: %s", node, a.Serial, a.Error)
+	}
+	d.respond(m, protocol.OKReply{OK: true})
+}
+
+func (d *daemon) onData(m *nats.Msg) {
+	var b protocol.DataBody
+	node, ok := d.verify(m, &b)
+	if !ok {
+		return
+	}
+	sets := make([]inventory.DataSet, 0, len(b.Sets))
+	for _, s := range b.Sets {
+		sets = append(sets, inventory.DataSet(s))
+	}
+	if err := d.inv.RecordDataSets(context.Background(), node, sets, d.c.Now()); err != nil {
+		d.logf("%v", err)
+	}
+}
+
+func (d *daemon) onDeclarationAsk(m *nats.Msg) {
+	var ask protocol.DeclarationAskBody
+	node, ok := d.verify(m, &ask)
+	if !ok {
+		return
+	}
+	decl, err := d.inv.LatestDeclaration(context.Background(), node)
+	if err != nil {
+		d.logf("%v", err)
+		return
+	}
+	if decl == nil {
+		d.respond(m, protocol.None{None: true})
+		return
+	}
+	d.respond(m, envelopeOf(*decl))
+}
+
+// sendBehind publishes their latest declaration to every node behind it:
+// whatever was declared while no controller served reaches them now.
+func (d *daemon) sendBehind(ctx context.Context) {
+	nodes, err := d.inv.Behind(ctx)
+	if err != nil {
+		d.logf("%v", err)
+		return
+	}
+	for _, n := range nodes {
+		decl, err := d.inv.LatestDeclaration(ctx, n)
+		if err != nil || decl == nil {
+			continue
+		}
+		if err := publishDeclaration(d.nc, *decl); err != nil {
+			d.logf("send %s its declaration: %v", n, err)
+		}
+	}
+}
+
+func envelopeOf(d inventory.Declaration) protocol.Envelope {
+	return protocol.Envelope{Declaration: d.Body, Signature: d.Signature, Key: d.Key}
+}
+
+func publishDeclaration(nc *nats.Conn, d inventory.Declaration) error {
+	b, err := json.Marshal(envelopeOf(d))
+	if err != nil {
+		return err
+	}
+	return nc.Publish(protocol.DeclarationInbox(d.Node), b)
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"mesh-controller/app"
+)
+
+// ServeCmd is serve.
+type ServeCmd struct {
+	Listen string `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
+}
+
+// Run serves until SIGINT or SIGTERM, then gives the lease back.
+func (c *ServeCmd) Run(env *Env) error {
+	return env.App.Serve(env.Ctx, app.ServeOptions{
+		Listen: c.Listen,
+		Log:    env.Stderr,
+		Ready: func(r app.Ready) {
+			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
+			if f, ok := env.Stdout.(*os.File); ok {
+				f.Sync()
+			}
+		},
+	})
+}
+
+// BrokerCmd groups broker commands.
+type BrokerCmd struct {
+	Show BrokerShowCmd `cmd:"" help:"Where hosts should dial, the account, and what each kind of user may do."`
+}
+
+// BrokerShowCmd is broker show.
+type BrokerShowCmd struct {
+	JSON bool `name:"json" help:"Print one JSON object."`
+}
+
+// Run shows the broker.
+func (c *BrokerShowCmd) Run(env *Env) error {
+	v, err := env.App.BrokerShow(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, v)
+	}
+	w := env.Stdout
+	state := "no controller is serving now"
+	if v.Serving {
+		state = "a controller is serving"
+	}
+	if v.External {
+		state += "; external broker"
+	}
+	fmt.Fprintf(w, "urls      %s  (%s)\n", strings.Join(v.URLs, ", "), state)
+	fmt.Fprintf(w, "operator  %s\naccount   %s\n\nusers:\n", v.Operator, v.Account)
+	for _, u := range v.Users {
+		fmt.Fprintf(w, "  %s\n    publish    %s\n    subscribe  %s\n", u.User, strings.Join(u.Publish, " "), strings.Join(u.Subscribe, " "))
+	}
+	if t := v.Trust; t != nil {
+		fmt.Fprintf(w, "\nThe external NATS server must trust this controller's operator; add to its configuration:\n\n")
+		fmt.Fprintf(w, "operator: %s\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n", t.OperatorJWT, t.SystemAccount)
+		for acc, jwt := range t.ResolverPreload {
+			fmt.Fprintf(w, "  %s: %s\n", acc, jwt)
+		}
+		fmt.Fprintf(w, "}\ndefault_sentinel: %s\n", t.DefaultSentinel)
+	}
+	return nil
+}

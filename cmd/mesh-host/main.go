@@ -1,0 +1,145 @@
+// Command mesh-host is the reference host: it joins a mesh with a one-time
+// token and applies the declarations its controller signs. This package holds
+// kong command structs only; each Run calls app/host.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"mesh-controller/app/host"
+)
+
+// version is stamped at link time: -ldflags "-X main.version=v1.2.3".
+var version string
+
+// CLI is every command mesh-host has.
+type CLI struct {
+	Join    JoinCmd    `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
+	Run     RunCmd     `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
+	Version VersionCmd `cmd:"" help:"Print the version stamped at link time."`
+}
+
+// Env is what every Run is given.
+type Env struct {
+	Ctx    context.Context
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// JoinCmd is mesh-host join.
+type JoinCmd struct {
+	Broker string `required:"" placeholder:"URL" help:"The broker to dial (see 'mesh-controller broker show')."`
+	Token  string `required:"" help:"The one-time token from 'mesh-controller token issue'."`
+	Node   string `required:"" help:"The node's name, as recorded by the controller."`
+	State  string `required:"" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700)."`
+}
+
+// Run joins.
+func (c *JoinCmd) Run(env *Env) error {
+	st, err := host.Join(env.Ctx, host.JoinOptions{Broker: c.Broker, Token: c.Token, Node: c.Node, State: c.State})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "joined as %s; keys and credentials in %s\n", st.Node, st.Dir)
+	fmt.Fprintf(env.Stderr, "next: mesh-host run --state %s --root DIR\n", st.Dir)
+	return nil
+}
+
+// RunCmd is mesh-host run.
+type RunCmd struct {
+	State     string        `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
+	Root      string        `required:"" type:"path" placeholder:"DIR" help:"Where declarations are applied: /var/lib/x becomes DIR/var/lib/x."`
+	Heartbeat time.Duration `default:"10s" help:"The interval between heartbeats."`
+}
+
+// Run works until SIGINT or SIGTERM.
+func (c *RunCmd) Run(env *Env) error {
+	st, err := host.Load(c.State)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.Root, 0o755); err != nil {
+		return err
+	}
+	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr}
+	fmt.Fprintf(env.Stdout, "running as %s, applying under %s\n", st.Node, c.Root)
+	return r.Run(env.Ctx)
+}
+
+// VersionCmd is mesh-host version.
+type VersionCmd struct{}
+
+// Run prints the version.
+func (c *VersionCmd) Run(env *Env) error {
+	fmt.Fprintf(env.Stdout, "mesh-host %s\n", host.Version)
+	return nil
+}
+
+type exit int
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) (status int) {
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(exit)
+			if !ok {
+				panic(r)
+			}
+			status = int(code)
+		}
+	}()
+	if version != "" {
+		host.Version = version
+	}
+	var cli CLI
+	parser, err := kong.New(&cli, kong.Name("mesh-host"),
+		kong.Description("The reference host of a mesh: joins with a token, applies signed declarations."),
+		kong.Writers(stdout, stderr), kong.Exit(func(code int) { panic(exit(code)) }),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}))
+	if err != nil {
+		fmt.Fprintf(stderr, "mesh-host: %v\n", err)
+		return 1
+	}
+	if len(args) == 0 {
+		args = []string{"--help"}
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		path := "mesh-host"
+		var perr *kong.ParseError
+		if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
+			path = perr.Context.Selected().FullPath()
+		}
+		fmt.Fprintf(stderr, "mesh-host: %s, see '%s --help'\n", oneLine(err.Error()), path)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := kctx.Run(&Env{Ctx: ctx, Stdout: stdout, Stderr: stderr}); err != nil {
+		msg := oneLine(err.Error())
+		switch {
+		case errors.Is(err, host.ErrRefused):
+			msg += ", ask for a new token with 'mesh-controller token issue --node NAME'"
+		case errors.Is(err, host.ErrJoinedAlready):
+			msg += ", run it with 'mesh-host run', or join with a fresh --state dir"
+		}
+		fmt.Fprintf(stderr, "mesh-host: %s\n", msg)
+		return 1
+	}
+	return 0
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}

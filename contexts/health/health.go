@@ -1,0 +1,119 @@
+// Package health owns hand acts and dropped messages (and, as the mesh grows,
+// conditions and their history, silences, healer acts and the brake,
+// self-check verdicts, durations and signals) and the health store. It
+// imports no other context.
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// ErrNoWhy means a hand act was given no reason.
+var ErrNoWhy = errors.New("a hand act needs --why: say why it was done")
+
+// HandAct is something a person did by hand outside the ordinary flow.
+type HandAct struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	What      string    `json:"what"`
+	Why       string    `json:"why"`
+	Cause     string    `json:"cause"`
+	Who       string    `json:"who"`
+	Condition string    `json:"condition"`
+}
+
+// Drop counts messages dropped for one claimed sender and reason.
+type Drop struct {
+	Node    string    `json:"node"`
+	Reason  string    `json:"reason"`
+	Count   int64     `json:"count"`
+	FirstAt time.Time `json:"first_at"`
+	LastAt  time.Time `json:"last_at"`
+}
+
+// Store is the health context's store.
+type Store struct {
+	db *sqlite.DB
+}
+
+// NewStore wraps an open, migrated health store.
+func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
+
+// RecordHandAct keeps a hand act; its why may not be empty.
+func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (HandAct, error) {
+	if a.Why == "" {
+		return HandAct{}, ErrNoWhy
+	}
+	res, err := s.db.Writer.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
+		sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
+	if err != nil {
+		return HandAct{}, fmt.Errorf("record hand act: %w", err)
+	}
+	a.ID, _ = res.LastInsertId()
+	return a, nil
+}
+
+// HandActs returns the hand acts since a time, newest first.
+func (s *Store) HandActs(ctx context.Context, since time.Time) ([]HandAct, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, at, what, why, cause, who, condition FROM hand_acts WHERE at >= ? ORDER BY at DESC, id DESC`,
+		sqlite.FormatTime(since))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	acts := []HandAct{}
+	for rows.Next() {
+		var a HandAct
+		var at string
+		if err := rows.Scan(&a.ID, &at, &a.What, &a.Why, &a.Cause, &a.Who, &a.Condition); err != nil {
+			return nil, err
+		}
+		if a.At, err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+		acts = append(acts, a)
+	}
+	return acts, rows.Err()
+}
+
+// CountDrops adds n dropped messages for a claimed node and reason.
+func (s *Store) CountDrops(ctx context.Context, node, reason string, n int64, now time.Time) error {
+	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (node, reason) DO UPDATE SET count = count + excluded.count, last_at = excluded.last_at`,
+		node, reason, n, sqlite.FormatTime(now), sqlite.FormatTime(now))
+	if err != nil {
+		return fmt.Errorf("count dropped messages: %w", err)
+	}
+	return nil
+}
+
+// Drops returns the dropped-message counts claimed for a node ("" for all).
+func (s *Store) Drops(ctx context.Context, node string) ([]Drop, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, reason, count, first_at, last_at FROM dropped_messages WHERE ? = '' OR node = ? ORDER BY node, reason`, node, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	drops := []Drop{}
+	for rows.Next() {
+		var d Drop
+		var first, last string
+		if err := rows.Scan(&d.Node, &d.Reason, &d.Count, &first, &last); err != nil {
+			return nil, err
+		}
+		if d.FirstAt, err = sqlite.ParseTime(first); err != nil {
+			return nil, err
+		}
+		if d.LastAt, err = sqlite.ParseTime(last); err != nil {
+			return nil, err
+		}
+		drops = append(drops, d)
+	}
+	return drops, rows.Err()
+}
+

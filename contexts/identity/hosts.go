@@ -1,0 +1,113 @@
+package identity
+
+import (
+	"context"
+	"crypto/ed25519"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Why a join token is refused.
+var (
+	ErrTokenUnknown   = errors.New("this token is not known")
+	ErrTokenOtherNode = errors.New("this token is for another node")
+	ErrTokenUsed      = errors.New("this token was used already")
+	ErrTokenRevoked   = errors.New("this token was replaced by a newer one")
+	ErrTokenExpired   = errors.New("this token has expired")
+)
+
+// Host is the keys a node's host presented when it joined.
+type Host struct {
+	Node         string
+	HostKey      ed25519.PublicKey
+	AgeRecipient string
+	NKey         string
+	HostVersion  string
+	JoinedAt     time.Time
+}
+
+// Join checks a presented token (known, for this node, unused, not replaced,
+// unexpired), marks it used and keeps the host's keys, in one transaction.
+// A token presented again after its use is refused and remembered
+// (reused_count), so that a condition can be raised for it.
+func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) error {
+	var refusal error
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var node, expires string
+		var used, revoked sql.NullString
+		err := tx.QueryRowContext(ctx, `SELECT node, expires_at, used_at, revoked_at FROM join_tokens WHERE hash = ?`, hashToken(token)).
+			Scan(&node, &expires, &used, &revoked)
+		if errors.Is(err, sql.ErrNoRows) {
+			refusal = ErrTokenUnknown
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		exp, err := sqlite.ParseTime(expires)
+		if err != nil {
+			return err
+		}
+		switch {
+		case node != h.Node:
+			refusal = ErrTokenOtherNode
+			return nil
+		case used.Valid:
+			refusal = ErrTokenUsed
+			_, err := tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
+				sqlite.FormatTime(now), hashToken(token))
+			return err
+		case revoked.Valid:
+			refusal = ErrTokenRevoked
+			return nil
+		case !now.Before(exp):
+			refusal = ErrTokenExpired
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("join %s: %w", h.Node, err)
+	}
+	return refusal
+}
+
+// Hosts returns every joined host's keys.
+func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_key, age_recipient, nkey, host_version, joined_at FROM hosts ORDER BY node`)
+	if err != nil {
+		return nil, fmt.Errorf("list hosts: %w", err)
+	}
+	defer rows.Close()
+	var hs []Host
+	for rows.Next() {
+		var h Host
+		var key []byte
+		var joined string
+		if err := rows.Scan(&h.Node, &key, &h.AgeRecipient, &h.NKey, &h.HostVersion, &joined); err != nil {
+			return nil, err
+		}
+		h.HostKey = key
+		if h.JoinedAt, err = sqlite.ParseTime(joined); err != nil {
+			return nil, err
+		}
+		hs = append(hs, h)
+	}
+	return hs, rows.Err()
+}
+
+// TokenReuses counts, per node, how often a used token was presented again.
+func (s *Store) TokenReuses(ctx context.Context, node string) (int, error) {
+	var n int
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT coalesce(sum(reused_count), 0) FROM join_tokens WHERE node = ?`, node).Scan(&n)
+	return n, err
+}

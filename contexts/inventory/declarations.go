@@ -1,0 +1,96 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Declaration is a node's latest signed declaration as kept: the truth of
+// what the node should run.
+type Declaration struct {
+	Node      string
+	Serial    int64
+	IssuedAt  time.Time
+	Body      string // canonical JSON
+	Signature string
+	Key       string
+}
+
+// Signer makes the signed body of a declaration once its serial is known.
+type Signer func(serial int64, issuedAt time.Time) (body, signature, key string, err error)
+
+// SaveDeclaration numbers a node's next declaration (one above the last, so
+// serials strictly increase), has sign make it, and keeps it, in one
+// transaction.
+func (s *Store) SaveDeclaration(ctx context.Context, node string, sign Signer, now time.Time) (Declaration, error) {
+	d := Declaration{Node: node, IssuedAt: now.UTC().Truncate(time.Second)}
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var exists int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
+			return err
+		}
+		if exists == 0 {
+			return fmt.Errorf("node %s %w", node, ErrNodeNotFound)
+		}
+		var last int64
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(serial), 0) FROM declarations WHERE node = ?`, node).Scan(&last); err != nil {
+			return err
+		}
+		d.Serial = last + 1
+		var err error
+		if d.Body, d.Signature, d.Key, err = sign(d.Serial, d.IssuedAt); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key) VALUES (?, ?, ?, ?, ?, ?)`,
+			node, d.Serial, sqlite.FormatTime(d.IssuedAt), d.Body, d.Signature, d.Key)
+		return err
+	})
+	if errors.Is(err, ErrNodeNotFound) {
+		return Declaration{}, err
+	}
+	if err != nil {
+		return Declaration{}, fmt.Errorf("save declaration for %s: %w", node, err)
+	}
+	return d, nil
+}
+
+// LatestDeclaration returns a node's latest declaration, or nil if it has none.
+func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaration, error) {
+	var d Declaration
+	var issued string
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT node, serial, issued_at, body, signature, key FROM declarations WHERE node = ?`, node).
+		Scan(&d.Node, &d.Serial, &issued, &d.Body, &d.Signature, &d.Key)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read declaration of %s: %w", node, err)
+	}
+	if d.IssuedAt, err = sqlite.ParseTime(issued); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Behind lists the nodes whose applied serial is below their latest declaration.
+func (s *Store) Behind(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	return names, rows.Err()
+}

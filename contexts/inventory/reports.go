@@ -1,0 +1,192 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Beat is one heartbeat, as absorbed.
+type Beat struct {
+	Node          string
+	HeardAt       time.Time
+	IntervalS     float64
+	SerialApplied int64
+	UptimeS       int64
+}
+
+// Fact is one thing a host reported about its machine, with its evidence.
+type Fact struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+	Why   string `json:"why"`
+}
+
+// Found is something a host found running beside the mesh's modules.
+type Found struct {
+	Kind   string `json:"kind"`
+	Name   string `json:"name"`
+	Detail string `json:"detail"`
+}
+
+// Outcome is a host's report of applying a declaration.
+type Outcome struct {
+	Serial  int64
+	OK      bool
+	Error   string
+	TotalMS float64
+	At      time.Time
+}
+
+// DataSet is one data set as a host last reported it.
+type DataSet struct {
+	Module     string
+	Name       string
+	Path       string
+	Bytes      int64
+	Precious   string
+	LastBackup *time.Time
+}
+
+// MarkJoined records that the node's host joined.
+func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) error {
+	_, err := s.db.Writer.ExecContext(ctx, `UPDATE nodes SET joined_at = ?, last_heard = ? WHERE name = ?`,
+		sqlite.FormatTime(now), sqlite.FormatTime(now), node)
+	if err != nil {
+		return fmt.Errorf("mark %s joined: %w", node, err)
+	}
+	return nil
+}
+
+// RecordBeats writes many heartbeats in one transaction: each node's row is
+// updated in place, so beats cost a few writes a second, not one each.
+func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
+	if len(beats) == 0 {
+		return nil
+	}
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?, heartbeat_interval_s = ?, serial_applied = ?, uptime_s = ? WHERE name = ?`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, b := range beats {
+			if _, err := stmt.ExecContext(ctx, sqlite.FormatTime(b.HeardAt), b.IntervalS, b.SerialApplied, b.UptimeS, b.Node); err != nil {
+				return fmt.Errorf("record heartbeat of %s: %w", b.Node, err)
+			}
+		}
+		return nil
+	})
+}
+
+// RecordFacts replaces a node's facts and what it found.
+func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, q := range []string{`DELETE FROM node_facts WHERE node = ?`, `DELETE FROM node_found WHERE node = ?`} {
+			if _, err := tx.ExecContext(ctx, q, node); err != nil {
+				return err
+			}
+		}
+		for _, f := range facts {
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?)`, node, f.Name, f.Value, f.Why); err != nil {
+				return err
+			}
+		}
+		for _, f := range found {
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_found (node, kind, name, detail) VALUES (?, ?, ?, ?)`, node, f.Kind, f.Name, f.Detail); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
+		return err
+	})
+}
+
+// Facts returns what a node reported about its machine, and what it found.
+func (s *Store) Facts(ctx context.Context, node string) ([]Fact, []Found, error) {
+	facts := []Fact{}
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT name, value, why FROM node_facts WHERE node = ? ORDER BY name`, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var f Fact
+		if err := rows.Scan(&f.Name, &f.Value, &f.Why); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		facts = append(facts, f)
+	}
+	rows.Close()
+	found := []Found{}
+	rows, err = s.db.Reader.QueryContext(ctx, `SELECT kind, name, detail FROM node_found WHERE node = ? ORDER BY kind, name`, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var f Found
+		if err := rows.Scan(&f.Kind, &f.Name, &f.Detail); err != nil {
+			return nil, nil, err
+		}
+		found = append(found, f)
+	}
+	return facts, found, rows.Err()
+}
+
+// RecordOutcome keeps a node's latest apply outcome; a successful apply also
+// moves its applied serial.
+func (s *Store) RecordOutcome(ctx context.Context, node string, o Outcome) error {
+	_, err := s.db.Writer.ExecContext(ctx, `UPDATE nodes SET applied_serial = ?, applied_ok = ?, applied_error = ?, applied_ms = ?, applied_at = ?, last_heard = ?,
+		serial_applied = CASE WHEN ? THEN max(serial_applied, ?) ELSE serial_applied END WHERE name = ?`,
+		o.Serial, o.OK, o.Error, o.TotalMS, sqlite.FormatTime(o.At), sqlite.FormatTime(o.At), o.OK, o.Serial, node)
+	if err != nil {
+		return fmt.Errorf("record apply outcome of %s: %w", node, err)
+	}
+	return nil
+}
+
+// RecordDataSets replaces a node's reported data sets.
+func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, node); err != nil {
+			return err
+		}
+		for _, d := range sets {
+			var backup sql.NullString
+			if d.LastBackup != nil {
+				backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+				node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// DataSets returns a node's data sets as last reported.
+func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, name, path, bytes, precious, last_backup FROM node_data_sets WHERE node = ? ORDER BY module, name`, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	sets := []DataSet{}
+	for rows.Next() {
+		var d DataSet
+		var backup sql.NullString
+		if err := rows.Scan(&d.Module, &d.Name, &d.Path, &d.Bytes, &d.Precious, &backup); err != nil {
+			return nil, err
+		}
+		if d.LastBackup, err = sqlite.ParseNullTime(backup); err != nil {
+			return nil, err
+		}
+		sets = append(sets, d)
+	}
+	return sets, rows.Err()
+}
