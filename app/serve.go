@@ -36,6 +36,14 @@ type ServeOptions struct {
 	LeaseTTL time.Duration
 	// FlushEvery is how often absorbed heartbeats are written.
 	FlushEvery time.Duration
+	// Counters, if set, counts what the daemon absorbed and dropped.
+	Counters *Counters
+}
+
+// Counters count what a serving controller absorbed and dropped.
+type Counters struct {
+	// Beats counts heartbeats verified and absorbed; Dropped, messages refused.
+	Beats, Dropped atomic.Int64
 }
 
 // Ready says where a serving controller can be reached.
@@ -63,8 +71,11 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 		return err
 	}
 	defer closeAll()
+	if o.Counters == nil {
+		o.Counters = &Counters{}
+	}
 	d := &daemon{
-		c: c, log: o.Log,
+		c: c, log: o.Log, counters: o.Counters,
 		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), health: health.NewStore(dbs[5]),
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
 	}
@@ -176,9 +187,7 @@ type daemon struct {
 	hostKeys map[string]ed25519.PublicKey
 	beats    map[string]inventory.Beat
 	drops    map[dropKey]int64
-
-	// Beats counts heartbeats absorbed (verified); Dropped those refused.
-	Beats, Dropped atomic.Int64
+	counters *Counters
 }
 
 func (d *daemon) logf(format string, args ...any) {
@@ -234,7 +243,7 @@ func (d *daemon) verify(m *nats.Msg, v any) (string, bool) {
 	if reason == "" {
 		return node, true
 	}
-	d.Dropped.Add(1)
+	d.counters.Dropped.Add(1)
 	d.mu.Lock()
 	d.drops[dropKey{node, reason}]++
 	d.mu.Unlock()
@@ -307,7 +316,7 @@ func (d *daemon) onHeartbeat(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	d.Beats.Add(1)
+	d.counters.Beats.Add(1)
 	d.mu.Lock()
 	d.beats[node] = inventory.Beat{Node: node, HeardAt: d.c.Now(), IntervalS: hb.IntervalS, SerialApplied: hb.SerialApplied, UptimeS: hb.UptimeS}
 	d.mu.Unlock()

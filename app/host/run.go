@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -44,13 +45,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Log == nil {
 		r.Log = io.Discard
 	}
+	if err := os.MkdirAll(r.Root, 0o755); err != nil {
+		return err
+	}
 	var err error
 	if r.last, err = loadApplied(r.State.Dir); err != nil {
 		return fmt.Errorf("read %s: %w", fileApplied, err)
 	}
-	creds, err := r.State.credsOption()
+	opts, err := r.State.ConnectOptions()
 	if err != nil {
-		return fmt.Errorf("%s: %w", fileCreds, err)
+		return err
 	}
 	started := time.Now()
 	envelopes := make(chan protocol.Envelope, 16)
@@ -61,16 +65,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	nc, err := nats.Connect(strings.Join(r.State.BrokerURLs, ","), creds,
-		nats.Name("mesh-host "+r.State.Node),
-		nats.CustomInboxPrefix(protocol.HostInboxPrefix(r.State.Node)),
+	nc, err := nats.Connect(strings.Join(r.State.BrokerURLs, ","), append(opts,
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(onConnect), nats.ReconnectHandler(onConnect),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				r.logf("disconnected: %v; reconnecting", err)
 			}
-		}))
+		}))...)
 	if err != nil {
 		return fmt.Errorf("connect to %v: %w", r.State.BrokerURLs, err)
 	}

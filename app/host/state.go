@@ -209,16 +209,18 @@ func Load(dir string) (*State, error) {
 	return s, nil
 }
 
-// credsOption connects as this host's broker user.
-func (s *State) credsOption() (nats.Option, error) {
+// ConnectOptions connect as this host's broker user, with the inbox prefix
+// only it may read.
+func (s *State) ConnectOptions() ([]nats.Option, error) {
 	userJWT, err := jwt.ParseDecoratedJWT([]byte(s.Creds))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", fileCreds, err)
 	}
 	kp, err := jwt.ParseDecoratedNKey([]byte(s.Creds))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", fileCreds, err)
 	}
 	seed, _ := kp.Seed()
-	return nats.UserJWTAndSeed(userJWT, string(seed)), nil
+	return []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-host " + s.Node),
+		nats.CustomInboxPrefix(protocol.HostInboxPrefix(s.Node))}, nil
 }

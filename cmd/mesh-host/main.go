@@ -68,9 +68,6 @@ func (c *RunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(c.Root, 0o755); err != nil {
-		return err
-	}
 	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr}
 	fmt.Fprintf(env.Stdout, "running as %s, applying under %s\n", st.Node, c.Root)
 	return r.Run(env.Ctx)

@@ -1,0 +1,342 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"mesh-controller/app/host"
+	"mesh-controller/contexts/identity"
+)
+
+// A mesh on loopback for end-to-end tests: the real daemon with its embedded
+// broker, real SQLite files, and real hosts. Nothing is mocked.
+type testMesh struct {
+	t      *testing.T
+	c      *Controller
+	listen string
+	url    string
+	count  *Counters
+	cancel context.CancelFunc
+	done   chan error
+	logs   *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// freeAddr picks a loopback address no one listens on, so a controller can be
+// restarted on the same one.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newTestMesh(t *testing.T) *testMesh {
+	t.Helper()
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	if _, err := c.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}}
+	m.start()
+	t.Cleanup(m.stop)
+	return m
+}
+
+func (m *testMesh) start() {
+	m.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan Ready, 1)
+	m.count = &Counters{}
+	m.cancel, m.done = cancel, make(chan error, 1)
+	go func() {
+		m.done <- m.c.Serve(ctx, ServeOptions{Listen: m.listen, Log: m.logs, FlushEvery: 20 * time.Millisecond,
+			Counters: m.count, Ready: func(r Ready) { ready <- r }})
+	}()
+	select {
+	case r := <-ready:
+		m.url = r.BrokerURL
+	case err := <-m.done:
+		m.t.Fatalf("serve: %v", err)
+	case <-time.After(20 * time.Second):
+		m.t.Fatal("serve not ready after 20s")
+	}
+}
+
+func (m *testMesh) stop() {
+	if m.cancel == nil {
+		return
+	}
+	m.cancel()
+	if err := <-m.done; err != nil {
+		m.t.Errorf("serve: %v", err)
+	}
+	m.cancel = nil
+}
+
+type testHost struct {
+	t      *testing.T
+	name   string
+	state  *host.State
+	root   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// join issues a token for a new node and joins a host with it.
+func (m *testMesh) join(name string) *testHost {
+	m.t.Helper()
+	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: name, New: true, TTL: time.Hour})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	dir := m.t.TempDir()
+	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: name, State: filepath.Join(dir, "state")})
+	if err != nil {
+		m.t.Fatalf("join %s: %v", name, err)
+	}
+	h := &testHost{t: m.t, name: name, state: st, root: filepath.Join(dir, "root")}
+	h.start()
+	m.t.Cleanup(h.stop)
+	return h
+}
+
+func (h *testHost) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	st, err := host.Load(h.state.Dir)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond}
+	go func() { h.done <- r.Run(ctx) }()
+}
+
+func (h *testHost) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	if err := <-h.done; err != nil {
+		h.t.Errorf("host %s: %v", h.name, err)
+	}
+	h.cancel = nil
+}
+
+// waitFor polls cond until it holds, failing the test after a deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 15s for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (m *testMesh) node(name string) NodeDetail {
+	m.t.Helper()
+	n, err := m.c.NodeShow(context.Background(), name)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return n
+}
+
+func (m *testMesh) declare(node, body string) Declared {
+	m.t.Helper()
+	d, err := m.c.Declare(context.Background(), DeclareRequest{Node: node, Body: []byte(body), From: "test", Why: "test"})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return d
+}
+
+func moduleBody(module, dataPath string) string {
+	return `{"modules": [{"module": "` + module + `", "version": "1.0.0", "settings": {"workers": 2},
+		"data": [{"name": "data", "path": "` + dataPath + `", "precious": "irreplaceable"}]}]}`
+}
+
+func TestMesh_JoinReportDeclare(t *testing.T) {
+	m := newTestMesh(t)
+	hosts := []*testHost{m.join("web1"), m.join("web2"), m.join("web3")}
+	for _, h := range hosts {
+		waitFor(t, h.name+"'s facts and beats", func() bool {
+			n := m.node(h.name)
+			return n.Joined && len(n.Facts) > 0 && n.HeartbeatS > 0
+		})
+	}
+	n := m.node("web1")
+	facts := map[string]string{}
+	for _, f := range n.Facts {
+		if f.Why == "" {
+			t.Errorf("fact %s has no evidence", f.Name)
+		}
+		facts[f.Name] = f.Value
+	}
+	for _, name := range []string{"arch", "os", "cores", "memory_mb", "disk_free_mb"} {
+		if facts[name] == "" {
+			t.Errorf("no fact %s: %v", name, facts)
+		}
+	}
+
+	d := m.declare("web1", moduleBody("paperless", "/var/lib/paperless/media"))
+	if !d.Sent || d.Serial != 1 {
+		t.Fatalf("declare: %+v", d)
+	}
+	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	h := hosts[0]
+	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/paperless/settings.json")); err != nil {
+		t.Fatal(err)
+	}
+	media := filepath.Join(h.root, "var/lib/paperless/media")
+	if err := os.WriteFile(filepath.Join(media, "scan.pdf"), []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second declaration without paperless: its files go, its data stays.
+	m.declare("web1", moduleBody("smtp-relay", "/var/spool/relay"))
+	waitFor(t, "web1 to apply declaration 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/paperless/module.json")); !os.IsNotExist(err) {
+		t.Errorf("an undeclared module's file was kept: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(media, "scan.pdf")); err != nil || string(b) != "precious" {
+		t.Fatalf("data of an undeclared module was touched: %v", err)
+	}
+	waitFor(t, "web1's data report", func() bool {
+		ds := m.node("web1").Data
+		return len(ds) == 1 && ds[0].Module == "smtp-relay" && ds[0].Path == "/var/spool/relay"
+	})
+	list, err := m.c.NodeList(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list[0].SerialDeclared != 2 || list[0].SerialApplied != 2 || list[1].SerialDeclared != 0 {
+		t.Fatalf("node list serials: %+v", list)
+	}
+}
+
+// A host that was offline applies the latest declaration when it is back,
+// and a controller that was down sends what was declared meanwhile.
+func TestMesh_OfflineHostAndController(t *testing.T) {
+	m := newTestMesh(t)
+	h := m.join("web1")
+	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+
+	h.stop()
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	m.declare("web1", moduleBody("two", "/srv/two"))
+	h.start()
+	waitFor(t, "web1 to apply the latest, 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/two/module.json")); err != nil {
+		t.Fatal(err)
+	}
+
+	m.stop()
+	d := m.declare("web1", moduleBody("three", "/srv/three"))
+	if d.Sent || !strings.Contains(d.NotSent, "no controller is serving") {
+		t.Fatalf("declared while down: %+v", d)
+	}
+	m.start() // same address: the host reconnects by itself
+	waitFor(t, "web1 to apply 3 after the controller came back", func() bool { return m.node("web1").SerialApplied == 3 })
+}
+
+func TestMesh_TokenUsedTwice(t *testing.T) {
+	m := newTestMesh(t)
+	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: "web1", New: true, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func() error {
+		_, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: "web1", State: filepath.Join(t.TempDir(), "s")})
+		return err
+	}
+	if err := join(); err != nil {
+		t.Fatal(err)
+	}
+	err = join()
+	if err == nil || !strings.Contains(err.Error(), identity.ErrTokenUsed.Error()) {
+		t.Fatalf("second join: %v", err)
+	}
+	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	if n, _ := identity.NewStore(dbs[0]).TokenReuses(context.Background(), "web1"); n != 1 {
+		t.Fatalf("the reuse was remembered %d times, want 1", n)
+	}
+
+	// A token for another node, an unknown token and an expired one are refused too.
+	other, _ := m.c.TokenIssue(context.Background(), TokenRequest{Node: "web2", New: true, TTL: time.Hour})
+	for want, o := range map[error]host.JoinOptions{
+		identity.ErrTokenOtherNode: {Token: other.Token, Node: "web1"},
+		identity.ErrTokenUnknown:   {Token: "meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Node: "web2"},
+	} {
+		o.Broker, o.State = m.url, filepath.Join(t.TempDir(), "s")
+		if _, err := host.Join(context.Background(), o); err == nil || !strings.Contains(err.Error(), want.Error()) {
+			t.Errorf("want %v, got %v", want, err)
+		}
+	}
+}
+
+func TestMesh_BadSignatureDroppedAndCounted(t *testing.T) {
+	m := newTestMesh(t)
+	h := m.join("web1")
+	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > 0 })
+	h.stop()
+
+	// web1's own broker user, but a key that is not the one it joined with.
+	st, err := host.Load(h.state.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, st.HostKey, _ = newEd25519()
+	nc := connectAs(t, m.url, st)
+	beats := m.count.Beats.Load()
+	if err := publishSigned(nc, st, "heartbeat"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the forged heartbeat to be counted", func() bool {
+		for _, d := range m.node("web1").Dropped {
+			if d.Reason == "bad signature" && d.Count == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	if m.count.Beats.Load() != beats {
+		t.Fatal("a forged heartbeat was absorbed")
+	}
+	if !strings.Contains(m.logs.String(), "dropped mesh.node.web1.heartbeat from web1: bad signature") {
+		t.Fatalf("the drop was not logged:\n%s", m.logs.String())
+	}
+}
