@@ -137,7 +137,8 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	v := BrokerView{External: c.Broker != ""}
 	v.Operator, _ = keys.Operator.PublicKey()
 	v.Account, _ = keys.Account.PublicKey()
-	if l, err := ids.Lease(ctx); err == nil && l != nil && l.ExpiresAt.After(c.Now()) {
+	// Serving means ready: the lease names the broker only once it answers.
+	if l, err := ids.Lease(ctx); err == nil && l != nil && l.ExpiresAt.After(c.Now()) && l.BrokerURL != "" {
 		v.Serving = true
 		if !v.External {
 			v.URLs = []string{l.BrokerURL}

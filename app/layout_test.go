@@ -39,7 +39,11 @@ func TestContextsImportNoOtherContext(t *testing.T) {
 // The binaries stay static and lean (house rule 12): no cgo, no cgo SQLite
 // driver, no testing package.
 func TestBinariesAreLean(t *testing.T) {
-	for _, bin := range goList(t, "./cmd/...") {
+	bins := goList(t, "-f", "{{if eq .Name \"main\"}}{{.ImportPath}}{{end}}", "./cmd/...")
+	if len(bins) < 2 {
+		t.Fatalf("found binaries %v, want mesh-controller and mesh-host", bins)
+	}
+	for _, bin := range bins {
 		for _, dep := range goList(t, "-deps", bin) {
 			switch {
 			case dep == "testing", dep == "runtime/cgo", strings.Contains(dep, "mattn/go-sqlite3"):

@@ -57,6 +57,12 @@ type Ready struct {
 // declarations, and sends nodes that are behind their latest. It returns
 // when ctx ends, having stopped the broker and given the lease back.
 func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
+	defer func() {
+		// Stopped while starting: a clean stop, not a failure.
+		if err != nil && ctx.Err() != nil && !errors.Is(err, identity.ErrLeaseHeld) {
+			err = nil
+		}
+	}()
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = 15 * time.Second
 	}

@@ -2,15 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
+	"mesh-controller/app"
 	"testing"
+	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"mesh-controller/cmd/scriptcmds"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -29,11 +27,10 @@ func TestScripts(t *testing.T) {
 			e.Setenv("XDG_DATA_HOME", "")
 			return nil
 		},
-		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"sql":   cmdSQL,
-			"perm":  cmdPerm,
-			"exits": cmdExits,
-		},
+		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"sql":         cmdSQL,
+			"waitserving": cmdWaitServing,
+		}),
 	})
 }
 
@@ -56,36 +53,20 @@ func cmdSQL(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(err)
 }
 
-// cmdPerm checks a file's permission bits: perm FILE 0600.
-func cmdPerm(ts *testscript.TestScript, neg bool, args []string) {
-	if len(args) != 2 {
-		ts.Fatalf("usage: perm FILE MODE")
-	}
-	fi, err := os.Stat(ts.MkAbs(args[0]))
-	ts.Check(err)
-	want, err := strconv.ParseUint(args[1], 8, 32)
-	ts.Check(err)
-	got := fi.Mode().Perm()
-	if (uint64(got) == want) == neg {
-		ts.Fatalf("%s has mode %#o; want %s%#o", args[0], got, map[bool]string{true: "not ", false: ""}[neg], want)
-	}
-	fmt.Fprintf(ts.Stdout(), "%s %#o\n", args[0], got)
-}
-
-// cmdExits runs a command that must fail with exactly this status, keeping
-// its output for stdout and stderr: exits N COMMAND ARGS...
-func cmdExits(ts *testscript.TestScript, neg bool, args []string) {
-	if neg || len(args) < 2 {
-		ts.Fatalf("usage: exits N COMMAND [ARGS...]")
-	}
-	want, err := strconv.Atoi(args[0])
-	ts.Check(err)
-	err = ts.Exec(args[1], args[2:]...)
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		ts.Fatalf("%s: want exit status %d, got %v", args[1], want, err)
-	}
-	if ee.ExitCode() != want {
-		ts.Fatalf("%s: exit status %d, want %d", args[1], ee.ExitCode(), want)
+// cmdWaitServing waits (up to 20s) until a controller holds the lease of the
+// scenario's data dir, or with !, until none does.
+func cmdWaitServing(ts *testscript.TestScript, neg bool, args []string) {
+	c := app.New(ts.Getenv("MESH_DATA"))
+	c.Getenv = ts.Getenv
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v, err := c.BrokerShow(context.Background())
+		if err == nil && v.Serving != neg {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("waited 20s for serving=%v (last error: %v)", !neg, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rogpeppe/go-internal/testscript"
+
+	"mesh-controller/app"
+	"mesh-controller/cmd/scriptcmds"
+)
+
+func TestMain(m *testing.M) {
+	testscript.Main(m, map[string]func(){"mesh-host": main})
+}
+
+// TestScripts runs every scenario under testdata/ against the real mesh-host
+// binary and, where a scenario says `controller start`, a real controller
+// serving in this test process.
+func TestScripts(t *testing.T) {
+	testscript.Run(t, testscript.Params{
+		Dir: "testdata",
+		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"controller": cmdController,
+		}),
+	})
+}
+
+// cmdController drives a real controller on $WORK/controller:
+// controller start (sets $BROKER), controller token NAME (sets $TOKEN),
+// controller node NAME (prints node show as JSON).
+func cmdController(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) == 0 {
+		ts.Fatalf("usage: controller start|token NAME|node NAME")
+	}
+	c := app.New(ts.MkAbs("controller"))
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	switch args[0] {
+	case "start":
+		_, err := c.Migrate(ctx)
+		ts.Check(err)
+		sctx, cancel := context.WithCancel(ctx)
+		ready, done := make(chan app.Ready, 1), make(chan error, 1)
+		go func() {
+			done <- c.Serve(sctx, app.ServeOptions{Listen: "127.0.0.1:0", Ready: func(r app.Ready) { ready <- r }})
+		}()
+		ts.Defer(func() { cancel(); <-done })
+		select {
+		case r := <-ready:
+			ts.Setenv("BROKER", r.BrokerURL)
+		case err := <-done:
+			ts.Fatalf("serve: %v", err)
+		case <-time.After(20 * time.Second):
+			ts.Fatalf("serve not ready after 20s")
+		}
+	case "token":
+		tok, err := c.TokenIssue(ctx, app.TokenRequest{Node: args[1], New: true, TTL: time.Hour})
+		ts.Check(err)
+		ts.Setenv("TOKEN", tok.Token)
+	case "node":
+		n, err := c.NodeShow(ctx, args[1])
+		ts.Check(err)
+		b, _ := json.MarshalIndent(n, "", "  ")
+		fmt.Fprintf(ts.Stdout(), "%s\n", b)
+	default:
+		ts.Fatalf("unknown: controller %s", args[0])
+	}
+}

@@ -1,0 +1,66 @@
+// Package scriptcmds holds the testscript commands both binaries' scenarios
+// use: exits (a command must fail with exactly this status) and perm (a
+// file's permission bits).
+package scriptcmds
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+
+	"github.com/rogpeppe/go-internal/testscript"
+)
+
+// Cmds are the commands, by name, for testscript.Params.Cmds.
+var Cmds = map[string]func(ts *testscript.TestScript, neg bool, args []string){
+	"exits": Exits,
+	"perm":  Perm,
+}
+
+// Exits runs a command that must fail with exactly this status, keeping its
+// output for stdout and stderr: exits N COMMAND ARGS...
+func Exits(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: exits N COMMAND [ARGS...]")
+	}
+	want, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	err = ts.Exec(args[1], args[2:]...)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		ts.Fatalf("%s: want exit status %d, got %v", args[1], want, err)
+	}
+	if ee.ExitCode() != want {
+		ts.Fatalf("%s: exit status %d, want %d", args[1], ee.ExitCode(), want)
+	}
+}
+
+// Perm checks a file's permission bits: perm FILE 0600 (! perm: not those).
+func Perm(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 2 {
+		ts.Fatalf("usage: perm FILE MODE")
+	}
+	fi, err := os.Stat(ts.MkAbs(args[0]))
+	ts.Check(err)
+	want, err := strconv.ParseUint(args[1], 8, 32)
+	ts.Check(err)
+	got := fi.Mode().Perm()
+	if (uint64(got) == want) == neg {
+		ts.Fatalf("%s has mode %#o; want %s%#o", args[0], got, map[bool]string{true: "not ", false: ""}[neg], want)
+	}
+	fmt.Fprintf(ts.Stdout(), "%s %#o\n", args[0], got)
+}
+
+// With returns Cmds plus more.
+func With(more map[string]func(ts *testscript.TestScript, neg bool, args []string)) map[string]func(ts *testscript.TestScript, neg bool, args []string) {
+	all := map[string]func(ts *testscript.TestScript, neg bool, args []string){}
+	for k, v := range Cmds {
+		all[k] = v
+	}
+	for k, v := range more {
+		all[k] = v
+	}
+	return all
+}
