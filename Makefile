@@ -8,15 +8,39 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build run test lint bench clean
+.PHONY: build run demo test lint bench clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-host ./cmd/mesh-host
 
-# Until the daemon exists, run migrates the default data dir and prints help.
+# run migrates the default data dir (or $MESH_DATA) and serves until Ctrl-C.
 run: build
 	$(BIN)/mesh-controller migrate
-	$(BIN)/mesh-controller help
+	$(BIN)/mesh-controller serve
+
+# demo: a controller and two hosts in a temporary dir, node list, then all stopped.
+demo: build
+	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
+	pids=""; trap 'kill $$pids 2>/dev/null; wait 2>/dev/null; rm -rf $$dir' EXIT; \
+	$$mc migrate >/dev/null 2>&1; \
+	$$mc serve --listen 127.0.0.1:0 >$$dir/serve.log 2>&1 & pids="$$pids $$!"; \
+	for i in $$(seq 100); do grep -q '^ready' $$dir/serve.log && break; sleep 0.1; done; \
+	grep '^ready' $$dir/serve.log || { cat $$dir/serve.log; exit 1; }; \
+	url=$$(sed -n 's/^ready: broker \([^,]*\),.*/\1/p' $$dir/serve.log); \
+	for n in web1 web2; do \
+		tok=$$($$mc token issue --new $$n 2>/dev/null); \
+		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
+		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s >/dev/null 2>&1 & pids="$$pids $$!"; \
+	done; \
+	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
+		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
+	echo '{"modules": [{"module": "paperless", "version": "2.14.1", "data": [{"name": "media", "path": "/var/lib/paperless/media", "precious": "irreplaceable"}]}]}' >$$dir/decl.json; \
+	$$mc declare web1 $$dir/decl.json --why "the demo shows a signed declaration applied"; \
+	for i in $$(seq 100); do $$mc node list | grep -q '^web1 .*1 (current)' && break; sleep 0.1; done; \
+	echo; $$mc node list; echo; $$mc node show web1 | head -24; \
+	echo; echo "web1 wrote under its root:"; (cd $$dir/web1/root && find . -mindepth 1 | sort | sed 's/^/  /'); \
+	echo; echo "demo done: stopping the hosts and the controller"
 
 test:
 	$(GO) test -count=1 -timeout 9m ./...

@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,13 +13,14 @@ import (
 	"time"
 
 	"mesh-controller/app/host"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 )
 
 // A mesh on loopback for end-to-end tests: the real daemon with its embedded
 // broker, real SQLite files, and real hosts. Nothing is mocked.
 type testMesh struct {
-	t      *testing.T
+	t      testing.TB
 	c      *Controller
 	listen string
 	url    string
@@ -47,7 +49,7 @@ func (s *syncBuffer) String() string {
 
 // freeAddr picks a loopback address no one listens on, so a controller can be
 // restarted on the same one.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,7 +59,7 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newTestMesh(t *testing.T) *testMesh {
+func newTestMesh(t testing.TB) *testMesh {
 	t.Helper()
 	c := New(t.TempDir())
 	c.Getenv = func(string) string { return "" }
@@ -102,7 +104,7 @@ func (m *testMesh) stop() {
 }
 
 type testHost struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	state  *host.State
 	root   string
@@ -151,7 +153,7 @@ func (h *testHost) stop() {
 }
 
 // waitFor polls cond until it holds, failing the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
@@ -338,5 +340,32 @@ func TestMesh_BadSignatureDroppedAndCounted(t *testing.T) {
 	}
 	if !strings.Contains(m.logs.String(), "dropped mesh.node.web1.heartbeat from web1: bad signature") {
 		t.Fatalf("the drop was not logged:\n%s", m.logs.String())
+	}
+}
+
+func TestDeclare_RecordsTheHandAct(t *testing.T) {
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.NodeAdd(ctx, "web1", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Declare(ctx, DeclareRequest{Node: "web1", Body: []byte(`{}`), From: "x.json"}); !errors.Is(err, health.ErrNoWhy) {
+		t.Fatalf("no why: %v", err)
+	}
+	if _, err := c.Declare(ctx, DeclareRequest{Node: "web1", Body: []byte(`{"modules": []}`), From: "x.json", Why: "testing"}); err != nil {
+		t.Fatal(err)
+	}
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	acts, err := health.NewStore(dbs[0]).HandActs(ctx, time.Time{})
+	if err != nil || len(acts) != 1 || acts[0].Why != "testing" || acts[0].What != "declare web1 serial 1 from x.json" || acts[0].Who == "" {
+		t.Fatalf("hand acts: %+v, %v", acts, err)
 	}
 }

@@ -116,4 +116,3 @@ func (s *Store) Drops(ctx context.Context, node string) ([]Drop, error) {
 	}
 	return drops, rows.Err()
 }
-

@@ -1,0 +1,65 @@
+package host
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"mesh-controller/app/protocol"
+)
+
+func sealed(t *testing.T, priv ed25519.PrivateKey, body map[string]any) protocol.Envelope {
+	t.Helper()
+	env, _, err := protocol.Seal(body, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+func module(name, dataPath string) map[string]any {
+	return map[string]any{"module": name, "version": "1.0.0", "data": []any{map[string]any{"name": "d", "path": dataPath, "precious": "costly"}}}
+}
+
+func TestApply(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	st := &State{Node: "web1", ControllerKey: pub}
+	root := t.TempDir()
+	decl := func(serial int, node string, mods ...any) protocol.Envelope {
+		return sealed(t, priv, map[string]any{"node": node, "serial": serial, "modules": mods})
+	}
+	report, last := apply(st, root, applied{}, decl(1, "web1", module("a", "/srv/a")))
+	if !report.OK || last.Serial != 1 {
+		t.Fatalf("first: %+v", report)
+	}
+	refusals := map[string]protocol.Envelope{
+		"is for node":                    decl(2, "web2", module("a", "/srv/a")),
+		"not above the last applied 1":   decl(1, "web1"),
+		"must be absolute and clean":     decl(2, "web1", module("a", "/srv/../etc")),
+		"module name \"A/../b\" is not":  decl(2, "web1", module("A/../b", "/srv/a")),
+		"must be absolute and clean\x00": decl(2, "web1", module("a", "relative/path")),
+	}
+	for want, env := range refusals {
+		report, after := apply(st, root, last, env)
+		if report.OK || !strings.Contains(report.Error, strings.TrimSuffix(want, "\x00")) || after.Serial != 1 {
+			t.Errorf("want refusal %q, got %+v", want, report)
+		}
+	}
+	// data is never removed, even when no longer declared
+	if err := os.WriteFile(filepath.Join(root, "srv/a/keep"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	report, last = apply(st, root, last, decl(2, "web1"))
+	if !report.OK || len(last.Files) != 0 {
+		t.Fatalf("second: %+v %+v", report, last)
+	}
+	if _, err := os.Stat(filepath.Join(root, "srv/a/keep")); err != nil {
+		t.Fatal("data was removed")
+	}
+	if _, err := os.Stat(filepath.Join(root, modulesDir, "a")); !os.IsNotExist(err) {
+		t.Fatal("an undeclared module's directory stayed")
+	}
+}
