@@ -6,17 +6,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
 )
 
 // version is stamped at link time: -ldflags "-X main.version=v1.2.3".
@@ -53,87 +49,30 @@ type Env struct {
 	Stderr io.Writer
 }
 
-// UsageError is a command line that parsed but does not make sense; it exits 2.
-type UsageError struct{ Msg string }
-
-func (e UsageError) Error() string { return e.Msg }
-
-// exit carries an exit status out of kong through a panic, because kong
-// calls its Exit (for --help) in the middle of parsing.
-type exit int
-
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-// run parses args, runs the chosen command, and returns the exit status:
-// 0 done, 1 refused or failed, 2 usage error.
-func run(args []string, stdout, stderr io.Writer) (status int) {
-	defer func() {
-		if r := recover(); r != nil {
-			code, ok := r.(exit)
-			if !ok {
-				panic(r)
-			}
-			status = int(code)
-		}
-	}()
+// run parses args, runs the chosen command, and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
-	parser, err := kong.New(&cli,
-		kong.Name("mesh-controller"),
-		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
-		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
-		kong.Writers(stdout, stderr),
-		kong.Exit(func(code int) { panic(exit(code)) }),
-		kong.Help(helpWithStores),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true, NoExpandSubcommands: false}),
-	)
-	if err != nil {
-		fmt.Fprintf(stderr, "mesh-controller: %v\n", err)
-		return 1
-	}
-	if len(args) == 0 {
-		args = []string{"--help"}
-	}
-	kctx, err := parser.Parse(args)
-	if err != nil {
-		fmt.Fprintf(stderr, "mesh-controller: %s, see '%s --help'\n", oneLine(err.Error()), commandPath(err))
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	a := app.New(cli.Data)
-	a.Broker = cli.Globals.Broker
-	env := &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
-	if err := kctx.Run(env); err != nil {
-		var usage UsageError
-		if errors.As(err, &usage) {
-			fmt.Fprintf(stderr, "mesh-controller: %s, see '%s --help'\n", oneLine(err.Error()), kctx.Selected().FullPath())
-			return 2
-		}
-		msg := oneLine(err.Error())
-		if h := hint(err); h != "" {
-			msg += ", " + h
-		}
-		fmt.Fprintf(stderr, "mesh-controller: %s\n", msg)
-		return 1
-	}
-	return 0
+	return clirun.Program{
+		Name: "mesh-controller",
+		Options: []kong.Option{
+			kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
+			kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
+			kong.Help(helpWithStores),
+			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		},
+		Hint: hint,
+		Bind: func(ctx context.Context) any {
+			a := app.New(cli.Data)
+			a.Broker = cli.Globals.Broker
+			return &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
+		},
+	}.Run(&cli, args, stdout, stderr)
 }
 
 // timeShown is how times are printed for a person: UTC, to the second.
 const timeShown = "2006-01-02 15:04:05Z"
-
-// commandPath names the command a parse error happened in, for its --help.
-func commandPath(err error) string {
-	var perr *kong.ParseError
-	if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
-		return perr.Context.Selected().FullPath()
-	}
-	return "mesh-controller"
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
-}
 
 // printJSON prints v as one indented JSON document.
 func printJSON(w io.Writer, v any) error {

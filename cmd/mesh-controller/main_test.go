@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
-	"mesh-controller/app"
 	"testing"
 	"time"
+
+	"mesh-controller/app"
 
 	"github.com/rogpeppe/go-internal/testscript"
 

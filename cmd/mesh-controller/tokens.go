@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
 )
 
 // TokenCmd groups token commands.
@@ -23,7 +24,7 @@ type TokenIssueCmd struct {
 // Run issues the token: the token alone on stdout, everything else on stderr.
 func (c *TokenIssueCmd) Run(env *Env) error {
 	if c.Adopted && c.New == "" {
-		return UsageError{"--adopted goes with --new: an existing node keeps its mode"}
+		return clirun.UsageError{Msg: "--adopted goes with --new: an existing node keeps its mode"}
 	}
 	r := app.TokenRequest{Node: string(c.Node), TTL: c.TTL, New: c.New != "", Adopted: c.Adopted}
 	if r.New {

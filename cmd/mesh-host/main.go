@@ -9,14 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app/host"
+	"mesh-controller/cmd/clirun"
 )
 
 // version is stamped at link time: -ldflags "-X main.version=v1.2.3".
@@ -82,61 +80,29 @@ func (c *VersionCmd) Run(env *Env) error {
 	return nil
 }
 
-type exit int
-
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-func run(args []string, stdout, stderr io.Writer) (status int) {
-	defer func() {
-		if r := recover(); r != nil {
-			code, ok := r.(exit)
-			if !ok {
-				panic(r)
-			}
-			status = int(code)
-		}
-	}()
+// run parses args, runs the chosen command, and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
 	if version != "" {
 		host.Version = version
 	}
 	var cli CLI
-	parser, err := kong.New(&cli, kong.Name("mesh-host"),
-		kong.Description("The reference host of a mesh: joins with a token, applies signed declarations."),
-		kong.Writers(stdout, stderr), kong.Exit(func(code int) { panic(exit(code)) }),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}))
-	if err != nil {
-		fmt.Fprintf(stderr, "mesh-host: %v\n", err)
-		return 1
-	}
-	if len(args) == 0 {
-		args = []string{"--help"}
-	}
-	kctx, err := parser.Parse(args)
-	if err != nil {
-		path := "mesh-host"
-		var perr *kong.ParseError
-		if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
-			path = perr.Context.Selected().FullPath()
-		}
-		fmt.Fprintf(stderr, "mesh-host: %s, see '%s --help'\n", oneLine(err.Error()), path)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := kctx.Run(&Env{Ctx: ctx, Stdout: stdout, Stderr: stderr}); err != nil {
-		msg := oneLine(err.Error())
-		switch {
-		case errors.Is(err, host.ErrRefused):
-			msg += ", ask for a new token with 'mesh-controller token issue --node NAME'"
-		case errors.Is(err, host.ErrJoinedAlready):
-			msg += ", run it with 'mesh-host run', or join with a fresh --state dir"
-		}
-		fmt.Fprintf(stderr, "mesh-host: %s\n", msg)
-		return 1
-	}
-	return 0
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+	return clirun.Program{
+		Name: "mesh-host",
+		Options: []kong.Option{
+			kong.Description("The reference host of a mesh: joins with a token, applies signed declarations."),
+			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		},
+		Hint: func(err error) string {
+			switch {
+			case errors.Is(err, host.ErrRefused):
+				return "ask for a new token with 'mesh-controller token issue --node NAME'"
+			case errors.Is(err, host.ErrJoinedAlready):
+				return "run it with 'mesh-host run', or join with a fresh --state dir"
+			}
+			return ""
+		},
+		Bind: func(ctx context.Context) any { return &Env{Ctx: ctx, Stdout: stdout, Stderr: stderr} },
+	}.Run(&cli, args, stdout, stderr)
 }

@@ -1,0 +1,99 @@
+// Package clirun runs a kong command line the way both binaries do: exit 0
+// when done, 1 when refused or failed, 2 for a usage error, and one line on
+// stderr saying what went wrong and what to do.
+package clirun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+)
+
+// UsageError is a command line that parsed but does not make sense; it exits 2.
+type UsageError struct{ Msg string }
+
+func (e UsageError) Error() string { return e.Msg }
+
+// Program is one binary's command line.
+type Program struct {
+	// Name is the binary's name, the prefix of every error line.
+	Name string
+	// Options are kong's, besides the writers and exit handling set here.
+	Options []kong.Option
+	// Hint is the "what to do" half of an error line, "" when there is none.
+	Hint func(error) string
+	// Bind makes what Run methods are given, once the command line is parsed;
+	// ctx ends on SIGINT or SIGTERM.
+	Bind func(ctx context.Context) any
+}
+
+// exit carries an exit status out of kong through a panic, because kong
+// calls its Exit (for --help) in the middle of parsing.
+type exit int
+
+// Run parses args into cli, runs the chosen command and returns the exit status.
+func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status int) {
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(exit)
+			if !ok {
+				panic(r)
+			}
+			status = int(code)
+		}
+	}()
+	opts := append([]kong.Option{kong.Name(p.Name), kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { panic(exit(code)) })}, p.Options...)
+	parser, err := kong.New(cli, opts...)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
+		return 1
+	}
+	if len(args) == 0 {
+		args = []string{"--help"}
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s, see '%s --help'\n", p.Name, OneLine(err.Error()), p.commandPath(err))
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := kctx.Run(p.Bind(ctx)); err != nil {
+		var usage UsageError
+		if errors.As(err, &usage) {
+			fmt.Fprintf(stderr, "%s: %s, see '%s --help'\n", p.Name, OneLine(err.Error()), kctx.Selected().FullPath())
+			return 2
+		}
+		msg := OneLine(err.Error())
+		if p.Hint != nil {
+			if h := p.Hint(err); h != "" {
+				msg += ", " + h
+			}
+		}
+		fmt.Fprintf(stderr, "%s: %s\n", p.Name, msg)
+		return 1
+	}
+	return 0
+}
+
+// commandPath names the command a parse error happened in, for its --help.
+func (p Program) commandPath(err error) string {
+	var perr *kong.ParseError
+	if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
+		return perr.Context.Selected().FullPath()
+	}
+	return p.Name
+}
+
+// OneLine folds a message onto one line.
+func OneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
