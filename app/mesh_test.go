@@ -15,6 +15,7 @@ import (
 	"mesh-controller/app/host"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
+	"mesh-controller/embedded/broker"
 )
 
 // A mesh on loopback for end-to-end tests: the real daemon with its embedded
@@ -368,4 +369,44 @@ func TestDeclare_RecordsTheHandAct(t *testing.T) {
 	if err != nil || len(acts) != 1 || acts[0].Why != "testing" || acts[0].What != "declare web1 serial 1 from x.json" || acts[0].Who == "" {
 		t.Fatalf("hand acts: %+v, %v", acts, err)
 	}
+}
+
+// With --broker the controller uses an existing NATS that trusts its
+// operator (configured as broker show --broker prints), instead of embedding one.
+func TestMesh_ExternalBroker(t *testing.T) {
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dbs, closeAll, err := c.stores(ctx, "identity")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := brokerKeys(ctx, identity.NewStore(dbs[0]))
+	closeAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, err := keys.Trust(joinPermissions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	external, err := broker.Start(freeAddr(t), trust)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer external.Shutdown()
+	c.Broker = external.ClientURL()
+
+	m := &testMesh{t: t, c: c, listen: "unused:0", logs: &syncBuffer{}}
+	m.start()
+	defer m.stop()
+	if m.url != external.ClientURL() {
+		t.Fatalf("serving on %s, want the external %s", m.url, external.ClientURL())
+	}
+	m.join("web1")
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	waitFor(t, "web1 to apply through the external broker", func() bool { return m.node("web1").SerialApplied == 1 })
 }
