@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build run demo test lint bench clean
+.PHONY: build run demo test lint bench fuzz clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
@@ -54,3 +54,8 @@ bench:
 
 clean:
 	rm -rf $(BIN)
+
+# fuzz the manifest parser (module check); new corpus entries land in the Go cache:
+# copy the interesting ones to contexts/inventory/testdata/fuzz/ to keep them.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseManifest -fuzztime 60s ./contexts/inventory/

@@ -1,0 +1,474 @@
+package inventory
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// Manifest is a module's description (manifest.md): what it runs, needs,
+// provides, emits and consumes, and — first-class — the data it keeps.
+type Manifest struct {
+	Module      string        `json:"module"`
+	Version     string        `json:"version"`
+	Description string        `json:"description,omitempty"`
+	Source      string        `json:"source,omitempty"`
+	Requires    *Requirements `json:"requires,omitempty"`
+	Run         *Run          `json:"run,omitempty"`
+	Ports       []Port        `json:"ports,omitempty"`
+	Emits       []string      `json:"emits,omitempty"`
+	Consumes    []string      `json:"consumes,omitempty"`
+	Provides    []Provision   `json:"provides,omitempty"`
+	Needs       []Need        `json:"needs,omitempty"`
+	Seats       []Seat        `json:"seats,omitempty"`
+	Settings    *Settings     `json:"settings,omitempty"`
+	Secrets     []Secret      `json:"secrets,omitempty"`
+	Data        []DataSpec    `json:"data,omitempty"`
+	Tools       []Tool        `json:"tools,omitempty"`
+	StandsOn    []string      `json:"stands_on,omitempty"`
+}
+
+// Requirements are what a node must offer; judged against its reported facts.
+type Requirements struct {
+	Arch     []string `json:"arch,omitempty"`
+	MemoryMB int64    `json:"memory_mb,omitempty"`
+	Cores    int64    `json:"cores,omitempty"`
+	DiskMB   int64    `json:"disk_mb,omitempty"`
+	Runtimes []string `json:"runtimes,omitempty"`
+}
+
+// Run is how the module is started.
+type Run struct {
+	Command []string `json:"command"`
+}
+
+// Port is a port the module listens on.
+type Port struct {
+	Name   string `json:"name"`
+	Port   int    `json:"port"`
+	Expose string `json:"expose,omitempty"`
+}
+
+// Provision is something the module provides to others.
+type Provision struct {
+	Provision   string       `json:"provision"`
+	Port        int          `json:"port,omitempty"`
+	PerConsumer *PerConsumer `json:"per_consumer,omitempty"`
+}
+
+// PerConsumer is what a provider keeps for each consumer.
+type PerConsumer struct {
+	Credential bool          `json:"credential,omitempty"`
+	Data       *ConsumerData `json:"data,omitempty"`
+}
+
+// ConsumerData is the data a provider keeps per consumer, and how precious it is.
+type ConsumerData struct {
+	Keeps    string `json:"keeps,omitempty"`
+	Precious string `json:"precious"`
+}
+
+// Need is a provision the module consumes.
+type Need struct {
+	Provision string `json:"provision"`
+	Optional  bool   `json:"optional,omitempty"`
+}
+
+// Seat is a role the module can fill.
+type Seat struct {
+	Seat       string `json:"seat"`
+	Delivers   string `json:"delivers,omitempty"`
+	Replicated bool   `json:"replicated,omitempty"`
+}
+
+// Settings are the module's settings schema and defaults.
+type Settings struct {
+	Schema   json.RawMessage `json:"schema,omitempty"`
+	Defaults json.RawMessage `json:"defaults,omitempty"`
+}
+
+// Secret is a secret the module uses, and who makes it.
+type Secret struct {
+	Name   string `json:"name"`
+	MadeBy string `json:"made_by"`
+}
+
+// DataSpec is one place the module keeps state, and how precious it is.
+type DataSpec struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	Keeps    string `json:"keeps,omitempty"`
+	Precious string `json:"precious"`
+	Backup   string `json:"backup,omitempty"`
+}
+
+// Tool is something the module answers on mesh.tool.M.T.
+type Tool struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+}
+
+// Preciousness levels.
+const (
+	Irreplaceable = "irreplaceable"
+	Costly        = "costly"
+	Rebuildable   = "rebuildable"
+)
+
+// Problem is one thing wrong with a manifest: the field and what is wrong.
+type Problem struct {
+	Field string
+	What  string
+}
+
+func (p Problem) String() string { return p.Field + ": " + p.What }
+
+// shape is the fields each object of a manifest may have: any other is a
+// problem (a typo must not pass silently). "[]" marks an array of objects.
+var shape = map[string][]string{
+	"":                             {"module", "version", "description", "source", "requires", "run", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "data", "tools", "stands_on"},
+	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
+	"run":                          {"command"},
+	"ports[]":                      {"name", "port", "expose"},
+	"provides[]":                   {"provision", "port", "per_consumer"},
+	"provides[].per_consumer":      {"credential", "data"},
+	"provides[].per_consumer.data": {"keeps", "precious"},
+	"needs[]":                      {"provision", "optional"},
+	"seats[]":                      {"seat", "delivers", "replicated"},
+	"settings":                     {"schema", "defaults"},
+	"secrets[]":                    {"name", "made_by"},
+	"data[]":                       {"name", "path", "keeps", "precious", "backup"},
+	"tools[]":                      {"name", "description"},
+}
+
+// unknownFields walks the raw document and reports every field the shape does not name.
+func unknownFields(v any, shapeKey, path string, out *[]Problem) {
+	switch x := v.(type) {
+	case map[string]any:
+		allowed, ok := shape[shapeKey]
+		if !ok {
+			return // free-form (settings schema and defaults)
+		}
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if !contains(allowed, k) {
+				*out = append(*out, Problem{join(path, k), "unknown field"})
+				continue
+			}
+			child := shapeKey + "." + k
+			if shapeKey == "" {
+				child = k
+			}
+			unknownFields(x[k], child, join(path, k), out)
+		}
+	case []any:
+		for i, e := range x {
+			unknownFields(e, shapeKey+"[]", fmt.Sprintf("%s[%d]", path, i), out)
+		}
+	}
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	nameRule = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	// secretRule also allows underscores: the shared example manifests name
+	// secrets admin_password, ocr_licence…
+	secretRule  = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+	semverRule  = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+	subjectRule = regexp.MustCompile(`^[^.\s*>]+(\.[^.\s*>]+)*$`)
+)
+
+// ParseManifest reads a manifest strictly and judges it (manifest.md, "What
+// module check judges"). It returns every problem, not only the first; a
+// manifest with problems is not to be registered.
+func ParseManifest(data []byte) (Manifest, []Problem) {
+	var raw any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&raw); err != nil {
+		return Manifest{}, []Problem{{"(document)", "not JSON: " + err.Error()}}
+	}
+	if dec.More() {
+		return Manifest{}, []Problem{{"(document)", "more than one JSON value"}}
+	}
+	if _, ok := raw.(map[string]any); !ok {
+		return Manifest{}, []Problem{{"(document)", "not a JSON object"}}
+	}
+	var problems []Problem
+	unknownFields(raw, "", "", &problems)
+	var m Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		// A field of the wrong type: say which, as json does.
+		field, what := "(document)", err.Error()
+		if te, ok := err.(*json.UnmarshalTypeError); ok {
+			field, what = te.Field, fmt.Sprintf("is %s, want %s", te.Value, te.Type)
+		}
+		return Manifest{}, append(problems, Problem{field, what})
+	}
+	problems = append(problems, m.judge()...)
+	return m, problems
+}
+
+func (m *Manifest) judge() []Problem {
+	var ps []Problem
+	bad := func(field, format string, args ...any) { ps = append(ps, Problem{field, fmt.Sprintf(format, args...)}) }
+	name := func(field, value string) {
+		if !nameRule.MatchString(value) {
+			bad(field, "%q is not a valid name: a lowercase letter, then up to 62 lowercase letters, digits or dashes", value)
+		}
+	}
+	switch {
+	case m.Module == "":
+		bad("module", "missing")
+	default:
+		name("module", m.Module)
+	}
+	switch {
+	case m.Version == "":
+		bad("version", "missing")
+	case !semverRule.MatchString(m.Version):
+		bad("version", "%q is not a semantic version (MAJOR.MINOR.PATCH)", m.Version)
+	}
+	if r := m.Requires; r != nil {
+		for _, n := range []struct {
+			f string
+			v int64
+		}{{"memory_mb", r.MemoryMB}, {"cores", r.Cores}, {"disk_mb", r.DiskMB}} {
+			if n.v < 0 {
+				bad("requires."+n.f, "must not be negative")
+			}
+		}
+	}
+	seenPorts := map[int]string{}
+	for i, p := range m.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		name(f+".name", p.Name)
+		if p.Port < 1 || p.Port > 65535 {
+			bad(f+".port", "%d is outside 1-65535", p.Port)
+		} else if other, ok := seenPorts[p.Port]; ok {
+			bad(f+".port", "%d is claimed twice (also by %s)", p.Port, other)
+		} else {
+			seenPorts[p.Port] = p.Name
+		}
+		if p.Expose != "" && !contains([]string{"overlay", "public", "local"}, p.Expose) {
+			bad(f+".expose", "%q is not overlay, public or local", p.Expose)
+		}
+	}
+	for i, s := range m.Emits {
+		f := fmt.Sprintf("emits[%d]", i)
+		if strings.ContainsAny(s, "*>") {
+			bad(f, "%q has a wildcard: a module emits on exact subjects", s)
+		} else if !subjectRule.MatchString(s) {
+			bad(f, "%q is not a valid NATS subject", s)
+		}
+	}
+	for i, s := range m.Consumes {
+		if !validSubject(s) {
+			bad(fmt.Sprintf("consumes[%d]", i), "%q is not a valid NATS subject", s)
+		}
+	}
+	for i, p := range m.Provides {
+		f := fmt.Sprintf("provides[%d]", i)
+		name(f+".provision", p.Provision)
+		if p.Port != 0 && (p.Port < 1 || p.Port > 65535) {
+			bad(f+".port", "%d is outside 1-65535", p.Port)
+		}
+		if pc := p.PerConsumer; pc != nil && pc.Data != nil {
+			precious(f+".per_consumer.data.precious", pc.Data.Precious, bad)
+		}
+	}
+	for i, n := range m.Needs {
+		name(fmt.Sprintf("needs[%d].provision", i), n.Provision)
+	}
+	for i, s := range m.Seats {
+		name(fmt.Sprintf("seats[%d].seat", i), s.Seat)
+	}
+	seenSecrets := map[string]bool{}
+	for i, s := range m.Secrets {
+		f := fmt.Sprintf("secrets[%d]", i)
+		if !secretRule.MatchString(s.Name) {
+			bad(f+".name", "%q is not a valid secret name: a lowercase letter, then up to 62 lowercase letters, digits, dashes or underscores", s.Name)
+		}
+		if seenSecrets[s.Name] {
+			bad(f+".name", "%q is named twice", s.Name)
+		}
+		seenSecrets[s.Name] = true
+		if s.MadeBy != "mesh" && s.MadeBy != "person" {
+			bad(f+".made_by", "%q is not mesh or person", s.MadeBy)
+		}
+	}
+	seenData, seenPaths := map[string]bool{}, map[string]bool{}
+	for i, d := range m.Data {
+		f := fmt.Sprintf("data[%d]", i)
+		name(f+".name", d.Name)
+		if seenData[d.Name] {
+			bad(f+".name", "%q is named twice", d.Name)
+		}
+		seenData[d.Name] = true
+		switch {
+		case d.Path == "":
+			bad(f+".path", "missing")
+		case !strings.HasPrefix(d.Path, "/") || strings.Contains(d.Path, "/../") || strings.HasSuffix(d.Path, "/..") || d.Path == "/":
+			bad(f+".path", "%q must be an absolute path below /", d.Path)
+		case seenPaths[d.Path]:
+			bad(f+".path", "%q is used twice", d.Path)
+		}
+		seenPaths[d.Path] = true
+		precious(f+".precious", d.Precious, bad)
+		if d.Backup != "" && !contains([]string{"hourly", "daily", "weekly"}, d.Backup) {
+			bad(f+".backup", "%q is not hourly, daily or weekly", d.Backup)
+		}
+	}
+	for i, t := range m.Tools {
+		name(fmt.Sprintf("tools[%d].name", i), t.Name)
+	}
+	for i, s := range m.StandsOn {
+		name(fmt.Sprintf("stands_on[%d]", i), s)
+	}
+	if s := m.Settings; s != nil {
+		sch, err := m.SettingsSchema()
+		if err != nil {
+			bad("settings.schema", "does not compile: %s", oneLine(err.Error()))
+		} else if len(s.Defaults) > 0 {
+			for _, p := range validate(sch, s.Defaults) {
+				bad("settings.defaults"+p.Field, "%s", p.What)
+			}
+		}
+	}
+	return ps
+}
+
+func precious(field, level string, bad func(string, string, ...any)) {
+	switch level {
+	case Irreplaceable, Costly, Rebuildable:
+	case "":
+		bad(field, "missing: say how precious it is (irreplaceable, costly or rebuildable)")
+	default:
+		bad(field, "%q is not irreplaceable, costly or rebuildable", level)
+	}
+}
+
+func validSubject(s string) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	tokens := strings.Split(s, ".")
+	for i, t := range tokens {
+		switch {
+		case t == "":
+			return false
+		case t == ">" && i != len(tokens)-1:
+			return false
+		case t != "*" && t != ">" && strings.ContainsAny(t, "*>"):
+			return false
+		}
+	}
+	return true
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// SettingsSchema compiles the manifest's settings schema (an empty one
+// allows any object).
+func (m *Manifest) SettingsSchema() (*jsonschema.Schema, error) {
+	doc := any(map[string]any{"type": "object"})
+	if m.Settings != nil && len(m.Settings.Schema) > 0 {
+		var err error
+		if doc, err = jsonschema.UnmarshalJSON(bytes.NewReader(m.Settings.Schema)); err != nil {
+			return nil, err
+		}
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("mesh:///settings.json", doc); err != nil {
+		return nil, err
+	}
+	return c.Compile("mesh:///settings.json")
+}
+
+// ValidateSettings judges a settings document against the manifest's schema;
+// each problem's field is the JSON pointer of the offending value.
+func (m *Manifest) ValidateSettings(doc json.RawMessage) ([]Problem, error) {
+	sch, err := m.SettingsSchema()
+	if err != nil {
+		return nil, err
+	}
+	return validate(sch, doc), nil
+}
+
+var printer = message.NewPrinter(language.English)
+
+func validate(sch *jsonschema.Schema, doc json.RawMessage) []Problem {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return []Problem{{"", "not JSON: " + err.Error()}}
+	}
+	err = sch.Validate(v)
+	ve, ok := err.(*jsonschema.ValidationError)
+	if !ok {
+		if err != nil {
+			return []Problem{{"", err.Error()}}
+		}
+		return nil
+	}
+	var ps []Problem
+	var leaves func(e *jsonschema.ValidationError)
+	leaves = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			ps = append(ps, Problem{"/" + strings.Join(e.InstanceLocation, "/"), e.ErrorKind.LocalizedString(printer)})
+			return
+		}
+		for _, c := range e.Causes {
+			leaves(c)
+		}
+	}
+	leaves(ve)
+	return ps
+}
+
+// Canonical is the manifest as canonical JSON (keys sorted, no white space):
+// how it is kept, so that equal manifests are equal bytes.
+func (m *Manifest) Canonical() ([]byte, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(out.Bytes(), "\n"), nil
+}

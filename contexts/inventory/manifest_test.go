@@ -1,0 +1,126 @@
+package inventory
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func TestParseManifest_Examples(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.json")
+	if len(files) < 5 {
+		t.Fatalf("examples: %v", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ps := ParseManifest(b)
+		if len(ps) > 0 {
+			t.Errorf("%s: %v", f, ps)
+		}
+		if m.Module == "" || len(m.Data) == 0 {
+			t.Errorf("%s: parsed %+v", f, m)
+		}
+	}
+}
+
+func TestParseManifest_EveryProblem(t *testing.T) {
+	doc := `{
+	  "module": "Paper_less", "version": "2.14", "colour": "blue",
+	  "requires": {"arch": ["amd64"], "gpu": true},
+	  "ports": [{"name": "http", "port": 8000}, {"name": "alt", "port": 8000}, {"name": "x", "port": 70000}],
+	  "emits": ["documents.*", "bad..subject"],
+	  "consumes": ["ok.>", "a.>.b"],
+	  "secrets": [{"name": "pw", "made_by": "robot"}],
+	  "settings": {"schema": {"type": "object", "properties": {"workers": {"type": "integer", "minimum": 1}}}, "defaults": {"workers": 0}},
+	  "data": [
+	    {"name": "media", "path": "/var/media", "precious": "priceless", "backup": "monthly"},
+	    {"name": "media", "path": "/var/media"},
+	    {"name": "rel", "path": "relative", "precious": "costly", "extra": 1}
+	  ]
+	}`
+	_, ps := ParseManifest([]byte(doc))
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	sort.Strings(got)
+	want := []string{
+		`colour: unknown field`,
+		`requires.gpu: unknown field`,
+		`data[2].extra: unknown field`,
+		`module: "Paper_less" is not a valid name`,
+		`version: "2.14" is not a semantic version`,
+		`ports[1].port: 8000 is claimed twice (also by http)`,
+		`ports[2].port: 70000 is outside 1-65535`,
+		`emits[0]: "documents.*" has a wildcard`,
+		`emits[1]: "bad..subject" is not a valid NATS subject`,
+		`consumes[1]: "a.>.b" is not a valid NATS subject`,
+		`secrets[0].made_by: "robot" is not mesh or person`,
+		`settings.defaults/workers: `,
+		`data[0].precious: "priceless" is not irreplaceable, costly or rebuildable`,
+		`data[0].backup: "monthly" is not hourly, daily or weekly`,
+		`data[1].name: "media" is named twice`,
+		`data[1].path: "/var/media" is used twice`,
+		`data[1].precious: missing`,
+		`data[2].path: "relative" must be an absolute path`,
+	}
+	all := strings.Join(got, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("missing problem %q in:\n%s", w, all)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d problems, want %d:\n%s", len(got), len(want), all)
+	}
+}
+
+func TestParseManifest_NotAManifest(t *testing.T) {
+	for doc, want := range map[string]string{
+		`{"module": `:                  "not JSON",
+		`[1]`:                          "not a JSON object",
+		`{"module": "a", "version": 1}`: "version: is number, want string",
+		`{}`:                           "module: missing",
+		`{"module":"a","version":"1.0.0","settings":{"schema":{"type":"nonsense"}}}`: "settings.schema: does not compile",
+	} {
+		_, ps := ParseManifest([]byte(doc))
+		if len(ps) == 0 || !strings.Contains(ps[0].String()+"|"+func() string {
+			var s []string
+			for _, p := range ps {
+				s = append(s, p.String())
+			}
+			return strings.Join(s, "|")
+		}(), want) {
+			t.Errorf("%s: got %v, want %q", doc, ps, want)
+		}
+	}
+}
+
+// FuzzParseManifest: no input panics the parser, and a manifest it accepts
+// survives being written out and read again.
+func FuzzParseManifest(f *testing.F) {
+	files, _ := filepath.Glob("testdata/*.json")
+	for _, file := range files {
+		b, _ := os.ReadFile(file)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"module":"a","version":"1.0.0","data":[{"name":"d","path":"/x","precious":"costly"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, ps := ParseManifest(data)
+		if len(ps) > 0 {
+			return
+		}
+		again, err := m.Canonical()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ps := ParseManifest(again); len(ps) > 0 {
+			t.Fatalf("accepted %s but not its re-encoding %s: %v", data, again, ps)
+		}
+	})
+}
