@@ -11,6 +11,7 @@ require (
 	github.com/nats-io/nkeys v0.4.17
 	github.com/rogpeppe/go-internal v1.16.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
+	golang.org/x/mod v0.42.0
 	golang.org/x/text v0.43.0
 	modernc.org/sqlite v1.62.0
 )

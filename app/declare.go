@@ -72,7 +72,7 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 	if _, ok := body["mode"]; !ok {
 		body["mode"] = string(node.Mode)
 	}
-	decl, err := inv.SaveDeclaration(ctx, r.Node, func(serial int64, issuedAt time.Time) (string, string, string, error) {
+	decl, err := inv.SaveDeclaration(ctx, r.Node, inventory.CurrentPlan, func(serial int64, issuedAt time.Time) (string, string, string, error) {
 		body["node"], body["serial"], body["issued_at"] = r.Node, serial, issuedAt.Format(time.RFC3339)
 		env, _, err := protocol.Seal(body, key.Sign, key.Fingerprint())
 		return env.Declaration, env.Signature, env.Key, err

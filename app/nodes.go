@@ -23,6 +23,8 @@ type NodeView struct {
 	// highest its host reported applied (0 when none).
 	SerialDeclared int64 `json:"serial_declared"`
 	SerialApplied  int64 `json:"serial_applied"`
+	// Behind says its declaration is older than its plan, or not yet applied.
+	Behind bool `json:"behind"`
 	// HeartbeatS is the interval its host beats at (0 until heard).
 	HeartbeatS float64 `json:"heartbeat_interval_s"`
 	// LastApply is its host's latest apply report.
@@ -75,7 +77,7 @@ func nodeView(n inventory.Node) NodeView {
 	v := NodeView{
 		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
 		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
-		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS,
+		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS, Behind: n.Behind(),
 	}
 	if o := n.LastOutcome; o != nil {
 		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}

@@ -38,6 +38,9 @@ type ServeOptions struct {
 	FlushEvery time.Duration
 	// Counters, if set, counts what the daemon absorbed and dropped.
 	Counters *Counters
+	// CatchUpEvery is how often nodes whose declaration is behind their plan
+	// are sent a new one (besides at start).
+	CatchUpEvery time.Duration
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -68,6 +71,9 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	}
 	if o.FlushEvery == 0 {
 		o.FlushEvery = time.Second
+	}
+	if o.CatchUpEvery == 0 {
+		o.CatchUpEvery = 5 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -139,7 +145,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	if err := d.ids.RenewLease(ctx, holder, c.Now().Add(o.LeaseTTL), d.url); err != nil {
 		return err
 	}
-	d.sendBehind(ctx)
+	d.catchUp(ctx, true)
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: c.DataDir})
 	}
@@ -148,6 +154,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	defer flush.Stop()
 	renew := time.NewTicker(o.LeaseTTL / 3)
 	defer renew.Stop()
+	catchUp := time.NewTicker(o.CatchUpEvery)
+	defer catchUp.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -158,6 +166,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 			return nil
 		case <-flush.C:
 			d.flush(ctx)
+		case <-catchUp.C:
+			d.catchUp(ctx, false)
 		case <-renew.C:
 			if err := d.ids.RenewLease(ctx, holder, c.Now().Add(o.LeaseTTL), d.url); err != nil {
 				if ctx.Err() != nil {
@@ -420,21 +430,41 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	d.respond(m, envelopeOf(*decl))
 }
 
-// sendBehind publishes their latest declaration to every node behind it:
-// whatever was declared while no controller served reaches them now.
-func (d *daemon) sendBehind(ctx context.Context) {
-	nodes, err := d.inv.Behind(ctx)
+// catchUp sends a new declaration to every node whose declaration is
+// behind its plan (changed while no broker was reachable); at start it also
+// resends their latest to nodes that have not applied it.
+func (d *daemon) catchUp(ctx context.Context, start bool) {
+	snap, err := d.inv.Snapshot(ctx)
 	if err != nil {
-		d.logf("%v", err)
+		d.logf("catch up: %v", err)
 		return
 	}
-	for _, n := range nodes {
-		decl, err := d.inv.LatestDeclaration(ctx, n)
-		if err != nil || decl == nil {
-			continue
+	var ahead []string
+	for _, name := range snap.NodeNames {
+		n := snap.Nodes[name]
+		switch {
+		case n.PlanVersion > n.DeclaredPlanVersion:
+			ahead = append(ahead, name)
+		case start && n.SerialApplied < n.SerialDeclared:
+			if decl, err := d.inv.LatestDeclaration(ctx, name); err == nil && decl != nil {
+				if err := publishDeclaration(d.nc, *decl); err != nil {
+					d.logf("send %s its declaration: %v", name, err)
+				}
+			}
 		}
-		if err := publishDeclaration(d.nc, *decl); err != nil {
-			d.logf("send %s its declaration: %v", n, err)
+	}
+	if len(ahead) == 0 {
+		return
+	}
+	dec := &declarer{inv: d.inv, key: d.signer, nc: d.nc, now: d.c.Now}
+	for _, p := range dec.declare(ctx, snap, ahead) {
+		switch {
+		case p.Problem != "":
+			d.logf("%s: %s", p.Node, p.Problem)
+		case p.Sent:
+			d.logf("%s was behind its plan: sent declaration %d", p.Node, p.Serial)
+		default:
+			d.logf("%s: declaration %d not sent: %s", p.Node, p.Serial, p.NotSent)
 		}
 	}
 }

@@ -57,6 +57,18 @@ var moduleName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
 // modulesDir is where, under the root, each module's part of the declaration is written.
 const modulesDir = "etc/mesh/modules"
 
+// Files lists, for one declared module, the files the host writes under its
+// root (relative, slash-separated): its part of the declaration, and its
+// settings when it has any.
+func Files(m protocol.DeclaredModule) []string {
+	dir := path.Join(modulesDir, m.Module)
+	files := []string{path.Join(dir, "module.json")}
+	if len(m.Settings) > 0 && string(m.Settings) != "null" {
+		files = append(files, path.Join(dir, "settings.json"))
+	}
+	return files
+}
+
 // apply verifies and applies one declaration under root, returning the
 // report to send. Refused: a signature that does not verify against the
 // controller key from join, another node's declaration, a serial not above
@@ -104,16 +116,16 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	t = time.Now()
 	next := applied{Serial: d.Serial}
 	for i, m := range d.Modules {
-		dir := path.Join(modulesDir, m.Module)
-		var part any
-		json.Unmarshal(raw.Modules[i], &part)
-		b, _ := json.MarshalIndent(part, "", "  ")
-		files := map[string][]byte{path.Join(dir, "module.json"): append(b, '\n')}
-		if len(m.Settings) > 0 {
-			var settings any
-			json.Unmarshal(m.Settings, &settings)
-			sb, _ := json.MarshalIndent(settings, "", "  ")
-			files[path.Join(dir, "settings.json")] = append(sb, '\n')
+		files := map[string][]byte{}
+		for _, rel := range Files(m) {
+			doc := raw.Modules[i]
+			if path.Base(rel) == "settings.json" {
+				doc = m.Settings
+			}
+			var v any
+			json.Unmarshal(doc, &v)
+			b, _ := json.MarshalIndent(v, "", "  ")
+			files[rel] = append(b, '\n')
 		}
 		for rel, content := range files {
 			full := filepath.Join(root, filepath.FromSlash(rel))

@@ -73,6 +73,17 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 			return 2
 		}
 		msg := OneLine(err.Error())
+		var detailed interface {
+			Details() []string
+			Summary() string
+		}
+		if errors.As(err, &detailed) {
+			// Every problem on its own line, then the one-line refusal.
+			for _, d := range detailed.Details() {
+				fmt.Fprintf(stderr, "  %s\n", OneLine(d))
+			}
+			msg = detailed.Summary()
+		}
 		if p.Hint != nil {
 			if h := p.Hint(err); h != "" {
 				msg += ", " + h

@@ -45,6 +45,18 @@ func hint(err error) string {
 		return "write the body as one JSON object, e.g. {\"modules\": []}"
 	case errors.Is(err, app.ErrBrokerUnreachable):
 		return "start 'mesh-controller serve', or check --broker"
+	case errors.Is(err, inventory.ErrModuleNotFound):
+		return "register it with 'mesh-controller module add FILE', or see 'mesh-controller module list'"
+	case errors.Is(err, inventory.ErrVersionConflict):
+		return "give the changed manifest a new version"
+	case errors.Is(err, app.ErrSettingsNotObject):
+		return "write the settings as one JSON object"
+	case errors.Is(err, app.ErrNoManifests):
+		return "name manifest files, or directories holding mesh.json files"
+	case errors.Is(err, app.ErrNotOnNode):
+		return "assign it there first with 'mesh-controller assign'"
+	case errors.Is(err, app.ErrRollOutStopped):
+		return "fix that node and roll out again: the nodes before it run the new version, those after it the old"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

@@ -38,6 +38,13 @@ type CLI struct {
 	Serve    ServeCmd    `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
 	Broker   BrokerCmd   `cmd:"" help:"The broker hosts dial."`
 	Declare  DeclareCmd  `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
+	Module   ModuleCmd   `cmd:"" help:"Modules: services described by manifests."`
+	Settings SettingsCmd `cmd:"" help:"A module's settings: the mesh's layer and each node's."`
+	Assign   AssignCmd   `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
+	Unassign UnassignCmd `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
+	Plan     PlanCmd     `cmd:"" help:"What a node would run and why."`
+	Push     PushCmd     `cmd:"" help:"Send a node (or every node) its declaration."`
+	Upgrade  UpgradeCmd  `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
 }
 
 // Env is what every Run is given: the application and where to print.

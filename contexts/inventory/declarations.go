@@ -19,16 +19,23 @@ type Declaration struct {
 	Body      string // canonical JSON
 	Signature string
 	Key       string
+	// PlanVersion is the node's plan version it was made from (0 for a hand-written one).
+	PlanVersion int64
 }
+
+// CurrentPlan asks SaveDeclaration to record the node's plan version as it is.
+const CurrentPlan = -1
 
 // Signer makes the signed body of a declaration once its serial is known.
 type Signer func(serial int64, issuedAt time.Time) (body, signature, key string, err error)
 
 // SaveDeclaration numbers a node's next declaration (one above the last, so
 // serials strictly increase), has sign make it, and keeps it, in one
-// transaction.
-func (s *Store) SaveDeclaration(ctx context.Context, node string, sign Signer, now time.Time) (Declaration, error) {
-	d := Declaration{Node: node, IssuedAt: now.UTC().Truncate(time.Second)}
+// transaction. planVersion is the plan it was made from; CurrentPlan marks
+// a hand-written one as standing for the node's plan as it is now, so it
+// is not replaced until the plan changes.
+func (s *Store) SaveDeclaration(ctx context.Context, node string, planVersion int64, sign Signer, now time.Time) (Declaration, error) {
+	d := Declaration{Node: node, IssuedAt: now.UTC().Truncate(time.Second), PlanVersion: planVersion}
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		var exists int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
@@ -41,13 +48,19 @@ func (s *Store) SaveDeclaration(ctx context.Context, node string, sign Signer, n
 		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(serial), 0) FROM declarations WHERE node = ?`, node).Scan(&last); err != nil {
 			return err
 		}
+		if planVersion == CurrentPlan {
+			if err := tx.QueryRowContext(ctx, `SELECT plan_version FROM nodes WHERE name = ?`, node).Scan(&planVersion); err != nil {
+				return err
+			}
+			d.PlanVersion = planVersion
+		}
 		d.Serial = last + 1
 		var err error
 		if d.Body, d.Signature, d.Key, err = sign(d.Serial, d.IssuedAt); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key) VALUES (?, ?, ?, ?, ?, ?)`,
-			node, d.Serial, sqlite.FormatTime(d.IssuedAt), d.Body, d.Signature, d.Key)
+		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			node, d.Serial, sqlite.FormatTime(d.IssuedAt), d.Body, d.Signature, d.Key, planVersion)
 		return err
 	})
 	if errors.Is(err, ErrNodeNotFound) {
@@ -63,8 +76,8 @@ func (s *Store) SaveDeclaration(ctx context.Context, node string, sign Signer, n
 func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaration, error) {
 	var d Declaration
 	var issued string
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT node, serial, issued_at, body, signature, key FROM declarations WHERE node = ?`, node).
-		Scan(&d.Node, &d.Serial, &issued, &d.Body, &d.Signature, &d.Key)
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT node, serial, issued_at, body, signature, key, plan_version FROM declarations WHERE node = ?`, node).
+		Scan(&d.Node, &d.Serial, &issued, &d.Body, &d.Signature, &d.Key, &d.PlanVersion)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}

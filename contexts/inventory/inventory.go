@@ -49,6 +49,15 @@ type Node struct {
 	UptimeS int64
 	// LastOutcome is its host's latest apply report; nil if none.
 	LastOutcome *Outcome
+	// PlanVersion moves each time its plan changes; DeclaredPlanVersion is
+	// the plan version its latest declaration was made from.
+	PlanVersion, DeclaredPlanVersion int64
+}
+
+// Behind says the node's declaration is older than its plan, or its host has
+// not applied its latest declaration.
+func (n Node) Behind() bool {
+	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared
 }
 
 // Store is the inventory context's store.
@@ -84,7 +93,8 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 }
 
 const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, coalesce(d.serial, 0), n.serial_applied,
-	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at`
+	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at,
+	n.plan_version, coalesce(d.plan_version, 0)`
 
 const nodesFrom = ` FROM nodes n LEFT JOIN declarations d ON d.node = n.name`
 
@@ -96,7 +106,8 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var appliedOK sql.NullBool
 	var o Outcome
 	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard, &n.SerialDeclared, &n.SerialApplied,
-		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt); err != nil {
+		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt,
+		&n.PlanVersion, &n.DeclaredPlanVersion); err != nil {
 		return Node{}, err
 	}
 	if appliedSerial.Valid && appliedAt.Valid {

@@ -62,13 +62,15 @@ func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) erro
 }
 
 // RecordBeats writes many heartbeats in one transaction: each node's row is
-// updated in place, so beats cost a few writes a second, not one each.
+// updated in place, so beats cost a few writes a second, not one each. A
+// beat never moves the applied serial back: one sent before an apply may be
+// written after the apply's report.
 func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 	if len(beats) == 0 {
 		return nil
 	}
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?, heartbeat_interval_s = ?, serial_applied = ?, uptime_s = ? WHERE name = ?`)
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?, heartbeat_interval_s = ?, serial_applied = max(serial_applied, ?), uptime_s = ? WHERE name = ?`)
 		if err != nil {
 			return err
 		}

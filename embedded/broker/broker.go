@@ -63,6 +63,8 @@ func NewSeeds() (operator, account, system []byte, err error) {
 type Permissions struct {
 	Publish   []string `json:"publish"`
 	Subscribe []string `json:"subscribe"`
+	// Respond lets the user answer requests made to it (one reply each).
+	Respond bool `json:"respond,omitempty"`
 }
 
 // IssueUser signs a user JWT in the mesh account for the nkey userPub. A
@@ -78,6 +80,9 @@ func (k Keys) IssueUser(name, userPub string, p Permissions, bearer bool) (strin
 	}
 	if len(p.Subscribe) == 0 {
 		uc.Sub.Deny.Add(">")
+	}
+	if p.Respond {
+		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
 	}
 	return uc.Encode(k.Account)
 }

@@ -1,3 +1,12 @@
+CREATE TABLE assignments (
+    node        TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
+    module      TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    assigned_at TEXT NOT NULL,
+    unverified  TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (node, module),
+    FOREIGN KEY (module, version) REFERENCES module_versions (module, version)
+) STRICT;
 CREATE TABLE declarations (
     node      TEXT PRIMARY KEY REFERENCES nodes (name) ON DELETE CASCADE,
     serial    INTEGER NOT NULL CHECK (serial > 0),
@@ -5,6 +14,23 @@ CREATE TABLE declarations (
     body      TEXT NOT NULL,
     signature TEXT NOT NULL,
     key       TEXT NOT NULL
+, plan_version INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE module_versions (
+    module    TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
+    version   TEXT NOT NULL,
+    manifest  TEXT NOT NULL,
+    source    TEXT NOT NULL DEFAULT '',
+    commit_id TEXT NOT NULL DEFAULT '',
+    added_at  TEXT NOT NULL,
+    PRIMARY KEY (module, version)
+) STRICT;
+CREATE TABLE modules (
+    name            TEXT PRIMARY KEY
+                    CHECK (length(name) BETWEEN 1 AND 63 AND name GLOB '[a-z]*' AND name NOT GLOB '*[^a-z0-9-]*'),
+    current_version TEXT NOT NULL,
+    source          TEXT NOT NULL DEFAULT '',
+    moved_commit    TEXT NOT NULL DEFAULT '',
+    added_at        TEXT NOT NULL
 ) STRICT;
 CREATE TABLE node_data_sets (
     node        TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
@@ -40,10 +66,32 @@ CREATE TABLE nodes (
     created_at TEXT NOT NULL,
     joined_at  TEXT,
     last_heard TEXT
-, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT) STRICT;
+, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE retirements (
+    id         INTEGER PRIMARY KEY,
+    node       TEXT NOT NULL,
+    module     TEXT NOT NULL,
+    data_set   TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    precious   TEXT NOT NULL,
+    consumer   TEXT NOT NULL DEFAULT '',
+    state      TEXT NOT NULL CHECK (state IN ('retired', 'dropped', 'deleted', 'reactivated')),
+    bytes      INTEGER,
+    retired_at TEXT NOT NULL,
+    why        TEXT NOT NULL
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
 	checksum   TEXT NOT NULL,
 	applied_at TEXT NOT NULL
 );
+CREATE TABLE settings_layers (
+    module TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
+    node   TEXT NOT NULL DEFAULT '',
+    body   TEXT NOT NULL,
+    set_at TEXT NOT NULL,
+    PRIMARY KEY (module, node)
+) STRICT;
+CREATE INDEX assignments_module ON assignments (module);
+CREATE INDEX retirements_node ON retirements (node, module);

@@ -1,0 +1,352 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// AssignedModule is one module put on a node.
+type AssignedModule struct {
+	Module     string   `json:"module"`
+	Version    string   `json:"version"`
+	Unverified []string `json:"unverified"`
+	// Unmet are optional needs nothing in the mesh provides.
+	Unmet []string `json:"unmet_optional"`
+}
+
+// Assigned is what assign did.
+type Assigned struct {
+	Node    string           `json:"node"`
+	Modules []AssignedModule `json:"modules"`
+	Pushed  []Pushed         `json:"pushed"`
+}
+
+func provides(m inventory.Manifest, provision string) bool {
+	for _, p := range m.Provides {
+		if p.Provision == provision {
+			return true
+		}
+	}
+	return false
+}
+
+// providerNodes are the nodes holding an assignment that provides provision.
+func providerNodes(snap *inventory.Snapshot, provision string) []string {
+	var out []string
+	for _, a := range snap.Assignments {
+		if provides(snap.Manifests[a.Module][a.Version], provision) {
+			out = append(out, a.Node)
+		}
+	}
+	return out
+}
+
+// judgeRequirements judges a module's requirements against a node's facts:
+// problems for facts that contradict it, unverified for facts not reported.
+func judgeRequirements(m inventory.Manifest, node string, facts map[string]inventory.Fact) (problems, unverified []string) {
+	r := m.Requires
+	if r == nil {
+		return nil, nil
+	}
+	atLeast := func(req string, want int64, fact string) {
+		if want <= 0 {
+			return
+		}
+		f, ok := facts[fact]
+		if !ok {
+			unverified = append(unverified, fmt.Sprintf("%s >= %d", req, want))
+			return
+		}
+		have, err := strconv.ParseInt(f.Value, 10, 64)
+		if err != nil || have < want {
+			problems = append(problems, fmt.Sprintf("%s requires %s >= %d, %s has %s (%s)", m.Module, req, want, node, f.Value, f.Why))
+		}
+	}
+	if len(r.Arch) > 0 {
+		if f, ok := facts["arch"]; !ok {
+			unverified = append(unverified, "arch in "+strings.Join(r.Arch, "|"))
+		} else if !contains(r.Arch, f.Value) {
+			problems = append(problems, fmt.Sprintf("%s requires arch %s, %s is %s (%s)", m.Module, strings.Join(r.Arch, " or "), node, f.Value, f.Why))
+		}
+	}
+	atLeast("memory_mb", r.MemoryMB, "memory_mb")
+	atLeast("cores", r.Cores, "cores")
+	atLeast("disk_mb", r.DiskMB, "disk_free_mb")
+	for _, rt := range r.Runtimes {
+		f, ok := facts["runtimes"]
+		switch {
+		case !ok:
+			unverified = append(unverified, "runtime "+rt)
+		case !contains(strings.Split(f.Value, ","), rt):
+			problems = append(problems, fmt.Sprintf("%s requires runtime %s, %s has %s (%s)", m.Module, rt, node, f.Value, f.Why))
+		}
+	}
+	return problems, unverified
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Assign puts modules on a node, judged together: all or nothing, and every
+// problem listed. Then the affected nodes are sent their declarations.
+func (c *Controller) Assign(ctx context.Context, node string, modules []string) (Assigned, error) {
+	what := "assign " + node + " " + strings.Join(modules, " ")
+	var problems []string
+	for _, n := range append([]string{node}, modules...) {
+		if err := CheckName(n); err != nil {
+			return Assigned{}, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return Assigned{}, err
+	}
+	defer closeAll()
+	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Assigned{}, err
+	}
+	if _, ok := snap.Nodes[node]; !ok {
+		return Assigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	factList, _, err := inv.Facts(ctx, node)
+	if err != nil {
+		return Assigned{}, err
+	}
+	facts := map[string]inventory.Fact{}
+	for _, f := range factList {
+		facts[f.Name] = f
+	}
+	here := map[string]inventory.Manifest{} // what the node will run
+	for _, a := range snap.AssignmentsOf(node) {
+		here[a.Module] = snap.Manifests[a.Module][a.Version]
+	}
+	var adding []inventory.Manifest
+	seen := map[string]bool{}
+	for _, name := range modules {
+		switch {
+		case seen[name]:
+			problems = append(problems, name+" is named twice")
+			continue
+		case snap.Current[name] == "":
+			problems = append(problems, fmt.Sprintf("module %s is not registered: add it with 'mesh-controller module add'", name))
+			continue
+		}
+		seen[name] = true
+		if _, ok := here[name]; ok {
+			problems = append(problems, fmt.Sprintf("%s is already on %s", name, node))
+			continue
+		}
+		adding = append(adding, snap.Manifests[name][snap.Current[name]])
+	}
+	out := Assigned{Node: node}
+	bumps := map[string]bool{node: true}
+	for _, m := range adding {
+		am := AssignedModule{Module: m.Module, Version: m.Version, Unverified: []string{}, Unmet: []string{}}
+		ps, unverified := judgeRequirements(m, node, facts)
+		problems = append(problems, ps...)
+		am.Unverified = append(am.Unverified, unverified...)
+		for _, need := range m.Needs {
+			inCommand := false
+			for _, other := range adding {
+				inCommand = inCommand || provides(other, need.Provision)
+			}
+			providers := providerNodes(snap, need.Provision)
+			for _, p := range providers {
+				bumps[p] = true // its plan's reasons name this consumer
+			}
+			if len(providers) == 0 && !inCommand {
+				if need.Optional {
+					am.Unmet = append(am.Unmet, need.Provision)
+				} else {
+					problems = append(problems, fmt.Sprintf("%s needs %s: nothing in the mesh provides it; assign a provider first or in the same command", m.Module, need.Provision))
+				}
+			}
+		}
+		out.Modules = append(out.Modules, am)
+	}
+	// Ports: two modules on one node may not claim the same port.
+	claimed := map[int]string{}
+	for _, name := range sortedKeys(here) {
+		for _, p := range here[name].Ports {
+			claimed[p.Port] = name
+		}
+	}
+	for _, m := range adding {
+		for _, p := range m.Ports {
+			if other, ok := claimed[p.Port]; ok {
+				problems = append(problems, fmt.Sprintf("%s and %s both claim port %d on %s", other, m.Module, p.Port, node))
+				continue
+			}
+			claimed[p.Port] = m.Module
+		}
+	}
+	if err := refuse(what, problems); err != nil {
+		return Assigned{}, err
+	}
+	var as []inventory.Assignment
+	for _, am := range out.Modules {
+		as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: c.Now(), Unverified: am.Unverified})
+	}
+	if err := inv.Assign(ctx, as, sortedKeys(bumps)); err != nil {
+		return Assigned{}, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sortedKeys(bumps))
+	return out, err
+}
+
+// Unassigned is what unassign did.
+type Unassigned struct {
+	Node        string                 `json:"node"`
+	Modules     []string               `json:"modules"`
+	Retirements []inventory.Retirement `json:"retirements"`
+	Pushed      []Pushed               `json:"pushed"`
+}
+
+// Unassign takes modules off a node. Their precious data is retired and
+// remembered (kept on the node, access off, deleted only by a person);
+// rebuildable data is dropped, and that is said; per-consumer data kept for
+// them by providers is retired on the provider.
+func (c *Controller) Unassign(ctx context.Context, node string, modules []string) (Unassigned, error) {
+	what := "unassign " + node + " " + strings.Join(modules, " ")
+	for _, n := range append([]string{node}, modules...) {
+		if err := CheckName(n); err != nil {
+			return Unassigned{}, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return Unassigned{}, err
+	}
+	defer closeAll()
+	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Unassigned{}, err
+	}
+	if _, ok := snap.Nodes[node]; !ok {
+		return Unassigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	here := map[string]inventory.Assignment{}
+	for _, a := range snap.AssignmentsOf(node) {
+		here[a.Module] = a
+	}
+	leaving := map[string]bool{}
+	var problems []string
+	for _, m := range modules {
+		if _, ok := here[m]; !ok {
+			problems = append(problems, fmt.Sprintf("%s is not on %s", m, node))
+		}
+		leaving[m] = true
+	}
+	// A provider may not leave a consumer that still needs it with no other provider.
+	for _, m := range modules {
+		a, ok := here[m]
+		if !ok {
+			continue
+		}
+		for _, prov := range snap.Manifests[m][a.Version].Provides {
+			others := 0
+			for _, b := range snap.Assignments {
+				if (b.Node != node || !leaving[b.Module]) && provides(snap.Manifests[b.Module][b.Version], prov.Provision) {
+					others++
+				}
+			}
+			if others > 0 {
+				continue
+			}
+			for _, b := range snap.Assignments {
+				if b.Node == node && leaving[b.Module] {
+					continue
+				}
+				for _, need := range snap.Manifests[b.Module][b.Version].Needs {
+					if need.Provision == prov.Provision && !need.Optional {
+						problems = append(problems, fmt.Sprintf("%s/%s needs %s, which only %s/%s provides: unassign %s first, or assign another provider",
+							b.Node, b.Module, prov.Provision, node, m, b.Module))
+					}
+				}
+			}
+		}
+	}
+	if err := refuse(what, problems); err != nil {
+		return Unassigned{}, err
+	}
+	out := Unassigned{Node: node, Modules: modules, Retirements: []inventory.Retirement{}}
+	bumps := map[string]bool{node: true}
+	why := "unassigned from " + node + " on " + c.Now().UTC().Format("2006-01-02")
+	for _, m := range modules {
+		a := here[m]
+		man := snap.Manifests[m][a.Version]
+		for _, d := range man.Data {
+			state := "retired"
+			if d.Precious == inventory.Rebuildable {
+				state = "dropped"
+			}
+			out.Retirements = append(out.Retirements, inventory.Retirement{Node: node, Module: m, DataSet: d.Name, Path: d.Path,
+				Precious: d.Precious, State: state, RetiredAt: c.Now(), Why: why})
+		}
+		for _, need := range man.Needs {
+			pn, pm, ok := boundProvider(snap, node, need.Provision, leaving)
+			if !ok {
+				continue
+			}
+			bumps[pn] = true
+			prov := snap.Manifests[pm][versionOn(snap, pn, pm)]
+			for _, p := range prov.Provides {
+				if p.Provision == need.Provision && p.PerConsumer != nil && p.PerConsumer.Data != nil {
+					out.Retirements = append(out.Retirements, inventory.Retirement{Node: pn, Module: pm, DataSet: need.Provision,
+						Path: "", Precious: p.PerConsumer.Data.Precious, Consumer: node + "/" + m, State: "retired", RetiredAt: c.Now(),
+						Why: fmt.Sprintf("%s/%s, its consumer, was %s", node, m, why)})
+				}
+			}
+		}
+	}
+	if err := inv.Unassign(ctx, node, modules, out.Retirements, sortedKeys(bumps)); err != nil {
+		return Unassigned{}, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sortedKeys(bumps))
+	return out, err
+}
+
+// boundProvider is the provider a consumer on node gets a provision from:
+// one on the same node, else the first by node and module name.
+func boundProvider(snap *inventory.Snapshot, node, provision string, leaving map[string]bool) (string, string, bool) {
+	var cands [][2]string
+	for _, a := range snap.Assignments {
+		if provides(snap.Manifests[a.Module][a.Version], provision) && !(a.Node == node && leaving[a.Module]) {
+			cands = append(cands, [2]string{a.Node, a.Module})
+		}
+	}
+	if len(cands) == 0 {
+		return "", "", false
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if (cands[i][0] == node) != (cands[j][0] == node) {
+			return cands[i][0] == node
+		}
+		return cands[i][0]+"/"+cands[i][1] < cands[j][0]+"/"+cands[j][1]
+	})
+	return cands[0][0], cands[0][1], true
+}
+
+func versionOn(snap *inventory.Snapshot, node, module string) string {
+	for _, a := range snap.AssignmentsOf(node) {
+		if a.Module == module {
+			return a.Version
+		}
+	}
+	return ""
+}

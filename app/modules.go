@@ -1,0 +1,409 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
+)
+
+// ManifestProblem is one problem module check found: the file, the field, what.
+type ManifestProblem struct {
+	File  string `json:"file"`
+	Field string `json:"field"`
+	What  string `json:"what"`
+}
+
+func (p ManifestProblem) String() string { return p.File + ": " + p.Field + ": " + p.What }
+
+// ErrNoManifests means module check was given paths holding no manifest.
+var ErrNoManifests = errors.New("no manifest found: a directory is searched for mesh.json files")
+
+// ModuleCheck judges manifests where they are written, with no mesh and no
+// store: files as given, directories searched for mesh.json. It returns the
+// files judged and every problem.
+func ModuleCheck(paths []string) (files []string, problems []ManifestProblem, err error) {
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			problems = append(problems, ManifestProblem{File: p, Field: "(file)", What: "cannot be read: " + errors.Unwrap(err).Error()})
+			continue
+		}
+		if !fi.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		filepath.WalkDir(p, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && d.Name() == "mesh.json" {
+				files = append(files, path)
+			}
+			return nil
+		})
+	}
+	if len(files) == 0 && len(problems) == 0 {
+		return nil, nil, ErrNoManifests
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			problems = append(problems, ManifestProblem{File: f, Field: "(file)", What: err.Error()})
+			continue
+		}
+		_, ps := inventory.ParseManifest(b)
+		for _, p := range ps {
+			problems = append(problems, ManifestProblem{File: f, Field: p.Field, What: p.What})
+		}
+	}
+	return files, problems, nil
+}
+
+// readManifest reads and judges one manifest file; any problem refuses.
+func readManifest(file string) (inventory.Manifest, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return inventory.Manifest{}, err
+	}
+	m, ps := inventory.ParseManifest(b)
+	var problems []string
+	for _, p := range ps {
+		problems = append(problems, file+": "+p.String())
+	}
+	if err := refuse("module add "+file, problems); err != nil {
+		return inventory.Manifest{}, err
+	}
+	return m, nil
+}
+
+// ModuleAdded is what module add did.
+type ModuleAdded struct {
+	Module   string
+	Version  string
+	Added    inventory.Added
+	Current  string
+	Behind   []string // nodes running an older version
+	Manifest inventory.Manifest
+}
+
+// ModuleAdd registers a module version from its manifest (checked first).
+func (c *Controller) ModuleAdd(ctx context.Context, file, source string) (ModuleAdded, error) {
+	m, err := readManifest(file)
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	added, err := inv.AddModule(ctx, m, source, c.Now())
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	mod, err := inv.Module(ctx, m.Module)
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	out := ModuleAdded{Module: m.Module, Version: m.Version, Added: added, Current: mod.CurrentVersion, Manifest: m}
+	for _, a := range snap.Assignments {
+		if a.Module == m.Module && inventory.CompareVersions(a.Version, mod.CurrentVersion) < 0 {
+			out.Behind = append(out.Behind, a.Node)
+		}
+	}
+	return out, nil
+}
+
+// ModuleView is a module as module list shows it.
+type ModuleView struct {
+	Name         string   `json:"name"`
+	Version      string   `json:"version"`
+	Versions     []string `json:"versions"`
+	Source       string   `json:"source"`
+	Commit       string   `json:"commit"`
+	MovedCommit  string   `json:"moved_commit,omitempty"`
+	BehindSource bool     `json:"behind_source"`
+	Nodes        []string `json:"nodes"`
+	Description  string   `json:"description"`
+}
+
+// ModuleList lists every module: version, source, behind its source or not, where it runs.
+func (c *Controller) ModuleList(ctx context.Context) ([]ModuleView, error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	mods, err := inv.Modules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []ModuleView{}
+	for _, m := range mods {
+		nodes := snap.NodesRunning(m.Name)
+		if nodes == nil {
+			nodes = []string{}
+		}
+		out = append(out, ModuleView{Name: m.Name, Version: m.CurrentVersion, Versions: m.Versions, Source: m.Source, Commit: m.Commit,
+			MovedCommit: m.MovedCommit, BehindSource: m.BehindSource(), Nodes: nodes, Description: m.Current.Description})
+	}
+	return out, nil
+}
+
+// ModuleMoved records that a module's source has a commit newer than the mesh built.
+func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if strings.TrimSpace(commit) == "" || strings.ContainsAny(commit, " \t\n") {
+		return errors.New("a commit is one word, such as a hash")
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	return inventory.NewStore(dbs[0]).MarkMoved(ctx, name, commit)
+}
+
+// ModuleForget removes a module; refused while a node runs it, or while the
+// mesh holds settings for it unless andHeld discards them.
+func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool) (inventory.Holdings, error) {
+	if err := CheckName(name); err != nil {
+		return inventory.Holdings{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return inventory.Holdings{}, err
+	}
+	defer closeAll()
+	h, err := inventory.NewStore(dbs[0]).ForgetModule(ctx, name, andHeld)
+	if errors.Is(err, inventory.ErrModuleHeld) {
+		var problems []string
+		if len(h.Nodes) > 0 {
+			problems = append(problems, fmt.Sprintf("assigned on %s: unassign it first", strings.Join(h.Nodes, ", ")))
+		}
+		if len(h.Settings) > 0 && !andHeld {
+			problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds to discard them", strings.Join(h.Settings, ", ")))
+		}
+		return h, refuse("module forget "+name, problems)
+	}
+	return h, err
+}
+
+// ErrNotOnNode means a module is not assigned to that node.
+var ErrNotOnNode = errors.New("is not assigned to that node")
+
+// ModuleIssue makes a broker user for a module on a node, allowed exactly
+// its manifest's emits (publish) and consumes (subscribe) under
+// mesh.module., and its tools; it returns a .creds document.
+func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (string, error) {
+	for _, n := range []string{module, node} {
+		if err := CheckName(n); err != nil {
+			return "", err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return "", err
+	}
+	defer closeAll()
+	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	if err != nil {
+		return "", err
+	}
+	if _, ok := snap.Nodes[node]; !ok {
+		return "", fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	if _, ok := snap.Current[module]; !ok {
+		return "", fmt.Errorf("module %s %w", module, inventory.ErrModuleNotFound)
+	}
+	var m *inventory.Manifest
+	for _, a := range snap.AssignmentsOf(node) {
+		if a.Module == module {
+			mm := snap.Manifests[a.Module][a.Version]
+			m = &mm
+		}
+	}
+	if m == nil {
+		return "", fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	}
+	keys, err := brokerKeys(ctx, identity.NewStore(dbs[1]))
+	if err != nil {
+		return "", err
+	}
+	userJWT, seed, err := keys.NewUser("module "+module+" on "+node, modulePermissions(*m))
+	if err != nil {
+		return "", err
+	}
+	return broker.Creds(userJWT, seed)
+}
+
+func modulePermissions(m inventory.Manifest) broker.Permissions {
+	p := broker.Permissions{Publish: []string{}, Subscribe: []string{"mesh.tool." + m.Module + ".>"}, Respond: true}
+	for _, s := range m.Emits {
+		p.Publish = append(p.Publish, "mesh.module."+s)
+	}
+	for _, s := range m.Consumes {
+		p.Subscribe = append(p.Subscribe, "mesh.module."+s)
+	}
+	return p
+}
+
+// SettingsRequest sets or clears one settings layer.
+type SettingsRequest struct {
+	Module string
+	// Node is "" for the mesh layer.
+	Node string
+	// Body is the layer (a JSON object), for set.
+	Body []byte
+	From string
+}
+
+// SettingsChanged is what settings set or clear did.
+type SettingsChanged struct {
+	Layer   string
+	Cleared bool
+	// Idle says the node does not run the module: the layer waits for it.
+	Idle   bool
+	Pushed []Pushed
+}
+
+// SettingsSet keeps a settings layer after judging it, and every result it
+// makes, against the manifest's schema; then sends the affected nodes.
+func (c *Controller) SettingsSet(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
+	return c.changeSettings(ctx, r, false)
+}
+
+// SettingsClear takes a settings layer away and sends the affected nodes.
+func (c *Controller) SettingsClear(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
+	return c.changeSettings(ctx, r, true)
+}
+
+func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clear bool) (SettingsChanged, error) {
+	for _, n := range []string{r.Module, r.Node} {
+		if n != "" {
+			if err := CheckName(n); err != nil {
+				return SettingsChanged{}, err
+			}
+		}
+	}
+	layer := "mesh layer"
+	if r.Node != "" {
+		layer = r.Node + "'s layer"
+	}
+	var body json.RawMessage
+	if !clear {
+		var obj map[string]any
+		if err := json.Unmarshal(r.Body, &obj); err != nil || obj == nil {
+			return SettingsChanged{}, fmt.Errorf("%s: %w", r.From, ErrSettingsNotObject)
+		}
+		body = json.RawMessage(r.Body)
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return SettingsChanged{}, err
+	}
+	defer closeAll()
+	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return SettingsChanged{}, err
+	}
+	cur, ok := snap.Current[r.Module]
+	if !ok {
+		return SettingsChanged{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)
+	}
+	if r.Node != "" {
+		if _, ok := snap.Nodes[r.Node]; !ok {
+			return SettingsChanged{}, fmt.Errorf("node %s %w", r.Node, inventory.ErrNodeNotFound)
+		}
+	}
+	affected := []string{}
+	for _, a := range snap.Assignments {
+		if a.Module == r.Module && (r.Node == "" || r.Node == a.Node) {
+			affected = append(affected, a.Node)
+		}
+	}
+	out := SettingsChanged{Layer: layer, Idle: r.Node != "" && len(affected) == 0}
+	if clear {
+		cleared, err := inv.ClearSettings(ctx, r.Module, r.Node, affected)
+		if err != nil {
+			return out, err
+		}
+		if !cleared {
+			return out, fmt.Errorf("%s has no %s: %w", r.Module, layer, ErrNoSuchLayer)
+		}
+		out.Cleared = true
+	} else {
+		// Judge the layer alone, then every result it makes.
+		m := snap.Manifests[r.Module][cur]
+		var problems []string
+		ps, err := m.ValidateSettings(body)
+		if err != nil {
+			return out, err
+		}
+		for _, p := range ps {
+			problems = append(problems, fmt.Sprintf("%s: %s: %s", r.From, p.Field, p.What))
+		}
+		layers := map[string]json.RawMessage{}
+		for k, v := range snap.Settings[r.Module] {
+			layers[k] = v
+		}
+		layers[r.Node] = body
+		if len(problems) == 0 {
+			for _, n := range affected {
+				for _, a := range snap.AssignmentsOf(n) {
+					if a.Module != r.Module {
+						continue
+					}
+					_, ps := effectiveSettings(snap.Manifests[a.Module][a.Version], layers, n)
+					for _, p := range ps {
+						problems = append(problems, fmt.Sprintf("the result on %s:%s", n, p))
+					}
+				}
+			}
+		}
+		if err := refuse(fmt.Sprintf("settings set %s (%s)", r.Module, layer), problems); err != nil {
+			return out, err
+		}
+		if err := inv.SetSettings(ctx, inventory.SettingsLayer{Module: r.Module, Node: r.Node, Body: body, SetAt: c.Now()}, affected); err != nil {
+			return out, err
+		}
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, affected)
+	return out, err
+}
+
+var (
+	// ErrSettingsNotObject means a settings file is not one JSON object.
+	ErrSettingsNotObject = errors.New("settings are not one JSON object")
+	// ErrNoSuchLayer means there is no settings layer to clear.
+	ErrNoSuchLayer = errors.New("nothing to clear")
+)
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

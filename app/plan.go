@@ -1,0 +1,178 @@
+package app
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
+)
+
+// Plan is what one node should run and why: a pure function of the stores
+// (a snapshot), so computing it twice gives the same bytes.
+type Plan struct {
+	Node string
+	// PlanVersion is the node's plan version the snapshot saw.
+	PlanVersion int64
+	// Body is the declaration body the node would be sent (no serial or issued_at).
+	Body PlanBody
+	// Reasons says, per module, why it is there.
+	Reasons map[string][]string
+	// Problems are why this plan cannot be declared as it stands.
+	Problems []string
+}
+
+// PlanBody is a declaration body as plans make it.
+type PlanBody struct {
+	Node        string          `json:"node"`
+	Mode        string          `json:"mode"`
+	Modules     []PlannedModule `json:"modules"`
+	Seats       []string        `json:"seats"`
+	BackupLines []any           `json:"backup_lines"`
+}
+
+// PlannedModule is one module of a plan.
+type PlannedModule struct {
+	Module   string                  `json:"module"`
+	Version  string                  `json:"version"`
+	Run      *inventory.Run          `json:"run,omitempty"`
+	Ports    []inventory.Port        `json:"ports,omitempty"`
+	Settings json.RawMessage         `json:"settings"`
+	Data     []protocol.DeclaredData `json:"data"`
+	Bindings []Binding               `json:"bindings"`
+}
+
+// Binding is which provider (node/module) a module gets a provision from.
+type Binding struct {
+	Provision string `json:"provision"`
+	From      string `json:"from"`
+}
+
+// Canonical is the plan's body as canonical JSON.
+func (p Plan) Canonical() ([]byte, error) { return protocol.Canonical(p.Body) }
+
+// computePlan builds one node's plan from a snapshot.
+func computePlan(snap *inventory.Snapshot, node string) (Plan, error) {
+	n, ok := snap.Nodes[node]
+	if !ok {
+		return Plan{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	p := Plan{Node: node, PlanVersion: n.PlanVersion, Reasons: map[string][]string{},
+		Body: PlanBody{Node: node, Mode: string(n.Mode), Modules: []PlannedModule{}, Seats: []string{}, BackupLines: []any{}}}
+	for _, a := range snap.AssignmentsOf(node) {
+		m, ok := snap.Manifests[a.Module][a.Version]
+		if !ok {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s %s is not registered", a.Module, a.Version))
+			continue
+		}
+		settings, problems := effectiveSettings(m, snap.Settings[a.Module], node)
+		for _, pr := range problems {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s settings%s", a.Module, pr))
+		}
+		pm := PlannedModule{Module: a.Module, Version: a.Version, Run: m.Run, Ports: m.Ports, Settings: settings,
+			Data: []protocol.DeclaredData{}, Bindings: []Binding{}}
+		for _, d := range m.Data {
+			pm.Data = append(pm.Data, protocol.DeclaredData{Name: d.Name, Path: d.Path, Precious: d.Precious})
+		}
+		why := []string{"assigned by a person on " + a.AssignedAt.Format("2006-01-02")}
+		for _, need := range m.Needs {
+			if pn, pmod, ok := boundProvider(snap, node, need.Provision, nil); ok {
+				pm.Bindings = append(pm.Bindings, Binding{Provision: need.Provision, From: pn + "/" + pmod})
+				why = append(why, fmt.Sprintf("needs %s: bound to %s/%s", need.Provision, pn, pmod))
+			} else if !need.Optional {
+				p.Problems = append(p.Problems, fmt.Sprintf("%s needs %s and nothing in the mesh provides it", a.Module, need.Provision))
+			}
+		}
+		if len(a.Unverified) > 0 {
+			why = append(why, "requirements not yet verified: "+strings.Join(a.Unverified, ", "))
+		}
+		p.Body.Modules = append(p.Body.Modules, pm)
+		p.Reasons[a.Module] = append(why, neededBy(snap, m)...)
+	}
+	return p, nil
+}
+
+// neededBy says which assignments in the mesh need what a module provides.
+func neededBy(snap *inventory.Snapshot, provider inventory.Manifest) []string {
+	var out []string
+	for _, prov := range provider.Provides {
+		var consumers []string
+		for _, a := range snap.Assignments {
+			m := snap.Manifests[a.Module][a.Version]
+			for _, need := range m.Needs {
+				if need.Provision == prov.Provision {
+					consumers = append(consumers, a.Node+"/"+a.Module)
+				}
+			}
+		}
+		if len(consumers) > 0 {
+			out = append(out, fmt.Sprintf("provides %s, needed by %s", prov.Provision, strings.Join(consumers, ", ")))
+		}
+	}
+	return out
+}
+
+// effectiveSettings merges the manifest's defaults, then the mesh layer,
+// then the node's layer (objects key by key), and judges the result against
+// the manifest's schema.
+func effectiveSettings(m inventory.Manifest, layers map[string]json.RawMessage, node string) (json.RawMessage, []string) {
+	var docs []json.RawMessage
+	if m.Settings != nil && len(m.Settings.Defaults) > 0 {
+		docs = append(docs, m.Settings.Defaults)
+	}
+	for _, l := range []string{"", node} {
+		if b, ok := layers[l]; ok {
+			docs = append(docs, b)
+		}
+	}
+	merged, err := mergeSettings(docs...)
+	if err != nil {
+		return nil, []string{": " + err.Error()}
+	}
+	problems, err := m.ValidateSettings(merged)
+	if err != nil {
+		return merged, []string{" schema: " + err.Error()}
+	}
+	var out []string
+	for _, pr := range problems {
+		out = append(out, fmt.Sprintf(" %s: %s", pr.Field, pr.What))
+	}
+	return merged, out
+}
+
+// mergeSettings merges JSON objects in order, later keys over earlier ones,
+// objects key by key and all else replaced, into canonical JSON.
+func mergeSettings(docs ...json.RawMessage) (json.RawMessage, error) {
+	result := map[string]any{}
+	for _, d := range docs {
+		var obj map[string]any
+		dec := json.NewDecoder(bytes.NewReader(d))
+		dec.UseNumber()
+		if err := dec.Decode(&obj); err != nil {
+			return nil, fmt.Errorf("not a JSON object: %w", err)
+		}
+		mergeInto(result, obj)
+	}
+	return protocol.Canonical(result)
+}
+
+func mergeInto(dst, src map[string]any) {
+	keys := make([]string, 0, len(src))
+	for k := range src {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		sv := src[k]
+		if so, ok := sv.(map[string]any); ok {
+			if do, ok := dst[k].(map[string]any); ok {
+				mergeInto(do, so)
+				continue
+			}
+		}
+		dst[k] = sv
+	}
+}

@@ -1,0 +1,37 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ProblemsError refuses a command as a whole and lists every problem found,
+// not only the first.
+type ProblemsError struct {
+	// What was refused, e.g. "assign web1 paperless postgres".
+	What     string
+	Problems []string
+}
+
+func (e *ProblemsError) Error() string {
+	return e.Summary() + ": " + strings.Join(e.Problems, "; ")
+}
+
+// Summary is the refusal without the problems: what, and how many.
+func (e *ProblemsError) Summary() string {
+	n := "1 problem"
+	if len(e.Problems) != 1 {
+		n = fmt.Sprintf("%d problems", len(e.Problems))
+	}
+	return fmt.Sprintf("%s refused, %s", e.What, n)
+}
+
+// Details are the problems, one a line.
+func (e *ProblemsError) Details() []string { return e.Problems }
+
+func refuse(what string, problems []string) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	return &ProblemsError{What: what, Problems: problems}
+}

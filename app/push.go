@@ -1,0 +1,253 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// Pushed is what became of one node's declaration.
+type Pushed struct {
+	Node   string `json:"node"`
+	Serial int64  `json:"serial"`
+	Sent   bool   `json:"sent"`
+	// NotSent says why it was kept but not sent now (it goes when serve runs).
+	NotSent string `json:"not_sent,omitempty"`
+	// Problem says why no declaration was made: the plan cannot stand.
+	Problem string `json:"problem,omitempty"`
+}
+
+// declarer makes declarations from plans and sends them.
+type declarer struct {
+	inv *inventory.Store
+	key identity.SigningKey
+	// nc publishes; nil when no broker was reached, notSent says why.
+	nc      *nats.Conn
+	notSent string
+	now     func() time.Time
+}
+
+// declare computes, signs and keeps each node's plan as its next
+// declaration, and publishes it if it can.
+func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes []string) []Pushed {
+	out := make([]Pushed, 0, len(nodes))
+	for _, node := range nodes {
+		p := Pushed{Node: node}
+		plan, err := computePlan(snap, node)
+		switch {
+		case err != nil:
+			p.Problem = err.Error()
+		case len(plan.Problems) > 0:
+			p.Problem = "its plan cannot be declared: " + strings.Join(plan.Problems, "; ")
+		}
+		if p.Problem != "" {
+			out = append(out, p)
+			continue
+		}
+		decl, err := d.inv.SaveDeclaration(ctx, node, plan.PlanVersion, func(serial int64, issuedAt time.Time) (string, string, string, error) {
+			body, err := bodyMap(plan.Body)
+			if err != nil {
+				return "", "", "", err
+			}
+			body["serial"], body["issued_at"] = serial, issuedAt.Format(time.RFC3339)
+			env, _, err := protocol.Seal(body, d.key.Sign, d.key.Fingerprint())
+			return env.Declaration, env.Signature, env.Key, err
+		}, d.now())
+		if err != nil {
+			p.Problem = err.Error()
+			out = append(out, p)
+			continue
+		}
+		p.Serial = decl.Serial
+		switch {
+		case d.nc == nil:
+			p.NotSent = d.notSent
+		default:
+			if err := publishDeclaration(d.nc, decl); err != nil {
+				p.NotSent = err.Error()
+			} else {
+				p.Sent = true
+			}
+		}
+		out = append(out, p)
+	}
+	if d.nc != nil {
+		if err := d.nc.FlushTimeout(5 * time.Second); err != nil {
+			for i := range out {
+				if out[i].Sent {
+					out[i].Sent, out[i].NotSent = false, err.Error()
+				}
+			}
+		}
+	}
+	return out
+}
+
+func bodyMap(body PlanBody) (map[string]any, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return m, dec.Decode(&m)
+}
+
+// sendPlans declares the plans of nodes from a person's command: it dials
+// the broker once and, if none answers, keeps the declarations for serve.
+func (c *Controller) sendPlans(ctx context.Context, inv *inventory.Store, ids *identity.Store, nodes []string) ([]Pushed, error) {
+	if len(nodes) == 0 {
+		return nil, nil
+	}
+	key, err := ids.SigningKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := &declarer{inv: inv, key: key, now: c.Now}
+	if nc, err := c.dialBroker(ctx, ids); err != nil {
+		d.notSent = err.Error()
+	} else {
+		defer nc.Close()
+		d.nc = nc
+	}
+	sort.Strings(nodes)
+	return d.declare(ctx, snap, nodes), nil
+}
+
+// PushRequest asks for declarations to be sent.
+type PushRequest struct {
+	// Node is one node; "" is every node.
+	Node string
+	// Behind sends only nodes whose declaration is behind their plan, or
+	// whose host has not applied its latest.
+	Behind bool
+	// Why, if given, records the push as a hand act.
+	Why string
+}
+
+// Push signs and sends nodes their declarations built from their plans.
+func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) {
+	if r.Node != "" {
+		if err := CheckName(r.Node); err != nil {
+			return nil, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []string
+	for _, name := range snap.NodeNames {
+		if (r.Node == "" || r.Node == name) && (!r.Behind || snap.Nodes[name].Behind()) {
+			nodes = append(nodes, name)
+		}
+	}
+	if r.Node != "" {
+		if _, ok := snap.Nodes[r.Node]; !ok {
+			return nil, fmt.Errorf("node %s %w", r.Node, inventory.ErrNodeNotFound)
+		}
+	}
+	if r.Why != "" {
+		what := "push every node"
+		if r.Node != "" {
+			what = "push " + r.Node
+		}
+		if r.Behind {
+			what += " (behind only)"
+		}
+		if _, err := health.NewStore(dbs[2]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: r.Why, Cause: "push", Who: who()}); err != nil {
+			return nil, err
+		}
+	}
+	return c.sendPlans(ctx, inv, ids, nodes)
+}
+
+// PlanView is one node's plan as plan shows it.
+type PlanView struct {
+	Plan Plan
+	// JSON is the declaration body with a reasons map, canonical.
+	JSON []byte
+	// Files are what the reference host would write under its root.
+	Files []string
+}
+
+// PlanShow computes one node's plan.
+func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error) {
+	if err := CheckName(node); err != nil {
+		return PlanView{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return PlanView{}, err
+	}
+	defer closeAll()
+	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	if err != nil {
+		return PlanView{}, err
+	}
+	plan, err := computePlan(snap, node)
+	if err != nil {
+		return PlanView{}, err
+	}
+	body, err := bodyMap(plan.Body)
+	if err != nil {
+		return PlanView{}, err
+	}
+	body["reasons"] = plan.Reasons
+	if len(plan.Problems) > 0 {
+		body["problems"] = plan.Problems
+	}
+	js, err := protocol.Canonical(body)
+	if err != nil {
+		return PlanView{}, err
+	}
+	files, err := hostFiles(plan.Body)
+	if err != nil {
+		return PlanView{}, err
+	}
+	return PlanView{Plan: plan, JSON: js, Files: files}, nil
+}
+
+// hostFiles lists what the reference host would write under its root for a
+// plan: each module's files, and its data directories (never removed).
+func hostFiles(body PlanBody) ([]string, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	var d protocol.Declaration
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, m := range d.Modules {
+		files = append(files, host.Files(m)...)
+		for _, ds := range m.Data {
+			files = append(files, strings.TrimPrefix(ds.Path, "/")+"/ (data: "+ds.Precious+", never removed by the host)")
+		}
+	}
+	return files, nil
+}

@@ -1,0 +1,407 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
+)
+
+// ModuleCmd groups module commands.
+type ModuleCmd struct {
+	Check  ModuleCheckCmd  `cmd:"" help:"Judge manifests where they are written, with no mesh and no store."`
+	Add    ModuleAddCmd    `cmd:"" help:"Register a module version from its manifest; a newer version becomes current."`
+	List   ModuleListCmd   `cmd:"" help:"Every module: current version, source, behind its source or not, where it runs."`
+	Moved  ModuleMovedCmd  `cmd:"" help:"Record that a module's source has a commit newer than the mesh built."`
+	Forget ModuleForgetCmd `cmd:"" help:"Remove a module; refused while a node runs it or the mesh holds settings for it."`
+	Issue  ModuleIssueCmd  `cmd:"" help:"A broker user for a module on a node, allowed exactly its emits and consumes; prints a .creds document."`
+}
+
+// ModuleCheckCmd is module check.
+type ModuleCheckCmd struct {
+	Paths []string `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
+}
+
+// Run prints every problem as file: field: what is wrong.
+func (c *ModuleCheckCmd) Run(env *Env) error {
+	files, problems, err := app.ModuleCheck(c.Paths)
+	if err != nil {
+		return err
+	}
+	for _, p := range problems {
+		fmt.Fprintln(env.Stdout, p.String())
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%d problems in %d manifests, %w", len(problems), len(files), errFixAndCheck)
+	}
+	fmt.Fprintf(env.Stderr, "%d manifests, no problems\n", len(files))
+	return nil
+}
+
+var errFixAndCheck = fmt.Errorf("fix them and check again")
+
+// ModuleAddCmd is module add.
+type ModuleAddCmd struct {
+	File   string `arg:"" type:"existingfile" help:"The manifest."`
+	Source string `placeholder:"REPO" help:"Where the module's source is, if not the manifest's source."`
+}
+
+// Run registers the version.
+func (c *ModuleAddCmd) Run(env *Env) error {
+	a, err := env.App.ModuleAdd(env.Ctx, c.File, c.Source)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !a.Added.New:
+		fmt.Fprintf(env.Stdout, "%s %s was registered already; nothing changed\n", a.Module, a.Version)
+	case a.Added.Current && a.Added.Previous == "":
+		fmt.Fprintf(env.Stdout, "%s %s registered\n", a.Module, a.Version)
+		fmt.Fprintf(env.Stderr, "next: put it on a node with 'mesh-controller assign NODE %s'\n", a.Module)
+	case a.Added.Current:
+		fmt.Fprintf(env.Stdout, "%s %s registered and current (was %s)\n", a.Module, a.Version, a.Added.Previous)
+	default:
+		fmt.Fprintf(env.Stdout, "%s %s registered; %s stays current\n", a.Module, a.Version, a.Current)
+	}
+	if len(a.Behind) > 0 {
+		fmt.Fprintf(env.Stderr, "%s run an older version: see 'mesh-controller upgrade %s'\n", strings.Join(a.Behind, ", "), a.Module)
+	}
+	return nil
+}
+
+// ModuleListCmd is module list.
+type ModuleListCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists modules.
+func (c *ModuleListCmd) Run(env *Env) error {
+	mods, err := env.App.ModuleList(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, mods)
+	}
+	if len(mods) == 0 {
+		fmt.Fprintln(env.Stderr, "no modules yet; register one with 'mesh-controller module add FILE'")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVERSION\tSOURCE\tCOMMIT\tBEHIND SOURCE\tNODES")
+	for _, m := range mods {
+		behind := "no"
+		if m.BehindSource {
+			behind = "yes (" + m.MovedCommit + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.Version, dash(m.Source), dash(m.Commit), behind, dash(strings.Join(m.Nodes, ",")))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// ModuleMovedCmd is module moved.
+type ModuleMovedCmd struct {
+	Name   Name   `arg:"" help:"The module."`
+	Commit string `arg:"" help:"The source's newer commit."`
+}
+
+// Run records it.
+func (c *ModuleMovedCmd) Run(env *Env) error {
+	if err := env.App.ModuleMoved(env.Ctx, string(c.Name), c.Commit); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s: its source moved to %s; it is behind its source until that commit is built and registered\n", c.Name, c.Commit)
+	return nil
+}
+
+// ModuleForgetCmd is module forget.
+type ModuleForgetCmd struct {
+	Name           Name `arg:"" help:"The module."`
+	AndWhatItHolds bool `name:"and-what-it-holds" help:"Also discard the settings the mesh holds for it."`
+}
+
+// Run forgets it.
+func (c *ModuleForgetCmd) Run(env *Env) error {
+	h, err := env.App.ModuleForget(env.Ctx, string(c.Name), c.AndWhatItHolds)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "module %s forgotten\n", c.Name)
+	if len(h.Settings) > 0 {
+		fmt.Fprintf(env.Stderr, "its settings for %s were discarded\n", strings.Join(h.Settings, ", "))
+	}
+	return nil
+}
+
+// ModuleIssueCmd is module issue.
+type ModuleIssueCmd struct {
+	Name Name `arg:"" help:"The module."`
+	Node Name `required:"" help:"The node it runs on."`
+}
+
+// Run prints the .creds document.
+func (c *ModuleIssueCmd) Run(env *Env) error {
+	creds, err := env.App.ModuleIssue(env.Ctx, string(c.Name), string(c.Node))
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(env.Stdout, creds)
+	fmt.Fprintf(env.Stderr, "a broker user for %s on %s: it holds a private key, keep it as a secret (0600)\n", c.Name, c.Node)
+	return nil
+}
+
+// SettingsCmd groups settings commands.
+type SettingsCmd struct {
+	Set   SettingsSetCmd   `cmd:"" help:"A module's settings for the whole mesh, or one node's layer; checked against its schema."`
+	Clear SettingsClearCmd `cmd:"" help:"Take that layer away."`
+}
+
+// SettingsSetCmd is settings set.
+type SettingsSetCmd struct {
+	Module Name   `arg:"" help:"The module."`
+	File   string `arg:"" type:"existingfile" help:"A JSON object."`
+	Node   Name   `help:"Set this node's layer rather than the mesh's."`
+}
+
+// Run sets the layer.
+func (c *SettingsSetCmd) Run(env *Env) error {
+	body, err := os.ReadFile(c.File)
+	if err != nil {
+		return err
+	}
+	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: c.File})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "settings of %s: %s set\n", c.Module, r.Layer)
+	if r.Idle {
+		fmt.Fprintf(env.Stderr, "%s does not run %s: the layer applies when it does\n", c.Node, c.Module)
+	}
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// SettingsClearCmd is settings clear.
+type SettingsClearCmd struct {
+	Module Name `arg:"" help:"The module."`
+	Node   Name `help:"Clear this node's layer rather than the mesh's."`
+}
+
+// Run clears the layer.
+func (c *SettingsClearCmd) Run(env *Env) error {
+	r, err := env.App.SettingsClear(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "settings of %s: %s cleared\n", c.Module, r.Layer)
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// printPushed says, per node, whether its new declaration was sent.
+func printPushed(env *Env, pushed []app.Pushed) {
+	var later []string
+	for _, p := range pushed {
+		switch {
+		case p.Problem != "":
+			fmt.Fprintf(env.Stderr, "%s: not declared: %s\n", p.Node, p.Problem)
+		case p.Sent:
+			fmt.Fprintf(env.Stdout, "%s: declaration %d sent\n", p.Node, p.Serial)
+		default:
+			fmt.Fprintf(env.Stdout, "%s: declaration %d kept, not sent\n", p.Node, p.Serial)
+			later = append(later, p.Node)
+		}
+	}
+	if len(later) > 0 {
+		fmt.Fprintf(env.Stderr, "%s will be sent theirs when 'mesh-controller serve' runs (%s)\n", strings.Join(later, ", "), pushedWhy(pushed))
+	}
+}
+
+func pushedWhy(pushed []app.Pushed) string {
+	for _, p := range pushed {
+		if p.NotSent != "" {
+			return p.NotSent
+		}
+	}
+	return ""
+}
+
+// AssignCmd is assign.
+type AssignCmd struct {
+	Node    Name   `arg:"" help:"The node."`
+	Modules []Name `arg:"" name:"module" help:"Modules to put on it, judged together."`
+}
+
+// Run assigns.
+func (c *AssignCmd) Run(env *Env) error {
+	r, err := env.App.Assign(env.Ctx, string(c.Node), names(c.Modules))
+	if err != nil {
+		return err
+	}
+	for _, m := range r.Modules {
+		fmt.Fprintf(env.Stdout, "%s %s assigned to %s\n", m.Module, m.Version, r.Node)
+		if len(m.Unverified) > 0 {
+			fmt.Fprintf(env.Stderr, "%s: not verified yet (%s has not reported those facts): %s\n", m.Module, r.Node, strings.Join(m.Unverified, ", "))
+		}
+		if len(m.Unmet) > 0 {
+			fmt.Fprintf(env.Stderr, "%s: optional %s not provided by anything in the mesh\n", m.Module, strings.Join(m.Unmet, ", "))
+		}
+	}
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+func names(ns []Name) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = string(n)
+	}
+	return out
+}
+
+// UnassignCmd is unassign.
+type UnassignCmd struct {
+	Node    Name   `arg:"" help:"The node."`
+	Modules []Name `arg:"" name:"module" help:"Modules to take off it."`
+}
+
+// Run unassigns, and says what happened to each data set.
+func (c *UnassignCmd) Run(env *Env) error {
+	r, err := env.App.Unassign(env.Ctx, string(c.Node), names(c.Modules))
+	if err != nil {
+		return err
+	}
+	for _, m := range r.Modules {
+		fmt.Fprintf(env.Stdout, "%s taken off %s\n", m, r.Node)
+	}
+	for _, rt := range r.Retirements {
+		where := rt.Node + "/" + rt.Module + " " + rt.DataSet
+		if rt.Consumer != "" {
+			where = fmt.Sprintf("%s/%s's %s data for %s", rt.Node, rt.Module, rt.DataSet, rt.Consumer)
+		} else if rt.Path != "" {
+			where += " (" + rt.Path + ")"
+		}
+		if rt.State == "dropped" {
+			fmt.Fprintf(env.Stdout, "  %s: %s, dropped: the mesh no longer keeps it\n", where, rt.Precious)
+		} else {
+			fmt.Fprintf(env.Stdout, "  %s: %s, retired and remembered: access off, data kept; deleted only by a person\n", where, rt.Precious)
+		}
+	}
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// PlanCmd is plan.
+type PlanCmd struct {
+	Node  Name `arg:"" help:"The node."`
+	Files bool `xor:"form" help:"List the files its host would write."`
+	JSON  bool `name:"json" xor:"form" help:"Print the declaration body it would be sent, with a reasons map."`
+}
+
+// Run shows the plan.
+func (c *PlanCmd) Run(env *Env) error {
+	v, err := env.App.PlanShow(env.Ctx, string(c.Node))
+	if err != nil {
+		return err
+	}
+	switch {
+	case c.JSON:
+		fmt.Fprintf(env.Stdout, "%s\n", v.JSON)
+		return nil
+	case c.Files:
+		for _, f := range v.Files {
+			fmt.Fprintln(env.Stdout, f)
+		}
+		return nil
+	}
+	p := v.Plan
+	fmt.Fprintf(env.Stdout, "node %s (%s)\n", p.Node, p.Body.Mode)
+	if len(p.Body.Modules) == 0 {
+		fmt.Fprintln(env.Stdout, "  runs nothing from the mesh")
+	}
+	for _, m := range p.Body.Modules {
+		fmt.Fprintf(env.Stdout, "\n%s %s\n", m.Module, m.Version)
+		for _, r := range p.Reasons[m.Module] {
+			fmt.Fprintf(env.Stdout, "  why: %s\n", r)
+		}
+		fmt.Fprintf(env.Stdout, "  settings: %s\n", m.Settings)
+		for _, d := range m.Data {
+			fmt.Fprintf(env.Stdout, "  data: %s %s (%s)\n", d.Name, d.Path, d.Precious)
+		}
+	}
+	for _, pr := range p.Problems {
+		fmt.Fprintf(env.Stderr, "problem: %s\n", pr)
+	}
+	return nil
+}
+
+// PushCmd is push.
+type PushCmd struct {
+	Node   Name   `arg:"" optional:"" help:"The node; every node if none."`
+	Behind bool   `help:"Only nodes whose declaration is behind their plan, or not yet applied."`
+	Why    string `help:"Record this push as a hand act, with why."`
+}
+
+// Run pushes.
+func (c *PushCmd) Run(env *Env) error {
+	pushed, err := env.App.Push(env.Ctx, app.PushRequest{Node: string(c.Node), Behind: c.Behind, Why: c.Why})
+	if err != nil {
+		return err
+	}
+	if len(pushed) == 0 {
+		fmt.Fprintln(env.Stderr, "no node to push")
+	}
+	printPushed(env, pushed)
+	return nil
+}
+
+// UpgradeCmd is upgrade.
+type UpgradeCmd struct {
+	Module   Name          `arg:"" help:"The module."`
+	Action   string        `arg:"" optional:"" enum:"show,roll-out,record" default:"show" help:"show (default): what a roll-out would send; roll-out: send it; record: record those nodes behind, send nothing."`
+	Together bool          `help:"With roll-out: send every node at once instead of one at a time."`
+	Wait     time.Duration `default:"2m" help:"With roll-out: how long to wait for each node to report applied."`
+}
+
+// Run previews, rolls out or records.
+func (c *UpgradeCmd) Run(env *Env) error {
+	if c.Together && c.Action != "roll-out" {
+		return clirun.UsageError{Msg: "--together goes with roll-out"}
+	}
+	v, err := env.App.Upgrade(env.Ctx, app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Wait: c.Wait,
+		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }})
+	if err != nil {
+		return err
+	}
+	if len(v.Steps) == 0 {
+		fmt.Fprintf(env.Stdout, "every node runs %s %s; nothing to do\n", v.Module, v.Current)
+		return nil
+	}
+	switch c.Action {
+	case "show":
+		fmt.Fprintf(env.Stdout, "%s is at %s; these nodes run an older version:\n", v.Module, v.Current)
+		for _, s := range v.Steps {
+			fmt.Fprintf(env.Stdout, "  %s: %s -> %s\n", s.Node, s.From, s.To)
+		}
+		fmt.Fprintf(env.Stderr, "a roll-out sends each its declaration with %s %s, one at a time: 'mesh-controller upgrade %s roll-out'\n", v.Module, v.Current, v.Module)
+	case "record":
+		for _, s := range v.Steps {
+			fmt.Fprintf(env.Stdout, "%s: recorded behind (%s -> %s); nothing sent\n", s.Node, s.From, s.To)
+		}
+		fmt.Fprintln(env.Stderr, "send them later with 'mesh-controller push --behind'")
+	default:
+		fmt.Fprintf(env.Stdout, "%s %s rolled out to %d nodes\n", v.Module, v.Current, len(v.Steps))
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// ErrAssigned means a module is already on that node.
+var ErrAssigned = errors.New("is already assigned there")
+
+// ErrNotAssigned means a module is not on that node.
+var ErrNotAssigned = errors.New("is not assigned there")
+
+// Assignment is a module put on a node, at the version its plan declares.
+type Assignment struct {
+	Node       string
+	Module     string
+	Version    string
+	AssignedAt time.Time
+	// Unverified are requirements not judged yet: the node had not reported the facts.
+	Unverified []string
+}
+
+// SettingsLayer is the mesh's (Node "") or one node's settings for a module.
+type SettingsLayer struct {
+	Module string
+	Node   string
+	Body   json.RawMessage
+	SetAt  time.Time
+}
+
+// Retirement is what happened to one data set when its module left a node.
+type Retirement struct {
+	ID        int64
+	Node      string
+	Module    string
+	DataSet   string
+	Path      string
+	Precious  string
+	Consumer  string
+	State     string // retired, dropped, deleted, reactivated
+	Bytes     *int64
+	RetiredAt time.Time
+	Why       string
+}
+
+// bump moves the plans of nodes: their declarations are then behind.
+func bump(ctx context.Context, tx *sql.Tx, nodes []string) error {
+	for _, n := range nodes {
+		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Assign records assignments all together, or none; the plans of the bump
+// nodes move.
+func (s *Store) Assign(ctx context.Context, as []Assignment, bumpNodes []string) error {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, a := range as {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%s on %s %w", a.Module, a.Node, ErrAssigned)
+			}
+			unverified, _ := json.Marshal(nonNil(a.Unverified))
+			if _, err := tx.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified) VALUES (?, ?, ?, ?, ?)`,
+				a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified)); err != nil {
+				return err
+			}
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+	if err != nil && !errors.Is(err, ErrAssigned) {
+		return fmt.Errorf("assign: %w", err)
+	}
+	return err
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// Unassign takes modules off a node and records what happened to their
+// data, in one transaction; the plans of the bump nodes move.
+func (s *Store) Unassign(ctx context.Context, node string, modules []string, rs []Retirement, bumpNodes []string) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, m := range modules {
+			res, err := tx.ExecContext(ctx, `DELETE FROM assignments WHERE node = ? AND module = ?`, node, m)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				return fmt.Errorf("%s on %s %w", m, node, ErrNotAssigned)
+			}
+		}
+		for _, r := range rs {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, bytes, retired_at, why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				r.Node, r.Module, r.DataSet, r.Path, r.Precious, r.Consumer, r.State, r.Bytes, sqlite.FormatTime(r.RetiredAt), r.Why); err != nil {
+				return err
+			}
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+// SetVersion moves an assignment to another version; the plans of the bump nodes move.
+func (s *Store) SetVersion(ctx context.Context, node, module, version string, bumpNodes []string) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE assignments SET version = ? WHERE node = ? AND module = ?`, version, node, module)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("%s on %s %w", module, node, ErrNotAssigned)
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+// SetSettings keeps a settings layer; the plans of the bump nodes move.
+func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []string) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO settings_layers (module, node, body, set_at) VALUES (?, ?, ?, ?)`,
+			l.Module, l.Node, string(l.Body), sqlite.FormatTime(l.SetAt)); err != nil {
+			return err
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+// ClearSettings takes a settings layer away; cleared says there was one.
+func (s *Store) ClearSettings(ctx context.Context, module, node string, bumpNodes []string) (cleared bool, err error) {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM settings_layers WHERE module = ? AND node = ?`, module, node)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		if cleared = n > 0; !cleared {
+			return nil
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+	return cleared, err
+}
+
+// BumpPlans moves the plans of nodes (something they depend on changed).
+func (s *Store) BumpPlans(ctx context.Context, nodes []string) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error { return bump(ctx, tx, nodes) })
+}
+
+// Retirements returns what was retired or dropped on a node ("" for all), oldest first.
+func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, node, module, data_set, path, precious, consumer, state, bytes, retired_at, why
+		FROM retirements WHERE ? = '' OR node = ? ORDER BY id`, node, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	rs := []Retirement{}
+	for rows.Next() {
+		var r Retirement
+		var at string
+		var bytes sql.NullInt64
+		if err := rows.Scan(&r.ID, &r.Node, &r.Module, &r.DataSet, &r.Path, &r.Precious, &r.Consumer, &r.State, &bytes, &at, &r.Why); err != nil {
+			return nil, err
+		}
+		if bytes.Valid {
+			r.Bytes = &bytes.Int64
+		}
+		if r.RetiredAt, err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, rows.Err()
+}

@@ -1,0 +1,229 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/mod/semver"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+var (
+	// ErrModuleNotFound means no module of that name is registered.
+	ErrModuleNotFound = errors.New("is not registered")
+	// ErrVersionConflict means a version is registered with a different manifest.
+	ErrVersionConflict = errors.New("is registered already with a different manifest")
+	// ErrModuleHeld means a module cannot be forgotten: the mesh runs it or holds things for it.
+	ErrModuleHeld = errors.New("is still held")
+)
+
+// Module is a registered module: its current version and where it comes from.
+type Module struct {
+	Name           string
+	CurrentVersion string
+	Source         string
+	// Commit is the source commit the current version was built from ("" if added by hand).
+	Commit string
+	// MovedCommit is a newer source commit recorded by module moved.
+	MovedCommit string
+	Versions    []string
+	AddedAt     time.Time
+	// Current is the current version's manifest.
+	Current Manifest
+}
+
+// BehindSource says the source moved past what the mesh built.
+func (m Module) BehindSource() bool { return m.MovedCommit != "" && m.MovedCommit != m.Commit }
+
+// CompareVersions orders two semantic versions (-1, 0, 1).
+func CompareVersions(a, b string) int { return semver.Compare("v"+a, "v"+b) }
+
+// Added says what module add did.
+type Added struct {
+	// New is false when this exact version and manifest were registered already.
+	New bool
+	// Current is true when the added version is (now) the current one.
+	Current bool
+	// Previous is the current version before, "" for a new module.
+	Previous string
+}
+
+// AddModule registers a manifest's version. Every version is kept; a newer
+// one becomes current. The same version with another manifest is refused.
+func (s *Store) AddModule(ctx context.Context, m Manifest, source string, now time.Time) (Added, error) {
+	canon, err := m.Canonical()
+	if err != nil {
+		return Added{}, err
+	}
+	if source == "" {
+		source = m.Source
+	}
+	var a Added
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		var current string
+		err := tx.QueryRowContext(ctx, `SELECT current_version FROM modules WHERE name = ?`, m.Module).Scan(&current)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			if _, err := tx.ExecContext(ctx, `INSERT INTO modules (name, current_version, source, added_at) VALUES (?, ?, ?, ?)`,
+				m.Module, m.Version, source, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		}
+		a.Previous = current
+		var existing string
+		err = tx.QueryRowContext(ctx, `SELECT manifest FROM module_versions WHERE module = ? AND version = ?`, m.Module, m.Version).Scan(&existing)
+		switch {
+		case err == nil && existing == string(canon):
+			a.Current = current == m.Version
+			return nil
+		case err == nil:
+			return fmt.Errorf("%s %s %w", m.Module, m.Version, ErrVersionConflict)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		a.New = true
+		if _, err := tx.ExecContext(ctx, `INSERT INTO module_versions (module, version, manifest, source, added_at) VALUES (?, ?, ?, ?, ?)`,
+			m.Module, m.Version, string(canon), source, sqlite.FormatTime(now)); err != nil {
+			return err
+		}
+		if current == "" || CompareVersions(m.Version, current) > 0 {
+			a.Current = true
+			_, err := tx.ExecContext(ctx, `UPDATE modules SET current_version = ?, source = ? WHERE name = ?`, m.Version, source, m.Module)
+			return err
+		}
+		return nil
+	})
+	if errors.Is(err, ErrVersionConflict) {
+		return Added{}, err
+	}
+	if err != nil {
+		return Added{}, fmt.Errorf("add module %s: %w", m.Module, err)
+	}
+	return a, nil
+}
+
+// Modules returns every registered module, by name, with its current manifest.
+func (s *Store) Modules(ctx context.Context) ([]Module, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT m.name, m.current_version, m.source, m.moved_commit, m.added_at, v.commit_id, v.manifest,
+		(SELECT group_concat(version, ' ') FROM module_versions WHERE module = m.name)
+		FROM modules m JOIN module_versions v ON v.module = m.name AND v.version = m.current_version ORDER BY m.name`)
+	if err != nil {
+		return nil, fmt.Errorf("list modules: %w", err)
+	}
+	defer rows.Close()
+	mods := []Module{}
+	for rows.Next() {
+		var m Module
+		var added, manifest, versions string
+		if err := rows.Scan(&m.Name, &m.CurrentVersion, &m.Source, &m.MovedCommit, &added, &m.Commit, &manifest, &versions); err != nil {
+			return nil, err
+		}
+		if m.AddedAt, err = sqlite.ParseTime(added); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal([]byte(manifest), &m.Current); err != nil {
+			return nil, fmt.Errorf("module %s: stored manifest: %w", m.Name, err)
+		}
+		m.Versions = strings.Fields(versions)
+		sort.Slice(m.Versions, func(i, j int) bool { return CompareVersions(m.Versions[i], m.Versions[j]) < 0 })
+		mods = append(mods, m)
+	}
+	return mods, rows.Err()
+}
+
+// Module returns one module, or ErrModuleNotFound.
+func (s *Store) Module(ctx context.Context, name string) (Module, error) {
+	mods, err := s.Modules(ctx)
+	if err != nil {
+		return Module{}, err
+	}
+	for _, m := range mods {
+		if m.Name == name {
+			return m, nil
+		}
+	}
+	return Module{}, fmt.Errorf("module %s %w", name, ErrModuleNotFound)
+}
+
+// MarkMoved records that the module's source has a commit newer than the mesh built.
+func (s *Store) MarkMoved(ctx context.Context, name, commit string) error {
+	res, err := s.db.Writer.ExecContext(ctx, `UPDATE modules SET moved_commit = ? WHERE name = ?`, commit, name)
+	if err != nil {
+		return fmt.Errorf("record %s moved: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("module %s %w", name, ErrModuleNotFound)
+	}
+	return nil
+}
+
+// Holdings are what the mesh holds for a module: where it is assigned and
+// which settings layers are kept for it.
+type Holdings struct {
+	Nodes    []string
+	Settings []string // "mesh" or a node name
+}
+
+// Empty says nothing is held.
+func (h Holdings) Empty() bool { return len(h.Nodes) == 0 && len(h.Settings) == 0 }
+
+func holdings(ctx context.Context, tx *sql.Tx, module string) (Holdings, error) {
+	var h Holdings
+	for _, q := range []struct {
+		sql string
+		out *[]string
+	}{
+		{`SELECT node FROM assignments WHERE module = ? ORDER BY node`, &h.Nodes},
+		{`SELECT CASE node WHEN '' THEN 'mesh' ELSE node END FROM settings_layers WHERE module = ? ORDER BY node`, &h.Settings},
+	} {
+		rows, err := tx.QueryContext(ctx, q.sql, module)
+		if err != nil {
+			return h, err
+		}
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				rows.Close()
+				return h, err
+			}
+			*q.out = append(*q.out, s)
+		}
+		rows.Close()
+	}
+	return h, nil
+}
+
+// ForgetModule removes a module and every version of it. It is refused
+// while the module is assigned; held settings are refused too unless
+// andHeld discards them. The holdings are returned either way.
+func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (Holdings, error) {
+	var h Holdings
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM modules WHERE name = ?`, name).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("module %s %w", name, ErrModuleNotFound)
+		}
+		var err error
+		if h, err = holdings(ctx, tx, name); err != nil {
+			return err
+		}
+		if len(h.Nodes) > 0 || (!andHeld && !h.Empty()) {
+			return ErrModuleHeld
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM modules WHERE name = ?`, name)
+		return err
+	})
+	return h, err
+}

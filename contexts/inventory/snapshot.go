@@ -1,0 +1,164 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// NodeState is what plans need of a node.
+type NodeState struct {
+	Name                string
+	Mode                Mode
+	Joined              bool
+	PlanVersion         int64
+	DeclaredPlanVersion int64
+	SerialDeclared      int64
+	SerialApplied       int64
+}
+
+// Behind says the node's declaration is older than its plan, or its host
+// has not applied its latest declaration (as Node.Behind).
+func (n NodeState) Behind() bool {
+	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared
+}
+
+// Snapshot is everything plans are computed from, read in one transaction
+// so that every plan sees the same mesh.
+type Snapshot struct {
+	Nodes       map[string]NodeState
+	NodeNames   []string
+	Manifests   map[string]map[string]Manifest // module -> version -> manifest
+	Current     map[string]string              // module -> current version
+	Assignments []Assignment                   // by node, then module
+	// Settings are the layers: module -> node ("" for the mesh layer) -> body.
+	Settings map[string]map[string]json.RawMessage
+}
+
+// Snapshot reads the mesh for planning.
+func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
+	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	snap := &Snapshot{Nodes: map[string]NodeState{}, Manifests: map[string]map[string]Manifest{},
+		Current: map[string]string{}, Settings: map[string]map[string]json.RawMessage{}}
+	err = each(ctx, tx, `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied
+		FROM nodes n LEFT JOIN declarations d ON d.node = n.name ORDER BY n.name`, func(r *sql.Rows) error {
+		var n NodeState
+		var mode string
+		if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied); err != nil {
+			return err
+		}
+		n.Mode = Mode(mode)
+		snap.Nodes[n.Name] = n
+		snap.NodeNames = append(snap.NodeNames, n.Name)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = each(ctx, tx, `SELECT module, version, manifest FROM module_versions`, func(r *sql.Rows) error {
+		var module, version, body string
+		if err := r.Scan(&module, &version, &body); err != nil {
+			return err
+		}
+		var m Manifest
+		if err := json.Unmarshal([]byte(body), &m); err != nil {
+			return fmt.Errorf("module %s %s: stored manifest: %w", module, version, err)
+		}
+		if snap.Manifests[module] == nil {
+			snap.Manifests[module] = map[string]Manifest{}
+		}
+		snap.Manifests[module][version] = m
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = each(ctx, tx, `SELECT name, current_version FROM modules`, func(r *sql.Rows) error {
+		var name, v string
+		if err := r.Scan(&name, &v); err != nil {
+			return err
+		}
+		snap.Current[name] = v
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
+		var a Assignment
+		var at, unverified string
+		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified); err != nil {
+			return err
+		}
+		var err error
+		if a.AssignedAt, err = sqlite.ParseTime(at); err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(unverified), &a.Unverified); err != nil {
+			return err
+		}
+		snap.Assignments = append(snap.Assignments, a)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = each(ctx, tx, `SELECT module, node, body FROM settings_layers`, func(r *sql.Rows) error {
+		var module, node, body string
+		if err := r.Scan(&module, &node, &body); err != nil {
+			return err
+		}
+		if snap.Settings[module] == nil {
+			snap.Settings[module] = map[string]json.RawMessage{}
+		}
+		snap.Settings[module][node] = json.RawMessage(body)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) error) error {
+	rows, err := tx.QueryContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// AssignmentsOf returns the snapshot's assignments on one node.
+func (s *Snapshot) AssignmentsOf(node string) []Assignment {
+	var out []Assignment
+	for _, a := range s.Assignments {
+		if a.Node == node {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// NodesRunning returns the nodes a module is assigned to, by name.
+func (s *Snapshot) NodesRunning(module string) []string {
+	var out []string
+	for _, a := range s.Assignments {
+		if a.Module == module {
+			out = append(out, a.Node)
+		}
+	}
+	return out
+}
