@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -26,6 +27,12 @@ func TestScripts(t *testing.T) {
 			e.Setenv("MESH_DATA", e.WorkDir+"/data")
 			e.Setenv("HOME", e.WorkDir+"/home")
 			e.Setenv("XDG_DATA_HOME", "")
+			// The shared example manifests, as kept beside the manifest tests.
+			examples, err := filepath.Abs("../../contexts/inventory/testdata")
+			if err != nil {
+				return err
+			}
+			e.Setenv("EXAMPLES", examples)
 			return nil
 		},
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
