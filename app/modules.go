@@ -374,7 +374,12 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 					if a.Module != r.Module {
 						continue
 					}
-					_, ps := effectiveSettings(snap.Manifests[a.Module][a.Version], layers, n)
+					man := snap.Manifests[a.Module][a.Version]
+					sch, err := man.SettingsSchema()
+					if err != nil {
+						return out, err
+					}
+					_, ps := effectiveSettings(man, sch, layers, n)
 					for _, p := range ps {
 						problems = append(problems, fmt.Sprintf("the result on %s:%s", n, p))
 					}

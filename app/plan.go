@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
@@ -54,21 +56,69 @@ type Binding struct {
 // Canonical is the plan's body as canonical JSON.
 func (p Plan) Canonical() ([]byte, error) { return protocol.Canonical(p.Body) }
 
+// planner computes plans from one snapshot, compiling each settings schema
+// once and indexing assignments by node, so a mesh's plans cost little more
+// than reading it.
+type planner struct {
+	snap    *inventory.Snapshot
+	byNode  map[string][]inventory.Assignment
+	schemas map[string]*jsonschema.Schema
+	// settings caches effective settings of nodes without a layer of their own.
+	settings map[string]settingsResult
+}
+
+type settingsResult struct {
+	doc      json.RawMessage
+	problems []string
+}
+
+func newPlanner(snap *inventory.Snapshot) *planner {
+	p := &planner{snap: snap, byNode: map[string][]inventory.Assignment{}, schemas: map[string]*jsonschema.Schema{},
+		settings: map[string]settingsResult{}}
+	for _, a := range snap.Assignments {
+		p.byNode[a.Node] = append(p.byNode[a.Node], a)
+	}
+	return p
+}
+
 // computePlan builds one node's plan from a snapshot.
 func computePlan(snap *inventory.Snapshot, node string) (Plan, error) {
+	return newPlanner(snap).plan(node)
+}
+
+func (pl *planner) schema(m inventory.Manifest) (*jsonschema.Schema, error) {
+	key := m.Module + "@" + m.Version
+	if s, ok := pl.schemas[key]; ok {
+		return s, nil
+	}
+	s, err := m.SettingsSchema()
+	if err != nil {
+		return nil, err
+	}
+	pl.schemas[key] = s
+	return s, nil
+}
+
+func (pl *planner) plan(node string) (Plan, error) {
+	snap := pl.snap
 	n, ok := snap.Nodes[node]
 	if !ok {
 		return Plan{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
 	p := Plan{Node: node, PlanVersion: n.PlanVersion, Reasons: map[string][]string{},
 		Body: PlanBody{Node: node, Mode: string(n.Mode), Modules: []PlannedModule{}, Seats: []string{}, BackupLines: []any{}}}
-	for _, a := range snap.AssignmentsOf(node) {
+	for _, a := range pl.byNode[node] {
 		m, ok := snap.Manifests[a.Module][a.Version]
 		if !ok {
 			p.Problems = append(p.Problems, fmt.Sprintf("%s %s is not registered", a.Module, a.Version))
 			continue
 		}
-		settings, problems := effectiveSettings(m, snap.Settings[a.Module], node)
+		sch, err := pl.schema(m)
+		if err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s settings schema: %v", a.Module, err))
+			continue
+		}
+		settings, problems := pl.effective(m, sch, node)
 		for _, pr := range problems {
 			p.Problems = append(p.Problems, fmt.Sprintf("%s settings%s", a.Module, pr))
 		}
@@ -95,6 +145,22 @@ func computePlan(snap *inventory.Snapshot, node string) (Plan, error) {
 	return p, nil
 }
 
+// effective is effectiveSettings, computed once per module version for the
+// nodes that have no layer of their own.
+func (pl *planner) effective(m inventory.Manifest, sch *jsonschema.Schema, node string) (json.RawMessage, []string) {
+	layers := pl.snap.Settings[m.Module]
+	if _, own := layers[node]; own {
+		return effectiveSettings(m, sch, layers, node)
+	}
+	key := m.Module + "@" + m.Version
+	if r, ok := pl.settings[key]; ok {
+		return r.doc, r.problems
+	}
+	doc, problems := effectiveSettings(m, sch, layers, node)
+	pl.settings[key] = settingsResult{doc, problems}
+	return doc, problems
+}
+
 // neededBy says which assignments in the mesh need what a module provides.
 func neededBy(snap *inventory.Snapshot, provider inventory.Manifest) []string {
 	var out []string
@@ -118,7 +184,7 @@ func neededBy(snap *inventory.Snapshot, provider inventory.Manifest) []string {
 // effectiveSettings merges the manifest's defaults, then the mesh layer,
 // then the node's layer (objects key by key), and judges the result against
 // the manifest's schema.
-func effectiveSettings(m inventory.Manifest, layers map[string]json.RawMessage, node string) (json.RawMessage, []string) {
+func effectiveSettings(m inventory.Manifest, sch *jsonschema.Schema, layers map[string]json.RawMessage, node string) (json.RawMessage, []string) {
 	var docs []json.RawMessage
 	if m.Settings != nil && len(m.Settings.Defaults) > 0 {
 		docs = append(docs, m.Settings.Defaults)
@@ -132,12 +198,8 @@ func effectiveSettings(m inventory.Manifest, layers map[string]json.RawMessage, 
 	if err != nil {
 		return nil, []string{": " + err.Error()}
 	}
-	problems, err := m.ValidateSettings(merged)
-	if err != nil {
-		return merged, []string{" schema: " + err.Error()}
-	}
 	var out []string
-	for _, pr := range problems {
+	for _, pr := range inventory.Validate(sch, merged) {
 		out = append(out, fmt.Sprintf(" %s: %s", pr.Field, pr.What))
 	}
 	return merged, out

@@ -43,9 +43,10 @@ type declarer struct {
 // declaration, and publishes it if it can.
 func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes []string) []Pushed {
 	out := make([]Pushed, 0, len(nodes))
+	pl := newPlanner(snap)
 	for _, node := range nodes {
 		p := Pushed{Node: node}
-		plan, err := computePlan(snap, node)
+		plan, err := pl.plan(node)
 		switch {
 		case err != nil:
 			p.Problem = err.Error()

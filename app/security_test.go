@@ -105,6 +105,9 @@ func TestMesh_BrokerPermissions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := nc.Flush(); err != nil { // the broker has the subscription before anything is sent
+			t.Fatal(err)
+		}
 		m.declare("web1", `{"modules": []}`)
 		if _, err := sub.NextMsg(5 * time.Second); err != nil {
 			t.Fatalf("web1 did not receive its own declaration: %v", err)

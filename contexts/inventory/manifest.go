@@ -423,6 +423,10 @@ func (m *Manifest) ValidateSettings(doc json.RawMessage) ([]Problem, error) {
 
 var printer = message.NewPrinter(language.English)
 
+// Validate judges a settings document against a compiled schema (see
+// SettingsSchema); each problem's field is the JSON pointer of the value.
+func Validate(sch *jsonschema.Schema, doc json.RawMessage) []Problem { return validate(sch, doc) }
+
 func validate(sch *jsonschema.Schema, doc json.RawMessage) []Problem {
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {

@@ -1,0 +1,273 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/contexts/inventory"
+)
+
+func (m *testMesh) addModule(file string) {
+	m.t.Helper()
+	if _, err := m.c.ModuleAdd(context.Background(), file, ""); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+func example(name string) string {
+	return filepath.Join("..", "contexts", "inventory", "testdata", name+".json")
+}
+
+func writeManifest(t testing.TB, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "mesh.json")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// The examples checked, added, assigned judged together, pushed and applied by hosts.
+func TestMesh_AssignPushApply(t *testing.T) {
+	m := newTestMesh(t)
+	web1, db1 := m.join("web1"), m.join("db1")
+	for _, n := range []string{"paperless", "postgres", "smtp-relay"} {
+		m.addModule(example(n))
+	}
+	ctx := context.Background()
+	if _, err := m.c.Assign(ctx, "web1", []string{"paperless"}); err == nil {
+		t.Fatal("paperless assigned with no postgres in the mesh")
+	}
+	r, err := m.c.Assign(ctx, "db1", []string{"postgres", "smtp-relay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Pushed) != 1 || !r.Pushed[0].Sent {
+		t.Fatalf("pushed: %+v", r.Pushed)
+	}
+	r, err = m.c.Assign(ctx, "web1", []string{"paperless"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// db1's plan names its new consumer, so it is sent too.
+	if len(r.Pushed) != 2 {
+		t.Fatalf("pushed: %+v", r.Pushed)
+	}
+	waitFor(t, "both hosts to apply their plans", func() bool {
+		return !m.node("web1").Behind && !m.node("db1").Behind && m.node("web1").SerialApplied > 0
+	})
+	b, err := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json"))
+	if err != nil || !strings.Contains(string(b), `"workers": 2`) {
+		t.Fatalf("settings.json: %s, %v", b, err)
+	}
+	var part map[string]any
+	b, _ = os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/module.json"))
+	json.Unmarshal(b, &part)
+	if bs, _ := json.Marshal(part["bindings"]); !strings.Contains(string(bs), `db1/postgres`) {
+		t.Fatalf("paperless's bindings: %s", bs)
+	}
+	if _, err := os.Stat(filepath.Join(db1.root, "var/lib/postgres/data")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Settings change: the node is sent and applies the new result.
+	if _, err := m.c.SettingsSet(ctx, SettingsRequest{Module: "paperless", Node: "web1", Body: []byte(`{"workers": 6}`), From: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "web1 to apply its new settings", func() bool {
+		b, _ := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json"))
+		return strings.Contains(string(b), `"workers": 6`)
+	})
+	waitFor(t, "web1's report of applying them", func() bool { return !m.node("web1").Behind })
+
+	// push --behind sends nothing when nobody is behind.
+	pushed, err := m.c.Push(ctx, PushRequest{Behind: true})
+	if err != nil || len(pushed) != 0 {
+		t.Fatalf("push --behind: %+v, %v", pushed, err)
+	}
+}
+
+// A change recorded while no controller serves is sent when serve starts.
+func TestMesh_ServeCatchesUp(t *testing.T) {
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	m.addModule(example("postgres"))
+	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	m.stop()
+	r, err := m.c.Assign(context.Background(), "web1", []string{"postgres"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Pushed[0].Sent || !strings.Contains(r.Pushed[0].NotSent, "no controller is serving") {
+		t.Fatalf("pushed while down: %+v", r.Pushed)
+	}
+	m.start()
+	waitFor(t, "web1 to apply what was assigned while the controller was down", func() bool {
+		_, err := os.Stat(filepath.Join(web1.root, "etc/mesh/modules/postgres/module.json"))
+		return err == nil && !m.node("web1").Behind
+	})
+}
+
+// A roll-out sends one node at a time: the second is not sent the new
+// version before the first reports it applied; a failing node stops it.
+func TestMesh_RollOut(t *testing.T) {
+	m := newTestMesh(t)
+	hosts := []*testHost{m.join("db1"), m.join("db2"), m.join("db3")}
+	ctx := context.Background()
+	v1 := writeManifest(t, `{"module": "store", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/store", "precious": "costly"}]}`)
+	v2 := writeManifest(t, `{"module": "store", "version": "2.0.0", "data": [{"name": "d", "path": "/srv/store", "precious": "costly"}, {"name": "e", "path": "/srv/extra/e", "precious": "rebuildable"}]}`)
+	m.addModule(v1)
+	for _, h := range hosts {
+		if _, err := m.c.Assign(ctx, h.name, []string{"store"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every host to apply 1.0.0", func() bool {
+		for _, h := range hosts {
+			if n := m.node(h.name); n.Behind || n.SerialApplied == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	m.addModule(v2)
+
+	// Watch the order: while db1 has not applied its new declaration, db2 must not have been sent one.
+	before := map[string]int64{}
+	for _, h := range hosts {
+		before[h.name] = m.node(h.name).SerialDeclared
+	}
+	var violated atomic.Value
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-time.After(5 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			db1, db2 := m.node("db1"), m.node("db2")
+			if db2.SerialDeclared > before["db2"] && db1.SerialApplied <= before["db1"] {
+				violated.Store("db2 was sent the new version before db1 applied it")
+			}
+			if db2.SerialApplied > before["db2"] {
+				return
+			}
+		}
+	}()
+	// db3 cannot apply: a file stands where its new data directory must go.
+	if err := os.WriteFile(filepath.Join(hosts[2].root, "srv", "extra"), []byte("in the way"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var progress []string
+	v, err := m.c.Upgrade(ctx, UpgradeRequest{Module: "store", Action: "roll-out", Wait: 10 * time.Second,
+		Progress: func(s string) { progress = append(progress, s) }})
+	<-done
+	if msg := violated.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+	if err == nil || !strings.Contains(err.Error(), "the roll-out stopped at db3") || v.Stopped != "db3" {
+		t.Fatalf("roll-out: %v, %+v", err, v)
+	}
+	if !v.Steps[0].Applied || !v.Steps[1].Applied || v.Steps[2].Applied || v.Steps[2].Error == "" {
+		t.Fatalf("steps: %+v", v.Steps)
+	}
+	want := []string{"db1 sent", "db1 applied", "db2 sent", "db2 applied", "db3 sent"}
+	if len(progress) != len(want) {
+		t.Fatalf("progress: %q", progress)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(progress[i], w) {
+			t.Fatalf("progress[%d] = %q, want %q…", i, progress[i], w)
+		}
+	}
+}
+
+// A roll-out that stops leaves the nodes after it on the old version.
+func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
+	m := newTestMesh(t)
+	hosts := []*testHost{m.join("db1"), m.join("db2")}
+	ctx := context.Background()
+	m.addModule(writeManifest(t, `{"module": "store", "version": "1.0.0"}`))
+	for _, h := range hosts {
+		if _, err := m.c.Assign(ctx, h.name, []string{"store"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both to apply", func() bool { return !m.node("db1").Behind && !m.node("db2").Behind })
+	m.addModule(writeManifest(t, `{"module": "store", "version": "2.0.0", "data": [{"name": "d", "path": "/srv/new", "precious": "costly"}]}`))
+	os.WriteFile(filepath.Join(hosts[0].root, "srv"), []byte("in the way"), 0o600)
+	declared := m.node("db2").SerialDeclared
+	_, err := m.c.Upgrade(ctx, UpgradeRequest{Module: "store", Action: "roll-out", Wait: 10 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "stopped at db1") {
+		t.Fatalf("roll-out: %v", err)
+	}
+	if m.node("db2").SerialDeclared != declared {
+		t.Fatal("db2 was sent the new version after db1 failed")
+	}
+	snapVersion := func(node string) string {
+		dbs, closeAll, _ := m.c.stores(ctx, "inventory")
+		defer closeAll()
+		snap, _ := inventory.NewStore(dbs[0]).Snapshot(ctx)
+		return versionOn(snap, node, "store")
+	}
+	if v := snapVersion("db2"); v != "1.0.0" {
+		t.Fatalf("db2 plans %s", v)
+	}
+}
+
+// A module's broker user may publish what it emits and nothing else.
+func TestMesh_ModuleIssue(t *testing.T) {
+	m := newTestMesh(t)
+	m.join("web1")
+	ctx := context.Background()
+	for _, n := range []string{"paperless", "postgres"} {
+		m.addModule(example(n))
+	}
+	if _, err := m.c.ModuleIssue(ctx, "paperless", "web1"); err == nil {
+		t.Fatal("issued for a module not on the node")
+	}
+	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := m.c.ModuleIssue(ctx, "paperless", "web1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "paperless.creds")
+	os.WriteFile(f, []byte(creds), 0o600)
+	nc, v := connectWith(t, m.url, nats.UserCredentials(f))
+
+	// It may publish what it emits…
+	if err := nc.Publish("mesh.module.documents.added", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	select {
+	case e := <-v:
+		t.Fatalf("publishing an emitted subject was refused: %s", e)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// …and subscribe to what it consumes, and nothing else.
+	if _, err := nc.SubscribeSync("mesh.module.mail.received"); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	for _, subject := range []string{"mesh.module.mail.received", "mesh.module.documents.removed", "mesh.node.web1.heartbeat", "mesh.join", "mesh.alert"} {
+		nc.Publish(subject, []byte("{}"))
+		nc.Flush()
+		v.expect(t, "publish", subject)
+	}
+	nc.SubscribeSync("mesh.node.web1.inbox.>")
+	nc.Flush()
+	v.expect(t, "subscription", "mesh.node.web1.inbox.>")
+}

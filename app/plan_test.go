@@ -1,0 +1,162 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"mesh-controller/contexts/inventory"
+)
+
+func TestMergeSettings(t *testing.T) {
+	for _, c := range []struct {
+		docs []string
+		want string
+	}{
+		{[]string{`{"a":1}`}, `{"a":1}`},
+		{[]string{`{"a":1,"b":{"x":1,"y":2}}`, `{"b":{"y":3,"z":4}}`, `{"a":2}`}, `{"a":2,"b":{"x":1,"y":3,"z":4}}`},
+		{[]string{`{"b":{"x":1}}`, `{"b":[1,2]}`}, `{"b":[1,2]}`},
+		{[]string{`{"b":[1,2]}`, `{"b":{"x":1}}`}, `{"b":{"x":1}}`},
+		{[]string{`{"n":1.50,"s":"<&>"}`}, `{"n":1.50,"s":"<&>"}`},
+		{nil, `{}`},
+	} {
+		var docs []json.RawMessage
+		for _, d := range c.docs {
+			docs = append(docs, json.RawMessage(d))
+		}
+		got, err := mergeSettings(docs...)
+		if err != nil || string(got) != c.want {
+			t.Errorf("merge %v = %s, %v; want %s", c.docs, got, err, c.want)
+		}
+	}
+	if _, err := mergeSettings(json.RawMessage(`[1]`)); err == nil {
+		t.Error("an array merged as settings")
+	}
+}
+
+// plannedMesh makes a mesh of nodes with modules assigned in its stores (no
+// daemon): nodes x perNode assignments over a pool of modules.
+func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
+	t.Helper()
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for i := 0; i < modules; i++ {
+		doc := fmt.Sprintf(`{"module": "m%d", "version": "1.%d.0", "ports": [{"name": "p", "port": %d}],
+			"settings": {"schema": {"type": "object", "properties": {"workers": {"type": "integer"}}}, "defaults": {"workers": %d}},
+			"data": [{"name": "d", "path": "/srv/m%d", "precious": "costly", "backup": "daily"}]}`, i, i, 1000+i, i, i)
+		m, ps := inventory.ParseManifest([]byte(doc))
+		if len(ps) > 0 {
+			t.Fatal(ps)
+		}
+		if _, err := inv.AddModule(ctx, m, "", now); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			inv.SetSettings(ctx, inventory.SettingsLayer{Module: m.Module, Body: json.RawMessage(`{"workers": 9}`), SetAt: now}, nil)
+		}
+	}
+	var as []inventory.Assignment
+	for n := 0; n < nodes; n++ {
+		name := fmt.Sprintf("n%d", n)
+		if _, err := inv.AddNode(ctx, name, inventory.Converged, now); err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < perNode; k++ {
+			mod := (n + k*7) % modules
+			as = append(as, inventory.Assignment{Node: name, Module: fmt.Sprintf("m%d", mod), Version: fmt.Sprintf("1.%d.0", mod), AssignedAt: now})
+		}
+	}
+	if err := inv.Assign(ctx, as, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Computing a plan twice gives the same bytes, and so does a new snapshot.
+func TestPlan_Deterministic(t *testing.T) {
+	c := plannedMesh(t, 20, 4, 10)
+	ctx := context.Background()
+	first, err := c.PlanShow(ctx, "n3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		again, err := c.PlanShow(ctx, "n3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(again.JSON) != string(first.JSON) {
+			t.Fatalf("plan changed between runs:\n%s\n%s", first.JSON, again.JSON)
+		}
+	}
+	if len(first.Plan.Body.Modules) != 4 {
+		t.Fatalf("n3 plans %d modules", len(first.Plan.Body.Modules))
+	}
+}
+
+// BenchmarkPlans computes the plan of every node of a mesh of 500 nodes and
+// 2,000 assignments, from one snapshot of the store (read included).
+//
+//	go test -run '^$' -bench Plans ./app/
+func BenchmarkPlans(b *testing.B) {
+	c := plannedMesh(b, 500, 4, 40)
+	ctx := context.Background()
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		snap, err := inv.Snapshot(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pl := newPlanner(snap)
+		for _, n := range snap.NodeNames {
+			p, err := pl.plan(n)
+			if err != nil || len(p.Problems) > 0 {
+				b.Fatal(err, p.Problems)
+			}
+			if _, err := p.Canonical(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+func FuzzModuleCheck(f *testing.F) {
+	f.Add([]byte(`{"module":"a","version":"1.0.0"}`))
+	f.Add([]byte(`{"module":"a","version":"1.0.0","settings":{"schema":{"type":"object"},"defaults":{}}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		file := filepath.Join(t.TempDir(), "mesh.json")
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		files, problems, err := ModuleCheck([]string{file})
+		if err != nil || len(files) != 1 {
+			t.Fatalf("files %v, err %v", files, err)
+		}
+		for _, p := range problems {
+			if p.File != file || p.Field == "" || p.What == "" {
+				t.Fatalf("problem without file, field or what: %+v", p)
+			}
+		}
+	})
+}
