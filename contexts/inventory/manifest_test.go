@@ -82,10 +82,10 @@ func TestParseManifest_EveryProblem(t *testing.T) {
 
 func TestParseManifest_NotAManifest(t *testing.T) {
 	for doc, want := range map[string]string{
-		`{"module": `:                  "not JSON",
-		`[1]`:                          "not a JSON object",
+		`{"module": `:                   "not JSON",
+		`[1]`:                           "not a JSON object",
 		`{"module": "a", "version": 1}`: "version: is number, want string",
-		`{}`:                           "module: missing",
+		`{}`:                            "module: missing",
 		`{"module":"a","version":"1.0.0","settings":{"schema":{"type":"nonsense"}}}`: "settings.schema: does not compile",
 	} {
 		_, ps := ParseManifest([]byte(doc))
