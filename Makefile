@@ -35,10 +35,12 @@ demo: build
 	done; \
 	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
 		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
-	echo '{"modules": [{"module": "paperless", "version": "2.14.1", "data": [{"name": "media", "path": "/var/lib/paperless/media", "precious": "irreplaceable"}]}]}' >$$dir/decl.json; \
-	$$mc declare web1 $$dir/decl.json --why "the demo shows a signed declaration applied"; \
-	for i in $$(seq 100); do $$mc node list | grep -q '^web1 .*1 (current)' && break; sleep 0.1; done; \
-	echo; $$mc node list; echo; $$mc node show web1 | head -24; \
+	ex=../shared/examples; [ -d $$ex ] || ex=contexts/inventory/testdata; \
+	$$mc module check $$ex/*.json; \
+	for m in postgres smtp-relay paperless; do $$mc module add $$ex/$$m.json 2>/dev/null; done; \
+	$$mc assign web2 postgres smtp-relay 2>/dev/null; $$mc assign web1 paperless 2>/dev/null; \
+	for i in $$(seq 100); do [ -z "$$($$mc node list --json | grep '"behind": true')" ] && break; sleep 0.1; done; \
+	echo; $$mc node list; echo; $$mc plan web1; echo; $$mc node show web1 | head -30; \
 	echo; echo "web1 wrote under its root:"; (cd $$dir/web1/root && find . -mindepth 1 | sort | sed 's/^/  /'); \
 	echo; echo "demo done: stopping the hosts and the controller"
 
