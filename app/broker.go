@@ -41,6 +41,20 @@ func brokerKeys(ctx context.Context, ids *identity.Store) (broker.Keys, error) {
 	return broker.KeysFromSeeds(seeds.Operator, seeds.Account, seeds.System)
 }
 
+// trustOf is what a broker must hold to trust this controller, with every
+// revoked user revoked in the account.
+func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys) (broker.Trust, error) {
+	revoked, err := ids.Revoked(ctx)
+	if err != nil {
+		return broker.Trust{}, err
+	}
+	return keys.Trust(joinPermissions(), revoked)
+}
+
+// RevokedSubject is where a person's command tells the serving controller
+// that users were revoked; only controller users may publish under mesh.control.
+const RevokedSubject = "mesh.control.revoked"
+
 func newBrokerSeeds() (identity.BrokerSeeds, error) {
 	op, acc, sys, err := broker.NewSeeds()
 	return identity.BrokerSeeds{Operator: op, Account: acc, System: sys}, err
@@ -147,7 +161,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	switch {
 	case v.External:
 		v.URLs = []string{c.Broker}
-		trust, err := keys.Trust(joinPermissions())
+		trust, err := trustOf(ctx, ids, keys)
 		if err != nil {
 			return BrokerView{}, err
 		}

@@ -389,7 +389,7 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust, err := keys.Trust(joinPermissions())
+	trust, err := keys.Trust(joinPermissions(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

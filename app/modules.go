@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -183,18 +184,41 @@ func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error
 	return inventory.NewStore(dbs[0]).MarkMoved(ctx, name, commit)
 }
 
+// Forgotten is what module forget did.
+type Forgotten struct {
+	inventory.Holdings
+	// Revoked counts the broker users issued for it, now revoked;
+	// Disconnected says the serving controller was told to close their
+	// connections (otherwise it does when serve runs).
+	Revoked      int
+	Disconnected bool
+}
+
 // ModuleForget removes a module; refused while a node runs it, or while the
-// mesh holds settings for it unless andHeld discards them.
-func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool) (inventory.Holdings, error) {
+// mesh holds settings for it unless andHeld discards them. Its broker users
+// are revoked and their connections closed.
+func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool) (Forgotten, error) {
 	if err := CheckName(name); err != nil {
-		return inventory.Holdings{}, err
+		return Forgotten{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
 	if err != nil {
-		return inventory.Holdings{}, err
+		return Forgotten{}, err
 	}
 	defer closeAll()
 	h, err := inventory.NewStore(dbs[0]).ForgetModule(ctx, name, andHeld)
+	if err == nil {
+		f := Forgotten{Holdings: h}
+		ids := identity.NewStore(dbs[1])
+		if f.Revoked, err = ids.RevokeModuleUsers(ctx, name, c.Now()); err != nil || f.Revoked == 0 {
+			return f, err
+		}
+		if nc, err := c.dialBroker(ctx, ids); err == nil {
+			f.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
+			nc.Close()
+		}
+		return f, nil
+	}
 	if errors.Is(err, inventory.ErrModuleHeld) {
 		var problems []string
 		if len(h.Nodes) > 0 {
@@ -203,9 +227,9 @@ func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool
 		if len(h.Settings) > 0 && !andHeld {
 			problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds to discard them", strings.Join(h.Settings, ", ")))
 		}
-		return h, refuse("module forget "+name, problems)
+		return Forgotten{Holdings: h}, refuse("module forget "+name, problems)
 	}
-	return h, err
+	return Forgotten{Holdings: h}, err
 }
 
 // ErrNotOnNode means a module is not assigned to that node.
@@ -245,12 +269,21 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if m == nil {
 		return "", fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
-	keys, err := brokerKeys(ctx, identity.NewStore(dbs[1]))
+	ids := identity.NewStore(dbs[1])
+	keys, err := brokerKeys(ctx, ids)
 	if err != nil {
 		return "", err
 	}
 	userJWT, seed, err := keys.NewUser("module "+module+" on "+node, modulePermissions(*m))
 	if err != nil {
+		return "", err
+	}
+	pub, err := broker.PublicOfSeed(seed)
+	if err != nil {
+		return "", err
+	}
+	// Kept, so that forgetting the module revokes it.
+	if err := ids.RecordIssuedUser(ctx, identity.IssuedUser{Pub: pub, Kind: "module", Node: node, Module: module}, c.Now()); err != nil {
 		return "", err
 	}
 	return broker.Creds(userJWT, seed)

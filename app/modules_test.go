@@ -243,9 +243,9 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := filepath.Join(t.TempDir(), "paperless.creds")
-	os.WriteFile(f, []byte(creds), 0o600)
-	nc, v := connectWith(t, m.url, nats.UserCredentials(f))
+	credsFile := filepath.Join(t.TempDir(), "paperless.creds")
+	os.WriteFile(credsFile, []byte(creds), 0o600)
+	nc, v := connectWith(t, m.url, nats.UserCredentials(credsFile), nats.NoReconnect())
 
 	// It may publish what it emits…
 	if err := nc.Publish("mesh.module.documents.added", []byte("{}")); err != nil {
@@ -270,4 +270,23 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	nc.SubscribeSync("mesh.node.web1.inbox.>")
 	nc.Flush()
 	v.expect(t, "subscription", "mesh.node.web1.inbox.>")
+
+	// Forgetting the module revokes its user and closes its connection.
+	if _, err := m.c.Unassign(ctx, "web1", []string{"paperless"}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.c.ModuleForget(ctx, "paperless", true)
+	if err != nil || f.Revoked != 1 || !f.Disconnected {
+		t.Fatalf("forget: %+v, %v", f, err)
+	}
+	waitFor(t, "the revoked user's connection to close", func() bool { return !nc.IsConnected() })
+	if _, err := nats.Connect(m.url, nats.UserCredentials(credsFile), nats.NoReconnect()); err == nil {
+		t.Fatal("a revoked user connected again")
+	}
+	// and stays revoked across a restart of the controller
+	m.stop()
+	m.start()
+	if _, err := nats.Connect(m.url, nats.UserCredentials(credsFile), nats.NoReconnect()); err == nil {
+		t.Fatal("a revoked user connected after a restart")
+	}
 }

@@ -90,6 +90,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 		c: c, log: o.Log, counters: o.Counters,
 		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), health: health.NewStore(dbs[5]),
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
+		problems: map[string]string{},
 	}
 
 	holder := randomID()
@@ -117,7 +118,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	}
 	opts := []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-controller"), nats.MaxReconnects(-1)}
 	if c.Broker == "" {
-		trust, err := d.keys.Trust(joinPermissions())
+		trust, err := trustOf(ctx, d.ids, d.keys)
 		if err != nil {
 			return err
 		}
@@ -126,6 +127,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 			return err
 		}
 		defer srv.Shutdown()
+		d.srv = srv
 		d.url = srv.ClientURL()
 		opts = append(opts, srv.InProcess())
 	} else {
@@ -198,12 +200,17 @@ type daemon struct {
 	keys   broker.Keys
 	nc     *nats.Conn
 	url    string
+	// srv is the embedded broker; nil with an external one.
+	srv *broker.Server
 
 	mu       sync.Mutex
 	hostKeys map[string]ed25519.PublicKey
 	beats    map[string]inventory.Beat
 	drops    map[dropKey]int64
 	counters *Counters
+	// problems are the plan problems last logged per node, so the catch-up
+	// says each once rather than every few seconds.
+	problems map[string]string
 }
 
 func (d *daemon) logf(format string, args ...any) {
@@ -231,6 +238,7 @@ func (d *daemon) subscribe() error {
 		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
 		protocol.NodeWildcard(protocol.DataReport):     d.onData,
 		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
+		RevokedSubject: d.onRevoked,
 	}
 	for subject, h := range subs {
 		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
@@ -460,13 +468,34 @@ func (d *daemon) catchUp(ctx context.Context, start bool) {
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		switch {
 		case p.Problem != "":
-			d.logf("%s: %s", p.Node, p.Problem)
+			if d.problems[p.Node] != p.Problem {
+				d.problems[p.Node] = p.Problem
+				d.logf("%s: %s", p.Node, p.Problem)
+			}
 		case p.Sent:
 			d.logf("%s was behind its plan: sent declaration %d", p.Node, p.Serial)
 		default:
 			d.logf("%s: declaration %d not sent: %s", p.Node, p.Serial, p.NotSent)
 		}
 	}
+}
+
+// onRevoked gives the embedded broker an account JWT revoking every revoked
+// user, which disconnects them.
+func (d *daemon) onRevoked(m *nats.Msg) {
+	if d.srv == nil {
+		d.logf("users were revoked: reload the external broker's account JWT ('mesh-controller broker show --broker URL')")
+		return
+	}
+	trust, err := trustOf(context.Background(), d.ids, d.keys)
+	if err == nil {
+		err = d.srv.UpdateAccount(trust)
+	}
+	if err != nil {
+		d.logf("revoke users: %v", err)
+		return
+	}
+	d.logf("revoked users disconnected")
 }
 
 func envelopeOf(d inventory.Declaration) protocol.Envelope {

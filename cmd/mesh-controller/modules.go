@@ -141,6 +141,12 @@ func (c *ModuleForgetCmd) Run(env *Env) error {
 	if len(h.Settings) > 0 {
 		fmt.Fprintf(env.Stderr, "its settings for %s were discarded\n", strings.Join(h.Settings, ", "))
 	}
+	switch {
+	case h.Revoked > 0 && h.Disconnected:
+		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; their connections are closed\n", h.Revoked)
+	case h.Revoked > 0:
+		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; the broker refuses them from when 'mesh-controller serve' runs\n", h.Revoked)
+	}
 	return nil
 }
 

@@ -88,7 +88,7 @@ func (k Keys) IssueUser(name, userPub string, p Permissions, bearer bool) (strin
 }
 
 // NewUser makes a fresh user nkey and its JWT: for the controller's own
-// connections, which are made anew by each process.
+// connections, which are made anew by each process, and for modules.
 func (k Keys) NewUser(name string, p Permissions) (userJWT string, seed []byte, err error) {
 	u, err := nkeys.CreateUser()
 	if err != nil {
@@ -100,6 +100,15 @@ func (k Keys) NewUser(name string, p Permissions) (userJWT string, seed []byte, 
 	}
 	seed, _ = u.Seed()
 	return userJWT, seed, nil
+}
+
+// PublicOfSeed is the public key of a user seed.
+func PublicOfSeed(seed []byte) (string, error) {
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return "", err
+	}
+	return kp.PublicKey()
 }
 
 // Creds formats a .creds document from a user JWT and its seed.
@@ -123,8 +132,8 @@ type Trust struct {
 }
 
 // Trust signs the operator and account JWTs and the sentinel user with the
-// given (join) permissions.
-func (k Keys) Trust(sentinel Permissions) (Trust, error) {
+// given (join) permissions; the account JWT revokes the revoked users.
+func (k Keys) Trust(sentinel Permissions, revoked map[string]time.Time) (Trust, error) {
 	opPub, _ := k.Operator.PublicKey()
 	accPub, _ := k.Account.PublicKey()
 	sysPub, _ := k.System.PublicKey()
@@ -137,6 +146,9 @@ func (k Keys) Trust(sentinel Permissions) (Trust, error) {
 	}
 	ac := jwt.NewAccountClaims(accPub)
 	ac.Name = "mesh"
+	for pub, at := range revoked {
+		ac.RevokeAt(pub, at)
+	}
 	accJWT, err := ac.Encode(k.Operator)
 	if err != nil {
 		return Trust{}, err
@@ -166,7 +178,8 @@ func (k Keys) Trust(sentinel Permissions) (Trust, error) {
 
 // Server is the embedded NATS server.
 type Server struct {
-	srv *server.Server
+	srv      *server.Server
+	resolver *server.MemAccResolver
 }
 
 // Start starts the embedded server on listen (host:port; port 0 picks a free
@@ -219,7 +232,26 @@ func Start(listen string, t Trust) (*Server, error) {
 		srv.WaitForShutdown()
 		return nil, errors.New("embedded broker: not ready after 10s (is the address in use?)")
 	}
-	return &Server{srv: srv}, nil
+	return &Server{srv: srv, resolver: resolver}, nil
+}
+
+// UpdateAccount gives the running server the account JWT of t: users it
+// revokes are disconnected at once (a revoked user is not disconnected by
+// itself otherwise).
+func (s *Server) UpdateAccount(t Trust) error {
+	ac, err := jwt.DecodeAccountClaims(t.AccountJWT)
+	if err != nil {
+		return err
+	}
+	if err := s.resolver.Store(t.AccountPub, t.AccountJWT); err != nil {
+		return err
+	}
+	acc, err := s.srv.LookupAccount(t.AccountPub)
+	if err != nil {
+		return err
+	}
+	s.srv.UpdateAccountClaims(acc, ac)
+	return nil
 }
 
 // ClientURL is the URL clients dial.

@@ -11,6 +11,14 @@ CREATE TABLE hosts (
     host_version  TEXT NOT NULL,
     joined_at     TEXT NOT NULL
 ) STRICT;
+CREATE TABLE issued_users (
+    pub        TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL CHECK (kind IN ('module', 'builder', 'host')),
+    node       TEXT NOT NULL DEFAULT '',
+    module     TEXT NOT NULL DEFAULT '',
+    issued_at  TEXT NOT NULL,
+    revoked_at TEXT
+) STRICT;
 CREATE TABLE join_tokens (
     hash       TEXT PRIMARY KEY,
     node       TEXT NOT NULL,
@@ -40,4 +48,5 @@ CREATE TABLE signing_keys (
     private_key BLOB NOT NULL CHECK (length(private_key) = 64),
     created_at  TEXT NOT NULL
 ) STRICT;
+CREATE INDEX issued_users_module ON issued_users (module);
 CREATE INDEX join_tokens_node ON join_tokens (node, issued_at);
