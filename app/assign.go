@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"context"
 	"fmt"
 	"sort"
@@ -9,6 +10,7 @@ import (
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 )
 
 // AssignedModule is one module put on a node.
@@ -109,12 +111,12 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 			return Assigned{}, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return Assigned{}, err
 	}
 	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Assigned{}, err
@@ -194,6 +196,11 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 			claimed[p.Port] = m.Module
 		}
 	}
+	if _, err := sec.OperatorKey(ctx); errors.Is(err, secrets.ErrNoOperatorKey) {
+		problems = append(problems, secretsNeedKey(adding)...)
+	} else if err != nil {
+		return Assigned{}, err
+	}
 	if err := refuse(what, problems); err != nil {
 		return Assigned{}, err
 	}
@@ -204,7 +211,15 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := inv.Assign(ctx, as, sortedKeys(bumps)); err != nil {
 		return Assigned{}, err
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sortedKeys(bumps))
+	// Secrets the mesh makes are made now (or when the node joins), sealed,
+	// and their plaintext dropped.
+	if snap, err = inv.Snapshot(ctx); err != nil {
+		return out, err
+	}
+	if _, err := makeMeshSecrets(ctx, snap, ids, sec, node, c.Now()); err != nil {
+		return out, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(bumps))
 	return out, err
 }
 
@@ -227,12 +242,12 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 			return Unassigned{}, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return Unassigned{}, err
 	}
 	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Unassigned{}, err
@@ -317,7 +332,7 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	if err := inv.Unassign(ctx, node, modules, out.Retirements, sortedKeys(bumps)); err != nil {
 		return Unassigned{}, err
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sortedKeys(bumps))
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(bumps))
 	return out, err
 }
 

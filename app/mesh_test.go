@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
+
 	"mesh-controller/app/host"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -29,6 +31,8 @@ type testMesh struct {
 	cancel context.CancelFunc
 	done   chan error
 	logs   *syncBuffer
+	// operator is the operator key's private half, kept off the mesh.
+	operator *age.X25519Identity
 }
 
 type syncBuffer struct {
@@ -67,7 +71,14 @@ func newTestMesh(t testing.TB) *testMesh {
 	if _, err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}}
+	op, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.OperatorKeySet(context.Background(), op.Recipient().String(), false); err != nil {
+		t.Fatal(err)
+	}
+	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}, operator: op}
 	m.start()
 	t.Cleanup(m.stop)
 	return m

@@ -14,6 +14,7 @@ import (
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/broker"
 )
 
@@ -187,6 +188,8 @@ func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error
 // Forgotten is what module forget did.
 type Forgotten struct {
 	inventory.Holdings
+	// Secrets are the nodes whose sealed copies were discarded.
+	Secrets []string
 	// Revoked counts the broker users issued for it, now revoked;
 	// Disconnected says the serving controller was told to close their
 	// connections (otherwise it does when serve runs).
@@ -195,41 +198,55 @@ type Forgotten struct {
 }
 
 // ModuleForget removes a module; refused while a node runs it, or while the
-// mesh holds settings for it unless andHeld discards them. Its broker users
-// are revoked and their connections closed.
+// mesh holds settings or secrets for it unless andHeld discards them. Its
+// broker users are revoked and their connections closed.
 func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool) (Forgotten, error) {
 	if err := CheckName(name); err != nil {
 		return Forgotten{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return Forgotten{}, err
 	}
 	defer closeAll()
-	h, err := inventory.NewStore(dbs[0]).ForgetModule(ctx, name, andHeld)
-	if err == nil {
-		f := Forgotten{Holdings: h}
-		ids := identity.NewStore(dbs[1])
-		if f.Revoked, err = ids.RevokeModuleUsers(ctx, name, c.Now()); err != nil || f.Revoked == 0 {
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	h, err := inv.ModuleHoldings(ctx, name)
+	if err != nil {
+		return Forgotten{}, err
+	}
+	f := Forgotten{Holdings: h}
+	if f.Secrets, err = sec.Held(ctx, name); err != nil {
+		return f, err
+	}
+	var problems []string
+	if len(h.Nodes) > 0 {
+		problems = append(problems, fmt.Sprintf("assigned on %s: unassign it first", strings.Join(h.Nodes, ", ")))
+	}
+	if len(h.Settings) > 0 && !andHeld {
+		problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds to discard them", strings.Join(h.Settings, ", ")))
+	}
+	if len(f.Secrets) > 0 && !andHeld {
+		problems = append(problems, fmt.Sprintf("secrets held for it on %s: add --and-what-it-holds to discard them (export them first with 'mesh-controller secret export')", strings.Join(f.Secrets, ", ")))
+	}
+	if err := refuse("module forget "+name, problems); err != nil {
+		return f, err
+	}
+	if _, err := inv.ForgetModule(ctx, name, andHeld); err != nil {
+		return f, err
+	}
+	for _, n := range f.Secrets {
+		if err := sec.Forget(ctx, n, name, c.Now()); err != nil {
 			return f, err
 		}
-		if nc, err := c.dialBroker(ctx, ids); err == nil {
-			f.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
-			nc.Close()
-		}
-		return f, nil
 	}
-	if errors.Is(err, inventory.ErrModuleHeld) {
-		var problems []string
-		if len(h.Nodes) > 0 {
-			problems = append(problems, fmt.Sprintf("assigned on %s: unassign it first", strings.Join(h.Nodes, ", ")))
-		}
-		if len(h.Settings) > 0 && !andHeld {
-			problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds to discard them", strings.Join(h.Settings, ", ")))
-		}
-		return Forgotten{Holdings: h}, refuse("module forget "+name, problems)
+	if f.Revoked, err = ids.RevokeModuleUsers(ctx, name, c.Now()); err != nil || f.Revoked == 0 {
+		return f, err
 	}
-	return Forgotten{Holdings: h}, err
+	if nc, err := c.dialBroker(ctx, ids); err == nil {
+		f.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
+		nc.Close()
+	}
+	return f, nil
 }
 
 // ErrNotOnNode means a module is not assigned to that node.
@@ -244,7 +261,7 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 			return "", err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return "", err
 	}
@@ -350,12 +367,12 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 		}
 		body = json.RawMessage(r.Body)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return SettingsChanged{}, err
 	}
 	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return SettingsChanged{}, err
@@ -426,7 +443,7 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 			return out, err
 		}
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, affected)
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, affected)
 	return out, err
 }
 

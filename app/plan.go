@@ -2,10 +2,13 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
+
+	"mesh-controller/contexts/secrets"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -45,6 +48,18 @@ type PlannedModule struct {
 	Settings json.RawMessage         `json:"settings"`
 	Data     []protocol.DeclaredData `json:"data"`
 	Bindings []Binding               `json:"bindings"`
+	Secrets  []SealedSecret          `json:"secrets"`
+	// WaitingFor names the secrets the module waits for: its host does not
+	// start it half-configured.
+	WaitingFor []string `json:"waiting_for,omitempty"`
+}
+
+// SealedSecret is a secret as a declaration carries it: sealed to the node
+// (and the operator), never plain.
+type SealedSecret struct {
+	Name    string `json:"name"`
+	Version int64  `json:"version"`
+	Sealed  string `json:"sealed"`
 }
 
 // Binding is which provider (node/module) a module gets a provision from.
@@ -60,7 +75,9 @@ func (p Plan) Canonical() ([]byte, error) { return protocol.Canonical(p.Body) }
 // once and indexing assignments by node, so a mesh's plans cost little more
 // than reading it.
 type planner struct {
-	snap    *inventory.Snapshot
+	snap *inventory.Snapshot
+	// sealed are the secrets' sealed copies, by node/module/name.
+	sealed  map[string]secrets.Copy
 	byNode  map[string][]inventory.Assignment
 	schemas map[string]*jsonschema.Schema
 	// settings caches effective settings of nodes without a layer of their own.
@@ -72,8 +89,8 @@ type settingsResult struct {
 	problems []string
 }
 
-func newPlanner(snap *inventory.Snapshot) *planner {
-	p := &planner{snap: snap, byNode: map[string][]inventory.Assignment{}, schemas: map[string]*jsonschema.Schema{},
+func newPlanner(snap *inventory.Snapshot, sealed map[string]secrets.Copy) *planner {
+	p := &planner{snap: snap, sealed: sealed, byNode: map[string][]inventory.Assignment{}, schemas: map[string]*jsonschema.Schema{},
 		settings: map[string]settingsResult{}}
 	for _, a := range snap.Assignments {
 		p.byNode[a.Node] = append(p.byNode[a.Node], a)
@@ -81,9 +98,17 @@ func newPlanner(snap *inventory.Snapshot) *planner {
 	return p
 }
 
-// computePlan builds one node's plan from a snapshot.
-func computePlan(snap *inventory.Snapshot, node string) (Plan, error) {
-	return newPlanner(snap).plan(node)
+// sealedCopies reads every secret's sealed copy, keyed node/module/name.
+func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]secrets.Copy, error) {
+	copies, err := sec.Copies(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]secrets.Copy, len(copies))
+	for _, c := range copies {
+		out[c.Node+"/"+c.Module+"/"+c.Name] = c
+	}
+	return out, nil
 }
 
 func (pl *planner) schema(m inventory.Manifest) (*jsonschema.Schema, error) {
@@ -123,11 +148,21 @@ func (pl *planner) plan(node string) (Plan, error) {
 			p.Problems = append(p.Problems, fmt.Sprintf("%s settings%s", a.Module, pr))
 		}
 		pm := PlannedModule{Module: a.Module, Version: a.Version, Run: m.Run, Ports: m.Ports, Settings: settings,
-			Data: []protocol.DeclaredData{}, Bindings: []Binding{}}
+			Data: []protocol.DeclaredData{}, Bindings: []Binding{}, Secrets: []SealedSecret{}}
+		for _, sec := range m.Secrets {
+			if c, ok := pl.sealed[node+"/"+a.Module+"/"+sec.Name]; ok {
+				pm.Secrets = append(pm.Secrets, SealedSecret{Name: sec.Name, Version: c.Version, Sealed: c.Sealed})
+			} else {
+				pm.WaitingFor = append(pm.WaitingFor, sec.Name)
+			}
+		}
 		for _, d := range m.Data {
 			pm.Data = append(pm.Data, protocol.DeclaredData{Name: d.Name, Path: d.Path, Precious: d.Precious})
 		}
 		why := []string{"assigned by a person on " + a.AssignedAt.Format("2006-01-02")}
+		if len(pm.WaitingFor) > 0 {
+			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
+		}
 		for _, need := range m.Needs {
 			if pn, pmod, ok := boundProvider(snap, node, need.Provision, nil); ok {
 				pm.Bindings = append(pm.Bindings, Binding{Provision: need.Provision, From: pn + "/" + pmod})
@@ -143,6 +178,27 @@ func (pl *planner) plan(node string) (Plan, error) {
 		p.Reasons[a.Module] = append(why, neededBy(snap, m)...)
 	}
 	return p, nil
+}
+
+// waitingReasons says why each missing secret is missing.
+func waitingReasons(m inventory.Manifest, names []string, joined bool) []string {
+	var out []string
+	for _, name := range names {
+		for _, s := range m.Secrets {
+			if s.Name != name {
+				continue
+			}
+			switch {
+			case s.MadeBy == "person":
+				out = append(out, name+" (a person gives it: mesh-controller secret accept)")
+			case !joined:
+				out = append(out, name+" (the mesh makes it when the node joins)")
+			default:
+				out = append(out, name+" (the mesh makes it once an operator key is set)")
+			}
+		}
+	}
+	return out
 }
 
 // effective is effectiveSettings, computed once per module version for the

@@ -128,7 +128,7 @@ func BenchmarkPlans(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pl := newPlanner(snap)
+		pl := newPlanner(snap, nil)
 		for _, n := range snap.NodeNames {
 			p, err := pl.plan(n)
 			if err != nil || len(p.Problems) > 0 {

@@ -16,6 +16,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 )
 
 // Pushed is what became of one node's declaration.
@@ -32,6 +33,7 @@ type Pushed struct {
 // declarer makes declarations from plans and sends them.
 type declarer struct {
 	inv *inventory.Store
+	sec *secrets.Store
 	key identity.SigningKey
 	// nc publishes; nil when no broker was reached, notSent says why.
 	nc      *nats.Conn
@@ -43,7 +45,14 @@ type declarer struct {
 // declaration, and publishes it if it can.
 func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes []string) []Pushed {
 	out := make([]Pushed, 0, len(nodes))
-	pl := newPlanner(snap)
+	sealed, err := sealedCopies(ctx, d.sec)
+	if err != nil {
+		for _, n := range nodes {
+			out = append(out, Pushed{Node: n, Problem: err.Error()})
+		}
+		return out
+	}
+	pl := newPlanner(snap, sealed)
 	for _, node := range nodes {
 		p := Pushed{Node: node}
 		plan, err := pl.plan(node)
@@ -109,7 +118,7 @@ func bodyMap(body PlanBody) (map[string]any, error) {
 
 // sendPlans declares the plans of nodes from a person's command: it dials
 // the broker once and, if none answers, keeps the declarations for serve.
-func (c *Controller) sendPlans(ctx context.Context, inv *inventory.Store, ids *identity.Store, nodes []string) ([]Pushed, error) {
+func (c *Controller) sendPlans(ctx context.Context, inv *inventory.Store, ids *identity.Store, sec *secrets.Store, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
 	}
@@ -121,7 +130,7 @@ func (c *Controller) sendPlans(ctx context.Context, inv *inventory.Store, ids *i
 	if err != nil {
 		return nil, err
 	}
-	d := &declarer{inv: inv, key: key, now: c.Now}
+	d := &declarer{inv: inv, sec: sec, key: key, now: c.Now}
 	if nc, err := c.dialBroker(ctx, ids); err != nil {
 		d.notSent = err.Error()
 	} else {
@@ -150,12 +159,12 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health", "secrets")
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[3])
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -183,7 +192,7 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	return c.sendPlans(ctx, inv, ids, nodes)
+	return c.sendPlans(ctx, inv, ids, sec, nodes)
 }
 
 // PlanView is one node's plan as plan shows it.
@@ -200,7 +209,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err := CheckName(node); err != nil {
 		return PlanView{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "secrets")
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -209,7 +218,11 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	plan, err := computePlan(snap, node)
+	sealed, err := sealedCopies(ctx, secrets.NewStore(dbs[1]))
+	if err != nil {
+		return PlanView{}, err
+	}
+	plan, err := newPlanner(snap, sealed).plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}

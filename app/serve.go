@@ -21,6 +21,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/broker"
 )
 
@@ -88,7 +89,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	}
 	d := &daemon{
 		c: c, log: o.Log, counters: o.Counters,
-		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), health: health.NewStore(dbs[5]),
+		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), sec: secrets.NewStore(dbs[2]), health: health.NewStore(dbs[5]),
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
 		problems: map[string]string{},
 	}
@@ -195,6 +196,7 @@ type daemon struct {
 	log    io.Writer
 	inv    *inventory.Store
 	ids    *identity.Store
+	sec    *secrets.Store
 	health *health.Store
 	signer identity.SigningKey
 	keys   broker.Keys
@@ -302,6 +304,31 @@ func (d *daemon) onJoin(m *nats.Msg) {
 	}
 	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
 	d.respond(m, reply)
+	d.afterJoin(context.Background(), r.Node)
+}
+
+// afterJoin makes the secrets the mesh makes for what the node was assigned
+// before it joined (its age recipient was unknown until now), and sends it
+// its plan.
+func (d *daemon) afterJoin(ctx context.Context, node string) {
+	snap, err := d.inv.Snapshot(ctx)
+	if err != nil {
+		d.logf("after %s joined: %v", node, err)
+		return
+	}
+	made, err := makeMeshSecrets(ctx, snap, d.ids, d.sec, node, d.c.Now())
+	if err != nil {
+		d.logf("make %s's secrets: %v", node, err)
+	}
+	if made == 0 {
+		return
+	}
+	d.logf("%s: %d secrets made and sealed", node, made)
+	if err := d.inv.BumpPlans(ctx, []string{node}); err != nil {
+		d.logf("%v", err)
+		return
+	}
+	d.catchUp(ctx, false)
 }
 
 func (d *daemon) join(ctx context.Context, r protocol.JoinRequest) (protocol.JoinReply, error) {
@@ -464,7 +491,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool) {
 	if len(ahead) == 0 {
 		return
 	}
-	dec := &declarer{inv: d.inv, key: d.signer, nc: d.nc, now: d.c.Now}
+	dec := &declarer{inv: d.inv, sec: d.sec, key: d.signer, nc: d.nc, now: d.c.Now}
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		switch {
 		case p.Problem != "":

@@ -8,6 +8,7 @@ import (
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 )
 
 // UpgradeStep is one node running an older version of a module.
@@ -57,12 +58,12 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if r.Wait <= 0 {
 		r.Wait = 2 * time.Minute
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
 		return UpgradeView{}, err
 	}
 	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return UpgradeView{}, err
@@ -130,7 +131,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if err := inv.SetVersion(ctx, s.Node, r.Module, cur, []string{s.Node}); err != nil {
 			return err
 		}
-		pushed, err := c.sendPlans(ctx, inv, ids, []string{s.Node})
+		pushed, err := c.sendPlans(ctx, inv, ids, sec, []string{s.Node})
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -57,6 +58,18 @@ func hint(err error) string {
 		return "assign it there first with 'mesh-controller assign'"
 	case errors.Is(err, app.ErrRollOutStopped):
 		return "fix that node and roll out again: the nodes before it run the new version, those after it the old"
+	case errors.Is(err, secrets.ErrNoOperatorKey):
+		return "set one with 'mesh-controller operator key set' (make one off the mesh with 'mesh-controller operator key make')"
+	case errors.Is(err, secrets.ErrOperatorKeySet):
+		return "add --replace to replace it (the old key is not revoked: it still opens what was sealed to it)"
+	case errors.Is(err, app.ErrNotJoined):
+		return "join it with a token first ('mesh-controller token issue --node NAME', then 'mesh-host join')"
+	case errors.Is(err, app.ErrSecretNotNamed):
+		return "accept only the secrets its manifest names ('mesh-controller plan NODE' shows what it waits for)"
+	case errors.Is(err, app.ErrMadeByMesh):
+		return "the mesh makes and seals it itself"
+	case errors.Is(err, secrets.ErrNoSecret):
+		return "see which secrets the mesh holds with 'mesh-controller secret export'"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

@@ -45,6 +45,8 @@ type CLI struct {
 	Plan     PlanCmd     `cmd:"" help:"What a node would run and why."`
 	Push     PushCmd     `cmd:"" help:"Send a node (or every node) its declaration."`
 	Upgrade  UpgradeCmd  `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
+	Operator OperatorCmd `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
+	Secret   SecretCmd   `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
 }
 
 // Env is what every Run is given: the application and where to print.

@@ -33,6 +33,8 @@ func TestScripts(t *testing.T) {
 				return err
 			}
 			e.Setenv("EXAMPLES", examples)
+			// A fixed operator key for scenarios; its private half is testOperatorIdentity.
+			e.Setenv("OPERATOR_KEY", "age1qw9z92zmyjj7ef5qdauyxtg2t7qeanlwt0wsencparm9fryhkdcqyh25r9")
 			return nil
 		},
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){

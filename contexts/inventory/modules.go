@@ -227,3 +227,20 @@ func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (Ho
 	})
 	return h, err
 }
+
+// ModuleHoldings tells what the mesh holds for a module, or ErrModuleNotFound.
+func (s *Store) ModuleHoldings(ctx context.Context, name string) (Holdings, error) {
+	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return Holdings{}, err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM modules WHERE name = ?`, name).Scan(&n); err != nil {
+		return Holdings{}, err
+	}
+	if n == 0 {
+		return Holdings{}, fmt.Errorf("module %s %w", name, ErrModuleNotFound)
+	}
+	return holdings(ctx, tx, name)
+}

@@ -1,0 +1,439 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"filippo.io/age"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
+)
+
+// Why a secret command refuses.
+var (
+	ErrNotJoined       = errors.New("has not joined: its age recipient is not known yet")
+	ErrSecretNotNamed  = errors.New("does not name that secret")
+	ErrMadeByMesh      = errors.New("is made by the mesh, not given by a person")
+	ErrEmptySecret     = errors.New("the value is empty")
+	ErrNotAnExport     = errors.New("is not a secret export")
+	ErrNotInExport     = errors.New("the export holds no copy of that secret")
+	ErrNotOperatorKey  = errors.New("holds no age identity")
+	ErrBadRecipient    = errors.New("is not an age X25519 public key (age1…)")
+	errOutExists       = errors.New("exists already: it is never overwritten; choose another --out")
+	errOperatorRefusal = "set one with 'mesh-controller operator key set' (make one off the mesh with 'mesh-controller operator key make')"
+)
+
+// OperatorKeyMade is a new operator key pair: the private half went only to File.
+type OperatorKeyMade struct {
+	Public string
+	File   string
+}
+
+// OperatorKeyMake makes an age key pair off the mesh: the private half is
+// written only to out (created exclusively, 0600), the public half returned.
+// It touches no store.
+func OperatorKeyMake(out string) (OperatorKeyMade, error) {
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		return OperatorKeyMade{}, err
+	}
+	content := fmt.Sprintf("# mesh-controller operator key, made %s\n# public key: %s\n%s\n",
+		time.Now().UTC().Format(time.RFC3339), id.Recipient(), id)
+	if err := writeExclusive(out, []byte(content)); err != nil {
+		return OperatorKeyMade{}, err
+	}
+	return OperatorKeyMade{Public: id.Recipient().String(), File: out}, nil
+}
+
+// writeExclusive creates path 0600, refusing an existing file or link, and
+// leaves no file behind if writing fails.
+func writeExclusive(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("%s %w", path, errOutExists)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// OperatorKeySet tells the mesh which key to seal to from now on.
+func (c *Controller) OperatorKeySet(ctx context.Context, public string, replace bool) (previous string, err error) {
+	if _, err := age.ParseX25519Recipient(public); err != nil {
+		return "", fmt.Errorf("%q %w", public, ErrBadRecipient)
+	}
+	dbs, closeAll, err := c.stores(ctx, "secrets")
+	if err != nil {
+		return "", err
+	}
+	defer closeAll()
+	prev, err := secrets.NewStore(dbs[0]).SetOperatorKey(ctx, public, replace, c.Now())
+	if err != nil || prev == nil {
+		return "", err
+	}
+	return prev.Recipient, nil
+}
+
+// OperatorKeyView is the operator key and what it can recover.
+type OperatorKeyView struct {
+	Key   string    `json:"key"`
+	SetAt time.Time `json:"set_at"`
+	// Recoverable counts the copies this key opens; OnlyOlderKeys those only a replaced key opens.
+	Recoverable   int `json:"recoverable"`
+	OnlyOlderKeys int `json:"only_older_keys"`
+}
+
+// OperatorKeyShow shows the operator key and what it can recover.
+func (c *Controller) OperatorKeyShow(ctx context.Context) (OperatorKeyView, error) {
+	dbs, closeAll, err := c.stores(ctx, "secrets")
+	if err != nil {
+		return OperatorKeyView{}, err
+	}
+	defer closeAll()
+	sec := secrets.NewStore(dbs[0])
+	k, err := sec.OperatorKey(ctx)
+	if err != nil {
+		return OperatorKeyView{}, err
+	}
+	v := OperatorKeyView{Key: k.Recipient, SetAt: k.SetAt}
+	v.Recoverable, v.OnlyOlderKeys, err = sec.Recoverable(ctx)
+	return v, err
+}
+
+// newMeshSecret is 32 random bytes, URL-safe base64.
+func newMeshSecret() (protocol.Secret, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return protocol.Secret{}, err
+	}
+	b := make([]byte, base64.RawURLEncoding.EncodedLen(len(raw)))
+	base64.RawURLEncoding.Encode(b, raw[:])
+	s := protocol.NewSecret(b)
+	clear(b)
+	clear(raw[:])
+	return s, nil
+}
+
+// keepSealed seals a value to the node's recipient and the current operator
+// key as one age file, and keeps it as the secret's next version.
+func keepSealed(ctx context.Context, sec *secrets.Store, nodeRecipient string, l protocol.Label, madeBy, event string, v protocol.Secret, now time.Time) (secrets.Copy, error) {
+	nr, err := age.ParseX25519Recipient(nodeRecipient)
+	if err != nil {
+		return secrets.Copy{}, fmt.Errorf("node %s's recipient: %w", l.Node, err)
+	}
+	return sec.Keep(ctx, secrets.Copy{Node: l.Node, Module: l.Module, Name: l.Name, MadeBy: madeBy, NodeRecipient: nodeRecipient}, event,
+		func(version int64, operatorKey string) (string, error) {
+			or, err := age.ParseX25519Recipient(operatorKey)
+			if err != nil {
+				return "", err
+			}
+			l.Version = version
+			return protocol.SealSecret(v, l, nr, or)
+		}, now)
+}
+
+// makeMeshSecrets makes every mesh-made secret a node's assignments lack,
+// once the node has joined; it returns how many it made.
+func makeMeshSecrets(ctx context.Context, snap *inventory.Snapshot, ids *identity.Store, sec *secrets.Store, node string, now time.Time) (int, error) {
+	recipient, err := nodeRecipient(ctx, ids, node)
+	if err != nil {
+		return 0, nil // made when it joins
+	}
+	made := 0
+	for _, a := range snap.AssignmentsOf(node) {
+		for _, s := range snap.Manifests[a.Module][a.Version].Secrets {
+			if s.MadeBy != "mesh" {
+				continue
+			}
+			if _, err := sec.Copy(ctx, node, a.Module, s.Name); err == nil {
+				continue
+			} else if !errors.Is(err, secrets.ErrNoSecret) {
+				return made, err
+			}
+			v, err := newMeshSecret()
+			if err != nil {
+				return made, err
+			}
+			if _, err := keepSealed(ctx, sec, recipient, protocol.Label{Node: node, Module: a.Module, Name: s.Name}, "mesh", "made", v, now); err != nil {
+				return made, err
+			}
+			made++
+		}
+	}
+	return made, nil
+}
+
+func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (string, error) {
+	hosts, err := ids.Hosts(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hosts {
+		if h.Node == node {
+			return h.AgeRecipient, nil
+		}
+	}
+	return "", fmt.Errorf("node %s %w", node, ErrNotJoined)
+}
+
+// SecretAccept takes a value a person has for a module on a node, seals it
+// to the node and the operator key at once, and sends the node its plan.
+func (c *Controller) SecretAccept(ctx context.Context, node, module, name string, v protocol.Secret) ([]Pushed, error) {
+	for _, n := range []string{node, module} {
+		if err := CheckName(n); err != nil {
+			return nil, err
+		}
+	}
+	if v.Len() == 0 {
+		return nil, ErrEmptySecret
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := snap.Nodes[node]; !ok {
+		return nil, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	version := versionOn(snap, node, module)
+	if version == "" {
+		return nil, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	}
+	var spec *inventory.Secret
+	for _, s := range snap.Manifests[module][version].Secrets {
+		if s.Name == name {
+			s := s
+			spec = &s
+		}
+	}
+	switch {
+	case spec == nil:
+		return nil, fmt.Errorf("%s %s %w %q", module, version, ErrSecretNotNamed, name)
+	case spec.MadeBy == "mesh":
+		return nil, fmt.Errorf("%s of %s %w", name, module, ErrMadeByMesh)
+	}
+	recipient, err := nodeRecipient(ctx, ids, node)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := sec.OperatorKey(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := keepSealed(ctx, sec, recipient, protocol.Label{Node: node, Module: module, Name: name}, "person", "accepted", v, c.Now()); err != nil {
+		return nil, err
+	}
+	if err := inv.BumpPlans(ctx, []string{node}); err != nil {
+		return nil, err
+	}
+	return c.sendPlans(ctx, inv, ids, sec, []string{node})
+}
+
+// Export is every operator-sealed copy, ciphertext only: what to keep beside
+// the operator key, to recover secrets when the mesh itself is lost.
+type Export struct {
+	Kind       string         `json:"kind"`
+	ExportedAt time.Time      `json:"exported_at"`
+	Secrets    []ExportedCopy `json:"secrets"`
+}
+
+// ExportedCopy is one sealed copy in an export.
+type ExportedCopy struct {
+	Node        string    `json:"node"`
+	Module      string    `json:"module"`
+	Name        string    `json:"name"`
+	Version     int64     `json:"version"`
+	OperatorKey string    `json:"operator_key"`
+	SealedAt    time.Time `json:"sealed_at"`
+	Sealed      string    `json:"sealed"`
+}
+
+const exportKind = "mesh-controller secret export"
+
+// SecretExport writes every operator-sealed copy as one JSON document, to
+// out (created 0600, never overwritten) or, if out is "", returns it.
+func (c *Controller) SecretExport(ctx context.Context, out string) ([]byte, int, error) {
+	dbs, closeAll, err := c.stores(ctx, "secrets")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer closeAll()
+	copies, err := secrets.NewStore(dbs[0]).Copies(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	e := Export{Kind: exportKind, ExportedAt: c.Now().UTC().Truncate(time.Second), Secrets: []ExportedCopy{}}
+	for _, cp := range copies {
+		e.Secrets = append(e.Secrets, ExportedCopy{Node: cp.Node, Module: cp.Module, Name: cp.Name, Version: cp.Version,
+			OperatorKey: cp.OperatorKey, SealedAt: cp.SealedAt, Sealed: cp.Sealed})
+	}
+	b, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		return nil, 0, err
+	}
+	b = append(b, '\n')
+	if out != "" {
+		return nil, len(e.Secrets), writeExclusive(out, b)
+	}
+	return b, len(e.Secrets), nil
+}
+
+// RecoverRequest is a break-glass recovery.
+type RecoverRequest struct {
+	Node, Module, Name string
+	// KeyFile is the operator's age identity file.
+	KeyFile string
+	// Out is the file to write (created 0600, never overwritten); "" derives one.
+	Out string
+	// FromExport reads the sealed copy from an export instead of the store.
+	FromExport string
+}
+
+// Recovered is what secret recover did.
+type Recovered struct {
+	Out     string
+	Version int64
+	// Recorded says the hand act was recorded; otherwise NotRecorded says why.
+	Recorded    bool
+	NotRecorded string
+}
+
+// SecretRecover opens the operator-sealed copy with the operator key into a
+// new 0600 file, and records the act (never the value).
+func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
+	for _, n := range []string{r.Node, r.Module} {
+		if err := CheckName(n); err != nil {
+			return Recovered{}, err
+		}
+	}
+	if r.Out == "" {
+		r.Out = fmt.Sprintf("%s-%s-%s.secret", r.Node, r.Module, r.Name)
+	}
+	if _, err := os.Lstat(r.Out); err == nil {
+		return Recovered{}, fmt.Errorf("%s %w", r.Out, errOutExists)
+	}
+	identities, err := readOperatorKey(r.KeyFile)
+	if err != nil {
+		return Recovered{}, err
+	}
+	var sealed string
+	if r.FromExport != "" {
+		if sealed, err = fromExport(r.FromExport, r.Node, r.Module, r.Name); err != nil {
+			return Recovered{}, err
+		}
+	} else {
+		dbs, closeAll, err := c.stores(ctx, "secrets")
+		if err != nil {
+			return Recovered{}, err
+		}
+		cp, err := secrets.NewStore(dbs[0]).Copy(ctx, r.Node, r.Module, r.Name)
+		closeAll()
+		if err != nil {
+			return Recovered{}, err
+		}
+		sealed = cp.Sealed
+	}
+	v, label, err := protocol.OpenSealed(sealed, protocol.Label{Node: r.Node, Module: r.Module, Name: r.Name}, identities...)
+	if err != nil {
+		return Recovered{}, err
+	}
+	if err := writeExclusive(r.Out, v.Reveal()); err != nil {
+		return Recovered{}, err
+	}
+	out := Recovered{Out: r.Out, Version: label.Version}
+	// The act is recorded where the mesh still has a health store; when the
+	// mesh itself is lost, recovering from an export must still work.
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		out.NotRecorded = err.Error()
+		return out, nil
+	}
+	defer closeAll()
+	source := "the secrets store"
+	if r.FromExport != "" {
+		source = "the export " + r.FromExport
+	}
+	_, err = health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), Cause: "break-glass", Who: who(),
+		What: fmt.Sprintf("secret recover %s/%s/%s version %d from %s", r.Node, r.Module, r.Name, label.Version, source),
+		Why:  "break-glass recovery with the operator key"})
+	if err != nil {
+		out.NotRecorded = err.Error()
+	} else {
+		out.Recorded = true
+	}
+	return out, nil
+}
+
+func readOperatorKey(file string) ([]age.Identity, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ids, err := age.ParseIdentities(io.LimitReader(f, 1<<20))
+	if err != nil || len(ids) == 0 {
+		return nil, fmt.Errorf("%s %w", filepath.Base(file), ErrNotOperatorKey)
+	}
+	return ids, nil
+}
+
+func fromExport(file, node, module, name string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	var e Export
+	if err := json.Unmarshal(b, &e); err != nil || e.Kind != exportKind {
+		return "", fmt.Errorf("%s %w", file, ErrNotAnExport)
+	}
+	for _, s := range e.Secrets {
+		if s.Node == node && s.Module == module && s.Name == name {
+			return s.Sealed, nil
+		}
+	}
+	return "", fmt.Errorf("%s/%s/%s: %w", node, module, name, ErrNotInExport)
+}
+
+// secretsNeedKey says which of the modules use secrets, for assign's refusal
+// when no operator key is set.
+func secretsNeedKey(ms []inventory.Manifest) []string {
+	var out []string
+	for _, m := range ms {
+		if len(m.Secrets) > 0 {
+			var names []string
+			for _, s := range m.Secrets {
+				names = append(names, s.Name)
+			}
+			out = append(out, fmt.Sprintf("%s keeps secrets (%s) and no operator key is set: %s", m.Module, strings.Join(names, ", "), errOperatorRefusal))
+		}
+	}
+	return out
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/term"
+
+	"mesh-controller/app"
+	"mesh-controller/app/protocol"
+)
+
+// OperatorCmd groups operator commands.
+type OperatorCmd struct {
+	Key OperatorKeyCmd `cmd:"" help:"The operator key: an age key pair whose private half never lives on the mesh."`
+}
+
+// OperatorKeyCmd groups operator key commands.
+type OperatorKeyCmd struct {
+	Make OperatorKeyMakeCmd `cmd:"" help:"Make an age key pair off the mesh: the private half goes only to the file (0600, never overwritten); prints the public half."`
+	Set  OperatorKeySetCmd  `cmd:"" help:"Tell the mesh which key to seal every secret to from now on."`
+	Show OperatorKeyShowCmd `cmd:"" help:"The operator key, and what it can recover."`
+}
+
+// OperatorKeyMakeCmd is operator key make.
+type OperatorKeyMakeCmd struct {
+	Out string `default:"mesh-operator.key" placeholder:"FILE" help:"Where the private half goes."`
+}
+
+// Run makes the key pair; it touches no store.
+func (c *OperatorKeyMakeCmd) Run(env *Env) error {
+	k, err := app.OperatorKeyMake(c.Out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, k.Public)
+	fmt.Fprintf(env.Stderr, "the private half is in %s (0600) and nowhere else: move it off this machine, keep a copy (it is a standard age identity file; without it no secret can be recovered when the mesh is lost), then: mesh-controller operator key set %s\n", k.File, k.Public)
+	return nil
+}
+
+// OperatorKeySetCmd is operator key set.
+type OperatorKeySetCmd struct {
+	Public  string `arg:"" help:"The public half: age1…"`
+	Replace bool   `help:"Replace the key that is set."`
+}
+
+// Run sets the key.
+func (c *OperatorKeySetCmd) Run(env *Env) error {
+	prev, err := env.App.OperatorKeySet(env.Ctx, c.Public, c.Replace)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "operator key set: every secret made from now on is also sealed to %s\n", c.Public)
+	if prev != "" {
+		fmt.Fprintf(env.Stderr, "replaced %s: it is not revoked — it still opens every copy sealed to it and every earlier export; those stay recoverable only by it until each secret is made or accepted again\n", prev)
+	}
+	return nil
+}
+
+// OperatorKeyShowCmd is operator key show.
+type OperatorKeyShowCmd struct {
+	JSON bool `name:"json" help:"Print one JSON object."`
+}
+
+// Run shows the key.
+func (c *OperatorKeyShowCmd) Run(env *Env) error {
+	v, err := env.App.OperatorKeyShow(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, v)
+	}
+	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %d secrets\nonly by older  %d secrets\n", v.Key, v.SetAt.Format(timeShown), v.Recoverable, v.OnlyOlderKeys)
+	return nil
+}
+
+// SecretCmd groups secret commands.
+type SecretCmd struct {
+	Accept  SecretAcceptCmd  `cmd:"" help:"A value a person has, from the terminal without echo or from a file; sealed at once to the node and the operator key."`
+	Recover SecretRecoverCmd `cmd:"" help:"Break-glass: open the operator-sealed copy into a new 0600 file; a hand act."`
+	Export  SecretExportCmd  `cmd:"" help:"Every operator-sealed copy, ciphertext only, as one document to keep beside the operator key."`
+}
+
+// SecretAcceptCmd is secret accept.
+type SecretAcceptCmd struct {
+	Node   Name   `arg:"" help:"The node."`
+	Module Name   `arg:"" help:"The module."`
+	Name   string `arg:"" help:"The secret, as the manifest names it."`
+	From   string `type:"existingfile" placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
+}
+
+// errNoTerminal means there is neither --from nor a terminal to read from.
+var errNoTerminal = errors.New("no terminal to read the value from: give --from FILE (a value is never taken from the command line or the environment)")
+
+// Run reads the value and hands it to the mesh; the plaintext goes nowhere else.
+func (c *SecretAcceptCmd) Run(env *Env) error {
+	var value protocol.Secret
+	if c.From != "" {
+		b, err := os.ReadFile(c.From)
+		if err != nil {
+			return err
+		}
+		value = protocol.NewSecret(b)
+		clear(b)
+	} else {
+		fd := int(os.Stdin.Fd())
+		if !term.IsTerminal(fd) {
+			return errNoTerminal
+		}
+		fmt.Fprintf(env.Stderr, "value of %s for %s on %s (not echoed): ", c.Name, c.Module, c.Node)
+		b, err := term.ReadPassword(fd)
+		fmt.Fprintln(env.Stderr)
+		if err != nil {
+			return err
+		}
+		value = protocol.NewSecret(b)
+		clear(b)
+	}
+	pushed, err := env.App.SecretAccept(env.Ctx, string(c.Node), string(c.Module), c.Name, value)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s of %s on %s accepted: sealed to %s and to the operator key\n", c.Name, c.Module, c.Node, c.Node)
+	printPushed(env, pushed)
+	return nil
+}
+
+// SecretRecoverCmd is secret recover.
+type SecretRecoverCmd struct {
+	Node       Name   `arg:"" help:"The node."`
+	Module     Name   `arg:"" help:"The module."`
+	Name       string `arg:"" help:"The secret."`
+	Key        string `required:"" type:"existingfile" placeholder:"FILE" help:"The operator key file (its private half)."`
+	Out        string `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
+	FromExport string `type:"existingfile" placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
+}
+
+// Run recovers the value into the file.
+func (c *SecretRecoverCmd) Run(env *Env) error {
+	r, err := env.App.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
+		KeyFile: c.Key, Out: c.Out, FromExport: c.FromExport})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s/%s/%s (version %d) written to %s (0600)\n", c.Node, c.Module, c.Name, r.Version, r.Out)
+	if r.Recorded {
+		fmt.Fprintln(env.Stderr, "recorded as a hand act (who and when, never the value)")
+	} else {
+		fmt.Fprintf(env.Stderr, "not recorded as a hand act: %s\n", r.NotRecorded)
+	}
+	return nil
+}
+
+// SecretExportCmd is secret export.
+type SecretExportCmd struct {
+	Out string `placeholder:"FILE" help:"Write to this file (created 0600, never overwritten) rather than stdout."`
+}
+
+// Run exports.
+func (c *SecretExportCmd) Run(env *Env) error {
+	b, n, err := env.App.SecretExport(env.Ctx, c.Out)
+	if err != nil {
+		return err
+	}
+	if c.Out == "" {
+		_, err = env.Stdout.Write(b)
+	} else {
+		fmt.Fprintf(env.Stdout, "%d sealed copies exported to %s\n", n, c.Out)
+	}
+	fmt.Fprintln(env.Stderr, "keep it beside the operator key: each copy opens with it alone (age -d -i OPERATOR-KEY)")
+	return err
+}

@@ -1,0 +1,223 @@
+// Package secrets owns every sealed copy of every secret, the operator's
+// public keys, and their history, and the secrets store. It never holds a
+// plaintext: what it keeps is age ciphertext and the ids of the keys it is
+// sealed to. It imports no other context.
+package secrets
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+var (
+	// ErrNoOperatorKey means no operator key is set: no secret can be made.
+	ErrNoOperatorKey = errors.New("no operator key is set")
+	// ErrOperatorKeySet means a key is set already and --replace was not given.
+	ErrOperatorKeySet = errors.New("an operator key is set already")
+	// ErrNoSecret means no sealed copy of that secret is kept.
+	ErrNoSecret = errors.New("no sealed copy of that secret")
+)
+
+// OperatorKey is an operator's age public key.
+type OperatorKey struct {
+	ID         int64
+	Recipient  string
+	SetAt      time.Time
+	ReplacedAt *time.Time
+}
+
+// Copy is a secret's current sealed copy.
+type Copy struct {
+	Node, Module, Name string
+	Version            int64
+	MadeBy             string
+	NodeRecipient      string
+	// OperatorKey is the recipient of the operator key it is sealed to.
+	OperatorKey string
+	Sealed      string
+	SealedAt    time.Time
+}
+
+// Store is the secrets context's store.
+type Store struct {
+	db *sqlite.DB
+}
+
+// NewStore wraps an open, migrated secrets store.
+func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
+
+// SetOperatorKey makes recipient the key the mesh seals to. A second key is
+// refused unless replace; the replaced key stays known, for the copies
+// sealed to it.
+func (s *Store) SetOperatorKey(ctx context.Context, recipient string, replace bool, now time.Time) (previous *OperatorKey, err error) {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		cur, err := current(ctx, tx)
+		if err != nil && !errors.Is(err, ErrNoOperatorKey) {
+			return err
+		}
+		if cur != nil && cur.Recipient == recipient {
+			return fmt.Errorf("%w: it is this one", ErrOperatorKeySet)
+		}
+		if cur != nil && !replace {
+			return ErrOperatorKeySet
+		}
+		if cur != nil {
+			previous = cur
+			if _, err := tx.ExecContext(ctx, `UPDATE operator_keys SET replaced_at = ? WHERE id = ?`, sqlite.FormatTime(now), cur.ID); err != nil {
+				return err
+			}
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO operator_keys (recipient, set_at) VALUES (?, ?)`, recipient, sqlite.FormatTime(now))
+		return err
+	})
+	return previous, err
+}
+
+type rowQuerier interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}
+
+func current(ctx context.Context, q rowQuerier) (*OperatorKey, error) {
+	var k OperatorKey
+	var set string
+	err := q.QueryRowContext(ctx, `SELECT id, recipient, set_at FROM operator_keys WHERE replaced_at IS NULL ORDER BY id DESC LIMIT 1`).
+		Scan(&k.ID, &k.Recipient, &set)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNoOperatorKey
+	}
+	if err != nil {
+		return nil, err
+	}
+	if k.SetAt, err = sqlite.ParseTime(set); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// OperatorKey returns the current operator key, or ErrNoOperatorKey.
+func (s *Store) OperatorKey(ctx context.Context) (OperatorKey, error) {
+	k, err := current(ctx, s.db.Reader)
+	if err != nil {
+		return OperatorKey{}, err
+	}
+	return *k, nil
+}
+
+// Recoverable counts the copies the current key opens, and those only an
+// older key opens.
+func (s *Store) Recoverable(ctx context.Context) (current, onlyOlder int, err error) {
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT
+		coalesce(sum(CASE WHEN k.replaced_at IS NULL THEN 1 ELSE 0 END), 0),
+		coalesce(sum(CASE WHEN k.replaced_at IS NOT NULL THEN 1 ELSE 0 END), 0)
+		FROM sealed s JOIN operator_keys k ON k.id = s.operator_key`).Scan(&current, &onlyOlder)
+	return current, onlyOlder, err
+}
+
+// Keep stores a secret's new sealed copy (the next version) and its history,
+// in one transaction. seal is given the version and must seal to the
+// current operator key, whose recipient it is given.
+func (s *Store) Keep(ctx context.Context, c Copy, event string, seal func(version int64, operatorKey string) (string, error), now time.Time) (Copy, error) {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		key, err := current(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var last int64
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM secret_history WHERE node = ? AND module = ? AND name = ?`,
+			c.Node, c.Module, c.Name).Scan(&last); err != nil {
+			return err
+		}
+		c.Version, c.OperatorKey, c.SealedAt = last+1, key.Recipient, now.UTC().Truncate(time.Millisecond)
+		if c.Sealed, err = seal(c.Version, key.Recipient); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sealed (node, module, name, version, made_by, node_recipient, operator_key, sealed, sealed_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.Node, c.Module, c.Name, c.Version, c.MadeBy, c.NodeRecipient, key.ID, c.Sealed, sqlite.FormatTime(now)); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at) VALUES (?, ?, ?, ?, ?, ?)`,
+			c.Node, c.Module, c.Name, c.Version, event, sqlite.FormatTime(now))
+		return err
+	})
+	if err != nil {
+		return Copy{}, fmt.Errorf("keep %s/%s/%s: %w", c.Node, c.Module, c.Name, err)
+	}
+	return c, nil
+}
+
+const copyColumns = `s.node, s.module, s.name, s.version, s.made_by, s.node_recipient, k.recipient, s.sealed, s.sealed_at`
+
+func scanCopy(sc interface{ Scan(...any) error }) (Copy, error) {
+	var c Copy
+	var at string
+	if err := sc.Scan(&c.Node, &c.Module, &c.Name, &c.Version, &c.MadeBy, &c.NodeRecipient, &c.OperatorKey, &c.Sealed, &at); err != nil {
+		return Copy{}, err
+	}
+	t, err := sqlite.ParseTime(at)
+	c.SealedAt = t
+	return c, err
+}
+
+// Copy returns one secret's sealed copy, or ErrNoSecret.
+func (s *Store) Copy(ctx context.Context, node, module, name string) (Copy, error) {
+	c, err := scanCopy(s.db.Reader.QueryRowContext(ctx, `SELECT `+copyColumns+` FROM sealed s JOIN operator_keys k ON k.id = s.operator_key
+		WHERE s.node = ? AND s.module = ? AND s.name = ?`, node, module, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Copy{}, fmt.Errorf("%s/%s/%s: %w", node, module, name, ErrNoSecret)
+	}
+	return c, err
+}
+
+// Copies returns every sealed copy, by node, module and name.
+func (s *Store) Copies(ctx context.Context) ([]Copy, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+copyColumns+` FROM sealed s JOIN operator_keys k ON k.id = s.operator_key
+		ORDER BY s.node, s.module, s.name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Copy{}
+	for rows.Next() {
+		c, err := scanCopy(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// Forget drops a node's module's sealed copies (unassigned or forgotten), keeping the history.
+func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at)
+			SELECT node, module, name, version, 'forgotten', ? FROM sealed WHERE node = ? AND module = ?`, sqlite.FormatTime(now), node, module); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM sealed WHERE node = ? AND module = ?`, node, module)
+		return err
+	})
+}
+
+// Held lists the nodes holding secrets for a module.
+func (s *Store) Held(ctx context.Context, module string) ([]string, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT DISTINCT node FROM sealed WHERE module = ? ORDER BY node`, module)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
