@@ -66,6 +66,9 @@ func Files(m protocol.DeclaredModule) []string {
 	if len(m.Settings) > 0 && string(m.Settings) != "null" {
 		files = append(files, path.Join(dir, "settings.json"))
 	}
+	for _, s := range m.Secrets {
+		files = append(files, path.Join(dir, "secrets", s.Name))
+	}
 	return files
 }
 
@@ -115,9 +118,14 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 
 	t = time.Now()
 	next := applied{Serial: d.Serial}
+	var waiting []string
 	for i, m := range d.Modules {
 		files := map[string][]byte{}
+		secretsDir := path.Join(modulesDir, m.Module, "secrets")
 		for _, rel := range Files(m) {
+			if path.Dir(rel) == secretsDir {
+				continue // written below, opened with the host's own key
+			}
 			doc := raw.Modules[i]
 			if path.Base(rel) == "settings.json" {
 				doc = m.Settings
@@ -138,8 +146,34 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 			next.Files = append(next.Files, rel)
 		}
 	}
-	sort.Strings(next.Files)
 	tier("files", t)
+
+	// Secrets: each opened with this host's age identity, inside a declaration
+	// whose signature verified, checked to be the one named, written 0600.
+	t = time.Now()
+	for _, m := range d.Modules {
+		if len(m.WaitingFor) > 0 {
+			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
+		}
+		for _, s := range m.Secrets {
+			rel := path.Join(modulesDir, m.Module, "secrets", s.Name)
+			v, _, err := protocol.OpenSealed(s.Sealed, protocol.Label{Node: st.Node, Module: m.Module, Name: s.Name, Version: s.Version}, st.Age)
+			if err != nil {
+				return fail(d.Serial, "secret %s of %s: %v", s.Name, m.Module, err)
+			}
+			full := filepath.Join(root, filepath.FromSlash(rel))
+			err = os.MkdirAll(filepath.Dir(full), 0o700)
+			if err == nil {
+				err = writeFile(full, v.Reveal())
+			}
+			if err != nil {
+				return fail(d.Serial, "write secret %s of %s: %v", s.Name, m.Module, err)
+			}
+			next.Files = append(next.Files, rel)
+		}
+	}
+	sort.Strings(next.Files)
+	tier("secrets", t)
 
 	t = time.Now()
 	for _, m := range d.Modules {
@@ -172,7 +206,7 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	}
 	tier("cleanup", t)
 
-	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
+	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, Waiting: waiting, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
 }
 
 // dataReport measures every declared data set under root.

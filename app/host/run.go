@@ -181,6 +181,9 @@ func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
 	r.mu.Unlock()
 	if report.OK {
 		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
+		for _, w := range report.Waiting {
+			r.logf("not started: %s", w)
+		}
 	} else {
 		r.logf("did not apply: %s", report.Error)
 	}

@@ -34,10 +34,20 @@ type Declaration struct {
 
 // DeclaredModule is one module in a declaration.
 type DeclaredModule struct {
-	Module   string          `json:"module"`
-	Version  string          `json:"version"`
-	Settings json.RawMessage `json:"settings,omitempty"`
-	Data     []DeclaredData  `json:"data"`
+	Module   string           `json:"module"`
+	Version  string           `json:"version"`
+	Settings json.RawMessage  `json:"settings,omitempty"`
+	Data     []DeclaredData   `json:"data"`
+	Secrets  []DeclaredSecret `json:"secrets,omitempty"`
+	// WaitingFor names secrets the module waits for; it is not started without them.
+	WaitingFor []string `json:"waiting_for,omitempty"`
+}
+
+// DeclaredSecret is a secret sealed to the node (and the operator).
+type DeclaredSecret struct {
+	Name    string `json:"name"`
+	Version int64  `json:"version"`
+	Sealed  string `json:"sealed"`
 }
 
 // DeclaredData is one data set of a declared module.

@@ -123,6 +123,8 @@ type AppliedBody struct {
 	Error   string  `json:"error,omitempty"`
 	Tiers   []Tier  `json:"tiers"`
 	TotalMS float64 `json:"total_ms"`
+	// Waiting says which modules wait (for secrets) rather than run.
+	Waiting []string `json:"waiting,omitempty"`
 }
 
 // DataSet is one data set as a host found it.

@@ -2,10 +2,10 @@ package protocol
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"filippo.io/age"
@@ -39,9 +39,11 @@ func (s Secret) Format(f fmt.State, _ rune) { io.WriteString(f, "[REDACTED]") }
 // MarshalJSON writes "[REDACTED]".
 func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"[REDACTED]"`), nil }
 
-// Label binds a sealed value to what it is: age does not bind a ciphertext
-// to a name, so the payload carries it and the opener checks it (a copy
-// moved to another name is refused).
+// Label binds a sealed value to what it is. age does not bind a ciphertext
+// to a name, so the label travels in the age header as a stanza of its own:
+// the header MAC, which age checks with the file key, covers it, so a copy
+// moved to another name is refused by the opener. The plaintext stays the
+// exact value, so the plain age command opens a copy to the value itself.
 type Label struct {
 	Node    string `json:"node"`
 	Module  string `json:"module"`
@@ -49,31 +51,54 @@ type Label struct {
 	Version int64  `json:"version"`
 }
 
-func (l Label) String() string { return fmt.Sprintf("%s/%s/%s (version %d)", l.Node, l.Module, l.Name, l.Version) }
+func (l Label) String() string {
+	return fmt.Sprintf("%s/%s/%s (version %d)", l.Node, l.Module, l.Name, l.Version)
+}
 
-type sealedPayload struct {
-	Label
-	Value []byte `json:"value"`
+// labelStanza is the stanza type that carries a label; identities that do
+// not know it (the age command's among them) pass it by.
+const labelStanza = "mesh-controller.dev/label"
+
+// labelRecipient adds the label stanza to the header; it wraps no key.
+type labelRecipient struct{ l Label }
+
+func (r labelRecipient) Wrap([]byte) ([]*age.Stanza, error) {
+	return []*age.Stanza{{Type: labelStanza, Args: []string{r.l.Node, r.l.Module, r.l.Name, strconv.FormatInt(r.l.Version, 10)}}}, nil
+}
+
+// labelReader is an identity that reads the label stanza as age passes the
+// header's stanzas, then unwraps with the real identity.
+type labelReader struct {
+	age.Identity
+	label *Label
+	found *bool
+}
+
+func (r labelReader) Unwrap(stanzas []*age.Stanza) ([]byte, error) {
+	for _, s := range stanzas {
+		if s.Type == labelStanza && len(s.Args) == 4 {
+			v, err := strconv.ParseInt(s.Args[3], 10, 64)
+			if err == nil {
+				*r.label, *r.found = Label{Node: s.Args[0], Module: s.Args[1], Name: s.Args[2], Version: v}, true
+			}
+		}
+	}
+	return r.Identity.Unwrap(stanzas)
 }
 
 // ErrWrongLabel means a sealed copy opened, but is not the secret asked for.
 var ErrWrongLabel = errors.New("the sealed copy is of another secret")
 
-// SealSecret seals a value with its label to every recipient (one age file, so
-// each opens the same value), as ASCII armor.
+// SealSecret seals a value with its label to every recipient (one age file,
+// so each opens the same value), as ASCII armor.
 func SealSecret(v Secret, l Label, recipients ...age.Recipient) (string, error) {
-	payload, err := json.Marshal(sealedPayload{Label: l, Value: v.b})
-	if err != nil {
-		return "", err
-	}
-	defer clear(payload)
 	var out bytes.Buffer
 	aw := armor.NewWriter(&out)
-	w, err := age.Encrypt(aw, recipients...)
+	w, err := age.Encrypt(aw, append(recipients, labelRecipient{l})...)
 	if err != nil {
 		return "", err
 	}
-	if _, err := w.Write(payload); err != nil {
+	if _, err := w.Write(v.b); err != nil {
 		return "", err
 	}
 	if err := w.Close(); err != nil {
@@ -88,7 +113,13 @@ func SealSecret(v Secret, l Label, recipients ...age.Recipient) (string, error) 
 // OpenSealed opens an armored copy with an identity and checks it is the
 // secret want names (want.Version 0 accepts any version).
 func OpenSealed(sealed string, want Label, identities ...age.Identity) (Secret, Label, error) {
-	r, err := age.Decrypt(armor.NewReader(strings.NewReader(sealed)), identities...)
+	var got Label
+	var found bool
+	wrapped := make([]age.Identity, len(identities))
+	for i, id := range identities {
+		wrapped[i] = labelReader{Identity: id, label: &got, found: &found}
+	}
+	r, err := age.Decrypt(armor.NewReader(strings.NewReader(sealed)), wrapped...)
 	if err != nil {
 		return Secret{}, Label{}, fmt.Errorf("open the sealed copy: %w", err)
 	}
@@ -96,13 +127,13 @@ func OpenSealed(sealed string, want Label, identities ...age.Identity) (Secret, 
 	if err != nil {
 		return Secret{}, Label{}, fmt.Errorf("open the sealed copy: %w", err)
 	}
-	defer clear(b)
-	var p sealedPayload
-	if err := json.Unmarshal(b, &p); err != nil {
-		return Secret{}, Label{}, fmt.Errorf("open the sealed copy: not a mesh secret: %w", err)
+	// The label was read from a header whose MAC age has checked by now.
+	if !found || got.Node != want.Node || got.Module != want.Module || got.Name != want.Name || (want.Version != 0 && got.Version != want.Version) {
+		clear(b)
+		if !found {
+			return Secret{}, Label{}, fmt.Errorf("%w: it carries no label, not %s", ErrWrongLabel, want)
+		}
+		return Secret{}, got, fmt.Errorf("%w: it is %s, not %s", ErrWrongLabel, got, want)
 	}
-	if p.Node != want.Node || p.Module != want.Module || p.Name != want.Name || (want.Version != 0 && p.Version != want.Version) {
-		return Secret{}, p.Label, fmt.Errorf("%w: it is %s, not %s", ErrWrongLabel, p.Label, want)
-	}
-	return Secret{b: p.Value}, p.Label, nil
+	return Secret{b: b}, got, nil
 }
