@@ -25,16 +25,18 @@ import (
 
 // Why a secret command refuses.
 var (
-	ErrNotJoined       = errors.New("has not joined: its age recipient is not known yet")
-	ErrSecretNotNamed  = errors.New("does not name that secret")
-	ErrMadeByMesh      = errors.New("is made by the mesh, not given by a person")
-	ErrEmptySecret     = errors.New("the value is empty")
-	ErrNotAnExport     = errors.New("is not a secret export")
-	ErrNotInExport     = errors.New("the export holds no copy of that secret")
-	ErrNotOperatorKey  = errors.New("holds no age identity")
-	ErrBadRecipient    = errors.New("is not an age X25519 public key (age1…)")
-	errOutExists       = errors.New("exists already: it is never overwritten; choose another --out")
-	errOperatorRefusal = "set one with 'mesh-controller operator key set' (make one off the mesh with 'mesh-controller operator key make')"
+	ErrNotJoined      = errors.New("has not joined: its age recipient is not known yet")
+	ErrSecretNotNamed = errors.New("does not name that secret")
+	ErrMadeByMesh     = errors.New("is made by the mesh, not given by a person")
+	ErrEmptySecret    = errors.New("the value is empty")
+	ErrNotAnExport    = errors.New("is not a secret export")
+	ErrNotInExport    = errors.New("the export holds no copy of that secret")
+	ErrNotOperatorKey = errors.New("holds no age identity")
+	ErrBadRecipient   = errors.New("is not an age X25519 public key (age1…)")
+	// ErrWrongOperatorKey means the key given does not open the copy.
+	ErrWrongOperatorKey = errors.New("does not open this copy: it is sealed to another operator key")
+	errOutExists        = errors.New("exists already: it is never overwritten; choose another --out")
+	errOperatorRefusal  = "set one with 'mesh-controller operator key set' (make one off the mesh with 'mesh-controller operator key make')"
 )
 
 // OperatorKeyMade is a new operator key pair: the private half went only to File.
@@ -362,6 +364,10 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 		sealed = cp.Sealed
 	}
 	v, label, err := protocol.OpenSealed(sealed, protocol.Label{Node: r.Node, Module: r.Module, Name: r.Name}, identities...)
+	var noMatch *age.NoIdentityMatchError
+	if errors.As(err, &noMatch) {
+		return Recovered{}, fmt.Errorf("%s %w", r.KeyFile, ErrWrongOperatorKey)
+	}
 	if err != nil {
 		return Recovered{}, err
 	}

@@ -68,6 +68,16 @@ func hint(err error) string {
 		return "accept only the secrets its manifest names ('mesh-controller plan NODE' shows what it waits for)"
 	case errors.Is(err, app.ErrMadeByMesh):
 		return "the mesh makes and seals it itself"
+	case errors.Is(err, app.ErrWrongOperatorKey):
+		return "give the operator key file it was sealed to ('mesh-controller operator key show' says which copies only an older key opens)"
+	case errors.Is(err, app.ErrNotOperatorKey):
+		return "give the file 'mesh-controller operator key make' wrote (AGE-SECRET-KEY-1…)"
+	case errors.Is(err, app.ErrNotAnExport):
+		return "give a file 'mesh-controller secret export' wrote"
+	case errors.Is(err, app.ErrBadRecipient):
+		return "give the public half printed by 'mesh-controller operator key make'"
+	case errors.Is(err, app.ErrEmptySecret):
+		return "give the value itself"
 	case errors.Is(err, secrets.ErrNoSecret):
 		return "see which secrets the mesh holds with 'mesh-controller secret export'"
 	case errors.Is(err, app.ErrBadTTL):

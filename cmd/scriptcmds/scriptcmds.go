@@ -4,10 +4,13 @@
 package scriptcmds
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -15,8 +18,35 @@ import (
 
 // Cmds are the commands, by name, for testscript.Params.Cmds.
 var Cmds = map[string]func(ts *testscript.TestScript, neg bool, args []string){
-	"exits": Exits,
-	"perm":  Perm,
+	"exits":  Exits,
+	"perm":   Perm,
+	"absent": Absent,
+}
+
+// Absent fails if any file under a directory holds a text: absent DIR TEXT.
+func Absent(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: absent DIR TEXT")
+	}
+	n := 0
+	err := filepath.WalkDir(ts.MkAbs(args[0]), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		n++
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte(args[1])) {
+			ts.Fatalf("%s holds %q", path, args[1])
+		}
+		return nil
+	})
+	ts.Check(err)
+	if n == 0 {
+		ts.Fatalf("%s holds no file: nothing was searched", args[0])
+	}
 }
 
 // Exits runs a command that must fail with exactly this status, keeping its
