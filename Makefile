@@ -38,10 +38,16 @@ demo: build
 	ex=../shared/examples; [ -d $$ex ] || ex=contexts/inventory/testdata; \
 	$$mc module check $$ex/*.json; \
 	for m in postgres smtp-relay paperless; do $$mc module add $$ex/$$m.json 2>/dev/null; done; \
+	$$mc operator key make --out $$dir/operator.key >$$dir/operator.pub; $$mc operator key set $$(cat $$dir/operator.pub); \
 	$$mc assign web2 postgres smtp-relay 2>/dev/null; $$mc assign web1 paperless 2>/dev/null; \
+	printf 'demo-licence-key' >$$dir/ocr.txt; $$mc secret accept web1 paperless ocr_licence --from $$dir/ocr.txt; \
+	printf 'upstream-pass' >$$dir/up.txt; $$mc secret accept web2 smtp-relay upstream_password --from $$dir/up.txt 2>/dev/null; \
 	for i in $$(seq 100); do [ -z "$$($$mc node list --json | grep '"behind": true')" ] && break; sleep 0.1; done; \
 	echo; $$mc node list; echo; $$mc plan web1; echo; $$mc node show web1 | head -30; \
 	echo; echo "web1 wrote under its root:"; (cd $$dir/web1/root && find . -mindepth 1 | sort | sed 's/^/  /'); \
+	echo; echo "break-glass, with the operator key alone:"; $$mc secret export --out $$dir/export.json; \
+	$$mc secret recover web1 paperless ocr_licence --key $$dir/operator.key --from-export $$dir/export.json --out $$dir/recovered; \
+	echo "  recovered: $$(cat $$dir/recovered)"; \
 	echo; echo "demo done: stopping the hosts and the controller"
 
 test:

@@ -90,3 +90,35 @@ func TestSealed_OpensWithTheAgeCommand(t *testing.T) {
 		t.Fatalf("age -d gave %q", out)
 	}
 }
+
+// BenchmarkSealSecret seals a 43-byte value to a node and the operator.
+//
+//	go test -run '^$' -bench 'Seal|Open' ./app/protocol/
+func BenchmarkSealSecret(b *testing.B) {
+	node, _ := age.GenerateX25519Identity()
+	op, _ := age.GenerateX25519Identity()
+	v := NewSecret([]byte(strings.Repeat("x", 43)))
+	l := Label{Node: "web1", Module: "paperless", Name: "admin_password", Version: 1}
+	for i := 0; i < b.N; i++ {
+		if _, err := SealSecret(v, l, node.Recipient(), op.Recipient()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOpenSealed opens one, as a host does.
+func BenchmarkOpenSealed(b *testing.B) {
+	node, _ := age.GenerateX25519Identity()
+	op, _ := age.GenerateX25519Identity()
+	l := Label{Node: "web1", Module: "paperless", Name: "admin_password", Version: 1}
+	sealed, err := SealSecret(NewSecret([]byte(strings.Repeat("x", 43))), l, node.Recipient(), op.Recipient())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, _, err := OpenSealed(sealed, l, node); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
