@@ -314,3 +314,54 @@ func TestSecrets_AcceptRefusals(t *testing.T) {
 		t.Errorf("empty: %v", err)
 	}
 }
+
+// Replacing the operator key: copies sealed to the old key are counted as
+// recoverable only by it, until each secret is made or accepted again.
+func TestSecrets_ReplaceOperatorKey(t *testing.T) {
+	m := newTestMesh(t)
+	m.join("web1")
+	ctx := context.Background()
+	m.addModule(example("paperless"))
+	m.addModule(example("postgres"))
+	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("v1"))); err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.c.OperatorKeyShow(ctx)
+	if err != nil || v.Recoverable != 3 || v.OnlyOlderKeys != 0 {
+		t.Fatalf("before: %+v, %v", v, err)
+	}
+	next, _ := age.GenerateX25519Identity()
+	if _, err := m.c.OperatorKeySet(ctx, next.Recipient().String(), false); err == nil {
+		t.Fatal("a second key was set without replace")
+	}
+	prev, err := m.c.OperatorKeySet(ctx, next.Recipient().String(), true)
+	if err != nil || prev != m.operator.Recipient().String() {
+		t.Fatalf("replace: %q, %v", prev, err)
+	}
+	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 0 || v.OnlyOlderKeys != 3 {
+		t.Fatalf("after replacing: %+v", v)
+	}
+	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("v2"))); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 1 || v.OnlyOlderKeys != 2 {
+		t.Fatalf("after accepting again: %+v", v)
+	}
+	// The new key opens the new copy; the old key no longer does.
+	newKey := filepath.Join(t.TempDir(), "new.key")
+	os.WriteFile(newKey, []byte(next.String()+"\n"), 0o600)
+	out := filepath.Join(t.TempDir(), "v2")
+	if _, err := m.c.SecretRecover(ctx, RecoverRequest{Node: "web1", Module: "paperless", Name: "ocr_licence", KeyFile: newKey, Out: out}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "v2" {
+		t.Fatalf("recovered %q", b)
+	}
+	if _, err := m.c.SecretRecover(ctx, RecoverRequest{Node: "web1", Module: "paperless", Name: "ocr_licence", KeyFile: m.operatorKeyFile(t),
+		Out: filepath.Join(t.TempDir(), "x")}); !errors.Is(err, ErrWrongOperatorKey) {
+		t.Fatalf("the old key: %v", err)
+	}
+}
