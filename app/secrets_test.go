@@ -201,16 +201,22 @@ func TestSecrets_Paperless(t *testing.T) {
 	}
 }
 
-// Recovering refuses what it must, with one error and no file left behind.
-func TestSecrets_RecoverRefusals(t *testing.T) {
+// paperlessOn joins a node and puts paperless and postgres on it.
+func paperlessOn(t *testing.T, node string) *testMesh {
 	m := newTestMesh(t)
-	m.join("web1")
-	ctx := context.Background()
+	m.join(node)
 	m.addModule(example("paperless"))
 	m.addModule(example("postgres"))
-	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
+	if _, err := m.c.Assign(context.Background(), node, []string{"paperless", "postgres"}); err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// Recovering refuses what it must, with one error and no file left behind.
+func TestSecrets_RecoverRefusals(t *testing.T) {
+	m := paperlessOn(t, "web1")
+	ctx := context.Background()
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("x"))); err != nil {
 		t.Fatal(err)
 	}
@@ -318,14 +324,8 @@ func TestSecrets_AcceptRefusals(t *testing.T) {
 // Replacing the operator key: copies sealed to the old key are counted as
 // recoverable only by it, until each secret is made or accepted again.
 func TestSecrets_ReplaceOperatorKey(t *testing.T) {
-	m := newTestMesh(t)
-	m.join("web1")
+	m := paperlessOn(t, "web1")
 	ctx := context.Background()
-	m.addModule(example("paperless"))
-	m.addModule(example("postgres"))
-	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("v1"))); err != nil {
 		t.Fatal(err)
 	}

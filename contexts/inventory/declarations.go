@@ -92,18 +92,5 @@ func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaratio
 
 // Behind lists the nodes whose applied serial is below their latest declaration.
 func (s *Store) Behind(ctx context.Context) ([]string, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var names []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		names = append(names, n)
-	}
-	return names, rows.Err()
+	return sqlite.Strings(ctx, s.db.Reader, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
 }

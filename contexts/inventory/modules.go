@@ -178,28 +178,12 @@ func (h Holdings) Empty() bool { return len(h.Nodes) == 0 && len(h.Settings) == 
 
 func holdings(ctx context.Context, tx *sql.Tx, module string) (Holdings, error) {
 	var h Holdings
-	for _, q := range []struct {
-		sql string
-		out *[]string
-	}{
-		{`SELECT node FROM assignments WHERE module = ? ORDER BY node`, &h.Nodes},
-		{`SELECT CASE node WHEN '' THEN 'mesh' ELSE node END FROM settings_layers WHERE module = ? ORDER BY node`, &h.Settings},
-	} {
-		rows, err := tx.QueryContext(ctx, q.sql, module)
-		if err != nil {
-			return h, err
-		}
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				rows.Close()
-				return h, err
-			}
-			*q.out = append(*q.out, s)
-		}
-		rows.Close()
+	var err error
+	if h.Nodes, err = sqlite.Strings(ctx, tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, module); err != nil {
+		return h, err
 	}
-	return h, nil
+	h.Settings, err = sqlite.Strings(ctx, tx, `SELECT CASE node WHEN '' THEN 'mesh' ELSE node END FROM settings_layers WHERE module = ? ORDER BY node`, module)
+	return h, err
 }
 
 // ForgetModule removes a module and every version of it. It is refused

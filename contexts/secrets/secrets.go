@@ -206,18 +206,5 @@ func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) 
 
 // Held lists the nodes holding secrets for a module.
 func (s *Store) Held(ctx context.Context, module string) ([]string, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT DISTINCT node FROM sealed WHERE module = ? ORDER BY node`, module)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		out = append(out, n)
-	}
-	return out, rows.Err()
+	return sqlite.Strings(ctx, s.db.Reader, `SELECT DISTINCT node FROM sealed WHERE module = ? ORDER BY node`, module)
 }
