@@ -33,6 +33,8 @@ type testMesh struct {
 	logs   *syncBuffer
 	// operator is the operator key's private half, kept off the mesh.
 	operator *age.X25519Identity
+	// opts are extra serve options (bounds, check interval, healer limits).
+	opts ServeOptions
 }
 
 type syncBuffer struct {
@@ -91,8 +93,9 @@ func (m *testMesh) start() {
 	m.count = &Counters{}
 	m.cancel, m.done = cancel, make(chan error, 1)
 	go func() {
-		m.done <- m.c.Serve(ctx, ServeOptions{Listen: m.listen, Log: m.logs, FlushEvery: 20 * time.Millisecond,
-			Counters: m.count, Ready: func(r Ready) { ready <- r }})
+		o := m.opts
+		o.Listen, o.Log, o.FlushEvery, o.Counters, o.Ready = m.listen, m.logs, 20*time.Millisecond, m.count, func(r Ready) { ready <- r }
+		m.done <- m.c.Serve(ctx, o)
 	}()
 	select {
 	case r := <-ready:
@@ -305,7 +308,7 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeAll()
-	if n, _ := identity.NewStore(dbs[0]).TokenReuses(context.Background(), "web1"); n != 1 {
+	if n, _ := identity.NewStore(dbs[0]).NodeTokenReuses(context.Background(), "web1"); n != 1 {
 		t.Fatalf("the reuse was remembered %d times, want 1", n)
 	}
 

@@ -152,7 +152,7 @@ func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, err
 	}
 	v.Data = []DataSetView{}
 	for _, d := range sets {
-		v.Data = append(v.Data, DataSetView(d))
+		v.Data = append(v.Data, DataSetView{Module: d.Module, Name: d.Name, Path: d.Path, Bytes: d.Bytes, Precious: d.Precious, LastBackup: d.LastBackup})
 	}
 	if v.Dropped, err = health.NewStore(dbs[2]).Drops(ctx, name); err != nil {
 		return NodeDetail{}, err

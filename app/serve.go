@@ -42,6 +42,14 @@ type ServeOptions struct {
 	// CatchUpEvery is how often nodes whose declaration is behind their plan
 	// are sent a new one (besides at start).
 	CatchUpEvery time.Duration
+	// CheckEvery is how often the self-check runs (besides after events that matter).
+	CheckEvery time.Duration
+	// Bounds are the self-check's; nil means the defaults.
+	Bounds *Bounds
+	// BoundsFromDurations sets heartbeat bounds from measured intervals.
+	BoundsFromDurations bool
+	// Healers are when the brake engages; zero means the defaults.
+	Healers HealerLimits
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -76,6 +84,12 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	if o.CatchUpEvery == 0 {
 		o.CatchUpEvery = 5 * time.Second
 	}
+	if o.CheckEvery == 0 {
+		o.CheckEvery = 30 * time.Second
+	}
+	if o.Healers == (HealerLimits{}) {
+		o.Healers = DefaultHealerLimits()
+	}
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
@@ -91,7 +105,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 		c: c, log: o.Log, counters: o.Counters,
 		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), sec: secrets.NewStore(dbs[2]), health: health.NewStore(dbs[5]),
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
-		problems: map[string]string{},
+		problems: map[string]string{}, lastBeat: map[string]time.Time{}, kick: make(chan struct{}, 1),
 	}
 
 	holder := randomID()
@@ -159,6 +173,17 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	defer renew.Stop()
 	catchUp := time.NewTicker(o.CatchUpEvery)
 	defer catchUp.Stop()
+	check := time.NewTicker(o.CheckEvery)
+	defer check.Stop()
+	selfCheck := func() {
+		_, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: d.nc,
+			Log: func(line string) { d.logf("%s", line) }})
+		if err != nil && ctx.Err() == nil {
+			d.logf("self-check: %v", err)
+		}
+		d.heal(ctx, o.Healers)
+	}
+	selfCheck()
 	for {
 		select {
 		case <-ctx.Done():
@@ -171,6 +196,14 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 			d.flush(ctx)
 		case <-catchUp.C:
 			d.catchUp(ctx, false)
+		case <-check.C:
+			selfCheck()
+		case <-d.kick:
+			// An event that matters: let the burst settle, write what it
+			// brought, then judge.
+			time.Sleep(100 * time.Millisecond)
+			d.flush(ctx)
+			selfCheck()
 		case <-renew.C:
 			if err := d.ids.RenewLease(ctx, holder, c.Now().Add(o.LeaseTTL), d.url); err != nil {
 				if ctx.Err() != nil {
@@ -213,6 +246,20 @@ type daemon struct {
 	// problems are the plan problems last logged per node, so the catch-up
 	// says each once rather than every few seconds.
 	problems map[string]string
+	// lastBeat is when each node last beat, to measure its intervals.
+	lastBeat map[string]time.Time
+	// durations wait to be written with the next flush.
+	durations []health.Duration
+	// kick asks for a self-check soon: something that matters happened.
+	kick chan struct{}
+}
+
+// kickCheck asks for a self-check soon, without blocking.
+func (d *daemon) kickCheck() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (d *daemon) logf(format string, args ...any) {
@@ -274,6 +321,7 @@ func (d *daemon) verify(m *nats.Msg, v any) (string, bool) {
 	d.drops[dropKey{node, reason}]++
 	d.mu.Unlock()
 	d.logf("dropped %s from %s: %s", m.Subject, node, reason)
+	d.kickCheck()
 	return node, false
 }
 
@@ -299,10 +347,14 @@ func (d *daemon) onJoin(m *nats.Msg) {
 	reply, err := d.join(context.Background(), r)
 	if err != nil {
 		d.logf("join of %q refused: %v", r.Node, err)
+		if errors.Is(err, identity.ErrTokenUsed) {
+			d.kickCheck()
+		}
 		d.respond(m, protocol.JoinReply{Error: err.Error()})
 		return
 	}
 	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
+	d.kickCheck()
 	d.respond(m, reply)
 	d.afterJoin(context.Background(), r.Node)
 }
@@ -368,16 +420,21 @@ func (d *daemon) onHeartbeat(m *nats.Msg) {
 		return
 	}
 	d.counters.Beats.Add(1)
+	now := d.c.Now()
 	d.mu.Lock()
-	d.beats[node] = inventory.Beat{Node: node, HeardAt: d.c.Now(), IntervalS: hb.IntervalS, SerialApplied: hb.SerialApplied, UptimeS: hb.UptimeS}
+	d.beats[node] = inventory.Beat{Node: node, HeardAt: now, IntervalS: hb.IntervalS, SerialApplied: hb.SerialApplied, UptimeS: hb.UptimeS}
+	if last, ok := d.lastBeat[node]; ok {
+		d.durations = append(d.durations, health.Duration{Kind: "heartbeat", Subject: node, MS: float64(now.Sub(last).Microseconds()) / 1000, At: now})
+	}
+	d.lastBeat[node] = now
 	d.mu.Unlock()
 }
 
 // flush writes the absorbed heartbeats in one transaction, and the drop counts.
 func (d *daemon) flush(ctx context.Context) {
 	d.mu.Lock()
-	beats, drops := d.beats, d.drops
-	d.beats, d.drops = make(map[string]inventory.Beat, len(beats)), map[dropKey]int64{}
+	beats, drops, durations := d.beats, d.drops, d.durations
+	d.beats, d.drops, d.durations = make(map[string]inventory.Beat, len(beats)), map[dropKey]int64{}, nil
 	d.mu.Unlock()
 	batch := make([]inventory.Beat, 0, len(beats))
 	for _, b := range beats {
@@ -385,6 +442,9 @@ func (d *daemon) flush(ctx context.Context) {
 	}
 	if err := d.inv.RecordBeats(ctx, batch); err != nil {
 		d.logf("%v", err)
+	}
+	if err := d.health.RecordDurations(ctx, durations); err != nil {
+		d.logf("record durations: %v", err)
 	}
 	for k, n := range drops {
 		if err := d.health.CountDrops(ctx, k.node, k.reason, n, d.c.Now()); err != nil {
@@ -424,10 +484,18 @@ func (d *daemon) onApplied(m *nats.Msg) {
 		d.respond(m, protocol.OKReply{Error: "not recorded"})
 		return
 	}
+	now := d.c.Now()
+	d.mu.Lock()
+	d.durations = append(d.durations, health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now})
+	for _, t := range a.Tiers {
+		d.durations = append(d.durations, health.Duration{Kind: "tier", Subject: node, Name: t.Tier, MS: t.MS, At: now})
+	}
+	d.mu.Unlock()
 	if a.OK {
 		d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
 	} else {
 		d.logf("%s refused or failed declaration %d: %s", node, a.Serial, a.Error)
+		d.kickCheck()
 	}
 	d.respond(m, protocol.OKReply{OK: true})
 }
@@ -440,7 +508,7 @@ func (d *daemon) onData(m *nats.Msg) {
 	}
 	sets := make([]inventory.DataSet, 0, len(b.Sets))
 	for _, s := range b.Sets {
-		sets = append(sets, inventory.DataSet(s))
+		sets = append(sets, inventory.DataSet{Module: s.Module, Name: s.Name, Path: s.Path, Bytes: s.Bytes, Precious: s.Precious, LastBackup: s.LastBackup})
 	}
 	if err := d.inv.RecordDataSets(context.Background(), node, sets, d.c.Now()); err != nil {
 		d.logf("%v", err)

@@ -80,6 +80,14 @@ func hint(err error) string {
 		return "give the value itself"
 	case errors.Is(err, secrets.ErrNoSecret):
 		return "see which secrets the mesh holds with 'mesh-controller secret export'"
+	case errors.Is(err, health.ErrNoCondition):
+		return "see the open ones with 'mesh-controller conditions'"
+	case errors.Is(err, health.ErrNoVerdict):
+		return "run it with 'mesh-controller doctor run' ('mesh-controller serve' runs it every 30 s)"
+	case errors.Is(err, health.ErrBrakeNotEngaged):
+		return "nothing to release ('mesh-controller healers' shows the brake)"
+	case errors.Is(err, app.ErrBadCause):
+		return "give --cause one word, such as disk or network"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

@@ -28,25 +28,32 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Migrate  MigrateCmd  `cmd:"" help:"Bring every context's store up to date (made on first use)."`
-	Prepare  MigrateCmd  `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
-	Version  VersionCmd  `cmd:"" help:"Print the version stamped at link time."`
-	Help     HelpCmd     `cmd:"" help:"Show usage, and where each context's store is."`
-	Identity IdentityCmd `cmd:"" help:"The controller's signing identity."`
-	Node     NodeCmd     `cmd:"" help:"Machines the mesh knows."`
-	Token    TokenCmd    `cmd:"" help:"One-time rights to join."`
-	Serve    ServeCmd    `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
-	Broker   BrokerCmd   `cmd:"" help:"The broker hosts dial."`
-	Declare  DeclareCmd  `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
-	Module   ModuleCmd   `cmd:"" help:"Modules: services described by manifests."`
-	Settings SettingsCmd `cmd:"" help:"A module's settings: the mesh's layer and each node's."`
-	Assign   AssignCmd   `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
-	Unassign UnassignCmd `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
-	Plan     PlanCmd     `cmd:"" help:"What a node would run and why."`
-	Push     PushCmd     `cmd:"" help:"Send a node (or every node) its declaration."`
-	Upgrade  UpgradeCmd  `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
-	Operator OperatorCmd `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
-	Secret   SecretCmd   `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
+	Migrate    MigrateCmd    `cmd:"" help:"Bring every context's store up to date (made on first use)."`
+	Prepare    MigrateCmd    `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
+	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
+	Help       HelpCmd       `cmd:"" help:"Show usage, and where each context's store is."`
+	Identity   IdentityCmd   `cmd:"" help:"The controller's signing identity."`
+	Node       NodeCmd       `cmd:"" help:"Machines the mesh knows."`
+	Token      TokenCmd      `cmd:"" help:"One-time rights to join."`
+	Serve      ServeCmd      `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
+	Broker     BrokerCmd     `cmd:"" help:"The broker hosts dial."`
+	Declare    DeclareCmd    `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
+	Module     ModuleCmd     `cmd:"" help:"Modules: services described by manifests."`
+	Settings   SettingsCmd   `cmd:"" help:"A module's settings: the mesh's layer and each node's."`
+	Assign     AssignCmd     `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
+	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
+	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
+	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
+	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
+	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
+	Secret     SecretCmd     `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
+	Status     StatusCmd     `cmd:"" help:"What is wrong, what is quiet, what is out of date."`
+	Conditions ConditionsCmd `cmd:"" help:"Open conditions, urgent first (show, silence, history)."`
+	Doctor     DoctorCmd     `cmd:"" help:"The self-check: the last verdict (run, probes, signals)."`
+	Healers    HealersCmd    `cmd:"" help:"The healers, what they did lately, and their brake (release)."`
+	HandAct    HandActCmd    `cmd:"" name:"hand-act" help:"Record an act done by hand."`
+	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
+	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build): count, p50, p90, p99, max."`
 }
 
 // Env is what every Run is given: the application and where to print.

@@ -4,20 +4,25 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"mesh-controller/app"
 )
 
 // ServeCmd is serve.
 type ServeCmd struct {
-	Listen string `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
+	Listen              string        `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
+	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
+	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
 }
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
 func (c *ServeCmd) Run(env *Env) error {
 	return env.App.Serve(env.Ctx, app.ServeOptions{
-		Listen: c.Listen,
-		Log:    env.Stderr,
+		Listen:              c.Listen,
+		Log:                 env.Stderr,
+		CheckEvery:          c.CheckEvery,
+		BoundsFromDurations: c.BoundsFromDurations,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			if f, ok := env.Stdout.(*os.File); ok {

@@ -105,8 +105,8 @@ func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
 	return hs, rows.Err()
 }
 
-// TokenReuses counts, per node, how often a used token was presented again.
-func (s *Store) TokenReuses(ctx context.Context, node string) (int, error) {
+// NodeTokenReuses counts how often a node's used tokens were presented again.
+func (s *Store) NodeTokenReuses(ctx context.Context, node string) (int, error) {
 	var n int
 	err := s.db.Reader.QueryRowContext(ctx, `SELECT coalesce(sum(reused_count), 0) FROM join_tokens WHERE node = ?`, node).Scan(&n)
 	return n, err

@@ -206,3 +206,33 @@ func (s *Store) Tokens(ctx context.Context, node string) ([]Token, error) {
 	}
 	return ts, rows.Err()
 }
+
+// TokenReuse counts how often a node's used tokens were presented again.
+type TokenReuse struct {
+	Node   string
+	Count  int
+	LastAt time.Time
+}
+
+// TokenReuses returns, per node, the reuses of its used tokens.
+func (s *Store) TokenReuses(ctx context.Context) ([]TokenReuse, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, sum(reused_count), max(last_reused_at) FROM join_tokens
+		WHERE reused_count > 0 GROUP BY node ORDER BY node`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []TokenReuse
+	for rows.Next() {
+		var r TokenReuse
+		var last string
+		if err := rows.Scan(&r.Node, &r.Count, &last); err != nil {
+			return nil, err
+		}
+		if r.LastAt, err = sqlite.ParseTime(last); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}

@@ -49,6 +49,8 @@ type DataSet struct {
 	Bytes      int64
 	Precious   string
 	LastBackup *time.Time
+	// ReportedAt is when its host last reported it.
+	ReportedAt time.Time
 }
 
 // MarkJoined records that the node's host joined.
@@ -173,7 +175,7 @@ func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet,
 
 // DataSets returns a node's data sets as last reported.
 func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, name, path, bytes, precious, last_backup FROM node_data_sets WHERE node = ? ORDER BY module, name`, node)
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, name, path, bytes, precious, last_backup, reported_at FROM node_data_sets WHERE node = ? ORDER BY module, name`, node)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +184,11 @@ func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
 	for rows.Next() {
 		var d DataSet
 		var backup sql.NullString
-		if err := rows.Scan(&d.Module, &d.Name, &d.Path, &d.Bytes, &d.Precious, &backup); err != nil {
+		var reported string
+		if err := rows.Scan(&d.Module, &d.Name, &d.Path, &d.Bytes, &d.Precious, &backup, &reported); err != nil {
+			return nil, err
+		}
+		if d.ReportedAt, err = sqlite.ParseTime(reported); err != nil {
 			return nil, err
 		}
 		if d.LastBackup, err = sqlite.ParseNullTime(backup); err != nil {

@@ -1,0 +1,293 @@
+package app
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
+	"mesh-controller/embedded/sqlite"
+)
+
+// AlertSubject is where every raising and clearing that is not silenced is published.
+const AlertSubject = "mesh.alert"
+
+// CheckOptions shape one run of the self-check.
+type CheckOptions struct {
+	// Bounds; nil means the defaults.
+	Bounds *Bounds
+	// FromDurations sets each node's heartbeat bound from its measured intervals.
+	FromDurations bool
+	// Holder is the serving controller's lease holder, to probe it still holds the lease.
+	Holder string
+	// NC is the serving controller's broker connection; nil dials the broker.
+	NC *nats.Conn
+	// Log receives a line per raising and clearing.
+	Log func(string)
+}
+
+// CheckResult is a self-check's verdict and what it changed.
+type CheckResult struct {
+	Verdict health.Verdict  `json:"verdict"`
+	Changes []health.Change `json:"changes"`
+}
+
+// freeFloor is the data dir's free space below which the probe fails.
+const freeFloor = 1 << 30
+
+// SelfCheck runs every probe, judges every rule from what the stores and
+// signals say, raises and clears conditions accordingly, sends a message for
+// each raising and clearing that is not silenced, and records the verdict.
+func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, error) {
+	start := time.Now()
+	now := c.Now()
+	in := &checkInputs{now: now, bounds: DefaultBounds(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
+	if o.Bounds != nil {
+		in.bounds = *o.Bounds
+	}
+	probe := func(name string, err error, ok string) {
+		p := health.Probe{Name: name, OK: err == nil, Detail: ok}
+		if err != nil {
+			p.Detail = err.Error()
+		}
+		in.probes = append(in.probes, p)
+	}
+	stores := map[string]*sqlite.DB{}
+	for _, name := range Contexts {
+		db, err := c.open(ctx, name)
+		probe("store "+name, err, "opens, schema current")
+		if err == nil {
+			stores[name] = db
+			defer db.Close()
+		}
+	}
+	hl, ok := stores["health"]
+	if !ok {
+		return CheckResult{}, fmt.Errorf("self-check: the health store: %s", in.probes[len(Contexts)-1].Detail)
+	}
+	hs := health.NewStore(hl)
+	failed := map[string]bool{}
+	for _, name := range Contexts {
+		failed[name] = stores[name] == nil
+	}
+
+	if db := stores["identity"]; db != nil {
+		ids := identity.NewStore(db)
+		key, err := ids.SigningKey(ctx)
+		if err == nil && !ed25519.Verify(key.Public, []byte("self-check"), key.Sign([]byte("self-check"))) {
+			err = errors.New("the signing key does not verify its own signature")
+		}
+		probe("identity key", err, "present, signs and verifies")
+		if o.Holder != "" {
+			l, err := ids.Lease(ctx)
+			if err == nil && (l == nil || l.Holder != o.Holder) {
+				err = errors.New("this process does not hold the lease")
+			}
+			probe("lease", err, "held by this process")
+		}
+		probe("broker", c.probeBroker(ctx, ids, o.NC), "answers a round trip")
+		if in.reuses, err = ids.TokenReuses(ctx); err != nil {
+			failed["identity"] = true
+		}
+	}
+	var st syscall.Statfs_t
+	err := syscall.Statfs(c.DataDir, &st)
+	free := int64(st.Bavail) * st.Bsize
+	if err == nil && free < freeFloor {
+		err = fmt.Errorf("%d MiB free under %s, below the 1 GiB floor", free>>20, c.DataDir)
+	}
+	probe("free space", err, fmt.Sprintf("%d MiB free under %s", free>>20, c.DataDir))
+
+	if db := stores["secrets"]; db != nil {
+		sec := secrets.NewStore(db)
+		_, kerr := sec.OperatorKey(ctx)
+		in.operatorKey = kerr == nil
+		probe("operator key", kerr, "set")
+		var cur int
+		cur, in.onlyOlder, err = sec.Recoverable(ctx)
+		in.secretCount = cur + in.onlyOlder
+		if err != nil {
+			failed["secrets"] = true
+		}
+	}
+	if db := stores["inventory"]; db != nil {
+		if err := c.readInventory(ctx, inventory.NewStore(db), in); err != nil {
+			failed["inventory"] = true
+		}
+	}
+	if in.drops, err = hs.Drops(ctx, ""); err != nil {
+		failed["health"] = true
+	}
+	if in.brake, err = hs.Brake(ctx); err != nil {
+		failed["health"] = true
+	}
+	if o.FromDurations && !failed["inventory"] {
+		if err := boundsFromDurations(ctx, hs, in); err != nil {
+			return CheckResult{}, err
+		}
+	}
+
+	var found []health.Condition
+	evaluated := map[string]bool{}
+	for _, r := range rules {
+		skip := false
+		for _, need := range r.needs {
+			skip = skip || failed[need]
+		}
+		if skip {
+			continue
+		}
+		evaluated[r.kind] = true
+		found = append(found, r.eval(in)...)
+	}
+	changes, err := hs.Reconcile(ctx, found, evaluated, now)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	c.alert(ctx, hs, o, changes, now)
+	open, err := hs.Conditions(ctx)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	v := health.Verdict{At: now, OK: true, Probes: in.probes, Open: len(open), TookMS: float64(time.Since(start).Microseconds()) / 1000}
+	for _, p := range in.probes {
+		v.OK = v.OK && p.OK
+	}
+	for _, ch := range changes {
+		switch ch.Event {
+		case "raised":
+			v.Raised++
+		case "changed":
+			v.Changed++
+		case "cleared":
+			v.Cleared++
+		}
+	}
+	if err := hs.RecordVerdict(ctx, v); err != nil {
+		return CheckResult{}, err
+	}
+	// Durations are kept for a window, deleted a small batch per check.
+	hs.PruneDurations(ctx, now.Add(-durationWindow), 1000)
+	return CheckResult{Verdict: v, Changes: changes}, nil
+}
+
+// durationWindow is how long measured durations are kept.
+const durationWindow = 14 * 24 * time.Hour
+
+func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in *checkInputs) error {
+	var err error
+	if in.nodes, err = inv.Nodes(ctx); err != nil {
+		return err
+	}
+	if in.modules, err = inv.Modules(ctx); err != nil {
+		return err
+	}
+	if in.snap, err = inv.Snapshot(ctx); err != nil {
+		return err
+	}
+	if in.retirements, err = inv.Retirements(ctx, ""); err != nil {
+		return err
+	}
+	for _, n := range in.nodes {
+		if n.SerialDeclared > 0 {
+			d, err := inv.LatestDeclaration(ctx, n.Name)
+			if err != nil {
+				return err
+			}
+			if d != nil {
+				in.declared[n.Name] = d.IssuedAt
+			}
+		}
+		if n.JoinedAt != nil {
+			if in.data[n.Name], err = inv.DataSets(ctx, n.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// probeBroker checks the broker answers a round trip: the serving
+// controller's own connection, or a person's through the live lease.
+func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *nats.Conn) error {
+	if nc != nil {
+		return nc.FlushTimeout(2 * time.Second)
+	}
+	own, err := c.dialBroker(ctx, ids)
+	if err != nil {
+		return err
+	}
+	defer own.Close()
+	return own.FlushTimeout(2 * time.Second)
+}
+
+// alert sends a message for each raising and clearing not silenced: on
+// mesh.alert, and to the log.
+func (c *Controller) alert(ctx context.Context, hs *health.Store, o CheckOptions, changes []health.Change, now time.Time) {
+	var nc *nats.Conn
+	for _, ch := range changes {
+		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {
+			continue
+		}
+		line := fmt.Sprintf("%s %s %s: %s", ch.Event, ch.Condition.Severity, ch.Condition.Key, ch.Condition.Summary)
+		if o.Log != nil {
+			o.Log(line)
+		}
+		if nc == nil {
+			nc = o.NC
+		}
+		if nc == nil {
+			continue
+		}
+		b, _ := json.Marshal(ch)
+		nc.Publish(AlertSubject, b)
+	}
+	if nc != nil {
+		nc.FlushTimeout(2 * time.Second)
+	}
+}
+
+// boundsFromDurations sets each node's heartbeat bound from its measured
+// intervals: three times their p99, never below the default.
+func boundsFromDurations(ctx context.Context, hs *health.Store, in *checkInputs) error {
+	ds, err := hs.Durations(ctx, "heartbeat", in.now.Add(-7*24*time.Hour))
+	if err != nil {
+		return err
+	}
+	per := map[string][]float64{}
+	for _, d := range ds {
+		per[d.Subject] = append(per[d.Subject], d.MS)
+	}
+	in.bounds.Heartbeat = map[string]time.Duration{}
+	for _, n := range in.nodes {
+		ms := per[n.Name]
+		if len(ms) < 10 {
+			continue
+		}
+		sort.Float64s(ms)
+		measured := time.Duration(3 * percentile(ms, 0.99) * float64(time.Millisecond))
+		def := time.Duration(in.bounds.HeartbeatFactor * n.HeartbeatIntervalS * float64(time.Second))
+		in.bounds.Heartbeat[n.Name] = max(measured, def)
+	}
+	return nil
+}
+
+// percentile of sorted values (nearest rank).
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	return sorted[i]
+}

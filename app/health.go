@@ -1,0 +1,339 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/inventory"
+)
+
+// Signal is something heard regularly, with its age against its bound.
+type Signal struct {
+	Name    string     `json:"name"`
+	Kind    string     `json:"kind"` // heartbeat, data, backup
+	Subject string     `json:"subject"`
+	Last    *time.Time `json:"last"`
+	AgeS    float64    `json:"age_s"`
+	BoundS  float64    `json:"bound_s"`
+	Quiet   bool       `json:"quiet"`
+}
+
+// signals computes every signal's age against its bound from the inventory.
+func signals(nodes []inventory.Node, snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bounds, now time.Time) []Signal {
+	in := &checkInputs{now: now, bounds: b}
+	out := []Signal{}
+	add := func(kind, subject string, last *time.Time, bound time.Duration) {
+		s := Signal{Name: kind + "/" + subject, Kind: kind, Subject: subject, Last: last, BoundS: bound.Seconds(), Quiet: true}
+		if last != nil {
+			age := now.Sub(*last)
+			s.AgeS, s.Quiet = age.Seconds(), age > bound
+		}
+		out = append(out, s)
+	}
+	for _, n := range nodes {
+		if n.JoinedAt == nil {
+			continue
+		}
+		add("heartbeat", n.Name, n.LastHeard, in.heartbeatBound(n))
+		if sets := data[n.Name]; len(sets) > 0 {
+			last := sets[0].ReportedAt
+			add("data", n.Name, &last, b.DataReport)
+		}
+	}
+	for _, a := range snap.Assignments {
+		for _, d := range snap.Manifests[a.Module][a.Version].Data {
+			if d.Precious == inventory.Rebuildable {
+				continue
+			}
+			var last *time.Time
+			if r := reportedSet(data[a.Node], a.Module, d.Name); r != nil {
+				last = r.LastBackup
+			}
+			add("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*backupCadence(d))
+		}
+	}
+	return out
+}
+
+// readSignals reads what signals are computed from.
+func (c *Controller) readSignals(ctx context.Context, inv *inventory.Store) ([]inventory.Node, *inventory.Snapshot, []Signal, error) {
+	in := &checkInputs{now: c.Now(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
+	if err := c.readInventory(ctx, inv, in); err != nil {
+		return nil, nil, nil, err
+	}
+	return in.nodes, in.snap, signals(in.nodes, in.snap, in.data, DefaultBounds(), c.Now()), nil
+}
+
+// OutOfDate is a node behind its plan or a module behind its source.
+type OutOfDate struct {
+	Kind string `json:"kind"` // node or module
+	Name string `json:"name"`
+	Why  string `json:"why"`
+}
+
+// StatusView answers three questions: what is wrong, what is quiet, what is out of date.
+type StatusView struct {
+	Wrong     []health.Condition `json:"wrong"`
+	Quiet     []Signal           `json:"quiet"`
+	OutOfDate []OutOfDate        `json:"out_of_date"`
+	// Checked is when the self-check last ran (nil if never).
+	Checked *time.Time `json:"checked"`
+}
+
+// Status reads the stores afresh: open conditions (as the last self-check
+// found them), signals past their bound, nodes and modules out of date.
+func (c *Controller) Status(ctx context.Context) (StatusView, error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory", "health")
+	if err != nil {
+		return StatusView{}, err
+	}
+	defer closeAll()
+	inv, hs := inventory.NewStore(dbs[0]), health.NewStore(dbs[1])
+	v := StatusView{Quiet: []Signal{}, OutOfDate: []OutOfDate{}}
+	if v.Wrong, err = hs.Conditions(ctx); err != nil {
+		return v, err
+	}
+	if last, err := hs.LastVerdict(ctx); err == nil {
+		v.Checked = &last.At
+	}
+	nodes, _, sigs, err := c.readSignals(ctx, inv)
+	if err != nil {
+		return v, err
+	}
+	for _, s := range sigs {
+		if s.Quiet {
+			v.Quiet = append(v.Quiet, s)
+		}
+	}
+	for _, n := range nodes {
+		switch {
+		case n.PlanVersion > n.DeclaredPlanVersion:
+			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name, Why: "its declaration is older than its plan"})
+		case n.SerialApplied < n.SerialDeclared:
+			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name,
+				Why: fmt.Sprintf("applied %d of declaration %d", n.SerialApplied, n.SerialDeclared)})
+		}
+	}
+	mods, err := inv.Modules(ctx)
+	if err != nil {
+		return v, err
+	}
+	for _, m := range mods {
+		if m.BehindSource() {
+			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "module", Name: m.Name, Why: "its source moved to " + m.MovedCommit})
+		}
+	}
+	return v, nil
+}
+
+// ConditionFilter narrows conditions.
+type ConditionFilter struct {
+	Scope, Severity, Machine string
+}
+
+// Conditions lists the open conditions, urgent first.
+func (c *Controller) Conditions(ctx context.Context, f ConditionFilter) ([]health.Condition, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	all, err := health.NewStore(dbs[0]).Conditions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []health.Condition{}
+	for _, cd := range all {
+		if (f.Scope == "" || cd.Scope == f.Scope) && (f.Severity == "" || cd.Severity == f.Severity) && (f.Machine == "" || cd.Machine == f.Machine) {
+			out = append(out, cd)
+		}
+	}
+	return out, nil
+}
+
+// ConditionDetail is one condition whole, with its history.
+type ConditionDetail struct {
+	health.Condition
+	History []health.Change `json:"history"`
+}
+
+// ConditionShow shows one open condition with its evidence and history.
+func (c *Controller) ConditionShow(ctx context.Context, key string) (ConditionDetail, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return ConditionDetail{}, err
+	}
+	defer closeAll()
+	hs := health.NewStore(dbs[0])
+	cd, err := hs.Condition(ctx, key)
+	if err != nil {
+		return ConditionDetail{}, err
+	}
+	h, err := hs.History(ctx, key, time.Time{})
+	return ConditionDetail{Condition: cd, History: h}, err
+}
+
+// ConditionSilence stops a condition's messages for a while: a hand act.
+func (c *Controller) ConditionSilence(ctx context.Context, key string, d time.Duration, why string) (health.Condition, error) {
+	if why == "" {
+		return health.Condition{}, health.ErrNoWhy
+	}
+	if d <= 0 {
+		return health.Condition{}, ErrBadSilence
+	}
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return health.Condition{}, err
+	}
+	defer closeAll()
+	hs := health.NewStore(dbs[0])
+	cd, err := hs.Silence(ctx, key, c.Now().Add(d), why, c.Now())
+	if err != nil {
+		return cd, err
+	}
+	_, err = hs.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("silence %s for %s", key, d), Why: why, Cause: "silence", Who: who(), Condition: key})
+	return cd, err
+}
+
+// ErrBadSilence means a silence's length is not positive.
+var ErrBadSilence = fmt.Errorf("a silence must last a positive time")
+
+// ConditionsHistory lists raisings, changes, clearings and silencings lately.
+func (c *Controller) ConditionsHistory(ctx context.Context, days int, key string) ([]health.Change, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	return health.NewStore(dbs[0]).History(ctx, key, c.Now().Add(-time.Duration(days)*24*time.Hour))
+}
+
+// HandActRecord records an act done by hand outside the mesh.
+func (c *Controller) HandActRecord(ctx context.Context, what, why, cause, condition string) (health.HandAct, error) {
+	if strings.TrimSpace(what) == "" {
+		return health.HandAct{}, fmt.Errorf("say what was done")
+	}
+	if cause == "" || strings.ContainsAny(cause, " \t\n") {
+		return health.HandAct{}, ErrBadCause
+	}
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return health.HandAct{}, err
+	}
+	defer closeAll()
+	return health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
+}
+
+// ErrBadCause means a hand act's cause is not one word.
+var ErrBadCause = fmt.Errorf("a cause is one word, so that repeating causes can be counted")
+
+// HandActsView is what was done by hand lately, and which causes repeat.
+type HandActsView struct {
+	Acts   []health.HandAct `json:"acts"`
+	Causes []CauseCount     `json:"causes"`
+}
+
+// CauseCount is how often a cause was given.
+type CauseCount struct {
+	Cause string `json:"cause"`
+	Count int    `json:"count"`
+}
+
+// HandActs lists the hand acts of the last days, with causes counted.
+func (c *Controller) HandActs(ctx context.Context, days int) (HandActsView, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return HandActsView{}, err
+	}
+	defer closeAll()
+	acts, err := health.NewStore(dbs[0]).HandActs(ctx, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	if err != nil {
+		return HandActsView{}, err
+	}
+	counts := map[string]int{}
+	for _, a := range acts {
+		counts[a.Cause]++
+	}
+	v := HandActsView{Acts: acts, Causes: []CauseCount{}}
+	for cause, n := range counts {
+		v.Causes = append(v.Causes, CauseCount{cause, n})
+	}
+	sort.Slice(v.Causes, func(i, j int) bool {
+		if v.Causes[i].Count != v.Causes[j].Count {
+			return v.Causes[i].Count > v.Causes[j].Count
+		}
+		return v.Causes[i].Cause < v.Causes[j].Cause
+	})
+	return v, nil
+}
+
+// DurationStats summarises one kind of duration for one machine or module.
+type DurationStats struct {
+	Kind    string  `json:"kind"`
+	Subject string  `json:"subject"`
+	Name    string  `json:"name,omitempty"`
+	Count   int     `json:"count"`
+	P50     float64 `json:"p50_ms"`
+	P90     float64 `json:"p90_ms"`
+	P99     float64 `json:"p99_ms"`
+	Max     float64 `json:"max_ms"`
+}
+
+// Durations summarises measured durations of the last days.
+func (c *Controller) Durations(ctx context.Context, kind string, days int) ([]DurationStats, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	ds, err := health.NewStore(dbs[0]).Durations(ctx, kind, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	groups := map[[3]string][]float64{}
+	for _, d := range ds {
+		k := [3]string{d.Kind, d.Subject, d.Name}
+		groups[k] = append(groups[k], d.MS)
+	}
+	out := []DurationStats{}
+	for k, ms := range groups {
+		sort.Float64s(ms)
+		out = append(out, DurationStats{Kind: k[0], Subject: k[1], Name: k[2], Count: len(ms),
+			P50: percentile(ms, 0.5), P90: percentile(ms, 0.9), P99: percentile(ms, 0.99), Max: ms[len(ms)-1]})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.Kind+"\x00"+a.Subject+"\x00"+a.Name < b.Kind+"\x00"+b.Subject+"\x00"+b.Name
+	})
+	return out, nil
+}
+
+// DoctorView is the self-check's last verdict, and each signal.
+type DoctorView struct {
+	Verdict health.Verdict `json:"verdict"`
+}
+
+// DoctorLast returns the last verdict.
+func (c *Controller) DoctorLast(ctx context.Context) (health.Verdict, error) {
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return health.Verdict{}, err
+	}
+	defer closeAll()
+	return health.NewStore(dbs[0]).LastVerdict(ctx)
+}
+
+// DoctorSignals lists each signal's age against its bound.
+func (c *Controller) DoctorSignals(ctx context.Context) ([]Signal, error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	_, _, sigs, err := c.readSignals(ctx, inventory.NewStore(dbs[0]))
+	return sigs, err
+}

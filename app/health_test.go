@@ -1,0 +1,119 @@
+package app
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh-controller/contexts/health"
+)
+
+func (m *testMesh) open(t *testing.T, key string) bool {
+	t.Helper()
+	cs, err := m.c.Conditions(context.Background(), ConditionFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// restartWith restarts the controller with other serve options.
+func (m *testMesh) restartWith(o ServeOptions) {
+	m.stop()
+	m.opts = o
+	m.start()
+}
+
+// A host stopped: node.silent is raised within its bound, with a message;
+// back: it is cleared.
+func TestHealth_NodeSilent(t *testing.T) {
+	m := newTestMesh(t)
+	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond, Bounds: &Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
+	h := m.join("web1")
+	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil && m.node("web1").HeartbeatS > 0 })
+	if m.open(t, "node.silent/web1") {
+		t.Fatal("silent while beating")
+	}
+	h.stop()
+	waitFor(t, "node.silent/web1 to be raised", func() bool { return m.open(t, "node.silent/web1") })
+	if !strings.Contains(m.logs.String(), "raised urgent node.silent/web1") {
+		t.Fatalf("no message for the raising:\n%s", m.logs.String())
+	}
+	v, err := m.c.Status(context.Background())
+	if err != nil || len(v.Wrong) == 0 || v.Wrong[0].Severity != health.Urgent {
+		t.Fatalf("status: %+v, %v", v.Wrong, err)
+	}
+	quiet := false
+	for _, s := range v.Quiet {
+		quiet = quiet || s.Name == "heartbeat/web1"
+	}
+	if !quiet {
+		t.Fatalf("status does not call web1's heartbeat quiet: %+v", v.Quiet)
+	}
+	h.start()
+	waitFor(t, "node.silent/web1 to clear", func() bool { return !m.open(t, "node.silent/web1") })
+	hist, _ := m.c.ConditionsHistory(context.Background(), 1, "node.silent/web1")
+	if len(hist) < 2 || hist[0].Event != "cleared" {
+		t.Fatalf("history: %+v", hist)
+	}
+}
+
+// A healer acting past the bound engages the brake, raises healers.brake,
+// and no healer acts until a person releases it.
+func TestHealth_HealersBrake(t *testing.T) {
+	m := newTestMesh(t)
+	h := m.join("web1")
+	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	h.stop() // so every declaration stays unapplied: node.behind
+	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond,
+		Bounds:  &Bounds{HeartbeatFactor: 1000, Apply: 10 * time.Millisecond, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour},
+		Healers: HealerLimits{Acts: 1, Window: time.Hour, Same: 100, SameWindow: time.Hour}})
+	ctx := context.Background()
+	acts := func() []health.HealerAct {
+		v, err := m.c.Healers(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Acts
+	}
+	m.declare("web1", `{"modules": []}`)
+	waitFor(t, "redeclare to act on declaration 1", func() bool { return len(acts()) == 1 })
+	if a := acts()[0]; a.Healer != "redeclare" || a.Subject != "node.behind/web1" || a.Outcome != "done" {
+		t.Fatalf("act: %+v", a)
+	}
+	m.declare("web1", `{"modules": []}`)
+	waitFor(t, "the brake to engage and healers.brake to be raised", func() bool { return m.open(t, "healers.brake") })
+	if n := len(acts()); n != 2 {
+		t.Fatalf("%d acts, want 2", n)
+	}
+	m.declare("web1", `{"modules": []}`)
+	// Two self-checks after declaration 3 is behind: healers run after each; none may act.
+	behindAt := time.Now().Add(10 * time.Millisecond)
+	var first time.Time
+	waitFor(t, "a self-check after declaration 3 is behind", func() bool {
+		v, err := m.c.DoctorLast(ctx)
+		first = v.At
+		return err == nil && v.At.After(behindAt)
+	})
+	waitFor(t, "the self-check after that one", func() bool {
+		v, err := m.c.DoctorLast(ctx)
+		return err == nil && v.At.After(first)
+	})
+	if n := len(acts()); n != 2 {
+		t.Fatalf("a healer acted with the brake engaged: %d acts", n)
+	}
+	if err := m.c.HealersRelease(ctx, "looked at web1: it is off for maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "healers to act again after the release", func() bool { return len(acts()) == 3 })
+	hand, _ := m.c.HandActs(ctx, 1)
+	if len(hand.Acts) == 0 || hand.Acts[0].Cause != "brake" {
+		t.Fatalf("the release is not a hand act: %+v", hand.Acts)
+	}
+}

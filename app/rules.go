@@ -1,0 +1,301 @@
+package app
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// Bounds are how old a signal may grow, and how long a state may last,
+// before it is a condition. Defaults are conditions.md's; they are meant to
+// be set from measured durations.
+type Bounds struct {
+	// HeartbeatFactor times a node's heartbeat interval is its silence bound.
+	HeartbeatFactor float64 `json:"heartbeat_factor"`
+	// Heartbeat, if set, is a node's silence bound measured from durations.
+	Heartbeat map[string]time.Duration `json:"heartbeat,omitempty"`
+	// Apply is how long a node may stay behind its latest declaration.
+	Apply time.Duration `json:"apply"`
+	// DataReport is how old a node's data report may grow.
+	DataReport time.Duration `json:"data_report"`
+	// RetiredWaiting is how long retired data may wait for a person.
+	RetiredWaiting time.Duration `json:"retired_waiting"`
+	// Memory is how long a one-off event (a bad signature, a reused token) stays a condition.
+	Memory time.Duration `json:"memory"`
+}
+
+// DefaultBounds are conditions.md's values.
+func DefaultBounds() Bounds {
+	return Bounds{HeartbeatFactor: 3, Apply: 2 * time.Minute, DataReport: 15 * time.Minute, RetiredWaiting: 30 * 24 * time.Hour, Memory: 24 * time.Hour}
+}
+
+// checkInputs is everything the rules judge, read once per self-check.
+type checkInputs struct {
+	now         time.Time
+	bounds      Bounds
+	nodes       []inventory.Node
+	modules     []inventory.Module
+	snap        *inventory.Snapshot
+	declared    map[string]time.Time // node -> latest declaration issued at
+	data        map[string][]inventory.DataSet
+	retirements []inventory.Retirement
+	drops       []health.Drop
+	reuses      []identity.TokenReuse
+	brake       health.Brake
+	secretCount int
+	operatorKey bool
+	onlyOlder   int
+	probes      []health.Probe
+}
+
+// rule is one condition kind: its catalogue entry and how it is judged.
+type rule struct {
+	kind string
+	// needs names the stores it reads; it is not judged when one failed.
+	needs []string
+	eval  func(in *checkInputs) []health.Condition
+}
+
+func machineCondition(kind, node, severity, summary string, evidence map[string]any) health.Condition {
+	return health.Condition{Key: kind + "/" + node, Kind: kind, Scope: "machine", Machine: node, Severity: severity, Summary: summary, Evidence: evidence}
+}
+
+// heartbeatBound is a node's silence bound.
+func (in *checkInputs) heartbeatBound(n inventory.Node) time.Duration {
+	if b, ok := in.bounds.Heartbeat[n.Name]; ok {
+		return b
+	}
+	interval := time.Duration(n.HeartbeatIntervalS * float64(time.Second))
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	return time.Duration(in.bounds.HeartbeatFactor * float64(interval))
+}
+
+var rules = []rule{
+	{kind: "node.silent", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, n := range in.nodes {
+			if n.JoinedAt == nil || n.LastHeard == nil {
+				continue
+			}
+			if bound := in.heartbeatBound(n); in.now.Sub(*n.LastHeard) > bound {
+				// The summary names stable facts only: a check that finds the
+				// same silence changes nothing.
+				out = append(out, machineCondition("node.silent", n.Name, health.Urgent,
+					fmt.Sprintf("%s not heard since %s (bound %s)", n.Name, n.LastHeard.UTC().Format(time.RFC3339), bound),
+					map[string]any{"last_heard": n.LastHeard.UTC().Format(time.RFC3339), "bound_s": bound.Seconds()}))
+			}
+		}
+		return out
+	}},
+	{kind: "node.behind", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, n := range in.nodes {
+			issued, ok := in.declared[n.Name]
+			if !ok || n.JoinedAt == nil || n.SerialApplied >= n.SerialDeclared || in.now.Sub(issued) <= in.bounds.Apply {
+				continue
+			}
+			out = append(out, machineCondition("node.behind", n.Name, health.Warning,
+				fmt.Sprintf("%s has applied %d, not its declaration %d of %s (bound %s)", n.Name, n.SerialApplied, n.SerialDeclared, issued.UTC().Format(time.RFC3339), in.bounds.Apply),
+				map[string]any{"serial_applied": n.SerialApplied, "serial_declared": n.SerialDeclared, "declared_at": issued.UTC().Format(time.RFC3339)}))
+		}
+		return out
+	}},
+	{kind: "node.apply-failed", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, n := range in.nodes {
+			o := n.LastOutcome
+			if o == nil || o.OK || o.Serial <= n.SerialApplied {
+				continue
+			}
+			out = append(out, machineCondition("node.apply-failed", n.Name, health.Urgent,
+				fmt.Sprintf("%s failed to apply declaration %d: %s", n.Name, o.Serial, o.Error),
+				map[string]any{"serial": o.Serial, "error": o.Error, "at": o.At.UTC().Format(time.RFC3339)}))
+		}
+		return out
+	}},
+	{kind: "node.bad-signature", needs: []string{"health"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, d := range in.drops {
+			if d.Reason != "bad signature" || in.now.Sub(d.LastAt) > in.bounds.Memory {
+				continue
+			}
+			out = append(out, machineCondition("node.bad-signature", d.Node, health.Urgent,
+				fmt.Sprintf("%d messages claiming to be from %s did not verify", d.Count, d.Node),
+				map[string]any{"count": d.Count, "last_at": d.LastAt.UTC().Format(time.RFC3339)}))
+		}
+		return out
+	}},
+	{kind: "token.reused", needs: []string{"identity"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, r := range in.reuses {
+			if in.now.Sub(r.LastAt) > in.bounds.Memory {
+				continue
+			}
+			c := machineCondition("token.reused", r.Node, health.Warning,
+				fmt.Sprintf("a used join token of %s was presented again (%d times)", r.Node, r.Count),
+				map[string]any{"count": r.Count, "last_at": r.LastAt.UTC().Format(time.RFC3339)})
+			out = append(out, c)
+		}
+		return out
+	}},
+	{kind: "module.behind-source", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, m := range in.modules {
+			if m.BehindSource() {
+				out = append(out, health.Condition{Key: "module.behind-source/" + m.Name, Kind: "module.behind-source", Scope: "module", Module: m.Name,
+					Severity: health.Notice, Summary: fmt.Sprintf("%s's source moved to %s past what the mesh built", m.Name, m.MovedCommit),
+					Evidence: map[string]any{"moved_commit": m.MovedCommit, "commit": m.Commit, "version": m.CurrentVersion}})
+			}
+		}
+		return out
+	}},
+	{kind: "secret.no-operator-key", needs: []string{"secrets"}, eval: func(in *checkInputs) []health.Condition {
+		if in.secretCount == 0 || in.operatorKey {
+			return nil
+		}
+		return []health.Condition{{Key: "secret.no-operator-key", Kind: "secret.no-operator-key", Scope: "mesh", Severity: health.Urgent,
+			Summary: fmt.Sprintf("%d secrets and no operator key set: they cannot be recovered off the mesh", in.secretCount), Evidence: map[string]any{"secrets": in.secretCount}}}
+	}},
+	{kind: "secret.old-operator-key", needs: []string{"secrets"}, eval: func(in *checkInputs) []health.Condition {
+		if in.onlyOlder == 0 {
+			return nil
+		}
+		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
+			Summary:  fmt.Sprintf("%d secrets are sealed only to a replaced operator key", in.onlyOlder),
+			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
+	}},
+	{kind: "data.no-backup", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		holder := backupHolder(in.snap)
+		var out []health.Condition
+		for _, a := range in.snap.Assignments {
+			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
+				if d.Precious == inventory.Rebuildable {
+					continue
+				}
+				if reported := reportedSet(in.data[a.Node], a.Module, d.Name); reported != nil && reported.LastBackup != nil {
+					continue
+				}
+				sev := health.Urgent
+				if d.Precious == inventory.Costly {
+					sev = health.Warning
+				}
+				why := "no module holds the backup seat"
+				if holder != "" {
+					why = "no backup of it heard yet (the backup seat is held by " + holder + ")"
+				}
+				out = append(out, health.Condition{Key: fmt.Sprintf("data.no-backup/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.no-backup",
+					Scope: "module", Machine: a.Node, Module: a.Module, Severity: sev,
+					Summary:  fmt.Sprintf("%s data %s on %s (%s) has no backup: %s", a.Module, d.Name, a.Node, d.Precious, why),
+					Evidence: map[string]any{"path": d.Path, "precious": d.Precious, "backup_holder": holder}})
+			}
+		}
+		return out
+	}},
+	{kind: "data.backup-stale", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, a := range in.snap.Assignments {
+			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
+				r := reportedSet(in.data[a.Node], a.Module, d.Name)
+				if d.Precious == inventory.Rebuildable || r == nil || r.LastBackup == nil {
+					continue
+				}
+				cadence := backupCadence(d)
+				if age := in.now.Sub(*r.LastBackup); age > 2*cadence {
+					out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-stale/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.backup-stale",
+						Scope: "module", Machine: a.Node, Module: a.Module, Severity: health.Warning,
+						Summary:  fmt.Sprintf("%s data %s on %s: last backup %s, older than twice its cadence (%s)", a.Module, d.Name, a.Node, r.LastBackup.UTC().Format(time.RFC3339), cadence),
+						Evidence: map[string]any{"last_backup": r.LastBackup.UTC().Format(time.RFC3339), "cadence": cadence.String()}})
+				}
+			}
+		}
+		return out
+	}},
+	{kind: "data.retired-waiting", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, r := range in.retirements {
+			if r.State != "retired" || in.now.Sub(r.RetiredAt) <= in.bounds.RetiredWaiting {
+				continue
+			}
+			key := fmt.Sprintf("data.retired-waiting/%s/%s/%s", r.Node, r.Module, r.DataSet)
+			if r.Consumer != "" {
+				key += "/" + strings.ReplaceAll(r.Consumer, "/", ":")
+			}
+			out = append(out, health.Condition{Key: key, Kind: "data.retired-waiting", Scope: "module", Machine: r.Node, Module: r.Module, Severity: health.Notice,
+				Summary:  fmt.Sprintf("retired %s data %s on %s has waited for a person since %s", r.Module, r.DataSet, r.Node, r.RetiredAt.UTC().Format("2006-01-02")),
+				Evidence: map[string]any{"retired_at": r.RetiredAt.UTC().Format(time.RFC3339), "precious": r.Precious, "why": r.Why}})
+		}
+		return out
+	}},
+	{kind: "healers.brake", needs: []string{"health"}, eval: func(in *checkInputs) []health.Condition {
+		if !in.brake.Engaged {
+			return nil
+		}
+		return []health.Condition{{Key: "healers.brake", Kind: "healers.brake", Scope: "mesh", Severity: health.Urgent,
+			Summary:  "the healers' brake is engaged: no healer acts until a person releases it (" + in.brake.Why + ")",
+			Evidence: map[string]any{"engaged_at": in.brake.EngagedAt.UTC().Format(time.RFC3339), "why": in.brake.Why}}}
+	}},
+	{kind: "controller.store", eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, p := range in.probes {
+			if strings.HasPrefix(p.Name, "store ") && !p.OK {
+				out = append(out, health.Condition{Key: "controller.store/" + strings.TrimPrefix(p.Name, "store "), Kind: "controller.store", Scope: "mesh",
+					Severity: health.Urgent, Summary: p.Name + ": " + p.Detail, Evidence: map[string]any{"probe": p.Name, "detail": p.Detail}})
+			}
+		}
+		return out
+	}},
+	{kind: "controller.broker", eval: func(in *checkInputs) []health.Condition {
+		for _, p := range in.probes {
+			if p.Name == "broker" && !p.OK {
+				return []health.Condition{{Key: "controller.broker", Kind: "controller.broker", Scope: "mesh", Severity: health.Urgent,
+					Summary: p.Detail, Evidence: map[string]any{"detail": p.Detail}}}
+			}
+		}
+		return nil
+	}},
+}
+
+func reportedSet(sets []inventory.DataSet, module, name string) *inventory.DataSet {
+	for i := range sets {
+		if sets[i].Module == module && sets[i].Name == name {
+			return &sets[i]
+		}
+	}
+	return nil
+}
+
+func backupCadence(d inventory.DataSpec) time.Duration {
+	switch d.Backup {
+	case "hourly":
+		return time.Hour
+	case "weekly":
+		return 7 * 24 * time.Hour
+	case "daily":
+		return 24 * time.Hour
+	}
+	if d.Precious == inventory.Costly {
+		return 7 * 24 * time.Hour
+	}
+	return 24 * time.Hour
+}
+
+// backupHolder names the assignments that can hold the backup seat.
+func backupHolder(snap *inventory.Snapshot) string {
+	var holders []string
+	for _, a := range snap.Assignments {
+		for _, s := range snap.Manifests[a.Module][a.Version].Seats {
+			if s.Seat == "backup" {
+				holders = append(holders, a.Node+"/"+a.Module)
+			}
+		}
+	}
+	sort.Strings(holders)
+	return strings.Join(holders, ", ")
+}

@@ -1,0 +1,218 @@
+package app
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func ptr[T any](v T) *T { return &v }
+
+func ruleOf(t *testing.T, kind string) rule {
+	t.Helper()
+	for _, r := range rules {
+		if r.kind == kind {
+			return r
+		}
+	}
+	t.Fatalf("no rule %s", kind)
+	return rule{}
+}
+
+func emptySnap() *inventory.Snapshot {
+	return &inventory.Snapshot{Manifests: map[string]map[string]inventory.Manifest{}}
+}
+
+func inputs(mut func(in *checkInputs)) *checkInputs {
+	in := &checkInputs{now: t0, bounds: DefaultBounds(), snap: emptySnap(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
+	mut(in)
+	return in
+}
+
+// raiseChangeClear judges a rule on three states of the mesh: it must raise
+// a condition on the first, change it (same key, other summary or severity
+// or evidence) on the second, and find nothing on the third.
+func raiseChangeClear(t *testing.T, kind, key string, raise, change, clear *checkInputs) {
+	t.Helper()
+	r := ruleOf(t, kind)
+	first := r.eval(raise)
+	if len(first) != 1 || first[0].Key != key || first[0].Kind != kind || first[0].Summary == "" {
+		t.Fatalf("raise: %+v", first)
+	}
+	second := r.eval(change)
+	if len(second) != 1 || second[0].Key != key {
+		t.Fatalf("change: %+v", second)
+	}
+	a, _ := evidenceText(first[0])
+	b, _ := evidenceText(second[0])
+	if first[0].Summary == second[0].Summary && first[0].Severity == second[0].Severity && a == b {
+		t.Fatalf("change: nothing changed: %+v", second[0])
+	}
+	if got := r.eval(clear); len(got) != 0 {
+		t.Fatalf("clear: %+v", got)
+	}
+	// Judging the same state twice finds the same thing: a check changes nothing by itself.
+	again := r.eval(raise)
+	x, _ := evidenceText(again[0])
+	if again[0].Summary != first[0].Summary || x != a {
+		t.Fatalf("not stable: %+v vs %+v", first[0], again[0])
+	}
+}
+
+func evidenceText(c health.Condition) (string, error) {
+	s := ""
+	for _, k := range []string{"last_heard", "serial", "serial_declared", "count", "error", "moved_commit", "only_older_keys", "secrets", "backup_holder", "last_backup", "retired_at", "why", "detail", "bound_s"} {
+		if v, ok := c.Evidence[k]; ok {
+			s += k + "=" + toString(v) + ";"
+		}
+	}
+	return s, nil
+}
+
+func toString(v any) string { return fmtAny(v) }
+
+func joined(name string, heard time.Time, interval float64) inventory.Node {
+	return inventory.Node{Name: name, JoinedAt: ptr(t0.Add(-time.Hour)), LastHeard: &heard, HeartbeatIntervalS: interval}
+}
+
+func TestRule_NodeSilent(t *testing.T) {
+	raiseChangeClear(t, "node.silent", "node.silent/web1",
+		inputs(func(in *checkInputs) { in.nodes = []inventory.Node{joined("web1", t0.Add(-31*time.Second), 10)} }),
+		inputs(func(in *checkInputs) { in.nodes = []inventory.Node{joined("web1", t0.Add(-50*time.Second), 10)} }),
+		inputs(func(in *checkInputs) { in.nodes = []inventory.Node{joined("web1", t0.Add(-29*time.Second), 10)} }))
+}
+
+func TestRule_NodeBehind(t *testing.T) {
+	behind := func(applied, declared int64, issued time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			n := joined("web1", t0, 10)
+			n.SerialApplied, n.SerialDeclared = applied, declared
+			in.nodes = []inventory.Node{n}
+			in.declared["web1"] = issued
+		})
+	}
+	raiseChangeClear(t, "node.behind", "node.behind/web1",
+		behind(1, 2, t0.Add(-3*time.Minute)), behind(1, 3, t0.Add(-5*time.Minute)), behind(3, 3, t0.Add(-5*time.Minute)))
+	if got := ruleOf(t, "node.behind").eval(behind(1, 2, t0.Add(-time.Minute))); len(got) != 0 {
+		t.Fatalf("raised within the apply bound: %+v", got)
+	}
+}
+
+func TestRule_NodeApplyFailed(t *testing.T) {
+	failed := func(serial, applied int64, msg string, ok bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			n := joined("web1", t0, 10)
+			n.SerialApplied = applied
+			n.LastOutcome = &inventory.Outcome{Serial: serial, OK: ok, Error: msg, At: t0}
+			in.nodes = []inventory.Node{n}
+		})
+	}
+	raiseChangeClear(t, "node.apply-failed", "node.apply-failed/web1",
+		failed(2, 1, "disk full", false), failed(3, 1, "disk still full", false), failed(3, 3, "", true))
+}
+
+func TestRule_NodeBadSignature(t *testing.T) {
+	drops := func(n int64, last time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.drops = []health.Drop{{Node: "web1", Reason: "bad signature", Count: n, LastAt: last}, {Node: "web2", Reason: "unknown sender", Count: 9, LastAt: t0}}
+		})
+	}
+	raiseChangeClear(t, "node.bad-signature", "node.bad-signature/web1", drops(1, t0), drops(4, t0), drops(4, t0.Add(-25*time.Hour)))
+}
+
+func TestRule_TokenReused(t *testing.T) {
+	reuse := func(n int, last time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) { in.reuses = []identity.TokenReuse{{Node: "web1", Count: n, LastAt: last}} })
+	}
+	raiseChangeClear(t, "token.reused", "token.reused/web1", reuse(1, t0), reuse(2, t0), reuse(2, t0.Add(-25*time.Hour)))
+}
+
+func TestRule_ModuleBehindSource(t *testing.T) {
+	mod := func(moved, commit string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.modules = []inventory.Module{{Name: "paperless", MovedCommit: moved, Commit: commit, CurrentVersion: "1.0.0"}}
+		})
+	}
+	raiseChangeClear(t, "module.behind-source", "module.behind-source/paperless", mod("abc", ""), mod("def", ""), mod("def", "def"))
+}
+
+func TestRule_SecretOperatorKeys(t *testing.T) {
+	raiseChangeClear(t, "secret.no-operator-key", "secret.no-operator-key",
+		inputs(func(in *checkInputs) { in.secretCount = 2 }),
+		inputs(func(in *checkInputs) { in.secretCount = 3 }),
+		inputs(func(in *checkInputs) { in.secretCount, in.operatorKey = 3, true }))
+	raiseChangeClear(t, "secret.old-operator-key", "secret.old-operator-key",
+		inputs(func(in *checkInputs) { in.onlyOlder = 2 }),
+		inputs(func(in *checkInputs) { in.onlyOlder = 1 }),
+		inputs(func(in *checkInputs) { in.onlyOlder = 0 }))
+}
+
+func meshWithData(backup *time.Time, withHolder bool, cadence string) *checkInputs {
+	return inputs(func(in *checkInputs) {
+		in.snap.Manifests["paperless"] = map[string]inventory.Manifest{"1.0.0": {Module: "paperless", Version: "1.0.0",
+			Data: []inventory.DataSpec{{Name: "media", Path: "/m", Precious: inventory.Irreplaceable, Backup: cadence}, {Name: "index", Path: "/i", Precious: inventory.Rebuildable}}}}
+		in.snap.Assignments = []inventory.Assignment{{Node: "web1", Module: "paperless", Version: "1.0.0"}}
+		if withHolder {
+			in.snap.Manifests["backup"] = map[string]inventory.Manifest{"1.0.0": {Module: "backup", Version: "1.0.0", Seats: []inventory.Seat{{Seat: "backup"}}}}
+			in.snap.Assignments = append(in.snap.Assignments, inventory.Assignment{Node: "nas1", Module: "backup", Version: "1.0.0"})
+		}
+		in.data["web1"] = []inventory.DataSet{{Module: "paperless", Name: "media", Path: "/m", LastBackup: backup}}
+	})
+}
+
+func TestRule_DataNoBackup(t *testing.T) {
+	raiseChangeClear(t, "data.no-backup", "data.no-backup/web1/paperless/media",
+		meshWithData(nil, false, "daily"), meshWithData(nil, true, "daily"), meshWithData(ptr(t0), true, "daily"))
+}
+
+func TestRule_DataBackupStale(t *testing.T) {
+	raiseChangeClear(t, "data.backup-stale", "data.backup-stale/web1/paperless/media",
+		meshWithData(ptr(t0.Add(-49*time.Hour)), true, "daily"), meshWithData(ptr(t0.Add(-72*time.Hour)), true, "daily"),
+		meshWithData(ptr(t0.Add(-47*time.Hour)), true, "daily"))
+}
+
+func TestRule_DataRetiredWaiting(t *testing.T) {
+	retired := func(state string, at time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.retirements = []inventory.Retirement{{Node: "web1", Module: "paperless", DataSet: "media", State: state, RetiredAt: at, Precious: inventory.Irreplaceable}}
+		})
+	}
+	raiseChangeClear(t, "data.retired-waiting", "data.retired-waiting/web1/paperless/media",
+		retired("retired", t0.Add(-31*24*time.Hour)), retired("retired", t0.Add(-40*24*time.Hour)), retired("deleted", t0.Add(-40*24*time.Hour)))
+}
+
+func TestRule_HealersBrake(t *testing.T) {
+	raiseChangeClear(t, "healers.brake", "healers.brake",
+		inputs(func(in *checkInputs) { in.brake = health.Brake{Engaged: true, EngagedAt: ptr(t0), Why: "11 acts"} }),
+		inputs(func(in *checkInputs) { in.brake = health.Brake{Engaged: true, EngagedAt: ptr(t0), Why: "12 acts"} }),
+		inputs(func(in *checkInputs) { in.brake = health.Brake{} }))
+}
+
+func TestRule_ControllerProbes(t *testing.T) {
+	probes := func(ps ...health.Probe) *checkInputs { return inputs(func(in *checkInputs) { in.probes = ps }) }
+	raiseChangeClear(t, "controller.store", "controller.store/secrets",
+		probes(health.Probe{Name: "store secrets", Detail: "file is not a SQLite database"}),
+		probes(health.Probe{Name: "store secrets", Detail: "schema is behind"}),
+		probes(health.Probe{Name: "store secrets", OK: true}))
+	raiseChangeClear(t, "controller.broker", "controller.broker",
+		probes(health.Probe{Name: "broker", Detail: "no controller is serving"}),
+		probes(health.Probe{Name: "broker", Detail: "connection refused"}),
+		probes(health.Probe{Name: "broker", OK: true}))
+}
+
+// Every kind in the catalogue whose subject exists has a rule.
+func TestRules_Catalogue(t *testing.T) {
+	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.bad-signature", "token.reused", "module.behind-source",
+		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
+		"healers.brake", "controller.store", "controller.broker"} {
+		ruleOf(t, kind)
+	}
+}
+
+func fmtAny(v any) string { return fmt.Sprint(v) }

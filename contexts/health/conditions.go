@@ -1,0 +1,267 @@
+package health
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Severities, most urgent first.
+const (
+	Urgent  = "urgent"
+	Warning = "warning"
+	Notice  = "notice"
+)
+
+// ErrNoCondition means no open condition has that key.
+var ErrNoCondition = errors.New("no open condition has that key")
+
+// Condition is something wrong now.
+type Condition struct {
+	Key           string         `json:"key"`
+	Kind          string         `json:"kind"`
+	Scope         string         `json:"scope"`
+	Machine       string         `json:"machine"`
+	Module        string         `json:"module"`
+	Severity      string         `json:"severity"`
+	Summary       string         `json:"summary"`
+	Evidence      map[string]any `json:"evidence"`
+	RaisedAt      time.Time      `json:"raised_at"`
+	ChangedAt     time.Time      `json:"changed_at"`
+	SilencedUntil *time.Time     `json:"silenced_until"`
+	SilenceWhy    string         `json:"silence_why,omitempty"`
+}
+
+// Silenced says its messages are stopped at now.
+func (c Condition) Silenced(now time.Time) bool {
+	return c.SilencedUntil != nil && c.SilencedUntil.After(now)
+}
+
+// Rank orders severities: urgent 0, warning 1, notice 2.
+func Rank(severity string) int {
+	switch severity {
+	case Urgent:
+		return 0
+	case Warning:
+		return 1
+	}
+	return 2
+}
+
+// Change is one raising, change or clearing a reconcile made.
+type Change struct {
+	Event     string    `json:"event"` // raised, changed, cleared, silenced
+	Condition Condition `json:"condition"`
+	At        time.Time `json:"at"`
+}
+
+func evidenceJSON(e map[string]any) (string, error) {
+	if e == nil {
+		e = map[string]any{}
+	}
+	b, err := json.Marshal(e) // maps marshal with sorted keys: equal evidence, equal text
+	return string(b), err
+}
+
+// Reconcile makes the open conditions what the self-check found: new
+// findings are raised, open ones whose severity, summary or evidence moved
+// are changed, and open ones of an evaluated kind not found again are
+// cleared. A kind the check could not evaluate (its store was unreadable)
+// keeps its conditions. Every change is kept in the history.
+func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) ([]Change, error) {
+	var changes []Change
+	at := sqlite.FormatTime(now)
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		open, err := conditions(ctx, tx, "")
+		if err != nil {
+			return err
+		}
+		byKey := map[string]Condition{}
+		for _, c := range open {
+			byKey[c.Key] = c
+		}
+		seen := map[string]bool{}
+		history := func(event string, c Condition) error {
+			ev, err := evidenceJSON(c.Evidence)
+			if err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+				c.Key, c.Kind, event, c.Severity, c.Summary, ev, at)
+			changes = append(changes, Change{Event: event, Condition: c, At: now})
+			return err
+		}
+		for _, f := range found {
+			if seen[f.Key] {
+				continue
+			}
+			seen[f.Key] = true
+			ev, err := evidenceJSON(f.Evidence)
+			if err != nil {
+				return err
+			}
+			old, isOpen := byKey[f.Key]
+			if !isOpen {
+				f.RaisedAt, f.ChangedAt = now, now
+				if _, err := tx.ExecContext(ctx, `INSERT INTO conditions (key, kind, scope, machine, module, severity, summary, evidence, raised_at, changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+					f.Key, f.Kind, f.Scope, f.Machine, f.Module, f.Severity, f.Summary, ev, at, at); err != nil {
+					return err
+				}
+				if err := history("raised", f); err != nil {
+					return err
+				}
+				continue
+			}
+			oldEv, _ := evidenceJSON(old.Evidence)
+			if old.Severity == f.Severity && old.Summary == f.Summary && oldEv == ev {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE conditions SET severity = ?, summary = ?, evidence = ?, changed_at = ? WHERE key = ?`,
+				f.Severity, f.Summary, ev, at, f.Key); err != nil {
+				return err
+			}
+			f.RaisedAt, f.ChangedAt, f.SilencedUntil, f.SilenceWhy = old.RaisedAt, now, old.SilencedUntil, old.SilenceWhy
+			if err := history("changed", f); err != nil {
+				return err
+			}
+		}
+		for _, c := range open {
+			if seen[c.Key] || !evaluated[c.Kind] {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM conditions WHERE key = ?`, c.Key); err != nil {
+				return err
+			}
+			if err := history("cleared", c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile conditions: %w", err)
+	}
+	return changes, nil
+}
+
+const conditionColumns = `key, kind, scope, machine, module, severity, summary, evidence, raised_at, changed_at, silenced_until, silence_why`
+
+func scanCondition(sc interface{ Scan(...any) error }) (Condition, error) {
+	var c Condition
+	var ev, raised, changed string
+	var silenced sql.NullString
+	if err := sc.Scan(&c.Key, &c.Kind, &c.Scope, &c.Machine, &c.Module, &c.Severity, &c.Summary, &ev, &raised, &changed, &silenced, &c.SilenceWhy); err != nil {
+		return Condition{}, err
+	}
+	if err := json.Unmarshal([]byte(ev), &c.Evidence); err != nil {
+		return Condition{}, err
+	}
+	var err error
+	if c.RaisedAt, err = sqlite.ParseTime(raised); err != nil {
+		return Condition{}, err
+	}
+	if c.ChangedAt, err = sqlite.ParseTime(changed); err != nil {
+		return Condition{}, err
+	}
+	c.SilencedUntil, err = sqlite.ParseNullTime(silenced)
+	return c, err
+}
+
+func conditions(ctx context.Context, q sqlite.Querier, key string) ([]Condition, error) {
+	rows, err := q.QueryContext(ctx, `SELECT `+conditionColumns+` FROM conditions WHERE ? = '' OR key = ?`, key, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Condition{}
+	for rows.Next() {
+		c, err := scanCondition(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// Conditions returns every open condition, urgent first, then by key.
+func (s *Store) Conditions(ctx context.Context) ([]Condition, error) {
+	cs, err := conditions(ctx, s.db.Reader, "")
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(cs, func(i, j int) bool {
+		if Rank(cs[i].Severity) != Rank(cs[j].Severity) {
+			return Rank(cs[i].Severity) < Rank(cs[j].Severity)
+		}
+		return cs[i].Key < cs[j].Key
+	})
+	return cs, nil
+}
+
+// Condition returns one open condition, or ErrNoCondition.
+func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
+	cs, err := conditions(ctx, s.db.Reader, key)
+	if err != nil {
+		return Condition{}, err
+	}
+	if len(cs) == 0 {
+		return Condition{}, fmt.Errorf("%s: %w", key, ErrNoCondition)
+	}
+	return cs[0], nil
+}
+
+// History returns the raisings, changes, clearings and silencings since a
+// time, of one key or ("") of all, newest first.
+func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Change, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT key, kind, event, severity, summary, evidence, at FROM condition_history
+		WHERE at >= ? AND (? = '' OR key = ?) ORDER BY at DESC, id DESC`, sqlite.FormatTime(since), key, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Change{}
+	for rows.Next() {
+		var ch Change
+		var ev, at string
+		if err := rows.Scan(&ch.Condition.Key, &ch.Condition.Kind, &ch.Event, &ch.Condition.Severity, &ch.Condition.Summary, &ev, &at); err != nil {
+			return nil, err
+		}
+		json.Unmarshal([]byte(ev), &ch.Condition.Evidence)
+		if ch.At, err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+		out = append(out, ch)
+	}
+	return out, rows.Err()
+}
+
+// Silence stops a condition's messages until a time; it stays open and listed.
+func (s *Store) Silence(ctx context.Context, key string, until time.Time, why string, now time.Time) (Condition, error) {
+	var c Condition
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		cs, err := conditions(ctx, tx, key)
+		if err != nil {
+			return err
+		}
+		if len(cs) == 0 {
+			return fmt.Errorf("%s: %w", key, ErrNoCondition)
+		}
+		c = cs[0]
+		if _, err := tx.ExecContext(ctx, `UPDATE conditions SET silenced_until = ?, silence_why = ? WHERE key = ?`, sqlite.FormatTime(until), why, key); err != nil {
+			return err
+		}
+		c.SilencedUntil, c.SilenceWhy = &until, why
+		ev, _ := evidenceJSON(c.Evidence)
+		_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, 'silenced', ?, ?, ?, ?)`,
+			c.Key, c.Kind, c.Severity, fmt.Sprintf("silenced until %s: %s", until.UTC().Format(time.RFC3339), why), ev, sqlite.FormatTime(now))
+		return err
+	})
+	return c, err
+}

@@ -1,0 +1,90 @@
+package health
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"mesh-controller/embedded/sqlite/sqlitetest"
+)
+
+func TestStore_Reconcile(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	silent := Condition{Key: "node.silent/web1", Kind: "node.silent", Scope: "machine", Machine: "web1", Severity: Urgent, Summary: "web1 not heard", Evidence: map[string]any{"a": 1}}
+	store := Condition{Key: "controller.store/secrets", Kind: "controller.store", Scope: "mesh", Severity: Urgent, Summary: "broken"}
+	all := map[string]bool{"node.silent": true, "controller.store": true}
+	events := func(chs []Change) (out []string) {
+		for _, c := range chs {
+			out = append(out, c.Event+" "+c.Condition.Key)
+		}
+		return out
+	}
+	chs, err := s.Reconcile(ctx, []Condition{silent, store}, all, t0)
+	if err != nil || len(chs) != 2 || chs[0].Event != "raised" {
+		t.Fatalf("raise: %v, %v", events(chs), err)
+	}
+	// The same findings again change nothing.
+	if chs, _ = s.Reconcile(ctx, []Condition{silent, store}, all, t0.Add(time.Minute)); len(chs) != 0 {
+		t.Fatalf("again: %v", events(chs))
+	}
+	// New evidence is a change, kept with its raising time.
+	silent.Evidence = map[string]any{"a": 2}
+	chs, _ = s.Reconcile(ctx, []Condition{silent, store}, all, t0.Add(2*time.Minute))
+	if len(chs) != 1 || chs[0].Event != "changed" {
+		t.Fatalf("change: %v", events(chs))
+	}
+	c, err := s.Condition(ctx, silent.Key)
+	if err != nil || !c.RaisedAt.Equal(t0) || !c.ChangedAt.Equal(t0.Add(2*time.Minute)) {
+		t.Fatalf("condition: %+v, %v", c, err)
+	}
+	// Not found again: cleared, but only for kinds that were judged.
+	chs, _ = s.Reconcile(ctx, nil, map[string]bool{"node.silent": true}, t0.Add(3*time.Minute))
+	if len(chs) != 1 || chs[0].Event != "cleared" || chs[0].Condition.Key != silent.Key {
+		t.Fatalf("clear: %v", events(chs))
+	}
+	open, _ := s.Conditions(ctx)
+	if len(open) != 1 || open[0].Key != store.Key {
+		t.Fatalf("open: %+v", open)
+	}
+	// Silence: stays listed, marked, and is in the history.
+	if _, err := s.Silence(ctx, store.Key, t0.Add(time.Hour), "known", t0.Add(4*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = s.Condition(ctx, store.Key)
+	if !c.Silenced(t0.Add(30*time.Minute)) || c.Silenced(t0.Add(2*time.Hour)) {
+		t.Fatalf("silence: %+v", c)
+	}
+	h, _ := s.History(ctx, "", t0)
+	if len(h) != 5 || h[0].Event != "silenced" || h[len(h)-1].Event != "raised" {
+		t.Fatalf("history: %v", events(h))
+	}
+	if _, err := s.Silence(ctx, "nosuch", t0, "x", t0); err == nil {
+		t.Fatal("silenced a condition that is not open")
+	}
+}
+
+func TestStore_Brake(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	if b, _ := s.Brake(ctx); b.Engaged {
+		t.Fatal("engaged from the start")
+	}
+	if err := s.ReleaseBrake(ctx, "me", "why", t0); err != ErrBrakeNotEngaged {
+		t.Fatalf("release of nothing: %v", err)
+	}
+	s.EngageBrake(ctx, "11 acts", t0)
+	if b, _ := s.Brake(ctx); !b.Engaged || b.Why != "11 acts" {
+		t.Fatalf("engaged: %+v", b)
+	}
+	if err := s.ReleaseBrake(ctx, "me", "looked at it", t0); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := s.Brake(ctx); b.Engaged || b.ReleasedBy != "me" {
+		t.Fatalf("released: %+v", b)
+	}
+}
