@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build run demo test lint bench fuzz clean
+.PHONY: build run demo test browser lint bench fuzz clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
@@ -50,8 +50,16 @@ demo: build
 	echo "  recovered: $$(cat $$dir/recovered)"; \
 	echo; echo "demo done: stopping the hosts and the controller"
 
-test:
+# The board is tested in a real browser: Debian's chromium, installed here
+# when missing (as root, as CI runs), else one line saying what to install.
+test: browser
 	$(GO) test -count=1 -timeout 9m ./...
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the board's browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+		|| { echo "make test: the board's browser test needs chromium: install it (apt-get install chromium) and run make test again"; exit 1; }; }
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi

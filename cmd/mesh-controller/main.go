@@ -54,6 +54,7 @@ type CLI struct {
 	HandAct    HandActCmd    `cmd:"" name:"hand-act" help:"Record an act done by hand."`
 	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
 	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build): count, p50, p90, p99, max."`
+	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
 }
 
 // Env is what every Run is given: the application and where to print.

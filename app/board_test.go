@@ -1,0 +1,108 @@
+package app
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// browser finds Debian's Chromium ('make test' installs it). In CI a missing
+// browser fails the test: the board is tested in a real browser, never skipped there.
+func browser(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("no chromium: 'make test' installs Debian's package (apt-get install chromium)")
+	}
+	t.Skip("no chromium here; 'make test' installs it")
+	return ""
+}
+
+// The board, in a real browser: the three sections, a condition's link to
+// its evidence and history, and a screenshot kept as an artifact.
+func TestBoard_InABrowser(t *testing.T) {
+	exe := browser(t)
+	m := newTestMesh(t)
+	h := m.join("web1")
+	ctx := context.Background()
+	m.addModule(example("paperless"))
+	m.addModule(example("postgres"))
+	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "web1 to apply and beat", func() bool { n := m.node("web1"); return !n.Behind && n.HeartbeatS > 0 })
+	h.stop()
+	waitFor(t, "the self-check to find web1 silent", func() bool {
+		if _, err := m.c.SelfCheck(ctx, CheckOptions{Bounds: &Bounds{HeartbeatFactor: 2, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}}); err != nil {
+			t.Fatal(err)
+		}
+		return m.open(t, "node.silent/web1")
+	})
+	srv := httptest.NewServer(m.c.BoardHandler())
+	defer srv.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.WindowSize(420, 900))
+	actx, cancel := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancel()
+	bctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	bctx, cancel = context.WithTimeout(bctx, 20*time.Second)
+	defer cancel()
+
+	text := func(sel string) string {
+		v, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return v
+	}
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+	wrong, quiet, outOfDate := text("#wrong"), text("#quiet"), text("#out-of-date")
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`a[href="/condition/node.silent%2Fweb1"]`)), chromedp.WaitVisible(chromedp.CSS("#evidence"))); err != nil {
+		t.Fatalf("follow the condition's link: %v", err)
+	}
+	title, evidence, history := text("h1"), text("#evidence"), text("#history")
+	for name, c := range map[string][2]string{
+		"wrong":       {wrong, "node.silent/web1"},
+		"wrong (2)":   {wrong, "data.no-backup/web1/paperless/media"},
+		"quiet":       {quiet, "heartbeat/web1"},
+		"out of date": {outOfDate, "What is out of date"},
+		"title":       {title, "node.silent/web1"},
+		"evidence":    {evidence, "last_heard"},
+		"history":     {history, "raised"},
+	} {
+		if !strings.Contains(c[0], c[1]) {
+			t.Errorf("%s: %q does not hold %q", name, c[0], c[1])
+		}
+	}
+	out := filepath.Join(os.TempDir(), "mesh-controller-board.png")
+	if err := os.WriteFile(out, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the board: %s", out)
+
+	// A condition that is not open is a page that says so, not an error.
+	resp, err := http.Get(srv.URL + "/condition/node.silent%2Fweb9")
+	if err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown condition: %v %v", resp, err)
+	}
+}
