@@ -198,21 +198,11 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.retirements, err = inv.Retirements(ctx, ""); err != nil {
 		return err
 	}
-	for _, n := range in.nodes {
-		if n.SerialDeclared > 0 {
-			d, err := inv.LatestDeclaration(ctx, n.Name)
-			if err != nil {
-				return err
-			}
-			if d != nil {
-				in.declared[n.Name] = d.IssuedAt
-			}
-		}
-		if n.JoinedAt != nil {
-			if in.data[n.Name], err = inv.DataSets(ctx, n.Name); err != nil {
-				return err
-			}
-		}
+	if in.declared, err = inv.DeclaredAt(ctx); err != nil {
+		return err
+	}
+	if in.data, err = inv.AllDataSets(ctx); err != nil {
+		return err
 	}
 	return nil
 }

@@ -94,3 +94,25 @@ func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaratio
 func (s *Store) Behind(ctx context.Context) ([]string, error) {
 	return sqlite.Strings(ctx, s.db.Reader, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
 }
+
+// DeclaredAt returns when each node's latest declaration was issued, in one query.
+func (s *Store) DeclaredAt(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, issued_at FROM declarations`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var node, at string
+		if err := rows.Scan(&node, &at); err != nil {
+			return nil, err
+		}
+		t, err := sqlite.ParseTime(at)
+		if err != nil {
+			return nil, err
+		}
+		out[node] = t
+	}
+	return out, rows.Err()
+}

@@ -198,3 +198,29 @@ func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
 	}
 	return sets, rows.Err()
 }
+
+// AllDataSets returns every node's data sets as last reported, in one query.
+func (s *Store) AllDataSets(ctx context.Context) (map[string][]DataSet, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, module, name, path, bytes, precious, last_backup, reported_at FROM node_data_sets ORDER BY node, module, name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]DataSet{}
+	for rows.Next() {
+		var node, reported string
+		var d DataSet
+		var backup sql.NullString
+		if err := rows.Scan(&node, &d.Module, &d.Name, &d.Path, &d.Bytes, &d.Precious, &backup, &reported); err != nil {
+			return nil, err
+		}
+		if d.LastBackup, err = sqlite.ParseNullTime(backup); err != nil {
+			return nil, err
+		}
+		if d.ReportedAt, err = sqlite.ParseTime(reported); err != nil {
+			return nil, err
+		}
+		out[node] = append(out[node], d)
+	}
+	return out, rows.Err()
+}
