@@ -22,7 +22,7 @@ run: build
 # demo: a controller and two hosts in a temporary dir, node list, then all stopped.
 demo: build
 	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
-	pids=""; trap 'kill $$pids 2>/dev/null; wait 2>/dev/null; rm -rf $$dir' EXIT; \
+	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
 	$$mc migrate >/dev/null 2>&1; \
 	$$mc serve --listen 127.0.0.1:0 >$$dir/serve.log 2>&1 & pids="$$pids $$!"; \
 	for i in $$(seq 100); do grep -q '^ready' $$dir/serve.log && break; sleep 0.1; done; \
@@ -31,7 +31,7 @@ demo: build
 	for n in web1 web2; do \
 		tok=$$($$mc token issue --new $$n 2>/dev/null); \
 		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
-		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s >/dev/null 2>&1 & pids="$$pids $$!"; \
+		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s >/dev/null 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
 	done; \
 	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
 		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
@@ -48,6 +48,16 @@ demo: build
 	echo; echo "break-glass, with the operator key alone:"; $$mc secret export --out $$dir/export.json; \
 	$$mc secret recover web1 paperless ocr_licence --key $$dir/operator.key --from-export $$dir/export.json --out $$dir/recovered; \
 	echo "  recovered: $$(cat $$dir/recovered)"; \
+	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
+	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
+	kill $$pid_web1; : > $$dir/web2/root/srv; \
+	echo '{"modules": [{"module": "broken", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/d", "precious": "costly"}]}]}' > $$dir/broken.json; \
+	$$mc declare web2 $$dir/broken.json --why "the demo shows a failed apply" >/dev/null 2>&1; sleep 5; \
+	$$mc doctor run 2>/dev/null | head -1; echo; $$mc status 2>/dev/null; echo; $$mc durations --kind apply; echo; $$mc healers | tail -n +3; echo; $$mc hand-acts; echo; \
+	$$mc board --listen 127.0.0.1:0 > $$dir/board.out & pids="$$pids $$!"; \
+	for i in $$(seq 50); do grep -q '^board:' $$dir/board.out && break; sleep 0.1; done; \
+	board=$$(sed -n 's/^board: //p' $$dir/board.out); echo "the board at $$board shows:"; \
+	curl -s $$board | grep -o '<h2>[^<]*</h2>' | sed 's/<[^>]*>//g; s/^/  /'; \
 	echo; echo "demo done: stopping the hosts and the controller"
 
 # The board is tested in a real browser: Debian's chromium, installed here
