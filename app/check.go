@@ -112,7 +112,7 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 		sec := secrets.NewStore(db)
 		_, kerr := sec.OperatorKey(ctx)
 		in.operatorKey = kerr == nil
-		probe("operator key", kerr, "set")
+		probe("operator key", kerr, "set: keep its private half off the mesh and backed up, with a 'secret export' beside it; without it no secret can be recovered when the mesh is lost")
 		var cur int
 		cur, in.onlyOlder, err = sec.Recoverable(ctx)
 		in.secretCount = cur + in.onlyOlder

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/contexts/identity"
+
 	"mesh-controller/contexts/health"
 )
 
@@ -40,8 +42,32 @@ func TestHealth_NodeSilent(t *testing.T) {
 	if m.open(t, "node.silent/web1") {
 		t.Fatal("silent while beating")
 	}
+	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := m.c.dialBroker(context.Background(), identity.NewStore(dbs[0]))
+	closeAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	alerts, err := nc.SubscribeSync(AlertSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
 	h.stop()
 	waitFor(t, "node.silent/web1 to be raised", func() bool { return m.open(t, "node.silent/web1") })
+	for {
+		msg, err := alerts.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("no message on %s for node.silent/web1: %v", AlertSubject, err)
+		}
+		if strings.Contains(string(msg.Data), `"event":"raised"`) && strings.Contains(string(msg.Data), `"key":"node.silent/web1"`) {
+			break
+		}
+	}
 	if !strings.Contains(m.logs.String(), "raised urgent node.silent/web1") {
 		t.Fatalf("no message for the raising:\n%s", m.logs.String())
 	}
