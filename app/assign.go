@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -211,6 +210,32 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := inv.Assign(ctx, as, sortedKeys(bumps)); err != nil {
 		return Assigned{}, err
 	}
+	// An unheld seat is taken by the first assignment that can fill it.
+	if snap, err = inv.Snapshot(ctx); err != nil {
+		return out, err
+	}
+	var seats []inventory.SeatChange
+	for _, m := range adding {
+		for _, seat := range m.Seats {
+			name := snap.Seats.SeatName(seat.Seat)
+			if len(snap.Seats.Holders[name]) == 0 {
+				seats = append(seats, inventory.SeatChange{Seat: name, Add: []inventory.Holder{{Node: node, Module: m.Module}}})
+				snap.Seats.Holders[name] = []inventory.Holder{{Node: node, Module: m.Module}}
+			}
+		}
+	}
+	if len(seats) > 0 {
+		if err := inv.ChangeSeats(ctx, seats, nil, nil, c.Now()); err != nil {
+			return out, err
+		}
+	}
+	moved, err := c.syncBindings(ctx, inv, ids, sec)
+	if err != nil {
+		return out, err
+	}
+	for _, n := range append(moved, backupHolderNodes(snap)...) {
+		bumps[n] = true
+	}
 	// Secrets the mesh makes are made now (or when the node joins), sealed,
 	// and their plaintext dropped.
 	if snap, err = inv.Snapshot(ctx); err != nil {
@@ -228,7 +253,9 @@ type Unassigned struct {
 	Node        string                 `json:"node"`
 	Modules     []string               `json:"modules"`
 	Retirements []inventory.Retirement `json:"retirements"`
-	Pushed      []Pushed               `json:"pushed"`
+	// Waiting are the consumers whose providers now wait for a person to retire them.
+	Waiting []inventory.Consumer `json:"waiting"`
+	Pushed  []Pushed             `json:"pushed"`
 }
 
 // Unassign takes modules off a node. Their precious data is retired and
@@ -313,48 +340,49 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 			out.Retirements = append(out.Retirements, inventory.Retirement{Node: node, Module: m, DataSet: d.Name, Path: d.Path,
 				Precious: d.Precious, State: state, RetiredAt: c.Now(), Why: why})
 		}
-		for _, need := range man.Needs {
-			pn, pm, ok := boundProvider(snap, node, need.Provision, leaving)
-			if !ok {
-				continue
-			}
-			bumps[pn] = true
-			prov := snap.Manifests[pm][versionOn(snap, pn, pm)]
-			for _, p := range prov.Provides {
-				if p.Provision == need.Provision && p.PerConsumer != nil && p.PerConsumer.Data != nil {
-					out.Retirements = append(out.Retirements, inventory.Retirement{Node: pn, Module: pm, DataSet: need.Provision,
-						Path: "", Precious: p.PerConsumer.Data.Precious, Consumer: node + "/" + m, State: "retired", RetiredAt: c.Now(),
-						Why: fmt.Sprintf("%s/%s, its consumer, was %s", node, m, why)})
-				}
-			}
-		}
 	}
 	if err := inv.Unassign(ctx, node, modules, out.Retirements, sortedKeys(bumps)); err != nil {
 		return Unassigned{}, err
+	}
+	// Their consumers' providers keep what they kept for them: those
+	// consumers now wait for a person to retire them.
+	moved, err := c.syncBindings(ctx, inv, ids, sec)
+	if err != nil {
+		return out, err
+	}
+	after, err := inv.Snapshot(ctx)
+	if err != nil {
+		return out, err
+	}
+	for _, cs := range after.Seats.Consumers {
+		if cs.State == "waiting" && consumerOf(cs.Consumer, node, modules) {
+			out.Waiting = append(out.Waiting, cs)
+		}
+	}
+	for _, n := range append(moved, backupHolderNodes(after)...) {
+		bumps[n] = true
 	}
 	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(bumps))
 	return out, err
 }
 
-// boundProvider is the provider a consumer on node gets a provision from:
-// one on the same node, else the first by node and module name.
-func boundProvider(snap *inventory.Snapshot, node, provision string, leaving map[string]bool) (string, string, bool) {
-	var cands [][2]string
-	for _, a := range snap.Assignments {
-		if provides(snap.Manifests[a.Module][a.Version], provision) && !(a.Node == node && leaving[a.Module]) {
-			cands = append(cands, [2]string{a.Node, a.Module})
+func consumerOf(consumer, node string, modules []string) bool {
+	for _, m := range modules {
+		if consumer == node+"/"+m {
+			return true
 		}
 	}
-	if len(cands) == 0 {
-		return "", "", false
+	return false
+}
+
+// backupHolderNodes are the nodes holding the backup seat: their backup
+// lines follow every precious data set in the mesh.
+func backupHolderNodes(snap *inventory.Snapshot) []string {
+	var out []string
+	for _, h := range snap.Seats.Holders[snap.Seats.SeatName("backup")] {
+		out = append(out, h.Node)
 	}
-	sort.Slice(cands, func(i, j int) bool {
-		if (cands[i][0] == node) != (cands[j][0] == node) {
-			return cands[i][0] == node
-		}
-		return cands[i][0]+"/"+cands[i][1] < cands[j][0]+"/"+cands[j][1]
-	})
-	return cands[0][0], cands[0][1], true
+	return out
 }
 
 func versionOn(snap *inventory.Snapshot, node, module string) string {

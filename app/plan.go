@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"mesh-controller/contexts/secrets"
 
@@ -36,7 +37,38 @@ type PlanBody struct {
 	Mode        string          `json:"mode"`
 	Modules     []PlannedModule `json:"modules"`
 	Seats       []string        `json:"seats"`
-	BackupLines []any           `json:"backup_lines"`
+	BackupLines []BackupLine    `json:"backup_lines"`
+	// Delete is what a person asked, with cleanup delete, this node to delete.
+	Delete []PlannedDeletion `json:"delete,omitempty"`
+}
+
+// BackupLine is one data set the backup seat's holder keeps copies of.
+type BackupLine struct {
+	Node       string     `json:"node"`
+	Module     string     `json:"module"`
+	Data       string     `json:"data"`
+	Path       string     `json:"path"`
+	Precious   string     `json:"precious"`
+	Cadence    string     `json:"cadence"`
+	LastBackup *time.Time `json:"last_backup"`
+}
+
+// PlannedDeletion is one cleanup the host carries out and reports done.
+type PlannedDeletion struct {
+	Module string `json:"module"`
+	Kind   string `json:"kind"` // data or consumer
+	Target string `json:"target"`
+	Path   string `json:"path,omitempty"`
+}
+
+// PlannedConsumer is one consumer of a provider module, and its access.
+type PlannedConsumer struct {
+	Consumer          string `json:"consumer"`
+	Provision         string `json:"provision"`
+	State             string `json:"state"`
+	CredentialName    string `json:"credential_name,omitempty"`
+	CredentialVersion int64  `json:"credential_version,omitempty"`
+	Credential        string `json:"credential,omitempty"`
 }
 
 // PlannedModule is one module of a plan.
@@ -49,6 +81,8 @@ type PlannedModule struct {
 	Data     []protocol.DeclaredData `json:"data"`
 	Bindings []Binding               `json:"bindings"`
 	Secrets  []SealedSecret          `json:"secrets"`
+	// Consumers are a provider's consumers and their access.
+	Consumers []PlannedConsumer `json:"consumers,omitempty"`
 	// WaitingFor names the secrets the module waits for: its host does not
 	// start it half-configured.
 	WaitingFor []string `json:"waiting_for,omitempty"`
@@ -62,10 +96,15 @@ type SealedSecret struct {
 	Sealed  string `json:"sealed"`
 }
 
-// Binding is which provider (node/module) a module gets a provision from.
+// Binding is which provider (node/module) a module gets a provision from,
+// why that one, and the credential for it, sealed to both ends.
 type Binding struct {
-	Provision string `json:"provision"`
-	From      string `json:"from"`
+	Provision         string `json:"provision"`
+	From              string `json:"from"`
+	Why               string `json:"why"`
+	CredentialName    string `json:"credential_name,omitempty"`
+	CredentialVersion int64  `json:"credential_version,omitempty"`
+	Credential        string `json:"credential,omitempty"`
 }
 
 // Canonical is the plan's body as canonical JSON.
@@ -82,6 +121,10 @@ type planner struct {
 	schemas map[string]*jsonschema.Schema
 	// settings caches effective settings of nodes without a layer of their own.
 	settings map[string]settingsResult
+	// bindings are every consumer's provider, and why.
+	bindings map[string]choice
+	// seatsOf is the seats each assignment holds.
+	seatsOf map[inventory.Holder][]string
 }
 
 type settingsResult struct {
@@ -94,6 +137,16 @@ func newPlanner(snap *inventory.Snapshot, sealed map[string]secrets.Copy) *plann
 		settings: map[string]settingsResult{}}
 	for _, a := range snap.Assignments {
 		p.byNode[a.Node] = append(p.byNode[a.Node], a)
+	}
+	p.bindings = chooseBindings(snap)
+	p.seatsOf = map[inventory.Holder][]string{}
+	for seat, holders := range snap.Seats.Holders {
+		for _, h := range holders {
+			p.seatsOf[h] = append(p.seatsOf[h], seat)
+		}
+	}
+	for h := range p.seatsOf {
+		sort.Strings(p.seatsOf[h])
 	}
 	return p
 }
@@ -131,7 +184,7 @@ func (pl *planner) plan(node string) (Plan, error) {
 		return Plan{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
 	p := Plan{Node: node, PlanVersion: n.PlanVersion, Reasons: map[string][]string{},
-		Body: PlanBody{Node: node, Mode: string(n.Mode), Modules: []PlannedModule{}, Seats: []string{}, BackupLines: []any{}}}
+		Body: PlanBody{Node: node, Mode: string(n.Mode), Modules: []PlannedModule{}, Seats: []string{}, BackupLines: []BackupLine{}}}
 	for _, a := range pl.byNode[node] {
 		m, ok := snap.Manifests[a.Module][a.Version]
 		if !ok {
@@ -164,12 +217,40 @@ func (pl *planner) plan(node string) (Plan, error) {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
 		}
 		for _, need := range m.Needs {
-			if pn, pmod, ok := boundProvider(snap, node, need.Provision, nil); ok {
-				pm.Bindings = append(pm.Bindings, Binding{Provision: need.Provision, From: pn + "/" + pmod})
-				why = append(why, fmt.Sprintf("needs %s: bound to %s/%s", need.Provision, pn, pmod))
-			} else if !need.Optional {
-				p.Problems = append(p.Problems, fmt.Sprintf("%s needs %s and nothing in the mesh provides it", a.Module, need.Provision))
+			ch, ok := pl.bindings[bindingKey(node, a.Module, need.Provision)]
+			if !ok {
+				if !need.Optional {
+					p.Problems = append(p.Problems, fmt.Sprintf("%s needs %s and nothing in the mesh provides it", a.Module, need.Provision))
+				}
+				continue
 			}
+			b := Binding{Provision: need.Provision, From: ch.provider.String(), Why: ch.why}
+			if c, ok := pl.sealed[ch.provider.String()+"/"+credentialName(node, a.Module, need.Provision)]; ok {
+				b.CredentialName, b.CredentialVersion, b.Credential = c.Name, c.Version, c.Sealed
+			}
+			pm.Bindings = append(pm.Bindings, b)
+			why = append(why, fmt.Sprintf("needs %s: bound to %s, %s", need.Provision, ch.provider, ch.why))
+		}
+		holder := inventory.Holder{Node: node, Module: a.Module}
+		for _, seat := range pl.seatsOf[holder] {
+			why = append(why, "holds seat "+seat)
+			p.Body.Seats = append(p.Body.Seats, seat)
+			if seat == snap.Seats.SeatName("backup") {
+				p.Body.BackupLines = pl.backupLines()
+			}
+		}
+		for _, cs := range snap.Seats.Consumers {
+			if cs.Provider != holder || cs.State == "deleted" {
+				continue
+			}
+			pc := PlannedConsumer{Consumer: cs.Consumer, Provision: cs.Provision, State: cs.State}
+			if cs.State == "active" || cs.State == "rejected" || cs.State == "waiting" {
+				cn, cm, _ := splitKey(cs.Consumer + "/x")
+				if c, ok := pl.sealed[holder.String()+"/"+credentialName(cn, cm, cs.Provision)]; ok {
+					pc.CredentialName, pc.CredentialVersion, pc.Credential = c.Name, c.Version, c.Sealed
+				}
+			}
+			pm.Consumers = append(pm.Consumers, pc)
 		}
 		if len(a.Unverified) > 0 {
 			why = append(why, "requirements not yet verified: "+strings.Join(a.Unverified, ", "))
@@ -177,7 +258,31 @@ func (pl *planner) plan(node string) (Plan, error) {
 		p.Body.Modules = append(p.Body.Modules, pm)
 		p.Reasons[a.Module] = append(why, neededBy(snap, m)...)
 	}
+	sort.Strings(p.Body.Seats)
+	for _, d := range snap.Seats.Deletions {
+		if d.Node == node {
+			p.Body.Delete = append(p.Body.Delete, PlannedDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
+		}
+	}
 	return p, nil
+}
+
+// backupLines are every data set needing backup, for the backup seat's holder.
+func (pl *planner) backupLines() []BackupLine {
+	lines := []BackupLine{}
+	for _, a := range pl.snap.Assignments {
+		for _, d := range pl.snap.Manifests[a.Module][a.Version].Data {
+			if d.Precious == inventory.Rebuildable {
+				continue
+			}
+			l := BackupLine{Node: a.Node, Module: a.Module, Data: d.Name, Path: d.Path, Precious: d.Precious, Cadence: backupCadence(d).String()}
+			if t, ok := pl.snap.Seats.Backups[a.Node+"/"+a.Module+"/"+d.Name]; ok {
+				l.LastBackup = &t
+			}
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // waitingReasons says why each missing secret is missing.

@@ -142,10 +142,18 @@ func newMeshSecret() (protocol.Secret, error) {
 
 // keepSealed seals a value to the node's recipient and the current operator
 // key as one age file, and keeps it as the secret's next version.
-func keepSealed(ctx context.Context, sec *secrets.Store, nodeRecipient string, l protocol.Label, madeBy, event string, v protocol.Secret, now time.Time) (secrets.Copy, error) {
+func keepSealed(ctx context.Context, sec *secrets.Store, nodeRecipient string, l protocol.Label, madeBy, event string, v protocol.Secret, now time.Time, also ...string) (secrets.Copy, error) {
 	nr, err := age.ParseX25519Recipient(nodeRecipient)
 	if err != nil {
 		return secrets.Copy{}, fmt.Errorf("node %s's recipient: %w", l.Node, err)
+	}
+	recipients := []age.Recipient{nr}
+	for _, a := range also {
+		r, err := age.ParseX25519Recipient(a)
+		if err != nil {
+			return secrets.Copy{}, err
+		}
+		recipients = append(recipients, r)
 	}
 	return sec.Keep(ctx, secrets.Copy{Node: l.Node, Module: l.Module, Name: l.Name, MadeBy: madeBy, NodeRecipient: nodeRecipient}, event,
 		func(version int64, operatorKey string) (string, error) {
@@ -154,7 +162,7 @@ func keepSealed(ctx context.Context, sec *secrets.Store, nodeRecipient string, l
 				return "", err
 			}
 			l.Version = version
-			return protocol.SealSecret(v, l, nr, or)
+			return protocol.SealSecret(v, l, append(recipients, or)...)
 		}, now)
 }
 

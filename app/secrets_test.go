@@ -162,7 +162,7 @@ func TestSecrets_Paperless(t *testing.T) {
 		t.Fatalf("hand acts: %+v", acts)
 	}
 	export := filepath.Join(t.TempDir(), "export.json")
-	if _, n, err := m.c.SecretExport(ctx, export); err != nil || n != 3 {
+	if _, n, err := m.c.SecretExport(ctx, export); err != nil || n != 4 { // admin_password, superuser_password, ocr_licence, and web1/paperless's postgres credential
 		t.Fatalf("export: %d, %v", n, err)
 	}
 	if fileMode(t, export) != 0o600 {
@@ -330,7 +330,7 @@ func TestSecrets_ReplaceOperatorKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, err := m.c.OperatorKeyShow(ctx)
-	if err != nil || v.Recoverable != 3 || v.OnlyOlderKeys != 0 {
+	if err != nil || v.Recoverable != 4 || v.OnlyOlderKeys != 0 {
 		t.Fatalf("before: %+v, %v", v, err)
 	}
 	next, _ := age.GenerateX25519Identity()
@@ -341,13 +341,13 @@ func TestSecrets_ReplaceOperatorKey(t *testing.T) {
 	if err != nil || prev != m.operator.Recipient().String() {
 		t.Fatalf("replace: %q, %v", prev, err)
 	}
-	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 0 || v.OnlyOlderKeys != 3 {
+	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 0 || v.OnlyOlderKeys != 4 {
 		t.Fatalf("after replacing: %+v", v)
 	}
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("v2"))); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 1 || v.OnlyOlderKeys != 2 {
+	if v, _ = m.c.OperatorKeyShow(ctx); v.Recoverable != 1 || v.OnlyOlderKeys != 3 {
 		t.Fatalf("after accepting again: %+v", v)
 	}
 	// The new key opens the new copy; the old key no longer does.

@@ -304,6 +304,9 @@ func (c *UnassignCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "  %s: %s, retired and remembered: access off, data kept; deleted only by a person\n", where, rt.Precious)
 		}
 	}
+	for _, w := range r.Waiting {
+		fmt.Fprintf(env.Stdout, "  %s keeps %s data for %s: kept, waiting for a person to retire it ('mesh-controller retire')\n", w.Provider, w.Provision, w.Consumer)
+	}
 	printPushed(env, r.Pushed)
 	return nil
 }

@@ -36,6 +36,8 @@ type Snapshot struct {
 	Assignments []Assignment                   // by node, then module
 	// Settings are the layers: module -> node ("" for the mesh layer) -> body.
 	Settings map[string]map[string]json.RawMessage
+	// Seats are the seat holders, bindings, pins, consumers and cleanups.
+	Seats SeatState
 }
 
 // Snapshot reads the mesh for planning.
@@ -108,6 +110,9 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 		return nil
 	})
 	if err != nil {
+		return nil, err
+	}
+	if snap.Seats, err = readSeatState(ctx, tx); err != nil {
 		return nil, err
 	}
 	err = each(ctx, tx, `SELECT module, node, body FROM settings_layers`, func(r *sql.Rows) error {

@@ -7,6 +7,33 @@ CREATE TABLE assignments (
     PRIMARY KEY (node, module),
     FOREIGN KEY (module, version) REFERENCES module_versions (module, version)
 ) STRICT;
+CREATE TABLE backups (
+    node        TEXT NOT NULL,
+    module      TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    last_backup TEXT NOT NULL,
+    PRIMARY KEY (node, module, name)
+) STRICT;
+CREATE TABLE bindings (
+    node            TEXT NOT NULL,
+    module          TEXT NOT NULL,
+    provision       TEXT NOT NULL,
+    provider_node   TEXT NOT NULL,
+    provider_module TEXT NOT NULL,
+    since           TEXT NOT NULL,
+    PRIMARY KEY (node, module, provision),
+    FOREIGN KEY (node, module) REFERENCES assignments (node, module) ON DELETE CASCADE
+) STRICT;
+CREATE TABLE consumers (
+    provider_node   TEXT NOT NULL,
+    provider_module TEXT NOT NULL,
+    consumer        TEXT NOT NULL,
+    provision       TEXT NOT NULL,
+    state           TEXT NOT NULL CHECK (state IN ('active', 'waiting', 'retired', 'rejected', 'deleted')),
+    since           TEXT NOT NULL,
+    why             TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (provider_node, provider_module, consumer, provision)
+) STRICT;
 CREATE TABLE declarations (
     node      TEXT PRIMARY KEY REFERENCES nodes (name) ON DELETE CASCADE,
     serial    INTEGER NOT NULL CHECK (serial > 0),
@@ -15,6 +42,17 @@ CREATE TABLE declarations (
     signature TEXT NOT NULL,
     key       TEXT NOT NULL
 , plan_version INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE deletions (
+    id        INTEGER PRIMARY KEY,
+    node      TEXT NOT NULL,
+    module    TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    kind      TEXT NOT NULL CHECK (kind IN ('data', 'consumer')),
+    path      TEXT NOT NULL DEFAULT '',
+    asked_at  TEXT NOT NULL,
+    why       TEXT NOT NULL,
+    done_at   TEXT
+) STRICT;
 CREATE TABLE module_versions (
     module    TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
     version   TEXT NOT NULL,
@@ -67,6 +105,23 @@ CREATE TABLE nodes (
     joined_at  TEXT,
     last_heard TEXT
 , serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE pins (
+    node            TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
+    provision       TEXT NOT NULL,
+    provider_node   TEXT NOT NULL,
+    provider_module TEXT NOT NULL,
+    since           TEXT NOT NULL,
+    PRIMARY KEY (node, provision)
+) STRICT;
+CREATE TABLE replacements (
+    id          INTEGER PRIMARY KEY,
+    what        TEXT NOT NULL,
+    new_holder  TEXT NOT NULL,
+    old_holder  TEXT NOT NULL,
+    data        TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    resolved_at TEXT
+) STRICT;
 CREATE TABLE retirements (
     id         INTEGER PRIMARY KEY,
     node       TEXT NOT NULL,
@@ -86,6 +141,18 @@ CREATE TABLE schema_migrations (
 	checksum   TEXT NOT NULL,
 	applied_at TEXT NOT NULL
 );
+CREATE TABLE seat_aliases (
+    alias TEXT PRIMARY KEY,
+    seat  TEXT NOT NULL
+) STRICT;
+CREATE TABLE seat_holders (
+    seat   TEXT NOT NULL,
+    node   TEXT NOT NULL,
+    module TEXT NOT NULL,
+    since  TEXT NOT NULL,
+    PRIMARY KEY (seat, node, module),
+    FOREIGN KEY (node, module) REFERENCES assignments (node, module) ON DELETE CASCADE
+) STRICT;
 CREATE TABLE settings_layers (
     module TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
     node   TEXT NOT NULL DEFAULT '',

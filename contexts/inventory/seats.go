@@ -1,0 +1,362 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// ErrSeatNotFound means no registered manifest defines that seat.
+var ErrSeatNotFound = errors.New("no registered module defines that seat")
+
+// Holder is an assignment (node and module) holding a seat or providing a provision.
+type Holder struct {
+	Node   string `json:"node"`
+	Module string `json:"module"`
+}
+
+func (h Holder) String() string { return h.Node + "/" + h.Module }
+
+// Binding is which provider one consumer's need is bound to.
+type Binding struct {
+	Node, Module, Provision string
+	Provider                Holder
+	Since                   time.Time
+}
+
+// Pin is a person's choice of provider for a node's consumers of a provision.
+type Pin struct {
+	Node, Provision string
+	Provider        Holder
+}
+
+// Consumer is one consumer of a provider, and where it stands.
+type Consumer struct {
+	Provider  Holder
+	Consumer  string // node/module
+	Provision string
+	State     string // active, waiting, retired, rejected, deleted
+	Since     time.Time
+	Why       string
+}
+
+// Deletion is a cleanup a person asked for, carried in the node's declaration until done.
+type Deletion struct {
+	ID      int64
+	Node    string
+	Module  string
+	Target  string
+	Kind    string // data or consumer
+	Path    string
+	AskedAt time.Time
+	Why     string
+	DoneAt  *time.Time
+}
+
+// Replacement is a seat or binding moved to a holder that starts without
+// the data the old one kept.
+type Replacement struct {
+	ID                   int64
+	What                 string
+	NewHolder, OldHolder string
+	Data                 string
+	At                   time.Time
+}
+
+// SeatState is read into the snapshot: holders, aliases, bindings, pins,
+// consumers, pending deletions and backups heard.
+type SeatState struct {
+	Holders      map[string][]Holder // seat -> holders
+	Aliases      map[string]string   // former name -> seat
+	Bindings     map[string]Binding  // node/module/provision -> binding
+	Pins         map[string]Pin      // node/provision -> pin
+	Consumers    []Consumer
+	Deletions    []Deletion           // not done
+	Backups      map[string]time.Time // node/module/name -> last backup reported by the backup seat
+	Replacements []Replacement        // unresolved
+}
+
+// SeatName resolves a former name to the seat's current one.
+func (s *SeatState) SeatName(name string) string {
+	if to, ok := s.Aliases[name]; ok {
+		return to
+	}
+	return name
+}
+
+func readSeatState(ctx context.Context, tx *sql.Tx) (SeatState, error) {
+	st := SeatState{Holders: map[string][]Holder{}, Aliases: map[string]string{}, Bindings: map[string]Binding{}, Pins: map[string]Pin{}, Backups: map[string]time.Time{}}
+	if err := each(ctx, tx, `SELECT seat, node, module FROM seat_holders ORDER BY seat, node, module`, func(r *sql.Rows) error {
+		var seat string
+		var h Holder
+		if err := r.Scan(&seat, &h.Node, &h.Module); err != nil {
+			return err
+		}
+		st.Holders[seat] = append(st.Holders[seat], h)
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT alias, seat FROM seat_aliases`, func(r *sql.Rows) error {
+		var a, s string
+		if err := r.Scan(&a, &s); err != nil {
+			return err
+		}
+		st.Aliases[a] = s
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT node, module, provision, provider_node, provider_module, since FROM bindings`, func(r *sql.Rows) error {
+		var b Binding
+		var since string
+		if err := r.Scan(&b.Node, &b.Module, &b.Provision, &b.Provider.Node, &b.Provider.Module, &since); err != nil {
+			return err
+		}
+		b.Since, _ = sqlite.ParseTime(since)
+		st.Bindings[b.Node+"/"+b.Module+"/"+b.Provision] = b
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT node, provision, provider_node, provider_module FROM pins`, func(r *sql.Rows) error {
+		var p Pin
+		if err := r.Scan(&p.Node, &p.Provision, &p.Provider.Node, &p.Provider.Module); err != nil {
+			return err
+		}
+		st.Pins[p.Node+"/"+p.Provision] = p
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT provider_node, provider_module, consumer, provision, state, since, why FROM consumers ORDER BY provider_node, provider_module, consumer, provision`, func(r *sql.Rows) error {
+		var c Consumer
+		var since string
+		if err := r.Scan(&c.Provider.Node, &c.Provider.Module, &c.Consumer, &c.Provision, &c.State, &since, &c.Why); err != nil {
+			return err
+		}
+		c.Since, _ = sqlite.ParseTime(since)
+		st.Consumers = append(st.Consumers, c)
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT id, node, module, target, kind, path, asked_at, why FROM deletions WHERE done_at IS NULL ORDER BY id`, func(r *sql.Rows) error {
+		var d Deletion
+		var at string
+		if err := r.Scan(&d.ID, &d.Node, &d.Module, &d.Target, &d.Kind, &d.Path, &at, &d.Why); err != nil {
+			return err
+		}
+		d.AskedAt, _ = sqlite.ParseTime(at)
+		st.Deletions = append(st.Deletions, d)
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT node, module, name, last_backup FROM backups`, func(r *sql.Rows) error {
+		var n, m, name, at string
+		if err := r.Scan(&n, &m, &name, &at); err != nil {
+			return err
+		}
+		t, _ := sqlite.ParseTime(at)
+		st.Backups[n+"/"+m+"/"+name] = t
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	err := each(ctx, tx, `SELECT id, what, new_holder, old_holder, data, at FROM replacements WHERE resolved_at IS NULL ORDER BY id`, func(r *sql.Rows) error {
+		var rp Replacement
+		var at string
+		if err := r.Scan(&rp.ID, &rp.What, &rp.NewHolder, &rp.OldHolder, &rp.Data, &at); err != nil {
+			return err
+		}
+		rp.At, _ = sqlite.ParseTime(at)
+		st.Replacements = append(st.Replacements, rp)
+		return nil
+	})
+	return st, err
+}
+
+// SeatChange is a change to seat holders: adds and removes, in one transaction.
+type SeatChange struct {
+	Seat   string
+	Add    []Holder
+	Remove []Holder
+}
+
+// ChangeSeats adds and removes seat holders, records a replacement if one
+// is given, and moves the plans of the bump nodes, all in one transaction:
+// a handover is never seen half done.
+func (s *Store) ChangeSeats(ctx context.Context, changes []SeatChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, c := range changes {
+			for _, h := range c.Add {
+				if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO seat_holders (seat, node, module, since) VALUES (?, ?, ?, ?)`,
+					c.Seat, h.Node, h.Module, sqlite.FormatTime(now)); err != nil {
+					return err
+				}
+			}
+			for _, h := range c.Remove {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM seat_holders WHERE seat = ? AND node = ? AND module = ?`, c.Seat, h.Node, h.Module); err != nil {
+					return err
+				}
+			}
+		}
+		if replacement != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO replacements (what, new_holder, old_holder, data, at) VALUES (?, ?, ?, ?, ?)`,
+				replacement.What, replacement.NewHolder, replacement.OldHolder, replacement.Data, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+// RenameSeat renames a seat: its holders move to the new name, and the
+// former name resolves to it from now on.
+func (s *Store) RenameSeat(ctx context.Context, from, to string) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE seat_holders SET seat = ? WHERE seat = ?`, to, from); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE seat_aliases SET seat = ? WHERE seat = ?`, to, from); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM seat_aliases WHERE alias = ?`, to); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to)
+		return err
+	})
+}
+
+// ConsumerChange sets one consumer's state at a provider.
+type ConsumerChange struct {
+	Provider  Holder
+	Consumer  string
+	Provision string
+	State     string
+	Why       string
+}
+
+// SetBindings makes the stored bindings these (for the consumers given),
+// applies consumer changes, records a replacement, and moves the plans of
+// the bump nodes, in one transaction.
+func (s *Store) SetBindings(ctx context.Context, bindings []Binding, consumers []ConsumerChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, b := range bindings {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO bindings (node, module, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?, ?)
+				ON CONFLICT (node, module, provision) DO UPDATE SET provider_node = excluded.provider_node, provider_module = excluded.provider_module, since = excluded.since
+				WHERE provider_node <> excluded.provider_node OR provider_module <> excluded.provider_module`,
+				b.Node, b.Module, b.Provision, b.Provider.Node, b.Provider.Module, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+		}
+		if err := setConsumers(ctx, tx, consumers, now); err != nil {
+			return err
+		}
+		if replacement != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO replacements (what, new_holder, old_holder, data, at) VALUES (?, ?, ?, ?, ?)`,
+				replacement.What, replacement.NewHolder, replacement.OldHolder, replacement.Data, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, now time.Time) error {
+	for _, c := range consumers {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO consumers (provider_node, provider_module, consumer, provision, state, since, why) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (provider_node, provider_module, consumer, provision) DO UPDATE SET state = excluded.state, since = excluded.since, why = excluded.why
+			WHERE state <> excluded.state`,
+			c.Provider.Node, c.Provider.Module, c.Consumer, c.Provision, c.State, sqlite.FormatTime(now), c.Why); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetConsumers applies consumer changes and moves the plans of the bump nodes.
+func (s *Store) SetConsumers(ctx context.Context, consumers []ConsumerChange, bumpNodes []string, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if err := setConsumers(ctx, tx, consumers, now); err != nil {
+			return err
+		}
+		return bump(ctx, tx, bumpNodes)
+	})
+}
+
+// SetPin records or (provider zero) removes a pin.
+func (s *Store) SetPin(ctx context.Context, node, provision string, provider Holder, now time.Time) error {
+	if provider == (Holder{}) {
+		_, err := s.db.Writer.ExecContext(ctx, `DELETE FROM pins WHERE node = ? AND provision = ?`, node, provision)
+		return err
+	}
+	_, err := s.db.Writer.ExecContext(ctx, `INSERT OR REPLACE INTO pins (node, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?)`,
+		node, provision, provider.Node, provider.Module, sqlite.FormatTime(now))
+	return err
+}
+
+// AskDeletion records a cleanup deletion (and marks the target) and moves the node's plan.
+func (s *Store) AskDeletion(ctx context.Context, d Deletion, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO deletions (node, module, target, kind, path, asked_at, why) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			d.Node, d.Module, d.Target, d.Kind, d.Path, sqlite.FormatTime(now), d.Why); err != nil {
+			return err
+		}
+		return bump(ctx, tx, []string{d.Node})
+	})
+}
+
+// DeletionsDone marks a node's deletions done as its host reported them,
+// and their targets deleted.
+func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, d := range done {
+			res, err := tx.ExecContext(ctx, `UPDATE deletions SET done_at = ? WHERE node = ? AND module = ? AND target = ? AND kind = ? AND done_at IS NULL`,
+				sqlite.FormatTime(now), node, d.Module, d.Target, d.Kind)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				continue
+			}
+			if d.Kind == "data" {
+				_, err = tx.ExecContext(ctx, `UPDATE retirements SET state = 'deleted' WHERE node = ? AND module = ? AND data_set = ? AND consumer = '' AND state = 'retired'`, node, d.Module, d.Target)
+			} else {
+				_, err = tx.ExecContext(ctx, `UPDATE consumers SET state = 'deleted', since = ? WHERE provider_node = ? AND provider_module = ? AND consumer = ? AND state = 'retired'`,
+					sqlite.FormatTime(now), node, d.Module, d.Target)
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ? AND module = ? AND name = ?`, node, d.Module, d.Target); err != nil {
+				return err
+			}
+		}
+		return bump(ctx, tx, []string{node})
+	})
+}
+
+// RecordBackup keeps that the backup seat's holder backed up a data set.
+func (s *Store) RecordBackup(ctx context.Context, node, module, name string, at time.Time) error {
+	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
+		ON CONFLICT (node, module, name) DO UPDATE SET last_backup = max(last_backup, excluded.last_backup)`, node, module, name, sqlite.FormatTime(at))
+	return err
+}
+
+// ResolveReplacements marks replacements resolved.
+func (s *Store) ResolveReplacements(ctx context.Context, ids []int64, now time.Time) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, `UPDATE replacements SET resolved_at = ? WHERE id = ?`, sqlite.FormatTime(now), id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
