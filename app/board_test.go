@@ -43,6 +43,9 @@ func TestBoard_InABrowser(t *testing.T) {
 	}
 	waitFor(t, "web1 to apply and beat", func() bool { n := m.node("web1"); return !n.Behind && n.HeartbeatS > 0 })
 	h.stop()
+	// The daemon stops too (it flushes what it heard), so its own checks do
+	// not change what the page shows while the browser reads it.
+	m.stop()
 	waitFor(t, "the self-check to find web1 silent", func() bool {
 		if _, err := m.c.SelfCheck(ctx, CheckOptions{Bounds: &Bounds{HeartbeatFactor: 2, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}}); err != nil {
 			t.Fatal(err)

@@ -131,6 +131,16 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if in.brake, err = hs.Brake(ctx); err != nil {
 		failed["health"] = true
 	}
+	in.handActFor = map[string]bool{}
+	if acts, err := hs.HandActs(ctx, time.Time{}); err == nil {
+		for _, a := range acts {
+			if a.Condition != "" {
+				in.handActFor[a.Condition] = true
+			}
+		}
+	} else {
+		failed["health"] = true
+	}
 	if o.FromDurations && !failed["inventory"] {
 		if err := boundsFromDurations(ctx, hs, in); err != nil {
 			return CheckResult{}, err

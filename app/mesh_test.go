@@ -248,9 +248,11 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(media, "scan.pdf")); err != nil || string(b) != "precious" {
 		t.Fatalf("data of an undeclared module was touched: %v", err)
 	}
+	// The data report has the new module's data set, and still the old one's:
+	// data no longer declared stays, and stays reported, until deleted.
 	waitFor(t, "web1's data report", func() bool {
 		ds := m.node("web1").Data
-		return len(ds) == 1 && ds[0].Module == "smtp-relay" && ds[0].Path == "/var/spool/relay"
+		return len(ds) == 2 && ds[0].Module == "paperless" && ds[0].Bytes == int64(len("precious")) && ds[1].Module == "smtp-relay" && ds[1].Path == "/var/spool/relay"
 	})
 	list, err := m.c.NodeList(context.Background())
 	if err != nil {

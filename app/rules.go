@@ -51,6 +51,8 @@ type checkInputs struct {
 	operatorKey bool
 	onlyOlder   int
 	probes      []health.Probe
+	// handActFor says a person recorded a hand act for a condition key.
+	handActFor map[string]bool
 }
 
 // rule is one condition kind: its catalogue entry and how it is judged.
@@ -179,7 +181,7 @@ var rules = []rule{
 				if d.Precious == inventory.Rebuildable {
 					continue
 				}
-				if reported := reportedSet(in.data[a.Node], a.Module, d.Name); reported != nil && reported.LastBackup != nil {
+				if in.lastBackup(a.Node, a.Module, d.Name) != nil {
 					continue
 				}
 				sev := health.Urgent
@@ -202,16 +204,16 @@ var rules = []rule{
 		var out []health.Condition
 		for _, a := range in.snap.Assignments {
 			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
-				r := reportedSet(in.data[a.Node], a.Module, d.Name)
-				if d.Precious == inventory.Rebuildable || r == nil || r.LastBackup == nil {
+				last := in.lastBackup(a.Node, a.Module, d.Name)
+				if d.Precious == inventory.Rebuildable || last == nil {
 					continue
 				}
 				cadence := backupCadence(d)
-				if age := in.now.Sub(*r.LastBackup); age > 2*cadence {
+				if age := in.now.Sub(*last); age > 2*cadence {
 					out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-stale/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.backup-stale",
 						Scope: "module", Machine: a.Node, Module: a.Module, Severity: health.Warning,
-						Summary:  fmt.Sprintf("%s data %s on %s: last backup %s, older than twice its cadence (%s)", a.Module, d.Name, a.Node, r.LastBackup.UTC().Format(time.RFC3339), cadence),
-						Evidence: map[string]any{"last_backup": r.LastBackup.UTC().Format(time.RFC3339), "cadence": cadence.String()}})
+						Summary:  fmt.Sprintf("%s data %s on %s: last backup %s, older than twice its cadence (%s)", a.Module, d.Name, a.Node, last.UTC().Format(time.RFC3339), cadence),
+						Evidence: map[string]any{"last_backup": last.UTC().Format(time.RFC3339), "cadence": cadence.String()}})
 				}
 			}
 		}
@@ -230,6 +232,33 @@ var rules = []rule{
 			out = append(out, health.Condition{Key: key, Kind: "data.retired-waiting", Scope: "module", Machine: r.Node, Module: r.Module, Severity: health.Notice,
 				Summary:  fmt.Sprintf("retired %s data %s on %s has waited for a person since %s", r.Module, r.DataSet, r.Node, r.RetiredAt.UTC().Format("2006-01-02")),
 				Evidence: map[string]any{"retired_at": r.RetiredAt.UTC().Format(time.RFC3339), "precious": r.Precious, "why": r.Why}})
+		}
+		return out
+	}},
+	{kind: "data.empty-replacement", needs: []string{"inventory", "health"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, r := range in.snap.Seats.Replacements {
+			key := fmt.Sprintf("data.empty-replacement/%d", r.ID)
+			if in.handActFor[key] || in.holderHasData(r.NewHolder) {
+				continue
+			}
+			node, module, _ := strings.Cut(r.NewHolder, "/")
+			out = append(out, health.Condition{Key: key, Kind: "data.empty-replacement", Scope: "module", Machine: node, Module: module, Severity: health.Warning,
+				Summary:  fmt.Sprintf("%s moved to %s, which started without what %s kept: %s", r.What, r.NewHolder, r.OldHolder, r.Data),
+				Evidence: map[string]any{"new_holder": r.NewHolder, "old_holder": r.OldHolder, "data": r.Data, "at": r.At.UTC().Format(time.RFC3339)}})
+		}
+		return out
+	}},
+	{kind: "retire.rejected", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, cs := range in.snap.Seats.Consumers {
+			if cs.State != "rejected" {
+				continue
+			}
+			key := "retire.rejected/" + cs.Provider.Node + "/" + cs.Provider.Module + "/" + strings.ReplaceAll(cs.Consumer, "/", ":")
+			out = append(out, health.Condition{Key: key, Kind: "retire.rejected", Scope: "module", Machine: cs.Provider.Node, Module: cs.Provider.Module, Severity: health.Warning,
+				Summary:  fmt.Sprintf("a person kept %s's %s access at %s active though it is no longer asked for: %s", cs.Consumer, cs.Provision, cs.Provider, cs.Why),
+				Evidence: map[string]any{"consumer": cs.Consumer, "since": cs.Since.UTC().Format(time.RFC3339), "why": cs.Why}})
 		}
 		return out
 	}},
@@ -260,6 +289,30 @@ var rules = []rule{
 		}
 		return nil
 	}},
+}
+
+// lastBackup is the latest backup heard of a data set: from the backup
+// seat's holder, or from the data report of its own host.
+func (in *checkInputs) lastBackup(node, module, name string) *time.Time {
+	var last *time.Time
+	if r := reportedSet(in.data[node], module, name); r != nil && r.LastBackup != nil {
+		last = r.LastBackup
+	}
+	if t, ok := in.snap.Seats.Backups[node+"/"+module+"/"+name]; ok && (last == nil || t.After(*last)) {
+		last = &t
+	}
+	return last
+}
+
+// holderHasData says a new holder (node/module) reports some data present.
+func (in *checkInputs) holderHasData(holder string) bool {
+	node, module, _ := strings.Cut(holder, "/")
+	for _, d := range in.data[node] {
+		if d.Module == module && d.Bytes > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func reportedSet(sets []inventory.DataSet, module, name string) *inventory.DataSet {

@@ -210,9 +210,34 @@ func TestRule_ControllerProbes(t *testing.T) {
 func TestRules_Catalogue(t *testing.T) {
 	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
-		"healers.brake", "controller.store", "controller.broker"} {
+		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected"} {
 		ruleOf(t, kind)
 	}
 }
 
 func fmtAny(v any) string { return fmt.Sprint(v) }
+
+func TestRule_DataEmptyReplacement(t *testing.T) {
+	repl := func(data string, acted bool, bytes int64) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.snap.Seats.Replacements = []inventory.Replacement{{ID: 7, What: "seat backup", NewHolder: "nas2/backup", OldHolder: "nas1/backup", Data: data, At: t0}}
+			in.handActFor = map[string]bool{"data.empty-replacement/7": acted}
+			in.data["nas2"] = []inventory.DataSet{{Module: "backup", Name: "repository", Bytes: bytes}}
+		})
+	}
+	raiseChangeClear(t, "data.empty-replacement", "data.empty-replacement/7",
+		repl("repository (1 GiB)", false, 0), repl("repository (2 GiB)", false, 0), repl("repository (2 GiB)", true, 0))
+	if got := ruleOf(t, "data.empty-replacement").eval(repl("x", false, 10)); len(got) != 0 {
+		t.Fatalf("raised though the data is there: %+v", got)
+	}
+}
+
+func TestRule_RetireRejected(t *testing.T) {
+	consumer := func(state, why string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.snap.Seats.Consumers = []inventory.Consumer{{Provider: inventory.Holder{Node: "db1", Module: "postgres"}, Consumer: "web1/paperless", Provision: "postgres", State: state, Why: why, Since: t0}}
+		})
+	}
+	raiseChangeClear(t, "retire.rejected", "retire.rejected/db1/postgres/web1:paperless",
+		consumer("rejected", "still needed"), consumer("rejected", "still needed by the audit"), consumer("retired", "ok"))
+}

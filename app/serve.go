@@ -287,6 +287,7 @@ func (d *daemon) subscribe() error {
 		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
 		protocol.NodeWildcard(protocol.DataReport):     d.onData,
 		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
+		protocol.NodeWildcard(protocol.BackupReport):   d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
 	for subject, h := range subs {
@@ -513,6 +514,49 @@ func (d *daemon) onData(m *nats.Msg) {
 	if err := d.inv.RecordDataSets(context.Background(), node, sets, d.c.Now()); err != nil {
 		d.logf("%v", err)
 	}
+	if len(b.Deleted) > 0 {
+		var done []inventory.Deletion
+		for _, del := range b.Deleted {
+			done = append(done, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
+		}
+		if err := d.inv.DeletionsDone(context.Background(), node, done, d.c.Now()); err != nil {
+			d.logf("record deletions on %s: %v", node, err)
+		}
+		d.kickCheck()
+	}
+}
+
+// onBackup records a backup line done, said by a host whose node holds the
+// backup seat.
+func (d *daemon) onBackup(m *nats.Msg) {
+	var b protocol.BackupBody
+	node, ok := d.verify(m, &b)
+	if !ok {
+		return
+	}
+	ctx := context.Background()
+	snap, err := d.inv.Snapshot(ctx)
+	if err != nil {
+		d.logf("%v", err)
+		return
+	}
+	holds := false
+	for _, h := range snap.Seats.Holders[snap.Seats.SeatName("backup")] {
+		holds = holds || h.Node == node
+	}
+	if !holds {
+		d.logf("backup of %s/%s/%s reported by %s, which does not hold the backup seat: ignored", b.Node, b.Module, b.Data, node)
+		d.respond(m, protocol.OKReply{Error: node + " does not hold the backup seat"})
+		return
+	}
+	if err := d.inv.RecordBackup(ctx, b.Node, b.Module, b.Data, b.At); err != nil {
+		d.logf("%v", err)
+		d.respond(m, protocol.OKReply{Error: "not recorded"})
+		return
+	}
+	d.logf("backup of %s/%s/%s done at %s (reported by %s)", b.Node, b.Module, b.Data, b.At.UTC().Format(time.RFC3339), node)
+	d.respond(m, protocol.OKReply{OK: true})
+	d.kickCheck()
 }
 
 func (d *daemon) onDeclarationAsk(m *nats.Msg) {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"mesh-controller/app/protocol"
@@ -23,6 +24,8 @@ type applied struct {
 	Files []string `json:"files"`
 	// Data are the data sets declared, for data reports; never removed by the host.
 	Data []dataSet `json:"data"`
+	// Deleted are the deletions carried out, reported until no longer declared.
+	Deleted []protocol.DeclaredDeletion `json:"deleted,omitempty"`
 }
 
 type dataSet struct {
@@ -186,9 +189,50 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	}
 	tier("data", t)
 
+	// Deletions a person asked for with cleanup delete: the only data a host
+	// ever removes, and only because a verified declaration says so.
+	t = time.Now()
+	for _, del := range d.Delete {
+		var target string
+		switch del.Kind {
+		case "data":
+			if !path.IsAbs(del.Path) || path.Clean(del.Path) != del.Path || del.Path == "/" {
+				return fail(d.Serial, "refused: deletion of %s %s: path %q must be absolute and clean", del.Module, del.Target, del.Path)
+			}
+			target = filepath.Join(root, filepath.FromSlash(del.Path))
+		case "consumer":
+			target = filepath.Join(root, modulesDir, del.Module, "consumers", strings.ReplaceAll(del.Target, "/", "_"))
+		default:
+			return fail(d.Serial, "refused: deletion of kind %q", del.Kind)
+		}
+		if err := os.RemoveAll(target); err != nil {
+			return fail(d.Serial, "delete %s of %s: %v", del.Target, del.Module, err)
+		}
+		next.Deleted = append(next.Deleted, del)
+	}
+	tier("delete", t)
+
+	// Data sets no longer declared stay where they are, and are still
+	// reported (their size is what cleanup shows) until deleted.
+	declared := map[string]bool{}
+	for _, ds := range next.Data {
+		declared[ds.Module+"/"+ds.Name] = true
+	}
+	gone := map[string]bool{}
+	for _, del := range next.Deleted {
+		if del.Kind == "data" {
+			gone[del.Module+"/"+del.Target] = true
+		}
+	}
+	for _, ds := range last.Data {
+		if !declared[ds.Module+"/"+ds.Name] && !gone[ds.Module+"/"+ds.Name] {
+			next.Data = append(next.Data, ds)
+		}
+	}
+
 	// Files an earlier declaration made and this one no longer declares go;
 	// data directories never do: only a declaration that says so explicitly
-	// may delete data (cleanup delete), and none does yet.
+	// may delete data (above).
 	t = time.Now()
 	keep := map[string]bool{}
 	for _, f := range next.Files {
@@ -224,5 +268,5 @@ func dataReport(root string, a applied) protocol.DataBody {
 		})
 		sets = append(sets, protocol.DataSet{Module: ds.Module, Name: ds.Name, Path: ds.Path, Bytes: total, Precious: ds.Precious})
 	}
-	return protocol.DataBody{Sets: sets}
+	return protocol.DataBody{Sets: sets, Deleted: a.Deleted}
 }

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -198,3 +199,36 @@ func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
 		r.publish(nc, protocol.DataReport, dataReport(r.Root, last))
 	}
 }
+
+// BackupDone tells the controller that a backup line was done: what the
+// backup module on this host calls when it has copied a data set. The
+// controller records it only if this node holds the backup seat.
+func BackupDone(ctx context.Context, st *State, line protocol.BackupBody) error {
+	opts, err := st.ConnectOptions()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(strings.Join(st.BrokerURLs, ","), append(opts, nats.Timeout(5*time.Second), nats.NoReconnect())...)
+	if err != nil {
+		return fmt.Errorf("reach the broker: %w", err)
+	}
+	defer nc.Close()
+	b, err := protocol.Sign(st.HostKey, line)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := nc.RequestWithContext(ctx, protocol.NodeSubject(st.Node, protocol.BackupReport), b)
+	if err != nil {
+		return fmt.Errorf("report the backup: %w (is a controller serving?)", err)
+	}
+	var reply protocol.OKReply
+	if err := json.Unmarshal(m.Data, &reply); err != nil || !reply.OK {
+		return fmt.Errorf("%w: %s", ErrBackupRefused, reply.Error)
+	}
+	return nil
+}
+
+// ErrBackupRefused means the controller did not record a backup line.
+var ErrBackupRefused = errors.New("the controller did not record the backup")

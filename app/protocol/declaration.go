@@ -30,6 +30,17 @@ type Declaration struct {
 	IssuedAt time.Time        `json:"issued_at"`
 	Mode     string           `json:"mode"`
 	Modules  []DeclaredModule `json:"modules"`
+	// Delete is what a person asked this node to delete (cleanup delete):
+	// the only way a host ever removes data.
+	Delete []DeclaredDeletion `json:"delete,omitempty"`
+}
+
+// DeclaredDeletion is one cleanup a host carries out and reports done.
+type DeclaredDeletion struct {
+	Module string `json:"module"`
+	Kind   string `json:"kind"` // data or consumer
+	Target string `json:"target"`
+	Path   string `json:"path,omitempty"`
 }
 
 // DeclaredModule is one module in a declaration.

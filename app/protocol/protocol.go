@@ -140,6 +140,19 @@ type DataSet struct {
 // DataBody is a host's data report.
 type DataBody struct {
 	Sets []DataSet `json:"sets"`
+	// Deleted are the deletions its declaration asked for, done.
+	Deleted []DeclaredDeletion `json:"deleted,omitempty"`
+}
+
+// BackupReport is the backup seat holder's host saying a backup line was done.
+const BackupReport = "backup"
+
+// BackupBody is one backup line done.
+type BackupBody struct {
+	Node   string    `json:"node"`
+	Module string    `json:"module"`
+	Data   string    `json:"data"`
+	At     time.Time `json:"at"`
 }
 
 // DeclarationAskBody is a host's request for its latest declaration.

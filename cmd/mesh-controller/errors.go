@@ -88,6 +88,22 @@ func hint(err error) string {
 		return "nothing to release ('mesh-controller healers' shows the brake)"
 	case errors.Is(err, app.ErrBadCause):
 		return "give --cause one word, such as disk or network"
+	case errors.Is(err, inventory.ErrSeatNotFound):
+		return "see the seats with 'mesh-controller seats'"
+	case errors.Is(err, app.ErrNotReplicated), errors.Is(err, app.ErrCannotHold), errors.Is(err, app.ErrHolderForm):
+		return "see 'mesh-controller seats'"
+	case errors.Is(err, app.ErrEmptyReplace):
+		return "back the data up or move it first; --yes records that you chose this"
+	case errors.Is(err, app.ErrNotAProvider):
+		return "pin a node/module that provides it ('mesh-controller plan NODE' shows the bindings)"
+	case errors.Is(err, app.ErrNothingWaiting):
+		return "see who waits with 'mesh-controller retire'"
+	case errors.Is(err, app.ErrNotRetired):
+		return "see what is retired with 'mesh-controller cleanup'"
+	case errors.Is(err, app.ErrNoPin):
+		return "see the bindings with 'mesh-controller plan NODE'"
+	case errors.Is(err, app.ErrNothingToRotate):
+		return "a provider gives per-consumer credentials when its manifest says per_consumer.credential"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

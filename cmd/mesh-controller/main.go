@@ -55,6 +55,14 @@ type CLI struct {
 	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
 	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build): count, p50, p90, p99, max."`
 	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
+	Seats      SeatsCmd      `cmd:"" help:"Every seat the mesh defines, what it delivers, and who holds it."`
+	Seat       SeatCmd       `cmd:"" help:"Hand a seat over (NAME --to NODE/MODULE), add a holder (--add), or rename it."`
+	Pin        PinCmd        `cmd:"" help:"Which provider a node's consumers get a provision from."`
+	Unpin      UnpinCmd      `cmd:"" help:"Put that question back to the mesh (stickiness still keeps a binding that holds precious data)."`
+	Rotate     RotateCmd     `cmd:"" help:"New per-consumer credentials for a provision; both ends in the same push."`
+	Retire     RetireCmd     `cmd:"" help:"Providers waiting for a person to approve a retirement (approve, reject)."`
+	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
+	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
 }
 
 // Env is what every Run is given: the application and where to print.
@@ -81,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		},
 		Hint: hint,
 		Bind: func(ctx context.Context) any {
-			a := app.New(cli.Data)
+			a := app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
 			return &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
 		},

@@ -79,7 +79,7 @@ func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
 	if kctx.Selected() != nil {
 		return nil
 	}
-	data := kctx.Model.Target.Interface().(CLI).Data
+	data := kctx.Model.Target.Interface().(CLI).Globals.Data
 	if data == "" {
 		// --help is handled while parsing, before the environment is applied.
 		data = os.Getenv("MESH_DATA")

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
 	"mesh-controller/cmd/clirun"
 )
 
@@ -22,9 +24,38 @@ var version string
 
 // CLI is every command mesh-host has.
 type CLI struct {
-	Join    JoinCmd    `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
-	Run     RunCmd     `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
-	Version VersionCmd `cmd:"" help:"Print the version stamped at link time."`
+	Join       JoinCmd       `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
+	Run        RunCmd        `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
+	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
+	BackupDone BackupDoneCmd `cmd:"" name:"backup-done" help:"Tell the controller a backup line was done (for the backup module on the backup seat's holder)."`
+}
+
+// BackupDoneCmd is mesh-host backup-done.
+type BackupDoneCmd struct {
+	State string    `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
+	Line  string    `arg:"" placeholder:"NODE/MODULE/DATA" help:"The backup line done."`
+	At    time.Time `help:"When the backup was taken (RFC 3339); now if not given."`
+}
+
+// Run reports the backup.
+func (c *BackupDoneCmd) Run(env *Env) error {
+	parts := strings.Split(c.Line, "/")
+	if len(parts) != 3 {
+		return fmt.Errorf("%q is not NODE/MODULE/DATA", c.Line)
+	}
+	st, err := host.Load(c.State)
+	if err != nil {
+		return err
+	}
+	at := c.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	if err := host.BackupDone(env.Ctx, st, protocol.BackupBody{Node: parts[0], Module: parts[1], Data: parts[2], At: at.UTC()}); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "backup of %s at %s recorded\n", c.Line, at.UTC().Format(time.RFC3339))
+	return nil
 }
 
 // Env is what every Run is given.

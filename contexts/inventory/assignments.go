@@ -77,6 +77,11 @@ func (s *Store) Assign(ctx context.Context, as []Assignment, bumpNodes []string)
 				a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified)); err != nil {
 				return err
 			}
+			// Its data, retired when it left, is its own again.
+			if _, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated' WHERE node = ? AND module = ? AND consumer = '' AND state = 'retired'`,
+				a.Node, a.Module); err != nil {
+				return err
+			}
 		}
 		return bump(ctx, tx, bumpNodes)
 	})

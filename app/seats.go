@@ -1,0 +1,456 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
+)
+
+// Why seat, pin and retire commands refuse.
+var (
+	ErrNotReplicated  = errors.New("is not replicated: it has one holder; hand it over with --to")
+	ErrCannotHold     = errors.New("cannot hold that seat: its manifest does not define it")
+	ErrEmptyReplace   = errors.New("the replacement starts empty")
+	ErrNotAProvider   = errors.New("does not provide that provision")
+	ErrNoNeed         = errors.New("runs nothing that needs that provision")
+	ErrNothingWaiting = errors.New("has no consumer waiting for retirement")
+	ErrNotRetired     = errors.New("is not retired: only retired data is deleted by cleanup")
+	ErrNoPin          = errors.New("has no pin for that provision")
+)
+
+// SeatView is one seat the mesh defines.
+type SeatView struct {
+	Seat       string   `json:"seat"`
+	Delivers   string   `json:"delivers"`
+	Replicated bool     `json:"replicated"`
+	Holders    []string `json:"holders"`
+	// Aliases are former names that still resolve to it.
+	Aliases []string `json:"aliases"`
+	// Modules are the modules that can hold it.
+	Modules []string `json:"modules"`
+}
+
+func seatViews(snap *inventory.Snapshot) []SeatView {
+	byName := map[string]*SeatView{}
+	for module, cur := range snap.Current {
+		for _, s := range snap.Manifests[module][cur].Seats {
+			name := snap.Seats.SeatName(s.Seat)
+			v, ok := byName[name]
+			if !ok {
+				v = &SeatView{Seat: name, Delivers: s.Delivers, Replicated: s.Replicated, Holders: []string{}, Aliases: []string{}}
+				byName[name] = v
+			}
+			v.Modules = append(v.Modules, module)
+		}
+	}
+	for alias, seat := range snap.Seats.Aliases {
+		if v, ok := byName[seat]; ok {
+			v.Aliases = append(v.Aliases, alias)
+		}
+	}
+	out := []SeatView{}
+	for _, name := range sortedKeys(byName) {
+		v := byName[name]
+		for _, h := range snap.Seats.Holders[name] {
+			v.Holders = append(v.Holders, h.String())
+		}
+		sort.Strings(v.Modules)
+		sort.Strings(v.Aliases)
+		out = append(out, *v)
+	}
+	return out
+}
+
+// Seats lists every seat any registered manifest defines.
+func (c *Controller) Seats(ctx context.Context) ([]SeatView, error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return seatViews(snap), nil
+}
+
+func findSeat(snap *inventory.Snapshot, name string) (SeatView, error) {
+	name = snap.Seats.SeatName(name)
+	for _, v := range seatViews(snap) {
+		if v.Seat == name {
+			return v, nil
+		}
+	}
+	return SeatView{}, fmt.Errorf("seat %s: %w", name, inventory.ErrSeatNotFound)
+}
+
+
+// SeatRename renames a seat; the former name still resolves.
+func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
+	for _, n := range []string{from, to} {
+		if err := CheckName(n); err != nil {
+			return err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory")
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	seat, err := findSeat(snap, from)
+	if err != nil {
+		return err
+	}
+	if err := inv.RenameSeat(ctx, seat.Seat, to); err != nil {
+		return err
+	}
+	var nodes []string
+	for _, h := range snap.Seats.Holders[seat.Seat] {
+		nodes = append(nodes, h.Node)
+	}
+	return inv.BumpPlans(ctx, nodes)
+}
+
+// Handover is what a seat handover or addition did, or would do.
+type Handover struct {
+	Seat    string   `json:"seat"`
+	To      string   `json:"to"`
+	From    []string `json:"from"`
+	Changed bool     `json:"changed"`
+	// Empty says what the replacement starts without: data sets and sizes that stay where they are.
+	Empty  string   `json:"empty,omitempty"`
+	Pushed []Pushed `json:"pushed"`
+}
+
+// SeatHandover hands a seat to an assignment in one act (add false), or adds
+// a holder to a replicated seat (add true). A new holder that would start
+// without precious data the old holder kept is said first, and needs yes.
+func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes bool) (Handover, error) {
+	node, module, ok := strings.Cut(to, "/")
+	if !ok {
+		return Handover{}, fmt.Errorf("%q: %w", to, ErrHolderForm)
+	}
+	for _, n := range []string{name, node, module} {
+		if err := CheckName(n); err != nil {
+			return Handover{}, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return Handover{}, err
+	}
+	defer closeAll()
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Handover{}, err
+	}
+	seat, err := findSeat(snap, name)
+	if err != nil {
+		return Handover{}, err
+	}
+	target := inventory.Holder{Node: node, Module: module}
+	version := versionOn(snap, node, module)
+	if version == "" {
+		return Handover{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	}
+	if !canHold(snap.Manifests[module][version], seat.Seat, snap) {
+		return Handover{}, fmt.Errorf("%s %w", target, ErrCannotHold)
+	}
+	h := Handover{Seat: seat.Seat, To: target.String(), From: seat.Holders, Pushed: []Pushed{}}
+	holders := snap.Seats.Holders[seat.Seat]
+	for _, cur := range holders {
+		if cur == target {
+			return h, nil // handing a seat to its holder changes nothing
+		}
+	}
+	if add && !seat.Replicated {
+		return h, fmt.Errorf("seat %s %w", seat.Seat, ErrNotReplicated)
+	}
+	change := inventory.SeatChange{Seat: seat.Seat, Add: []inventory.Holder{target}}
+	bumps := []string{node}
+	var replacement *inventory.Replacement
+	if !add {
+		data, err := inv.AllDataSets(ctx)
+		if err != nil {
+			return h, err
+		}
+		var lost []string
+		for _, old := range holders {
+			change.Remove = append(change.Remove, old)
+			bumps = append(bumps, old.Node)
+			lost = append(lost, startsEmpty(snap, data, old, target)...)
+		}
+		if len(lost) > 0 {
+			h.Empty = fmt.Sprintf("%s stay on %s", strings.Join(lost, ", "), strings.Join(seat.Holders, ", "))
+			if !yes {
+				return h, fmt.Errorf("%w: %s; add --yes to hand it over all the same", ErrEmptyReplace, h.Empty)
+			}
+			replacement = &inventory.Replacement{What: "seat " + seat.Seat, NewHolder: target.String(), OldHolder: strings.Join(seat.Holders, ", "), Data: strings.Join(lost, ", ")}
+		}
+	}
+	// One transaction: the new holder is added and the old removed together.
+	if err := inv.ChangeSeats(ctx, []inventory.SeatChange{change}, replacement, bumps, c.Now()); err != nil {
+		return h, err
+	}
+	h.Changed = true
+	// The new holder's declaration goes first, so no sent declaration ever
+	// leaves the seat empty.
+	first, err := c.sendPlans(ctx, inv, ids, sec, []string{node})
+	if err != nil {
+		return h, err
+	}
+	rest, err := c.sendPlans(ctx, inv, ids, sec, withoutNode(bumps, node))
+	h.Pushed = append(first, rest...)
+	return h, err
+}
+
+// ErrHolderForm means a holder was not written node/module.
+var ErrHolderForm = errors.New("is not node/module")
+
+func withoutNode(nodes []string, node string) []string {
+	var out []string
+	seen := map[string]bool{node: true}
+	for _, n := range nodes {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func canHold(m inventory.Manifest, seat string, snap *inventory.Snapshot) bool {
+	for _, s := range m.Seats {
+		if snap.Seats.SeatName(s.Seat) == seat {
+			return true
+		}
+	}
+	return false
+}
+
+// startsEmpty lists the precious data sets (with sizes) the old holder keeps
+// that the new holder will not have: what stays behind.
+func startsEmpty(snap *inventory.Snapshot, data map[string][]inventory.DataSet, old, target inventory.Holder) []string {
+	if old.Node == target.Node && old.Module == target.Module {
+		return nil
+	}
+	var out []string
+	for _, d := range snap.Manifests[old.Module][versionOn(snap, old.Node, old.Module)].Data {
+		if d.Precious == inventory.Rebuildable {
+			continue
+		}
+		if old.Node == target.Node && reportedSet(data[target.Node], target.Module, d.Name) != nil {
+			continue
+		}
+		size := "size not reported"
+		if r := reportedSet(data[old.Node], old.Module, d.Name); r != nil {
+			size = humanBytes(r.Bytes)
+		}
+		out = append(out, fmt.Sprintf("%s (%s, %s)", d.Name, d.Precious, size))
+	}
+	return out
+}
+
+func humanBytes(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", b)
+}
+
+// Pinned is what pin or unpin did.
+type Pinned struct {
+	Node      string   `json:"node"`
+	Provision string   `json:"provision"`
+	Provider  string   `json:"provider,omitempty"`
+	Empty     string   `json:"empty,omitempty"`
+	Stays     string   `json:"stays,omitempty"`
+	Pushed    []Pushed `json:"pushed"`
+}
+
+// Pin chooses the provider a node's consumers get a provision from. Moving a
+// binding whose provider keeps precious data for its consumer says the
+// empty replacement first, and needs yes.
+func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module string, yes bool) (Pinned, error) {
+	for _, n := range []string{node, provision, fromNode, module} {
+		if err := CheckName(n); err != nil {
+			return Pinned{}, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return Pinned{}, err
+	}
+	defer closeAll()
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Pinned{}, err
+	}
+	if _, ok := snap.Nodes[node]; !ok {
+		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	provider := inventory.Holder{Node: fromNode, Module: module}
+	if v := versionOn(snap, fromNode, module); v == "" || !provides(snap.Manifests[module][v], provision) {
+		return Pinned{}, fmt.Errorf("%s %w %s", provider, ErrNotAProvider, provision)
+	}
+	out := Pinned{Node: node, Provision: provision, Provider: provider.String()}
+	var moving []inventory.Binding
+	for _, b := range snap.Seats.Bindings {
+		if b.Node == node && b.Provision == provision && b.Provider != provider {
+			moving = append(moving, b)
+		}
+	}
+	var replacement *inventory.Replacement
+	var lost []string
+	for _, b := range moving {
+		if level, precious := keepsPrecious(snap, b.Provider, provision); precious {
+			lost = append(lost, fmt.Sprintf("%s's %s data (%s) stays on %s", b.Node+"/"+b.Module, provision, level, b.Provider))
+		}
+	}
+	if len(lost) > 0 {
+		out.Empty = strings.Join(lost, "; ")
+		if !yes {
+			return out, fmt.Errorf("%w: %s; add --yes to pin all the same", ErrEmptyReplace, out.Empty)
+		}
+		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
+	}
+	if err := inv.SetPin(ctx, node, provision, provider, c.Now()); err != nil {
+		return out, err
+	}
+	if replacement != nil {
+		if err := inv.SetBindings(ctx, nil, nil, replacement, nil, c.Now()); err != nil {
+			return out, err
+		}
+	}
+	bumps, err := c.syncBindings(ctx, inv, ids, sec)
+	if err != nil {
+		return out, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, bumps)
+	return out, err
+}
+
+// Unpin puts the choice back to the mesh; a binding whose provider keeps
+// precious data for its consumer stays where it is (stickiness).
+func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned, error) {
+	for _, n := range []string{node, provision} {
+		if err := CheckName(n); err != nil {
+			return Pinned{}, err
+		}
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return Pinned{}, err
+	}
+	defer closeAll()
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Pinned{}, err
+	}
+	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
+		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
+	}
+	if err := inv.SetPin(ctx, node, provision, inventory.Holder{}, c.Now()); err != nil {
+		return Pinned{}, err
+	}
+	out := Pinned{Node: node, Provision: provision}
+	for _, b := range snap.Seats.Bindings {
+		if b.Node == node && b.Provision == provision {
+			if level, precious := keepsPrecious(snap, b.Provider, provision); precious {
+				out.Stays = fmt.Sprintf("%s stays bound to %s: it keeps %s data for it", b.Node+"/"+b.Module, b.Provider, level)
+			}
+		}
+	}
+	bumps, err := c.syncBindings(ctx, inv, ids, sec)
+	if err != nil {
+		return out, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, bumps)
+	return out, err
+}
+
+// Rotated is what rotate did.
+type Rotated struct {
+	Credentials []string `json:"credentials"`
+	Pushed      []Pushed `json:"pushed"`
+}
+
+// Rotate makes new per-consumer credentials for a provision (one consumer's,
+// or one module's), and sends provider and consumers their declarations in
+// one push, so both ends change together. The old values are not kept.
+func (c *Controller) Rotate(ctx context.Context, provision, consumer, module string) (Rotated, error) {
+	if err := CheckName(provision); err != nil {
+		return Rotated{}, err
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return Rotated{}, err
+	}
+	defer closeAll()
+	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return Rotated{}, err
+	}
+	out := Rotated{Credentials: []string{}}
+	nodes := map[string]bool{}
+	for _, b := range snap.Seats.Bindings {
+		if b.Provision != provision || !givesCredential(snap, b.Provider, provision) ||
+			(consumer != "" && b.Node != consumer) || (module != "" && b.Module != module && b.Provider.Module != module) {
+			continue
+		}
+		name := credentialName(b.Node, b.Module, provision)
+		if err := c.sealCredential(ctx, ids, sec, b, name); err != nil {
+			return out, err
+		}
+		out.Credentials = append(out.Credentials, fmt.Sprintf("%s/%s for %s/%s", b.Provider, provision, b.Node, b.Module))
+		nodes[b.Node], nodes[b.Provider.Node] = true, true
+	}
+	if len(out.Credentials) == 0 {
+		return out, fmt.Errorf("%s: %w", provision, ErrNothingToRotate)
+	}
+	sort.Strings(out.Credentials)
+	if err := inv.BumpPlans(ctx, sortedKeys(nodes)); err != nil {
+		return out, err
+	}
+	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(nodes))
+	return out, err
+}
+
+// ErrNothingToRotate means no binding of that provision carries a credential.
+var ErrNothingToRotate = errors.New("no binding gives a per-consumer credential for it")
+
+// recordHand records a hand act through the one path every command uses.
+func (c *Controller) recordHand(ctx context.Context, what, why, cause, condition string) error {
+	if why == "" {
+		return health.ErrNoWhy
+	}
+	dbs, closeAll, err := c.stores(ctx, "health")
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	_, err = health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
+	return err
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/alecthomas/kong"
+
+	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
+)
+
+// SeatsCmd is seats.
+type SeatsCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists every seat the mesh defines.
+func (c *SeatsCmd) Run(env *Env) error {
+	seats, err := env.App.Seats(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, seats)
+	}
+	if len(seats) == 0 {
+		fmt.Fprintln(env.Stderr, "no registered module defines a seat")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEAT\tREPLICATED\tHOLDERS\tDELIVERS")
+	for _, s := range seats {
+		name := s.Seat
+		if len(s.Aliases) > 0 {
+			name += " (was " + strings.Join(s.Aliases, ", ") + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, yesNo(s.Replicated), dash(strings.Join(s.Holders, ", ")), s.Delivers)
+	}
+	return tw.Flush()
+}
+
+// SeatCmd is seat: a handover, an addition, or (with rename) a new name.
+type SeatCmd struct {
+	Rename SeatRenameCmd `cmd:"" help:"Rename a seat; the former name still resolves."`
+	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (--to) or add a holder (--add)."`
+}
+
+// SeatRenameCmd is seat rename.
+type SeatRenameCmd struct {
+	From Name `arg:"" help:"The seat."`
+	To   Name `arg:"" help:"Its new name."`
+}
+
+// Run renames.
+func (c *SeatRenameCmd) Run(env *Env) error {
+	if err := env.App.SeatRename(env.Ctx, string(c.From), string(c.To)); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "seat %s is now %s; %s still resolves to it\n", c.From, c.To, c.From)
+	return nil
+}
+
+// SeatHandCmd is seat NAME --to|--add NODE/MODULE.
+type SeatHandCmd struct {
+	Seat Name   `arg:"" help:"The seat."`
+	To   string `xor:"how" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
+	Add  string `xor:"how" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
+	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data."`
+}
+
+// Run hands the seat over or adds a holder.
+func (c *SeatHandCmd) Run(env *Env) error {
+	if c.To == "" && c.Add == "" {
+		return clirun.UsageError{Msg: "say --to NODE/MODULE (hand it over) or --add NODE/MODULE (a replicated seat)"}
+	}
+	to, add := c.To, false
+	if c.Add != "" {
+		to, add = c.Add, true
+	}
+	h, err := env.App.SeatHandover(env.Ctx, string(c.Seat), to, add, c.Yes)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !h.Changed:
+		fmt.Fprintf(env.Stdout, "%s already holds seat %s; nothing changed\n", h.To, h.Seat)
+	case add:
+		fmt.Fprintf(env.Stdout, "seat %s: %s added beside %s\n", h.Seat, h.To, strings.Join(h.From, ", "))
+	default:
+		fmt.Fprintf(env.Stdout, "seat %s handed to %s (from %s) in one act\n", h.Seat, h.To, dash(strings.Join(h.From, ", ")))
+	}
+	if h.Empty != "" {
+		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s (data.empty-replacement stays open until a hand act is recorded for it or the data is there)\n", h.Empty)
+	}
+	printPushed(env, h.Pushed)
+	return nil
+}
+
+// PinCmd is pin.
+type PinCmd struct {
+	Node      Name `arg:"" help:"The consuming node."`
+	Provision Name `arg:"" help:"The provision."`
+	FromNode  Name `arg:"" name:"from-node" help:"The providing node."`
+	Module    Name `arg:"" help:"The providing module."`
+	Yes       bool `help:"Move a binding even though its new provider starts without the data the old one keeps."`
+}
+
+// Run pins.
+func (c *PinCmd) Run(env *Env) error {
+	p, err := env.App.Pin(env.Ctx, string(c.Node), string(c.Provision), string(c.FromNode), string(c.Module), c.Yes)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s gets %s from %s\n", p.Node, p.Provision, p.Provider)
+	if p.Empty != "" {
+		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s; the old provider keeps it, waiting for retirement\n", p.Empty)
+	}
+	printPushed(env, p.Pushed)
+	return nil
+}
+
+// UnpinCmd is unpin.
+type UnpinCmd struct {
+	Node      Name `arg:"" help:"The consuming node."`
+	Provision Name `arg:"" help:"The provision."`
+}
+
+// Run unpins.
+func (c *UnpinCmd) Run(env *Env) error {
+	p, err := env.App.Unpin(env.Ctx, string(c.Node), string(c.Provision))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s's %s is the mesh's choice again\n", p.Node, p.Provision)
+	if p.Stays != "" {
+		fmt.Fprintf(env.Stdout, "%s (only a pin moves it)\n", p.Stays)
+	}
+	printPushed(env, p.Pushed)
+	return nil
+}
+
+// RotateCmd is rotate.
+type RotateCmd struct {
+	Provision Name `arg:"" help:"The provision."`
+	Consumer  Name `help:"Only this consuming node's credentials."`
+	Module    Name `help:"Only credentials of this module (consumer or provider)."`
+}
+
+// Run rotates.
+func (c *RotateCmd) Run(env *Env) error {
+	r, err := env.App.Rotate(env.Ctx, string(c.Provision), string(c.Consumer), string(c.Module))
+	if err != nil {
+		return err
+	}
+	for _, cr := range r.Credentials {
+		fmt.Fprintf(env.Stdout, "new credential: %s\n", cr)
+	}
+	fmt.Fprintln(env.Stderr, "providers and consumers are sent their declarations in one push; the old values are not kept")
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// RetireCmd groups retire commands; alone it lists.
+type RetireCmd struct {
+	List    RetireListCmd   `cmd:"" default:"withargs" hidden:"" help:"Every provider waiting for a person to approve a retirement."`
+	Approve RetireDecideCmd `cmd:"" help:"Retire what it waits with: access off, data kept."`
+	Reject  RetireDecideCmd `cmd:"" help:"Keep them active; a warning condition stays open."`
+}
+
+// RetireListCmd is retire.
+type RetireListCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists waiting providers.
+func (c *RetireListCmd) Run(env *Env) error {
+	ws, err := env.App.Retire(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, ws)
+	}
+	if len(ws) == 0 {
+		fmt.Fprintln(env.Stderr, "no provider waits for a retirement")
+	}
+	for _, w := range ws {
+		fmt.Fprintf(env.Stdout, "%s waits to retire:\n", w.Provider)
+		for _, cs := range w.Consumers {
+			fmt.Fprintf(env.Stdout, "  %s (%s) since %s: %s\n", cs.Consumer, cs.Provision, cs.Since.Format(timeShown), cs.Why)
+		}
+	}
+	return nil
+}
+
+// RetireDecideCmd is retire approve and retire reject.
+type RetireDecideCmd struct {
+	Node   Name   `arg:"" help:"The provider's node."`
+	Module Name   `arg:"" help:"The provider's module."`
+	Why    string `required:"" help:"Why; recorded in the hand-act log."`
+}
+
+// Run approves or rejects, as its name in the command line says.
+func (c *RetireDecideCmd) Run(env *Env, kctx *kong.Context) error {
+	approve := kctx.Selected().Name == "approve"
+	decided, pushed, err := env.App.RetireDecide(env.Ctx, string(c.Node), string(c.Module), c.Why, approve)
+	if err != nil {
+		return err
+	}
+	for _, cs := range decided {
+		if approve {
+			fmt.Fprintf(env.Stdout, "%s at %s/%s retired: access off, data kept ('mesh-controller cleanup' lists it)\n", cs.Consumer, c.Node, c.Module)
+		} else {
+			fmt.Fprintf(env.Stdout, "%s at %s/%s kept active; retire.rejected stays open\n", cs.Consumer, c.Node, c.Module)
+		}
+	}
+	printPushed(env, pushed)
+	return nil
+}
+
+// CleanupCmd groups cleanup commands; alone it lists.
+type CleanupCmd struct {
+	List   CleanupListCmd   `cmd:"" default:"withargs" help:"Every retired consumer and retired data set per provider: age, size, why."`
+	Delete CleanupDeleteCmd `cmd:"" help:"Have the provider delete one retired consumer's data or retired data set; or, with --older-than, every one older (only with --confirm)."`
+}
+
+// CleanupListCmd is cleanup [list].
+type CleanupListCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists what may be cleaned up.
+func (c *CleanupListCmd) Run(env *Env) error {
+	cls, err := env.App.Cleanup(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, cls)
+	}
+	if len(cls) == 0 {
+		fmt.Fprintln(env.Stderr, "nothing retired")
+		return nil
+	}
+	printCleanables(env, cls)
+	return nil
+}
+
+func printCleanables(env *Env, cls []app.Cleanable) {
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROVIDER\tRETIRED\tKIND\tPRECIOUS\tAGE\tSIZE\tWHY")
+	for _, cl := range cls {
+		size := "not reported"
+		if cl.Bytes != nil {
+			size = fmt.Sprintf("%d bytes", *cl.Bytes)
+		}
+		what := cl.Target
+		if cl.Deleting {
+			what += " (deleting)"
+		}
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%d days\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), cl.AgeDays, size, cl.Why)
+	}
+	tw.Flush()
+}
+
+// CleanupDeleteCmd is cleanup delete.
+type CleanupDeleteCmd struct {
+	Node      Name   `arg:"" optional:"" help:"The provider's node."`
+	Module    Name   `arg:"" optional:"" help:"The provider's module."`
+	Target    string `arg:"" optional:"" name:"consumer" help:"The retired consumer (node/module), or the retired data set's name."`
+	OlderThan int    `name:"older-than" placeholder:"DAYS" help:"Every retired consumer and data set older than this many days."`
+	Why       string `required:"" help:"Why; recorded in the hand-act log."`
+	Confirm   bool   `help:"With --older-than: delete; without it, only list."`
+}
+
+// Run deletes (or lists what --older-than would delete).
+func (c *CleanupDeleteCmd) Run(env *Env) error {
+	switch {
+	case c.OlderThan > 0 && c.Target != "":
+		return clirun.UsageError{Msg: "give NODE MODULE CONSUMER or --older-than DAYS, not both"}
+	case c.OlderThan <= 0 && c.Target == "":
+		return clirun.UsageError{Msg: "give NODE MODULE CONSUMER, or --older-than DAYS"}
+	case c.Confirm && c.OlderThan <= 0:
+		return clirun.UsageError{Msg: "--confirm goes with --older-than"}
+	}
+	chosen, pushed, err := env.App.CleanupDelete(env.Ctx, app.CleanupRequest{Node: string(c.Node), Module: string(c.Module), Target: c.Target,
+		OlderThanDays: c.OlderThan, Why: c.Why, Confirm: c.Confirm})
+	if err != nil {
+		return err
+	}
+	if c.OlderThan > 0 && !c.Confirm {
+		if len(chosen) == 0 {
+			fmt.Fprintf(env.Stderr, "nothing retired is older than %d days\n", c.OlderThan)
+			return nil
+		}
+		printCleanables(env, chosen)
+		fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+		return nil
+	}
+	for _, cl := range chosen {
+		fmt.Fprintf(env.Stdout, "%s/%s deletes %s (%s); its host reports when it is gone\n", cl.Node, cl.Module, cl.Target, cl.Kind)
+	}
+	printPushed(env, pushed)
+	return nil
+}
+
+// DataCmd is data.
+type DataCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists every data set every machine declares.
+func (c *DataCmd) Run(env *Env) error {
+	ds, err := env.App.Data(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, ds)
+	}
+	if len(ds) == 0 {
+		fmt.Fprintln(env.Stderr, "no data sets")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMODULE\tNAME\tPATH\tSIZE\tPRECIOUS\tSTATE\tLAST BACKUP\tBACKUP HOLDER")
+	for _, d := range ds {
+		size := "-"
+		if d.Bytes != nil {
+			size = fmt.Sprint(*d.Bytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Node, d.Module, d.Name, d.Path, size, d.Precious, d.State, when(d.LastBackup), dash(d.BackupHolder))
+	}
+	return tw.Flush()
+}
