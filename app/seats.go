@@ -92,7 +92,6 @@ func findSeat(snap *inventory.Snapshot, name string) (SeatView, error) {
 	return SeatView{}, fmt.Errorf("seat %s: %w", name, inventory.ErrSeatNotFound)
 }
 
-
 // SeatRename renames a seat; the former name still resolves.
 func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	for _, n := range []string{from, to} {
