@@ -72,7 +72,50 @@ func Files(m protocol.DeclaredModule) []string {
 	for _, s := range m.Secrets {
 		files = append(files, path.Join(dir, "secrets", s.Name))
 	}
+	for _, b := range m.Bindings {
+		if b.Credential != "" {
+			files = append(files, path.Join(dir, "bindings", b.Provision+".credential"))
+		}
+	}
+	for _, c := range m.Consumers {
+		if c.Credential != "" && c.State != "retired" {
+			files = append(files, path.Join(dir, "consumers", strings.ReplaceAll(c.Consumer, "/", "_"), c.Provision+".credential"))
+		}
+	}
 	return files
+}
+
+// sealedFile is a file of a module that holds a value opened from a sealed
+// copy, and the label the copy must carry.
+type sealedFile struct {
+	rel    string
+	sealed string
+	label  protocol.Label
+}
+
+// sealedFiles lists the secrets and credentials a declared module carries.
+func sealedFiles(node string, m protocol.DeclaredModule) []sealedFile {
+	dir := path.Join(modulesDir, m.Module)
+	var out []sealedFile
+	for _, s := range m.Secrets {
+		out = append(out, sealedFile{path.Join(dir, "secrets", s.Name), s.Sealed, protocol.Label{Node: node, Module: m.Module, Name: s.Name, Version: s.Version}})
+	}
+	for _, b := range m.Bindings {
+		if b.Credential == "" {
+			continue
+		}
+		pn, pm, _ := strings.Cut(b.From, "/")
+		out = append(out, sealedFile{path.Join(dir, "bindings", b.Provision+".credential"), b.Credential,
+			protocol.Label{Node: pn, Module: pm, Name: b.CredentialName, Version: b.CredentialVersion}})
+	}
+	for _, c := range m.Consumers {
+		if c.Credential == "" || c.State == "retired" {
+			continue
+		}
+		out = append(out, sealedFile{path.Join(dir, "consumers", strings.ReplaceAll(c.Consumer, "/", "_"), c.Provision+".credential"), c.Credential,
+			protocol.Label{Node: node, Module: m.Module, Name: c.CredentialName, Version: c.CredentialVersion}})
+	}
+	return out
 }
 
 // apply verifies and applies one declaration under root, returning the
@@ -124,9 +167,12 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	var waiting []string
 	for i, m := range d.Modules {
 		files := map[string][]byte{}
-		secretsDir := path.Join(modulesDir, m.Module, "secrets")
+		sealed := map[string]bool{}
+		for _, sf := range sealedFiles(st.Node, m) {
+			sealed[sf.rel] = true
+		}
 		for _, rel := range Files(m) {
-			if path.Dir(rel) == secretsDir {
+			if sealed[rel] {
 				continue // written below, opened with the host's own key
 			}
 			doc := raw.Modules[i]
@@ -158,11 +204,11 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 		if len(m.WaitingFor) > 0 {
 			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
 		}
-		for _, s := range m.Secrets {
-			rel := path.Join(modulesDir, m.Module, "secrets", s.Name)
-			v, _, err := protocol.OpenSealed(s.Sealed, protocol.Label{Node: st.Node, Module: m.Module, Name: s.Name, Version: s.Version}, st.Age)
+		for _, sf := range sealedFiles(st.Node, m) {
+			rel := sf.rel
+			v, _, err := protocol.OpenSealed(sf.sealed, sf.label, st.Age)
 			if err != nil {
-				return fail(d.Serial, "secret %s of %s: %v", s.Name, m.Module, err)
+				return fail(d.Serial, "%s of %s: %v", path.Base(rel), m.Module, err)
 			}
 			full := filepath.Join(root, filepath.FromSlash(rel))
 			err = os.MkdirAll(filepath.Dir(full), 0o700)
@@ -170,7 +216,7 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 				err = writeFile(full, v.Reveal())
 			}
 			if err != nil {
-				return fail(d.Serial, "write secret %s of %s: %v", s.Name, m.Module, err)
+				return fail(d.Serial, "write %s of %s: %v", path.Base(rel), m.Module, err)
 			}
 			next.Files = append(next.Files, rel)
 		}

@@ -50,8 +50,32 @@ type DeclaredModule struct {
 	Settings json.RawMessage  `json:"settings,omitempty"`
 	Data     []DeclaredData   `json:"data"`
 	Secrets  []DeclaredSecret `json:"secrets,omitempty"`
+	// Bindings are where it gets each provision from, with the credential
+	// sealed to both ends.
+	Bindings []DeclaredBinding `json:"bindings,omitempty"`
+	// Consumers are a provider's consumers, their access and credentials.
+	Consumers []DeclaredConsumer `json:"consumers,omitempty"`
 	// WaitingFor names secrets the module waits for; it is not started without them.
 	WaitingFor []string `json:"waiting_for,omitempty"`
+}
+
+// DeclaredBinding is one provision a module gets from a provider.
+type DeclaredBinding struct {
+	Provision         string `json:"provision"`
+	From              string `json:"from"` // node/module
+	CredentialName    string `json:"credential_name,omitempty"`
+	CredentialVersion int64  `json:"credential_version,omitempty"`
+	Credential        string `json:"credential,omitempty"`
+}
+
+// DeclaredConsumer is one consumer of a provider module.
+type DeclaredConsumer struct {
+	Consumer          string `json:"consumer"` // node/module
+	Provision         string `json:"provision"`
+	State             string `json:"state"`
+	CredentialName    string `json:"credential_name,omitempty"`
+	CredentialVersion int64  `json:"credential_version,omitempty"`
+	Credential        string `json:"credential,omitempty"`
 }
 
 // DeclaredSecret is a secret sealed to the node (and the operator).
