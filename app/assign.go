@@ -385,11 +385,4 @@ func backupHolderNodes(snap *inventory.Snapshot) []string {
 	return out
 }
 
-func versionOn(snap *inventory.Snapshot, node, module string) string {
-	for _, a := range snap.AssignmentsOf(node) {
-		if a.Module == module {
-			return a.Version
-		}
-	}
-	return ""
-}
+func versionOn(snap *inventory.Snapshot, node, module string) string { return snap.VersionOn(node, module) }

@@ -38,6 +38,19 @@ type Snapshot struct {
 	Settings map[string]map[string]json.RawMessage
 	// Seats are the seat holders, bindings, pins, consumers and cleanups.
 	Seats SeatState
+
+	versions map[Holder]string
+}
+
+// VersionOn is the version of a module assigned on a node, "" if none.
+func (s *Snapshot) VersionOn(node, module string) string {
+	if s.versions == nil {
+		s.versions = make(map[Holder]string, len(s.Assignments))
+		for _, a := range s.Assignments {
+			s.versions[Holder{Node: a.Node, Module: a.Module}] = a.Version
+		}
+	}
+	return s.versions[Holder{Node: node, Module: module}]
 }
 
 // Snapshot reads the mesh for planning.
