@@ -145,6 +145,7 @@ func TestData_RotateBothEnds(t *testing.T) {
 	waitFor(t, "both ends to hold the new credential", func() bool {
 		return read(consumerFile) != before && read(consumerFile) == read(providerFile)
 	})
+	waitFor(t, "the watcher to see the push", func() bool { mu.Lock(); defer mu.Unlock(); return len(sent) >= 2 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(sent) != 2 || sent[0] == sent[1] {
