@@ -43,7 +43,7 @@ demo: build
 	printf 'demo-licence-key' >$$dir/ocr.txt; $$mc secret accept web1 paperless ocr_licence --from $$dir/ocr.txt; \
 	printf 'upstream-pass' >$$dir/up.txt; $$mc secret accept web2 smtp-relay upstream_password --from $$dir/up.txt 2>/dev/null; \
 	for i in $$(seq 100); do [ -z "$$($$mc node list --json | grep '"behind": true')" ] && break; sleep 0.1; done; \
-	echo; $$mc node list; echo; $$mc plan web1; echo; $$mc node show web1 | head -30; \
+	echo; $$mc node list; echo; $$mc plan web1; echo; $$mc node show web1 | head -30; echo; $$mc data; \
 	echo; echo "web1 wrote under its root:"; (cd $$dir/web1/root && find . -mindepth 1 | sort | sed 's/^/  /'); \
 	echo; echo "break-glass, with the operator key alone:"; $$mc secret export --out $$dir/export.json; \
 	$$mc secret recover web1 paperless ocr_licence --key $$dir/operator.key --from-export $$dir/export.json --out $$dir/recovered; \
