@@ -141,7 +141,7 @@ func (c *Controller) syncBindings(ctx context.Context, inv *inventory.Store, ids
 		have[cs.Provider.String()+"|"+cs.Consumer+"|"+cs.Provision] = true
 		p, stillBound := bound[cs.Consumer+"|"+cs.Provision]
 		switch {
-		case stillBound && p == cs.Provider && cs.State != "active" && cs.State != "rejected":
+		case stillBound && p == cs.Provider && cs.State != "active":
 			changes = append(changes, inventory.ConsumerChange{Provider: cs.Provider, Consumer: cs.Consumer, Provision: cs.Provision, State: "active", Why: "bound again"})
 			bumps[cs.Provider.Node] = true
 		case (!stillBound || p != cs.Provider) && cs.State == "active":

@@ -76,7 +76,8 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	var changes []inventory.ConsumerChange
 	var decided []inventory.Consumer
 	for _, cs := range snap.Seats.Consumers {
-		if cs.Provider == provider && cs.State == "waiting" {
+		// A rejected retirement may still be approved later.
+		if cs.Provider == provider && (cs.State == "waiting" || (approve && cs.State == "rejected")) {
 			changes = append(changes, inventory.ConsumerChange{Provider: provider, Consumer: cs.Consumer, Provision: cs.Provision, State: state, Why: why})
 			cs.State = state
 			decided = append(decided, cs)
