@@ -385,4 +385,6 @@ func backupHolderNodes(snap *inventory.Snapshot) []string {
 	return out
 }
 
-func versionOn(snap *inventory.Snapshot, node, module string) string { return snap.VersionOn(node, module) }
+func versionOn(snap *inventory.Snapshot, node, module string) string {
+	return snap.VersionOn(node, module)
+}

@@ -265,3 +265,32 @@ func hostFiles(body PlanBody) ([]string, error) {
 	}
 	return files, nil
 }
+
+// planStores are the stores a command that changes plans works on, and the
+// mesh as it stood when it began.
+type planStores struct {
+	inv  *inventory.Store
+	ids  *identity.Store
+	sec  *secrets.Store
+	snap *inventory.Snapshot
+}
+
+// openPlanStores opens the inventory, identity and secrets stores and reads
+// a snapshot of the mesh.
+func (c *Controller) openPlanStores(ctx context.Context) (planStores, func(), error) {
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		return planStores{}, closeAll, err
+	}
+	ps := planStores{inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), sec: secrets.NewStore(dbs[2])}
+	if ps.snap, err = ps.inv.Snapshot(ctx); err != nil {
+		closeAll()
+		return planStores{}, func() {}, err
+	}
+	return ps, closeAll, nil
+}
+
+// send declares the plans of nodes.
+func (c *Controller) send(ctx context.Context, ps planStores, nodes []string) ([]Pushed, error) {
+	return c.sendPlans(ctx, ps.inv, ps.ids, ps.sec, nodes)
+}

@@ -58,16 +58,12 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if why == "" {
 		return nil, nil, errNoWhy
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
+	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	provider := inventory.Holder{Node: node, Module: module}
 	state, verb := "retired", "retire approve"
 	if !approve {

@@ -8,9 +8,7 @@ import (
 	"strings"
 
 	"mesh-controller/contexts/health"
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
 )
 
 // Why seat, pin and retire commands refuse.
@@ -147,16 +145,12 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 			return Handover{}, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Handover{}, err
 	}
 	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Handover{}, err
-	}
+	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	seat, err := findSeat(snap, name)
 	if err != nil {
 		return Handover{}, err
@@ -295,16 +289,12 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 			return Pinned{}, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
 	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Pinned{}, err
-	}
+	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	if _, ok := snap.Nodes[node]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
@@ -357,16 +347,12 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 			return Pinned{}, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
 	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Pinned{}, err
-	}
+	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
 	}
@@ -402,16 +388,12 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	if err := CheckName(provision); err != nil {
 		return Rotated{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Rotated{}, err
 	}
 	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Rotated{}, err
-	}
+	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	out := Rotated{Credentials: []string{}}
 	nodes := map[string]bool{}
 	for _, b := range snap.Seats.Bindings {
