@@ -289,8 +289,3 @@ func (c *Controller) openPlanStores(ctx context.Context) (planStores, func(), er
 	}
 	return ps, closeAll, nil
 }
-
-// send declares the plans of nodes.
-func (c *Controller) send(ctx context.Context, ps planStores, nodes []string) ([]Pushed, error) {
-	return c.sendPlans(ctx, ps.inv, ps.ids, ps.sec, nodes)
-}
