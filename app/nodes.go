@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"mesh-controller/contexts/health"
@@ -243,4 +245,58 @@ func (c *Controller) IdentityShow(ctx context.Context) (IdentityView, error) {
 		return IdentityView{}, err
 	}
 	return IdentityView{Algorithm: "ed25519", PublicKey: k.PublicBase64(), Fingerprint: k.Fingerprint(), CreatedAt: k.CreatedAt}, nil
+}
+
+// ErrBadCount means a --count is not between 1 and 100,000.
+var ErrBadCount = errors.New("a count is between 1 and 100000")
+
+// TokenBatch is what issuing tokens for many new nodes did.
+type TokenBatch struct {
+	Count int
+	First string
+	Last  string
+	Out   string
+}
+
+// TokenIssueMany makes the records prefix1…prefixN and a join token for
+// each, written as "name token" lines to out (0600, created exclusively),
+// never to stdout. All records or none are made.
+func (c *Controller) TokenIssueMany(ctx context.Context, prefix string, count int, adopted bool, ttl time.Duration, out string) (TokenBatch, error) {
+	if count < 1 || count > 100000 {
+		return TokenBatch{}, ErrBadCount
+	}
+	if ttl <= 0 {
+		return TokenBatch{}, fmt.Errorf("--ttl %s: %w", ttl, ErrBadTTL)
+	}
+	if err := CheckName(fmt.Sprintf("%s%d", prefix, count)); err != nil {
+		return TokenBatch{}, err
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return TokenBatch{}, fmt.Errorf("%s %w", out, errOutExists)
+	}
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	if err != nil {
+		return TokenBatch{}, err
+	}
+	defer closeAll()
+	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	names := make([]string, count)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s%d", prefix, i+1)
+	}
+	if err := inv.AddNodes(ctx, names, modeOf(adopted), c.Now()); err != nil {
+		return TokenBatch{}, err
+	}
+	tokens, err := ids.IssueTokens(ctx, names, ttl, c.Now())
+	if err != nil {
+		return TokenBatch{}, err
+	}
+	var b strings.Builder
+	for i, n := range names {
+		fmt.Fprintf(&b, "%s %s\n", n, tokens[i])
+	}
+	if err := writeExclusive(out, []byte(b.String())); err != nil {
+		return TokenBatch{}, err
+	}
+	return TokenBatch{Count: count, First: names[0], Last: names[count-1], Out: out}, nil
 }

@@ -104,6 +104,8 @@ func hint(err error) string {
 		return "see the bindings with 'mesh-controller plan NODE'"
 	case errors.Is(err, app.ErrNothingToRotate):
 		return "a provider gives per-consumer credentials when its manifest says per_consumer.credential"
+	case errors.Is(err, app.ErrBadCount):
+		return "give --count a number from 1 to 100000"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case isStore:

@@ -19,12 +19,26 @@ type TokenIssueCmd struct {
 	New     Name          `xor:"target" required:"" placeholder:"NAME" help:"Create the node record and issue for it in one act."`
 	Adopted bool          `help:"With --new: the machine is already in use."`
 	TTL     time.Duration `name:"ttl" default:"24h" help:"How long the token works, if unused."`
+	Count   int           `help:"With --new PREFIX: make PREFIX1…PREFIXN, one token each, written to --out."`
+	Out     string        `placeholder:"FILE" help:"With --count: the file (0600, created exclusively) for the 'name token' lines; never stdout."`
 }
 
 // Run issues the token: the token alone on stdout, everything else on stderr.
 func (c *TokenIssueCmd) Run(env *Env) error {
 	if c.Adopted && c.New == "" {
 		return clirun.UsageError{Msg: "--adopted goes with --new: an existing node keeps its mode"}
+	}
+	if c.Count != 0 || c.Out != "" {
+		if c.New == "" || c.Count == 0 || c.Out == "" {
+			return clirun.UsageError{Msg: "many tokens at once take --new PREFIX --count N --out FILE"}
+		}
+		b, err := env.App.TokenIssueMany(env.Ctx, string(c.New), c.Count, c.Adopted, c.TTL, c.Out)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(env.Stdout, "%d nodes added (%s…%s); their join tokens are in %s (0600): each works once, until %s\n",
+			b.Count, b.First, b.Last, b.Out, time.Now().Add(c.TTL).UTC().Format(timeShown))
+		return nil
 	}
 	r := app.TokenRequest{Node: string(c.Node), TTL: c.TTL, New: c.New != "", Adopted: c.Adopted}
 	if r.New {

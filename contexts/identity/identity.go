@@ -236,3 +236,31 @@ func (s *Store) TokenReuses(ctx context.Context) ([]TokenReuse, error) {
 	}
 	return out, rows.Err()
 }
+
+// IssueTokens makes one join token per node in one transaction, for a
+// person adding many machines at once.
+func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Duration, now time.Time) ([]string, error) {
+	tokens := make([]string, len(nodes))
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO join_tokens (hash, node, issued_at, expires_at) VALUES (?, ?, ?, ?)`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for i, n := range nodes {
+			var raw [20]byte
+			if _, err := rand.Read(raw[:]); err != nil {
+				return err
+			}
+			tokens[i] = tokenPrefix + strings.ToLower(base32NoPad.EncodeToString(raw[:]))
+			if _, err := stmt.ExecContext(ctx, hashToken(tokens[i]), n, sqlite.FormatTime(now), sqlite.FormatTime(now.Add(ttl))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issue tokens: %w", err)
+	}
+	return tokens, nil
+}

@@ -163,3 +163,29 @@ func (s *Store) Nodes(ctx context.Context) ([]Node, error) {
 	}
 	return nodes, rows.Err()
 }
+
+// AddNodes records many nodes in one transaction; if any name is taken,
+// none is recorded.
+func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now time.Time) error {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, n := range names {
+			res, err := stmt.ExecContext(ctx, n, string(mode), sqlite.FormatTime(now))
+			if err != nil {
+				return err
+			}
+			if k, _ := res.RowsAffected(); k == 0 {
+				return fmt.Errorf("node %s %w", n, ErrNodeExists)
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrNodeExists) {
+		return fmt.Errorf("add nodes: %w", err)
+	}
+	return err
+}
