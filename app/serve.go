@@ -355,7 +355,6 @@ func (d *daemon) onJoin(m *nats.Msg) {
 		return
 	}
 	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
-	d.kickCheck()
 	d.respond(m, reply)
 	d.afterJoin(context.Background(), r.Node)
 }
@@ -364,6 +363,11 @@ func (d *daemon) onJoin(m *nats.Msg) {
 // before it joined (its age recipient was unknown until now), and sends it
 // its plan.
 func (d *daemon) afterJoin(ctx context.Context, node string) {
+	// Most nodes join with nothing assigned yet: nothing to make, and no
+	// need to read the whole mesh for each of thousands of joins.
+	if n, err := d.inv.CountAssignments(ctx, node); err != nil || n == 0 {
+		return
+	}
 	snap, err := d.inv.Snapshot(ctx)
 	if err != nil {
 		d.logf("after %s joined: %v", node, err)

@@ -70,6 +70,11 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if _, err := os.Stat(filepath.Join(o.State, fileCreds)); err == nil {
 		return nil, fmt.Errorf("%s: %w", o.State, ErrJoinedAlready)
 	}
+	return join(ctx, o, true)
+}
+
+// join makes the keys, joins, and (if save) keeps the state in its dir.
+func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -125,6 +130,9 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 		urls = []string{o.Broker}
 	}
 	st := &State{Dir: o.State, Node: o.Node, HostKey: priv, Age: ageID, Creds: string(creds), ControllerKey: ck, BrokerURLs: urls}
+	if !save {
+		return st, nil
+	}
 	return st, st.save()
 }
 

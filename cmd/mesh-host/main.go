@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,42 @@ type CLI struct {
 	Run        RunCmd        `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
 	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
 	BackupDone BackupDoneCmd `cmd:"" name:"backup-done" help:"Tell the controller a backup line was done (for the backup module on the backup seat's holder)."`
+	Simulate   SimulateCmd   `cmd:"" help:"Play every host of a token file from one process, each with its own keys and connection, for load measurement."`
+}
+
+// SimulateCmd is mesh-host simulate.
+type SimulateCmd struct {
+	Broker    string        `required:"" placeholder:"URL" help:"The broker to dial."`
+	Tokens    string        `required:"" type:"existingfile" placeholder:"FILE" help:"'name token' lines, as 'mesh-controller token issue --count' writes them."`
+	Heartbeat time.Duration `default:"10s" help:"The interval between each host's heartbeats."`
+	ApplyMS   int           `name:"apply-ms" default:"0" help:"How long each simulated apply takes, in milliseconds."`
+	For       time.Duration `help:"Stop after this long (default: until SIGINT or SIGTERM)."`
+	Report    time.Duration `default:"5s" help:"How often to print how many hosts are joined, beating and applied."`
+	JSON      bool          `name:"json" help:"Print the summary as one JSON object at the end."`
+}
+
+// Run simulates until stopped.
+func (c *SimulateCmd) Run(env *Env) error {
+	ctx := env.Ctx
+	if c.For > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.For)
+		defer cancel()
+	}
+	out := env.Stderr
+	s, err := host.Simulate(ctx, host.SimOptions{Broker: c.Broker, TokensFile: c.Tokens, Heartbeat: c.Heartbeat,
+		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Out: out})
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		b, _ := json.Marshal(s)
+		fmt.Fprintf(env.Stdout, "%s\n", b)
+	}
+	if s.JoinFailed > 0 {
+		return fmt.Errorf("%d of %d hosts could not join", s.JoinFailed, s.Hosts)
+	}
+	return nil
 }
 
 // BackupDoneCmd is mesh-host backup-done.

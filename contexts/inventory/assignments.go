@@ -193,3 +193,10 @@ func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, err
 	}
 	return rs, rows.Err()
 }
+
+// CountAssignments counts the modules assigned to a node.
+func (s *Store) CountAssignments(ctx context.Context, node string) (int, error) {
+	var n int
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
+	return n, err
+}

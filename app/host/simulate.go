@@ -1,0 +1,251 @@
+package host
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+)
+
+// SimOptions shape a simulation of many hosts from one process.
+type SimOptions struct {
+	Broker     string
+	TokensFile string
+	Heartbeat  time.Duration
+	// ApplyDelay is how long each simulated apply takes.
+	ApplyDelay time.Duration
+	// Report is how often a progress line is printed.
+	Report time.Duration
+	// Joins is how many joins are in flight at once.
+	Joins int
+	Out   io.Writer
+}
+
+// SimStats count what the simulated hosts did.
+type SimStats struct {
+	Hosts        int   `json:"hosts"`
+	Joined       int64 `json:"joined"`
+	JoinFailed   int64 `json:"join_failed"`
+	Beating      int64 `json:"beating"`
+	BeatsSent    int64 `json:"beats_sent"`
+	Declarations int64 `json:"declarations"`
+	Applied      int64 `json:"applied"`
+	Refused      int64 `json:"refused"`
+	// Serials is the latest serial each host applied, for a fan-out measure.
+	Serials map[string]int64 `json:"-"`
+}
+
+// ReadTokens reads "name token" lines.
+func ReadTokens(file string) ([][2]string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out [][2]string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("%s: %q is not 'name token'", file, sc.Text())
+		}
+		out = append(out, [2]string{fields[0], fields[1]})
+	}
+	return out, sc.Err()
+}
+
+// Simulate plays every host of a token file from one process: each joins
+// with its own keys, keeps its own broker connection and user, signs every
+// message, verifies every declaration it receives, applies it to memory
+// and reports it applied. It runs until ctx ends and returns what happened.
+func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
+	tokens, err := ReadTokens(o.TokensFile)
+	if err != nil {
+		return SimStats{}, err
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 10 * time.Second
+	}
+	if o.Report <= 0 {
+		o.Report = 5 * time.Second
+	}
+	if o.Joins <= 0 {
+		o.Joins = 32
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	var st simCounters
+	st.hosts = len(tokens)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, o.Joins)
+	var mu sync.Mutex
+	serials := map[string]int64{}
+	for _, tk := range tokens {
+		wg.Add(1)
+		go func(name, token string) {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			s, err := joinMemory(ctx, o.Broker, name, token)
+			<-sem
+			if err != nil {
+				st.joinFailed.Add(1)
+				fmt.Fprintf(o.Out, "%s: %v\n", name, err)
+				return
+			}
+			st.joined.Add(1)
+			simHost(ctx, s, o, &st, func(serial int64) {
+				mu.Lock()
+				serials[name] = serial
+				mu.Unlock()
+			})
+		}(tk[0], tk[1])
+	}
+	tick := time.NewTicker(o.Report)
+	defer tick.Stop()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for {
+		select {
+		case <-tick.C:
+			fmt.Fprintln(o.Out, st.line())
+		case <-done:
+			stats := st.stats()
+			stats.Serials = serials
+			fmt.Fprintln(o.Out, "summary:", st.line())
+			return stats, nil
+		}
+	}
+}
+
+type simCounters struct {
+	hosts                                                              int
+	joined, joinFailed, beating, beats, declarations, applied, refused atomic.Int64
+}
+
+func (c *simCounters) stats() SimStats {
+	return SimStats{Hosts: c.hosts, Joined: c.joined.Load(), JoinFailed: c.joinFailed.Load(), Beating: c.beating.Load(), BeatsSent: c.beats.Load(),
+		Declarations: c.declarations.Load(), Applied: c.applied.Load(), Refused: c.refused.Load()}
+}
+
+func (c *simCounters) line() string {
+	s := c.stats()
+	return fmt.Sprintf("%s hosts %d joined %d (failed %d) beating %d beats sent %d declarations %d applied %d refused %d",
+		time.Now().UTC().Format(time.RFC3339), s.Hosts, s.Joined, s.JoinFailed, s.Beating, s.BeatsSent, s.Declarations, s.Applied, s.Refused)
+}
+
+// joinMemory joins like Join, keeping the state in memory only.
+func joinMemory(ctx context.Context, broker, node, token string) (*State, error) {
+	return join(ctx, JoinOptions{Broker: broker, Token: token, Node: node}, false)
+}
+
+// simHost is one simulated host at work until ctx ends.
+func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appliedSerial func(int64)) {
+	opts, err := s.ConnectOptions()
+	if err != nil {
+		return
+	}
+	nc, err := nats.Connect(strings.Join(s.BrokerURLs, ","), append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))...)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	var last int64
+	apply := func(env protocol.Envelope) {
+		st.declarations.Add(1)
+		d, err := env.Verify(s.ControllerKey)
+		mu.Lock()
+		defer mu.Unlock()
+		report := protocol.AppliedBody{Serial: d.Serial, OK: true}
+		switch {
+		case err != nil:
+			report = protocol.AppliedBody{OK: false, Error: "refused: " + err.Error()}
+		case d.Serial <= last:
+			return // an answer to a reconnect for what is applied already
+		default:
+			if o.ApplyDelay > 0 {
+				time.Sleep(o.ApplyDelay)
+			}
+			last = d.Serial
+		}
+		b, err := protocol.Sign(s.HostKey, report)
+		if err != nil {
+			return
+		}
+		if _, err := nc.Request(protocol.NodeSubject(s.Node, protocol.Applied), b, 30*time.Second); err != nil {
+			return
+		}
+		if report.OK {
+			st.applied.Add(1)
+			appliedSerial(d.Serial)
+		} else {
+			st.refused.Add(1)
+		}
+	}
+	if _, err := nc.Subscribe(protocol.DeclarationInbox(s.Node), func(m *nats.Msg) {
+		var env protocol.Envelope
+		if json.Unmarshal(m.Data, &env) == nil {
+			go apply(env)
+		}
+	}); err != nil {
+		return
+	}
+	if req, err := protocol.Sign(s.HostKey, protocol.DeclarationAskBody{}); err == nil {
+		if m, err := nc.Request(protocol.NodeSubject(s.Node, protocol.DeclarationAsk), req, 30*time.Second); err == nil {
+			var env protocol.Envelope
+			if json.Unmarshal(m.Data, &env) == nil && env.Declaration != "" {
+				go apply(env)
+			}
+		}
+	}
+	// Beats start at a random point of the interval, as real hosts do.
+	n, _ := rand.Int(rand.Reader, big.NewInt(int64(o.Heartbeat)))
+	select {
+	case <-time.After(time.Duration(n.Int64())):
+	case <-ctx.Done():
+		return
+	}
+	started := time.Now()
+	beat := time.NewTicker(o.Heartbeat)
+	defer beat.Stop()
+	first := true
+	for {
+		mu.Lock()
+		serial := last
+		mu.Unlock()
+		b, err := protocol.Sign(s.HostKey, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: o.Heartbeat.Seconds(), SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds())})
+		if err == nil && nc.Publish(protocol.NodeSubject(s.Node, protocol.Heartbeat), b) == nil {
+			st.beats.Add(1)
+			if first {
+				st.beating.Add(1)
+				first = false
+			}
+		}
+		select {
+		case <-beat.C:
+		case <-ctx.Done():
+			nc.Flush()
+			return
+		}
+	}
+}
