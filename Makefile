@@ -75,8 +75,11 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 	$(GO) vet ./...
 
+# bench: the in-process benchmarks, then the controller under load with
+# 1,000 and 10,000 simulated hosts (several minutes; not part of make test).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+	MESH_BENCH=1 $(GO) test -count=1 -timeout 60m -run TestLoad -v ./app/loadbench/
 
 clean:
 	rm -rf $(BIN)
