@@ -288,7 +288,9 @@ func fanOut(t *testing.T, c *controller, hosts int) {
 		add("fan-out: roll-out --together", "no host reported", "")
 		return
 	}
-	p := func(q float64) time.Duration { return lat[min(int(q*float64(len(lat))), len(lat)-1)].Round(time.Millisecond) }
+	p := func(q float64) time.Duration {
+		return lat[min(int(q*float64(len(lat))), len(lat)-1)].Round(time.Millisecond)
+	}
 	add(fmt.Sprintf("fan-out: roll-out --together to %d hosts, all applied", len(lat)), all.Round(time.Millisecond).String(),
 		fmt.Sprintf("per host p50 %s, p99 %s, max %s; goal ~1.5 s", p(0.5), p(0.99), lat[len(lat)-1].Round(time.Millisecond)))
 	_ = inventory.Converged
