@@ -145,12 +145,33 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		return nil
 	}
 	if r.Together {
-		for i := range v.Steps {
-			if err := send(i); err != nil {
-				v.Stopped = v.Steps[i].Node
+		// Every node moves at once: versions set in one pass, then one push
+		// from one snapshot and one broker connection, not a round trip each.
+		nodes := make([]string, len(v.Steps))
+		for i, s := range v.Steps {
+			if err := inv.SetVersion(ctx, s.Node, r.Module, cur, []string{s.Node}); err != nil {
 				return v, err
 			}
+			nodes[i] = s.Node
 		}
+		pushed, err := c.sendPlans(ctx, inv, ids, sec, nodes)
+		if err != nil {
+			return v, err
+		}
+		byNode := map[string]Pushed{}
+		for _, p := range pushed {
+			byNode[p.Node] = p
+		}
+		for i := range v.Steps {
+			p := byNode[v.Steps[i].Node]
+			v.Steps[i].Serial = p.Serial
+			if p.Problem != "" || !p.Sent {
+				v.Steps[i].Error = p.Problem + p.NotSent
+				v.Stopped = v.Steps[i].Node
+				return v, fmt.Errorf("%w at %s: %s", ErrRollOutStopped, v.Steps[i].Node, v.Steps[i].Error)
+			}
+		}
+		r.Progress(fmt.Sprintf("sent %d declarations (%s %s)", len(nodes), r.Module, cur))
 		var errs []error
 		for i := range v.Steps {
 			if err := waitFor(i); err != nil {
