@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,11 @@ type ServeOptions struct {
 	BoundsFromDurations bool
 	// Healers are when the brake engages; zero means the defaults.
 	Healers HealerLimits
+	// MemoryLimit is the Go runtime's soft memory limit (0 leaves the
+	// runtime's own, or GOMEMLIMIT's). Most of a large mesh's memory is the
+	// broker's per-connection buffers, freed and reused: a soft limit keeps
+	// the garbage collector from letting them pile up.
+	MemoryLimit int64
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -89,6 +95,9 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	}
 	if o.Healers == (HealerLimits{}) {
 		o.Healers = DefaultHealerLimits()
+	}
+	if o.MemoryLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.MemoryLimit)
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -131,7 +140,14 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	opts := []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-controller"), nats.MaxReconnects(-1)}
+	opts := []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-controller"), nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			d.logf("broker: %s: %v", subject, err)
+		})}
 	if c.Broker == "" {
 		trust, err := trustOf(ctx, d.ids, d.keys)
 		if err != nil {

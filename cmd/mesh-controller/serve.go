@@ -14,6 +14,7 @@ type ServeCmd struct {
 	Listen              string        `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
 	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
 	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
+	MemoryLimitMiB      int64         `name:"memory-limit" default:"400" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Keeps 10,000 connections under 512 MiB."`
 }
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
@@ -23,6 +24,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		Log:                 env.Stderr,
 		CheckEvery:          c.CheckEvery,
 		BoundsFromDurations: c.BoundsFromDurations,
+		MemoryLimit:         c.MemoryLimitMiB << 20,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			if f, ok := env.Stdout.(*os.File); ok {
