@@ -203,8 +203,12 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	for {
 		select {
 		case <-ctx.Done():
-			// Stop taking messages, then write what was absorbed.
+			// Stop taking messages and let the handlers finish what was
+			// already delivered (Drain returns at once), then write it all.
 			d.nc.Drain()
+			for deadline := time.Now().Add(5 * time.Second); d.nc.IsDraining() && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
 			d.flush(context.Background())
 			d.logf("stopped: lease given back")
 			return nil
