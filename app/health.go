@@ -23,8 +23,7 @@ type Signal struct {
 }
 
 // signals computes every signal's age against its bound from the inventory.
-func signals(nodes []inventory.Node, snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bounds, now time.Time) []Signal {
-	in := &checkInputs{now: now, bounds: b}
+func signals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bounds, now time.Time) []Signal {
 	out := []Signal{}
 	add := func(kind, subject string, last *time.Time, bound time.Duration) {
 		s := Signal{Name: kind + "/" + subject, Kind: kind, Subject: subject, Last: last, BoundS: bound.Seconds(), Quiet: true}
@@ -34,11 +33,12 @@ func signals(nodes []inventory.Node, snap *inventory.Snapshot, data map[string][
 		}
 		out = append(out, s)
 	}
-	for _, n := range nodes {
-		if n.JoinedAt == nil {
+	for _, name := range snap.NodeNames {
+		n := snap.Nodes[name]
+		if !n.Joined {
 			continue
 		}
-		add("heartbeat", n.Name, n.LastHeard, in.heartbeatBound(n))
+		add("heartbeat", n.Name, n.LastHeard, b.heartbeat(n.Name, n.HeartbeatIntervalS))
 		if sets := data[n.Name]; len(sets) > 0 {
 			last := sets[0].ReportedAt
 			add("data", n.Name, &last, b.DataReport)
@@ -59,13 +59,18 @@ func signals(nodes []inventory.Node, snap *inventory.Snapshot, data map[string][
 	return out
 }
 
-// readSignals reads what signals are computed from.
-func (c *Controller) readSignals(ctx context.Context, inv *inventory.Store) ([]inventory.Node, *inventory.Snapshot, []Signal, error) {
-	in := &checkInputs{now: c.Now(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
-	if err := c.readInventory(ctx, inv, in); err != nil {
-		return nil, nil, nil, err
+// readSignals reads what signals are computed from (a snapshot and the data
+// reports), and only that: status reads it on every call.
+func (c *Controller) readSignals(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Signal, error) {
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
-	return in.nodes, in.snap, signals(in.nodes, in.snap, in.data, DefaultBounds(), c.Now()), nil
+	data, err := inv.AllDataSets(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return snap, signals(snap, data, DefaultBounds(), c.Now()), nil
 }
 
 // OutOfDate is a node behind its plan or a module behind its source.
@@ -100,7 +105,7 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 	if last, err := hs.LastVerdict(ctx); err == nil {
 		v.Checked = &last.At
 	}
-	nodes, _, sigs, err := c.readSignals(ctx, inv)
+	snap, sigs, err := c.readSignals(ctx, inv)
 	if err != nil {
 		return v, err
 	}
@@ -109,7 +114,8 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 			v.Quiet = append(v.Quiet, s)
 		}
 	}
-	for _, n := range nodes {
+	for _, name := range snap.NodeNames {
+		n := snap.Nodes[name]
 		switch {
 		case n.PlanVersion > n.DeclaredPlanVersion:
 			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name, Why: "its declaration is older than its plan"})
@@ -334,6 +340,6 @@ func (c *Controller) DoctorSignals(ctx context.Context) ([]Signal, error) {
 		return nil, err
 	}
 	defer closeAll()
-	_, _, sigs, err := c.readSignals(ctx, inventory.NewStore(dbs[0]))
+	_, sigs, err := c.readSignals(ctx, inventory.NewStore(dbs[0]))
 	return sigs, err
 }

@@ -69,14 +69,19 @@ func machineCondition(kind, node, severity, summary string, evidence map[string]
 
 // heartbeatBound is a node's silence bound.
 func (in *checkInputs) heartbeatBound(n inventory.Node) time.Duration {
-	if b, ok := in.bounds.Heartbeat[n.Name]; ok {
-		return b
+	return in.bounds.heartbeat(n.Name, n.HeartbeatIntervalS)
+}
+
+// heartbeat is a node's silence bound: measured, or a factor of its interval.
+func (b Bounds) heartbeat(node string, intervalS float64) time.Duration {
+	if bound, ok := b.Heartbeat[node]; ok {
+		return bound
 	}
-	interval := time.Duration(n.HeartbeatIntervalS * float64(time.Second))
+	interval := time.Duration(intervalS * float64(time.Second))
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
-	return time.Duration(in.bounds.HeartbeatFactor * float64(interval))
+	return time.Duration(b.HeartbeatFactor * float64(interval))
 }
 
 var rules = []rule{

@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"time"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -18,6 +19,8 @@ type NodeState struct {
 	DeclaredPlanVersion int64
 	SerialDeclared      int64
 	SerialApplied       int64
+	LastHeard           *time.Time
+	HeartbeatIntervalS  float64
 }
 
 // Behind says the node's declaration is older than its plan, or its host
@@ -62,11 +65,17 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 	defer tx.Rollback()
 	snap := &Snapshot{Nodes: map[string]NodeState{}, Manifests: map[string]map[string]Manifest{},
 		Current: map[string]string{}, Settings: map[string]map[string]json.RawMessage{}}
-	err = each(ctx, tx, `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied
+	err = each(ctx, tx, `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied,
+		n.last_heard, coalesce(n.heartbeat_interval_s, 0)
 		FROM nodes n LEFT JOIN declarations d ON d.node = n.name ORDER BY n.name`, func(r *sql.Rows) error {
 		var n NodeState
 		var mode string
-		if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied); err != nil {
+		var heard sql.NullString
+		if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied, &heard, &n.HeartbeatIntervalS); err != nil {
+			return err
+		}
+		var err error
+		if n.LastHeard, err = sqlite.ParseNullTime(heard); err != nil {
 			return err
 		}
 		n.Mode = Mode(mode)
