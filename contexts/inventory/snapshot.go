@@ -1,11 +1,11 @@
 package inventory
 
 import (
-	"time"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"mesh-controller/embedded/sqlite"
 )
