@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -61,6 +62,11 @@ func cmdController(ts *testscript.TestScript, neg bool, args []string) {
 		tok, err := c.TokenIssue(ctx, app.TokenRequest{Node: args[1], New: true, TTL: time.Hour})
 		ts.Check(err)
 		ts.Setenv("TOKEN", tok.Token)
+	case "tokens":
+		n, err := strconv.Atoi(args[2])
+		ts.Check(err)
+		_, err = c.TokenIssueMany(ctx, args[1], n, false, time.Hour, ts.MkAbs(args[3]))
+		ts.Check(err)
 	case "node":
 		n, err := c.NodeShow(ctx, args[1])
 		ts.Check(err)
