@@ -1,10 +1,10 @@
 package main
 
 import (
-	"strconv"
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
