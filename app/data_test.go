@@ -222,9 +222,10 @@ func TestData_OlderThanNeedsConfirm(t *testing.T) {
 	if _, err := m.c.Unassign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	m.c.Now = func() time.Time { return time.Now().Add(40 * 24 * time.Hour) }
-	defer func() { m.c.Now = time.Now }()
-	chosen, pushed, err := m.c.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy"})
+	// A person's command forty days later (the daemon keeps its own clock).
+	later := *m.c
+	later.Now = func() time.Time { return time.Now().Add(40 * 24 * time.Hour) }
+	chosen, pushed, err := later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy"})
 	if err != nil || len(chosen) != 1 || pushed != nil {
 		t.Fatalf("without confirm: %+v %+v %v", chosen, pushed, err)
 	}
@@ -232,7 +233,7 @@ func TestData_OlderThanNeedsConfirm(t *testing.T) {
 	if len(plan.Plan.Body.Delete) != 0 {
 		t.Fatalf("deletions asked without --confirm: %+v", plan.Plan.Body.Delete)
 	}
-	if _, _, err := m.c.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy", Confirm: true}); err != nil {
+	if _, _, err := later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy", Confirm: true}); err != nil {
 		t.Fatal(err)
 	}
 	if plan, _ = m.c.PlanShow(ctx, "web1"); len(plan.Plan.Body.Delete) != 1 {
