@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 )
 
 func TestMergeSettings(t *testing.T) {
@@ -159,4 +161,36 @@ func FuzzModuleCheck(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkDeclare1000 plans, signs and keeps the declarations of 1,000
+// nodes (4,000 assignments) in one push, without sending them.
+//
+//	go test -run '^$' -bench Declare1000 ./app/
+func BenchmarkDeclare1000(b *testing.B) {
+	c := plannedMesh(b, 1000, 4, 40)
+	ctx := context.Background()
+	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer closeAll()
+	inv := inventory.NewStore(dbs[0])
+	key, err := identity.NewStore(dbs[1]).SigningKey(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := &declarer{inv: inv, sec: secrets.NewStore(dbs[2]), key: key, now: time.Now, notSent: "benchmark"}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		snap, err := inv.Snapshot(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range d.declare(ctx, snap, snap.NodeNames) {
+			if p.Problem != "" {
+				b.Fatal(p.Problem)
+			}
+		}
+	}
 }

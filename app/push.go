@@ -53,6 +53,10 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		return out
 	}
 	pl := newPlanner(snap, sealed)
+	// Plans first; then every declaration numbered, signed and kept in one
+	// transaction; then sent.
+	var reqs []inventory.DeclarationRequest
+	var at []int
 	for _, node := range nodes {
 		p := Pushed{Node: node}
 		plan, err := pl.plan(node)
@@ -62,36 +66,40 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		case len(plan.Problems) > 0:
 			p.Problem = "its plan cannot be declared: " + strings.Join(plan.Problems, "; ")
 		}
-		if p.Problem != "" {
-			out = append(out, p)
-			continue
-		}
-		decl, err := d.inv.SaveDeclaration(ctx, node, plan.PlanVersion, func(serial int64, issuedAt time.Time) (string, string, string, error) {
-			body, err := bodyMap(plan.Body)
-			if err != nil {
-				return "", "", "", err
-			}
-			body["serial"], body["issued_at"] = serial, issuedAt.Format(time.RFC3339)
-			env, _, err := protocol.Seal(body, d.key.Sign, d.key.Fingerprint())
-			return env.Declaration, env.Signature, env.Key, err
-		}, d.now())
-		if err != nil {
-			p.Problem = err.Error()
-			out = append(out, p)
-			continue
-		}
-		p.Serial = decl.Serial
-		switch {
-		case d.nc == nil:
-			p.NotSent = d.notSent
-		default:
-			if err := publishDeclaration(d.nc, decl); err != nil {
-				p.NotSent = err.Error()
-			} else {
-				p.Sent = true
-			}
-		}
 		out = append(out, p)
+		if p.Problem != "" {
+			continue
+		}
+		body, err := bodyMap(plan.Body)
+		if err != nil {
+			out[len(out)-1].Problem = err.Error()
+			continue
+		}
+		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: plan.PlanVersion,
+			Sign: func(serial int64, issuedAt time.Time) (string, string, string, error) {
+				body["serial"], body["issued_at"] = serial, issuedAt.Format(time.RFC3339)
+				env, _, err := protocol.Seal(body, d.key.Sign, d.key.Fingerprint())
+				return env.Declaration, env.Signature, env.Key, err
+			}})
+		at = append(at, len(out)-1)
+	}
+	decls, err := d.inv.SaveDeclarations(ctx, reqs, d.now())
+	if err != nil {
+		for _, i := range at {
+			out[i].Problem = err.Error()
+		}
+		return out
+	}
+	for k, decl := range decls {
+		p := &out[at[k]]
+		p.Serial = decl.Serial
+		if d.nc == nil {
+			p.NotSent = d.notSent
+		} else if err := publishDeclaration(d.nc, decl); err != nil {
+			p.NotSent = err.Error()
+		} else {
+			p.Sent = true
+		}
 	}
 	if d.nc != nil {
 		if err := d.nc.FlushTimeout(5 * time.Second); err != nil {

@@ -35,41 +35,58 @@ type Signer func(serial int64, issuedAt time.Time) (body, signature, key string,
 // a hand-written one as standing for the node's plan as it is now, so it
 // is not replaced until the plan changes.
 func (s *Store) SaveDeclaration(ctx context.Context, node string, planVersion int64, sign Signer, now time.Time) (Declaration, error) {
-	d := Declaration{Node: node, IssuedAt: now.UTC().Truncate(time.Second), PlanVersion: planVersion}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var exists int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
-			return err
-		}
-		if exists == 0 {
-			return fmt.Errorf("node %s %w", node, ErrNodeNotFound)
-		}
-		var last int64
-		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(serial), 0) FROM declarations WHERE node = ?`, node).Scan(&last); err != nil {
-			return err
-		}
-		if planVersion == CurrentPlan {
-			if err := tx.QueryRowContext(ctx, `SELECT plan_version FROM nodes WHERE name = ?`, node).Scan(&planVersion); err != nil {
-				return err
-			}
-			d.PlanVersion = planVersion
-		}
-		d.Serial = last + 1
-		var err error
-		if d.Body, d.Signature, d.Key, err = sign(d.Serial, d.IssuedAt); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			node, d.Serial, sqlite.FormatTime(d.IssuedAt), d.Body, d.Signature, d.Key, planVersion)
-		return err
-	})
-	if errors.Is(err, ErrNodeNotFound) {
+	ds, err := s.SaveDeclarations(ctx, []DeclarationRequest{{Node: node, PlanVersion: planVersion, Sign: sign}}, now)
+	if err != nil {
 		return Declaration{}, err
 	}
-	if err != nil {
-		return Declaration{}, fmt.Errorf("save declaration for %s: %w", node, err)
+	return ds[0], nil
+}
+
+// DeclarationRequest asks for one node's next declaration.
+type DeclarationRequest struct {
+	Node        string
+	PlanVersion int64
+	Sign        Signer
+}
+
+// SaveDeclarations numbers, signs and keeps many nodes' next declarations in
+// one transaction: a push to a thousand nodes is one write, not a thousand.
+func (s *Store) SaveDeclarations(ctx context.Context, reqs []DeclarationRequest, now time.Time) ([]Declaration, error) {
+	out := make([]Declaration, len(reqs))
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		for i, r := range reqs {
+			d := Declaration{Node: r.Node, IssuedAt: now.UTC().Truncate(time.Second), PlanVersion: r.PlanVersion}
+			var planVersion, last sql.NullInt64
+			err := tx.QueryRowContext(ctx, `SELECT n.plan_version, d.serial FROM nodes n LEFT JOIN declarations d ON d.node = n.name WHERE n.name = ?`, r.Node).
+				Scan(&planVersion, &last)
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("node %s %w", r.Node, ErrNodeNotFound)
+			}
+			if err != nil {
+				return err
+			}
+			d.Serial = last.Int64 + 1
+			if r.PlanVersion == CurrentPlan {
+				d.PlanVersion = planVersion.Int64
+			}
+			if d.Body, d.Signature, d.Key, err = r.Sign(d.Serial, d.IssuedAt); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+				d.Node, d.Serial, sqlite.FormatTime(d.IssuedAt), d.Body, d.Signature, d.Key, d.PlanVersion); err != nil {
+				return err
+			}
+			out[i] = d
+		}
+		return nil
+	})
+	if errors.Is(err, ErrNodeNotFound) {
+		return nil, err
 	}
-	return d, nil
+	if err != nil {
+		return nil, fmt.Errorf("save declarations: %w", err)
+	}
+	return out, nil
 }
 
 // LatestDeclaration returns a node's latest declaration, or nil if it has none.
