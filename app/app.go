@@ -33,6 +33,16 @@ func CheckName(name string) error {
 	return nil
 }
 
+// CheckNames checks several names at once, refusing the first that is not valid.
+func CheckNames(names ...string) error {
+	for _, n := range names {
+		if err := CheckName(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // DefaultDataDir is $XDG_DATA_HOME/mesh-controller, else
 // ~/.local/share/mesh-controller.
 func DefaultDataDir(getenv func(string) string) string {

@@ -105,10 +105,8 @@ func contains(list []string, s string) bool {
 func (c *Controller) Assign(ctx context.Context, node string, modules []string) (Assigned, error) {
 	what := "assign " + node + " " + strings.Join(modules, " ")
 	var problems []string
-	for _, n := range append([]string{node}, modules...) {
-		if err := CheckName(n); err != nil {
-			return Assigned{}, err
-		}
+	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
+		return Assigned{}, err
 	}
 	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {
@@ -264,10 +262,8 @@ type Unassigned struct {
 // them by providers is retired on the provider.
 func (c *Controller) Unassign(ctx context.Context, node string, modules []string) (Unassigned, error) {
 	what := "unassign " + node + " " + strings.Join(modules, " ")
-	for _, n := range append([]string{node}, modules...) {
-		if err := CheckName(n); err != nil {
-			return Unassigned{}, err
-		}
+	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
+		return Unassigned{}, err
 	}
 	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {

@@ -256,10 +256,8 @@ var ErrNotOnNode = errors.New("is not assigned to that node")
 // its manifest's emits (publish) and consumes (subscribe) under
 // mesh.module., and its tools; it returns a .creds document.
 func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (string, error) {
-	for _, n := range []string{module, node} {
-		if err := CheckName(n); err != nil {
-			return "", err
-		}
+	if err := CheckNames(module, node); err != nil {
+		return "", err
 	}
 	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
 	if err != nil {

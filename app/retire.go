@@ -50,10 +50,8 @@ func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
 // RetireDecide approves (access off, data kept) or rejects (kept active;
 // retire.rejected stays open) the retirements a provider waits with: a hand act.
 func (c *Controller) RetireDecide(ctx context.Context, node, module, why string, approve bool) ([]inventory.Consumer, []Pushed, error) {
-	for _, n := range []string{node, module} {
-		if err := CheckName(n); err != nil {
-			return nil, nil, err
-		}
+	if err := CheckNames(node, module); err != nil {
+		return nil, nil, err
 	}
 	if why == "" {
 		return nil, nil, errNoWhy

@@ -92,10 +92,8 @@ func findSeat(snap *inventory.Snapshot, name string) (SeatView, error) {
 
 // SeatRename renames a seat; the former name still resolves.
 func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
-	for _, n := range []string{from, to} {
-		if err := CheckName(n); err != nil {
-			return err
-		}
+	if err := CheckNames(from, to); err != nil {
+		return err
 	}
 	dbs, closeAll, err := c.stores(ctx, "inventory")
 	if err != nil {
@@ -140,10 +138,8 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 	if !ok {
 		return Handover{}, fmt.Errorf("%q: %w", to, ErrHolderForm)
 	}
-	for _, n := range []string{name, node, module} {
-		if err := CheckName(n); err != nil {
-			return Handover{}, err
-		}
+	if err := CheckNames(name, node, module); err != nil {
+		return Handover{}, err
 	}
 	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
@@ -284,10 +280,8 @@ type Pinned struct {
 // binding whose provider keeps precious data for its consumer says the
 // empty replacement first, and needs yes.
 func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module string, yes bool) (Pinned, error) {
-	for _, n := range []string{node, provision, fromNode, module} {
-		if err := CheckName(n); err != nil {
-			return Pinned{}, err
-		}
+	if err := CheckNames(node, provision, fromNode, module); err != nil {
+		return Pinned{}, err
 	}
 	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {
@@ -342,10 +336,8 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 // Unpin puts the choice back to the mesh; a binding whose provider keeps
 // precious data for its consumer stays where it is (stickiness).
 func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned, error) {
-	for _, n := range []string{node, provision} {
-		if err := CheckName(n); err != nil {
-			return Pinned{}, err
-		}
+	if err := CheckNames(node, provision); err != nil {
+		return Pinned{}, err
 	}
 	ps, closeAll, err := c.openPlanStores(ctx)
 	if err != nil {

@@ -213,10 +213,8 @@ func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (strin
 // SecretAccept takes a value a person has for a module on a node, seals it
 // to the node and the operator key at once, and sends the node its plan.
 func (c *Controller) SecretAccept(ctx context.Context, node, module, name string, v protocol.Secret) ([]Pushed, error) {
-	for _, n := range []string{node, module} {
-		if err := CheckName(n); err != nil {
-			return nil, err
-		}
+	if err := CheckNames(node, module); err != nil {
+		return nil, err
 	}
 	if v.Len() == 0 {
 		return nil, ErrEmptySecret
@@ -339,10 +337,8 @@ type Recovered struct {
 // SecretRecover opens the operator-sealed copy with the operator key into a
 // new 0600 file, and records the act (never the value).
 func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
-	for _, n := range []string{r.Node, r.Module} {
-		if err := CheckName(n); err != nil {
-			return Recovered{}, err
-		}
+	if err := CheckNames(r.Node, r.Module); err != nil {
+		return Recovered{}, err
 	}
 	if r.Out == "" {
 		r.Out = fmt.Sprintf("%s-%s-%s.secret", r.Node, r.Module, r.Name)
