@@ -3,16 +3,15 @@
 package app
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
-	"mesh-controller/migrations"
 )
 
 // Contexts names every context, each with its own store, in the order they
@@ -67,11 +66,21 @@ type Controller struct {
 	// Broker is an external NATS URL (--broker, MESH_BROKER); empty means the
 	// serving controller's embedded broker.
 	Broker string
+
+	// open are the stores opened once by this process; a copy of the
+	// Controller (another clock, say) shares them.
+	open *openStores
+}
+
+// openStores guards the stores a process opened.
+type openStores struct {
+	mu sync.Mutex
+	st *Stores
 }
 
 // New makes a Controller on dataDir reading the process's environment.
 func New(dataDir string) *Controller {
-	return &Controller{DataDir: dataDir, Getenv: os.Getenv, Now: time.Now}
+	return &Controller{DataDir: dataDir, Getenv: os.Getenv, Now: time.Now, open: &openStores{}}
 }
 
 // StoreError is a failure to open or check one context's store; it carries
@@ -88,8 +97,8 @@ func (e *StoreError) Error() string {
 // Unwrap returns the cause.
 func (e *StoreError) Unwrap() error { return e.Err }
 
-// Stores resolves every context's store location.
-func (c *Controller) Stores() ([]sqlite.Location, error) {
+// StoreLocations resolves every context's store location.
+func (c *Controller) StoreLocations() ([]sqlite.Location, error) {
 	locs := make([]sqlite.Location, 0, len(Contexts))
 	for _, name := range Contexts {
 		loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
@@ -99,44 +108,4 @@ func (c *Controller) Stores() ([]sqlite.Location, error) {
 		locs = append(locs, loc)
 	}
 	return locs, nil
-}
-
-// open opens a context's existing store and checks its schema is exactly
-// what this binary knows.
-func (c *Controller) open(ctx context.Context, name string) (*sqlite.DB, error) {
-	loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
-	if err != nil {
-		return nil, &StoreError{Location: loc, Err: err}
-	}
-	ms, err := sqlite.LoadMigrations(migrations.For(name))
-	if err != nil {
-		return nil, err
-	}
-	db, err := sqlite.Open(ctx, loc, false)
-	if err != nil {
-		return nil, &StoreError{Location: loc, Err: err}
-	}
-	if _, err := db.Version(ctx, ms); err != nil {
-		db.Close()
-		return nil, &StoreError{Location: loc, Err: err}
-	}
-	return db, nil
-}
-
-// stores opens several contexts' stores; close closes those opened.
-func (c *Controller) stores(ctx context.Context, names ...string) (dbs []*sqlite.DB, closeAll func(), err error) {
-	closeAll = func() {
-		for _, db := range dbs {
-			db.Close()
-		}
-	}
-	for _, n := range names {
-		db, err := c.open(ctx, n)
-		if err != nil {
-			closeAll()
-			return nil, func() {}, err
-		}
-		dbs = append(dbs, db)
-	}
-	return dbs, closeAll, nil
 }

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/contexts/secrets"
 )
@@ -108,12 +107,11 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Assigned{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return Assigned{}, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Assigned{}, err
@@ -265,12 +263,11 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Unassigned{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return Unassigned{}, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Unassigned{}, err

@@ -138,12 +138,11 @@ const DefaultListen = "127.0.0.1:4222"
 // BrokerShow tells where the broker is, its account, and the permissions of
 // each kind of user; with an external broker, the trust it must hold.
 func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
-	dbs, closeAll, err := c.stores(ctx, "identity")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return BrokerView{}, err
 	}
-	defer closeAll()
-	ids := identity.NewStore(dbs[0])
+	ids := st.Identity
 	keys, err := brokerKeys(ctx, ids)
 	if err != nil {
 		return BrokerView{}, err

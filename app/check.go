@@ -15,8 +15,6 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
-	"mesh-controller/embedded/sqlite"
 )
 
 // AlertSubject is where every raising and clearing that is not silenced is published.
@@ -42,6 +40,23 @@ type CheckResult struct {
 	Changes []health.Change `json:"changes"`
 }
 
+// checkStores are the stores a self-check judges: the process's own when it
+// has them open (the daemon's), else every store that opens, each failure
+// kept for its probe. release closes stores opened only for this check.
+func (c *Controller) checkStores(ctx context.Context) (st *Stores, release func()) {
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	if c.open.st != nil {
+		return c.open.st, func() {}
+	}
+	st = c.openStores(ctx)
+	if len(st.failed) == 0 {
+		c.open.st = st
+		return st, func() {}
+	}
+	return st, func() { st.close() }
+}
+
 // freeFloor is the data dir's free space below which the probe fails.
 const freeFloor = 1 << 30
 
@@ -62,27 +77,24 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 		}
 		in.probes = append(in.probes, p)
 	}
-	stores := map[string]*sqlite.DB{}
-	for _, name := range Contexts {
-		db, err := c.open(ctx, name)
-		probe("store "+name, err, "opens, schema current")
-		if err == nil {
-			stores[name] = db
-			defer db.Close()
-		}
-	}
-	hl, ok := stores["health"]
-	if !ok {
-		return CheckResult{}, fmt.Errorf("self-check: the health store: %s", in.probes[len(Contexts)-1].Detail)
-	}
-	hs := health.NewStore(hl)
+	st, release := c.checkStores(ctx)
+	defer release()
 	failed := map[string]bool{}
 	for _, name := range Contexts {
-		failed[name] = stores[name] == nil
+		err := st.Failed(name)
+		if err == nil {
+			// The open handle is asked, never a second one (sqlite.ErrOpenTwice).
+			_, err = st.DB(name).Version(ctx, migrationsOf()[name])
+		}
+		probe("store "+name, err, "opens, schema current")
+		failed[name] = err != nil
 	}
+	if st.Health == nil {
+		return CheckResult{}, fmt.Errorf("self-check: the health store: %w", st.Failed("health"))
+	}
+	hs := st.Health
 
-	if db := stores["identity"]; db != nil {
-		ids := identity.NewStore(db)
+	if ids := st.Identity; ids != nil {
 		key, err := ids.SigningKey(ctx)
 		if err == nil && !ed25519.Verify(key.Public, []byte("self-check"), key.Sign([]byte("self-check"))) {
 			err = errors.New("the signing key does not verify its own signature")
@@ -100,16 +112,15 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 			failed["identity"] = true
 		}
 	}
-	var st syscall.Statfs_t
-	err := syscall.Statfs(c.DataDir, &st)
-	free := int64(st.Bavail) * st.Bsize
+	var fs syscall.Statfs_t
+	err := syscall.Statfs(c.DataDir, &fs)
+	free := int64(fs.Bavail) * fs.Bsize
 	if err == nil && free < freeFloor {
 		err = fmt.Errorf("%d MiB free under %s, below the 1 GiB floor", free>>20, c.DataDir)
 	}
 	probe("free space", err, fmt.Sprintf("%d MiB free under %s", free>>20, c.DataDir))
 
-	if db := stores["secrets"]; db != nil {
-		sec := secrets.NewStore(db)
+	if sec := st.Secrets; sec != nil {
 		_, kerr := sec.OperatorKey(ctx)
 		in.operatorKey = kerr == nil
 		probe("operator key", kerr, "set: keep its private half off the mesh and backed up, with a 'secret export' beside it; without it no secret can be recovered when the mesh is lost")
@@ -120,8 +131,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 			failed["secrets"] = true
 		}
 	}
-	if db := stores["inventory"]; db != nil {
-		if err := c.readInventory(ctx, inventory.NewStore(db), in); err != nil {
+	if st.Inventory != nil {
+		if err := c.readInventory(ctx, st.Inventory, in); err != nil {
 			failed["inventory"] = true
 		}
 	}

@@ -15,12 +15,11 @@ import (
 func dataMesh(b *testing.B, nodes, perNode, consumers int) *Controller {
 	c := plannedMesh(b, nodes, perNode, 40)
 	ctx := context.Background()
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		b.Fatal(err)

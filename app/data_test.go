@@ -14,18 +14,16 @@ import (
 
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/identity"
 )
 
 // controllerConn connects as a controller user, to watch what is sent.
 func (m *testMesh) controllerConn(t *testing.T) *nats.Conn {
 	t.Helper()
-	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	st, err := m.c.stores(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	nc, err := m.c.dialBroker(context.Background(), identity.NewStore(dbs[0]))
+	nc, err := m.c.dialBroker(context.Background(), st.Identity)
 	if err != nil {
 		t.Fatal(err)
 	}

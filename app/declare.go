@@ -12,7 +12,6 @@ import (
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -55,12 +54,11 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 	if err := dec.Decode(&body); err != nil || body == nil || dec.More() {
 		return Declared{}, fmt.Errorf("%s: %w", r.From, ErrNotAnObject)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return Declared{}, err
 	}
-	defer closeAll()
-	inv, ids, hl := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), health.NewStore(dbs[2])
+	inv, ids, hl := st.Inventory, st.Identity, st.Health
 	node, err := inv.Node(ctx, r.Node)
 	if err != nil {
 		return Declared{}, err

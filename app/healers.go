@@ -141,12 +141,11 @@ type HealersView struct {
 
 // Healers shows the healers, their acts of the last days, and the brake.
 func (c *Controller) Healers(ctx context.Context, days int) (HealersView, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return HealersView{}, err
 	}
-	defer closeAll()
-	hs := health.NewStore(dbs[0])
+	hs := st.Health
 	v := HealersView{Healers: healers}
 	if v.Acts, err = hs.HealerActs(ctx, c.Now().Add(-time.Duration(days)*24*time.Hour)); err != nil {
 		return v, err
@@ -160,12 +159,11 @@ func (c *Controller) HealersRelease(ctx context.Context, why string) error {
 	if why == "" {
 		return health.ErrNoWhy
 	}
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	hs := health.NewStore(dbs[0])
+	hs := st.Health
 	if err := hs.ReleaseBrake(ctx, who(), why, c.Now()); err != nil {
 		return err
 	}

@@ -92,12 +92,11 @@ type StatusView struct {
 // Status reads the stores afresh: open conditions (as the last self-check
 // found them), signals past their bound, nodes and modules out of date.
 func (c *Controller) Status(ctx context.Context) (StatusView, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory", "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return StatusView{}, err
 	}
-	defer closeAll()
-	inv, hs := inventory.NewStore(dbs[0]), health.NewStore(dbs[1])
+	inv, hs := st.Inventory, st.Health
 	v := StatusView{Quiet: []Signal{}, OutOfDate: []OutOfDate{}}
 	if v.Wrong, err = hs.Conditions(ctx); err != nil {
 		return v, err
@@ -143,12 +142,11 @@ type ConditionFilter struct {
 
 // Conditions lists the open conditions, urgent first.
 func (c *Controller) Conditions(ctx context.Context, f ConditionFilter) ([]health.Condition, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	all, err := health.NewStore(dbs[0]).Conditions(ctx)
+	all, err := st.Health.Conditions(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -169,12 +167,11 @@ type ConditionDetail struct {
 
 // ConditionShow shows one open condition with its evidence and history.
 func (c *Controller) ConditionShow(ctx context.Context, key string) (ConditionDetail, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return ConditionDetail{}, err
 	}
-	defer closeAll()
-	hs := health.NewStore(dbs[0])
+	hs := st.Health
 	cd, err := hs.Condition(ctx, key)
 	if err != nil {
 		return ConditionDetail{}, err
@@ -191,12 +188,11 @@ func (c *Controller) ConditionSilence(ctx context.Context, key string, d time.Du
 	if d <= 0 {
 		return health.Condition{}, ErrBadSilence
 	}
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return health.Condition{}, err
 	}
-	defer closeAll()
-	hs := health.NewStore(dbs[0])
+	hs := st.Health
 	cd, err := hs.Silence(ctx, key, c.Now().Add(d), why, c.Now())
 	if err != nil {
 		return cd, err
@@ -210,12 +206,11 @@ var ErrBadSilence = fmt.Errorf("a silence must last a positive time")
 
 // ConditionsHistory lists raisings, changes, clearings and silencings lately.
 func (c *Controller) ConditionsHistory(ctx context.Context, days int, key string) ([]health.Change, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	return health.NewStore(dbs[0]).History(ctx, key, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	return st.Health.History(ctx, key, c.Now().Add(-time.Duration(days)*24*time.Hour))
 }
 
 // HandActRecord records an act done by hand outside the mesh.
@@ -226,12 +221,11 @@ func (c *Controller) HandActRecord(ctx context.Context, what, why, cause, condit
 	if cause == "" || strings.ContainsAny(cause, " \t\n") {
 		return health.HandAct{}, ErrBadCause
 	}
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return health.HandAct{}, err
 	}
-	defer closeAll()
-	return health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
+	return st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
 }
 
 // ErrBadCause means a hand act's cause is not one word.
@@ -251,12 +245,11 @@ type CauseCount struct {
 
 // HandActs lists the hand acts of the last days, with causes counted.
 func (c *Controller) HandActs(ctx context.Context, days int) (HandActsView, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return HandActsView{}, err
 	}
-	defer closeAll()
-	acts, err := health.NewStore(dbs[0]).HandActs(ctx, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	acts, err := st.Health.HandActs(ctx, c.Now().Add(-time.Duration(days)*24*time.Hour))
 	if err != nil {
 		return HandActsView{}, err
 	}
@@ -291,12 +284,11 @@ type DurationStats struct {
 
 // Durations summarises measured durations of the last days.
 func (c *Controller) Durations(ctx context.Context, kind string, days int) ([]DurationStats, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	ds, err := health.NewStore(dbs[0]).Durations(ctx, kind, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	ds, err := st.Health.Durations(ctx, kind, c.Now().Add(-time.Duration(days)*24*time.Hour))
 	if err != nil {
 		return nil, err
 	}
@@ -325,21 +317,19 @@ type DoctorView struct {
 
 // DoctorLast returns the last verdict.
 func (c *Controller) DoctorLast(ctx context.Context) (health.Verdict, error) {
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return health.Verdict{}, err
 	}
-	defer closeAll()
-	return health.NewStore(dbs[0]).LastVerdict(ctx)
+	return st.Health.LastVerdict(ctx)
 }
 
 // DoctorSignals lists each signal's age against its bound.
 func (c *Controller) DoctorSignals(ctx context.Context) ([]Signal, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	_, sigs, err := c.readSignals(ctx, inventory.NewStore(dbs[0]))
+	_, sigs, err := c.readSignals(ctx, st.Inventory)
 	return sigs, err
 }

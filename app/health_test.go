@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/contexts/identity"
-
 	"mesh-controller/contexts/health"
 )
 
@@ -42,12 +40,11 @@ func TestHealth_NodeSilent(t *testing.T) {
 	if m.open(t, "node.silent/web1") {
 		t.Fatal("silent while beating")
 	}
-	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	st, err := m.c.stores(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := m.c.dialBroker(context.Background(), identity.NewStore(dbs[0]))
-	closeAll()
+	nc, err := m.c.dialBroker(context.Background(), st.Identity)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -305,12 +305,11 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), identity.ErrTokenUsed.Error()) {
 		t.Fatalf("second join: %v", err)
 	}
-	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	st, err := m.c.stores(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	if n, _ := identity.NewStore(dbs[0]).NodeTokenReuses(context.Background(), "web1"); n != 1 {
+	if n, _ := st.Identity.NodeTokenReuses(context.Background(), "web1"); n != 1 {
 		t.Fatalf("the reuse was remembered %d times, want 1", n)
 	}
 
@@ -376,12 +375,11 @@ func TestDeclare_RecordsTheHandAct(t *testing.T) {
 	if _, err := c.Declare(ctx, DeclareRequest{Node: "web1", Body: []byte(`{"modules": []}`), From: "x.json", Why: "testing"}); err != nil {
 		t.Fatal(err)
 	}
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	acts, err := health.NewStore(dbs[0]).HandActs(ctx, time.Time{})
+	acts, err := st.Health.HandActs(ctx, time.Time{})
 	if err != nil || len(acts) != 1 || acts[0].Why != "testing" || acts[0].What != "declare web1 serial 1 from x.json" || acts[0].Who == "" {
 		t.Fatalf("hand acts: %+v, %v", acts, err)
 	}
@@ -396,12 +394,11 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	if _, err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dbs, closeAll, err := c.stores(ctx, "identity")
+	st, err := c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := brokerKeys(ctx, identity.NewStore(dbs[0]))
-	closeAll()
+	keys, err := brokerKeys(ctx, st.Identity)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,13 @@ package app
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 
 	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
-	"mesh-controller/migrations"
 )
 
 // Migrated is what migrate did to one context's store.
@@ -24,13 +26,54 @@ type Migrated struct {
 // Changed says whether the store's schema moved.
 func (m Migrated) Changed() bool { return m.From != m.To || m.Note != "" }
 
+// MigrateOptions shape migrate.
+type MigrateOptions struct {
+	// NewIdentity makes a new signing key (and broker keys) even though
+	// nodes have joined under the lost one: each must then join again.
+	NewIdentity bool
+}
+
+// ErrIdentityLost means the identity store holds no signing key while the
+// inventory says hosts joined under one: a new key would orphan them all.
+var ErrIdentityLost = errors.New("the identity store holds no signing key, but nodes joined under one")
+
 // Migrate brings every context's store up to date, creating missing stores,
-// and makes the controller's signing key on the first run. It stops at the
-// first store it cannot migrate; those before it stay migrated.
+// and makes the controller's signing key on the first run.
 func (c *Controller) Migrate(ctx context.Context) ([]Migrated, error) {
+	return c.MigrateWith(ctx, MigrateOptions{})
+}
+
+// MigrateWith is Migrate with options. It stops at the first store it
+// cannot migrate; those before it stay migrated. It refuses to make a new
+// signing key while nodes have joined (ErrIdentityLost) unless told to.
+func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migrated, error) {
+	// Migrate opens each store itself, with create: any handle this process
+	// holds is closed first (a store is open once a process).
+	if err := c.Close(); err != nil {
+		return nil, err
+	}
 	var done []Migrated
+	var inv *sqlite.DB
+	defer func() {
+		if inv != nil {
+			inv.Close()
+		}
+	}()
 	for _, name := range Contexts {
-		m, err := c.migrateOne(ctx, name)
+		loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
+		if err != nil {
+			return done, &StoreError{Location: loc, Err: err}
+		}
+		db, err := sqlite.Open(ctx, loc, true)
+		if err != nil {
+			return done, &StoreError{Location: loc, Err: err}
+		}
+		m, err := c.migrateOne(ctx, name, loc, db, inv, o)
+		if name == "inventory" && err == nil {
+			inv = db // kept open: the identity store is judged against it
+		} else {
+			db.Close()
+		}
 		if err != nil {
 			return done, err
 		}
@@ -39,41 +82,57 @@ func (c *Controller) Migrate(ctx context.Context) ([]Migrated, error) {
 	return done, nil
 }
 
-func (c *Controller) migrateOne(ctx context.Context, name string) (Migrated, error) {
-	loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
-	if err != nil {
-		return Migrated{}, &StoreError{Location: loc, Err: err}
+func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Location, db *sqlite.DB, inv *sqlite.DB, o MigrateOptions) (Migrated, error) {
+	ms := migrationsOf()[name]
+	if name == "identity" && !o.NewIdentity {
+		if err := identityKept(ctx, db, inv); err != nil {
+			return Migrated{}, &StoreError{Location: loc, Err: err}
+		}
 	}
-	ms, err := sqlite.LoadMigrations(migrations.For(name))
-	if err != nil {
-		return Migrated{}, err
-	}
-	db, err := sqlite.Open(ctx, loc, true)
-	if err != nil {
-		return Migrated{}, &StoreError{Location: loc, Err: err}
-	}
-	defer db.Close()
 	from, to, err := db.Migrate(ctx, ms, c.Now())
 	if err != nil {
 		return Migrated{}, &StoreError{Location: loc, Err: err}
 	}
 	m := Migrated{Context: name, Store: loc.DSN, From: from, To: to, Known: len(ms)}
-	if name == "identity" {
-		ids := identity.NewStore(db)
-		key, made, err := ids.EnsureSigningKey(ctx, c.Now())
-		if err != nil {
-			return m, err
-		}
-		if made {
-			m.Note = "signing key made: " + key.Fingerprint()
-		}
-		madeBroker, err := ids.EnsureBrokerKeys(ctx, newBrokerSeeds, c.Now())
-		if err != nil {
-			return m, err
-		}
-		if madeBroker {
-			m.Note = strings.TrimPrefix(m.Note+"; broker keys made", "; ")
-		}
+	if name != "identity" {
+		return m, nil
+	}
+	ids := identity.NewStore(db)
+	key, made, err := ids.EnsureSigningKey(ctx, c.Now())
+	if err != nil {
+		return m, err
+	}
+	if made {
+		m.Note = "signing key made: " + key.Fingerprint()
+	}
+	madeBroker, err := ids.EnsureBrokerKeys(ctx, newBrokerSeeds, c.Now())
+	if err != nil {
+		return m, err
+	}
+	if madeBroker {
+		m.Note = strings.TrimPrefix(m.Note+"; broker keys made", "; ")
 	}
 	return m, nil
+}
+
+// identityKept refuses an identity store without a signing key (new, empty,
+// or emptied) while the inventory says nodes joined: they trust only the
+// key that was, and a new one would orphan every host.
+func identityKept(ctx context.Context, db, inv *sqlite.DB) error {
+	if inv == nil {
+		return nil
+	}
+	has, err := identity.HasSigningKey(ctx, db)
+	if err != nil || has {
+		return err
+	}
+	joined, err := inventory.NewStore(inv).JoinedNodes(ctx)
+	if err != nil || len(joined) == 0 {
+		return err
+	}
+	names := joined
+	if len(names) > 5 {
+		names = append(names[:5:5], fmt.Sprintf("and %d more", len(joined)-5))
+	}
+	return fmt.Errorf("%w (%d joined: %s)", ErrIdentityLost, len(joined), strings.Join(names, ", "))
 }

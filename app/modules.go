@@ -14,7 +14,6 @@ import (
 
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/broker"
 )
 
@@ -101,12 +100,11 @@ func (c *Controller) ModuleAdd(ctx context.Context, file, source string) (Module
 	if err != nil {
 		return ModuleAdded{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return ModuleAdded{}, err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	added, err := inv.AddModule(ctx, m, source, c.Now())
 	if err != nil {
 		return ModuleAdded{}, err
@@ -143,12 +141,11 @@ type ModuleView struct {
 
 // ModuleList lists every module: version, source, behind its source or not, where it runs.
 func (c *Controller) ModuleList(ctx context.Context) ([]ModuleView, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	mods, err := inv.Modules(ctx)
 	if err != nil {
 		return nil, err
@@ -177,12 +174,11 @@ func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error
 	if strings.TrimSpace(commit) == "" || strings.ContainsAny(commit, " \t\n") {
 		return errors.New("a commit is one word, such as a hash")
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	return inventory.NewStore(dbs[0]).MarkMoved(ctx, name, commit)
+	return st.Inventory.MarkMoved(ctx, name, commit)
 }
 
 // Forgotten is what module forget did.
@@ -204,12 +200,11 @@ func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool
 	if err := CheckName(name); err != nil {
 		return Forgotten{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return Forgotten{}, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	h, err := inv.ModuleHoldings(ctx, name)
 	if err != nil {
 		return Forgotten{}, err
@@ -259,12 +254,11 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if err := CheckNames(module, node); err != nil {
 		return "", err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return "", err
 	}
-	defer closeAll()
-	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -284,7 +278,7 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if m == nil {
 		return "", fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
-	ids := identity.NewStore(dbs[1])
+	ids := st.Identity
 	keys, err := brokerKeys(ctx, ids)
 	if err != nil {
 		return "", err
@@ -365,12 +359,11 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 		}
 		body = json.RawMessage(r.Body)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return SettingsChanged{}, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return SettingsChanged{}, err

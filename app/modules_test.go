@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"mesh-controller/contexts/inventory"
 )
 
 func (m *testMesh) addModule(file string) {
@@ -215,9 +213,8 @@ func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
 		t.Fatal("db2 was sent the new version after db1 failed")
 	}
 	snapVersion := func(node string) string {
-		dbs, closeAll, _ := m.c.stores(ctx, "inventory")
-		defer closeAll()
-		snap, _ := inventory.NewStore(dbs[0]).Snapshot(ctx)
+		st, _ := m.c.stores(ctx)
+		snap, _ := st.Inventory.Snapshot(ctx)
 		return versionOn(snap, node, "store")
 	}
 	if v := snapVersion("db2"); v != "1.0.0" {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"mesh-controller/contexts/health"
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -92,12 +91,11 @@ func (c *Controller) NodeAdd(ctx context.Context, name string, adopted bool) (No
 	if err := CheckName(name); err != nil {
 		return NodeView{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return NodeView{}, err
 	}
-	defer closeAll()
-	n, err := inventory.NewStore(dbs[0]).AddNode(ctx, name, modeOf(adopted), c.Now())
+	n, err := st.Inventory.AddNode(ctx, name, modeOf(adopted), c.Now())
 	if err != nil {
 		return NodeView{}, err
 	}
@@ -113,12 +111,11 @@ func modeOf(adopted bool) inventory.Mode {
 
 // NodeList lists every node by name.
 func (c *Controller) NodeList(ctx context.Context) ([]NodeView, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	nodes, err := inventory.NewStore(dbs[0]).Nodes(ctx)
+	nodes, err := st.Inventory.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -134,12 +131,11 @@ func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, err
 	if err := CheckName(name); err != nil {
 		return NodeDetail{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return NodeDetail{}, err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	n, err := inv.Node(ctx, name)
 	if err != nil {
 		return NodeDetail{}, err
@@ -156,10 +152,10 @@ func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, err
 	for _, d := range sets {
 		v.Data = append(v.Data, DataSetView{Module: d.Module, Name: d.Name, Path: d.Path, Bytes: d.Bytes, Precious: d.Precious, LastBackup: d.LastBackup})
 	}
-	if v.Dropped, err = health.NewStore(dbs[2]).Drops(ctx, name); err != nil {
+	if v.Dropped, err = st.Health.Drops(ctx, name); err != nil {
 		return NodeDetail{}, err
 	}
-	tokens, err := identity.NewStore(dbs[1]).Tokens(ctx, name)
+	tokens, err := st.Identity.Tokens(ctx, name)
 	if err != nil {
 		return NodeDetail{}, err
 	}
@@ -202,12 +198,11 @@ func (c *Controller) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToke
 	if r.TTL <= 0 {
 		return IssuedToken{}, fmt.Errorf("--ttl %s: %w", r.TTL, ErrBadTTL)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return IssuedToken{}, err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	var n inventory.Node
 	if r.New {
 		n, err = inv.AddNode(ctx, r.Node, modeOf(r.Adopted), c.Now())
@@ -217,7 +212,7 @@ func (c *Controller) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToke
 	if err != nil {
 		return IssuedToken{}, err
 	}
-	tok, t, revoked, err := identity.NewStore(dbs[1]).IssueToken(ctx, n.Name, r.TTL, c.Now())
+	tok, t, revoked, err := st.Identity.IssueToken(ctx, n.Name, r.TTL, c.Now())
 	if err != nil {
 		return IssuedToken{}, err
 	}
@@ -235,12 +230,11 @@ type IdentityView struct {
 
 // IdentityShow shows the controller's signing public key.
 func (c *Controller) IdentityShow(ctx context.Context) (IdentityView, error) {
-	dbs, closeAll, err := c.stores(ctx, "identity")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return IdentityView{}, err
 	}
-	defer closeAll()
-	k, err := identity.NewStore(dbs[0]).SigningKey(ctx)
+	k, err := st.Identity.SigningKey(ctx)
 	if err != nil {
 		return IdentityView{}, err
 	}
@@ -274,12 +268,11 @@ func (c *Controller) TokenIssueMany(ctx context.Context, prefix string, count in
 	if _, err := os.Lstat(out); err == nil {
 		return TokenBatch{}, fmt.Errorf("%s %w", out, errOutExists)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return TokenBatch{}, err
 	}
-	defer closeAll()
-	inv, ids := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1])
+	inv, ids := st.Inventory, st.Identity
 	names := make([]string, count)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s%d", prefix, i+1)

@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
 )
 
 func TestMergeSettings(t *testing.T) {
@@ -50,12 +48,11 @@ func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
 	if _, err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for i := 0; i < modules; i++ {
 		doc := fmt.Sprintf(`{"module": "m%d", "version": "1.%d.0", "ports": [{"name": "p", "port": %d}],
@@ -118,12 +115,11 @@ func TestPlan_Deterministic(t *testing.T) {
 func BenchmarkPlans(b *testing.B) {
 	c := plannedMesh(b, 500, 4, 40)
 	ctx := context.Background()
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		snap, err := inv.Snapshot(ctx)
@@ -170,17 +166,16 @@ func FuzzModuleCheck(f *testing.F) {
 func BenchmarkDeclare1000(b *testing.B) {
 	c := plannedMesh(b, 1000, 4, 40)
 	ctx := context.Background()
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
-	key, err := identity.NewStore(dbs[1]).SigningKey(ctx)
+	inv := st.Inventory
+	key, err := st.Identity.SigningKey(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := &declarer{inv: inv, sec: secrets.NewStore(dbs[2]), key: key, now: time.Now, notSent: "benchmark"}
+	d := &declarer{inv: inv, sec: st.Secrets, key: key, now: time.Now, notSent: "benchmark"}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		snap, err := inv.Snapshot(ctx)

@@ -167,12 +167,11 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "health", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[3])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -196,7 +195,7 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 		if r.Behind {
 			what += " (behind only)"
 		}
-		if _, err := health.NewStore(dbs[2]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: r.Why, Cause: "push", Who: who()}); err != nil {
+		if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: r.Why, Cause: "push", Who: who()}); err != nil {
 			return nil, err
 		}
 	}
@@ -217,16 +216,15 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err := CheckName(node); err != nil {
 		return PlanView{}, err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return PlanView{}, err
 	}
-	defer closeAll()
-	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return PlanView{}, err
 	}
-	sealed, err := sealedCopies(ctx, secrets.NewStore(dbs[1]))
+	sealed, err := sealedCopies(ctx, st.Secrets)
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -283,17 +281,16 @@ type planStores struct {
 	snap *inventory.Snapshot
 }
 
-// openPlanStores opens the inventory, identity and secrets stores and reads
-// a snapshot of the mesh.
-func (c *Controller) openPlanStores(ctx context.Context) (planStores, func(), error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+// openPlanStores returns the inventory, identity and secrets stores and a
+// snapshot of the mesh as it stood when the command began.
+func (c *Controller) openPlanStores(ctx context.Context) (planStores, error) {
+	st, err := c.stores(ctx)
 	if err != nil {
-		return planStores{}, closeAll, err
+		return planStores{}, err
 	}
-	ps := planStores{inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), sec: secrets.NewStore(dbs[2])}
+	ps := planStores{inv: st.Inventory, ids: st.Identity, sec: st.Secrets}
 	if ps.snap, err = ps.inv.Snapshot(ctx); err != nil {
-		closeAll()
-		return planStores{}, func() {}, err
+		return planStores{}, err
 	}
-	return ps, closeAll, nil
+	return ps, nil
 }

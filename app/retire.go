@@ -6,9 +6,7 @@ import (
 	"sort"
 	"time"
 
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
 )
 
 // Waiting is a provider and its consumers waiting for a person to retire them.
@@ -19,12 +17,11 @@ type Waiting struct {
 
 // Retire lists every provider waiting for a person to approve a retirement.
 func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -56,11 +53,10 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if why == "" {
 		return nil, nil, errNoWhy
 	}
-	ps, closeAll, err := c.openPlanStores(ctx)
+	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer closeAll()
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	provider := inventory.Holder{Node: node, Module: module}
 	state, verb := "retired", "retire approve"
@@ -161,12 +157,11 @@ func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) (*in
 
 // Cleanup lists every retired consumer and retired data set per provider.
 func (c *Controller) Cleanup(ctx context.Context) ([]Cleanable, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	_, out, err := c.readCleanup(ctx, inventory.NewStore(dbs[0]))
+	_, out, err := c.readCleanup(ctx, st.Inventory)
 	return out, err
 }
 
@@ -186,12 +181,11 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) ([]Cle
 	if r.Why == "" {
 		return nil, nil, errNoWhy
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	_, all, err := c.readCleanup(ctx, inv)
 	if err != nil {
 		return nil, nil, err
@@ -246,12 +240,11 @@ type DataView struct {
 // Data lists every data set every machine declares: active ones from the
 // assignments, retired ones remembered after their module left.
 func (c *Controller) Data(ctx context.Context) ([]DataView, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, err

@@ -68,12 +68,11 @@ func seatViews(snap *inventory.Snapshot) []SeatView {
 
 // Seats lists every seat any registered manifest defines.
 func (c *Controller) Seats(ctx context.Context) ([]SeatView, error) {
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	snap, err := inventory.NewStore(dbs[0]).Snapshot(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -95,12 +94,11 @@ func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	if err := CheckNames(from, to); err != nil {
 		return err
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return err
@@ -141,11 +139,10 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 	if err := CheckNames(name, node, module); err != nil {
 		return Handover{}, err
 	}
-	ps, closeAll, err := c.openPlanStores(ctx)
+	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Handover{}, err
 	}
-	defer closeAll()
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	seat, err := findSeat(snap, name)
 	if err != nil {
@@ -283,11 +280,10 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 	if err := CheckNames(node, provision, fromNode, module); err != nil {
 		return Pinned{}, err
 	}
-	ps, closeAll, err := c.openPlanStores(ctx)
+	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	defer closeAll()
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	if _, ok := snap.Nodes[node]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
@@ -339,11 +335,10 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	if err := CheckNames(node, provision); err != nil {
 		return Pinned{}, err
 	}
-	ps, closeAll, err := c.openPlanStores(ctx)
+	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	defer closeAll()
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
@@ -380,11 +375,10 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	if err := CheckName(provision); err != nil {
 		return Rotated{}, err
 	}
-	ps, closeAll, err := c.openPlanStores(ctx)
+	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Rotated{}, err
 	}
-	defer closeAll()
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
 	out := Rotated{Credentials: []string{}}
 	nodes := map[string]bool{}
@@ -419,11 +413,10 @@ func (c *Controller) recordHand(ctx context.Context, what, why, cause, condition
 	if why == "" {
 		return health.ErrNoWhy
 	}
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	_, err = health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
+	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
 	return err
 }

@@ -88,12 +88,11 @@ func (c *Controller) OperatorKeySet(ctx context.Context, public string, replace 
 	if _, err := age.ParseX25519Recipient(public); err != nil {
 		return "", fmt.Errorf("%q %w", public, ErrBadRecipient)
 	}
-	dbs, closeAll, err := c.stores(ctx, "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return "", err
 	}
-	defer closeAll()
-	prev, err := secrets.NewStore(dbs[0]).SetOperatorKey(ctx, public, replace, c.Now())
+	prev, err := st.Secrets.SetOperatorKey(ctx, public, replace, c.Now())
 	if err != nil || prev == nil {
 		return "", err
 	}
@@ -111,12 +110,11 @@ type OperatorKeyView struct {
 
 // OperatorKeyShow shows the operator key and what it can recover.
 func (c *Controller) OperatorKeyShow(ctx context.Context) (OperatorKeyView, error) {
-	dbs, closeAll, err := c.stores(ctx, "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return OperatorKeyView{}, err
 	}
-	defer closeAll()
-	sec := secrets.NewStore(dbs[0])
+	sec := st.Secrets
 	k, err := sec.OperatorKey(ctx)
 	if err != nil {
 		return OperatorKeyView{}, err
@@ -219,12 +217,11 @@ func (c *Controller) SecretAccept(ctx context.Context, node, module, name string
 	if v.Len() == 0 {
 		return nil, ErrEmptySecret
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -289,12 +286,11 @@ const exportKind = "mesh-controller secret export"
 // SecretExport writes every operator-sealed copy as one JSON document, to
 // out (created 0600, never overwritten) or, if out is "", returns it.
 func (c *Controller) SecretExport(ctx context.Context, out string) ([]byte, int, error) {
-	dbs, closeAll, err := c.stores(ctx, "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer closeAll()
-	copies, err := secrets.NewStore(dbs[0]).Copies(ctx)
+	copies, err := st.Secrets.Copies(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -356,12 +352,11 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 			return Recovered{}, err
 		}
 	} else {
-		dbs, closeAll, err := c.stores(ctx, "secrets")
+		st, err := c.stores(ctx)
 		if err != nil {
 			return Recovered{}, err
 		}
-		cp, err := secrets.NewStore(dbs[0]).Copy(ctx, r.Node, r.Module, r.Name)
-		closeAll()
+		cp, err := st.Secrets.Copy(ctx, r.Node, r.Module, r.Name)
 		if err != nil {
 			return Recovered{}, err
 		}
@@ -381,17 +376,16 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 	out := Recovered{Out: r.Out, Version: label.Version}
 	// The act is recorded where the mesh still has a health store; when the
 	// mesh itself is lost, recovering from an export must still work.
-	dbs, closeAll, err := c.stores(ctx, "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		out.NotRecorded = err.Error()
 		return out, nil
 	}
-	defer closeAll()
 	source := "the secrets store"
 	if r.FromExport != "" {
 		source = "the export " + r.FromExport
 	}
-	_, err = health.NewStore(dbs[0]).RecordHandAct(ctx, health.HandAct{At: c.Now(), Cause: "break-glass", Who: who(),
+	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), Cause: "break-glass", Who: who(),
 		What: fmt.Sprintf("secret recover %s/%s/%s version %d from %s", r.Node, r.Module, r.Name, label.Version, source),
 		Why:  "break-glass recovery with the operator key"})
 	if err != nil {

@@ -18,8 +18,6 @@ import (
 	"filippo.io/age"
 
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/health"
-	"mesh-controller/contexts/inventory"
 )
 
 // knownValue is a random value whose every encoding a test can grep for.
@@ -107,12 +105,11 @@ func TestSecrets_Paperless(t *testing.T) {
 	}
 
 	// A host receives only its own node's sealed copies.
-	dbs, closeAll, err := m.c.stores(ctx, "inventory", "health")
+	st, err := m.c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	inv := inventory.NewStore(dbs[0])
+	inv := st.Inventory
 	checkOwnCopies := func(node string, id *age.X25519Identity) {
 		d, err := inv.LatestDeclaration(ctx, node)
 		if err != nil || d == nil {
@@ -157,7 +154,7 @@ func TestSecrets_Paperless(t *testing.T) {
 	if b, _ := os.ReadFile(out); string(b) != value || fileMode(t, out) != 0o600 {
 		t.Fatalf("recovered %q mode %v", b, fileMode(t, out))
 	}
-	acts, _ := health.NewStore(dbs[1]).HandActs(ctx, time.Time{})
+	acts, _ := st.Health.HandActs(ctx, time.Time{})
 	if len(acts) == 0 || !strings.Contains(acts[0].What, "secret recover web1/paperless/ocr_licence") || acts[0].Who == "" {
 		t.Fatalf("hand acts: %+v", acts)
 	}

@@ -13,8 +13,6 @@ import (
 
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/identity"
-	"mesh-controller/contexts/inventory"
 )
 
 func newEd25519() (ed25519.PublicKey, ed25519.PrivateKey, error) {
@@ -154,12 +152,11 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	waitFor(t, "web1 to apply 2", func() bool { return m.node("web1").SerialApplied == 2 })
 
 	ctx := context.Background()
-	dbs, closeAll, err := m.c.stores(ctx, "inventory", "identity")
+	st, err := m.c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
-	nc, err := m.c.dialBroker(ctx, identity.NewStore(dbs[1]))
+	nc, err := m.c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +185,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	})
 	t.Run("a replayed serial", func(t *testing.T) {
 		// The genuine declaration 2 again, exactly as signed.
-		d, err := inventory.NewStore(dbs[0]).LatestDeclaration(ctx, "web1")
+		d, err := st.Inventory.LatestDeclaration(ctx, "web1")
 		if err != nil {
 			t.Fatal(err)
 		}

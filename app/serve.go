@@ -102,17 +102,16 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	dbs, closeAll, err := c.stores(ctx, Contexts...)
+	st, err := c.stores(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
 	if o.Counters == nil {
 		o.Counters = &Counters{}
 	}
 	d := &daemon{
 		c: c, log: o.Log, counters: o.Counters,
-		inv: inventory.NewStore(dbs[0]), ids: identity.NewStore(dbs[1]), sec: secrets.NewStore(dbs[2]), health: health.NewStore(dbs[5]),
+		inv: st.Inventory, ids: st.Identity, sec: st.Secrets, health: st.Health,
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
 		problems: map[string]string{}, lastBeat: map[string]time.Time{}, kick: make(chan struct{}, 1),
 	}

@@ -9,7 +9,6 @@ import (
 
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/identity"
 )
 
 // BenchmarkHeartbeatsAbsorbed measures heartbeats carried by the real broker
@@ -43,12 +42,11 @@ func BenchmarkHeartbeatsAbsorbed(b *testing.B) {
 		}
 		subjects[i] = protocol.NodeSubject(st.Node, protocol.Heartbeat)
 	}
-	dbs, closeAll, err := m.c.stores(context.Background(), "identity")
+	st, err := m.c.stores(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer closeAll()
-	nc, err := m.c.dialBroker(context.Background(), identity.NewStore(dbs[0]))
+	nc, err := m.c.dialBroker(context.Background(), st.Identity)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -17,11 +17,11 @@ import (
 func BenchmarkStatus(b *testing.B) {
 	c := plannedMesh(b, 1000, 4, 40)
 	ctx := context.Background()
-	dbs, closeAll, err := c.stores(ctx, "inventory", "health")
+	st, err := c.stores(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	inv, hs := inventory.NewStore(dbs[0]), health.NewStore(dbs[1])
+	inv, hs := st.Inventory, st.Health
 	now := time.Now()
 	var beats []inventory.Beat
 	var found []health.Condition
@@ -40,7 +40,6 @@ func BenchmarkStatus(b *testing.B) {
 	if _, err := hs.Reconcile(ctx, found, map[string]bool{"node.silent": true}, now); err != nil {
 		b.Fatal(err)
 	}
-	closeAll()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		v, err := c.Status(ctx)

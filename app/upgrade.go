@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
-	"mesh-controller/contexts/secrets"
 )
 
 // UpgradeStep is one node running an older version of a module.
@@ -58,12 +56,11 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if r.Wait <= 0 {
 		r.Wait = 2 * time.Minute
 	}
-	dbs, closeAll, err := c.stores(ctx, "inventory", "identity", "secrets")
+	st, err := c.stores(ctx)
 	if err != nil {
 		return UpgradeView{}, err
 	}
-	defer closeAll()
-	inv, ids, sec := inventory.NewStore(dbs[0]), identity.NewStore(dbs[1]), secrets.NewStore(dbs[2])
+	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return UpgradeView{}, err

@@ -32,6 +32,9 @@ type Program struct {
 	// Bind makes what Run methods are given, once the command line is parsed;
 	// ctx ends on SIGINT or SIGTERM.
 	Bind func(ctx context.Context) any
+	// Done, if set, is called once the command has run, to close what Bind
+	// opened (the stores a process opens once).
+	Done func()
 }
 
 // exit carries an exit status out of kong through a panic, because kong
@@ -66,6 +69,9 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if p.Done != nil {
+		defer p.Done()
+	}
 	if err := kctx.Run(p.Bind(ctx)); err != nil {
 		var usage UsageError
 		if errors.As(err, &usage) {

@@ -12,6 +12,17 @@ import (
 	"mesh-controller/embedded/sqlite"
 )
 
+// storeVar names what moves a store, for a hint.
+func storeVar(se *app.StoreError) string {
+	if se == nil {
+		return "the store"
+	}
+	if se.Location.From == "data dir" {
+		return se.Location.DSN
+	}
+	return se.Location.Var
+}
+
 // hint is the "what to do" half of an error line: the app says what went
 // wrong, the command line says what a person can do about it.
 func hint(err error) string {
@@ -26,6 +37,12 @@ func hint(err error) string {
 		return "run 'mesh-controller migrate' first"
 	case errors.Is(err, sqlite.ErrNotSQLite) && isStore:
 		return fmt.Sprintf("check %s, or move that file away and run 'mesh-controller migrate'", se.Location.Var)
+	case errors.Is(err, app.ErrIdentityLost):
+		return "restore the controller's stores from a backup ('mesh-controller restore FILE --data DIR --key OPERATOR-KEY'), or, to start a new identity, run 'mesh-controller migrate --new-identity' and join every node again"
+	case errors.Is(err, sqlite.ErrSymlink):
+		return fmt.Sprintf("give %s a real file's path, not a link", storeVar(se))
+	case errors.Is(err, sqlite.ErrOpenTwice):
+		return "this is a defect: a process opens each store once; please report it"
 	case errors.Is(err, sqlite.ErrSchemaNewer):
 		return "run the mesh-controller that migrated it"
 	case errors.Is(err, sqlite.ErrMigrationChanged):

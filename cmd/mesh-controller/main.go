@@ -79,6 +79,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // run parses args, runs the chosen command, and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
+	var a *app.Controller
 	return clirun.Program{
 		Name: "mesh-controller",
 		Options: []kong.Option{
@@ -89,9 +90,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		},
 		Hint: hint,
 		Bind: func(ctx context.Context) any {
-			a := app.New(cli.Globals.Data)
+			a = app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
 			return &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
+		},
+		Done: func() {
+			if a != nil {
+				a.Close()
+			}
 		},
 	}.Run(&cli, args, stdout, stderr)
 }

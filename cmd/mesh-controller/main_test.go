@@ -68,6 +68,7 @@ func cmdSQL(ts *testscript.TestScript, neg bool, args []string) {
 func cmdWaitServing(ts *testscript.TestScript, neg bool, args []string) {
 	c := app.New(ts.Getenv("MESH_DATA"))
 	c.Getenv = ts.Getenv
+	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		v, err := c.BrokerShow(context.Background())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"bytes"
 	"fmt"
 	"os"
@@ -26,9 +27,9 @@ func buildBinary(t *testing.T) string {
 }
 
 // startServe starts serve and waits for its ready line.
-func startServe(t *testing.T, bin, data string) (*exec.Cmd, *bytes.Buffer) {
+func startServe(t *testing.T, bin, data string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(bin, "--data", data, "serve", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(bin, append([]string{"--data", data, "serve", "--listen", "127.0.0.1:0"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -96,5 +97,26 @@ func TestServe_SIGTERMGivesTheLeaseBack(t *testing.T) {
 	third.Process.Signal(syscall.SIGTERM)
 	if err := third.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// brokerURL reads the broker's URL from broker show --json.
+func brokerURL(t *testing.T, showJSON string) string {
+	t.Helper()
+	var v struct {
+		URLs []string `json:"urls"`
+	}
+	decodeJSON(t, showJSON, &v)
+	if len(v.URLs) == 0 {
+		t.Fatalf("no broker URL in %s", showJSON)
+	}
+	return v.URLs[0]
+}
+
+// decodeJSON decodes a command's --json output, failing the test if it is not.
+func decodeJSON(t *testing.T, out string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
 	}
 }

@@ -11,11 +11,13 @@ import (
 )
 
 // MigrateCmd is migrate (and prepare).
-type MigrateCmd struct{}
+type MigrateCmd struct {
+	NewIdentity bool `name:"new-identity" help:"Make a new signing key although nodes joined under the lost one: every one of them must then join again."`
+}
 
 // Run migrates every store and prints, per context, the version before and after.
 func (c *MigrateCmd) Run(env *Env) error {
-	done, err := env.App.Migrate(env.Ctx)
+	done, err := env.App.MigrateWith(env.Ctx, app.MigrateOptions{NewIdentity: c.NewIdentity})
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
 	changed := false
 	for _, m := range done {
@@ -88,7 +90,7 @@ func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
 		data = kctx.Model.Vars()["data_dir"]
 	}
 	w := kctx.Stdout
-	locs, err := app.New(data).Stores()
+	locs, err := app.New(data).StoreLocations()
 	if err != nil {
 		fmt.Fprintf(w, "\nStores: %v\n", err)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +31,24 @@ func TestScripts(t *testing.T) {
 	})
 }
 
+// controllers are the scenarios' controllers by data dir: one each, as a
+// process opens each store once.
+var controllers sync.Map
+
+func controllerOf(ts *testscript.TestScript) *app.Controller {
+	dir := ts.MkAbs("controller")
+	c := app.New(dir)
+	c.Getenv = func(string) string { return "" }
+	if prev, loaded := controllers.LoadOrStore(dir, c); loaded {
+		return prev.(*app.Controller)
+	}
+	ts.Defer(func() {
+		controllers.Delete(dir)
+		c.Close()
+	})
+	return c
+}
+
 // cmdController drives a real controller on $WORK/controller:
 // controller start (sets $BROKER), controller token NAME (sets $TOKEN),
 // controller node NAME (prints node show as JSON).
@@ -37,8 +56,7 @@ func cmdController(ts *testscript.TestScript, neg bool, args []string) {
 	if len(args) == 0 {
 		ts.Fatalf("usage: controller start|token NAME|node NAME")
 	}
-	c := app.New(ts.MkAbs("controller"))
-	c.Getenv = func(string) string { return "" }
+	c := controllerOf(ts)
 	ctx := context.Background()
 	switch args[0] {
 	case "start":

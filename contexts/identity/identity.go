@@ -264,3 +264,20 @@ func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Durati
 	}
 	return tokens, nil
 }
+
+// HasSigningKey says whether a store (migrated or not, even empty) holds a
+// signing key; it reads only, so a store is judged before it is migrated.
+func HasSigningKey(ctx context.Context, db *sqlite.DB) (bool, error) {
+	var tables int
+	if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'signing_keys'`).Scan(&tables); err != nil {
+		return false, fmt.Errorf("look for the signing key: %w", err)
+	}
+	if tables == 0 {
+		return false, nil
+	}
+	var keys int
+	if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM signing_keys`).Scan(&keys); err != nil {
+		return false, fmt.Errorf("look for the signing key: %w", err)
+	}
+	return keys > 0, nil
+}

@@ -189,3 +189,12 @@ func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now tim
 	}
 	return err
 }
+
+// JoinedNodes lists the nodes whose host has joined, by name.
+func (s *Store) JoinedNodes(ctx context.Context) ([]string, error) {
+	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT name FROM nodes WHERE joined_at IS NOT NULL ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list joined nodes: %w", err)
+	}
+	return names, nil
+}

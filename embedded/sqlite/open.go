@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	sqlite "modernc.org/sqlite"
@@ -32,6 +34,15 @@ var (
 	ErrNoStore = errors.New("no store there yet")
 	// ErrNotSQLite means the file exists but is not a SQLite database.
 	ErrNotSQLite = errors.New("file is not a SQLite database")
+	// ErrSymlink means the store's path is a symbolic link: refused, dangling
+	// or not, so a store is never created or opened somewhere its path does
+	// not say.
+	ErrSymlink = errors.New("the store's path is a symbolic link")
+	// ErrOpenTwice means this process already has the store open. SQLite's
+	// POSIX locks belong to the process: a second handle on the file, closed,
+	// drops the first one's locks, and another process may then delete the
+	// WAL under it. A process opens each store exactly once.
+	ErrOpenTwice = errors.New("this process has the store open already")
 )
 
 // DB is one context's store: one writer connection, whose transactions begin
@@ -43,16 +54,28 @@ type DB struct {
 	Writer *sql.DB
 	// Reader is the pool for queries that change nothing.
 	Reader *sql.DB
+	// release gives the file back to the process's open files.
+	release func()
 }
 
 // Open opens a context's store. With create, a missing file (and its
 // directory) is made, with modes 0600 (0700); without, a missing file is
-// ErrNoStore, so that a read never leaves an empty store behind.
-func Open(ctx context.Context, loc Location, create bool) (*DB, error) {
+// ErrNoStore, so that a read never leaves an empty store behind. A path that
+// is a symbolic link is ErrSymlink; a file this process has open already is
+// ErrOpenTwice (see open files below); an existing file is made 0600.
+func Open(ctx context.Context, loc Location, create bool) (db *DB, err error) {
 	if path := loc.FilePath(); path != "" {
-		if err := prepareFile(path, create); err != nil {
+		release, err := claim(path, create)
+		if err != nil {
 			return nil, err
 		}
+		defer func() {
+			if err != nil {
+				release()
+			} else {
+				db.release = release
+			}
+		}()
 	}
 	mode := "rw"
 	if create {
@@ -88,9 +111,14 @@ func Open(ctx context.Context, loc Location, create bool) (*DB, error) {
 	return &DB{Location: loc, Writer: w, Reader: r}, nil
 }
 
-// Close closes both pools.
+// Close closes both pools and gives the file back: it may be opened again.
 func (db *DB) Close() error {
-	return errors.Join(db.Reader.Close(), db.Writer.Close())
+	err := errors.Join(db.Reader.Close(), db.Writer.Close())
+	if db.release != nil {
+		db.release()
+		db.release = nil
+	}
+	return err
 }
 
 // Write runs fn in one immediate write transaction: committed if fn returns
@@ -146,34 +174,91 @@ func dsn(base, mode string, params []string) string {
 
 var sqliteHeader = []byte("SQLite format 3\x00")
 
-// prepareFile checks the file before SQLite sees it: a missing one is made
-// (0600) or refused, and one that is not SQLite is refused by its header
-// rather than by whichever pragma first trips on it.
-func prepareFile(path string, create bool) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+// openFiles is every store file this process has open, by device and inode, so
+// that none is opened twice (ErrOpenTwice): the header check below, and a
+// second SQLite handle later closed, would otherwise drop the locks the
+// first one holds.
+var openFiles = struct {
+	sync.Mutex
+	files map[[2]uint64]string
+}{files: map[[2]uint64]string{}}
+
+// claim prepares a store file and records it open in this process; release
+// forgets it. A missing file is made (0600, in a 0700 directory) or refused;
+// a symbolic link is refused; an existing file is made 0600 (with its WAL
+// and shared-memory files, which SQLite creates with the database's mode);
+// one that is not SQLite is refused by its header rather than by whichever
+// pragma first trips on it. The header is read only while no SQLite
+// connection of this process has the file open, so closing that read drops
+// no lock.
+func claim(path string, create bool) (release func(), err error) {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		if !create {
-			return ErrNoStore
+			return nil, ErrNoStore
 		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return err
+			return nil, err
 		}
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		// O_EXCL never follows a link: a link planted since the Lstat is refused.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
 		if err != nil && !errors.Is(err, os.ErrExist) {
-			return err
+			return nil, err
 		}
 		if f != nil {
-			return f.Close()
+			f.Close()
 		}
-		return nil
+		if fi, err = os.Lstat(path); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
 	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return nil, ErrSymlink
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, ErrNotSQLite
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil, fmt.Errorf("%s: no device and inode", path)
+	}
+	key := [2]uint64{uint64(st.Dev), st.Ino}
+	openFiles.Lock()
+	defer openFiles.Unlock()
+	if _, held := openFiles.files[key]; held {
+		return nil, ErrOpenTwice
+	}
+	for _, f := range []string{path, path + "-wal", path + "-shm"} {
+		if fi, err := os.Lstat(f); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() != 0o600 {
+			if err := os.Chmod(f, 0o600); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := checkHeader(path); err != nil {
+		return nil, err
+	}
+	openFiles.files[key] = path
+	return func() {
+		openFiles.Lock()
+		delete(openFiles.files, key)
+		openFiles.Unlock()
+	}, nil
+}
+
+// checkHeader refuses a file that is not empty and not SQLite.
+func checkHeader(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	head := make([]byte, len(sqliteHeader))
 	n, err := io.ReadFull(f, head)
-	if n == 0 && (err == io.EOF) {
+	if n == 0 && err == io.EOF {
 		return nil // an empty file is a new store
 	}
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {

@@ -362,3 +362,65 @@ func TestHelperWriter(t *testing.T) {
 		t.Fatalf("after %v: %v", time.Since(start), err)
 	}
 }
+
+// A store path that is a symbolic link is refused, dangling or not: a store
+// is never made or opened where its path does not say (issue 11: one made
+// through a dangling link got mode 0644).
+func TestOpen_RefusesSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	target := filepath.Join(dir, "elsewhere.db")
+	dangling := filepath.Join(dir, "dangling.db")
+	if err := os.Symlink(target, dangling); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, Location{DSN: dangling}, true); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("a dangling link: %v", err)
+	}
+	if _, err := os.Lstat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a store was made through the link: %v", err)
+	}
+	real := filepath.Join(dir, "real.db")
+	open(t, real, true).Close()
+	linked := filepath.Join(dir, "linked.db")
+	if err := os.Symlink(real, linked); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, Location{DSN: linked}, false); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("a link to a store: %v", err)
+	}
+}
+
+// Every store file is 0600, always: made so, and made so again when found otherwise.
+func TestOpen_Mode0600(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.db")
+	db := open(t, path, true)
+	if _, err := db.Writer.Exec("CREATE TABLE t (x)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{path, path + "-wal", path + "-shm"} {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", f, fi.Mode(), err)
+		}
+	}
+	db.Close()
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open(t, path, false)
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("reopened store left %v", fi.Mode())
+	}
+}
+
+// A process opens each store once: a second Open of the same file is
+// refused while the first is open, and allowed once it is closed.
+func TestOpen_OnceAProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "once.db")
+	first := open(t, path, true)
+	if _, err := Open(context.Background(), Location{DSN: path}, false); !errors.Is(err, ErrOpenTwice) {
+		t.Fatalf("a second handle: %v", err)
+	}
+	first.Close()
+	open(t, path, false)
+}

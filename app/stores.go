@@ -1,0 +1,140 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
+	"mesh-controller/embedded/sqlite"
+	"mesh-controller/migrations"
+)
+
+// Stores are every context's store, opened once by a process and named, not
+// indexed: a use case reads st.Inventory, never dbs[0]. A process opens each
+// store file exactly once (sqlite.ErrOpenTwice): the daemon, its self-check
+// and a person's command all work through the same handles.
+type Stores struct {
+	Inventory *inventory.Store
+	Identity  *identity.Store
+	Secrets   *secrets.Store
+	Health    *health.Store
+	// dbs are the open files by context, for probes and backups; the licences
+	// and builds contexts have no store type of their own yet.
+	dbs map[string]*sqlite.DB
+	// failed are the stores that could not be opened, and why.
+	failed map[string]error
+}
+
+// DB is one context's open store, nil if it could not be opened.
+func (s *Stores) DB(context string) *sqlite.DB { return s.dbs[context] }
+
+// Failed is why a context's store could not be opened, nil if it is open.
+func (s *Stores) Failed(context string) error { return s.failed[context] }
+
+// close closes every open store.
+func (s *Stores) close() error {
+	var errs []error
+	for _, db := range s.dbs {
+		errs = append(errs, db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// migrationsOf are a context's migrations, read and hashed once per process.
+var migrationsOf = sync.OnceValue(func() map[string][]sqlite.Migration {
+	out := map[string][]sqlite.Migration{}
+	for _, name := range Contexts {
+		ms, err := sqlite.LoadMigrations(migrations.For(name))
+		if err != nil {
+			// The files are embedded: a bad one is a build defect the
+			// migrations tests catch, never a person's mistake.
+			panic("migrations of " + name + ": " + err.Error())
+		}
+		out[name] = ms
+	}
+	return out
+})
+
+// openStores opens every context's store and checks each schema is exactly
+// what this binary knows. A store that cannot be opened is recorded in
+// failed and the others are still opened: the self-check reports each.
+func (c *Controller) openStores(ctx context.Context) *Stores {
+	st := &Stores{dbs: map[string]*sqlite.DB{}, failed: map[string]error{}}
+	for _, name := range Contexts {
+		db, err := c.openOne(ctx, name)
+		if err != nil {
+			st.failed[name] = err
+			continue
+		}
+		st.dbs[name] = db
+	}
+	if db := st.dbs["inventory"]; db != nil {
+		st.Inventory = inventory.NewStore(db)
+	}
+	if db := st.dbs["identity"]; db != nil {
+		st.Identity = identity.NewStore(db)
+	}
+	if db := st.dbs["secrets"]; db != nil {
+		st.Secrets = secrets.NewStore(db)
+	}
+	if db := st.dbs["health"]; db != nil {
+		st.Health = health.NewStore(db)
+	}
+	return st
+}
+
+// openOne opens a context's existing store and checks its schema.
+func (c *Controller) openOne(ctx context.Context, name string) (*sqlite.DB, error) {
+	loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	db, err := sqlite.Open(ctx, loc, false)
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	if _, err := db.Version(ctx, migrationsOf()[name]); err != nil {
+		db.Close()
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	return db, nil
+}
+
+// stores returns the process's stores, opening them on first use. Every
+// store must open: a command never works on part of the mesh. A failure is
+// not kept, so a command run after 'migrate' in the same process succeeds.
+func (c *Controller) stores(ctx context.Context) (*Stores, error) {
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	if c.open.st == nil {
+		st := c.openStores(ctx)
+		for _, name := range Contexts {
+			if err := st.failed[name]; err != nil {
+				st.close()
+				return nil, err
+			}
+		}
+		c.open.st = st
+	}
+	return c.open.st, nil
+}
+
+// Stores returns the process's stores, opened once (see stores).
+func (c *Controller) Stores(ctx context.Context) (*Stores, error) { return c.stores(ctx) }
+
+// Close closes the stores this process opened; the Controller may open them
+// again later.
+func (c *Controller) Close() error {
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	if c.open.st == nil {
+		return nil
+	}
+	err := c.open.st.close()
+	c.open.st = nil
+	return err
+}
