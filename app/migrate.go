@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"mesh-controller/contexts/identity"
@@ -64,6 +65,12 @@ func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migra
 		if err != nil {
 			return done, &StoreError{Location: loc, Err: err}
 		}
+		if name == "identity" && !o.NewIdentity && blank(loc) {
+			// Judged before opening: opening would write a header into it.
+			if err := identityKept(ctx, nil, inv); err != nil {
+				return done, &StoreError{Location: loc, Err: err}
+			}
+		}
 		db, err := sqlite.Open(ctx, loc, true)
 		if err != nil {
 			return done, &StoreError{Location: loc, Err: err}
@@ -115,16 +122,29 @@ func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Loc
 	return m, nil
 }
 
-// identityKept refuses an identity store without a signing key (new, empty,
-// or emptied) while the inventory says nodes joined: they trust only the
+// blank says a store's file is missing or empty (a file: URI without a path
+// is neither).
+func blank(loc sqlite.Location) bool {
+	path := loc.FilePath()
+	if path == "" {
+		return false
+	}
+	fi, err := os.Lstat(path)
+	return errors.Is(err, os.ErrNotExist) || (err == nil && fi.Mode().IsRegular() && fi.Size() == 0)
+}
+
+// identityKept refuses an identity store without a signing key (missing,
+// empty, or emptied; db nil means blank) while the inventory says nodes joined: they trust only the
 // key that was, and a new one would orphan every host.
 func identityKept(ctx context.Context, db, inv *sqlite.DB) error {
 	if inv == nil {
 		return nil
 	}
-	has, err := identity.HasSigningKey(ctx, db)
-	if err != nil || has {
-		return err
+	if db != nil {
+		has, err := identity.HasSigningKey(ctx, db)
+		if err != nil || has {
+			return err
+		}
 	}
 	joined, err := inventory.NewStore(inv).JoinedNodes(ctx)
 	if err != nil || len(joined) == 0 {
