@@ -439,6 +439,37 @@ func TestApply_PlantedLinksNotFollowed(t *testing.T) {
 	})
 }
 
+// The state dir is written the same way: a link at the old temporary name
+// is never written through.
+func TestWriteFile_Exclusive(t *testing.T) {
+	base := t.TempDir()
+	outside := filepath.Join(base, "outside")
+	if err := os.WriteFile(outside, []byte("untouched"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "state")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, fileApplied+".tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := saveApplied(dir, applied{Serial: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "untouched" {
+		t.Fatalf("written through the link: %q", b)
+	}
+	a, err := loadApplied(dir)
+	if err != nil || a.Serial != 7 {
+		t.Fatalf("got %+v, %v", a, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		t.Fatalf("a temporary file was left: %v", entries)
+	}
+}
+
 func TestRoot_Split(t *testing.T) {
 	for _, rel := range []string{"", ".", "..", "/etc", "a/../b", "a//b", "a/./b", "a/", "../a", "a/..", "a\x00b"} {
 		if _, err := split(rel); !errors.Is(err, ErrNotBeneath) {
