@@ -199,7 +199,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 		touched = append(touched, targets[i])
 	}
 	for _, f := range last.Files {
-		if !declared[f] {
+		if !declared[f] && beneath(f) {
 			touched = append(touched, path.Dir(f)) // a link in the file's own place is removed as a link
 		}
 	}
@@ -306,7 +306,10 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	// explicitly may delete data (above).
 	t = time.Now()
 	for _, f := range last.Files {
-		if declared[f] {
+		if declared[f] || !beneath(f) {
+			// One not beneath the modules directory was written by a host
+			// before this one judged names; it is left alone rather than
+			// removed, and no longer remembered.
 			continue
 		}
 		if err := r.removeFile(f); err != nil {
@@ -321,6 +324,13 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	tier("cleanup", t)
 
 	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, Waiting: waiting, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
+}
+
+// beneath says whether a file remembered as written is where this host
+// writes files: beneath the modules directory, and nowhere else.
+func beneath(f string) bool {
+	_, err := split(f)
+	return err == nil && strings.HasPrefix(f, modulesDir+"/")
 }
 
 // deletionTarget is what a deletion removes, as a path beneath the root: a

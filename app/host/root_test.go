@@ -520,3 +520,21 @@ func TestRoot_RefusesLinks(t *testing.T) {
 	}
 	h.outsideUntouched()
 }
+
+// A host that applied a hostile declaration before names were judged
+// remembers a file outside its root; it neither removes that file nor
+// refuses every later declaration because of it.
+func TestApply_RememberedFileOutsideLeftAlone(t *testing.T) {
+	h := newAttackedHost(t)
+	h.last = applied{Serial: 1, Files: []string{"../outside/file", "etc/mesh/modules/a/../../../../outside/file", "/etc/passwd"}}
+	h.serial = 1
+	if report := h.send(map[string]any{"modules": []any{module("b", "/srv/b")}}); !report.OK {
+		t.Fatal(report.Error)
+	}
+	h.outsideUntouched()
+	for _, f := range h.last.Files {
+		if !strings.HasPrefix(f, modulesDir+"/b/") {
+			t.Fatalf("still remembered: %q", f)
+		}
+	}
+}
