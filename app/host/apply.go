@@ -4,11 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -54,8 +52,6 @@ func saveApplied(dir string, a applied) error {
 	}
 	return writeFile(filepath.Join(dir, fileApplied), b)
 }
-
-var moduleName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
 
 // modulesDir is where, under the root, each module's part of the declaration is written.
 const modulesDir = "etc/mesh/modules"
@@ -118,12 +114,19 @@ func sealedFiles(node string, m protocol.DeclaredModule) []sealedFile {
 	return out
 }
 
-// apply verifies and applies one declaration under root, returning the
+// maxReported is how many of a refused declaration's problems the report
+// lists; the count says how many more there were.
+const maxReported = 10
+
+// apply verifies and applies one declaration beneath dir, returning the
 // report to send. Refused: a signature that does not verify against the
 // controller key from join, another node's declaration, a serial not above
-// the last applied.
-func apply(st *State, root string, last applied, env protocol.Envelope) (protocol.AppliedBody, applied) {
+// the last applied, a body with any of protocol's Problems, and a path that
+// would pass through a link beneath the root; all but the last before any
+// file is touched, and that one too when the link is there to be seen.
+func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol.AppliedBody, applied) {
 	start := time.Now()
+	r := root{dir: dir}
 	var tiers []protocol.Tier
 	tier := func(name string, since time.Time) {
 		tiers = append(tiers, protocol.Tier{Tier: name, MS: float64(time.Since(since).Microseconds()) / 1000})
@@ -131,6 +134,18 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	fail := func(serial int64, format string, args ...any) (protocol.AppliedBody, applied) {
 		return protocol.AppliedBody{Serial: serial, OK: false, Error: fmt.Sprintf(format, args...), Tiers: tiers,
 			TotalMS: float64(time.Since(start).Microseconds()) / 1000}, last
+	}
+	// failPath reports a failed file operation (what, if given, says which);
+	// one the root refused (an escape, a link) is a refusal, not an accident.
+	failPath := func(serial int64, what string, err error) (protocol.AppliedBody, applied) {
+		msg := err.Error()
+		if what != "" {
+			msg = what + ": " + msg
+		}
+		if errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotBeneath) {
+			msg = "refused: " + msg
+		}
+		return fail(serial, "%s", msg)
 	}
 
 	t := time.Now()
@@ -144,20 +159,53 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	if d.Serial <= last.Serial {
 		return fail(d.Serial, "refused: serial %d is not above the last applied %d (replayed or old)", d.Serial, last.Serial)
 	}
+	if ps := d.Problems(); len(ps) > 0 {
+		more := ""
+		if len(ps) > maxReported {
+			more = fmt.Sprintf(" (and %d more)", len(ps)-maxReported)
+			ps = ps[:maxReported]
+		}
+		return fail(d.Serial, "refused: %s%s", strings.Join(ps, "; "), more)
+	}
 	var raw struct {
 		Modules []json.RawMessage `json:"modules"`
 	}
 	if err := json.Unmarshal([]byte(env.Declaration), &raw); err != nil {
 		return fail(d.Serial, "refused: modules: %v", err)
 	}
+
+	// Every path this declaration touches, checked before any is: a link
+	// planted on one refuses the whole declaration, not half of it.
+	declared := map[string]bool{}
+	var touched []string
 	for _, m := range d.Modules {
-		if !moduleName.MatchString(m.Module) {
-			return fail(d.Serial, "refused: module name %q is not valid", m.Module)
+		for _, rel := range Files(m) {
+			declared[rel] = true
+			touched = append(touched, rel)
 		}
 		for _, ds := range m.Data {
-			if !path.IsAbs(ds.Path) || path.Clean(ds.Path) != ds.Path || ds.Path == "/" {
-				return fail(d.Serial, "refused: module %s data %s: path %q must be absolute and clean", m.Module, ds.Name, ds.Path)
+			rel, err := dataRel(ds.Path)
+			if err != nil {
+				return failPath(d.Serial, fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
 			}
+			touched = append(touched, rel)
+		}
+	}
+	targets := make([]string, len(d.Delete))
+	for i, del := range d.Delete {
+		if targets[i], err = deletionTarget(del); err != nil {
+			return failPath(d.Serial, fmt.Sprintf("deletion of %s %s", del.Module, del.Target), err)
+		}
+		touched = append(touched, targets[i])
+	}
+	for _, f := range last.Files {
+		if !declared[f] && beneath(f) {
+			touched = append(touched, path.Dir(f)) // a link in the file's own place is removed as a link
+		}
+	}
+	for _, rel := range touched {
+		if err := r.check(rel); err != nil {
+			return failPath(d.Serial, "", err) // the error names the path
 		}
 	}
 	tier("verify", t)
@@ -166,7 +214,6 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	next := applied{Serial: d.Serial}
 	var waiting []string
 	for i, m := range d.Modules {
-		files := map[string][]byte{}
 		sealed := map[string]bool{}
 		for _, sf := range sealedFiles(st.Node, m) {
 			sealed[sf.rel] = true
@@ -182,15 +229,8 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 			var v any
 			json.Unmarshal(doc, &v)
 			b, _ := json.MarshalIndent(v, "", "  ")
-			files[rel] = append(b, '\n')
-		}
-		for rel, content := range files {
-			full := filepath.Join(root, filepath.FromSlash(rel))
-			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-				return fail(d.Serial, "write %s: %v", rel, err)
-			}
-			if err := writeFile(full, content); err != nil {
-				return fail(d.Serial, "write %s: %v", rel, err)
+			if err := r.writeFile(rel, append(b, '\n'), 0o755); err != nil {
+				return failPath(d.Serial, "write "+rel, err)
 			}
 			next.Files = append(next.Files, rel)
 		}
@@ -210,13 +250,8 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 			if err != nil {
 				return fail(d.Serial, "%s of %s: %v", path.Base(rel), m.Module, err)
 			}
-			full := filepath.Join(root, filepath.FromSlash(rel))
-			err = os.MkdirAll(filepath.Dir(full), 0o700)
-			if err == nil {
-				err = writeFile(full, v.Reveal())
-			}
-			if err != nil {
-				return fail(d.Serial, "write %s of %s: %v", path.Base(rel), m.Module, err)
+			if err := r.writeFile(rel, v.Reveal(), 0o700); err != nil {
+				return failPath(d.Serial, fmt.Sprintf("write %s of %s", path.Base(rel), m.Module), err)
 			}
 			next.Files = append(next.Files, rel)
 		}
@@ -227,8 +262,9 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	t = time.Now()
 	for _, m := range d.Modules {
 		for _, ds := range m.Data {
-			if err := os.MkdirAll(filepath.Join(root, filepath.FromSlash(ds.Path)), 0o750); err != nil {
-				return fail(d.Serial, "module %s data %s: %v", m.Module, ds.Name, err)
+			rel, _ := dataRel(ds.Path) // judged above
+			if err := r.mkdirAll(rel, 0o750); err != nil {
+				return failPath(d.Serial, fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
 			}
 			next.Data = append(next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious})
 		}
@@ -238,21 +274,9 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 	// Deletions a person asked for with cleanup delete: the only data a host
 	// ever removes, and only because a verified declaration says so.
 	t = time.Now()
-	for _, del := range d.Delete {
-		var target string
-		switch del.Kind {
-		case "data":
-			if !path.IsAbs(del.Path) || path.Clean(del.Path) != del.Path || del.Path == "/" {
-				return fail(d.Serial, "refused: deletion of %s %s: path %q must be absolute and clean", del.Module, del.Target, del.Path)
-			}
-			target = filepath.Join(root, filepath.FromSlash(del.Path))
-		case "consumer":
-			target = filepath.Join(root, modulesDir, del.Module, "consumers", strings.ReplaceAll(del.Target, "/", "_"))
-		default:
-			return fail(d.Serial, "refused: deletion of kind %q", del.Kind)
-		}
-		if err := os.RemoveAll(target); err != nil {
-			return fail(d.Serial, "delete %s of %s: %v", del.Target, del.Module, err)
+	for i, del := range d.Delete {
+		if err := r.removeAll(targets[i]); err != nil {
+			return failPath(d.Serial, fmt.Sprintf("delete %s of %s", del.Target, del.Module), err)
 		}
 		next.Deleted = append(next.Deleted, del)
 	}
@@ -260,9 +284,9 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 
 	// Data sets no longer declared stay where they are, and are still
 	// reported (their size is what cleanup shows) until deleted.
-	declared := map[string]bool{}
+	declaredData := map[string]bool{}
 	for _, ds := range next.Data {
-		declared[ds.Module+"/"+ds.Name] = true
+		declaredData[ds.Module+"/"+ds.Name] = true
 	}
 	gone := map[string]bool{}
 	for _, del := range next.Deleted {
@@ -271,47 +295,65 @@ func apply(st *State, root string, last applied, env protocol.Envelope) (protoco
 		}
 	}
 	for _, ds := range last.Data {
-		if !declared[ds.Module+"/"+ds.Name] && !gone[ds.Module+"/"+ds.Name] {
+		if !declaredData[ds.Module+"/"+ds.Name] && !gone[ds.Module+"/"+ds.Name] {
 			next.Data = append(next.Data, ds)
 		}
 	}
 
-	// Files an earlier declaration made and this one no longer declares go;
-	// data directories never do: only a declaration that says so explicitly
-	// may delete data (above).
+	// Files an earlier declaration made and this one no longer declares go,
+	// and so do the directories they leave empty, up to the modules
+	// directory; data directories never do: only a declaration that says so
+	// explicitly may delete data (above).
 	t = time.Now()
-	keep := map[string]bool{}
-	for _, f := range next.Files {
-		keep[f] = true
-	}
 	for _, f := range last.Files {
-		if keep[f] {
+		if declared[f] || !beneath(f) {
+			// One not beneath the modules directory was written by a host
+			// before this one judged names; it is left alone rather than
+			// removed, and no longer remembered.
 			continue
 		}
-		full := filepath.Join(root, filepath.FromSlash(f))
-		if err := os.Remove(full); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fail(d.Serial, "remove %s: %v", f, err)
+		if err := r.removeFile(f); err != nil {
+			return failPath(d.Serial, "remove "+f, err)
 		}
-		os.Remove(filepath.Dir(full)) // the module's directory, if now empty
+		for dir := path.Dir(f); strings.HasPrefix(dir, modulesDir+"/"); dir = path.Dir(dir) {
+			if r.removeEmptyDir(dir) != nil {
+				break // not empty, or gone already
+			}
+		}
 	}
 	tier("cleanup", t)
 
 	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, Waiting: waiting, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
 }
 
-// dataReport measures every declared data set under root.
-func dataReport(root string, a applied) protocol.DataBody {
+// beneath says whether a file remembered as written is where this host
+// writes files: beneath the modules directory, and nowhere else.
+func beneath(f string) bool {
+	_, err := split(f)
+	return err == nil && strings.HasPrefix(f, modulesDir+"/")
+}
+
+// deletionTarget is what a deletion removes, as a path beneath the root: a
+// data set's directory, or a provider's files for one consumer.
+func deletionTarget(del protocol.DeclaredDeletion) (string, error) {
+	switch del.Kind {
+	case "data":
+		return dataRel(del.Path)
+	case "consumer":
+		return path.Join(modulesDir, del.Module, "consumers", strings.ReplaceAll(del.Target, "/", "_")), nil
+	}
+	return "", fmt.Errorf("deletion of kind %q: %w", del.Kind, ErrNotBeneath)
+}
+
+// dataReport measures every declared data set beneath dir, following no link.
+func dataReport(dir string, a applied) protocol.DataBody {
+	r := root{dir: dir}
 	sets := make([]protocol.DataSet, 0, len(a.Data))
 	for _, ds := range a.Data {
 		var total int64
-		filepath.WalkDir(filepath.Join(root, filepath.FromSlash(ds.Path)), func(_ string, e fs.DirEntry, err error) error {
-			if err == nil && e.Type().IsRegular() {
-				if info, err := e.Info(); err == nil {
-					total += info.Size()
-				}
-			}
-			return nil
-		})
+		if rel, err := dataRel(ds.Path); err == nil {
+			total = r.size(rel)
+		}
 		sets = append(sets, protocol.DataSet{Module: ds.Module, Name: ds.Name, Path: ds.Path, Bytes: total, Precious: ds.Precious})
 	}
 	return protocol.DataBody{Sets: sets, Deleted: a.Deleted}

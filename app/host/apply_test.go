@@ -36,11 +36,11 @@ func TestApply(t *testing.T) {
 		t.Fatalf("first: %+v", report)
 	}
 	refusals := map[string]protocol.Envelope{
-		"is for node":                    decl(2, "web2", module("a", "/srv/a")),
-		"not above the last applied 1":   decl(1, "web1"),
-		"must be absolute and clean":     decl(2, "web1", module("a", "/srv/../etc")),
-		"module name \"A/../b\" is not":  decl(2, "web1", module("A/../b", "/srv/a")),
-		"must be absolute and clean\x00": decl(2, "web1", module("a", "relative/path")),
+		"is for node":                        decl(2, "web2", module("a", "/srv/a")),
+		"not above the last applied 1":       decl(1, "web1"),
+		"must be absolute and clean":         decl(2, "web1", module("a", "/srv/../etc")),
+		`modules[0].module: "A/../b" is not`: decl(2, "web1", module("A/../b", "/srv/a")),
+		"must be absolute and clean\x00":     decl(2, "web1", module("a", "relative/path")),
 	}
 	for want, env := range refusals {
 		report, after := apply(st, root, last, env)

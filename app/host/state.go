@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/sys/unix"
 
 	"mesh-controller/app/protocol"
 )
@@ -159,14 +160,20 @@ func (s *State) save() error {
 	return nil
 }
 
-// writeFile writes a file 0600 through a temporary file and a rename, so a
-// crash leaves the old content or the new, never half.
-func writeFile(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
+// writeFile writes a file of the state dir 0600 as every file of the root
+// is written (writeAt): through a temporary file made exclusively beside it
+// and a rename, so a crash leaves the old content or the new, never half,
+// and no file or link already there is ever written through.
+func writeFile(name string, b []byte) error {
+	dir, err := unix.Open(filepath.Dir(name), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", filepath.Dir(name), err)
 	}
-	return os.Rename(tmp, path)
+	defer unix.Close(dir)
+	if err := writeAt(dir, filepath.Base(name), b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
 }
 
 // Load reads a joined host's state dir.

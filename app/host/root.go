@@ -1,0 +1,379 @@
+package host
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"mesh-controller/app/protocol"
+)
+
+// ErrNotBeneath means a path built from a declaration would not stay
+// beneath the host's root: absolute, not clean, or with a ".." in it.
+var ErrNotBeneath = errors.New("not a path beneath the root")
+
+// ErrSymlink means a path beneath the root passes through, or ends at, a
+// symbolic link, which the host never follows.
+var ErrSymlink = errors.New("a symbolic link, and the host follows no link beneath its root")
+
+// root is the directory a host applies declarations beneath, and the one
+// place through which every path built from a declaration is opened,
+// written, made or removed.
+//
+// Every path is walked one name at a time from an open directory, each name
+// opened with O_NOFOLLOW (openat), and every write, mkdir, rename and
+// unlink is made relative to the directory so opened. A ".." is refused
+// before any walk, and a symbolic link anywhere below the root is refused
+// rather than followed; the check and the use are the same system call, so
+// a module swapping a directory for a link while the host works leaves no
+// window. Why not os.Root: it cannot escape the root, but it follows links
+// that stay inside it, and an Lstat of each component before using it
+// through os.Root leaves exactly that window (a swapped link could redirect
+// a deletion onto another module's data). Why not openat2 with
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: it gives the same guarantee for one
+// open, but needs Linux 5.6 and is refused by some container seccomp
+// profiles, and mkdir, rename and remove need the parent's descriptor
+// anyway. The path to the root itself is the administrator's and is
+// resolved as usual.
+type root struct {
+	dir string
+}
+
+// split judges a slash-separated path relative to the root and returns its
+// names; the root itself is not a path beneath it.
+func split(rel string) ([]string, error) {
+	if rel == "" || path.IsAbs(rel) || path.Clean(rel) != rel || strings.ContainsRune(rel, 0) {
+		return nil, fmt.Errorf("%q is %w", rel, ErrNotBeneath)
+	}
+	names := strings.Split(rel, "/")
+	for _, n := range names {
+		if n == "" || n == "." || n == ".." {
+			return nil, fmt.Errorf("%q is %w", rel, ErrNotBeneath)
+		}
+	}
+	return names, nil
+}
+
+// dataRel is a data set's absolute path as a path beneath the root:
+// /var/lib/x is var/lib/x. A path that is not absolute and clean is refused.
+func dataRel(p string) (string, error) {
+	if !protocol.ValidDataPath(p) {
+		return "", fmt.Errorf("data path %q is %w", p, ErrNotBeneath)
+	}
+	return strings.TrimPrefix(p, "/"), nil
+}
+
+// openRoot opens the root directory itself.
+func (r root) openRoot() (int, error) {
+	fd, err := unix.Open(r.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open the root %s: %w", r.dir, err)
+	}
+	return fd, nil
+}
+
+// openDir opens the directory made of names beneath the root, never through
+// a link; with create, missing directories are made with perm. The caller
+// closes the descriptor.
+func (r root) openDir(names []string, create bool, perm uint32) (int, error) {
+	fd, err := r.openRoot()
+	if err != nil {
+		return -1, err
+	}
+	for i, name := range names {
+		next, err := openChildDir(fd, name)
+		if create && errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(fd, name, perm); err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = openChildDir(fd, name)
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			return -1, pathError(names[:i+1], err)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// openChildDir opens the directory name inside dirfd, refusing a link.
+func openChildDir(dirfd int, name string) (int, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		if isLink(dirfd, name) {
+			return -1, ErrSymlink
+		}
+	}
+	return fd, err
+}
+
+// isLink says whether name inside dirfd is a symbolic link.
+func isLink(dirfd int, name string) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
+}
+
+// pathError names the path (relative to the root) at which err happened.
+func pathError(names []string, err error) error {
+	rel := strings.Join(names, "/")
+	if errors.Is(err, ErrSymlink) {
+		return fmt.Errorf("%s is %w", rel, err)
+	}
+	return fmt.Errorf("%s: %w", rel, err)
+}
+
+// check walks rel as far as it exists and refuses a link anywhere on it,
+// its last name included, or a file where a directory must be. Applying
+// checks every path it will touch first, so a planted link refuses the
+// declaration before any file is written; the walks that act refuse links
+// again, race-free.
+func (r root) check(rel string) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if isLink(fd, names[len(names)-1]) {
+		return pathError(names, ErrSymlink)
+	}
+	return nil
+}
+
+// mkdirAll makes the directory rel and its parents beneath the root, with perm.
+func (r root) mkdirAll(rel string, perm uint32) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names, true, perm)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// writeFile writes rel beneath the root (0600), making its missing parent
+// directories with dirPerm. A link where the file goes is refused: rename
+// would replace it rather than follow it, but a planted link is news the
+// declaration's report should carry.
+func (r root) writeFile(rel string, b []byte, dirPerm uint32) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	dir, name := names[:len(names)-1], names[len(names)-1]
+	fd, err := r.openDir(dir, true, dirPerm)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if isLink(fd, name) {
+		return pathError(names, ErrSymlink)
+	}
+	if err := writeAt(fd, name, b, 0o600); err != nil {
+		return pathError(names, err)
+	}
+	return nil
+}
+
+// writeAt writes name inside the open directory dirfd so that a crash
+// leaves the old content or the new, never half: a temporary file with a
+// random name, made exclusively (never an existing file, never through a
+// link), written, synced, renamed over name, and the directory synced.
+func writeAt(dirfd int, name string, b []byte, perm uint32) error {
+	var (
+		tmp string
+		fd  int
+		err error
+	)
+	for range 10 {
+		tmp = "." + name + "." + rand.Text() + ".tmp"
+		fd, err = unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+		if !errors.Is(err, unix.EEXIST) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("make a temporary file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(dirfd, tmp, dirfd, name)
+	}
+	if err != nil {
+		unix.Unlinkat(dirfd, tmp, 0)
+		return err
+	}
+	return unix.Fsync(dirfd)
+}
+
+// removeFile removes the file rel beneath the root, if it is there. A link
+// found in its place is removed as a link (unlink never follows one); a
+// link on the way to it is refused.
+func (r root) removeFile(rel string) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Unlinkat(fd, names[len(names)-1], 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return pathError(names, err)
+	}
+	return nil
+}
+
+// removeEmptyDir removes the directory rel beneath the root if it is empty.
+func (r root) removeEmptyDir(rel string) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Unlinkat(fd, names[len(names)-1], unix.AT_REMOVEDIR)
+}
+
+// removeAll removes rel beneath the root and everything in it, if it is
+// there. Inside it, links are removed as links, never followed. A link at
+// rel itself, or on the way to it, is refused: removing the link would
+// report data deleted that stays wherever the link points.
+func (r root) removeAll(rel string) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	name := names[len(names)-1]
+	if isLink(fd, name) {
+		return pathError(names, ErrSymlink)
+	}
+	if err := removeAllAt(fd, name); err != nil {
+		return pathError(names, err)
+	}
+	return nil
+}
+
+// removeAllAt removes name inside dirfd: a file or link by unlinking it, a
+// directory by emptying it (entries opened relative to it, O_NOFOLLOW) and
+// removing it.
+func removeAllAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	// Entries made while emptying it make the removal fail with ENOTEMPTY;
+	// emptying it again a few times lets a quiet writer lose, not hang us.
+	for range 3 {
+		fd, err := openChildDir(dirfd, name)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return err
+		}
+		d := os.NewFile(uintptr(fd), name)
+		entries, err := d.Readdirnames(-1)
+		for _, e := range entries {
+			if err == nil {
+				err = removeAllAt(fd, e)
+			}
+		}
+		d.Close()
+		if err != nil {
+			return err
+		}
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: %w", name, unix.ENOTEMPTY)
+}
+
+// size adds up the regular files under the directory rel beneath the root,
+// following no link; a path it cannot walk counts 0.
+func (r root) size(rel string) int64 {
+	names, err := split(rel)
+	if err != nil {
+		return 0
+	}
+	fd, err := r.openDir(names, false, 0)
+	if err != nil {
+		return 0
+	}
+	return sizeAt(fd)
+}
+
+// sizeAt adds up the regular files under the open directory fd, and closes it.
+func sizeAt(fd int) int64 {
+	d := os.NewFile(uintptr(fd), "")
+	defer d.Close()
+	var total int64
+	for {
+		entries, err := d.Readdirnames(1024)
+		for _, e := range entries {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, e, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+				continue
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFREG:
+				total += st.Size
+			case unix.S_IFDIR:
+				if sub, err := openChildDir(fd, e); err == nil {
+					total += sizeAt(sub)
+				}
+			}
+		}
+		if err == io.EOF || len(entries) == 0 {
+			return total
+		}
+		if err != nil {
+			return total
+		}
+	}
+}

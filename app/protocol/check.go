@@ -1,0 +1,247 @@
+package protocol
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+
+	"golang.org/x/mod/semver"
+)
+
+// Bounds on one declaration. A real plan is far inside them; they keep a
+// hostile or broken body from costing a host unbounded work and files.
+const (
+	// MaxModules is the most modules one declaration may carry.
+	MaxModules = 1000
+	// MaxDataSets is the most data sets one module may declare.
+	MaxDataSets = 1000
+	// MaxSecrets is the most secrets one module may carry.
+	MaxSecrets = 1000
+	// MaxBindings is the most provisions one module may be bound to.
+	MaxBindings = 1000
+	// MaxWaitingFor is the most secrets one module may wait for.
+	MaxWaitingFor = 1000
+	// MaxConsumers is the most consumers one provider module may list: a
+	// provision shared by every node of a 10,000-node mesh still fits.
+	MaxConsumers = 10000
+	// MaxDeletions is the most deletions one declaration may ask for.
+	MaxDeletions = 10000
+)
+
+// HostOwnPath is the part of a host's root the host keeps for itself (each
+// module's declaration, secrets and credentials live under etc/mesh/modules).
+// No data set may be it, lie inside it or contain it, so that deleting data
+// never deletes what the host wrote.
+const HostOwnPath = "/etc/mesh"
+
+// These are the same rules contexts/inventory applies to manifests
+// (nameRule, secretRule); a declaration is judged by them again because a
+// host trusts no name it is sent, even signed.
+var (
+	nameRule   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	secretRule = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+	// credentialRule: consumer.<node>.<module>.<provision>, so dot-separated
+	// words that are never empty (no "..", no leading or trailing dot).
+	credentialRule = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+)
+
+// maxCredentialName bounds a credential name: four names of 63 and three dots.
+const maxCredentialName = 255
+
+// ValidName says whether s is a valid node, module, provision or data set
+// name: a lowercase letter, then up to 62 lowercase letters, digits or dashes.
+func ValidName(s string) bool { return nameRule.MatchString(s) }
+
+// ValidSecretName says whether s is a valid secret name: like ValidName, and
+// underscores are allowed too (admin_password).
+func ValidSecretName(s string) bool { return secretRule.MatchString(s) }
+
+// ValidCredentialName says whether s is a valid credential name
+// (consumer.<node>.<module>.<provision>): letters, digits, dashes and
+// underscores in words joined by single dots; never a slash or "..".
+func ValidCredentialName(s string) bool {
+	return len(s) <= maxCredentialName && credentialRule.MatchString(s)
+}
+
+// ValidVersion says whether v is a semantic version MAJOR.MINOR.PATCH, with
+// an optional pre-release and build, written without a leading v (2.14.1).
+func ValidVersion(v string) bool {
+	if v == "" || v[0] == 'v' || !semver.IsValid("v"+v) {
+		return false
+	}
+	// semver accepts the shorthands v1 and v1.2, which a manifest never
+	// uses: the canonical form must be the version itself, build aside.
+	return strings.HasPrefix("v"+v, semver.Canonical("v"+v))
+}
+
+// ValidDataPath says whether p may be a data set's path on a host: absolute,
+// clean (no "..", ".", empty or trailing elements), not "/" itself.
+func ValidDataPath(p string) bool {
+	return path.IsAbs(p) && path.Clean(p) == p && p != "/" && !strings.ContainsRune(p, 0)
+}
+
+// Problems lists every problem of a declaration body, judged by the rules a
+// host applies before it touches a file: names, versions, paths, and the
+// bounds above. A host refuses a declaration with any; the controller judges
+// a body by the same rules before signing it. Each problem names its field
+// (modules[0].data[1].path: ...). The serial and issued_at are not judged:
+// they are filled in when the body is signed.
+func (d Declaration) Problems() []string {
+	var ps []string
+	bad := func(field, format string, args ...any) {
+		ps = append(ps, field+": "+fmt.Sprintf(format, args...))
+	}
+	name := func(field, v string) {
+		switch {
+		case v == "":
+			bad(field, "missing")
+		case !ValidName(v):
+			bad(field, "%q is not a valid name: a lowercase letter, then up to 62 lowercase letters, digits or dashes", v)
+		}
+	}
+	// nodeModule judges a node/module pair, as bindings, consumers and
+	// consumer deletions name one.
+	nodeModule := func(field, v string) {
+		n, m, ok := strings.Cut(v, "/")
+		if !ok || !ValidName(n) || !ValidName(m) {
+			bad(field, "%q is not node/module, each a valid name", v)
+		}
+	}
+	credential := func(field, v string) {
+		if v != "" && !ValidCredentialName(v) {
+			bad(field, "%q is not a valid credential name: words of letters, digits, dashes or underscores joined by single dots", v)
+		}
+	}
+	dataPath := func(field, p string) {
+		switch {
+		case p == "":
+			bad(field, "missing")
+		case !ValidDataPath(p):
+			bad(field, "%q must be absolute and clean, below /", p)
+		case overlaps(p, HostOwnPath):
+			bad(field, "%q overlaps %s, which the host keeps for itself", p, HostOwnPath)
+		}
+	}
+	atMost := func(field string, n, max int) {
+		if n > max {
+			bad(field, "%d entries, at most %d", n, max)
+		}
+	}
+
+	name("node", d.Node)
+	switch d.Mode {
+	case "", "adopted", "converged":
+	default:
+		bad("mode", "%q is not adopted or converged", d.Mode)
+	}
+	atMost("modules", len(d.Modules), MaxModules)
+	seenModules := map[string]int{}
+	for i, m := range d.Modules {
+		f := fmt.Sprintf("modules[%d]", i)
+		name(f+".module", m.Module)
+		if j, ok := seenModules[m.Module]; ok && m.Module != "" {
+			bad(f+".module", "%q is declared twice (also modules[%d])", m.Module, j)
+		} else {
+			seenModules[m.Module] = i
+		}
+		switch {
+		case m.Version == "":
+			bad(f+".version", "missing")
+		case !ValidVersion(m.Version):
+			bad(f+".version", "%q is not a semantic version MAJOR.MINOR.PATCH, written without a v", m.Version)
+		}
+
+		atMost(f+".data", len(m.Data), MaxDataSets)
+		seenData, seenPaths := map[string]bool{}, map[string]bool{}
+		for j, ds := range m.Data {
+			g := fmt.Sprintf("%s.data[%d]", f, j)
+			name(g+".name", ds.Name)
+			if seenData[ds.Name] && ds.Name != "" {
+				bad(g+".name", "%q is named twice", ds.Name)
+			}
+			seenData[ds.Name] = true
+			dataPath(g+".path", ds.Path)
+			if seenPaths[ds.Path] && ds.Path != "" {
+				bad(g+".path", "%q is used twice", ds.Path)
+			}
+			seenPaths[ds.Path] = true
+			switch ds.Precious {
+			case "irreplaceable", "costly", "rebuildable":
+			default:
+				bad(g+".precious", "%q is not irreplaceable, costly or rebuildable", ds.Precious)
+			}
+		}
+
+		atMost(f+".secrets", len(m.Secrets), MaxSecrets)
+		seenSecrets := map[string]bool{}
+		for j, s := range m.Secrets {
+			g := fmt.Sprintf("%s.secrets[%d].name", f, j)
+			switch {
+			case s.Name == "":
+				bad(g, "missing")
+			case !ValidSecretName(s.Name):
+				bad(g, "%q is not a valid secret name: a lowercase letter, then up to 62 lowercase letters, digits, dashes or underscores", s.Name)
+			case seenSecrets[s.Name]:
+				bad(g, "%q is named twice", s.Name)
+			}
+			seenSecrets[s.Name] = true
+		}
+
+		atMost(f+".bindings", len(m.Bindings), MaxBindings)
+		seenBindings := map[string]bool{}
+		for j, b := range m.Bindings {
+			g := fmt.Sprintf("%s.bindings[%d]", f, j)
+			name(g+".provision", b.Provision)
+			if seenBindings[b.Provision] && b.Provision != "" {
+				bad(g+".provision", "%q is bound twice", b.Provision)
+			}
+			seenBindings[b.Provision] = true
+			nodeModule(g+".from", b.From)
+			credential(g+".credential_name", b.CredentialName)
+		}
+
+		atMost(f+".consumers", len(m.Consumers), MaxConsumers)
+		seenConsumers := map[string]bool{}
+		for j, c := range m.Consumers {
+			g := fmt.Sprintf("%s.consumers[%d]", f, j)
+			nodeModule(g+".consumer", c.Consumer)
+			name(g+".provision", c.Provision)
+			if key := c.Consumer + " " + c.Provision; seenConsumers[key] {
+				bad(g, "consumer %q of %q is listed twice", c.Consumer, c.Provision)
+			} else {
+				seenConsumers[key] = true
+			}
+			credential(g+".credential_name", c.CredentialName)
+		}
+
+		atMost(f+".waiting_for", len(m.WaitingFor), MaxWaitingFor)
+		for j, s := range m.WaitingFor {
+			if !ValidSecretName(s) {
+				bad(fmt.Sprintf("%s.waiting_for[%d]", f, j), "%q is not a valid secret name", s)
+			}
+		}
+	}
+
+	atMost("delete", len(d.Delete), MaxDeletions)
+	for k, del := range d.Delete {
+		f := fmt.Sprintf("delete[%d]", k)
+		name(f+".module", del.Module)
+		switch del.Kind {
+		case "data":
+			name(f+".target", del.Target)
+			dataPath(f+".path", del.Path)
+		case "consumer":
+			nodeModule(f+".target", del.Target)
+		default:
+			bad(f+".kind", "%q is not data or consumer", del.Kind)
+		}
+	}
+	return ps
+}
+
+// overlaps says whether one of two clean absolute paths is the other or
+// lies inside it.
+func overlaps(a, b string) bool {
+	return a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/")
+}
