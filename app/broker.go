@@ -2,12 +2,12 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/broker"
@@ -53,7 +53,7 @@ func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys) (broker
 
 // RevokedSubject is where a person's command tells the serving controller
 // that users were revoked; only controller users may publish under mesh.control.
-const RevokedSubject = "mesh.control.revoked"
+const RevokedSubject = daemon.RevokedSubject
 
 func newBrokerSeeds() (identity.BrokerSeeds, error) {
 	op, acc, sys, err := broker.NewSeeds()
@@ -62,7 +62,7 @@ func newBrokerSeeds() (identity.BrokerSeeds, error) {
 
 // ErrBrokerUnreachable means no broker answered: no controller serves, or
 // --broker points nowhere.
-var ErrBrokerUnreachable = errors.New("the broker cannot be reached")
+var ErrBrokerUnreachable = daemon.ErrBrokerUnreachable
 
 // brokerURL is where a person's command reaches the broker: --broker, else
 // the live lease's.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"syscall"
 	"time"
 
@@ -197,13 +196,25 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if err := hs.RecordVerdict(ctx, v); err != nil {
 		return CheckResult{}, err
 	}
-	// Durations are kept for a window, deleted a small batch per check.
-	hs.PruneDurations(ctx, now.Add(-durationWindow), 1000)
+	// Measurements and history are kept for a window: whatever is older goes,
+	// in small batches, until none is left.
+	if _, err := hs.PruneMeasurements(ctx, now.Add(-measurementWindow), pruneBatch); err != nil {
+		return CheckResult{Verdict: v, Changes: changes}, err
+	}
+	if _, err := hs.PruneHistory(ctx, now.Add(-historyWindow), pruneBatch); err != nil {
+		return CheckResult{Verdict: v, Changes: changes}, err
+	}
 	return CheckResult{Verdict: v, Changes: changes}, nil
 }
 
-// durationWindow is how long measured durations are kept.
-const durationWindow = 14 * 24 * time.Hour
+// How long what grows with time is kept, and how much goes per write.
+const (
+	// measurementWindow: durations and heartbeat aggregates.
+	measurementWindow = 14 * 24 * time.Hour
+	// historyWindow: condition history and healer acts.
+	historyWindow = 90 * 24 * time.Hour
+	pruneBatch    = 1000
+)
 
 func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in *checkInputs) error {
 	var err error
@@ -271,22 +282,17 @@ func (c *Controller) alert(ctx context.Context, hs *health.Store, o CheckOptions
 // boundsFromDurations sets each node's heartbeat bound from its measured
 // intervals: three times their p99, never below the default.
 func boundsFromDurations(ctx context.Context, hs *health.Store, in *checkInputs) error {
-	ds, err := hs.Durations(ctx, "heartbeat", in.now.Add(-7*24*time.Hour))
+	per, err := hs.Heartbeats(ctx, in.now.Add(-7*24*time.Hour))
 	if err != nil {
-		return err
-	}
-	per := map[string][]float64{}
-	for _, d := range ds {
-		per[d.Subject] = append(per[d.Subject], d.MS)
+		return fmt.Errorf("read heartbeat intervals: %w", err)
 	}
 	in.bounds.Heartbeat = map[string]time.Duration{}
 	for _, n := range in.nodes {
-		ms := per[n.Name]
-		if len(ms) < 10 {
+		h := per[n.Name]
+		if h.Count < 10 {
 			continue
 		}
-		sort.Float64s(ms)
-		measured := time.Duration(3 * percentile(ms, 0.99) * float64(time.Millisecond))
+		measured := time.Duration(3 * h.Quantile(0.99) * float64(time.Millisecond))
 		def := time.Duration(in.bounds.HeartbeatFactor * n.HeartbeatIntervalS * float64(time.Second))
 		in.bounds.Heartbeat[n.Name] = max(measured, def)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"time"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
@@ -89,7 +90,7 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 		return out, nil
 	}
 	defer nc.Close()
-	if err := publishDeclaration(nc, decl); err != nil {
+	if err := daemon.PublishDeclaration(nc, decl); err != nil {
 		out.NotSent = err.Error()
 		return out, nil
 	}

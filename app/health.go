@@ -288,7 +288,8 @@ func (c *Controller) Durations(ctx context.Context, kind string, days int) ([]Du
 	if err != nil {
 		return nil, err
 	}
-	ds, err := st.Health.Durations(ctx, kind, c.Now().Add(-time.Duration(days)*24*time.Hour))
+	since := c.Now().Add(-time.Duration(days) * 24 * time.Hour)
+	ds, err := st.Health.Durations(ctx, kind, since)
 	if err != nil {
 		return nil, err
 	}
@@ -302,6 +303,17 @@ func (c *Controller) Durations(ctx context.Context, kind string, days int) ([]Du
 		sort.Float64s(ms)
 		out = append(out, DurationStats{Kind: k[0], Subject: k[1], Name: k[2], Count: len(ms),
 			P50: percentile(ms, 0.5), P90: percentile(ms, 0.9), P99: percentile(ms, 0.99), Max: ms[len(ms)-1]})
+	}
+	if kind == "" || kind == "heartbeat" {
+		// Heartbeat intervals are kept as hourly aggregates per node.
+		hs, err := st.Health.Heartbeats(ctx, since)
+		if err != nil {
+			return nil, err
+		}
+		for node, h := range hs {
+			out = append(out, DurationStats{Kind: "heartbeat", Subject: node, Count: int(h.Count),
+				P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Max: h.MaxMS})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/identity"
 )
 
 // Issue 11 items 4 and 5, end to end: the real daemon and a real host. A
@@ -46,12 +45,11 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 	t.Run("a hostile declaration signed with the controller key", func(t *testing.T) {
 		before := tree(t, base)
 		ctx := context.Background()
-		dbs, closeAll, err := m.c.stores(ctx, "identity")
+		st, err := m.c.stores(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer closeAll()
-		ids := identity.NewStore(dbs[0])
+		ids := st.Identity
 		key, err := ids.SigningKey(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -95,7 +96,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		p.Serial = decl.Serial
 		if d.nc == nil {
 			p.NotSent = d.notSent
-		} else if err := publishDeclaration(d.nc, decl); err != nil {
+		} else if err := daemon.PublishDeclaration(d.nc, decl); err != nil {
 			p.NotSent = err.Error()
 		} else {
 			p.Sent = true

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 )
@@ -189,7 +190,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := json.Marshal(envelopeOf(*d))
+		b, _ := json.Marshal(daemon.EnvelopeOf(*d))
 		nc.Publish(protocol.DeclarationInbox("web1"), b)
 		waitFor(t, "web1 to refuse the replay", func() bool { return strings.Contains(lastError(), "serial 2 is not above the last applied 2") })
 	})

@@ -21,6 +21,9 @@ const (
 	// JoinInboxPrefix is the inbox a joining connection answers on; the join
 	// user may subscribe there and nowhere else.
 	JoinInboxPrefix = "_INBOX.join"
+	// JoinBusy is the answer to a join the controller had no room to queue:
+	// the host asks again a moment later.
+	JoinBusy = "the controller is busy admitting other hosts: ask again"
 )
 
 // What a host says, the last token of mesh.node.N.<what>.

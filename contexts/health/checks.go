@@ -119,18 +119,6 @@ func (s *Store) Durations(ctx context.Context, kind string, since time.Time) ([]
 	return out, rows.Err()
 }
 
-// PruneDurations deletes, in one small batch, durations older than a time;
-// it returns how many went, so a caller can come back for more at a quiet time.
-func (s *Store) PruneDurations(ctx context.Context, before time.Time, batch int) (int, error) {
-	res, err := s.db.Writer.ExecContext(ctx, `DELETE FROM durations WHERE id IN (SELECT id FROM durations WHERE at < ? LIMIT ?)`,
-		sqlite.FormatTime(before), batch)
-	if err != nil {
-		return 0, err
-	}
-	n, _ := res.RowsAffected()
-	return int(n), nil
-}
-
 // HealerAct is one automatic act a healer took.
 type HealerAct struct {
 	Healer    string    `json:"healer"`

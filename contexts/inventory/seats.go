@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -359,4 +360,16 @@ func (s *Store) ResolveReplacements(ctx context.Context, ids []int64, now time.T
 		}
 		return nil
 	})
+}
+
+// HoldsSeat says whether any of a node's assignments holds a seat (by its
+// name or a former one).
+func (s *Store) HoldsSeat(ctx context.Context, node, seat string) (bool, error) {
+	var n int
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM seat_holders WHERE node = ?
+		AND seat = coalesce((SELECT seat FROM seat_aliases WHERE alias = ?), ?)`, node, seat, seat).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("who holds seat %s: %w", seat, err)
+	}
+	return n > 0, nil
 }

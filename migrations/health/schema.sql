@@ -64,6 +64,15 @@ CREATE TABLE healer_acts (
     outcome   TEXT NOT NULL,
     at        TEXT NOT NULL
 ) STRICT;
+CREATE TABLE heartbeat_hours (
+    node    TEXT NOT NULL,
+    hour    TEXT NOT NULL,
+    count   INTEGER NOT NULL,
+    sum_ms  REAL NOT NULL,
+    max_ms  REAL NOT NULL,
+    buckets TEXT NOT NULL,
+    PRIMARY KEY (node, hour)
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
@@ -86,3 +95,4 @@ CREATE INDEX condition_history_key ON condition_history (key, at);
 CREATE INDEX durations_kind_at ON durations (kind, at);
 CREATE INDEX hand_acts_at ON hand_acts (at);
 CREATE INDEX healer_acts_at ON healer_acts (at);
+CREATE INDEX heartbeat_hours_hour ON heartbeat_hours (hour);

@@ -1,0 +1,628 @@
+// Package daemon is the serving controller: it takes the lease, runs (or
+// dials) the broker, absorbs what hosts report, answers their requests, and
+// schedules the catch-up, the self-check and the healers. It is the only
+// stateful, concurrent code of the controller, and its state is owned by one
+// goroutine, the loop: message handlers verify what arrives and hand it over
+// as events; nothing else touches the state. The use cases it schedules
+// (joining, declaring, judging) are the application's, given as UseCases.
+package daemon
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
+)
+
+// The daemon's intervals and timeouts, named once.
+const (
+	// DefaultLeaseTTL is how long the lease lasts unrenewed; it is renewed
+	// at a third of it.
+	DefaultLeaseTTL = 15 * time.Second
+	// DefaultFlushEvery is how often absorbed heartbeats are written.
+	DefaultFlushEvery = time.Second
+	// DefaultCatchUpEvery is how often nodes behind their plan are declared.
+	DefaultCatchUpEvery = 5 * time.Second
+	// DefaultCheckEvery is how often the self-check runs.
+	DefaultCheckEvery = 30 * time.Second
+	// aggregateEvery is how often heartbeat intervals are added to the
+	// hourly aggregates (each write reads and merges a row per node).
+	aggregateEvery = time.Minute
+	// settle is how long a burst of events that matter may settle before the
+	// self-check judges it.
+	settle = 100 * time.Millisecond
+	// drainTimeout bounds how long a stopping daemon waits for handlers to
+	// finish what was delivered.
+	drainTimeout = 5 * time.Second
+	// brokerTimeout bounds a round trip to the broker (a flush, an answer).
+	brokerTimeout = 2 * time.Second
+	// eventQueue is how many events may wait for the loop; past it an event
+	// is dropped and counted rather than blocking a message handler.
+	eventQueue = 1 << 16
+)
+
+// Options shape the daemon.
+type Options struct {
+	// Listen is the embedded broker's address (host:port; port 0 picks one).
+	Listen string
+	// Broker is an external NATS URL; empty starts the embedded broker.
+	Broker string
+	// DataDir is said in the ready line.
+	DataDir string
+	// Ready is called once the daemon serves, with where its broker is.
+	Ready func(Ready)
+	// Log receives the daemon's log lines.
+	Log io.Writer
+	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the default.
+	LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery time.Duration
+	// Counters, if set, counts what the daemon absorbed and dropped.
+	Counters *Counters
+	// Healers are when the brake engages; zero means the defaults.
+	Healers HealerLimits
+	// MemoryLimit is the Go runtime's soft memory limit (0 leaves the
+	// runtime's own, or GOMEMLIMIT's). Most of a large mesh's memory is the
+	// broker's per-connection buffers, freed and reused: a soft limit keeps
+	// the garbage collector from letting them pile up.
+	MemoryLimit int64
+	// Every are extra jobs run by the loop on their own interval (a backup, say).
+	Every []Job
+}
+
+// Job is work the loop runs every Interval.
+type Job struct {
+	Name     string
+	Interval time.Duration
+	Run      func(ctx context.Context) error
+}
+
+// Counters count what a serving controller absorbed and dropped.
+type Counters struct {
+	// Beats counts heartbeats verified and absorbed; Dropped, messages refused.
+	Beats, Dropped atomic.Int64
+}
+
+// Ready says where a serving controller can be reached.
+type Ready struct {
+	BrokerURL string
+	DataDir   string
+}
+
+// Stores are the stores the daemon itself reads and writes.
+type Stores struct {
+	Inventory *inventory.Store
+	Identity  *identity.Store
+	Health    *health.Store
+}
+
+// Declared is what became of one node's declaration in a catch-up.
+type Declared struct {
+	Node    string
+	Serial  int64
+	Sent    bool
+	NotSent string
+	Problem string
+}
+
+// UseCases are the application's acts the daemon schedules.
+type UseCases struct {
+	// Now is the clock.
+	Now func() time.Time
+	// ControllerUser signs a fresh broker user for the daemon's connections.
+	ControllerUser func(ctx context.Context) (userJWT string, seed []byte, err error)
+	// Trust is what the embedded broker holds, revoked users included.
+	Trust func(ctx context.Context) (broker.Trust, error)
+	// Join admits a host presenting a token; urls are where hosts dial. It
+	// returns the answer and the host's key, or why it was refused.
+	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (protocol.JoinReply, ed25519.PublicKey, error)
+	// AfterJoin makes what a newly joined node waited for (secrets sealed to
+	// it); it returns how many secrets it made.
+	AfterJoin func(ctx context.Context, node string) (int, error)
+	// CatchUp declares every node whose plan moved past its declaration and,
+	// at start, sends nodes the latest declaration they have not applied.
+	CatchUp func(ctx context.Context, nc *nats.Conn, start bool) ([]Declared, error)
+	// SelfCheck judges the mesh; lines are its raisings and clearings.
+	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error
+}
+
+// eventKind says what an event carries.
+type eventKind int
+
+const (
+	evBeat eventKind = iota
+	evDuration
+	evDrop
+	evKick
+	evJoined
+)
+
+// event is what a handler hands the loop.
+type event struct {
+	kind     eventKind
+	node     string
+	at       time.Time
+	beat     protocol.HeartbeatBody
+	duration health.Duration
+	reason   string
+}
+
+// daemon is one serving controller.
+type daemon struct {
+	st   Stores
+	u    UseCases
+	o    Options
+	log  io.Writer
+	logm sync.Mutex
+
+	nc  *nats.Conn // hosts' reports and requests
+	jc  *nats.Conn // joins: a flood of them cannot close nc
+	url string
+	srv *broker.Server // nil with an external broker
+
+	keys   hostKeys
+	events chan event
+	joins  chan *nats.Msg
+	// limits are each node's report budgets, used by the handlers.
+	limits limiter
+
+	// The loop's own state: never touched by another goroutine.
+	beats     map[string]inventory.Beat
+	lastBeat  map[string]time.Time
+	intervals map[health.HourKey]health.Histogram
+	durations []health.Duration
+	drops     map[[2]string]int64
+	problems  map[string]string
+	overflow  int64
+}
+
+// Run serves until ctx ends, then stops the broker and gives the lease back.
+func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
+	defer func() {
+		// Stopped while starting: a clean stop, not a failure.
+		if err != nil && ctx.Err() != nil && !errors.Is(err, identity.ErrLeaseHeld) {
+			err = nil
+		}
+	}()
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	if o.FlushEvery == 0 {
+		o.FlushEvery = DefaultFlushEvery
+	}
+	if o.CatchUpEvery == 0 {
+		o.CatchUpEvery = DefaultCatchUpEvery
+	}
+	if o.CheckEvery == 0 {
+		o.CheckEvery = DefaultCheckEvery
+	}
+	if o.Healers == (HealerLimits{}) {
+		o.Healers = DefaultHealerLimits()
+	}
+	if o.MemoryLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.MemoryLimit)
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if o.Counters == nil {
+		o.Counters = &Counters{}
+	}
+	d := &daemon{st: st, u: u, o: o, log: o.Log,
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan *nats.Msg, joinQueue),
+		limits: limiter{buckets: map[[2]string]*bucket{}},
+		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
+		drops: map[[2]string]int64{}, problems: map[string]string{}}
+
+	holder := randomID()
+	hostname, _ := os.Hostname()
+	now := u.Now()
+	if err := st.Identity.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname, ExpiresAt: now.Add(o.LeaseTTL)}, now); err != nil {
+		return err
+	}
+	defer func() {
+		// Given back on exit, so the next controller starts at once.
+		if rerr := st.Identity.ReleaseLease(context.Background(), holder); rerr != nil && err == nil {
+			err = fmt.Errorf("give the lease back: %w", rerr)
+		}
+	}()
+
+	stop, err := d.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	if err := d.loadHostKeys(ctx); err != nil {
+		return err
+	}
+	if err := d.subscribe(); err != nil {
+		return err
+	}
+	if err := st.Identity.RenewLease(ctx, holder, u.Now().Add(o.LeaseTTL), d.url); err != nil {
+		return fmt.Errorf("renew the lease: %w", err)
+	}
+	joinsDone := make(chan struct{})
+	go func() {
+		defer close(joinsDone)
+		d.joinWorker(ctx)
+	}()
+	d.catchUp(ctx, true)
+	if o.Ready != nil {
+		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
+	}
+	return d.loop(ctx, holder, joinsDone)
+}
+
+// connect starts the embedded broker (or dials the external one) and makes
+// the daemon's two connections; stop undoes it.
+func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
+	var undo []func()
+	stop = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	var inProcess nats.Option
+	if d.o.Broker == "" {
+		trust, err := d.u.Trust(ctx)
+		if err != nil {
+			return stop, err
+		}
+		srv, err := broker.Start(d.o.Listen, trust)
+		if err != nil {
+			return stop, err
+		}
+		undo = append(undo, srv.Shutdown)
+		d.srv, d.url = srv, srv.ClientURL()
+		inProcess = srv.InProcess()
+	} else {
+		d.url = d.o.Broker
+	}
+	dial := func(name string) (*nats.Conn, error) {
+		userJWT, seed, err := d.u.ControllerUser(ctx)
+		if err != nil {
+			return nil, err
+		}
+		opts := []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name(name), nats.MaxReconnects(-1),
+			nats.DrainTimeout(drainTimeout),
+			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				subject := ""
+				if sub != nil {
+					subject = sub.Subject
+				}
+				d.logf("broker (%s): %s: %v", name, subject, err)
+			})}
+		if inProcess != nil {
+			opts = append(opts, inProcess)
+		}
+		nc, err := nats.Connect(d.url, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+		}
+		return nc, nil
+	}
+	if d.nc, err = dial("mesh-controller"); err != nil {
+		return stop, err
+	}
+	undo = append(undo, d.nc.Close)
+	if d.jc, err = dial("mesh-controller joins"); err != nil {
+		return stop, err
+	}
+	undo = append(undo, d.jc.Close)
+	return stop, nil
+}
+
+// ErrBrokerUnreachable means no broker answered.
+var ErrBrokerUnreachable = errors.New("the broker cannot be reached")
+
+// loop owns the daemon's state until ctx ends.
+func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struct{}) error {
+	o := d.o
+	flush := time.NewTicker(o.FlushEvery)
+	defer flush.Stop()
+	aggregate := time.NewTicker(aggregateEvery)
+	defer aggregate.Stop()
+	renew := time.NewTicker(o.LeaseTTL / 3)
+	defer renew.Stop()
+	catchUp := time.NewTicker(o.CatchUpEvery)
+	defer catchUp.Stop()
+	check := time.NewTicker(o.CheckEvery)
+	defer check.Stop()
+	// A kick starts the settle timer; it fires once the burst has settled.
+	settled := time.NewTimer(settle)
+	settled.Stop()
+	settling := false
+	jobs := make([]*time.Ticker, len(o.Every))
+	jobCases := make(chan int, len(o.Every))
+	for i, j := range o.Every {
+		jobs[i] = time.NewTicker(j.Interval)
+		defer jobs[i].Stop()
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-jobs[i].C:
+					select {
+					case jobCases <- i:
+					default: // the last run has not begun yet
+					}
+				}
+			}
+		}()
+	}
+
+	d.selfCheck(ctx, holder)
+	for {
+		select {
+		case <-ctx.Done():
+			d.stop(joinsDone)
+			return nil
+		case ev := <-d.events:
+			if d.absorb(ctx, ev) && !settling {
+				settling = true
+				settled.Reset(settle)
+			}
+		case <-settled.C:
+			settling = false
+			d.flush(ctx)
+			d.selfCheck(ctx, holder)
+		case <-flush.C:
+			d.flush(ctx)
+		case <-aggregate.C:
+			d.aggregate(ctx)
+		case <-catchUp.C:
+			d.catchUp(ctx, false)
+		case <-check.C:
+			d.selfCheck(ctx, holder)
+		case i := <-jobCases:
+			j := o.Every[i]
+			if err := j.Run(ctx); err != nil && ctx.Err() == nil {
+				d.logf("%s: %v", j.Name, err)
+			}
+		case <-renew.C:
+			if err := d.st.Identity.RenewLease(ctx, holder, d.u.Now().Add(o.LeaseTTL), d.url); err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				return fmt.Errorf("renew the lease: %w", err)
+			}
+		}
+	}
+}
+
+// stop lets the handlers finish what was already delivered (the clients'
+// drain, bounded by drainTimeout), absorbs what they handed over, and
+// writes it all.
+func (d *daemon) stop(joinsDone <-chan struct{}) {
+	ctx := context.Background()
+	for _, nc := range []*nats.Conn{d.jc, d.nc} {
+		closed := make(chan struct{})
+		nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		select {
+		case <-closed:
+		case <-time.After(drainTimeout + time.Second):
+			d.logf("stopping: the broker connection did not drain within %s", drainTimeout)
+		}
+	}
+	<-joinsDone
+	for {
+		select {
+		case ev := <-d.events:
+			d.absorb(ctx, ev)
+			continue
+		default:
+		}
+		break
+	}
+	d.flush(ctx)
+	d.aggregate(ctx)
+	d.logf("stopped: lease given back")
+}
+
+// absorb takes one event into the loop's state; it says whether the event
+// matters enough for a self-check soon.
+func (d *daemon) absorb(ctx context.Context, ev event) bool {
+	switch ev.kind {
+	case evBeat:
+		d.beats[ev.node] = inventory.Beat{Node: ev.node, HeardAt: ev.at, IntervalS: ev.beat.IntervalS, SerialApplied: ev.beat.SerialApplied, UptimeS: ev.beat.UptimeS}
+		if last, ok := d.lastBeat[ev.node]; ok {
+			k := health.HourKey{Node: ev.node, Hour: ev.at.UTC().Truncate(time.Hour)}
+			h := d.intervals[k]
+			h.Add(float64(ev.at.Sub(last).Microseconds()) / 1000)
+			d.intervals[k] = h
+		}
+		d.lastBeat[ev.node] = ev.at
+	case evDuration:
+		d.durations = append(d.durations, ev.duration)
+	case evDrop:
+		d.drops[[2]string{ev.node, ev.reason}]++
+		return true
+	case evKick:
+		return true
+	case evJoined:
+		made, err := d.u.AfterJoin(ctx, ev.node)
+		if err != nil {
+			d.logf("after %s joined: %v", ev.node, err)
+		}
+		if made > 0 {
+			d.logf("%s: %d secrets made and sealed", ev.node, made)
+			d.catchUp(ctx, false)
+		}
+	}
+	return false
+}
+
+// handOver gives the loop an event without ever blocking a handler: past the
+// queue's bound the event is dropped and counted.
+func (d *daemon) handOver(ev event) {
+	select {
+	case d.events <- ev:
+	default:
+		d.o.Counters.Dropped.Add(1)
+	}
+}
+
+// kick asks for a self-check soon.
+func (d *daemon) kick() { d.handOver(event{kind: evKick}) }
+
+func (d *daemon) logf(format string, args ...any) {
+	d.logm.Lock()
+	defer d.logm.Unlock()
+	fmt.Fprintf(d.log, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+}
+
+// flush writes the absorbed heartbeats in one transaction, and the
+// durations and drop counts.
+func (d *daemon) flush(ctx context.Context) {
+	if len(d.beats) > 0 {
+		batch := make([]inventory.Beat, 0, len(d.beats))
+		for _, b := range d.beats {
+			batch = append(batch, b)
+		}
+		d.beats = make(map[string]inventory.Beat, len(batch))
+		if err := d.st.Inventory.RecordBeats(ctx, batch); err != nil {
+			d.logf("record %d heartbeats: %v", len(batch), err)
+		}
+	}
+	if len(d.durations) > 0 {
+		if err := d.st.Health.RecordDurations(ctx, d.durations); err != nil {
+			d.logf("record %d durations: %v", len(d.durations), err)
+		}
+		d.durations = nil
+	}
+	now := d.u.Now()
+	for k, n := range d.drops {
+		if err := d.st.Health.CountDrops(ctx, k[0], k[1], n, now); err != nil {
+			d.logf("count messages dropped from %s: %v", k[0], err)
+		}
+	}
+	clear(d.drops)
+	if d.overflow != d.o.Counters.Dropped.Load() {
+		d.overflow = d.o.Counters.Dropped.Load()
+	}
+}
+
+// aggregate adds the heartbeat intervals measured since the last time to
+// each node's hourly aggregate.
+func (d *daemon) aggregate(ctx context.Context) {
+	if len(d.intervals) == 0 {
+		return
+	}
+	if err := d.st.Health.RecordHeartbeats(ctx, d.intervals); err != nil {
+		d.logf("record heartbeat intervals of %d nodes: %v", len(d.intervals), err)
+		return
+	}
+	d.intervals = map[health.HourKey]health.Histogram{}
+}
+
+// catchUp declares nodes behind their plan, saying each plan problem once.
+func (d *daemon) catchUp(ctx context.Context, start bool) {
+	out, err := d.u.CatchUp(ctx, d.nc, start)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logf("catch up: %v", err)
+		}
+		return
+	}
+	for _, p := range out {
+		switch {
+		case p.Problem != "":
+			if d.problems[p.Node] != p.Problem {
+				d.problems[p.Node] = p.Problem
+				d.logf("%s: %s", p.Node, p.Problem)
+			}
+		case p.Sent:
+			delete(d.problems, p.Node)
+			d.logf("%s was behind its plan: sent declaration %d", p.Node, p.Serial)
+		default:
+			d.logf("%s: declaration %d not sent: %s", p.Node, p.Serial, p.NotSent)
+		}
+	}
+}
+
+// selfCheck judges the mesh, then lets the healers act.
+func (d *daemon) selfCheck(ctx context.Context, holder string) {
+	err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
+	if err != nil && ctx.Err() == nil {
+		d.logf("self-check: %v", err)
+	}
+	if err := d.heal(ctx); err != nil && ctx.Err() == nil {
+		d.logf("healers: %v", err)
+	}
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// hostKeys are the keys hosts joined with, read by every handler and written
+// on join: the one piece of the daemon's state shared across goroutines,
+// behind its own lock.
+type hostKeys struct {
+	mu sync.RWMutex
+	m  map[string]ed25519.PublicKey
+}
+
+func (k *hostKeys) get(node string) ed25519.PublicKey {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.m[node]
+}
+
+func (k *hostKeys) set(node string, key ed25519.PublicKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.m[node] = key
+}
+
+func (d *daemon) loadHostKeys(ctx context.Context) error {
+	hosts, err := d.st.Identity.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	for _, h := range hosts {
+		d.keys.set(h.Node, h.HostKey)
+	}
+	return nil
+}
+
+// respond answers a request, as JSON.
+func (d *daemon) respond(m *nats.Msg, v any) {
+	if m.Reply == "" {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = m.Respond(b)
+	}
+	if err != nil {
+		d.logf("answer %s: %v", m.Subject, err)
+	}
+}

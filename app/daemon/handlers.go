@@ -1,0 +1,397 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// What one report may carry: a host sending more is refused and counted,
+// so no report can grow a store by more than these.
+const (
+	maxTiers    = 16
+	maxFacts    = 256
+	maxFound    = 1024
+	maxDataSets = 10000
+	maxDeleted  = 10000
+	maxTextLen  = 1024
+)
+
+// joinQueue is how many join requests may wait for the join worker; past it
+// a request is answered "busy" at once, and the host asks again.
+const joinQueue = 4096
+
+// RevokedSubject is where a person's command tells the serving controller
+// that users were revoked; only controller users may publish under mesh.control.
+const RevokedSubject = "mesh.control.revoked"
+
+func (d *daemon) subscribe() error {
+	subs := map[string]nats.MsgHandler{
+		protocol.NodeWildcard(protocol.Heartbeat):      d.onHeartbeat,
+		protocol.NodeWildcard(protocol.FactsReport):    d.onFacts,
+		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
+		protocol.NodeWildcard(protocol.DataReport):     d.onData,
+		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
+		protocol.NodeWildcard(protocol.BackupReport):   d.onBackup,
+		RevokedSubject: d.onRevoked,
+	}
+	for subject, h := range subs {
+		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
+			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+	}
+	if err := d.nc.Flush(); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	// Joins arrive on their own connection and wait in a bounded queue for
+	// one worker: a flood of them can neither starve heartbeats nor close
+	// the connection they arrive on.
+	sub, err := d.jc.QueueSubscribe(protocol.JoinSubject, "controller", func(m *nats.Msg) {
+		select {
+		case d.joins <- m:
+		default:
+			d.o.Counters.Dropped.Add(1)
+			d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinBusy})
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", protocol.JoinSubject, err)
+	}
+	// What the client holds for the join subscription is bounded too; past
+	// it the broker's messages are dropped here, not queued without end.
+	if err := sub.SetPendingLimits(joinQueue, 16<<20); err != nil {
+		return err
+	}
+	return d.jc.Flush()
+}
+
+// verify checks a host message against the key its node presented at join,
+// within the node's report budget; one that does not verify is dropped and
+// counted.
+func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
+	node := protocol.NodeOfSubject(m.Subject)
+	reason := ""
+	if !d.limits.allow(node, what, d.u.Now()) {
+		reason = "too many " + what + " reports"
+	} else if key := d.keys.get(node); key == nil {
+		reason = "unknown sender"
+	} else if err := protocol.Open(m.Data, key, v); err != nil {
+		reason = "bad signature"
+		if !errors.Is(err, protocol.ErrBadSignature) {
+			reason = "malformed"
+		}
+	}
+	if reason == "" {
+		return node, true
+	}
+	d.o.Counters.Dropped.Add(1)
+	d.logf("dropped %s from %s: %s", m.Subject, node, reason)
+	d.handOver(event{kind: evDrop, node: node, reason: reason})
+	return node, false
+}
+
+// refuse drops a verified report that carries more than a report may, and
+// counts it.
+func (d *daemon) refuse(m *nats.Msg, node, why string) {
+	d.o.Counters.Dropped.Add(1)
+	d.logf("dropped %s from %s: %s", m.Subject, node, why)
+	d.handOver(event{kind: evDrop, node: node, reason: "too large"})
+}
+
+// respondTo answers a request, but only into the asker's own inbox
+// namespace (a node's under its inbox prefix, a joining host's under the
+// join inbox): a reply subject is the asker's word, not a permission, and
+// the controller's own user may publish anywhere under mesh. Anything else
+// is dropped and counted.
+func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
+	if m.Reply == "" {
+		return
+	}
+	prefix := protocol.JoinInboxPrefix + "."
+	if node != "" {
+		prefix = protocol.HostInboxPrefix(node) + "."
+	}
+	if !strings.HasPrefix(m.Reply, prefix) || len(m.Reply) == len(prefix) {
+		d.o.Counters.Dropped.Add(1)
+		reason := "answer outside its inbox"
+		d.logf("not answering %s into %q: %s", m.Subject, m.Reply, reason)
+		if node != "" {
+			d.handOver(event{kind: evDrop, node: node, reason: reason})
+		}
+		return
+	}
+	d.respond(m, v)
+}
+
+func (d *daemon) onHeartbeat(m *nats.Msg) {
+	var hb protocol.HeartbeatBody
+	node, ok := d.verify(m, protocol.Heartbeat, &hb)
+	if !ok {
+		return
+	}
+	d.o.Counters.Beats.Add(1)
+	d.handOver(event{kind: evBeat, node: node, at: d.u.Now(), beat: hb})
+}
+
+func (d *daemon) onFacts(m *nats.Msg) {
+	var f protocol.FactsBody
+	node, ok := d.verify(m, protocol.FactsReport, &f)
+	if !ok {
+		return
+	}
+	if len(f.Facts) > maxFacts || len(f.Found) > maxFound {
+		d.refuse(m, node, fmt.Sprintf("%d facts and %d found, over %d and %d", len(f.Facts), len(f.Found), maxFacts, maxFound))
+		return
+	}
+	facts := make([]inventory.Fact, 0, len(f.Facts))
+	for _, x := range f.Facts {
+		facts = append(facts, inventory.Fact{Name: clip(x.Name), Value: clip(x.Value), Why: clip(x.Why)})
+	}
+	found := make([]inventory.Found, 0, len(f.Found))
+	for _, x := range f.Found {
+		found = append(found, inventory.Found{Kind: clip(x.Kind), Name: clip(x.Name), Detail: clip(x.Detail)})
+	}
+	if err := d.st.Inventory.RecordFacts(context.Background(), node, facts, found, d.u.Now()); err != nil {
+		d.logf("record the facts of %s: %v", node, err)
+	}
+}
+
+// clip bounds a text a host reports.
+func clip(s string) string {
+	if len(s) > maxTextLen {
+		return s[:maxTextLen]
+	}
+	return s
+}
+
+func (d *daemon) onApplied(m *nats.Msg) {
+	var a protocol.AppliedBody
+	node, ok := d.verify(m, protocol.Applied, &a)
+	if !ok {
+		return
+	}
+	if len(a.Tiers) > maxTiers {
+		d.refuse(m, node, fmt.Sprintf("%d tiers, over %d", len(a.Tiers), maxTiers))
+		d.respondTo(m, node, protocol.OKReply{Error: "too many tiers"})
+		return
+	}
+	now := d.u.Now()
+	err := d.st.Inventory.RecordOutcome(context.Background(), node, inventory.Outcome{Serial: a.Serial, OK: a.OK, Error: clip(a.Error), TotalMS: a.TotalMS, At: now})
+	if err != nil {
+		d.logf("record the apply outcome of %s: %v", node, err)
+		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
+		return
+	}
+	d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
+	for _, t := range a.Tiers {
+		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})
+	}
+	if a.OK {
+		d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
+	} else {
+		d.logf("%s refused or failed declaration %d: %s", node, a.Serial, clip(a.Error))
+		d.kick()
+	}
+	d.respondTo(m, node, protocol.OKReply{OK: true})
+}
+
+func (d *daemon) onData(m *nats.Msg) {
+	var b protocol.DataBody
+	node, ok := d.verify(m, protocol.DataReport, &b)
+	if !ok {
+		return
+	}
+	if len(b.Sets) > maxDataSets || len(b.Deleted) > maxDeleted {
+		d.refuse(m, node, fmt.Sprintf("%d data sets and %d deletions, over %d", len(b.Sets), len(b.Deleted), maxDataSets))
+		return
+	}
+	ctx := context.Background()
+	sets := make([]inventory.DataSet, 0, len(b.Sets))
+	for _, s := range b.Sets {
+		sets = append(sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
+	}
+	if err := d.st.Inventory.RecordDataSets(ctx, node, sets, d.u.Now()); err != nil {
+		d.logf("record the data sets of %s: %v", node, err)
+	}
+	if len(b.Deleted) > 0 {
+		done := make([]inventory.Deletion, 0, len(b.Deleted))
+		for _, del := range b.Deleted {
+			done = append(done, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
+		}
+		if err := d.st.Inventory.DeletionsDone(ctx, node, done, d.u.Now()); err != nil {
+			d.logf("record deletions on %s: %v", node, err)
+		}
+		d.kick()
+	}
+}
+
+// onBackup records a backup line done, said by a host whose node holds the
+// backup seat.
+func (d *daemon) onBackup(m *nats.Msg) {
+	var b protocol.BackupBody
+	node, ok := d.verify(m, protocol.BackupReport, &b)
+	if !ok {
+		return
+	}
+	ctx := context.Background()
+	holds, err := d.st.Inventory.HoldsSeat(ctx, node, "backup")
+	if err != nil {
+		d.logf("who holds the backup seat: %v", err)
+		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
+		return
+	}
+	if !holds {
+		d.logf("backup of %s/%s/%s reported by %s, which does not hold the backup seat: ignored", clip(b.Node), clip(b.Module), clip(b.Data), node)
+		d.respondTo(m, node, protocol.OKReply{Error: node + " does not hold the backup seat"})
+		return
+	}
+	if err := d.st.Inventory.RecordBackup(ctx, b.Node, b.Module, b.Data, b.At); err != nil {
+		d.logf("record a backup of %s/%s/%s: %v", clip(b.Node), clip(b.Module), clip(b.Data), err)
+		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
+		return
+	}
+	d.logf("backup of %s/%s/%s done at %s (reported by %s)", b.Node, b.Module, b.Data, b.At.UTC().Format(time.RFC3339), node)
+	d.respondTo(m, node, protocol.OKReply{OK: true})
+	d.kick()
+}
+
+func (d *daemon) onDeclarationAsk(m *nats.Msg) {
+	var ask protocol.DeclarationAskBody
+	node, ok := d.verify(m, protocol.DeclarationAsk, &ask)
+	if !ok {
+		return
+	}
+	decl, err := d.st.Inventory.LatestDeclaration(context.Background(), node)
+	if err != nil {
+		d.logf("read the declaration of %s: %v", node, err)
+		return
+	}
+	if decl == nil {
+		d.respondTo(m, node, protocol.None{None: true})
+		return
+	}
+	d.respondTo(m, node, EnvelopeOf(*decl))
+}
+
+// joinWorker admits hosts one at a time, off the heartbeat path.
+func (d *daemon) joinWorker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-d.joins:
+			d.onJoin(ctx, m)
+		}
+	}
+}
+
+func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
+	var r protocol.JoinRequest
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		d.respondTo(m, "", protocol.JoinReply{Error: "the join request is not JSON"})
+		return
+	}
+	reply, key, err := d.u.Join(ctx, r, []string{d.url})
+	if err != nil {
+		d.logf("join of %q refused: %v", r.Node, err)
+		if errors.Is(err, identity.ErrTokenUsed) {
+			d.kick()
+		}
+		d.respondTo(m, "", protocol.JoinReply{Error: err.Error()})
+		return
+	}
+	d.keys.set(r.Node, key)
+	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
+	d.respondTo(m, "", reply)
+	d.handOver(event{kind: evJoined, node: r.Node})
+}
+
+// onRevoked gives the embedded broker an account JWT revoking every revoked
+// user, which disconnects them.
+func (d *daemon) onRevoked(m *nats.Msg) {
+	if d.srv == nil {
+		d.logf("users were revoked: reload the external broker's account JWT ('mesh-controller broker show --broker URL')")
+		return
+	}
+	trust, err := d.u.Trust(context.Background())
+	if err == nil {
+		err = d.srv.UpdateAccount(trust)
+	}
+	if err != nil {
+		d.logf("revoke users: %v", err)
+		return
+	}
+	d.logf("revoked users disconnected")
+}
+
+// EnvelopeOf is a kept declaration as sent to its host.
+func EnvelopeOf(d inventory.Declaration) protocol.Envelope {
+	return protocol.Envelope{Declaration: d.Body, Signature: d.Signature, Key: d.Key}
+}
+
+// PublishDeclaration sends a node its declaration.
+func PublishDeclaration(nc *nats.Conn, d inventory.Declaration) error {
+	b, err := json.Marshal(EnvelopeOf(d))
+	if err != nil {
+		return err
+	}
+	return nc.Publish(protocol.DeclarationInbox(d.Node), b)
+}
+
+// limiter gives each node a budget of reports of each kind: a host sending
+// faster than any real one would is dropped and counted, so no host can
+// make the controller write without end.
+type limiter struct {
+	mu      sync.Mutex
+	buckets map[[2]string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// budgets are, per report kind, how many may arrive at once and how many a
+// second on average. Heartbeats: a host may beat every 100 ms; the rest
+// come after applying or on change.
+var budgets = map[string][2]float64{
+	protocol.Heartbeat:      {50, 10},
+	protocol.FactsReport:    {20, 1},
+	protocol.Applied:        {50, 5},
+	protocol.DataReport:     {50, 5},
+	protocol.DeclarationAsk: {20, 2},
+	protocol.BackupReport:   {1000, 100},
+}
+
+func (l *limiter) allow(node, what string, now time.Time) bool {
+	b, ok := budgets[what]
+	if !ok {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := [2]string{node, what}
+	bk := l.buckets[k]
+	if bk == nil {
+		bk = &bucket{tokens: b[0], at: now}
+		l.buckets[k] = bk
+	}
+	bk.tokens = min(b[0], bk.tokens+now.Sub(bk.at).Seconds()*b[1])
+	bk.at = now
+	if bk.tokens < 1 {
+		return false
+	}
+	bk.tokens--
+	return true
+}

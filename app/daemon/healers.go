@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"mesh-controller/contexts/health"
+)
+
+// HealerLimits are when the brake engages: more than Acts in Window, or the
+// same act on the same subject Same times in SameWindow.
+type HealerLimits struct {
+	Acts       int
+	Window     time.Duration
+	Same       int
+	SameWindow time.Duration
+}
+
+// DefaultHealerLimits are conditions.md's: 10 acts in 10 minutes, or the
+// same act on the same subject 3 times in an hour.
+func DefaultHealerLimits() HealerLimits {
+	return HealerLimits{Acts: 10, Window: 10 * time.Minute, Same: 3, SameWindow: time.Hour}
+}
+
+// Healer is a named automatic act tied to a condition kind. Healers never
+// delete anything.
+type Healer struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	What string `json:"what"`
+	// detail makes the act "once": an act with the same detail on the same
+	// subject is not repeated.
+	detail func(c health.Condition) string
+	act    func(ctx context.Context, d *daemon, c health.Condition) error
+}
+
+// Healers are every healer the daemon runs.
+var Healers = []Healer{
+	{Name: "redeclare", Kind: "node.behind", What: "re-send a node that is behind its latest declaration, once per declaration",
+		detail: func(c health.Condition) string { return fmt.Sprintf("declaration %v", c.Evidence["serial_declared"]) },
+		act:    resendLatest},
+	{Name: "retry-apply", Kind: "node.apply-failed", What: "re-send a declaration a node failed to apply, once per declaration, in case the failure passed",
+		detail: func(c health.Condition) string { return fmt.Sprintf("declaration %v", c.Evidence["serial"]) },
+		act:    resendLatest},
+}
+
+func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
+	decl, err := d.st.Inventory.LatestDeclaration(ctx, c.Machine)
+	if err != nil {
+		return err
+	}
+	if decl == nil {
+		return fmt.Errorf("%s has no declaration", c.Machine)
+	}
+	if err := PublishDeclaration(d.nc, *decl); err != nil {
+		return fmt.Errorf("send %s its declaration: %w", c.Machine, err)
+	}
+	return d.nc.FlushTimeout(brokerTimeout)
+}
+
+// heal lets each healer act on the open conditions of its kind, each act
+// once, unless the brake is engaged; acting past the limits engages it.
+func (d *daemon) heal(ctx context.Context) error {
+	limits := d.o.Healers
+	brake, err := d.st.Health.Brake(ctx)
+	if err != nil {
+		return fmt.Errorf("read the brake: %w", err)
+	}
+	if brake.Engaged {
+		return nil
+	}
+	open, err := d.st.Health.Conditions(ctx)
+	if err != nil {
+		return fmt.Errorf("read the open conditions: %w", err)
+	}
+	now := d.u.Now()
+	recent, err := d.st.Health.HealerActs(ctx, now.Add(-max(limits.Window, limits.SameWindow)))
+	if err != nil {
+		return fmt.Errorf("read the healers' recent acts: %w", err)
+	}
+	done := map[string]bool{}
+	for _, a := range recent {
+		done[a.Healer+"|"+a.Subject+"|"+a.Detail] = true
+	}
+	for _, c := range open {
+		for _, h := range Healers {
+			if h.Kind != c.Kind {
+				continue
+			}
+			detail := h.detail(c)
+			if done[h.Name+"|"+c.Key+"|"+detail] {
+				continue
+			}
+			outcome := "done"
+			if err := h.act(ctx, d, c); err != nil {
+				outcome = "failed: " + err.Error()
+			}
+			a := health.HealerAct{Healer: h.Name, Subject: c.Key, Condition: c.Key, Detail: detail, Outcome: outcome, At: now}
+			if err := d.st.Health.RecordHealerAct(ctx, a); err != nil {
+				return fmt.Errorf("record healer %s's act on %s: %w", h.Name, c.Key, err)
+			}
+			d.logf("healer %s acted on %s (%s): %s", h.Name, c.Key, detail, outcome)
+			recent = append(recent, a)
+			done[h.Name+"|"+c.Key+"|"+detail] = true
+			if why := BrakeWhy(recent, limits, now); why != "" {
+				if err := d.st.Health.EngageBrake(ctx, why, now); err != nil {
+					return fmt.Errorf("engage the brake (%s): %w", why, err)
+				}
+				d.logf("healers' brake engaged: %s", why)
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// BrakeWhy says why the brake must engage, or "".
+func BrakeWhy(acts []health.HealerAct, l HealerLimits, now time.Time) string {
+	inWindow := 0
+	same := map[string]int{}
+	for _, a := range acts {
+		if now.Sub(a.At) <= l.Window {
+			inWindow++
+		}
+		if now.Sub(a.At) <= l.SameWindow {
+			same[a.Healer+" on "+a.Subject]++
+		}
+	}
+	if inWindow > l.Acts {
+		return fmt.Sprintf("%d healer acts in %s (limit %d)", inWindow, l.Window, l.Acts)
+	}
+	for what, n := range same {
+		if n >= l.Same {
+			return fmt.Sprintf("%s %d times in %s", what, n, l.SameWindow)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,216 @@
+package health
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Histogram summarises many durations in constant space: a count, a sum, the
+// maximum, and counts per bucket, bucket i holding durations up to 2^(i/4)
+// ms (each bound 19 % above the one before), so a quantile read from it is
+// within 19 % of the true one.
+type Histogram struct {
+	Count   int64         `json:"count"`
+	SumMS   float64       `json:"sum_ms"`
+	MaxMS   float64       `json:"max_ms"`
+	Buckets map[int]int64 `json:"buckets"`
+}
+
+// bucketOf is the bucket a duration falls in.
+func bucketOf(ms float64) int {
+	if ms <= 1 {
+		return 0
+	}
+	return int(math.Ceil(4 * math.Log2(ms)))
+}
+
+// bucketBound is the upper bound of bucket i, in ms.
+func bucketBound(i int) float64 { return math.Pow(2, float64(i)/4) }
+
+// Add counts one duration.
+func (h *Histogram) Add(ms float64) {
+	if h.Buckets == nil {
+		h.Buckets = map[int]int64{}
+	}
+	h.Count++
+	h.SumMS += ms
+	h.MaxMS = max(h.MaxMS, ms)
+	h.Buckets[bucketOf(ms)]++
+}
+
+// Merge adds another histogram's counts to this one.
+func (h *Histogram) Merge(o Histogram) {
+	if h.Buckets == nil {
+		h.Buckets = map[int]int64{}
+	}
+	h.Count += o.Count
+	h.SumMS += o.SumMS
+	h.MaxMS = max(h.MaxMS, o.MaxMS)
+	for b, n := range o.Buckets {
+		h.Buckets[b] += n
+	}
+}
+
+// Quantile is the q-th quantile (0 < q <= 1), read as the upper bound of the
+// bucket holding it, never above the maximum seen.
+func (h Histogram) Quantile(q float64) float64 {
+	if h.Count == 0 {
+		return 0
+	}
+	keys := make([]int, 0, len(h.Buckets))
+	for b := range h.Buckets {
+		keys = append(keys, b)
+	}
+	sort.Ints(keys)
+	rank := int64(math.Ceil(q * float64(h.Count)))
+	var seen int64
+	for _, b := range keys {
+		seen += h.Buckets[b]
+		if seen >= rank {
+			return min(bucketBound(b), h.MaxMS)
+		}
+	}
+	return h.MaxMS
+}
+
+// hourOf is the hour a time falls in, as heartbeat_hours keys it.
+func hourOf(t time.Time) string { return t.UTC().Format("2006-01-02T15") }
+
+// HourKey names one node's heartbeats in one hour.
+type HourKey struct {
+	Node string
+	Hour time.Time
+}
+
+// RecordHeartbeats adds histograms to each node's hourly aggregate, in one
+// transaction: a row per node and hour, however often it beats.
+func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) error {
+	if len(hs) == 0 {
+		return nil
+	}
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for k, h := range hs {
+			hour := hourOf(k.Hour)
+			var stored Histogram
+			var buckets string
+			err := tx.QueryRowContext(ctx, `SELECT count, sum_ms, max_ms, buckets FROM heartbeat_hours WHERE node = ? AND hour = ?`, k.Node, hour).
+				Scan(&stored.Count, &stored.SumMS, &stored.MaxMS, &buckets)
+			switch {
+			case err == nil:
+				if stored.Buckets, err = decodeBuckets(buckets); err != nil {
+					return fmt.Errorf("heartbeats of %s at %s: %w", k.Node, hour, err)
+				}
+			case err != sql.ErrNoRows:
+				return err
+			}
+			stored.Merge(h)
+			b, err := encodeBuckets(stored.Buckets)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO heartbeat_hours (node, hour, count, sum_ms, max_ms, buckets) VALUES (?, ?, ?, ?, ?, ?)`,
+				k.Node, hour, stored.Count, stored.SumMS, stored.MaxMS, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func encodeBuckets(b map[int]int64) (string, error) {
+	m := make(map[string]int64, len(b))
+	for k, v := range b {
+		m[strconv.Itoa(k)] = v
+	}
+	out, err := json.Marshal(m)
+	return string(out), err
+}
+
+func decodeBuckets(s string) (map[int]int64, error) {
+	var m map[string]int64
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(m))
+	for k, v := range m {
+		i, err := strconv.Atoi(k)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %q: %w", k, err)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// Heartbeats merges each node's hourly aggregates since a time.
+func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]Histogram, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, count, sum_ms, max_ms, buckets FROM heartbeat_hours WHERE hour >= ?`, hourOf(since))
+	if err != nil {
+		return nil, fmt.Errorf("read heartbeat aggregates: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]Histogram{}
+	for rows.Next() {
+		var node, buckets string
+		var h Histogram
+		if err := rows.Scan(&node, &h.Count, &h.SumMS, &h.MaxMS, &buckets); err != nil {
+			return nil, err
+		}
+		if h.Buckets, err = decodeBuckets(buckets); err != nil {
+			return nil, fmt.Errorf("heartbeats of %s: %w", node, err)
+		}
+		all := out[node]
+		all.Merge(h)
+		out[node] = all
+	}
+	return out, rows.Err()
+}
+
+// PruneMeasurements deletes every measurement (durations and heartbeat
+// aggregates) older than a time, and PruneHistory every condition history
+// entry and healer act older than a time; each in batches of batch rows
+// until none is left, returning how many went. Small batches keep each
+// write short beside the daemon's.
+func (s *Store) PruneMeasurements(ctx context.Context, before time.Time, batch int) (int, error) {
+	return s.prune(ctx, batch,
+		prune{`DELETE FROM durations WHERE id IN (SELECT id FROM durations WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
+		prune{`DELETE FROM heartbeat_hours WHERE rowid IN (SELECT rowid FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(before)})
+}
+
+// PruneHistory: see PruneMeasurements.
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, batch int) (int, error) {
+	return s.prune(ctx, batch,
+		prune{`DELETE FROM condition_history WHERE id IN (SELECT id FROM condition_history WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
+		prune{`DELETE FROM healer_acts WHERE id IN (SELECT id FROM healer_acts WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)})
+}
+
+type prune struct{ query, before string }
+
+func (s *Store) prune(ctx context.Context, batch int, ps ...prune) (int, error) {
+	total := 0
+	for _, p := range ps {
+		for {
+			if err := ctx.Err(); err != nil {
+				return total, err
+			}
+			res, err := s.db.Writer.ExecContext(ctx, p.query, p.before, batch)
+			if err != nil {
+				return total, fmt.Errorf("prune: %w", err)
+			}
+			n, _ := res.RowsAffected()
+			total += int(n)
+			if int(n) < batch {
+				break
+			}
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,20 @@
+-- Heartbeat intervals kept as one aggregate per node and hour, however often
+-- the node beats: a row per beat grew by gigabytes a day at a thousand beats
+-- a second. buckets is a JSON object of bucket index to count; bucket i holds
+-- intervals up to 2^(i/4) ms (see health.Histogram), enough for p50 and p99
+-- within 19 %.
+CREATE TABLE heartbeat_hours (
+    node    TEXT NOT NULL,
+    hour    TEXT NOT NULL,
+    count   INTEGER NOT NULL,
+    sum_ms  REAL NOT NULL,
+    max_ms  REAL NOT NULL,
+    buckets TEXT NOT NULL,
+    PRIMARY KEY (node, hour)
+) STRICT;
+
+CREATE INDEX heartbeat_hours_hour ON heartbeat_hours (hour);
+
+-- The per-beat rows are not converted: they were a window of measurements,
+-- and the aggregates fill again within the hour.
+DELETE FROM durations WHERE kind = 'heartbeat';
