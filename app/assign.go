@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"mesh-controller/contexts/inventory"
@@ -25,78 +24,6 @@ type Assigned struct {
 	Node    string           `json:"node"`
 	Modules []AssignedModule `json:"modules"`
 	Pushed  []Pushed         `json:"pushed"`
-}
-
-func provides(m inventory.Manifest, provision string) bool {
-	for _, p := range m.Provides {
-		if p.Provision == provision {
-			return true
-		}
-	}
-	return false
-}
-
-// providerNodes are the nodes holding an assignment that provides provision.
-func providerNodes(snap *inventory.Snapshot, provision string) []string {
-	var out []string
-	for _, a := range snap.Assignments {
-		if provides(snap.Manifests[a.Module][a.Version], provision) {
-			out = append(out, a.Node)
-		}
-	}
-	return out
-}
-
-// judgeRequirements judges a module's requirements against a node's facts:
-// problems for facts that contradict it, unverified for facts not reported.
-func judgeRequirements(m inventory.Manifest, node string, facts map[string]inventory.Fact) (problems, unverified []string) {
-	r := m.Requires
-	if r == nil {
-		return nil, nil
-	}
-	atLeast := func(req string, want int64, fact string) {
-		if want <= 0 {
-			return
-		}
-		f, ok := facts[fact]
-		if !ok {
-			unverified = append(unverified, fmt.Sprintf("%s >= %d", req, want))
-			return
-		}
-		have, err := strconv.ParseInt(f.Value, 10, 64)
-		if err != nil || have < want {
-			problems = append(problems, fmt.Sprintf("%s requires %s >= %d, %s has %s (%s)", m.Module, req, want, node, f.Value, f.Why))
-		}
-	}
-	if len(r.Arch) > 0 {
-		if f, ok := facts["arch"]; !ok {
-			unverified = append(unverified, "arch in "+strings.Join(r.Arch, "|"))
-		} else if !contains(r.Arch, f.Value) {
-			problems = append(problems, fmt.Sprintf("%s requires arch %s, %s is %s (%s)", m.Module, strings.Join(r.Arch, " or "), node, f.Value, f.Why))
-		}
-	}
-	atLeast("memory_mb", r.MemoryMB, "memory_mb")
-	atLeast("cores", r.Cores, "cores")
-	atLeast("disk_mb", r.DiskMB, "disk_free_mb")
-	for _, rt := range r.Runtimes {
-		f, ok := facts["runtimes"]
-		switch {
-		case !ok:
-			unverified = append(unverified, "runtime "+rt)
-		case !contains(strings.Split(f.Value, ","), rt):
-			problems = append(problems, fmt.Sprintf("%s requires runtime %s, %s has %s (%s)", m.Module, rt, node, f.Value, f.Why))
-		}
-	}
-	return problems, unverified
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Assign puts modules on a node, judged together: all or nothing, and every
@@ -153,17 +80,17 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	bumps := map[string]bool{node: true}
 	for _, m := range adding {
 		am := AssignedModule{Module: m.Module, Version: m.Version, Unverified: []string{}, Unmet: []string{}}
-		ps, unverified := judgeRequirements(m, node, facts)
+		ps, unverified := inventory.JudgeRequirements(m, node, facts)
 		problems = append(problems, ps...)
 		am.Unverified = append(am.Unverified, unverified...)
 		for _, need := range m.Needs {
 			inCommand := false
 			for _, other := range adding {
-				inCommand = inCommand || provides(other, need.Provision)
+				inCommand = inCommand || inventory.Provides(other, need.Provision)
 			}
-			providers := providerNodes(snap, need.Provision)
+			providers := snap.ProvidersOf(need.Provision)
 			for _, p := range providers {
-				bumps[p] = true // its plan's reasons name this consumer
+				bumps[p.Node] = true // its plan's reasons name this consumer
 			}
 			if len(providers) == 0 && !inCommand {
 				if need.Optional {
@@ -176,21 +103,7 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 		out.Modules = append(out.Modules, am)
 	}
 	// Ports: two modules on one node may not claim the same port.
-	claimed := map[int]string{}
-	for _, name := range sortedKeys(here) {
-		for _, p := range here[name].Ports {
-			claimed[p.Port] = name
-		}
-	}
-	for _, m := range adding {
-		for _, p := range m.Ports {
-			if other, ok := claimed[p.Port]; ok {
-				problems = append(problems, fmt.Sprintf("%s and %s both claim port %d on %s", other, m.Module, p.Port, node))
-				continue
-			}
-			claimed[p.Port] = m.Module
-		}
-	}
+	problems = append(problems, inventory.PortClashes(node, here, adding)...)
 	if _, err := sec.OperatorKey(ctx); errors.Is(err, secrets.ErrNoOperatorKey) {
 		problems = append(problems, secretsNeedKey(adding)...)
 	} else if err != nil {
@@ -288,34 +201,7 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 		leaving[m] = true
 	}
 	// A provider may not leave a consumer that still needs it with no other provider.
-	for _, m := range modules {
-		a, ok := here[m]
-		if !ok {
-			continue
-		}
-		for _, prov := range snap.Manifests[m][a.Version].Provides {
-			others := 0
-			for _, b := range snap.Assignments {
-				if (b.Node != node || !leaving[b.Module]) && provides(snap.Manifests[b.Module][b.Version], prov.Provision) {
-					others++
-				}
-			}
-			if others > 0 {
-				continue
-			}
-			for _, b := range snap.Assignments {
-				if b.Node == node && leaving[b.Module] {
-					continue
-				}
-				for _, need := range snap.Manifests[b.Module][b.Version].Needs {
-					if need.Provision == prov.Provision && !need.Optional {
-						problems = append(problems, fmt.Sprintf("%s/%s needs %s, which only %s/%s provides: unassign %s first, or assign another provider",
-							b.Node, b.Module, prov.Provision, node, m, b.Module))
-					}
-				}
-			}
-		}
-	}
+	problems = append(problems, snap.LastProvider(node, modules)...)
 	if err := refuse(what, problems); err != nil {
 		return Unassigned{}, err
 	}
@@ -376,8 +262,4 @@ func backupHolderNodes(snap *inventory.Snapshot) []string {
 		out = append(out, h.Node)
 	}
 	return out
-}
-
-func versionOn(snap *inventory.Snapshot, node, module string) string {
-	return snap.VersionOn(node, module)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"strings"
 	"time"
 
 	"mesh-controller/app/daemon"
@@ -18,6 +19,9 @@ import (
 
 // ErrNotAnObject means a declaration file is not one JSON object.
 var ErrNotAnObject = errors.New("the declaration file is not one JSON object")
+
+// ErrTooLarge means an input is over the size it may be; the error says both.
+var ErrTooLarge = errors.New("too large")
 
 // DeclareRequest is a hand-written declaration body for a node.
 type DeclareRequest struct {
@@ -49,11 +53,19 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 	if r.Why == "" {
 		return Declared{}, health.ErrNoWhy
 	}
-	var body map[string]any
-	dec := json.NewDecoder(bytes.NewReader(r.Body))
-	dec.UseNumber()
-	if err := dec.Decode(&body); err != nil || body == nil || dec.More() {
+	if len(r.Body) > protocol.MaxDeclarationBytes {
+		return Declared{}, fmt.Errorf("%s: %w (%d bytes; at most %d)", r.From, ErrTooLarge, len(r.Body), protocol.MaxDeclarationBytes)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(r.Body, &obj); err != nil || obj == nil {
 		return Declared{}, fmt.Errorf("%s: %w", r.From, ErrNotAnObject)
+	}
+	var body protocol.Declaration
+	dec := json.NewDecoder(bytes.NewReader(r.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		// A typo must not pass silently: an unknown field, or one of the wrong type.
+		return Declared{}, refuse("declare "+r.Node+" "+r.From, []string{r.From + ": " + strings.TrimPrefix(err.Error(), "json: ")})
 	}
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -68,14 +80,27 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 	if err != nil {
 		return Declared{}, err
 	}
-	if _, ok := body["mode"]; !ok {
-		body["mode"] = string(node.Mode)
+	// The host fills in nothing: what is signed is what it judges.
+	body.Node = r.Node
+	if body.Mode == "" {
+		body.Mode = string(node.Mode)
 	}
-	decl, err := inv.SaveDeclaration(ctx, r.Node, inventory.CurrentPlan, func(serial int64, issuedAt time.Time) (string, string, string, error) {
-		body["node"], body["serial"], body["issued_at"] = r.Node, serial, issuedAt.Format(time.RFC3339)
-		env, _, err := protocol.Seal(body, key.Sign, key.Fingerprint())
-		return env.Declaration, env.Signature, env.Key, err
-	}, c.Now())
+	for i, m := range body.Modules {
+		if len(m.Settings) > 0 {
+			if body.Modules[i].Settings, err = protocol.Canonical(m.Settings); err != nil {
+				return Declared{}, refuse("declare "+r.Node+" "+r.From, []string{fmt.Sprintf("%s: modules[%d].settings: %v", r.From, i, err)})
+			}
+		}
+	}
+	// Judged by the rules the host applies, before anything is signed.
+	if problems := body.Problems(); len(problems) > 0 {
+		for i := range problems {
+			problems[i] = r.From + ": " + problems[i]
+		}
+		return Declared{}, refuse("declare "+r.Node+" "+r.From, problems)
+	}
+	d := &declarer{key: key}
+	decl, err := inv.SaveDeclaration(ctx, r.Node, inventory.CurrentPlan, d.signer(body), c.Now())
 	if err != nil {
 		return Declared{}, err
 	}

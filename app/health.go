@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"mesh-controller/app/plan"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
 )
@@ -53,7 +54,7 @@ func signals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bo
 			if r := reportedSet(data[a.Node], a.Module, d.Name); r != nil {
 				last = r.LastBackup
 			}
-			add("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*backupCadence(d))
+			add("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*plan.BackupCadence(d))
 		}
 	}
 	return out

@@ -70,7 +70,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 			"modules": []any{map[string]any{"module": "paperless", "version": "1.0.0",
 				"secrets": []any{map[string]any{"name": name, "version": 1, "sealed": sealed}}}},
 			"delete": []any{map[string]any{"module": "../../../../outside/victim", "kind": "consumer", "target": "web2/wiki"}}}
-		env, _, err := protocol.Seal(body, key.Sign, key.Fingerprint())
+		env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
 		if err != nil {
 			t.Fatal(err)
 		}

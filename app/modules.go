@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"mesh-controller/app/plan"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/broker"
@@ -420,7 +421,7 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 					if err != nil {
 						return out, err
 					}
-					_, ps := effectiveSettings(man, sch, layers, n)
+					_, ps := plan.EffectiveSettings(man, sch, layers, n)
 					for _, p := range ps {
 						problems = append(problems, fmt.Sprintf("the result on %s:%s", n, p))
 					}

@@ -215,7 +215,7 @@ func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
 	snapVersion := func(node string) string {
 		st, _ := m.c.stores(ctx)
 		snap, _ := st.Inventory.Snapshot(ctx)
-		return versionOn(snap, node, "store")
+		return snap.VersionOn(node, "store")
 	}
 	if v := snapVersion("db2"); v != "1.0.0" {
 		t.Fatalf("db2 plans %s", v)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/plan"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -28,12 +29,12 @@ func TestMergeSettings(t *testing.T) {
 		for _, d := range c.docs {
 			docs = append(docs, json.RawMessage(d))
 		}
-		got, err := mergeSettings(docs...)
+		got, err := plan.MergeSettings(docs...)
 		if err != nil || string(got) != c.want {
 			t.Errorf("merge %v = %s, %v; want %s", c.docs, got, err, c.want)
 		}
 	}
-	if _, err := mergeSettings(json.RawMessage(`[1]`)); err == nil {
+	if _, err := plan.MergeSettings(json.RawMessage(`[1]`)); err == nil {
 		t.Error("an array merged as settings")
 	}
 }
@@ -126,13 +127,13 @@ func BenchmarkPlans(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pl := newPlanner(snap, nil)
+		pl := plan.New(snap, nil)
 		for _, n := range snap.NodeNames {
-			p, err := pl.plan(n)
+			p, err := pl.Plan(n)
 			if err != nil || len(p.Problems) > 0 {
 				b.Fatal(err, p.Problems)
 			}
-			if _, err := p.Canonical(); err != nil {
+			if _, err := p.Body.Encode(); err != nil {
 				b.Fatal(err)
 			}
 		}

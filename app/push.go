@@ -1,9 +1,7 @@
 package app
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -12,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app/daemon"
-	"mesh-controller/app/host"
+	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -53,35 +51,26 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 		return out
 	}
-	pl := newPlanner(snap, sealed)
+	pl := plan.New(snap, sealed)
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
 	var at []int
 	for _, node := range nodes {
 		p := Pushed{Node: node}
-		plan, err := pl.plan(node)
+		np, err := pl.Plan(node)
 		switch {
 		case err != nil:
 			p.Problem = err.Error()
-		case len(plan.Problems) > 0:
-			p.Problem = "its plan cannot be declared: " + strings.Join(plan.Problems, "; ")
+		case len(np.Problems) > 0:
+			p.Problem = "its plan cannot be declared: " + strings.Join(np.Problems, "; ")
 		}
 		out = append(out, p)
 		if p.Problem != "" {
 			continue
 		}
-		body, err := bodyMap(plan.Body)
-		if err != nil {
-			out[len(out)-1].Problem = err.Error()
-			continue
-		}
-		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: plan.PlanVersion,
-			Sign: func(serial int64, issuedAt time.Time) (string, string, string, error) {
-				body["serial"], body["issued_at"] = serial, issuedAt.Format(time.RFC3339)
-				env, _, err := protocol.Seal(body, d.key.Sign, d.key.Fingerprint())
-				return env.Declaration, env.Signature, env.Key, err
-			}})
+		body := np.Body
+		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: np.PlanVersion, Sign: d.signer(body)})
 		at = append(at, len(out)-1)
 	}
 	decls, err := d.inv.SaveDeclarations(ctx, reqs, d.now())
@@ -114,15 +103,26 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	return out
 }
 
-func bodyMap(body PlanBody) (map[string]any, error) {
-	b, err := json.Marshal(body)
+// signer numbers and signs a declaration once the store gives it its serial.
+func (d *declarer) signer(body protocol.Declaration) inventory.Signer {
+	return func(serial int64, issuedAt time.Time) (string, string, string, error) {
+		body.Serial, body.IssuedAt = serial, issuedAt.UTC()
+		env, err := protocol.Seal(body, d.key.Sign, d.key.Fingerprint())
+		return env.Declaration, env.Signature, env.Key, err
+	}
+}
+
+// sealedCopies reads every secret's sealed copy, keyed node/module/name.
+func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]plan.Sealed, error) {
+	copies, err := sec.Copies(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var m map[string]any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	return m, dec.Decode(&m)
+	out := make(map[string]plan.Sealed, len(copies))
+	for _, c := range copies {
+		out[c.Node+"/"+c.Module+"/"+c.Name] = plan.Sealed{Name: c.Name, Version: c.Version, Sealed: c.Sealed}
+	}
+	return out, nil
 }
 
 // sendPlans declares the plans of nodes from a person's command: it dials
@@ -205,10 +205,10 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 
 // PlanView is one node's plan as plan shows it.
 type PlanView struct {
-	Plan Plan
+	Plan plan.Plan
 	// JSON is the declaration body with a reasons map, canonical.
 	JSON []byte
-	// Files are what the reference host would write under its root.
+	// Files are what a host would write beneath its root.
 	Files []string
 }
 
@@ -229,48 +229,33 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	plan, err := newPlanner(snap, sealed).plan(node)
+	p, err := plan.New(snap, sealed).Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}
-	body, err := bodyMap(plan.Body)
+	shown := struct {
+		protocol.Declaration
+		Reasons  map[string][]string `json:"reasons"`
+		Problems []string            `json:"problems,omitempty"`
+	}{p.Body, p.Reasons, p.Problems}
+	js, err := protocol.Canonical(shown)
 	if err != nil {
 		return PlanView{}, err
 	}
-	body["reasons"] = plan.Reasons
-	if len(plan.Problems) > 0 {
-		body["problems"] = plan.Problems
-	}
-	js, err := protocol.Canonical(body)
-	if err != nil {
-		return PlanView{}, err
-	}
-	files, err := hostFiles(plan.Body)
-	if err != nil {
-		return PlanView{}, err
-	}
-	return PlanView{Plan: plan, JSON: js, Files: files}, nil
+	return PlanView{Plan: p, JSON: js, Files: hostFiles(p.Body)}, nil
 }
 
-// hostFiles lists what the reference host would write under its root for a
-// plan: each module's files, and its data directories (never removed).
-func hostFiles(body PlanBody) ([]string, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	var d protocol.Declaration
-	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, err
-	}
+// hostFiles lists what a host writes beneath its root for a plan: each
+// module's files, and its data directories (never removed).
+func hostFiles(d protocol.Declaration) []string {
 	var files []string
 	for _, m := range d.Modules {
-		files = append(files, host.Files(m)...)
+		files = append(files, protocol.Files(m)...)
 		for _, ds := range m.Data {
 			files = append(files, strings.TrimPrefix(ds.Path, "/")+"/ (data: "+ds.Precious+", never removed by the host)")
 		}
 	}
-	return files, nil
+	return files
 }
 
 // planStores are the stores a command that changes plans works on, and the

@@ -126,7 +126,7 @@ func cleanables(snap *inventory.Snapshot, retirements []inventory.Retirement, da
 			continue
 		}
 		precious := ""
-		if level, ok := keepsPrecious(snap, cs.Provider, cs.Provision); ok {
+		if level, ok := snap.KeepsPrecious(cs.Provider, cs.Provision); ok {
 			precious = level
 		}
 		out = append(out, Cleanable{Node: cs.Provider.Node, Module: cs.Provider.Module, Target: cs.Consumer, Kind: "consumer", Precious: precious,
@@ -261,7 +261,7 @@ func (c *Controller) Data(ctx context.Context) ([]DataView, error) {
 }
 
 func dataViews(snap *inventory.Snapshot, data map[string][]inventory.DataSet, rs []inventory.Retirement) []DataView {
-	holder := backupHolder(snap)
+	holder := snap.BackupHolders()
 	out := []DataView{}
 	fill := func(v DataView) DataView {
 		if d := reportedSet(data[v.Node], v.Module, v.Name); d != nil {

@@ -2,10 +2,10 @@ package app
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
+	"mesh-controller/app/plan"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -179,7 +179,7 @@ var rules = []rule{
 			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
 	}},
 	{kind: "data.no-backup", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
-		holder := backupHolder(in.snap)
+		holder := in.snap.BackupHolders()
 		var out []health.Condition
 		for _, a := range in.snap.Assignments {
 			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
@@ -213,7 +213,7 @@ var rules = []rule{
 				if d.Precious == inventory.Rebuildable || last == nil {
 					continue
 				}
-				cadence := backupCadence(d)
+				cadence := plan.BackupCadence(d)
 				if age := in.now.Sub(*last); age > 2*cadence {
 					out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-stale/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.backup-stale",
 						Scope: "module", Machine: a.Node, Module: a.Module, Severity: health.Warning,
@@ -327,33 +327,4 @@ func reportedSet(sets []inventory.DataSet, module, name string) *inventory.DataS
 		}
 	}
 	return nil
-}
-
-func backupCadence(d inventory.DataSpec) time.Duration {
-	switch d.Backup {
-	case "hourly":
-		return time.Hour
-	case "weekly":
-		return 7 * 24 * time.Hour
-	case "daily":
-		return 24 * time.Hour
-	}
-	if d.Precious == inventory.Costly {
-		return 7 * 24 * time.Hour
-	}
-	return 24 * time.Hour
-}
-
-// backupHolder names the assignments that can hold the backup seat.
-func backupHolder(snap *inventory.Snapshot) string {
-	var holders []string
-	for _, a := range snap.Assignments {
-		for _, s := range snap.Manifests[a.Module][a.Version].Seats {
-			if s.Seat == "backup" {
-				holders = append(holders, a.Node+"/"+a.Module)
-			}
-		}
-	}
-	sort.Strings(holders)
-	return strings.Join(holders, ", ")
 }

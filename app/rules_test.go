@@ -161,6 +161,8 @@ func meshWithData(backup *time.Time, withHolder bool, cadence string) *checkInpu
 		if withHolder {
 			in.snap.Manifests["backup"] = map[string]inventory.Manifest{"1.0.0": {Module: "backup", Version: "1.0.0", Seats: []inventory.Seat{{Seat: "backup"}}}}
 			in.snap.Assignments = append(in.snap.Assignments, inventory.Assignment{Node: "nas1", Module: "backup", Version: "1.0.0"})
+			// The seat's holder, not every assignment that could hold it (issue 12, item 10).
+			in.snap.Seats.Holders = map[string][]inventory.Holder{"backup": {{Node: "nas1", Module: "backup"}}}
 		}
 		in.data["web1"] = []inventory.DataSet{{Module: "paperless", Name: "media", Path: "/m", LastBackup: backup}}
 	})

@@ -23,51 +23,8 @@ var (
 	ErrNoPin          = errors.New("has no pin for that provision")
 )
 
-// SeatView is one seat the mesh defines.
-type SeatView struct {
-	Seat       string   `json:"seat"`
-	Delivers   string   `json:"delivers"`
-	Replicated bool     `json:"replicated"`
-	Holders    []string `json:"holders"`
-	// Aliases are former names that still resolve to it.
-	Aliases []string `json:"aliases"`
-	// Modules are the modules that can hold it.
-	Modules []string `json:"modules"`
-}
-
-func seatViews(snap *inventory.Snapshot) []SeatView {
-	byName := map[string]*SeatView{}
-	for module, cur := range snap.Current {
-		for _, s := range snap.Manifests[module][cur].Seats {
-			name := snap.Seats.SeatName(s.Seat)
-			v, ok := byName[name]
-			if !ok {
-				v = &SeatView{Seat: name, Delivers: s.Delivers, Replicated: s.Replicated, Holders: []string{}, Aliases: []string{}}
-				byName[name] = v
-			}
-			v.Modules = append(v.Modules, module)
-		}
-	}
-	for alias, seat := range snap.Seats.Aliases {
-		if v, ok := byName[seat]; ok {
-			v.Aliases = append(v.Aliases, alias)
-		}
-	}
-	out := []SeatView{}
-	for _, name := range sortedKeys(byName) {
-		v := byName[name]
-		for _, h := range snap.Seats.Holders[name] {
-			v.Holders = append(v.Holders, h.String())
-		}
-		sort.Strings(v.Modules)
-		sort.Strings(v.Aliases)
-		out = append(out, *v)
-	}
-	return out
-}
-
 // Seats lists every seat any registered manifest defines.
-func (c *Controller) Seats(ctx context.Context) ([]SeatView, error) {
+func (c *Controller) Seats(ctx context.Context) ([]inventory.SeatView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -76,17 +33,17 @@ func (c *Controller) Seats(ctx context.Context) ([]SeatView, error) {
 	if err != nil {
 		return nil, err
 	}
-	return seatViews(snap), nil
+	return snap.SeatViews(), nil
 }
 
-func findSeat(snap *inventory.Snapshot, name string) (SeatView, error) {
+func findSeat(snap *inventory.Snapshot, name string) (inventory.SeatView, error) {
 	name = snap.Seats.SeatName(name)
-	for _, v := range seatViews(snap) {
+	for _, v := range snap.SeatViews() {
 		if v.Seat == name {
 			return v, nil
 		}
 	}
-	return SeatView{}, fmt.Errorf("seat %s: %w", name, inventory.ErrSeatNotFound)
+	return inventory.SeatView{}, fmt.Errorf("seat %s: %w", name, inventory.ErrSeatNotFound)
 }
 
 // SeatRename renames a seat; the former name still resolves.
@@ -149,11 +106,11 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 		return Handover{}, err
 	}
 	target := inventory.Holder{Node: node, Module: module}
-	version := versionOn(snap, node, module)
+	version := snap.VersionOn(node, module)
 	if version == "" {
 		return Handover{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
-	if !canHold(snap.Manifests[module][version], seat.Seat, snap) {
+	if !snap.CanHold(snap.Manifests[module][version], seat.Seat) {
 		return Handover{}, fmt.Errorf("%s %w", target, ErrCannotHold)
 	}
 	h := Handover{Seat: seat.Seat, To: target.String(), From: seat.Holders, Pushed: []Pushed{}}
@@ -219,15 +176,6 @@ func withoutNode(nodes []string, node string) []string {
 	return out
 }
 
-func canHold(m inventory.Manifest, seat string, snap *inventory.Snapshot) bool {
-	for _, s := range m.Seats {
-		if snap.Seats.SeatName(s.Seat) == seat {
-			return true
-		}
-	}
-	return false
-}
-
 // startsEmpty lists the precious data sets (with sizes) the old holder keeps
 // that the new holder will not have: what stays behind.
 func startsEmpty(snap *inventory.Snapshot, data map[string][]inventory.DataSet, old, target inventory.Holder) []string {
@@ -235,7 +183,7 @@ func startsEmpty(snap *inventory.Snapshot, data map[string][]inventory.DataSet, 
 		return nil
 	}
 	var out []string
-	for _, d := range snap.Manifests[old.Module][versionOn(snap, old.Node, old.Module)].Data {
+	for _, d := range snap.ManifestOn(old).Data {
 		if d.Precious == inventory.Rebuildable {
 			continue
 		}
@@ -289,7 +237,7 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
 	provider := inventory.Holder{Node: fromNode, Module: module}
-	if v := versionOn(snap, fromNode, module); v == "" || !provides(snap.Manifests[module][v], provision) {
+	if v := snap.VersionOn(fromNode, module); v == "" || !inventory.Provides(snap.Manifests[module][v], provision) {
 		return Pinned{}, fmt.Errorf("%s %w %s", provider, ErrNotAProvider, provision)
 	}
 	out := Pinned{Node: node, Provision: provision, Provider: provider.String()}
@@ -302,7 +250,7 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 	var replacement *inventory.Replacement
 	var lost []string
 	for _, b := range moving {
-		if level, precious := keepsPrecious(snap, b.Provider, provision); precious {
+		if level, precious := snap.KeepsPrecious(b.Provider, provision); precious {
 			lost = append(lost, fmt.Sprintf("%s's %s data (%s) stays on %s", b.Node+"/"+b.Module, provision, level, b.Provider))
 		}
 	}
@@ -349,7 +297,7 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	out := Pinned{Node: node, Provision: provision}
 	for _, b := range snap.Seats.Bindings {
 		if b.Node == node && b.Provision == provision {
-			if level, precious := keepsPrecious(snap, b.Provider, provision); precious {
+			if level, precious := snap.KeepsPrecious(b.Provider, provision); precious {
 				out.Stays = fmt.Sprintf("%s stays bound to %s: it keeps %s data for it", b.Node+"/"+b.Module, b.Provider, level)
 			}
 		}
@@ -383,11 +331,11 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	out := Rotated{Credentials: []string{}}
 	nodes := map[string]bool{}
 	for _, b := range snap.Seats.Bindings {
-		if b.Provision != provision || !givesCredential(snap, b.Provider, provision) ||
+		if b.Provision != provision || !snap.GivesCredential(b.Provider, provision) ||
 			(consumer != "" && b.Node != consumer) || (module != "" && b.Module != module && b.Provider.Module != module) {
 			continue
 		}
-		name := credentialName(b.Node, b.Module, provision)
+		name := inventory.CredentialName(b.Node, b.Module, provision)
 		if err := c.sealCredential(ctx, ids, sec, b, name); err != nil {
 			return out, err
 		}

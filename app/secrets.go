@@ -229,7 +229,7 @@ func (c *Controller) SecretAccept(ctx context.Context, node, module, name string
 	if _, ok := snap.Nodes[node]; !ok {
 		return nil, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
-	version := versionOn(snap, node, module)
+	version := snap.VersionOn(node, module)
 	if version == "" {
 		return nil, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}

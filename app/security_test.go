@@ -172,7 +172,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 
 	t.Run("signed by another key", func(t *testing.T) {
 		_, other, _ := newEd25519()
-		env, _, err := protocol.Seal(map[string]any{"node": "web1", "serial": 99, "issued_at": time.Now(), "modules": []any{}},
+		env, err := protocol.SealBody(map[string]any{"node": "web1", "serial": 99, "issued_at": time.Now(), "modules": []any{}},
 			func(b []byte) []byte { return ed25519.Sign(other, b) }, "forger")
 		if err != nil {
 			t.Fatal(err)

@@ -53,67 +53,6 @@ func saveApplied(dir string, a applied) error {
 	return writeFile(filepath.Join(dir, fileApplied), b)
 }
 
-// modulesDir is where, under the root, each module's part of the declaration is written.
-const modulesDir = "etc/mesh/modules"
-
-// Files lists, for one declared module, the files the host writes under its
-// root (relative, slash-separated): its part of the declaration, and its
-// settings when it has any.
-func Files(m protocol.DeclaredModule) []string {
-	dir := path.Join(modulesDir, m.Module)
-	files := []string{path.Join(dir, "module.json")}
-	if len(m.Settings) > 0 && string(m.Settings) != "null" {
-		files = append(files, path.Join(dir, "settings.json"))
-	}
-	for _, s := range m.Secrets {
-		files = append(files, path.Join(dir, "secrets", s.Name))
-	}
-	for _, b := range m.Bindings {
-		if b.Credential != "" {
-			files = append(files, path.Join(dir, "bindings", b.Provision+".credential"))
-		}
-	}
-	for _, c := range m.Consumers {
-		if c.Credential != "" && c.State != "retired" {
-			files = append(files, path.Join(dir, "consumers", strings.ReplaceAll(c.Consumer, "/", "_"), c.Provision+".credential"))
-		}
-	}
-	return files
-}
-
-// sealedFile is a file of a module that holds a value opened from a sealed
-// copy, and the label the copy must carry.
-type sealedFile struct {
-	rel    string
-	sealed string
-	label  protocol.Label
-}
-
-// sealedFiles lists the secrets and credentials a declared module carries.
-func sealedFiles(node string, m protocol.DeclaredModule) []sealedFile {
-	dir := path.Join(modulesDir, m.Module)
-	var out []sealedFile
-	for _, s := range m.Secrets {
-		out = append(out, sealedFile{path.Join(dir, "secrets", s.Name), s.Sealed, protocol.Label{Node: node, Module: m.Module, Name: s.Name, Version: s.Version}})
-	}
-	for _, b := range m.Bindings {
-		if b.Credential == "" {
-			continue
-		}
-		pn, pm, _ := strings.Cut(b.From, "/")
-		out = append(out, sealedFile{path.Join(dir, "bindings", b.Provision+".credential"), b.Credential,
-			protocol.Label{Node: pn, Module: pm, Name: b.CredentialName, Version: b.CredentialVersion}})
-	}
-	for _, c := range m.Consumers {
-		if c.Credential == "" || c.State == "retired" {
-			continue
-		}
-		out = append(out, sealedFile{path.Join(dir, "consumers", strings.ReplaceAll(c.Consumer, "/", "_"), c.Provision+".credential"), c.Credential,
-			protocol.Label{Node: node, Module: m.Module, Name: c.CredentialName, Version: c.CredentialVersion}})
-	}
-	return out
-}
-
 // maxReported is how many of a refused declaration's problems the report
 // lists; the count says how many more there were.
 const maxReported = 10
@@ -179,7 +118,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	declared := map[string]bool{}
 	var touched []string
 	for _, m := range d.Modules {
-		for _, rel := range Files(m) {
+		for _, rel := range protocol.Files(m) {
 			declared[rel] = true
 			touched = append(touched, rel)
 		}
@@ -215,10 +154,10 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	var waiting []string
 	for i, m := range d.Modules {
 		sealed := map[string]bool{}
-		for _, sf := range sealedFiles(st.Node, m) {
-			sealed[sf.rel] = true
+		for _, sf := range protocol.SealedFiles(st.Node, m) {
+			sealed[sf.Rel] = true
 		}
-		for _, rel := range Files(m) {
+		for _, rel := range protocol.Files(m) {
 			if sealed[rel] {
 				continue // written below, opened with the host's own key
 			}
@@ -244,9 +183,9 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 		if len(m.WaitingFor) > 0 {
 			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
 		}
-		for _, sf := range sealedFiles(st.Node, m) {
-			rel := sf.rel
-			v, _, err := protocol.OpenSealed(sf.sealed, sf.label, st.Age)
+		for _, sf := range protocol.SealedFiles(st.Node, m) {
+			rel := sf.Rel
+			v, _, err := protocol.OpenSealed(sf.Sealed, sf.Label, st.Age)
 			if err != nil {
 				return fail(d.Serial, "%s of %s: %v", path.Base(rel), m.Module, err)
 			}
@@ -315,7 +254,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 		if err := r.removeFile(f); err != nil {
 			return failPath(d.Serial, "remove "+f, err)
 		}
-		for dir := path.Dir(f); strings.HasPrefix(dir, modulesDir+"/"); dir = path.Dir(dir) {
+		for dir := path.Dir(f); strings.HasPrefix(dir, protocol.ModulesDir+"/"); dir = path.Dir(dir) {
 			if r.removeEmptyDir(dir) != nil {
 				break // not empty, or gone already
 			}
@@ -330,7 +269,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 // writes files: beneath the modules directory, and nowhere else.
 func beneath(f string) bool {
 	_, err := split(f)
-	return err == nil && strings.HasPrefix(f, modulesDir+"/")
+	return err == nil && strings.HasPrefix(f, protocol.ModulesDir+"/")
 }
 
 // deletionTarget is what a deletion removes, as a path beneath the root: a
@@ -340,7 +279,7 @@ func deletionTarget(del protocol.DeclaredDeletion) (string, error) {
 	case "data":
 		return dataRel(del.Path)
 	case "consumer":
-		return path.Join(modulesDir, del.Module, "consumers", strings.ReplaceAll(del.Target, "/", "_")), nil
+		return path.Join(protocol.ModulesDir, del.Module, "consumers", strings.ReplaceAll(del.Target, "/", "_")), nil
 	}
 	return "", fmt.Errorf("deletion of kind %q: %w", del.Kind, ErrNotBeneath)
 }

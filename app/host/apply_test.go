@@ -13,7 +13,7 @@ import (
 
 func sealed(t *testing.T, priv ed25519.PrivateKey, body map[string]any) protocol.Envelope {
 	t.Helper()
-	env, _, err := protocol.Seal(body, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")
+	env, err := protocol.SealBody(body, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestApply(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "srv/a/keep")); err != nil {
 		t.Fatal("data was removed")
 	}
-	if _, err := os.Stat(filepath.Join(root, modulesDir, "a")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(root, protocol.ModulesDir, "a")); !os.IsNotExist(err) {
 		t.Fatal("an undeclared module's directory stayed")
 	}
 }

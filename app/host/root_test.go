@@ -533,7 +533,7 @@ func TestApply_RememberedFileOutsideLeftAlone(t *testing.T) {
 	}
 	h.outsideUntouched()
 	for _, f := range h.last.Files {
-		if !strings.HasPrefix(f, modulesDir+"/b/") {
+		if !strings.HasPrefix(f, protocol.ModulesDir+"/b/") {
 			t.Fatalf("still remembered: %q", f)
 		}
 	}

@@ -27,6 +27,10 @@ const (
 	MaxConsumers = 10000
 	// MaxDeletions is the most deletions one declaration may ask for.
 	MaxDeletions = 10000
+	// MaxDeclarationBytes is the most a declaration may weigh, encoded: it
+	// must cross the broker whole (its maximum payload is 8 MiB) with room
+	// for the envelope.
+	MaxDeclarationBytes = 4 << 20
 )
 
 // HostOwnPath is the part of a host's root the host keeps for itself (each

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestCanonical(t *testing.T) {
@@ -53,10 +54,11 @@ func TestSignOpen(t *testing.T) {
 
 func TestEnvelope(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
-	env, canon, err := Seal(map[string]any{"node": "web1", "serial": 3, "modules": []any{}}, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")
+	env, err := Seal(Declaration{Node: "web1", Serial: 3, Modules: []DeclaredModule{}}, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
+	canon, _ := Canonical(map[string]any{"node": "web1", "serial": 3, "modules": []any{}, "mode": "", "seats": nil, "backup_lines": nil})
 	if env.Declaration != string(canon) {
 		t.Fatal("the envelope does not carry the canonical bytes")
 	}
@@ -81,5 +83,32 @@ func TestNodeOfSubject(t *testing.T) {
 		if got := NodeOfSubject(subject); got != want {
 			t.Errorf("NodeOfSubject(%q) = %q, want %q", subject, got, want)
 		}
+	}
+}
+
+// A declaration encodes to canonical JSON in one pass: every struct's fields
+// stand in the order of their JSON names. A field added out of order fails here.
+func TestDeclaration_EncodesCanonically(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	d := Declaration{Node: "web1", Serial: 7, IssuedAt: at, Mode: "converged", Seats: []string{"backup"},
+		BackupLines: []BackupLine{{Node: "n", Module: "m", Data: "d", Path: "/p", Precious: "costly", Cadence: "24h0m0s", LastBackup: &at}},
+		Delete:      []DeclaredDeletion{{Module: "m", Kind: "data", Target: "t", Path: "/p"}},
+		Modules: []DeclaredModule{{Module: "m", Version: "1.0.0", Run: &Run{Command: []string{"bin/m", "<&>"}},
+			Ports: []Port{{Name: "http", Port: 80, Expose: "overlay"}}, Settings: []byte(`{"a":1,"b":{"c":"<&>"}}`),
+			Data:       []DeclaredData{{Name: "d", Path: "/p", Precious: "irreplaceable"}},
+			Bindings:   []DeclaredBinding{{Provision: "pg", From: "n/m", Why: "why & so", CredentialName: "c", CredentialVersion: 2, Credential: "x"}},
+			Secrets:    []DeclaredSecret{{Name: "s", Version: 1, Sealed: "armor"}},
+			Consumers:  []DeclaredConsumer{{Consumer: "n/m", Provision: "pg", State: "active", CredentialName: "c", CredentialVersion: 1, Credential: "y"}},
+			WaitingFor: []string{"w"}}}}
+	fast, err := d.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := Canonical(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(fast) != string(slow) {
+		t.Fatalf("not canonical:\n%s\nwant\n%s", fast, slow)
 	}
 }

@@ -1,15 +1,17 @@
-package app
+// Package plan computes what one node should run, and why: a pure function
+// of a snapshot of the inventory and the secrets' sealed copies, so that
+// computing a plan twice gives the same bytes. It does no I/O (a layout
+// test keeps it so); the application reads the stores and signs what it
+// makes.
+package plan
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
-
-	"mesh-controller/contexts/secrets"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -17,112 +19,72 @@ import (
 	"mesh-controller/contexts/inventory"
 )
 
-// Plan is what one node should run and why: a pure function of the stores
-// (a snapshot), so computing it twice gives the same bytes.
+// Plan is what one node should run and why.
 type Plan struct {
 	Node string
 	// PlanVersion is the node's plan version the snapshot saw.
 	PlanVersion int64
-	// Body is the declaration body the node would be sent (no serial or issued_at).
-	Body PlanBody
+	// Body is the declaration the node would be sent (no serial or issued_at).
+	Body protocol.Declaration
 	// Reasons says, per module, why it is there.
 	Reasons map[string][]string
 	// Problems are why this plan cannot be declared as it stands.
 	Problems []string
 }
 
-// PlanBody is a declaration body as plans make it.
-type PlanBody struct {
-	Node        string          `json:"node"`
-	Mode        string          `json:"mode"`
-	Modules     []PlannedModule `json:"modules"`
-	Seats       []string        `json:"seats"`
-	BackupLines []BackupLine    `json:"backup_lines"`
-	// Delete is what a person asked, with cleanup delete, this node to delete.
-	Delete []PlannedDeletion `json:"delete,omitempty"`
+// Sealed is a secret's sealed copy as a plan carries it.
+type Sealed struct {
+	Name    string
+	Version int64
+	Sealed  string
 }
 
-// BackupLine is one data set the backup seat's holder keeps copies of.
-type BackupLine struct {
-	Node       string     `json:"node"`
-	Module     string     `json:"module"`
-	Data       string     `json:"data"`
-	Path       string     `json:"path"`
-	Precious   string     `json:"precious"`
-	Cadence    string     `json:"cadence"`
-	LastBackup *time.Time `json:"last_backup"`
+// runOf and portsOf carry the manifest's run and ports into the declaration.
+func runOf(m inventory.Manifest) *protocol.Run {
+	if m.Run == nil {
+		return nil
+	}
+	return &protocol.Run{Command: m.Run.Command}
 }
 
-// PlannedDeletion is one cleanup the host carries out and reports done.
-type PlannedDeletion struct {
-	Module string `json:"module"`
-	Kind   string `json:"kind"` // data or consumer
-	Target string `json:"target"`
-	Path   string `json:"path,omitempty"`
+func portsOf(m inventory.Manifest) []protocol.Port {
+	var out []protocol.Port
+	for _, p := range m.Ports {
+		out = append(out, protocol.Port{Name: p.Name, Port: p.Port, Expose: p.Expose})
+	}
+	return out
 }
 
-// PlannedConsumer is one consumer of a provider module, and its access.
-type PlannedConsumer struct {
-	Consumer          string `json:"consumer"`
-	Provision         string `json:"provision"`
-	State             string `json:"state"`
-	CredentialName    string `json:"credential_name,omitempty"`
-	CredentialVersion int64  `json:"credential_version,omitempty"`
-	Credential        string `json:"credential,omitempty"`
+// BackupCadence is how often a data set is backed up: its manifest's word,
+// else daily for irreplaceable and weekly for costly data.
+func BackupCadence(d inventory.DataSpec) time.Duration {
+	switch d.Backup {
+	case "hourly":
+		return time.Hour
+	case "weekly":
+		return 7 * 24 * time.Hour
+	case "daily":
+		return 24 * time.Hour
+	}
+	if d.Precious == inventory.Costly {
+		return 7 * 24 * time.Hour
+	}
+	return 24 * time.Hour
 }
 
-// PlannedModule is one module of a plan.
-type PlannedModule struct {
-	Module   string                  `json:"module"`
-	Version  string                  `json:"version"`
-	Run      *inventory.Run          `json:"run,omitempty"`
-	Ports    []inventory.Port        `json:"ports,omitempty"`
-	Settings json.RawMessage         `json:"settings"`
-	Data     []protocol.DeclaredData `json:"data"`
-	Bindings []Binding               `json:"bindings"`
-	Secrets  []SealedSecret          `json:"secrets"`
-	// Consumers are a provider's consumers and their access.
-	Consumers []PlannedConsumer `json:"consumers,omitempty"`
-	// WaitingFor names the secrets the module waits for: its host does not
-	// start it half-configured.
-	WaitingFor []string `json:"waiting_for,omitempty"`
-}
-
-// SealedSecret is a secret as a declaration carries it: sealed to the node
-// (and the operator), never plain.
-type SealedSecret struct {
-	Name    string `json:"name"`
-	Version int64  `json:"version"`
-	Sealed  string `json:"sealed"`
-}
-
-// Binding is which provider (node/module) a module gets a provision from,
-// why that one, and the credential for it, sealed to both ends.
-type Binding struct {
-	Provision         string `json:"provision"`
-	From              string `json:"from"`
-	Why               string `json:"why"`
-	CredentialName    string `json:"credential_name,omitempty"`
-	CredentialVersion int64  `json:"credential_version,omitempty"`
-	Credential        string `json:"credential,omitempty"`
-}
-
-// Canonical is the plan's body as canonical JSON.
-func (p Plan) Canonical() ([]byte, error) { return protocol.Canonical(p.Body) }
-
-// planner computes plans from one snapshot, compiling each settings schema
+// Planner computes plans from one snapshot, compiling each settings schema
 // once and indexing assignments by node, so a mesh's plans cost little more
 // than reading it.
-type planner struct {
+type Planner struct {
 	snap *inventory.Snapshot
 	// sealed are the secrets' sealed copies, by node/module/name.
-	sealed  map[string]secrets.Copy
+	sealed  map[string]Sealed
 	byNode  map[string][]inventory.Assignment
 	schemas map[string]*jsonschema.Schema
 	// settings caches effective settings of nodes without a layer of their own.
 	settings map[string]settingsResult
 	// bindings are every consumer's provider, and why.
-	bindings map[string]choice
+	bindings map[string]inventory.Choice
 	// seatsOf is the seats each assignment holds.
 	seatsOf map[inventory.Holder][]string
 }
@@ -132,13 +94,15 @@ type settingsResult struct {
 	problems []string
 }
 
-func newPlanner(snap *inventory.Snapshot, sealed map[string]secrets.Copy) *planner {
-	p := &planner{snap: snap, sealed: sealed, byNode: map[string][]inventory.Assignment{}, schemas: map[string]*jsonschema.Schema{},
+// New makes a planner over a snapshot and the sealed copies, keyed
+// node/module/name.
+func New(snap *inventory.Snapshot, sealed map[string]Sealed) *Planner {
+	p := &Planner{snap: snap, sealed: sealed, byNode: map[string][]inventory.Assignment{}, schemas: map[string]*jsonschema.Schema{},
 		settings: map[string]settingsResult{}}
 	for _, a := range snap.Assignments {
 		p.byNode[a.Node] = append(p.byNode[a.Node], a)
 	}
-	p.bindings = chooseBindings(snap)
+	p.bindings = snap.ChooseBindings()
 	p.seatsOf = map[inventory.Holder][]string{}
 	for seat, holders := range snap.Seats.Holders {
 		for _, h := range holders {
@@ -151,20 +115,7 @@ func newPlanner(snap *inventory.Snapshot, sealed map[string]secrets.Copy) *plann
 	return p
 }
 
-// sealedCopies reads every secret's sealed copy, keyed node/module/name.
-func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]secrets.Copy, error) {
-	copies, err := sec.Copies(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]secrets.Copy, len(copies))
-	for _, c := range copies {
-		out[c.Node+"/"+c.Module+"/"+c.Name] = c
-	}
-	return out, nil
-}
-
-func (pl *planner) schema(m inventory.Manifest) (*jsonschema.Schema, error) {
+func (pl *Planner) schema(m inventory.Manifest) (*jsonschema.Schema, error) {
 	key := m.Module + "@" + m.Version
 	if s, ok := pl.schemas[key]; ok {
 		return s, nil
@@ -177,14 +128,15 @@ func (pl *planner) schema(m inventory.Manifest) (*jsonschema.Schema, error) {
 	return s, nil
 }
 
-func (pl *planner) plan(node string) (Plan, error) {
+// Plan computes one node's plan.
+func (pl *Planner) Plan(node string) (Plan, error) {
 	snap := pl.snap
 	n, ok := snap.Nodes[node]
 	if !ok {
 		return Plan{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
 	p := Plan{Node: node, PlanVersion: n.PlanVersion, Reasons: map[string][]string{},
-		Body: PlanBody{Node: node, Mode: string(n.Mode), Modules: []PlannedModule{}, Seats: []string{}, BackupLines: []BackupLine{}}}
+		Body: protocol.Declaration{Node: node, Mode: string(n.Mode), Modules: []protocol.DeclaredModule{}, Seats: []string{}, BackupLines: []protocol.BackupLine{}}}
 	for _, a := range pl.byNode[node] {
 		m, ok := snap.Manifests[a.Module][a.Version]
 		if !ok {
@@ -200,11 +152,11 @@ func (pl *planner) plan(node string) (Plan, error) {
 		for _, pr := range problems {
 			p.Problems = append(p.Problems, fmt.Sprintf("%s settings%s", a.Module, pr))
 		}
-		pm := PlannedModule{Module: a.Module, Version: a.Version, Run: m.Run, Ports: m.Ports, Settings: settings,
-			Data: []protocol.DeclaredData{}, Bindings: []Binding{}, Secrets: []SealedSecret{}}
+		pm := protocol.DeclaredModule{Module: a.Module, Version: a.Version, Run: runOf(m), Ports: portsOf(m), Settings: settings,
+			Data: []protocol.DeclaredData{}, Bindings: []protocol.DeclaredBinding{}, Secrets: []protocol.DeclaredSecret{}}
 		for _, sec := range m.Secrets {
 			if c, ok := pl.sealed[node+"/"+a.Module+"/"+sec.Name]; ok {
-				pm.Secrets = append(pm.Secrets, SealedSecret{Name: sec.Name, Version: c.Version, Sealed: c.Sealed})
+				pm.Secrets = append(pm.Secrets, protocol.DeclaredSecret{Name: sec.Name, Version: c.Version, Sealed: c.Sealed})
 			} else {
 				pm.WaitingFor = append(pm.WaitingFor, sec.Name)
 			}
@@ -217,19 +169,19 @@ func (pl *planner) plan(node string) (Plan, error) {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
 		}
 		for _, need := range m.Needs {
-			ch, ok := pl.bindings[bindingKey(node, a.Module, need.Provision)]
+			ch, ok := pl.bindings[inventory.BindingKey(node, a.Module, need.Provision)]
 			if !ok {
 				if !need.Optional {
 					p.Problems = append(p.Problems, fmt.Sprintf("%s needs %s and nothing in the mesh provides it", a.Module, need.Provision))
 				}
 				continue
 			}
-			b := Binding{Provision: need.Provision, From: ch.provider.String(), Why: ch.why}
-			if c, ok := pl.sealed[ch.provider.String()+"/"+credentialName(node, a.Module, need.Provision)]; ok {
+			b := protocol.DeclaredBinding{Provision: need.Provision, From: ch.Provider.String(), Why: ch.Why}
+			if c, ok := pl.sealed[ch.Provider.String()+"/"+inventory.CredentialName(node, a.Module, need.Provision)]; ok {
 				b.CredentialName, b.CredentialVersion, b.Credential = c.Name, c.Version, c.Sealed
 			}
 			pm.Bindings = append(pm.Bindings, b)
-			why = append(why, fmt.Sprintf("needs %s: bound to %s, %s", need.Provision, ch.provider, ch.why))
+			why = append(why, fmt.Sprintf("needs %s: bound to %s, %s", need.Provision, ch.Provider, ch.Why))
 		}
 		holder := inventory.Holder{Node: node, Module: a.Module}
 		for _, seat := range pl.seatsOf[holder] {
@@ -243,10 +195,10 @@ func (pl *planner) plan(node string) (Plan, error) {
 			if cs.Provider != holder || cs.State == "deleted" {
 				continue
 			}
-			pc := PlannedConsumer{Consumer: cs.Consumer, Provision: cs.Provision, State: cs.State}
+			pc := protocol.DeclaredConsumer{Consumer: cs.Consumer, Provision: cs.Provision, State: cs.State}
 			if cs.State == "active" || cs.State == "rejected" || cs.State == "waiting" {
-				cn, cm, _ := splitKey(cs.Consumer + "/x")
-				if c, ok := pl.sealed[holder.String()+"/"+credentialName(cn, cm, cs.Provision)]; ok {
+				cn, cm, _ := strings.Cut(cs.Consumer, "/")
+				if c, ok := pl.sealed[holder.String()+"/"+inventory.CredentialName(cn, cm, cs.Provision)]; ok {
 					pc.CredentialName, pc.CredentialVersion, pc.Credential = c.Name, c.Version, c.Sealed
 				}
 			}
@@ -261,21 +213,21 @@ func (pl *planner) plan(node string) (Plan, error) {
 	sort.Strings(p.Body.Seats)
 	for _, d := range snap.Seats.Deletions {
 		if d.Node == node {
-			p.Body.Delete = append(p.Body.Delete, PlannedDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
+			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
 		}
 	}
 	return p, nil
 }
 
 // backupLines are every data set needing backup, for the backup seat's holder.
-func (pl *planner) backupLines() []BackupLine {
-	lines := []BackupLine{}
+func (pl *Planner) backupLines() []protocol.BackupLine {
+	lines := []protocol.BackupLine{}
 	for _, a := range pl.snap.Assignments {
 		for _, d := range pl.snap.Manifests[a.Module][a.Version].Data {
 			if d.Precious == inventory.Rebuildable {
 				continue
 			}
-			l := BackupLine{Node: a.Node, Module: a.Module, Data: d.Name, Path: d.Path, Precious: d.Precious, Cadence: backupCadence(d).String()}
+			l := protocol.BackupLine{Node: a.Node, Module: a.Module, Data: d.Name, Path: d.Path, Precious: d.Precious, Cadence: BackupCadence(d).String()}
 			if t, ok := pl.snap.Seats.Backups[a.Node+"/"+a.Module+"/"+d.Name]; ok {
 				l.LastBackup = &t
 			}
@@ -308,16 +260,16 @@ func waitingReasons(m inventory.Manifest, names []string, joined bool) []string 
 
 // effective is effectiveSettings, computed once per module version for the
 // nodes that have no layer of their own.
-func (pl *planner) effective(m inventory.Manifest, sch *jsonschema.Schema, node string) (json.RawMessage, []string) {
+func (pl *Planner) effective(m inventory.Manifest, sch *jsonschema.Schema, node string) (json.RawMessage, []string) {
 	layers := pl.snap.Settings[m.Module]
 	if _, own := layers[node]; own {
-		return effectiveSettings(m, sch, layers, node)
+		return EffectiveSettings(m, sch, layers, node)
 	}
 	key := m.Module + "@" + m.Version
 	if r, ok := pl.settings[key]; ok {
 		return r.doc, r.problems
 	}
-	doc, problems := effectiveSettings(m, sch, layers, node)
+	doc, problems := EffectiveSettings(m, sch, layers, node)
 	pl.settings[key] = settingsResult{doc, problems}
 	return doc, problems
 }
@@ -345,7 +297,7 @@ func neededBy(snap *inventory.Snapshot, provider inventory.Manifest) []string {
 // effectiveSettings merges the manifest's defaults, then the mesh layer,
 // then the node's layer (objects key by key), and judges the result against
 // the manifest's schema.
-func effectiveSettings(m inventory.Manifest, sch *jsonschema.Schema, layers map[string]json.RawMessage, node string) (json.RawMessage, []string) {
+func EffectiveSettings(m inventory.Manifest, sch *jsonschema.Schema, layers map[string]json.RawMessage, node string) (json.RawMessage, []string) {
 	var docs []json.RawMessage
 	if m.Settings != nil && len(m.Settings.Defaults) > 0 {
 		docs = append(docs, m.Settings.Defaults)
@@ -355,7 +307,7 @@ func effectiveSettings(m inventory.Manifest, sch *jsonschema.Schema, layers map[
 			docs = append(docs, b)
 		}
 	}
-	merged, err := mergeSettings(docs...)
+	merged, err := MergeSettings(docs...)
 	if err != nil {
 		return nil, []string{": " + err.Error()}
 	}
@@ -368,7 +320,7 @@ func effectiveSettings(m inventory.Manifest, sch *jsonschema.Schema, layers map[
 
 // mergeSettings merges JSON objects in order, later keys over earlier ones,
 // objects key by key and all else replaced, into canonical JSON.
-func mergeSettings(docs ...json.RawMessage) (json.RawMessage, error) {
+func MergeSettings(docs ...json.RawMessage) (json.RawMessage, error) {
 	result := map[string]any{}
 	for _, d := range docs {
 		var obj map[string]any

@@ -1,0 +1,60 @@
+package protocol
+
+import (
+	"path"
+	"strings"
+)
+
+// ModulesDir is where, beneath a host's root, each module's part of its
+// declaration is written. It is part of the protocol, not of the reference
+// host alone: the controller's plan --files shows the same layout.
+const ModulesDir = "etc/mesh/modules"
+
+// Files lists, for one declared module, the files a host writes beneath its
+// root (relative, slash-separated): its part of the declaration, its
+// settings when it has any, and its secrets and credentials.
+func Files(m DeclaredModule) []string {
+	dir := path.Join(ModulesDir, m.Module)
+	files := []string{path.Join(dir, "module.json")}
+	if len(m.Settings) > 0 && string(m.Settings) != "null" {
+		files = append(files, path.Join(dir, "settings.json"))
+	}
+	for _, sf := range SealedFiles("", m) {
+		files = append(files, sf.Rel)
+	}
+	return files
+}
+
+// SealedFile is a file of a module holding a value opened from a sealed
+// copy, and the label the copy must carry.
+type SealedFile struct {
+	Rel    string
+	Sealed string
+	Label  Label
+}
+
+// SealedFiles lists the secrets and credentials a declared module carries,
+// for node.
+func SealedFiles(node string, m DeclaredModule) []SealedFile {
+	dir := path.Join(ModulesDir, m.Module)
+	var out []SealedFile
+	for _, s := range m.Secrets {
+		out = append(out, SealedFile{path.Join(dir, "secrets", s.Name), s.Sealed, Label{Node: node, Module: m.Module, Name: s.Name, Version: s.Version}})
+	}
+	for _, b := range m.Bindings {
+		if b.Credential == "" {
+			continue
+		}
+		pn, pm, _ := strings.Cut(b.From, "/")
+		out = append(out, SealedFile{path.Join(dir, "bindings", b.Provision+".credential"), b.Credential,
+			Label{Node: pn, Module: pm, Name: b.CredentialName, Version: b.CredentialVersion}})
+	}
+	for _, c := range m.Consumers {
+		if c.Credential == "" || c.State == "retired" {
+			continue
+		}
+		out = append(out, SealedFile{path.Join(dir, "consumers", strings.ReplaceAll(c.Consumer, "/", "_"), c.Provision+".credential"), c.Credential,
+			Label{Node: node, Module: m.Module, Name: c.CredentialName, Version: c.CredentialVersion}})
+	}
+	return out
+}
