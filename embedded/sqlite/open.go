@@ -195,6 +195,8 @@ func openError(err error) error {
 			return fmt.Errorf("%w: %v", ErrNotSQLite, err)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("%w: %v", ErrNoStore, err)
+		case sqlite3.SQLITE_CORRUPT:
+			return fmt.Errorf("%w: %v", ErrIntegrity, err)
 		}
 	}
 	return err
