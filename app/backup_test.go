@@ -31,6 +31,145 @@ func writeKey(t *testing.T, id *age.X25519Identity) string {
 	return f
 }
 
+// daemonBackups lists the daemon's backups in dir, oldest first.
+func daemonBackups(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if backupName.MatchString(e.Name()) {
+			names = append(names, filepath.Join(dir, e.Name()))
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// The mesh is lost after a backup the daemon took while serving; restored
+// into a new data dir and served on the same address, the controller is the
+// one its hosts trust: the host reconnects by itself, its heartbeats are
+// absorbed, and a new declaration reaches it and is applied. No host joins
+// again.
+func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
+	ctx := context.Background()
+	m := newTestMesh(t)
+	dir := filepath.Join(t.TempDir(), "backups")
+	m.stop()
+	m.opts.BackupEvery, m.opts.BackupDir = time.Second, dir
+	m.start()
+	h := m.join("web1")
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	beats := m.count.Beats.Load()
+	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > beats })
+	original, err := m.c.IdentityShow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A backup begun after all that, taken through the daemon's own handles
+	// while the host beats and its beats are written every 20 ms.
+	after := "mesh-backup-" + time.Now().UTC().Add(time.Second).Format(backupTimeLayout) + ".age"
+	var archive string
+	waitFor(t, "a backup begun after web1 applied", func() bool {
+		names := daemonBackups(t, dir)
+		if len(names) > 0 && filepath.Base(names[len(names)-1]) >= after {
+			archive = names[len(names)-1]
+		}
+		return archive != ""
+	})
+	m.stop() // the mesh is lost; the host keeps trying to reconnect
+
+	c := New(filepath.Join(t.TempDir(), "restored"))
+	c.Getenv = func(string) string { return "" }
+	r, err := c.Restore(ctx, archive, writeKey(t, m.operator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Fingerprint != original.Fingerprint || r.Hosts != 1 || len(r.Stores) != len(Contexts) || len(r.Missing) != 0 {
+		t.Fatalf("restored %+v; the original fingerprint is %s", r, original.Fingerprint)
+	}
+	if r.Lease == nil {
+		t.Fatal("the backup was taken while serving, so it recorded a lease to give back")
+	}
+
+	restored := &testMesh{t: t, c: c, listen: m.listen, logs: &syncBuffer{}, operator: m.operator}
+	restored.start()
+	t.Cleanup(restored.stop)
+	waitFor(t, "web1's heartbeat absorbed by the restored controller", func() bool { return restored.count.Beats.Load() > 0 })
+	d := restored.declare("web1", moduleBody("two", "/srv/two"))
+	if !d.Sent || d.Serial != 2 {
+		t.Fatalf("declared %+v", d)
+	}
+	waitFor(t, "web1 to apply declaration 2 from the restored controller", func() bool { return restored.node("web1").SerialApplied == 2 })
+	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/two/module.json")); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(restored.logs.String(), "joined") {
+		t.Fatalf("a host joined again:\n%s", restored.logs.String())
+	}
+}
+
+// serve --backup-every keeps exactly the newest N of its own backups, each
+// 0600 and sealed; it removes nothing else, and what a killed daemon left
+// half-written goes at start. A failed backup is logged, and serving goes on.
+func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
+	m := newTestMesh(t)
+	dir := filepath.Join(t.TempDir(), "backups")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	others := []string{"notes.txt", "mesh-backup-old.age", "mesh-backup-20200101T000000Z.age.bak"}
+	partial := ".mesh-backup-20200101T000000Z.age.partial-123"
+	for _, n := range append(others, partial) {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("not the daemon's"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.stop()
+	m.opts.BackupEvery, m.opts.BackupDir, m.opts.BackupKeep = time.Second, dir, 2
+	m.start()
+	waitFor(t, "four backups", func() bool { return strings.Count(m.logs.String(), "backup written to") >= 4 })
+	m.stop()
+
+	var written []string
+	for _, line := range strings.Split(m.logs.String(), "\n") {
+		if _, rest, ok := strings.Cut(line, "backup written to "); ok {
+			written = append(written, strings.Fields(rest)[0])
+		}
+	}
+	kept := daemonBackups(t, dir)
+	if len(kept) != 2 || !slices.Equal(kept, written[len(written)-2:]) {
+		t.Fatalf("kept %v; written %v", kept, written)
+	}
+	for _, k := range kept {
+		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+	for _, n := range others {
+		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s, not of its naming, was removed", n)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, partial)); !errors.Is(err, os.ErrNotExist) {
+		t.Error("the partial file a killed daemon left was kept")
+	}
+	c := New(filepath.Join(t.TempDir(), "restored"))
+	if _, err := c.Restore(context.Background(), kept[1], writeKey(t, m.operator)); err != nil {
+		t.Fatal(err)
+	}
+
+	m.start()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed backup logged", func() bool { return strings.Contains(m.logs.String(), "backup failed: ") })
+}
+
 // The archive holds the signing key and the broker seeds, sealed: none of
 // their bytes is in it in plain, while the plaintext inside it has them. Its
 // plaintext copies are gone once it is written, and when it fails.

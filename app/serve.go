@@ -56,6 +56,11 @@ type ServeOptions struct {
 	// broker's per-connection buffers, freed and reused: a soft limit keeps
 	// the garbage collector from letting them pile up.
 	MemoryLimit int64
+	// BackupEvery, if set, is how often the daemon backs every store up into
+	// BackupDir (made 0700), keeping the newest BackupKeep (0: DefaultBackupKeep).
+	BackupEvery time.Duration
+	BackupDir   string
+	BackupKeep  int
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -116,6 +121,11 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
 		problems: map[string]string{}, lastBeat: map[string]time.Time{}, kick: make(chan struct{}, 1),
 	}
+	backups, err := scheduleBackups(ctx, o, namedStores(Contexts, dbs), c.Now, d.logf)
+	if err != nil {
+		return err
+	}
+	defer backups.stop()
 
 	holder := randomID()
 	hostname, _ := os.Hostname()
@@ -218,6 +228,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 			d.catchUp(ctx, false)
 		case <-check.C:
 			selfCheck()
+		case <-backups.due():
+			backups.run(ctx)
 		case <-d.kick:
 			// An event that matters: let the burst settle, write what it
 			// brought, then judge.

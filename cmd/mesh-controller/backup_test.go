@@ -2,7 +2,9 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
 )
@@ -26,4 +28,24 @@ func cmdDamage(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	b[at] ^= 0xff
 	ts.Check(os.WriteFile(path, b, 0o600))
+}
+
+// cmdWaitFile waits (up to 20s) until a file matching a glob exists, for what
+// the daemon makes on its own time: waitfile GLOB.
+func cmdWaitFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: waitfile GLOB")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m, err := filepath.Glob(ts.MkAbs(args[0]))
+		ts.Check(err)
+		if len(m) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("waited 20s for %s", args[0])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

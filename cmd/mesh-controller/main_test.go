@@ -41,6 +41,7 @@ func TestScripts(t *testing.T) {
 			"sql":         cmdSQL,
 			"waitserving": cmdWaitServing,
 			"damage":      cmdDamage,
+			"waitfile":    cmdWaitFile,
 		}),
 	})
 }
