@@ -121,11 +121,6 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 		beats: map[string]inventory.Beat{}, drops: map[dropKey]int64{}, hostKeys: map[string]ed25519.PublicKey{},
 		problems: map[string]string{}, lastBeat: map[string]time.Time{}, kick: make(chan struct{}, 1),
 	}
-	backups, err := scheduleBackups(ctx, o, namedStores(Contexts, dbs), c.Now, d.logf)
-	if err != nil {
-		return err
-	}
-	defer backups.stop()
 
 	holder := randomID()
 	hostname, _ := os.Hostname()
@@ -139,6 +134,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) (err error) {
 			err = fmt.Errorf("give the lease back: %w", rerr)
 		}
 	}()
+	// Under the lease: a second serve on the same stores must not touch the
+	// holder's backup directory.
+	backups, err := scheduleBackups(ctx, o, namedStores(Contexts, dbs), c.Now, d.logf)
+	if err != nil {
+		return err
+	}
+	defer backups.stop()
 
 	if d.signer, err = d.ids.SigningKey(ctx); err != nil {
 		return err
