@@ -38,6 +38,11 @@ type ServeOptions struct {
 	Healers HealerLimits
 	// MemoryLimit is the Go runtime's soft memory limit (see daemon.Options).
 	MemoryLimit int64
+	// BackupEvery, if set, is how often the daemon backs every store up into
+	// BackupDir (made 0700), keeping the newest BackupKeep (0: DefaultBackupKeep).
+	BackupEvery time.Duration
+	BackupDir   string
+	BackupKeep  int
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -82,7 +87,24 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery,
 		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
+		Prepare: func(ctx context.Context) ([]daemon.Job, error) {
+			backups, err := scheduleBackups(ctx, o, st.dbs, c.Now, logTo(o.Log))
+			if err != nil || backups == nil {
+				return nil, err
+			}
+			return []daemon.Job{{Name: "backup", Due: backups.due, Run: backups.run, Stop: backups.stop}}, nil
+		},
 	})
+}
+
+// logTo writes the daemon's log lines as the daemon does, for the jobs it runs.
+func logTo(w io.Writer) func(string, ...any) {
+	if w == nil {
+		w = io.Discard
+	}
+	return func(format string, args ...any) {
+		fmt.Fprintf(w, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	}
 }
 
 // join admits a host presenting a one-time token for its node: the token is

@@ -81,15 +81,21 @@ type Options struct {
 	// broker's per-connection buffers, freed and reused: a soft limit keeps
 	// the garbage collector from letting them pile up.
 	MemoryLimit int64
-	// Every are extra jobs run by the loop on their own interval (a backup, say).
-	Every []Job
+	// Prepare, if set, is called once the lease is held, before serving: the
+	// jobs it returns (a backup schedule, say) are run by the loop whenever
+	// they are due. It runs under the lease so that a second serve started
+	// by mistake touches nothing the holder owns.
+	Prepare func(ctx context.Context) ([]Job, error)
 }
 
-// Job is work the loop runs every Interval.
+// Job is work the loop runs when it is due.
 type Job struct {
-	Name     string
-	Interval time.Duration
-	Run      func(ctx context.Context) error
+	Name string
+	// Due fires when the job is due next; Run sets when that is.
+	Due func() <-chan time.Time
+	Run func(ctx context.Context)
+	// Stop releases the job's timer when the daemon stops.
+	Stop func()
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -242,6 +248,17 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		}
 	}()
 
+	var jobs []Job
+	if o.Prepare != nil {
+		if jobs, err = o.Prepare(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			for _, j := range jobs {
+				j.Stop()
+			}
+		}()
+	}
 	stop, err := d.connect(ctx)
 	if err != nil {
 		return err
@@ -266,7 +283,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
-	return d.loop(ctx, holder, joinsDone)
+	return d.loop(ctx, holder, joinsDone, jobs)
 }
 
 // connect starts the embedded broker (or dials the external one) and makes
@@ -337,7 +354,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 var ErrBrokerUnreachable = errors.New("the broker cannot be reached")
 
 // loop owns the daemon's state until ctx ends.
-func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struct{}) error {
+func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struct{}, jobs []Job) error {
 	o := d.o
 	flush := time.NewTicker(o.FlushEvery)
 	defer flush.Stop()
@@ -353,20 +370,19 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 	settled := time.NewTimer(settle)
 	settled.Stop()
 	settling := false
-	jobs := make([]*time.Ticker, len(o.Every))
-	jobCases := make(chan int, len(o.Every))
-	for i, j := range o.Every {
-		jobs[i] = time.NewTicker(j.Interval)
-		defer jobs[i].Stop()
+	// Each job's due time is forwarded to the loop, which runs the job.
+	due := make(chan int, len(jobs))
+	for i, j := range jobs {
 		go func() {
 			for {
 				select {
 				case <-ctx.Done():
 					return
-				case <-jobs[i].C:
+				case <-j.Due():
 					select {
-					case jobCases <- i:
-					default: // the last run has not begun yet
+					case due <- i:
+					case <-ctx.Done():
+						return
 					}
 				}
 			}
@@ -396,11 +412,8 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 			d.catchUp(ctx, false)
 		case <-check.C:
 			d.selfCheck(ctx, holder)
-		case i := <-jobCases:
-			j := o.Every[i]
-			if err := j.Run(ctx); err != nil && ctx.Err() == nil {
-				d.logf("%s: %v", j.Name, err)
-			}
+		case i := <-due:
+			jobs[i].Run(ctx)
 		case <-renew.C:
 			if err := d.st.Identity.RenewLease(ctx, holder, d.u.Now().Add(o.LeaseTTL), d.url); err != nil {
 				if ctx.Err() != nil {

@@ -125,6 +125,14 @@ func hint(err error) string {
 		return "give --count a number from 1 to 100000"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
+	case errors.Is(err, app.ErrRestoreNotEmpty):
+		return "give --data a new or empty directory: a restore never mixes with stores already there"
+	case errors.Is(err, app.ErrBackupOtherKey):
+		return "give the operator key that was set when the backup was made"
+	case errors.Is(err, app.ErrNotABackup):
+		return "give a file 'mesh-controller backup' or 'serve --backup-every' wrote"
+	case errors.Is(err, app.ErrBackupDamaged), errors.Is(err, sqlite.ErrIntegrity):
+		return "restore another backup ('serve --backup-every' keeps the newest few in --backup-dir)"
 	case isStore:
 		return fmt.Sprintf("check %s and the data dir", se.Location.Var)
 	}

@@ -63,6 +63,8 @@ type CLI struct {
 	Retire     RetireCmd     `cmd:"" help:"Providers waiting for a person to approve a retirement (approve, reject)."`
 	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
 	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
+	Backup     BackupCmd     `cmd:"" help:"A consistent copy of every store, taken while serve runs, sealed with age to the operator key."`
+	Restore    RestoreCmd    `cmd:"" help:"A backup into a new or empty data dir (--data), opened with the operator key; integrity and schema checked."`
 }
 
 // Env is what every Run is given: the application and where to print.

@@ -40,6 +40,8 @@ func TestScripts(t *testing.T) {
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"sql":         cmdSQL,
 			"waitserving": cmdWaitServing,
+			"damage":      cmdDamage,
+			"waitfile":    cmdWaitFile,
 		}),
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
 )
 
 // ServeCmd is serve.
@@ -15,16 +16,32 @@ type ServeCmd struct {
 	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
 	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
 	MemoryLimitMiB      int64         `name:"memory-limit" default:"400" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Keeps 10,000 connections under 512 MiB."`
+	BackupEvery         time.Duration `placeholder:"D" help:"Back every store up this often (1s or more), sealed to the operator key, into --backup-dir."`
+	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
+	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
 }
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
 func (c *ServeCmd) Run(env *Env) error {
+	switch {
+	case c.BackupEvery == 0 && c.BackupDir != "":
+		return clirun.UsageError{Msg: "--backup-dir goes with --backup-every"}
+	case c.BackupEvery != 0 && c.BackupDir == "":
+		return clirun.UsageError{Msg: "--backup-every needs --backup-dir"}
+	case c.BackupEvery != 0 && c.BackupEvery < time.Second:
+		return clirun.UsageError{Msg: "give --backup-every a second or more"}
+	case c.BackupKeep < 1:
+		return clirun.UsageError{Msg: "give --backup-keep 1 or more"}
+	}
 	return env.App.Serve(env.Ctx, app.ServeOptions{
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
 		CheckEvery:          c.CheckEvery,
 		BoundsFromDurations: c.BoundsFromDurations,
 		MemoryLimit:         c.MemoryLimitMiB << 20,
+		BackupEvery:         c.BackupEvery,
+		BackupDir:           c.BackupDir,
+		BackupKeep:          c.BackupKeep,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			if f, ok := env.Stdout.(*os.File); ok {

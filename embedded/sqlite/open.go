@@ -65,10 +65,11 @@ type DB struct {
 // ErrOpenTwice (see open files below); an existing file is made 0600.
 func Open(ctx context.Context, loc Location, create bool) (db *DB, err error) {
 	if path := loc.FilePath(); path != "" {
-		release, err := claim(path, create)
-		if err != nil {
+		var release func()
+		if release, err = claim(path, create); err != nil {
 			return nil, err
 		}
+		// err is the named result: a failure below gives the file back.
 		defer func() {
 			if err != nil {
 				release()
@@ -280,6 +281,8 @@ func openError(err error) error {
 			return fmt.Errorf("%w: %v", ErrNotSQLite, err)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("%w: %v", ErrNoStore, err)
+		case sqlite3.SQLITE_CORRUPT:
+			return fmt.Errorf("%w: %v", ErrIntegrity, err)
 		}
 	}
 	return err

@@ -424,3 +424,22 @@ func TestOpen_OnceAProcess(t *testing.T) {
 	first.Close()
 	open(t, path, false)
 }
+
+// A store that fails to open is given back: opening it again says why it
+// fails, never that it is open already.
+func TestOpen_FailureGivesTheFileBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.db")
+	bad := append([]byte("SQLite format 3\x00"), make([]byte, 4096)...)
+	for i := 16; i < len(bad); i++ {
+		bad[i] = 0xff
+	}
+	if err := os.WriteFile(path, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		_, err := Open(context.Background(), Location{DSN: path}, false)
+		if err == nil || errors.Is(err, ErrOpenTwice) {
+			t.Fatalf("open %d: %v", i, err)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+var (
+	// ErrIntegrity means a store fails SQLite's integrity check or its
+	// foreign key check.
+	ErrIntegrity = errors.New("fails its integrity check")
+	// ErrCopyIncomplete means a copy is not one whole database file standing
+	// on its own (a WAL beside it, a size that is not its page count, a WAL
+	// mode header).
+	ErrCopyIncomplete = errors.New("the copy is not a complete database")
+)
+
+// Copied is a copy CopyInto made.
+type Copied struct {
+	// Path is the copy's file.
+	Path string
+	// Bytes is its size.
+	Bytes int64
+	// SchemaVersion is the highest migration recorded in the copy, 0 if none.
+	SchemaVersion int
+}
+
+// CopyInto writes a consistent copy of the live store to path, which must not
+// exist, and checks the copy: one file in rollback mode, no WAL beside it,
+// its size its page count, integrity_check ok.
+//
+// The copy goes through this DB's own connections (VACUUM INTO), never a
+// second open of the store's file: a process that opens the file again and
+// closes it drops its POSIX locks, and a file copy of a WAL database misses
+// what is still in the WAL. VACUUM INTO reads one snapshot, so the copy is
+// consistent while writers go on. It runs on a reader, not the writer, so
+// the daemon's writes are not held up for the copy's length; the reader's
+// query_only guard is lifted for that one statement, and a connection that
+// cannot have it back is dropped from the pool rather than reused.
+func (db *DB) CopyInto(ctx context.Context, path string) (Copied, error) {
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		return Copied{}, fmt.Errorf("copy into %s: exists already", path)
+	}
+	conn, err := db.Reader.Conn(ctx)
+	if err != nil {
+		return Copied{}, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `PRAGMA query_only = 0`); err != nil {
+		return Copied{}, err
+	}
+	_, err = conn.ExecContext(ctx, `VACUUM INTO ?`, path)
+	if _, rerr := conn.ExecContext(context.Background(), `PRAGMA query_only = 1`); rerr != nil {
+		conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	if err != nil {
+		os.Remove(path)
+		return Copied{}, fmt.Errorf("vacuum into %s: %w", path, openError(err))
+	}
+	c, err := checkCopy(ctx, path)
+	if err != nil {
+		os.Remove(path)
+		return Copied{}, err
+	}
+	return c, nil
+}
+
+// checkCopy proves a copy whole and standalone, reading it as an immutable
+// file so that checking it leaves nothing beside it.
+func checkCopy(ctx context.Context, path string) (Copied, error) {
+	for _, side := range []string{"-wal", "-journal"} {
+		if _, err := os.Lstat(path + side); err == nil {
+			return Copied{}, fmt.Errorf("%s: %w: %s%s is beside it", path, ErrCopyIncomplete, path, side)
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return Copied{}, err
+	}
+	head := make([]byte, 100)
+	_, err = io.ReadFull(f, head)
+	fi, serr := f.Stat()
+	f.Close()
+	if err != nil || serr != nil || !bytes.Equal(head[:len(sqliteHeader)], sqliteHeader) {
+		return Copied{}, fmt.Errorf("%s: %w: no SQLite header", path, ErrCopyIncomplete)
+	}
+	// Bytes 18 and 19 are 2 in a WAL-mode file, which would want a WAL to be read whole.
+	if head[18] != 1 || head[19] != 1 {
+		return Copied{}, fmt.Errorf("%s: %w: its header asks for a WAL", path, ErrCopyIncomplete)
+	}
+	r, err := sql.Open("sqlite", dsn(path, "ro", []string{"immutable=1"}))
+	if err != nil {
+		return Copied{}, err
+	}
+	defer r.Close()
+	r.SetMaxOpenConns(1)
+	var pages, pageSize int64
+	if err := r.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+		return Copied{}, openError(err)
+	}
+	if err := r.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&pageSize); err != nil {
+		return Copied{}, err
+	}
+	if pages*pageSize != fi.Size() {
+		return Copied{}, fmt.Errorf("%s: %w: %d bytes, but %d pages of %d", path, ErrCopyIncomplete, fi.Size(), pages, pageSize)
+	}
+	if err := integrityCheck(ctx, r); err != nil {
+		return Copied{}, fmt.Errorf("%s: %w", path, err)
+	}
+	v, err := schemaVersion(ctx, r)
+	if err != nil {
+		return Copied{}, err
+	}
+	return Copied{Path: path, Bytes: fi.Size(), SchemaVersion: v}, nil
+}
+
+// Check runs SQLite's integrity check and foreign key check on the store: a
+// store that fails either is ErrIntegrity, with the first problems found.
+func (db *DB) Check(ctx context.Context) error {
+	if err := integrityCheck(ctx, db.Reader); err != nil {
+		return err
+	}
+	rows, err := db.Reader.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return openError(err)
+	}
+	defer rows.Close()
+	if rows.Next() {
+		var table, parent string
+		var rowid sql.NullInt64
+		var fkid int
+		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: table %s row %d refers to a missing %s", ErrIntegrity, table, rowid.Int64, parent)
+	}
+	return rows.Err()
+}
+
+// integrityCheck runs PRAGMA integrity_check, which answers one row "ok" or
+// up to the given number of problems.
+func integrityCheck(ctx context.Context, q Querier) error {
+	problems, err := Strings(ctx, q, `PRAGMA integrity_check(5)`)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrIntegrity, openError(err))
+	}
+	if len(problems) == 1 && problems[0] == "ok" {
+		return nil
+	}
+	return fmt.Errorf("%w: %v", ErrIntegrity, problems)
+}
+
+// schemaVersion is the highest migration recorded, 0 for a store never migrated.
+func schemaVersion(ctx context.Context, q *sql.DB) (int, error) {
+	var n int
+	if err := q.QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil || n == 0 {
+		return 0, err
+	}
+	var v int
+	err := q.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v)
+	return v, err
+}
