@@ -458,3 +458,36 @@ func TestRestore_Checks(t *testing.T) {
 		}
 	})
 }
+
+// A host that applied declarations the backup never saw is not stuck after a
+// restore: the restored controller numbers its next declaration above the
+// serial the host reports, instead of one the host would refuse as old.
+func TestBackup_RestoreNumbersAboveWhatHostsApplied(t *testing.T) {
+	ctx := context.Background()
+	m := newTestMesh(t)
+	m.join("web1")
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	archive := filepath.Join(t.TempDir(), "b.age")
+	if _, err := m.c.Backup(ctx, archive); err != nil {
+		t.Fatal(err)
+	}
+	m.declare("web1", moduleBody("two", "/srv/two")) // after the backup
+	waitFor(t, "web1 to apply declaration 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	m.stop()
+
+	c := New(filepath.Join(t.TempDir(), "restored"))
+	c.Getenv = func(string) string { return "" }
+	if _, err := c.Restore(ctx, archive, writeKey(t, m.operator)); err != nil {
+		t.Fatal(err)
+	}
+	restored := &testMesh{t: t, c: c, listen: m.listen, logs: &syncBuffer{}, operator: m.operator}
+	restored.start()
+	t.Cleanup(restored.stop)
+	waitFor(t, "the restored controller to hear web1 applied 2", func() bool { return restored.node("web1").SerialApplied == 2 })
+	d := restored.declare("web1", moduleBody("three", "/srv/three"))
+	if d.Serial != 3 {
+		t.Fatalf("the restored controller numbered %d; web1 applied 2 and refuses anything not above it", d.Serial)
+	}
+	waitFor(t, "web1 to apply declaration 3", func() bool { return restored.node("web1").SerialApplied == 3 })
+}

@@ -188,7 +188,9 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]
 	for _, name := range snap.NodeNames {
 		n := snap.Nodes[name]
 		switch {
-		case n.PlanVersion > n.DeclaredPlanVersion:
+		case n.PlanVersion > n.DeclaredPlanVersion, n.SerialApplied > n.SerialDeclared:
+			// A host that applied a serial this store never made (restored
+			// from a backup) is declared again, numbered above it.
 			ahead = append(ahead, name)
 		case start && n.SerialApplied < n.SerialDeclared:
 			decl, err := st.Inventory.LatestDeclaration(ctx, name)

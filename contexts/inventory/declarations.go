@@ -56,16 +56,19 @@ func (s *Store) SaveDeclarations(ctx context.Context, reqs []DeclarationRequest,
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		for i, r := range reqs {
 			d := Declaration{Node: r.Node, IssuedAt: now.UTC().Truncate(time.Second), PlanVersion: r.PlanVersion}
-			var planVersion, last sql.NullInt64
-			err := tx.QueryRowContext(ctx, `SELECT n.plan_version, d.serial FROM nodes n LEFT JOIN declarations d ON d.node = n.name WHERE n.name = ?`, r.Node).
-				Scan(&planVersion, &last)
+			var planVersion, last, applied sql.NullInt64
+			err := tx.QueryRowContext(ctx, `SELECT n.plan_version, d.serial, n.serial_applied FROM nodes n LEFT JOIN declarations d ON d.node = n.name WHERE n.name = ?`, r.Node).
+				Scan(&planVersion, &last, &applied)
 			if errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("node %s %w", r.Node, ErrNodeNotFound)
 			}
 			if err != nil {
 				return err
 			}
-			d.Serial = last.Int64 + 1
+			// Above what the host applied too: after a restore from a backup,
+			// a host may have applied serials this store never saw, and it
+			// refuses any serial not above its last.
+			d.Serial = max(last.Int64, applied.Int64) + 1
 			if r.PlanVersion == CurrentPlan {
 				d.PlanVersion = planVersion.Int64
 			}
