@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"time"
 
+	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/contexts/secrets"
 )
@@ -38,7 +43,7 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err != nil {
 		return Assigned{}, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv, sec := st.Inventory, st.Secrets
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Assigned{}, err
@@ -116,45 +121,62 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	for _, am := range out.Modules {
 		as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: c.Now(), Unverified: am.Unverified})
 	}
-	if err := inv.Assign(ctx, as, sortedKeys(bumps)); err != nil {
-		return Assigned{}, err
-	}
+	// The mesh as it will be, judged and planned in memory from this one
+	// snapshot: seats taken, bindings chosen, declarations deliverable.
+	after := snap.Clone()
+	after.Assign(as...)
+	ch := inventory.Change{Assign: as}
 	// An unheld seat is taken by the first assignment that can fill it.
-	if snap, err = inv.Snapshot(ctx); err != nil {
-		return out, err
-	}
-	var seats []inventory.SeatChange
-	for _, m := range adding {
-		for _, seat := range m.Seats {
-			name := snap.Seats.SeatName(seat.Seat)
-			if len(snap.Seats.Holders[name]) == 0 {
-				seats = append(seats, inventory.SeatChange{Seat: name, Add: []inventory.Holder{{Node: node, Module: m.Module}}})
-				snap.Seats.Holders[name] = []inventory.Holder{{Node: node, Module: m.Module}}
-			}
-		}
-	}
-	if len(seats) > 0 {
-		if err := inv.ChangeSeats(ctx, seats, nil, nil, c.Now()); err != nil {
-			return out, err
-		}
-	}
-	moved, err := c.syncBindings(ctx, inv, ids, sec)
-	if err != nil {
-		return out, err
-	}
-	for _, n := range append(moved, backupHolderNodes(snap)...) {
+	ch.Seats = after.TakeUnheldSeats(as)
+	var moved []string
+	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
+	for _, n := range append(moved, after.HolderNodes("backup")...) {
 		bumps[n] = true
 	}
+	ch.Bump = slices.Sorted(maps.Keys(bumps))
+	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
+		return Assigned{}, err
+	}
+	// The commit point: one inventory transaction.
+	if err := inv.Apply(ctx, ch, c.Now()); err != nil {
+		return Assigned{}, err
+	}
+	fault("assign:after-inventory")
 	// Secrets the mesh makes are made now (or when the node joins), sealed,
 	// and their plaintext dropped.
-	if snap, err = inv.Snapshot(ctx); err != nil {
+	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
 		return out, err
 	}
-	if _, err := makeMeshSecrets(ctx, snap, ids, sec, node, c.Now()); err != nil {
-		return out, err
-	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(bumps))
+	fault("assign:after-secrets")
+	out.Pushed, err = c.sendPlans(ctx, st, ch.Bump)
 	return out, err
+}
+
+// undeliverable says which of these nodes' plans, on the mesh as it would
+// be, could never reach their hosts: a declaration a host would refuse, or
+// one heavier than the broker carries. An act is refused for them before
+// anything is recorded (sealed secrets are not counted: they are made later,
+// and MaxDeclarationBytes leaves room for them beneath the broker's limit).
+func undeliverable(snap *inventory.Snapshot, nodes []string) []string {
+	pl := plan.New(snap, nil)
+	var problems []string
+	for _, n := range nodes {
+		p, err := pl.Plan(n)
+		if err != nil {
+			continue // a node named by a binding no longer in the mesh
+		}
+		d := p.Body
+		d.Serial, d.IssuedAt = 1, time.Now()
+		for _, pr := range d.Problems() {
+			problems = append(problems, fmt.Sprintf("%s's declaration would be refused by its host: %s", n, pr))
+		}
+		if b, err := d.Encode(); err != nil {
+			problems = append(problems, fmt.Sprintf("%s's declaration cannot be encoded: %v", n, err))
+		} else if len(b) > protocol.MaxDeclarationBytes {
+			problems = append(problems, fmt.Sprintf("%s's declaration would be %d bytes, over the %d a declaration may be: it could never be delivered", n, len(b), protocol.MaxDeclarationBytes))
+		}
+	}
+	return problems
 }
 
 // Unassigned is what unassign did.
@@ -180,7 +202,7 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	if err != nil {
 		return Unassigned{}, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return Unassigned{}, err
@@ -208,10 +230,11 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	out := Unassigned{Node: node, Modules: modules, Retirements: []inventory.Retirement{}}
 	bumps := map[string]bool{node: true}
 	why := "unassigned from " + node + " on " + c.Now().UTC().Format("2006-01-02")
+	ch := inventory.Change{}
 	for _, m := range modules {
 		a := here[m]
-		man := snap.Manifests[m][a.Version]
-		for _, d := range man.Data {
+		ch.Unassign = append(ch.Unassign, inventory.Holder{Node: node, Module: m})
+		for _, d := range snap.Manifests[m][a.Version].Data {
 			state := "retired"
 			if d.Precious == inventory.Rebuildable {
 				state = "dropped"
@@ -220,28 +243,31 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 				Precious: d.Precious, State: state, RetiredAt: c.Now(), Why: why})
 		}
 	}
-	if err := inv.Unassign(ctx, node, modules, out.Retirements, sortedKeys(bumps)); err != nil {
+	ch.Retirements = out.Retirements
+	// The mesh as it will be: their consumers' providers keep what they kept
+	// for them, and those consumers now wait for a person to retire them.
+	after := snap.Clone()
+	after.Unassign(ch.Unassign...)
+	var moved []string
+	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
+	for _, n := range append(moved, after.HolderNodes("backup")...) {
+		bumps[n] = true
+	}
+	ch.Bump = slices.Sorted(maps.Keys(bumps))
+	// The commit point: one inventory transaction.
+	if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 		return Unassigned{}, err
 	}
-	// Their consumers' providers keep what they kept for them: those
-	// consumers now wait for a person to retire them.
-	moved, err := c.syncBindings(ctx, inv, ids, sec)
-	if err != nil {
-		return out, err
-	}
-	after, err := inv.Snapshot(ctx)
-	if err != nil {
-		return out, err
-	}
+	fault("unassign:after-inventory")
 	for _, cs := range after.Seats.Consumers {
 		if cs.State == "waiting" && consumerOf(cs.Consumer, node, modules) {
 			out.Waiting = append(out.Waiting, cs)
 		}
 	}
-	for _, n := range append(moved, backupHolderNodes(after)...) {
-		bumps[n] = true
+	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
+		return out, err
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(bumps))
+	out.Pushed, err = c.sendPlans(ctx, st, ch.Bump)
 	return out, err
 }
 
@@ -252,14 +278,4 @@ func consumerOf(consumer, node string, modules []string) bool {
 		}
 	}
 	return false
-}
-
-// backupHolderNodes are the nodes holding the backup seat: their backup
-// lines follow every precious data set in the mesh.
-func backupHolderNodes(snap *inventory.Snapshot) []string {
-	var out []string
-	for _, h := range snap.Seats.Holders[snap.Seats.SeatName("backup")] {
-		out = append(out, h.Node)
-	}
-	return out
 }

@@ -364,7 +364,7 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 	if err != nil {
 		return SettingsChanged{}, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return SettingsChanged{}, err
@@ -435,7 +435,7 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 			return out, err
 		}
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, affected)
+	out.Pushed, err = c.sendPlans(ctx, st, affected)
 	return out, err
 }
 

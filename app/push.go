@@ -3,7 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -125,28 +125,29 @@ func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]plan.Seal
 	return out, nil
 }
 
-// sendPlans declares the plans of nodes from a person's command: it dials
-// the broker once and, if none answers, keeps the declarations for serve.
-func (c *Controller) sendPlans(ctx context.Context, inv *inventory.Store, ids *identity.Store, sec *secrets.Store, nodes []string) ([]Pushed, error) {
+// sendPlans declares the plans of nodes from a person's command, numbered,
+// signed and kept in one transaction, and published in the order given: it
+// dials the broker once and, if none answers, keeps the declarations for
+// serve.
+func (c *Controller) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
 	}
-	key, err := ids.SigningKey(ctx)
+	key, err := st.Identity.SigningKey(ctx)
 	if err != nil {
 		return nil, err
 	}
-	snap, err := inv.Snapshot(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d := &declarer{inv: inv, sec: sec, key: key, now: c.Now}
-	if nc, err := c.dialBroker(ctx, ids); err != nil {
+	d := &declarer{inv: st.Inventory, sec: st.Secrets, key: key, now: c.Now}
+	if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
 		d.notSent = err.Error()
 	} else {
 		defer nc.Close()
 		d.nc = nc
 	}
-	sort.Strings(nodes)
 	return d.declare(ctx, snap, nodes), nil
 }
 
@@ -172,7 +173,7 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 	if err != nil {
 		return nil, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -200,7 +201,23 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	return c.sendPlans(ctx, inv, ids, sec, nodes)
+	if r.Behind {
+		// Versions recorded by 'upgrade record' are sent now: moved, with
+		// the plans of their nodes, in one transaction.
+		ch := inventory.Change{}
+		for _, a := range snap.Assignments {
+			if a.Pending != "" && slices.Contains(nodes, a.Node) {
+				ch.Versions = append(ch.Versions, inventory.Assignment{Node: a.Node, Module: a.Module, Version: a.Pending})
+				ch.Bump = append(ch.Bump, a.Node)
+			}
+		}
+		if len(ch.Versions) > 0 {
+			if err := inv.Apply(ctx, ch, c.Now()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c.sendPlans(ctx, st, nodes)
 }
 
 // PlanView is one node's plan as plan shows it.
@@ -261,6 +278,7 @@ func hostFiles(d protocol.Declaration) []string {
 // planStores are the stores a command that changes plans works on, and the
 // mesh as it stood when it began.
 type planStores struct {
+	st   *Stores
 	inv  *inventory.Store
 	ids  *identity.Store
 	sec  *secrets.Store
@@ -274,7 +292,7 @@ func (c *Controller) openPlanStores(ctx context.Context) (planStores, error) {
 	if err != nil {
 		return planStores{}, err
 	}
-	ps := planStores{inv: st.Inventory, ids: st.Identity, sec: st.Secrets}
+	ps := planStores{st: st, inv: st.Inventory, ids: st.Identity, sec: st.Secrets}
 	if ps.snap, err = ps.inv.Snapshot(ctx); err != nil {
 		return planStores{}, err
 	}

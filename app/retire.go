@@ -57,7 +57,7 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if err != nil {
 		return nil, nil, err
 	}
-	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
+	st, inv, snap := ps.st, ps.inv, ps.snap
 	provider := inventory.Holder{Node: node, Module: module}
 	state, verb := "retired", "retire approve"
 	if !approve {
@@ -76,13 +76,15 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if len(changes) == 0 {
 		return nil, nil, fmt.Errorf("%s %w", provider, ErrNothingWaiting)
 	}
-	if err := inv.SetConsumers(ctx, changes, []string{node}, c.Now()); err != nil {
+	// The hand act is written first: a person's word of what they asked
+	// outlives a process stopped before the act is recorded.
+	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%d consumers)", verb, provider, len(decided)), why, "retire", ""); err != nil {
 		return nil, nil, err
 	}
-	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%d consumers)", verb, provider, len(decided)), why, "retire", ""); err != nil {
-		return decided, nil, err
+	if err := inv.Apply(ctx, inventory.Change{Consumers: changes, Bump: []string{node}}, c.Now()); err != nil {
+		return nil, nil, err
 	}
-	pushed, err := c.sendPlans(ctx, inv, ids, sec, []string{node})
+	pushed, err := c.sendPlans(ctx, st, []string{node})
 	return decided, pushed, err
 }
 
@@ -185,7 +187,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) ([]Cle
 	if err != nil {
 		return nil, nil, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv := st.Inventory
 	_, all, err := c.readCleanup(ctx, inv)
 	if err != nil {
 		return nil, nil, err
@@ -219,7 +221,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) ([]Cle
 		}
 		nodes[cl.Node] = true
 	}
-	pushed, err := c.sendPlans(ctx, inv, ids, sec, sortedKeys(nodes))
+	pushed, err := c.sendPlans(ctx, st, sortedKeys(nodes))
 	return chosen, pushed, err
 }
 

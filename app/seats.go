@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 )
 
 // Why seat, pin and retire commands refuse.
@@ -100,7 +102,7 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 	if err != nil {
 		return Handover{}, err
 	}
-	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
+	st, inv, snap := ps.st, ps.inv, ps.snap
 	seat, err := findSeat(snap, name)
 	if err != nil {
 		return Handover{}, err
@@ -149,15 +151,11 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 	if err := inv.ChangeSeats(ctx, []inventory.SeatChange{change}, replacement, bumps, c.Now()); err != nil {
 		return h, err
 	}
+	fault("seat:after-inventory")
 	h.Changed = true
-	// The new holder's declaration goes first, so no sent declaration ever
-	// leaves the seat empty.
-	first, err := c.sendPlans(ctx, inv, ids, sec, []string{node})
-	if err != nil {
-		return h, err
-	}
-	rest, err := c.sendPlans(ctx, inv, ids, sec, withoutNode(bumps, node))
-	h.Pushed = append(first, rest...)
+	// The new holder's declaration is published first, so no sent
+	// declaration ever leaves the seat empty.
+	h.Pushed, err = c.sendPlans(ctx, st, append([]string{node}, withoutNode(bumps, node)...))
 	return h, err
 }
 
@@ -232,7 +230,7 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 	if err != nil {
 		return Pinned{}, err
 	}
-	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
+	st, snap := ps.st, ps.snap
 	if _, ok := snap.Nodes[node]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
@@ -261,20 +259,27 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 		}
 		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
 	}
-	if err := inv.SetPin(ctx, node, provision, provider, c.Now()); err != nil {
-		return out, err
-	}
-	if replacement != nil {
-		if err := inv.SetBindings(ctx, nil, nil, replacement, nil, c.Now()); err != nil {
-			return out, err
-		}
-	}
-	bumps, err := c.syncBindings(ctx, inv, ids, sec)
-	if err != nil {
-		return out, err
-	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, bumps)
+	pin := inventory.Pin{Node: node, Provision: provision, Provider: provider}
+	ch := inventory.Change{Pins: []inventory.Pin{pin}, Replacement: replacement}
+	after := snap.Clone()
+	after.Seats.Pins[node+"/"+provision] = pin
+	out.Pushed, err = c.rebind(ctx, st, after, ch, "pin")
 	return out, err
+}
+
+// rebind records a change that moves bindings (a pin set or taken away) in
+// one inventory transaction with the bindings it moves, then makes the
+// credentials they need and declares the nodes they move.
+func (c *Controller) rebind(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
+	ch.Bindings, ch.Consumers, ch.Bump = after.BindingChanges()
+	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
+		return nil, err
+	}
+	fault(act + ":after-inventory")
+	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
+		return nil, err
+	}
+	return c.sendPlans(ctx, st, ch.Bump)
 }
 
 // Unpin puts the choice back to the mesh; a binding whose provider keeps
@@ -287,12 +292,9 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	if err != nil {
 		return Pinned{}, err
 	}
-	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
+	st, snap := ps.st, ps.snap
 	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
-	}
-	if err := inv.SetPin(ctx, node, provision, inventory.Holder{}, c.Now()); err != nil {
-		return Pinned{}, err
 	}
 	out := Pinned{Node: node, Provision: provision}
 	for _, b := range snap.Seats.Bindings {
@@ -302,11 +304,9 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 			}
 		}
 	}
-	bumps, err := c.syncBindings(ctx, inv, ids, sec)
-	if err != nil {
-		return out, err
-	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, bumps)
+	after := snap.Clone()
+	delete(after.Seats.Pins, node+"/"+provision)
+	out.Pushed, err = c.rebind(ctx, st, after, inventory.Change{Pins: []inventory.Pin{{Node: node, Provision: provision}}}, "unpin")
 	return out, err
 }
 
@@ -327,29 +327,41 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	if err != nil {
 		return Rotated{}, err
 	}
-	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
+	st, snap := ps.st, ps.snap
 	out := Rotated{Credentials: []string{}}
 	nodes := map[string]bool{}
-	for _, b := range snap.Seats.Bindings {
+	var keeps []secrets.Keeping
+	for _, key := range slices.Sorted(maps.Keys(snap.Seats.Bindings)) {
+		b := snap.Seats.Bindings[key]
 		if b.Provision != provision || !snap.GivesCredential(b.Provider, provision) ||
 			(consumer != "" && b.Node != consumer) || (module != "" && b.Module != module && b.Provider.Module != module) {
 			continue
 		}
-		name := inventory.CredentialName(b.Node, b.Module, provision)
-		if err := c.sealCredential(ctx, ids, sec, b, name); err != nil {
+		k, err := c.credentialKeeping(ctx, st, b, "made")
+		if err != nil {
 			return out, err
 		}
+		keeps = append(keeps, k)
 		out.Credentials = append(out.Credentials, fmt.Sprintf("%s/%s for %s/%s", b.Provider, provision, b.Node, b.Module))
 		nodes[b.Node], nodes[b.Provider.Node] = true, true
 	}
-	if len(out.Credentials) == 0 {
+	if len(keeps) == 0 {
 		return out, fmt.Errorf("%s: %w", provision, ErrNothingToRotate)
 	}
-	sort.Strings(out.Credentials)
-	if err := inv.BumpPlans(ctx, sortedKeys(nodes)); err != nil {
+	slices.Sort(out.Credentials)
+	// The plans move first: a rotation stopped after its credentials are
+	// kept still has both ends declared by the catch-up, together.
+	bumped := slices.Sorted(maps.Keys(nodes))
+	if err := st.Inventory.BumpPlans(ctx, bumped); err != nil {
 		return out, err
 	}
-	out.Pushed, err = c.sendPlans(ctx, inv, ids, sec, sortedKeys(nodes))
+	fault("rotate:after-inventory")
+	// The commit point: every new credential in one secrets transaction.
+	if _, err := st.Secrets.KeepAll(ctx, keeps, c.Now()); err != nil {
+		return out, err
+	}
+	fault("rotate:after-secrets")
+	out.Pushed, err = c.sendPlans(ctx, st, bumped)
 	return out, err
 }
 

@@ -138,63 +138,6 @@ func newMeshSecret() (protocol.Secret, error) {
 	return s, nil
 }
 
-// keepSealed seals a value to the node's recipient and the current operator
-// key as one age file, and keeps it as the secret's next version.
-func keepSealed(ctx context.Context, sec *secrets.Store, nodeRecipient string, l protocol.Label, madeBy, event string, v protocol.Secret, now time.Time, also ...string) (secrets.Copy, error) {
-	nr, err := age.ParseX25519Recipient(nodeRecipient)
-	if err != nil {
-		return secrets.Copy{}, fmt.Errorf("node %s's recipient: %w", l.Node, err)
-	}
-	recipients := []age.Recipient{nr}
-	for _, a := range also {
-		r, err := age.ParseX25519Recipient(a)
-		if err != nil {
-			return secrets.Copy{}, err
-		}
-		recipients = append(recipients, r)
-	}
-	return sec.Keep(ctx, secrets.Copy{Node: l.Node, Module: l.Module, Name: l.Name, MadeBy: madeBy, NodeRecipient: nodeRecipient}, event,
-		func(version int64, operatorKey string) (string, error) {
-			or, err := age.ParseX25519Recipient(operatorKey)
-			if err != nil {
-				return "", err
-			}
-			l.Version = version
-			return protocol.SealSecret(v, l, append(recipients, or)...)
-		}, now)
-}
-
-// makeMeshSecrets makes every mesh-made secret a node's assignments lack,
-// once the node has joined; it returns how many it made.
-func makeMeshSecrets(ctx context.Context, snap *inventory.Snapshot, ids *identity.Store, sec *secrets.Store, node string, now time.Time) (int, error) {
-	recipient, err := nodeRecipient(ctx, ids, node)
-	if err != nil {
-		return 0, nil // made when it joins
-	}
-	made := 0
-	for _, a := range snap.AssignmentsOf(node) {
-		for _, s := range snap.Manifests[a.Module][a.Version].Secrets {
-			if s.MadeBy != "mesh" {
-				continue
-			}
-			if _, err := sec.Copy(ctx, node, a.Module, s.Name); err == nil {
-				continue
-			} else if !errors.Is(err, secrets.ErrNoSecret) {
-				return made, err
-			}
-			v, err := newMeshSecret()
-			if err != nil {
-				return made, err
-			}
-			if _, err := keepSealed(ctx, sec, recipient, protocol.Label{Node: node, Module: a.Module, Name: s.Name}, "mesh", "made", v, now); err != nil {
-				return made, err
-			}
-			made++
-		}
-	}
-	return made, nil
-}
-
 func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (string, error) {
 	hosts, err := ids.Hosts(ctx)
 	if err != nil {
@@ -253,13 +196,19 @@ func (c *Controller) SecretAccept(ctx context.Context, node, module, name string
 	if _, err := sec.OperatorKey(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := keepSealed(ctx, sec, recipient, protocol.Label{Node: node, Module: module, Name: name}, "person", "accepted", v, c.Now()); err != nil {
+	k, err := keeping(protocol.Label{Node: node, Module: module, Name: name}, "person", "accepted", v, recipient)
+	if err != nil {
 		return nil, err
 	}
+	// The plan moves first: a value kept by a process stopped before the
+	// declaration is sent still reaches the node with the catch-up.
 	if err := inv.BumpPlans(ctx, []string{node}); err != nil {
 		return nil, err
 	}
-	return c.sendPlans(ctx, inv, ids, sec, []string{node})
+	if _, err := sec.KeepAll(ctx, []secrets.Keeping{k}, c.Now()); err != nil {
+		return nil, err
+	}
+	return c.sendPlans(ctx, st, []string{node})
 }
 
 // Export is every operator-sealed copy, ciphertext only: what to keep beside

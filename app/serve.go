@@ -164,11 +164,8 @@ func (c *Controller) afterJoin(ctx context.Context, node string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	made, err := makeMeshSecrets(ctx, snap, st.Identity, st.Secrets, node, c.Now())
-	if err != nil || made == 0 {
-		return made, err
-	}
-	return made, st.Inventory.BumpPlans(ctx, []string{node})
+	made, err := c.ensureSecrets(ctx, st, snap, nil)
+	return len(made), err
 }
 
 // catchUp sends a new declaration to every node whose declaration is

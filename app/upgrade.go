@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"mesh-controller/contexts/inventory"
@@ -14,6 +16,8 @@ type UpgradeStep struct {
 	Node string `json:"node"`
 	From string `json:"from"`
 	To   string `json:"to"`
+	// Recorded says upgrade record set it, and nothing was sent.
+	Recorded bool `json:"recorded,omitempty"`
 	// Serial is the declaration sent (roll-out); Applied says its host reported it applied.
 	Serial  int64  `json:"serial,omitempty"`
 	Applied bool   `json:"applied"`
@@ -45,7 +49,10 @@ type UpgradeRequest struct {
 var ErrRollOutStopped = errors.New("the roll-out stopped")
 
 // Upgrade previews, rolls out or records a module's move to its current
-// version on the nodes that run an older one.
+// version on the nodes that do not run it yet: those whose assignment is at
+// an older version (or has the current one only recorded), and those whose
+// host has not yet applied the declaration that carries it — a roll-out
+// judges by what hosts report applied.
 func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	if err := CheckName(r.Module); err != nil {
 		return UpgradeView{}, err
@@ -60,7 +67,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if err != nil {
 		return UpgradeView{}, err
 	}
-	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
+	inv := st.Inventory
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return UpgradeView{}, err
@@ -71,7 +78,15 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	}
 	v := UpgradeView{Module: r.Module, Current: cur, Steps: []UpgradeStep{}}
 	for _, a := range snap.Assignments {
-		if a.Module == r.Module && inventory.CompareVersions(a.Version, cur) < 0 {
+		if a.Module != r.Module {
+			continue
+		}
+		n := snap.Nodes[a.Node]
+		switch {
+		case inventory.CompareVersions(a.Version, cur) < 0:
+			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur, Recorded: a.Pending == cur})
+		case r.Action == "roll-out" && (n.SerialApplied < n.SerialDeclared || n.PlanVersion > n.DeclaredPlanVersion):
+			// Declared, or about to be, but not yet applied by its host.
 			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur})
 		}
 	}
@@ -79,8 +94,14 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	case "", "show":
 		return v, nil
 	case "record":
+		// Recorded, not sent: the catch-up leaves these nodes alone until
+		// 'push --behind' or a roll-out.
+		ch := inventory.Change{}
 		for _, s := range v.Steps {
-			if err := inv.SetVersion(ctx, s.Node, r.Module, cur, []string{s.Node}); err != nil {
+			ch.Pending = append(ch.Pending, inventory.Assignment{Node: s.Node, Module: r.Module, Version: cur})
+		}
+		if len(ch.Pending) > 0 {
+			if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 				return v, err
 			}
 		}
@@ -90,102 +111,109 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		return v, nil
 	}
 	// A roll-out waits for hosts: it needs the broker.
-	nc, err := c.dialBroker(ctx, ids)
+	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		return v, err
 	}
 	nc.Close()
-	waitFor := func(i int) error {
-		s := &v.Steps[i]
-		deadline := time.Now().Add(r.Wait)
-		for {
-			n, err := inv.Node(ctx, s.Node)
-			if err != nil {
-				return err
-			}
-			if n.SerialApplied >= s.Serial {
-				s.Applied = true
-				r.Progress(fmt.Sprintf("%s applied declaration %d (%s %s)", s.Node, s.Serial, r.Module, s.To))
-				return nil
-			}
-			if o := n.LastOutcome; o != nil && !o.OK && o.Serial == s.Serial {
-				s.Error = o.Error
-				return fmt.Errorf("%w at %s: declaration %d failed there: %s", ErrRollOutStopped, s.Node, s.Serial, o.Error)
-			}
-			if time.Now().After(deadline) {
-				s.Error = "not reported applied within " + r.Wait.String()
-				return fmt.Errorf("%w at %s: declaration %d not reported applied within %s", ErrRollOutStopped, s.Node, s.Serial, r.Wait)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
+	move := func(steps []int) error {
+		ch := inventory.Change{}
+		for _, i := range steps {
+			ch.Versions = append(ch.Versions, inventory.Assignment{Node: v.Steps[i].Node, Module: r.Module, Version: cur})
+			ch.Bump = append(ch.Bump, v.Steps[i].Node)
 		}
-	}
-	send := func(i int) error {
-		s := &v.Steps[i]
-		if err := inv.SetVersion(ctx, s.Node, r.Module, cur, []string{s.Node}); err != nil {
+		// One transaction for every node moved at once.
+		if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 			return err
 		}
-		pushed, err := c.sendPlans(ctx, inv, ids, sec, []string{s.Node})
+		pushed, err := c.sendPlans(ctx, st, ch.Bump)
 		if err != nil {
 			return err
 		}
-		p := pushed[0]
-		s.Serial = p.Serial
-		if p.Problem != "" || !p.Sent {
-			s.Error = p.Problem + p.NotSent
-			return fmt.Errorf("%w at %s: %s", ErrRollOutStopped, s.Node, s.Error)
+		for k, i := range steps {
+			s, p := &v.Steps[i], pushed[k]
+			s.Serial = p.Serial
+			if p.Problem != "" || !p.Sent {
+				s.Error = p.Problem + p.NotSent
+				v.Stopped = s.Node
+				return fmt.Errorf("%w at %s: %s", ErrRollOutStopped, s.Node, s.Error)
+			}
 		}
-		r.Progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", s.Node, s.Serial, r.Module, s.From, s.To))
 		return nil
 	}
 	if r.Together {
-		// Every node moves at once: versions set in one pass, then one push
-		// from one snapshot and one broker connection, not a round trip each.
-		nodes := make([]string, len(v.Steps))
-		for i, s := range v.Steps {
-			if err := inv.SetVersion(ctx, s.Node, r.Module, cur, []string{s.Node}); err != nil {
-				return v, err
-			}
-			nodes[i] = s.Node
+		all := make([]int, len(v.Steps))
+		for i := range all {
+			all[i] = i
 		}
-		pushed, err := c.sendPlans(ctx, inv, ids, sec, nodes)
-		if err != nil {
+		if err := move(all); err != nil {
 			return v, err
 		}
-		byNode := map[string]Pushed{}
-		for _, p := range pushed {
-			byNode[p.Node] = p
-		}
-		for i := range v.Steps {
-			p := byNode[v.Steps[i].Node]
-			v.Steps[i].Serial = p.Serial
-			if p.Problem != "" || !p.Sent {
-				v.Steps[i].Error = p.Problem + p.NotSent
-				v.Stopped = v.Steps[i].Node
-				return v, fmt.Errorf("%w at %s: %s", ErrRollOutStopped, v.Steps[i].Node, v.Steps[i].Error)
-			}
-		}
-		r.Progress(fmt.Sprintf("sent %d declarations (%s %s)", len(nodes), r.Module, cur))
-		var errs []error
-		for i := range v.Steps {
-			if err := waitFor(i); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		return v, errors.Join(errs...)
+		r.Progress(fmt.Sprintf("sent %d declarations (%s %s)", len(all), r.Module, cur))
+		return v, c.waitApplied(ctx, inv, &v, all, r)
 	}
 	for i := range v.Steps {
-		if err := send(i); err != nil {
-			v.Stopped = v.Steps[i].Node
+		if err := move([]int{i}); err != nil {
 			return v, err
 		}
-		if err := waitFor(i); err != nil {
-			v.Stopped = v.Steps[i].Node
+		s := v.Steps[i]
+		r.Progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", s.Node, s.Serial, r.Module, s.From, s.To))
+		if err := c.waitApplied(ctx, inv, &v, []int{i}, r); err != nil {
+			v.Stopped = s.Node
 			return v, err
 		}
 	}
 	return v, nil
+}
+
+// waitApplied waits, with one deadline for them all, until the hosts of
+// these steps report their declarations applied or failed; a node silent
+// past the deadline is said, not waited for one after another.
+func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *UpgradeView, steps []int, r UpgradeRequest) error {
+	deadline := time.Now().Add(r.Wait)
+	waiting := slices.Clone(steps)
+	var errs []error
+	for len(waiting) > 0 {
+		nodes, err := inv.Nodes(ctx)
+		if err != nil {
+			return err
+		}
+		byName := make(map[string]inventory.Node, len(nodes))
+		for _, n := range nodes {
+			byName[n.Name] = n
+		}
+		waiting = slices.DeleteFunc(waiting, func(i int) bool {
+			s := &v.Steps[i]
+			n := byName[s.Node]
+			switch {
+			case n.SerialApplied >= s.Serial:
+				s.Applied = true
+				r.Progress(fmt.Sprintf("%s applied declaration %d (%s %s)", s.Node, s.Serial, r.Module, s.To))
+				return true
+			case n.LastOutcome != nil && !n.LastOutcome.OK && n.LastOutcome.Serial == s.Serial:
+				s.Error = n.LastOutcome.Error
+				errs = append(errs, fmt.Errorf("%w at %s: declaration %d failed there: %s", ErrRollOutStopped, s.Node, s.Serial, s.Error))
+				return true
+			}
+			return false
+		})
+		if len(waiting) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var silent []string
+			for _, i := range waiting {
+				v.Steps[i].Error = "not reported applied within " + r.Wait.String()
+				silent = append(silent, v.Steps[i].Node)
+			}
+			errs = append(errs, fmt.Errorf("%w: %s did not report declaration applied within %s", ErrRollOutStopped, strings.Join(silent, ", "), r.Wait))
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return errors.Join(errs...)
 }

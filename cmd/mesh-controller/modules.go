@@ -401,7 +401,11 @@ func (c *UpgradeCmd) Run(env *Env) error {
 	case "show":
 		fmt.Fprintf(env.Stdout, "%s is at %s; these nodes run an older version:\n", v.Module, v.Current)
 		for _, s := range v.Steps {
-			fmt.Fprintf(env.Stdout, "  %s: %s -> %s\n", s.Node, s.From, s.To)
+			recorded := ""
+			if s.Recorded {
+				recorded = " (recorded, not sent)"
+			}
+			fmt.Fprintf(env.Stdout, "  %s: %s -> %s%s\n", s.Node, s.From, s.To, recorded)
 		}
 		fmt.Fprintf(env.Stderr, "a roll-out sends each its declaration with %s %s, one at a time: 'mesh-controller upgrade %s roll-out'\n", v.Module, v.Current, v.Module)
 	case "record":

@@ -25,6 +25,8 @@ type Assignment struct {
 	AssignedAt time.Time
 	// Unverified are requirements not judged yet: the node had not reported the facts.
 	Unverified []string
+	// Pending is a version recorded by 'upgrade record' and not yet sent.
+	Pending string
 }
 
 // SettingsLayer is the mesh's (Node "") or one node's settings for a module.

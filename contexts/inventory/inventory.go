@@ -52,12 +52,16 @@ type Node struct {
 	// PlanVersion moves each time its plan changes; DeclaredPlanVersion is
 	// the plan version its latest declaration was made from.
 	PlanVersion, DeclaredPlanVersion int64
+	// Pending counts its assignments with a version recorded (upgrade
+	// record) and not yet sent.
+	Pending int
 }
 
-// Behind says the node's declaration is older than its plan, or its host has
-// not applied its latest declaration.
+// Behind says the node's declaration is older than its plan, its host has
+// not applied its latest declaration, or a version was recorded for it and
+// not yet sent.
 func (n Node) Behind() bool {
-	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared
+	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared || n.Pending > 0
 }
 
 // Store is the inventory context's store.
@@ -94,7 +98,8 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 
 const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, coalesce(d.serial, 0), n.serial_applied,
 	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at,
-	n.plan_version, coalesce(d.plan_version, 0)`
+	n.plan_version, coalesce(d.plan_version, 0),
+	(SELECT count(*) FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL)`
 
 const nodesFrom = ` FROM nodes n LEFT JOIN declarations d ON d.node = n.name`
 
@@ -107,7 +112,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var o Outcome
 	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard, &n.SerialDeclared, &n.SerialApplied,
 		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt,
-		&n.PlanVersion, &n.DeclaredPlanVersion); err != nil {
+		&n.PlanVersion, &n.DeclaredPlanVersion, &n.Pending); err != nil {
 		return Node{}, err
 	}
 	if appliedSerial.Valid && appliedAt.Valid {

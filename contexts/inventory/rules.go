@@ -310,3 +310,13 @@ func (s *Snapshot) BackupHolders() string {
 	slices.Sort(names)
 	return strings.Join(names, ", ")
 }
+
+// HolderNodes are the nodes holding a seat: the backup seat's holders carry
+// a backup line for every precious data set, so their plans follow them.
+func (s *Snapshot) HolderNodes(seat string) []string {
+	var out []string
+	for _, h := range s.SeatHolders(seat) {
+		out = append(out, h.Node)
+	}
+	return out
+}

@@ -192,28 +192,33 @@ type SeatChange struct {
 // is given, and moves the plans of the bump nodes, all in one transaction:
 // a handover is never seen half done.
 func (s *Store) ChangeSeats(ctx context.Context, changes []SeatChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		for _, c := range changes {
-			for _, h := range c.Add {
-				if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO seat_holders (seat, node, module, since) VALUES (?, ?, ?, ?)`,
-					c.Seat, h.Node, h.Module, sqlite.FormatTime(now)); err != nil {
-					return err
-				}
-			}
-			for _, h := range c.Remove {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM seat_holders WHERE seat = ? AND node = ? AND module = ?`, c.Seat, h.Node, h.Module); err != nil {
-					return err
-				}
-			}
-		}
-		if replacement != nil {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO replacements (what, new_holder, old_holder, data, at) VALUES (?, ?, ?, ?, ?)`,
-				replacement.What, replacement.NewHolder, replacement.OldHolder, replacement.Data, sqlite.FormatTime(now)); err != nil {
+	return s.Apply(ctx, Change{Seats: changes, Replacement: replacement, Bump: bumpNodes}, now)
+}
+
+func changeSeats(ctx context.Context, tx *sql.Tx, changes []SeatChange, now time.Time) error {
+	for _, c := range changes {
+		for _, h := range c.Add {
+			if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO seat_holders (seat, node, module, since) VALUES (?, ?, ?, ?)`,
+				c.Seat, h.Node, h.Module, sqlite.FormatTime(now)); err != nil {
 				return err
 			}
 		}
-		return bump(ctx, tx, bumpNodes)
-	})
+		for _, h := range c.Remove {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM seat_holders WHERE seat = ? AND node = ? AND module = ?`, c.Seat, h.Node, h.Module); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func recordReplacement(ctx context.Context, tx *sql.Tx, r *Replacement, now time.Time) error {
+	if r == nil {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO replacements (what, new_holder, old_holder, data, at) VALUES (?, ?, ?, ?, ?)`,
+		r.What, r.NewHolder, r.OldHolder, r.Data, sqlite.FormatTime(now))
+	return err
 }
 
 // RenameSeat renames a seat: its holders move to the new name, and the
@@ -247,26 +252,19 @@ type ConsumerChange struct {
 // applies consumer changes, records a replacement, and moves the plans of
 // the bump nodes, in one transaction.
 func (s *Store) SetBindings(ctx context.Context, bindings []Binding, consumers []ConsumerChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		for _, b := range bindings {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO bindings (node, module, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?, ?)
-				ON CONFLICT (node, module, provision) DO UPDATE SET provider_node = excluded.provider_node, provider_module = excluded.provider_module, since = excluded.since
-				WHERE provider_node <> excluded.provider_node OR provider_module <> excluded.provider_module`,
-				b.Node, b.Module, b.Provision, b.Provider.Node, b.Provider.Module, sqlite.FormatTime(now)); err != nil {
-				return err
-			}
-		}
-		if err := setConsumers(ctx, tx, consumers, now); err != nil {
+	return s.Apply(ctx, Change{Bindings: bindings, Consumers: consumers, Replacement: replacement, Bump: bumpNodes}, now)
+}
+
+func setBindings(ctx context.Context, tx *sql.Tx, bindings []Binding, now time.Time) error {
+	for _, b := range bindings {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO bindings (node, module, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (node, module, provision) DO UPDATE SET provider_node = excluded.provider_node, provider_module = excluded.provider_module, since = excluded.since
+			WHERE provider_node <> excluded.provider_node OR provider_module <> excluded.provider_module`,
+			b.Node, b.Module, b.Provision, b.Provider.Node, b.Provider.Module, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
-		if replacement != nil {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO replacements (what, new_holder, old_holder, data, at) VALUES (?, ?, ?, ?, ?)`,
-				replacement.What, replacement.NewHolder, replacement.OldHolder, replacement.Data, sqlite.FormatTime(now)); err != nil {
-				return err
-			}
-		}
-		return bump(ctx, tx, bumpNodes)
-	})
+	}
+	return nil
 }
 
 func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, now time.Time) error {
@@ -293,12 +291,16 @@ func (s *Store) SetConsumers(ctx context.Context, consumers []ConsumerChange, bu
 
 // SetPin records or (provider zero) removes a pin.
 func (s *Store) SetPin(ctx context.Context, node, provision string, provider Holder, now time.Time) error {
-	if provider == (Holder{}) {
-		_, err := s.db.Writer.ExecContext(ctx, `DELETE FROM pins WHERE node = ? AND provision = ?`, node, provision)
+	return s.Apply(ctx, Change{Pins: []Pin{{Node: node, Provision: provision, Provider: provider}}}, now)
+}
+
+func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {
+	if p.Provider == (Holder{}) {
+		_, err := tx.ExecContext(ctx, `DELETE FROM pins WHERE node = ? AND provision = ?`, p.Node, p.Provision)
 		return err
 	}
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT OR REPLACE INTO pins (node, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?)`,
-		node, provision, provider.Node, provider.Module, sqlite.FormatTime(now))
+	_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO pins (node, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?)`,
+		p.Node, p.Provision, p.Provider.Node, p.Provider.Module, sqlite.FormatTime(now))
 	return err
 }
 

@@ -21,12 +21,15 @@ type NodeState struct {
 	SerialApplied       int64
 	LastHeard           *time.Time
 	HeartbeatIntervalS  float64
+	// Pending counts its assignments with a recorded version not yet sent.
+	Pending int
 }
 
-// Behind says the node's declaration is older than its plan, or its host
-// has not applied its latest declaration (as Node.Behind).
+// Behind says the node's declaration is older than its plan, its host has
+// not applied its latest declaration, or a version recorded for it waits to
+// be sent (as Node.Behind).
 func (n NodeState) Behind() bool {
-	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared
+	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared || n.Pending > 0
 }
 
 // Snapshot is everything plans are computed from, read in one transaction
@@ -115,11 +118,16 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
+	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified, coalesce(pending_version, '') FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
 		var a Assignment
 		var at, unverified string
-		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified); err != nil {
+		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified, &a.Pending); err != nil {
 			return err
+		}
+		if a.Pending != "" {
+			n := snap.Nodes[a.Node]
+			n.Pending++
+			snap.Nodes[a.Node] = n
 		}
 		var err error
 		if a.AssignedAt, err = sqlite.ParseTime(at); err != nil {

@@ -122,32 +122,89 @@ func (s *Store) Recoverable(ctx context.Context) (current, onlyOlder int, err er
 // in one transaction. seal is given the version and must seal to the
 // current operator key, whose recipient it is given.
 func (s *Store) Keep(ctx context.Context, c Copy, event string, seal func(version int64, operatorKey string) (string, error), now time.Time) (Copy, error) {
+	kept, err := s.KeepAll(ctx, []Keeping{{Copy: c, Event: event, Seal: seal}}, now)
+	if err != nil {
+		return Copy{}, err
+	}
+	return kept[0], nil
+}
+
+// Keeping is one secret's next copy to keep.
+type Keeping struct {
+	Copy  Copy
+	Event string
+	// Seal is given the version and the current operator key's recipient,
+	// and seals the value to it (and to the node).
+	Seal func(version int64, operatorKey string) (string, error)
+	// IfMissing keeps it only if the secret has no copy yet: a secret the
+	// mesh makes is made once, however many acts and catch-ups ask for it.
+	IfMissing bool
+}
+
+// KeepAll keeps many secrets' next copies in one transaction: an act that
+// makes several secrets makes all or none. It returns the copies kept (one
+// skipped as IfMissing is not returned).
+func (s *Store) KeepAll(ctx context.Context, ks []Keeping, now time.Time) ([]Copy, error) {
+	var kept []Copy
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		kept = kept[:0]
 		key, err := current(ctx, tx)
 		if err != nil {
 			return err
 		}
-		var last int64
-		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM secret_history WHERE node = ? AND module = ? AND name = ?`,
-			c.Node, c.Module, c.Name).Scan(&last); err != nil {
-			return err
+		for _, k := range ks {
+			c := k.Copy
+			if k.IfMissing {
+				var n int
+				if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sealed WHERE node = ? AND module = ? AND name = ?`, c.Node, c.Module, c.Name).Scan(&n); err != nil {
+					return err
+				}
+				if n > 0 {
+					continue
+				}
+			}
+			var last int64
+			if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM secret_history WHERE node = ? AND module = ? AND name = ?`,
+				c.Node, c.Module, c.Name).Scan(&last); err != nil {
+				return err
+			}
+			c.Version, c.OperatorKey, c.SealedAt = last+1, key.Recipient, now.UTC().Truncate(time.Millisecond)
+			if c.Sealed, err = k.Seal(c.Version, key.Recipient); err != nil {
+				return fmt.Errorf("seal %s/%s/%s: %w", c.Node, c.Module, c.Name, err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sealed (node, module, name, version, made_by, node_recipient, operator_key, sealed, sealed_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.Node, c.Module, c.Name, c.Version, c.MadeBy, c.NodeRecipient, key.ID, c.Sealed, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at) VALUES (?, ?, ?, ?, ?, ?)`,
+				c.Node, c.Module, c.Name, c.Version, k.Event, sqlite.FormatTime(now)); err != nil {
+				return err
+			}
+			kept = append(kept, c)
 		}
-		c.Version, c.OperatorKey, c.SealedAt = last+1, key.Recipient, now.UTC().Truncate(time.Millisecond)
-		if c.Sealed, err = seal(c.Version, key.Recipient); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sealed (node, module, name, version, made_by, node_recipient, operator_key, sealed, sealed_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.Node, c.Module, c.Name, c.Version, c.MadeBy, c.NodeRecipient, key.ID, c.Sealed, sqlite.FormatTime(now)); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at) VALUES (?, ?, ?, ?, ?, ?)`,
-			c.Node, c.Module, c.Name, c.Version, event, sqlite.FormatTime(now))
-		return err
+		return nil
 	})
 	if err != nil {
-		return Copy{}, fmt.Errorf("keep %s/%s/%s: %w", c.Node, c.Module, c.Name, err)
+		if errors.Is(err, ErrNoOperatorKey) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("keep %d secrets: %w", len(ks), err)
 	}
-	return c, nil
+	return kept, nil
+}
+
+// Names lists every secret that has a copy, as node/module/name: what the
+// mesh holds, without reading a ciphertext.
+func (s *Store) Names(ctx context.Context) (map[string]bool, error) {
+	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT node || '/' || module || '/' || name FROM sealed`)
+	if err != nil {
+		return nil, fmt.Errorf("list secrets: %w", err)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
 }
 
 const copyColumns = `s.node, s.module, s.name, s.version, s.made_by, s.node_recipient, k.recipient, s.sealed, s.sealed_at`

@@ -3,7 +3,7 @@ CREATE TABLE assignments (
     module      TEXT NOT NULL,
     version     TEXT NOT NULL,
     assigned_at TEXT NOT NULL,
-    unverified  TEXT NOT NULL DEFAULT '[]',
+    unverified  TEXT NOT NULL DEFAULT '[]', pending_version TEXT,
     PRIMARY KEY (node, module),
     FOREIGN KEY (module, version) REFERENCES module_versions (module, version)
 ) STRICT;
