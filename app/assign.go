@@ -137,6 +137,7 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
 		return Assigned{}, err
 	}
+	fault("assign:before-inventory")
 	// The commit point: one inventory transaction.
 	if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 		return Assigned{}, err

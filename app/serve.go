@@ -180,6 +180,16 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]
 	if err != nil {
 		return nil, err
 	}
+	// What an act stopped between stores left undone: the secrets the mesh
+	// makes for what is assigned (moving those nodes' plans), then the nodes
+	// behind their plan are declared.
+	if made, err := c.ensureSecrets(ctx, st, snap, nil); err != nil {
+		return nil, err
+	} else if len(made) > 0 {
+		if snap, err = st.Inventory.Snapshot(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var ahead []string
 	var out []daemon.Declared
 	for _, name := range snap.NodeNames {

@@ -14,6 +14,7 @@ import (
 type ServeCmd struct {
 	Listen              string        `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
 	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
+	CatchUpEvery        time.Duration `default:"5s" help:"How often nodes behind their plan are declared, and what an act stopped half-way left undone is done."`
 	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
 	MemoryLimitMiB      int64         `name:"memory-limit" default:"400" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Keeps 10,000 connections under 512 MiB."`
 	BackupEvery         time.Duration `placeholder:"D" help:"Back every store up this often (1s or more), sealed to the operator key, into --backup-dir."`
@@ -37,6 +38,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
 		CheckEvery:          c.CheckEvery,
+		CatchUpEvery:        c.CatchUpEvery,
 		BoundsFromDurations: c.BoundsFromDurations,
 		MemoryLimit:         c.MemoryLimitMiB << 20,
 		BackupEvery:         c.BackupEvery,
