@@ -71,7 +71,9 @@ func TestActs_KilledBetweenWritesAreDoneWholeOrNotAtAll(t *testing.T) {
 		roots[node] = filepath.Join(work, node, "root")
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- (&host.Runner{State: st, Root: roots[node], Heartbeat: 100 * time.Millisecond}).Run(ctx) }()
+		go func() {
+			done <- (&host.Runner{State: st, Root: roots[node], Heartbeat: 100 * time.Millisecond}).Run(ctx)
+		}()
 		defer func() { cancel(); <-done }()
 	}
 	// settled waits until a node's host applied the declaration its plan makes.
