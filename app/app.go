@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
+	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -21,12 +21,10 @@ var Contexts = []string{"inventory", "identity", "secrets", "licences", "builds"
 // ErrInvalidName means a name is not [a-z][a-z0-9-]{0,62}.
 var ErrInvalidName = errors.New("is not a valid name: use a lowercase letter, then up to 62 lowercase letters, digits or dashes")
 
-var nameRule = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
-
 // CheckName refuses a name (node, module, seat, provision, secret, licence)
 // that is not [a-z][a-z0-9-]{0,62}, before any store is touched.
 func CheckName(name string) error {
-	if !nameRule.MatchString(name) {
+	if !protocol.ValidName(name) {
 		return fmt.Errorf("%q %w", name, ErrInvalidName)
 	}
 	return nil

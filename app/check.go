@@ -78,7 +78,15 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	}
 	st, release := c.checkStores(ctx)
 	defer release()
-	failed := map[string]bool{}
+	// failed says why a context's store could not be read: the rules that
+	// need it are not judged, and the reason is in the verdict as a probe.
+	failed := map[string]error{}
+	fail := func(context, what string, err error) {
+		if err != nil && failed[context] == nil {
+			failed[context] = fmt.Errorf("%s: %w", what, err)
+			probe("read "+context, failed[context], "")
+		}
+	}
 	for _, name := range Contexts {
 		err := st.Failed(name)
 		if err == nil {
@@ -86,7 +94,9 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 			_, err = st.DB(name).Version(ctx, migrationsOf()[name])
 		}
 		probe("store "+name, err, "opens, schema current")
-		failed[name] = err != nil
+		if err != nil {
+			failed[name] = err
+		}
 	}
 	if st.Health == nil {
 		return CheckResult{}, fmt.Errorf("self-check: the health store: %w", st.Failed("health"))
@@ -107,9 +117,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 			probe("lease", err, "held by this process")
 		}
 		probe("broker", c.probeBroker(ctx, ids, o.NC), "answers a round trip")
-		if in.reuses, err = ids.TokenReuses(ctx); err != nil {
-			failed["identity"] = true
-		}
+		in.reuses, err = ids.TokenReuses(ctx)
+		fail("identity", "read reused tokens", err)
 	}
 	var fs syscall.Statfs_t
 	err := syscall.Statfs(c.DataDir, &fs)
@@ -126,32 +135,24 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 		var cur int
 		cur, in.onlyOlder, err = sec.Recoverable(ctx)
 		in.secretCount = cur + in.onlyOlder
-		if err != nil {
-			failed["secrets"] = true
-		}
+		fail("secrets", "count recoverable secrets", err)
 	}
 	if st.Inventory != nil {
-		if err := c.readInventory(ctx, st.Inventory, in); err != nil {
-			failed["inventory"] = true
-		}
+		fail("inventory", "read the inventory", c.readInventory(ctx, st.Inventory, in))
 	}
-	if in.drops, err = hs.Drops(ctx, ""); err != nil {
-		failed["health"] = true
-	}
-	if in.brake, err = hs.Brake(ctx); err != nil {
-		failed["health"] = true
-	}
+	in.drops, err = hs.Drops(ctx, "")
+	fail("health", "read dropped messages", err)
+	in.brake, err = hs.Brake(ctx)
+	fail("health", "read the brake", err)
 	in.handActFor = map[string]bool{}
-	if acts, err := hs.HandActs(ctx, time.Time{}); err == nil {
-		for _, a := range acts {
-			if a.Condition != "" {
-				in.handActFor[a.Condition] = true
-			}
+	acts, err := hs.HandActs(ctx, time.Time{})
+	fail("health", "read hand acts", err)
+	for _, a := range acts {
+		if a.Condition != "" {
+			in.handActFor[a.Condition] = true
 		}
-	} else {
-		failed["health"] = true
 	}
-	if o.FromDurations && !failed["inventory"] {
+	if o.FromDurations && failed["inventory"] == nil {
 		if err := boundsFromDurations(ctx, hs, in); err != nil {
 			return CheckResult{}, err
 		}
@@ -162,7 +163,7 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	for _, r := range rules {
 		skip := false
 		for _, need := range r.needs {
-			skip = skip || failed[need]
+			skip = skip || failed[need] != nil
 		}
 		if skip {
 			continue

@@ -1,6 +1,8 @@
 package app_test
 
 import (
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 	"os"
 	"os/exec"
 	"strings"
@@ -49,6 +51,59 @@ func TestBinariesAreLean(t *testing.T) {
 			case dep == "testing", dep == "runtime/cgo", strings.Contains(dep, "mattn/go-sqlite3"):
 				t.Errorf("%s depends on %s", bin, dep)
 			}
+		}
+	}
+}
+
+// What each package may not depend on (tailscale's deptest is the model):
+// the controller never links the host agent, the planner and the wire
+// protocol do no I/O of their own, and the embedded engines and the
+// protocol know no context.
+func TestLayout_Dependencies(t *testing.T) {
+	deps := func(pkg string) map[string]bool {
+		out := map[string]bool{}
+		for _, d := range goList(t, "-deps", pkg) {
+			out[d] = true
+		}
+		return out
+	}
+	bad := func(pkg string, why string, forbidden func(dep string) bool) {
+		t.Helper()
+		for d := range deps(pkg) {
+			if d != pkg && forbidden(d) {
+				t.Errorf("%s depends on %s: %s", pkg, d, why)
+			}
+		}
+	}
+	bad("mesh-controller/cmd/mesh-controller", "the controller never links the host agent",
+		func(d string) bool { return d == "mesh-controller/app/host" })
+	io := func(d string) bool {
+		return d == "os" || d == "database/sql" || d == "net" || d == "net/http" || d == "os/exec" || d == "syscall" ||
+			strings.HasPrefix(d, "github.com/nats-io/") || strings.HasPrefix(d, "modernc.org/") || strings.HasPrefix(d, "mesh-controller/embedded/")
+	}
+	// The planner reads the inventory's types and rules, whose package also
+	// holds its store: what the planner itself imports is judged.
+	for _, imp := range goList(t, "-f", `{{join .Imports " "}}`, "mesh-controller/app/plan") {
+		if io(imp) {
+			t.Errorf("mesh-controller/app/plan imports %s: a plan is a pure function of a snapshot", imp)
+		}
+	}
+	bad("mesh-controller/app/protocol", "messages are pure: no store, broker, network or process",
+		func(d string) bool { return io(d) && d != "os" && d != "syscall" })
+	for _, pkg := range append(goList(t, "./embedded/..."), "mesh-controller/app/protocol") {
+		bad(pkg, "the embedded engines and the protocol know no context",
+			func(d string) bool { return strings.HasPrefix(d, "mesh-controller/contexts/") })
+	}
+	bad("mesh-controller/app/daemon", "the daemon is scheduled by app, never the other way",
+		func(d string) bool { return d == "mesh-controller/app" })
+}
+
+// One name rule: the inventory judges manifests by its own copy (a context
+// imports no app package), which must say what the protocol says.
+func TestNameRules_Agree(t *testing.T) {
+	for _, n := range []string{"web1", "a", "db-2", strings.Repeat("a", 63), strings.Repeat("a", 64), "", "1web", "Web", "web_1", "web.1", "-a", "a b", "é"} {
+		if protocol.ValidName(n) != inventory.ValidName(n) {
+			t.Errorf("%q: protocol says %v, inventory %v", n, protocol.ValidName(n), inventory.ValidName(n))
 		}
 	}
 }

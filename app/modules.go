@@ -8,11 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
 	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/broker"
@@ -106,7 +106,11 @@ func (c *Controller) ModuleAdd(ctx context.Context, file, source string) (Module
 		return ModuleAdded{}, err
 	}
 	inv := st.Inventory
-	added, err := inv.AddModule(ctx, m, source, c.Now())
+	canon, err := protocol.Canonical(m)
+	if err != nil {
+		return ModuleAdded{}, err
+	}
+	added, err := inv.AddModule(ctx, m, canon, source, c.Now())
 	if err != nil {
 		return ModuleAdded{}, err
 	}
@@ -445,12 +449,3 @@ var (
 	// ErrNoSuchLayer means there is no settings layer to clear.
 	ErrNoSuchLayer = errors.New("nothing to clear")
 )
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -63,7 +64,8 @@ func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
 		if len(ps) > 0 {
 			t.Fatal(ps)
 		}
-		if _, err := inv.AddModule(ctx, m, "", now); err != nil {
+		canon, _ := protocol.Canonical(m)
+		if _, err := inv.AddModule(ctx, m, canon, "", now); err != nil {
 			t.Fatal(err)
 		}
 		if i%3 == 0 {

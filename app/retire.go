@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -38,7 +40,7 @@ func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
 		w.Consumers = append(w.Consumers, cs)
 	}
 	out := []Waiting{}
-	for _, k := range sortedKeys(by) {
+	for _, k := range slices.Sorted(maps.Keys(by)) {
 		out = append(out, *by[k])
 	}
 	return out, nil
@@ -221,7 +223,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) ([]Cle
 		}
 		nodes[cl.Node] = true
 	}
-	pushed, err := c.sendPlans(ctx, st, sortedKeys(nodes))
+	pushed, err := c.sendPlans(ctx, st, slices.Sorted(maps.Keys(nodes)))
 	return chosen, pushed, err
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"mesh-controller/app/host"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,5 +111,45 @@ func TestUpgrade_TogetherWaitsOnceForSilentNodes(t *testing.T) {
 	}
 	if !v.Steps[0].Applied {
 		t.Fatalf("db1, which is up, did not apply: %+v", v.Steps)
+	}
+}
+
+// Hosts joining while the catch-up runs: each join makes the secrets its
+// node waited for and has it declared, from the daemon's one loop; make
+// test runs this under the race detector (issue 13, item 5: the daemon's
+// state was written from the join handler and the serve loop at once).
+func TestMesh_JoinsDuringCatchUp(t *testing.T) {
+	m := newTestMesh(t)
+	m.restartWith(ServeOptions{CatchUpEvery: 10 * time.Millisecond, CheckEvery: 50 * time.Millisecond})
+	ctx := context.Background()
+	m.addModule(writeManifest(t, `{"module": "vault", "version": "1.0.0", "secrets": [{"name": "key", "made_by": "mesh"}]}`))
+	const n = 8
+	tokens := map[string]string{}
+	for i := 0; i < n; i++ {
+		name := "n" + string(rune('a'+i))
+		tok, err := m.c.TokenIssue(ctx, TokenRequest{Node: name, New: true, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = tok.Token
+		m.assign(t, name, "vault")
+	}
+	errs := make(chan error, n)
+	for name, tok := range tokens {
+		go func() {
+			_, err := host.Join(ctx, host.JoinOptions{Broker: m.url, Token: tok, Node: name, State: filepath.Join(t.TempDir(), name)})
+			errs <- err
+		}()
+	}
+	for range tokens {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name := range tokens {
+		waitFor(t, name+"'s secret made and declared", func() bool {
+			p, err := m.c.PlanShow(ctx, name)
+			return err == nil && len(p.Plan.Body.Modules) == 1 && len(p.Plan.Body.Modules[0].Secrets) == 1 && m.node(name).SerialDeclared > 0
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -162,7 +163,7 @@ func unknownFields(v any, shapeKey, path string, out *[]Problem) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if !contains(allowed, k) {
+			if !slices.Contains(allowed, k) {
 				*out = append(*out, Problem{join(path, k), "unknown field"})
 				continue
 			}
@@ -186,22 +187,12 @@ func join(path, k string) string {
 	return path + "." + k
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 var (
 	nameRule = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
 	// secretRule also allows underscores: the shared example manifests name
 	// secrets admin_password, ocr_licence…
-	secretRule  = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
-	semverRule  = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
-	subjectRule = regexp.MustCompile(`^[^.\s*>]+(\.[^.\s*>]+)*$`)
+	secretRule = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+	semverRule = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
 )
 
 // ParseManifest reads a manifest strictly and judges it (manifest.md, "What
@@ -276,20 +267,22 @@ func (m *Manifest) judge() []Problem {
 		} else {
 			seenPorts[p.Port] = p.Name
 		}
-		if p.Expose != "" && !contains([]string{"overlay", "public", "local"}, p.Expose) {
+		if p.Expose != "" && !slices.Contains([]string{"overlay", "public", "local"}, p.Expose) {
 			bad(f+".expose", "%q is not overlay, public or local", p.Expose)
 		}
 	}
 	for i, s := range m.Emits {
 		f := fmt.Sprintf("emits[%d]", i)
-		if strings.ContainsAny(s, "*>") {
-			bad(f, "%q has a wildcard: a module emits on exact subjects", s)
-		} else if !subjectRule.MatchString(s) {
-			bad(f, "%q is not a valid NATS subject", s)
+		if !validSubject(s, false) {
+			if strings.ContainsAny(s, "*>") {
+				bad(f, "%q has a wildcard: a module emits on exact subjects", s)
+			} else {
+				bad(f, "%q is not a valid NATS subject", s)
+			}
 		}
 	}
 	for i, s := range m.Consumes {
-		if !validSubject(s) {
+		if !validSubject(s, true) {
 			bad(fmt.Sprintf("consumes[%d]", i), "%q is not a valid NATS subject", s)
 		}
 	}
@@ -341,7 +334,7 @@ func (m *Manifest) judge() []Problem {
 		}
 		seenPaths[d.Path] = true
 		precious(f+".precious", d.Precious, bad)
-		if d.Backup != "" && !contains([]string{"hourly", "daily", "weekly"}, d.Backup) {
+		if d.Backup != "" && !slices.Contains([]string{"hourly", "daily", "weekly"}, d.Backup) {
 			bad(f+".backup", "%q is not hourly, daily or weekly", d.Backup)
 		}
 	}
@@ -374,7 +367,10 @@ func precious(field, level string, bad func(string, string, ...any)) {
 	}
 }
 
-func validSubject(s string) bool {
+// validSubject says whether s is a NATS subject: dot-separated tokens, none
+// empty, no white space; with wildcards, a token may be * and the last may
+// be >, and no token may hold them otherwise.
+func validSubject(s string, wildcards bool) bool {
 	if s == "" || strings.ContainsAny(s, " \t\r\n") {
 		return false
 	}
@@ -383,14 +379,18 @@ func validSubject(s string) bool {
 		switch {
 		case t == "":
 			return false
-		case t == ">" && i != len(tokens)-1:
-			return false
-		case t != "*" && t != ">" && strings.ContainsAny(t, "*>"):
+		case wildcards && (t == "*" || (t == ">" && i == len(tokens)-1)):
+		case strings.ContainsAny(t, "*>"):
 			return false
 		}
 	}
 	return true
 }
+
+// ValidName says whether s is a valid name (node, module, provision, seat,
+// data set): the same rule as app/protocol's ValidName, which a test keeps
+// equal (contexts import no app package).
+func ValidName(s string) bool { return nameRule.MatchString(s) }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
@@ -453,26 +453,4 @@ func validate(sch *jsonschema.Schema, doc json.RawMessage) []Problem {
 	}
 	leaves(ve)
 	return ps
-}
-
-// Canonical is the manifest as canonical JSON (keys sorted, no white space):
-// how it is kept, so that equal manifests are equal bytes.
-func (m *Manifest) Canonical() ([]byte, error) {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	var v any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	var out bytes.Buffer
-	enc := json.NewEncoder(&out)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(out.Bytes(), "\n"), nil
 }

@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sort"
@@ -115,7 +116,7 @@ func FuzzParseManifest(f *testing.F) {
 		if len(ps) > 0 {
 			return
 		}
-		again, err := m.Canonical()
+		again, err := json.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,18 +55,16 @@ type Added struct {
 	Previous string
 }
 
-// AddModule registers a manifest's version. Every version is kept; a newer
-// one becomes current. The same version with another manifest is refused.
-func (s *Store) AddModule(ctx context.Context, m Manifest, source string, now time.Time) (Added, error) {
-	canon, err := m.Canonical()
-	if err != nil {
-		return Added{}, err
-	}
+// AddModule registers a manifest's version, kept as canon: the manifest as
+// canonical JSON (keys sorted, no white space), so that equal manifests are
+// equal bytes. Every version is kept; a newer one becomes current. The same
+// version with another manifest is refused.
+func (s *Store) AddModule(ctx context.Context, m Manifest, canon []byte, source string, now time.Time) (Added, error) {
 	if source == "" {
 		source = m.Source
 	}
 	var a Added
-	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		var current string
 		err := tx.QueryRowContext(ctx, `SELECT current_version FROM modules WHERE name = ?`, m.Module).Scan(&current)
 		switch {
