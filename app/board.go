@@ -1,10 +1,15 @@
 package app
 
 import (
+	"crypto/sha256"
 	"embed"
+	"encoding/base64"
 	"html/template"
+	"net"
 	"net/http"
 	"net/url"
+	"regexp"
+	"strings"
 	"time"
 
 	"mesh-controller/contexts/health"
@@ -38,9 +43,32 @@ var boardTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 	},
 }).ParseFS(boardFiles, "board/*.html"))
 
+// boardCSP allows the page nothing but its own inline style, by hash: no
+// script, no frame, no form, no other origin.
+var boardCSP = func() string {
+	b, err := boardFiles.ReadFile("board/layout.html")
+	if err != nil {
+		panic(err)
+	}
+	m := regexp.MustCompile(`(?s)<style>(.*?)</style>`).FindSubmatch(b)
+	if m == nil {
+		panic("board/layout.html has no style block")
+	}
+	sum := sha256.Sum256(m[1])
+	return "default-src 'none'; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) +
+		"'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+}()
+
 // BoardHandler serves the three questions as a web page that holds nothing:
-// every request reads the stores afresh, and nothing is written.
-func (c *Controller) BoardHandler() http.Handler {
+// every request reads the stores afresh, and nothing is written. It answers
+// only requests whose Host is one of hosts (the address it listens on, and
+// names a person gave): a page of another site that a DNS rebinding points
+// at the board gets nothing.
+func (c *Controller) BoardHandler(hosts ...string) http.Handler {
+	allowed := map[string]bool{}
+	for _, h := range hosts {
+		allowed[strings.ToLower(h)] = true
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		v, err := c.Status(r.Context())
@@ -59,7 +87,38 @@ func (c *Controller) BoardHandler() http.Handler {
 		}
 		render(w, "condition.html", d)
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowed[strings.ToLower(r.Host)] {
+			http.Error(w, "this board answers only to "+strings.Join(hosts, ", ")+": start it with --host "+r.Host+" to answer to that name", http.StatusMisdirectedRequest)
+			return
+		}
+		w.Header().Set("Content-Security-Policy", boardCSP)
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// BoardHosts are the Host values a board listening on addr answers to: the
+// address itself and, on a loopback address, its usual spellings; and each
+// extra name, with the port.
+func BoardHosts(addr string, extra ...string) []string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return append([]string{addr}, extra...)
+	}
+	out := []string{addr}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		out = append(out, net.JoinHostPort("localhost", port), net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port))
+	}
+	for _, e := range extra {
+		if _, _, err := net.SplitHostPort(e); err == nil {
+			out = append(out, e)
+		} else {
+			out = append(out, net.JoinHostPort(e, port))
+		}
+	}
+	return out
 }
 
 func render(w http.ResponseWriter, name string, data any) {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,7 +53,9 @@ func TestBoard_InABrowser(t *testing.T) {
 		}
 		return m.open(t, "node.silent/web1")
 	})
-	srv := httptest.NewServer(m.c.BoardHandler())
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = m.c.BoardHandler(BoardHosts(srv.Listener.Addr().String())...)
+	srv.Start()
 	defer srv.Close()
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
@@ -76,6 +79,11 @@ func TestBoard_InABrowser(t *testing.T) {
 		t.Fatalf("browser: %v", err)
 	}
 	wrong, quiet, outOfDate := text("#wrong"), text("#quiet"), text("#out-of-date")
+	// The page's own style applies under its Content-Security-Policy.
+	width, err := chromedp.Run(bctx, chromedp.Evaluate[string](`getComputedStyle(document.body).maxWidth`))
+	if err != nil || width != "960px" {
+		t.Fatalf("the page's style did not apply under its CSP: max-width %q %v", width, err)
+	}
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
@@ -107,5 +115,42 @@ func TestBoard_InABrowser(t *testing.T) {
 	resp, err := http.Get(srv.URL + "/condition/node.silent%2Fweb9")
 	if err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown condition: %v %v", resp, err)
+	}
+}
+
+// The board answers only to the address it listens on (issue 11, item 13):
+// a page that a DNS rebinding points at it gets nothing, and every answer
+// carries a strict Content-Security-Policy.
+func TestBoard_HostAndCSP(t *testing.T) {
+	m := newTestMesh(t)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = m.c.BoardHandler(BoardHosts(srv.Listener.Addr().String(), "mesh.example")...)
+	srv.Start()
+	defer srv.Close()
+	get := func(host string) *http.Response {
+		req, _ := http.NewRequest("GET", srv.URL+"/", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	if r := get("evil.example"); r.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("Host evil.example: %s", r.Status)
+	}
+	if r := get("evil.example:" + port); r.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("Host evil.example:%s: %s", port, r.Status)
+	}
+	for _, h := range []string{srv.Listener.Addr().String(), "localhost:" + port, "mesh.example:" + port} {
+		r := get(h)
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("Host %s: %s", h, r.Status)
+		}
+		if csp := r.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "style-src 'sha256-") {
+			t.Fatalf("Content-Security-Policy: %q", csp)
+		}
 	}
 }

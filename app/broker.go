@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -96,7 +95,7 @@ func (c *Controller) dialBroker(ctx context.Context, ids *identity.Store) (*nats
 		return nil, err
 	}
 	nc, err := nats.Connect(url, nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-controller command"),
-		nats.Timeout(3*time.Second), nats.NoReconnect())
+		nats.Timeout(protocol.AnswerTimeout), nats.NoReconnect())
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, url, err)
 	}

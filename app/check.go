@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -244,14 +245,14 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 // controller's own connection, or a person's through the live lease.
 func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *nats.Conn) error {
 	if nc != nil {
-		return nc.FlushTimeout(2 * time.Second)
+		return nc.FlushTimeout(protocol.AnswerTimeout)
 	}
 	own, err := c.dialBroker(ctx, ids)
 	if err != nil {
 		return err
 	}
 	defer own.Close()
-	return own.FlushTimeout(2 * time.Second)
+	return own.FlushTimeout(protocol.AnswerTimeout)
 }
 
 // alert sends a message for each raising and clearing not silenced: on
@@ -276,7 +277,7 @@ func (c *Controller) alert(ctx context.Context, hs *health.Store, o CheckOptions
 		nc.Publish(AlertSubject, b)
 	}
 	if nc != nil {
-		nc.FlushTimeout(2 * time.Second)
+		nc.FlushTimeout(protocol.AnswerTimeout)
 	}
 }
 

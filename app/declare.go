@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/user"
 	"strings"
-	"time"
 
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
@@ -119,7 +118,7 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 		out.NotSent = err.Error()
 		return out, nil
 	}
-	if err := nc.FlushTimeout(3 * time.Second); err != nil {
+	if err := nc.FlushTimeout(protocol.AnswerTimeout); err != nil {
 		out.NotSent = err.Error()
 		return out, nil
 	}

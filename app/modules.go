@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
@@ -243,7 +242,7 @@ func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool
 		return f, err
 	}
 	if nc, err := c.dialBroker(ctx, ids); err == nil {
-		f.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
+		f.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(protocol.AnswerTimeout) == nil
 		nc.Close()
 	}
 	return f, nil

@@ -92,7 +92,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 	}
 	if d.nc != nil {
-		if err := d.nc.FlushTimeout(5 * time.Second); err != nil {
+		if err := d.nc.FlushTimeout(protocol.AnswerTimeout); err != nil {
 			for i := range out {
 				if out[i].Sent {
 					out[i].Sent, out[i].NotSent = false, err.Error()

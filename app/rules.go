@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -79,7 +80,7 @@ func (b Bounds) heartbeat(node string, intervalS float64) time.Duration {
 	}
 	interval := time.Duration(intervalS * float64(time.Second))
 	if interval <= 0 {
-		interval = 10 * time.Second
+		interval = protocol.DefaultHeartbeat
 	}
 	return time.Duration(b.HeartbeatFactor * float64(interval))
 }

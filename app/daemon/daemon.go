@@ -52,7 +52,7 @@ const (
 	// finish what was delivered.
 	drainTimeout = 5 * time.Second
 	// brokerTimeout bounds a round trip to the broker (a flush, an answer).
-	brokerTimeout = 2 * time.Second
+	brokerTimeout = protocol.AnswerTimeout
 	// eventQueue is how many events may wait for the loop; past it an event
 	// is dropped and counted rather than blocking a message handler.
 	eventQueue = 1 << 16

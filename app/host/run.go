@@ -38,7 +38,7 @@ type Runner struct {
 // outcome. It reconnects by itself and returns when ctx ends.
 func (r *Runner) Run(ctx context.Context) error {
 	if r.Heartbeat <= 0 {
-		r.Heartbeat = 10 * time.Second
+		r.Heartbeat = protocol.DefaultHeartbeat
 	}
 	if r.DataEvery <= 0 {
 		r.DataEvery = 5 * time.Minute
@@ -143,7 +143,7 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
 	defer cancel()
 	m, err := nc.RequestWithContext(ctx, protocol.NodeSubject(r.State.Node, protocol.DeclarationAsk), req)
 	if err != nil {
@@ -192,7 +192,7 @@ func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
 	if err != nil {
 		return
 	}
-	if _, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, 5*time.Second); err != nil {
+	if _, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, protocol.AnswerTimeout); err != nil {
 		r.logf("report the outcome: %v", err)
 	}
 	if report.OK {
@@ -208,7 +208,7 @@ func BackupDone(ctx context.Context, st *State, line protocol.BackupBody) error 
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(strings.Join(st.BrokerURLs, ","), append(opts, nats.Timeout(5*time.Second), nats.NoReconnect())...)
+	nc, err := nats.Connect(strings.Join(st.BrokerURLs, ","), append(opts, nats.Timeout(protocol.AnswerTimeout), nats.NoReconnect())...)
 	if err != nil {
 		return fmt.Errorf("reach the broker: %w", err)
 	}
@@ -217,7 +217,7 @@ func BackupDone(ctx context.Context, st *State, line protocol.BackupBody) error 
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
 	defer cancel()
 	m, err := nc.RequestWithContext(ctx, protocol.NodeSubject(st.Node, protocol.BackupReport), b)
 	if err != nil {

@@ -79,7 +79,7 @@ func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
 		return SimStats{}, err
 	}
 	if o.Heartbeat <= 0 {
-		o.Heartbeat = 10 * time.Second
+		o.Heartbeat = protocol.DefaultHeartbeat
 	}
 	if o.Report <= 0 {
 		o.Report = 5 * time.Second

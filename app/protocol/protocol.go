@@ -14,6 +14,16 @@ import (
 	"time"
 )
 
+// Timings every party keeps, named once.
+const (
+	// DefaultHeartbeat is how often a host beats unless told otherwise; a
+	// node is silent after three of its intervals.
+	DefaultHeartbeat = 10 * time.Second
+	// AnswerTimeout is how long a party waits for an answer to a request,
+	// or for the broker to confirm what it sent.
+	AnswerTimeout = 5 * time.Second
+)
+
 // Subjects.
 const (
 	// JoinSubject is where a joining host asks to join (request).

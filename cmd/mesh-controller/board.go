@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"mesh-controller/app"
 	"net"
 	"net/http"
 	"time"
@@ -11,7 +12,8 @@ import (
 
 // BoardCmd is board.
 type BoardCmd struct {
-	Listen string `default:"127.0.0.1:8080" placeholder:"ADDR" help:"Where the page is served."`
+	Listen string   `default:"127.0.0.1:8080" placeholder:"ADDR" help:"Where the page is served."`
+	Host   []string `placeholder:"NAME" help:"Another name the page answers to (behind a proxy, say); by default only the address it listens on."`
 }
 
 // Run serves the page until SIGINT or SIGTERM. It holds nothing and writes nothing.
@@ -20,7 +22,7 @@ func (c *BoardCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: env.App.BoardHandler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: env.App.BoardHandler(app.BoardHosts(ln.Addr().String(), c.Host...)...), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(env.Stdout, "board: http://%s/\n", ln.Addr())
 	go func() {
 		<-env.Ctx.Done()

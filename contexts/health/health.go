@@ -1,7 +1,7 @@
-// Package health owns hand acts and dropped messages (and, as the mesh grows,
-// conditions and their history, silences, healer acts and the brake,
-// self-check verdicts, durations and signals) and the health store. It
-// imports no other context.
+// Package health owns conditions and their history, silences, hand acts,
+// dropped messages, healer acts and the brake, self-check verdicts, and
+// measured durations (heartbeat intervals as hourly aggregates), and the
+// health store. It imports no other context.
 package health
 
 import (

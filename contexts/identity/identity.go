@@ -1,6 +1,7 @@
-// Package identity owns the controller's signing key and join tokens (and,
-// as the mesh grows, broker keys, issued broker users, the operator's public
-// key and API issuers) and the identity store. It imports no other context.
+// Package identity owns the controller's signing key, join tokens, the
+// broker's keys, the broker users issued and revoked, the hosts that joined
+// and their keys, the lease, and the identity store. (The operator's public
+// key lives with the secrets.) It imports no other context.
 package identity
 
 import (

@@ -1,6 +1,7 @@
-// Package inventory owns nodes (and, as the mesh grows, modules, assignments,
-// settings, seats, bindings, data sets and declarations) and the inventory
-// store. It imports no other context.
+// Package inventory owns nodes, modules and their versions, assignments,
+// settings layers, seats, provisions, bindings, pins, data sets and
+// retirements, what was declared to each node, the rules judged over them,
+// and the inventory store. It imports no other context.
 package inventory
 
 import (
