@@ -54,7 +54,7 @@ func ModuleCheck(paths []string) (files []string, problems []ManifestProblem, er
 		return nil, nil, ErrNoManifests
 	}
 	for _, f := range files {
-		b, err := os.ReadFile(f)
+		b, err := ReadInput(f, MaxManifestBytes, "a manifest")
 		if err != nil {
 			problems = append(problems, ManifestProblem{File: f, Field: "(file)", What: err.Error()})
 			continue
@@ -69,7 +69,7 @@ func ModuleCheck(paths []string) (files []string, problems []ManifestProblem, er
 
 // readManifest reads and judges one manifest file; any problem refuses.
 func readManifest(file string) (inventory.Manifest, error) {
-	b, err := os.ReadFile(file)
+	b, err := ReadInput(file, MaxManifestBytes, "a manifest")
 	if err != nil {
 		return inventory.Manifest{}, err
 	}

@@ -359,7 +359,7 @@ func readOperatorKey(file string) ([]age.Identity, error) {
 }
 
 func fromExport(file, node, module, name string) (string, error) {
-	b, err := os.ReadFile(file)
+	b, err := ReadInput(file, MaxExportBytes, "a secret export")
 	if err != nil {
 		return "", err
 	}

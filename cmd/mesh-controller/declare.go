@@ -2,9 +2,9 @@ package main
 
 import (
 	"fmt"
-	"os"
 
 	"mesh-controller/app"
+	"mesh-controller/app/protocol"
 )
 
 // DeclareCmd is declare.
@@ -16,7 +16,7 @@ type DeclareCmd struct {
 
 // Run signs, keeps and sends the declaration.
 func (c *DeclareCmd) Run(env *Env) error {
-	body, err := os.ReadFile(c.File)
+	body, err := app.ReadInput(c.File, protocol.MaxDeclarationBytes, "a declaration")
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -182,7 +181,7 @@ type SettingsSetCmd struct {
 
 // Run sets the layer.
 func (c *SettingsSetCmd) Run(env *Env) error {
-	body, err := os.ReadFile(c.File)
+	body, err := app.ReadInput(c.File, app.MaxSettingsBytes, "a settings layer")
 	if err != nil {
 		return err
 	}

@@ -98,7 +98,7 @@ var errNoTerminal = errors.New("no terminal to read the value from: give --from 
 func (c *SecretAcceptCmd) Run(env *Env) error {
 	var value protocol.Secret
 	if c.From != "" {
-		b, err := os.ReadFile(c.From)
+		b, err := app.ReadInput(c.From, app.MaxSecretBytes, "a secret")
 		if err != nil {
 			return err
 		}
@@ -114,6 +114,10 @@ func (c *SecretAcceptCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stderr)
 		if err != nil {
 			return err
+		}
+		if len(b) > app.MaxSecretBytes {
+			clear(b)
+			return fmt.Errorf("the value: %w: a secret may be at most %d bytes", app.ErrTooLarge, app.MaxSecretBytes)
 		}
 		value = protocol.NewSecret(b)
 		clear(b)

@@ -226,9 +226,23 @@ func ParseManifest(data []byte) (Manifest, []Problem) {
 	return m, problems
 }
 
+// MaxListed bounds every list of a manifest (data sets, secrets, ports…):
+// what a declaration carries to its host is bounded the same way
+// (app/protocol's Max… bounds), so that what is registered can be delivered.
+const MaxListed = 1000
+
 func (m *Manifest) judge() []Problem {
 	var ps []Problem
 	bad := func(field, format string, args ...any) { ps = append(ps, Problem{field, fmt.Sprintf(format, args...)}) }
+	for _, l := range []struct {
+		field string
+		n     int
+	}{{"ports", len(m.Ports)}, {"emits", len(m.Emits)}, {"consumes", len(m.Consumes)}, {"provides", len(m.Provides)}, {"needs", len(m.Needs)},
+		{"seats", len(m.Seats)}, {"secrets", len(m.Secrets)}, {"data", len(m.Data)}, {"tools", len(m.Tools)}, {"stands_on", len(m.StandsOn)}} {
+		if l.n > MaxListed {
+			bad(l.field, "%d entries, at most %d: a module's declaration must reach its host whole", l.n, MaxListed)
+		}
+	}
 	name := func(field, value string) {
 		if !nameRule.MatchString(value) {
 			bad(field, "%q is not a valid name: a lowercase letter, then up to 62 lowercase letters, digits or dashes", value)
