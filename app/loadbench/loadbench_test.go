@@ -234,7 +234,8 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 }
 
 // absorbedBeats counts the heartbeats the controller took in: one interval
-// recorded per beat after each node's first, plus the first.
+// counted in the hourly aggregates per beat after each node's first, plus
+// the first.
 func absorbedBeats(t *testing.T, data string) int64 {
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, sqlite.Location{Context: "health", DSN: filepath.Join(data, "health.db")}, false)
@@ -243,7 +244,7 @@ func absorbedBeats(t *testing.T, data string) int64 {
 	}
 	defer db.Close()
 	var intervals, nodes int64
-	db.Reader.QueryRow(`SELECT count(*), count(DISTINCT subject) FROM durations WHERE kind = 'heartbeat'`).Scan(&intervals, &nodes)
+	db.Reader.QueryRow(`SELECT coalesce(sum(count), 0), count(DISTINCT node) FROM heartbeat_hours`).Scan(&intervals, &nodes)
 	return intervals + nodes
 }
 
@@ -252,6 +253,7 @@ func absorbedBeats(t *testing.T, data string) int64 {
 func fanOut(t *testing.T, c *controller, hosts int) {
 	ctx := context.Background()
 	a := app.New(c.data)
+	defer a.Close()
 	v1 := filepath.Join(c.data, "v1.json")
 	v2 := filepath.Join(c.data, "v2.json")
 	os.WriteFile(v1, []byte(`{"module": "fan", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/fan", "precious": "rebuildable"}]}`), 0o600)

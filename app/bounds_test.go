@@ -1,0 +1,109 @@
+package app
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+)
+
+// count runs a count query on a store through the process's own handle.
+func (m *testMesh) countRows(t *testing.T, store, query string, args ...any) int64 {
+	t.Helper()
+	st, err := m.c.stores(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n sql.NullInt64
+	if err := st.DB(store).Reader.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n.Int64
+}
+
+// What hosts report cannot grow the stores without bound (issue 11, item 3):
+// a host, signing as a real one does with its own key and broker user,
+// sends one report carrying 50,000 tiers (before: 20 of them added 111 MB in
+// 8 s) and a burst of 500 apply reports; one carrying more than a report may
+// is refused whole, a burst past the node's budget is dropped, and both are
+// counted. Heartbeats are kept as one aggregate row per node and hour.
+func TestMesh_ReportsAreBounded(t *testing.T) {
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	web1.stop() // its reports are this test's alone
+	nc := connectAs(t, m.url, web1.state)
+	publish := func(what string, body any) {
+		b, err := protocol.Sign(web1.state.HostKey, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish(protocol.NodeSubject("web1", what), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tiers := make([]protocol.Tier, 50000)
+	for i := range tiers {
+		tiers[i] = protocol.Tier{Tier: fmt.Sprintf("t%d", i), MS: 1}
+	}
+	publish(protocol.Applied, protocol.AppliedBody{Serial: 1, OK: true, Tiers: tiers})
+	for i := 0; i < 500; i++ {
+		publish(protocol.Applied, protocol.AppliedBody{Serial: int64(i + 1), OK: false, Error: "x", Tiers: []protocol.Tier{{Tier: "verify", MS: 1}}})
+	}
+	for i := 0; i < 500; i++ {
+		publish(protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now(), IntervalS: 1})
+	}
+	nc.Flush()
+	waitFor(t, "the refusals counted", func() bool {
+		return m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too large'`) == 1 &&
+			m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too many applied reports'`) > 0
+	})
+	m.stop() // writes the heartbeat aggregates
+	if n := m.countRows(t, "health", `SELECT count(*) FROM durations WHERE kind = 'tier'`); n > 60 {
+		t.Fatalf("%d tier durations kept from one node's burst", n)
+	}
+	if n := m.countRows(t, "health", `SELECT count(*) FROM durations WHERE kind = 'apply'`); n > 60 {
+		t.Fatalf("%d apply durations kept from one node's burst", n)
+	}
+	if n := m.countRows(t, "health", `SELECT count(*) FROM heartbeat_hours WHERE node = 'web1'`); n < 1 || n > 2 {
+		t.Fatalf("web1's heartbeats kept as %d rows, want one per hour", n)
+	}
+}
+
+// Measurements older than their window are pruned by the self-check until
+// none is left, not a batch of 1,000 per check.
+func TestSelfCheck_PrunesEverythingOld(t *testing.T) {
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := c.Now().Add(-measurementWindow - time.Hour)
+	ds := make([]health.Duration, 5000)
+	for i := range ds {
+		ds[i] = health.Duration{Kind: "apply", Subject: "web1", MS: 1, At: old}
+	}
+	if err := st.Health.RecordDurations(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Health.RecordHeartbeats(ctx, map[health.HourKey]health.Histogram{{Node: "web1", Hour: old}: {Count: 1, Buckets: map[int]int64{1: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SelfCheck(ctx, CheckOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var durations, hours int
+	st.DB("health").Reader.QueryRow(`SELECT count(*) FROM durations`).Scan(&durations)
+	st.DB("health").Reader.QueryRow(`SELECT count(*) FROM heartbeat_hours`).Scan(&hours)
+	if durations != 0 || hours != 0 {
+		t.Fatalf("left %d durations and %d hourly aggregates older than the window", durations, hours)
+	}
+}

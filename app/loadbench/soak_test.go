@@ -1,0 +1,143 @@
+package loadbench
+
+import (
+	"bytes"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+)
+
+// storeBytes is what a store holds, in bytes of live pages (its file less
+// its free pages), and the rows of each table, read through a read-only
+// handle of this (other) process.
+func storeBytes(t *testing.T, path string) (int64, map[string]int64) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var pages, free, size int64
+	db.QueryRow(`PRAGMA page_count`).Scan(&pages)
+	db.QueryRow(`PRAGMA freelist_count`).Scan(&free)
+	db.QueryRow(`PRAGMA page_size`).Scan(&size)
+	rows := map[string]int64{}
+	names, _ := db.Query(`SELECT name FROM sqlite_master WHERE type = 'table'`)
+	var tables []string
+	for names.Next() {
+		var n string
+		names.Scan(&n)
+		tables = append(tables, n)
+	}
+	names.Close()
+	for _, tb := range tables {
+		var n int64
+		db.QueryRow(`SELECT count(*) FROM "` + tb + `"`).Scan(&n)
+		rows[tb] = n
+	}
+	return (pages - free) * size, rows
+}
+
+// TestSoak is 'make soak': hosts beat fast against the real binaries for a
+// while, and what the stores grow by is measured, per beat and per table,
+// then said per host per day at 10-second beats (issue 11, item 3). Set
+// MESH_SOAK_HOSTS, MESH_SOAK_MINUTES and MESH_SOAK_BEAT to change the run.
+func TestSoak(t *testing.T) {
+	if os.Getenv("MESH_SOAK") == "" {
+		t.Skip("the soak runs from 'make soak' (MESH_SOAK=1)")
+	}
+	hosts := envInt("MESH_SOAK_HOSTS", 1000)
+	minutes := envInt("MESH_SOAK_MINUTES", 5)
+	beat, err := time.ParseDuration(envOr("MESH_SOAK_BEAT", "1s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	mc := build(t, dir, "./cmd/mesh-controller", "mesh-controller")
+	mh := build(t, dir, "./cmd/mesh-host", "mesh-host")
+	c := newController(t, mc)
+	c.serve()
+	defer c.stop()
+	tokens := filepath.Join(c.data, "tokens.txt")
+	c.run("token", "issue", "--new", "h", "--count", strconv.Itoa(hosts), "--out", tokens)
+	sim := exec.Command(mh, "simulate", "--broker", c.url, "--tokens", tokens, "--heartbeat", beat.String(), "--report", "1h", "--json")
+	var simOut bytes.Buffer
+	sim.Stdout = &simOut
+	if err := sim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stores := []string{"inventory", "identity", "health", "secrets"}
+	measure := func() (int64, map[string]int64) {
+		var total int64
+		all := map[string]int64{}
+		for _, s := range stores {
+			b, rows := storeBytes(t, filepath.Join(c.data, s+".db"))
+			total += b
+			for k, v := range rows {
+				all[s+"."+k] = v
+			}
+		}
+		return total, all
+	}
+	// Joined and beating first; then the window.
+	time.Sleep(time.Duration(hosts/200+15) * time.Second)
+	before, rowsBefore := measure()
+	start := time.Now()
+	fmt.Printf("\nsoak: %d hosts beating every %s for %d minutes\n", hosts, beat, minutes)
+	for i := 1; i <= minutes; i++ {
+		time.Sleep(time.Minute)
+		b, _ := measure()
+		fmt.Printf("  minute %d: stores %s (+%d bytes)\n", i, mib(b), b-before)
+	}
+	window := time.Since(start)
+	sim.Process.Signal(os.Interrupt)
+	sim.Wait()
+	c.stop() // writes what it absorbed, the hourly aggregates included
+	after, rowsAfter := measure()
+	var stats struct {
+		BeatsSent int64 `json:"beats_sent"`
+	}
+	json.Unmarshal(simOut.Bytes(), &stats)
+	beats := float64(hosts) * window.Seconds() / beat.Seconds()
+	grown := after - before
+	perBeat := float64(grown) / beats
+	fmt.Printf("\n  beats in the window: about %.0f (sent in all: %d)\n", beats, stats.BeatsSent)
+	fmt.Printf("  stores grew by %d bytes: %.3f bytes per beat\n", grown, perBeat)
+	for k, v := range rowsAfter {
+		if d := v - rowsBefore[k]; d != 0 {
+			fmt.Printf("    %-32s %+d rows\n", k, d)
+		}
+	}
+	// Per host per day at 10-second beats: the beats' own growth (in place,
+	// so about nothing), plus 24 hourly aggregate rows, each measured here.
+	aggRows := rowsAfter["health.heartbeat_hours"]
+	healthBytes, _ := storeBytes(t, filepath.Join(c.data, "health.db"))
+	perRow := float64(0)
+	if aggRows > 0 {
+		perRow = float64(healthBytes) / float64(aggRows) // an upper bound: the whole store over its aggregate rows
+	}
+	perDay := perBeat*8640 + 24*perRow
+	fmt.Printf("  one host at 10-second beats: %.0f bytes a day (%.0f from its beats, 24 aggregate rows of at most %.0f bytes)\n\n",
+		perDay, perBeat*8640, perRow)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
