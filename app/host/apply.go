@@ -166,8 +166,13 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 				doc = m.Settings
 			}
 			var v any
-			json.Unmarshal(doc, &v)
-			b, _ := json.MarshalIndent(v, "", "  ")
+			if err := json.Unmarshal(doc, &v); err != nil {
+				return fail(d.Serial, "refused: %s of %s is not JSON: %v", path.Base(rel), m.Module, err)
+			}
+			b, err := json.MarshalIndent(v, "", "  ")
+			if err != nil {
+				return fail(d.Serial, "write %s of %s: %v", path.Base(rel), m.Module, err)
+			}
 			if err := r.writeFile(rel, append(b, '\n'), 0o755); err != nil {
 				return failPath(d.Serial, "write "+rel, err)
 			}

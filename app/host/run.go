@@ -84,7 +84,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.logf("a declaration that is not JSON: %v", err)
 			return
 		}
-		envelopes <- env
+		// Never blocks past Run: a handler left waiting would leak.
+		select {
+		case envelopes <- env:
+		case <-ctx.Done():
+		}
 	}); err != nil {
 		return err
 	}
@@ -143,9 +147,9 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
+	rctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
 	defer cancel()
-	m, err := nc.RequestWithContext(ctx, protocol.NodeSubject(r.State.Node, protocol.DeclarationAsk), req)
+	m, err := nc.RequestWithContext(rctx, protocol.NodeSubject(r.State.Node, protocol.DeclarationAsk), req)
 	if err != nil {
 		r.logf("ask for the latest declaration: %v", err)
 		return
@@ -165,7 +169,10 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 	if d, err := env.Verify(r.State.ControllerKey); err == nil && d.Serial == serial {
 		return
 	}
-	envelopes <- env
+	select {
+	case envelopes <- env:
+	case <-ctx.Done():
+	}
 }
 
 func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
