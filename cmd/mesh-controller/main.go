@@ -83,14 +83,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
 	var a *app.Controller
 	return clirun.Program{
-		Name: "mesh-controller",
-		Options: []kong.Option{
-			kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
-			kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
-			kong.Help(helpWithStores),
-			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		},
-		Hint: hint,
+		Name:    "mesh-controller",
+		Options: kongOptions(),
+		Hint:    hint,
 		Bind: func(ctx context.Context) any {
 			a = app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
@@ -102,6 +97,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		},
 	}.Run(&cli, args, stdout, stderr)
+}
+
+// kongOptions are the parser's options besides those clirun sets; tests
+// build the same parser to walk its commands.
+func kongOptions() []kong.Option {
+	return []kong.Option{
+		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
+		kong.Help(helpWithStores),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	}
 }
 
 // timeShown is how times are printed for a person: UTC, to the second.
