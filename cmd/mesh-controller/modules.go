@@ -17,7 +17,7 @@ type ModuleCmd struct {
 	Add    ModuleAddCmd    `cmd:"" help:"Register a module version from its manifest; a newer version becomes current."`
 	List   ModuleListCmd   `cmd:"" help:"Every module: current version, source, behind its source or not, where it runs."`
 	Moved  ModuleMovedCmd  `cmd:"" help:"Record that a module's source has a commit newer than the mesh built."`
-	Forget ModuleForgetCmd `cmd:"" help:"Remove a module; refused while a node runs it or the mesh holds settings for it."`
+	Forget ModuleForgetCmd `cmd:"" help:"Remove a module; refused while a node runs it or the mesh holds settings or secrets for it (--and-what-it-holds --why discards those)."`
 	Issue  ModuleIssueCmd  `cmd:"" help:"A broker user for a module on a node, allowed exactly its emits and consumes; prints a .creds document."`
 }
 
@@ -127,25 +127,32 @@ func (c *ModuleMovedCmd) Run(env *Env) error {
 
 // ModuleForgetCmd is module forget.
 type ModuleForgetCmd struct {
-	Name           Name `arg:"" help:"The module."`
-	AndWhatItHolds bool `name:"and-what-it-holds" help:"Also discard the settings the mesh holds for it."`
+	Name           Name   `arg:"" help:"The module."`
+	AndWhatItHolds bool   `name:"and-what-it-holds" help:"Also discard the settings and secrets the mesh holds for it (a hand act: --why)."`
+	Why            string `help:"With --and-what-it-holds: why; recorded in the hand-act log with what was discarded."`
 }
 
-// Run forgets it.
+// Run forgets it, and says what was discarded with it: names, never values.
 func (c *ModuleForgetCmd) Run(env *Env) error {
-	h, err := env.App.ModuleForget(env.Ctx, string(c.Name), c.AndWhatItHolds)
+	f, err := env.App.ModuleForget(env.Ctx, app.ForgetRequest{Name: string(c.Name), AndWhatItHolds: c.AndWhatItHolds, Why: c.Why})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "module %s forgotten\n", c.Name)
-	if len(h.Settings) > 0 {
-		fmt.Fprintf(env.Stderr, "its settings for %s were discarded\n", strings.Join(h.Settings, ", "))
+	if len(f.Settings) > 0 {
+		fmt.Fprintf(env.Stdout, "discarded %s: %s\n", app.Plural(len(f.Settings), "settings layer"), strings.Join(f.Settings, ", "))
+	}
+	for _, h := range f.Secrets {
+		fmt.Fprintf(env.Stdout, "discarded %s on %s: %s\n", app.Plural(len(h.Names), "secret"), h.Node, strings.Join(h.Names, ", "))
+	}
+	if c.AndWhatItHolds {
+		fmt.Fprintf(env.Stderr, "recorded in the hand-act log: discarded %s\n", f.Discarded())
 	}
 	switch {
-	case h.Revoked > 0 && h.Disconnected:
-		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; their connections are closed\n", h.Revoked)
-	case h.Revoked > 0:
-		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; the broker refuses them from when 'mesh-controller serve' runs\n", h.Revoked)
+	case f.Revoked > 0 && f.Disconnected:
+		fmt.Fprintf(env.Stdout, "%s issued for it revoked; their connections are closed\n", app.Plural(f.Revoked, "broker user"))
+	case f.Revoked > 0:
+		fmt.Fprintf(env.Stdout, "%s issued for it revoked; the broker refuses them from when 'mesh-controller serve' runs\n", app.Plural(f.Revoked, "broker user"))
 	}
 	return nil
 }
