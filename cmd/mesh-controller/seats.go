@@ -67,7 +67,8 @@ type SeatHandCmd struct {
 	Seat Name   `arg:"" help:"The seat."`
 	To   string `xor:"how" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
 	Add  string `xor:"how" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
-	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data."`
+	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data (recorded in the hand-act log: --why)."`
+	Why  string `help:"With --yes: why; recorded in the hand-act log."`
 }
 
 // Run hands the seat over or adds a holder.
@@ -79,7 +80,7 @@ func (c *SeatHandCmd) Run(env *Env) error {
 	if c.Add != "" {
 		to, add = c.Add, true
 	}
-	h, err := env.App.SeatHandover(env.Ctx, string(c.Seat), to, add, c.Yes)
+	h, err := env.App.SeatHandover(env.Ctx, app.HandoverRequest{Seat: string(c.Seat), To: to, Add: add, Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
 	}
@@ -94,28 +95,36 @@ func (c *SeatHandCmd) Run(env *Env) error {
 	if h.Empty != "" {
 		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s (data.empty-replacement stays open until a hand act is recorded for it or the data is there)\n", h.Empty)
 	}
+	if h.Recorded {
+		fmt.Fprintln(env.Stderr, "your choice to start it empty is recorded in the hand-act log")
+	}
 	printPushed(env, h.Pushed)
 	return nil
 }
 
 // PinCmd is pin.
 type PinCmd struct {
-	Node      Name `arg:"" help:"The consuming node."`
-	Provision Name `arg:"" help:"The provision."`
-	FromNode  Name `arg:"" name:"from-node" help:"The providing node."`
-	Module    Name `arg:"" help:"The providing module."`
-	Yes       bool `help:"Move a binding even though its new provider starts without the data the old one keeps."`
+	Node      Name   `arg:"" help:"The consuming node."`
+	Provision Name   `arg:"" help:"The provision."`
+	FromNode  Name   `arg:"" name:"from-node" help:"The providing node."`
+	Module    Name   `arg:"" help:"The providing module."`
+	Yes       bool   `help:"Move a binding even though its new provider starts without the data the old one keeps (recorded in the hand-act log: --why)."`
+	Why       string `help:"With --yes: why; recorded in the hand-act log."`
 }
 
 // Run pins.
 func (c *PinCmd) Run(env *Env) error {
-	p, err := env.App.Pin(env.Ctx, string(c.Node), string(c.Provision), string(c.FromNode), string(c.Module), c.Yes)
+	p, err := env.App.Pin(env.Ctx, app.PinRequest{Node: string(c.Node), Provision: string(c.Provision), FromNode: string(c.FromNode),
+		Module: string(c.Module), Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "%s gets %s from %s\n", p.Node, p.Provision, p.Provider)
 	if p.Empty != "" {
 		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s; the old provider keeps it, waiting for retirement\n", p.Empty)
+	}
+	if p.Recorded {
+		fmt.Fprintln(env.Stderr, "your choice to start it empty is recorded in the hand-act log")
 	}
 	printPushed(env, p.Pushed)
 	return nil
