@@ -314,8 +314,9 @@ func heldSecrets(ctx context.Context, sec *secrets.Store, module string) ([]Held
 	return out, nil
 }
 
-// ErrNotOnNode means a module is not assigned to that node.
-var ErrNotOnNode = errors.New("is not assigned to that node")
+// ErrNotOnNode means a module is not assigned to a node: "module backup
+// is not assigned to nas2".
+var ErrNotOnNode = errors.New("is not assigned to")
 
 // ModuleIssue makes a broker user for a module on a node, allowed exactly
 // its manifest's emits (publish) and consumes (subscribe) under

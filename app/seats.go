@@ -11,16 +11,16 @@ import (
 	"mesh-controller/contexts/inventory"
 )
 
-// Why seat, pin and retire commands refuse.
+// Why seat, pin and retire commands refuse. Each reads as a sentence
+// between a subject and a name: "web1/paperless does not provide postgres".
 var (
 	ErrNotReplicated  = errors.New("is not replicated: it has one holder; hand it over with --to")
-	ErrCannotHold     = errors.New("cannot hold that seat: its manifest does not define it")
+	ErrCannotHold     = errors.New("cannot hold seat")
 	ErrEmptyReplace   = errors.New("the replacement starts empty")
-	ErrNotAProvider   = errors.New("does not provide that provision")
-	ErrNoNeed         = errors.New("runs nothing that needs that provision")
+	ErrNotAProvider   = errors.New("does not provide")
 	ErrNothingWaiting = errors.New("has no consumer waiting for retirement")
 	ErrNotRetired     = errors.New("is not retired: only retired data is deleted by cleanup")
-	ErrNoPin          = errors.New("has no pin for that provision")
+	ErrNoPin          = errors.New("has no pin for")
 )
 
 // Seats lists every seat any registered manifest defines.
@@ -139,12 +139,15 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 		return Handover{}, err
 	}
 	target := inventory.Holder{Node: node, Module: module}
+	if _, ok := snap.Nodes[node]; !ok {
+		return Handover{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
 	version := snap.VersionOn(node, module)
 	if version == "" {
 		return Handover{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
 	if !snap.CanHold(snap.Manifests[module][version], seat.Seat) {
-		return Handover{}, fmt.Errorf("%s %w", target, ErrCannotHold)
+		return Handover{}, fmt.Errorf("%s %w %s: its manifest does not define it", target, ErrCannotHold, seat.Seat)
 	}
 	h := Handover{Seat: seat.Seat, To: target.String(), From: seat.Holders, Pushed: []Pushed{}}
 	holders := snap.Seats.Holders[seat.Seat]
@@ -290,8 +293,10 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 		return Pinned{}, err
 	}
 	inv, ids, sec, snap := ps.inv, ps.ids, ps.sec, ps.snap
-	if _, ok := snap.Nodes[node]; !ok {
-		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	for _, n := range []string{node, fromNode} {
+		if _, ok := snap.Nodes[n]; !ok {
+			return Pinned{}, fmt.Errorf("node %s %w", n, inventory.ErrNodeNotFound)
+		}
 	}
 	provider := inventory.Holder{Node: fromNode, Module: module}
 	if v := snap.VersionOn(fromNode, module); v == "" || !inventory.Provides(snap.Manifests[module][v], provision) {
