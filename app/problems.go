@@ -33,10 +33,18 @@ func refuse(what string, problems []string) error {
 }
 
 // Plural counts nouns as a person writes them: "1 problem", "2 problems",
-// "0 problems". Every noun the command line counts takes a plain "s".
-func Plural(n int, noun string) string {
+// "0 problems". It is for nouns that take a plain "s".
+func Plural[N ~int | ~int64](n N, noun string) string {
 	if n == 1 {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// isAre counts nouns and gives the verb that agrees: "1 secret is", "2 secrets are".
+func isAre[N ~int | ~int64](n N, noun string) string {
+	if n == 1 {
+		return Plural(n, noun) + " is"
+	}
+	return Plural(n, noun) + " are"
 }

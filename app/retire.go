@@ -79,7 +79,7 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if err := inv.SetConsumers(ctx, changes, []string{node}, c.Now()); err != nil {
 		return nil, nil, err
 	}
-	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%d consumers)", verb, provider, len(decided)), why, "retire", ""); err != nil {
+	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%s)", verb, provider, Plural(len(decided), "consumer")), why, "retire", ""); err != nil {
 		return decided, nil, err
 	}
 	pushed, err := c.sendPlans(ctx, inv, ids, sec, []string{node})

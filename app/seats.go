@@ -251,7 +251,7 @@ func humanBytes(b int64) string {
 	case b >= 1<<10:
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
-	return fmt.Sprintf("%d bytes", b)
+	return Plural(b, "byte")
 }
 
 // Pinned is what pin or unpin did.

@@ -168,7 +168,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 				return v, fmt.Errorf("%w at %s: %s", ErrRollOutStopped, v.Steps[i].Node, v.Steps[i].Error)
 			}
 		}
-		r.Progress(fmt.Sprintf("sent %d declarations (%s %s)", len(nodes), r.Module, cur))
+		r.Progress(fmt.Sprintf("sent %s (%s %s)", Plural(len(nodes), "declaration"), r.Module, cur))
 		var errs []error
 		for i := range v.Steps {
 			if err := waitFor(i); err != nil {

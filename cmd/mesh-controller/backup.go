@@ -56,7 +56,11 @@ func (c *RestoreCmd) Run(env *Env) error {
 	if r.Fingerprint != "" {
 		fmt.Fprintf(w, "signing key %s, as before", r.Fingerprint)
 		if r.Hosts > 0 {
-			fmt.Fprintf(w, ": %d joined hosts keep trusting this controller and need not join again", r.Hosts)
+			if r.Hosts == 1 {
+				fmt.Fprint(w, ": 1 joined host keeps trusting this controller and need not join again")
+			} else {
+				fmt.Fprintf(w, ": %d joined hosts keep trusting this controller and need not join again", r.Hosts)
+			}
 		}
 		fmt.Fprintln(w)
 	}

@@ -36,13 +36,15 @@ func (c *ModuleCheckCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, p.String())
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("%d problems in %d manifests, %w", len(problems), len(files), errFixAndCheck)
+		them := "them"
+		if len(problems) == 1 {
+			them = "it"
+		}
+		return fmt.Errorf("%s in %s, fix %s and check again", app.Plural(len(problems), "problem"), app.Plural(len(files), "manifest"), them)
 	}
-	fmt.Fprintf(env.Stderr, "%d manifests, no problems\n", len(files))
+	fmt.Fprintf(env.Stderr, "%s, no problems\n", app.Plural(len(files), "manifest"))
 	return nil
 }
-
-var errFixAndCheck = fmt.Errorf("fix them and check again")
 
 // ModuleAddCmd is module add.
 type ModuleAddCmd struct {
@@ -68,7 +70,11 @@ func (c *ModuleAddCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "%s %s registered; %s stays current\n", a.Module, a.Version, a.Current)
 	}
 	if len(a.Behind) > 0 {
-		fmt.Fprintf(env.Stderr, "%s run an older version: see 'mesh-controller upgrade %s'\n", strings.Join(a.Behind, ", "), a.Module)
+		verb := "run"
+		if len(a.Behind) == 1 {
+			verb = "runs"
+		}
+		fmt.Fprintf(env.Stderr, "%s %s an older version: see 'mesh-controller upgrade %s'\n", strings.Join(a.Behind, ", "), verb, a.Module)
 	}
 	return nil
 }
@@ -417,7 +423,7 @@ func (c *UpgradeCmd) Run(env *Env) error {
 		}
 		fmt.Fprintln(env.Stderr, "send them later with 'mesh-controller push --behind'")
 	default:
-		fmt.Fprintf(env.Stdout, "%s %s rolled out to %d nodes\n", v.Module, v.Current, len(v.Steps))
+		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s\n", v.Module, v.Current, app.Plural(len(v.Steps), "node"))
 	}
 	return nil
 }

@@ -263,13 +263,13 @@ func printCleanables(env *Env, cls []app.Cleanable) {
 	for _, cl := range cls {
 		size := "not reported"
 		if cl.Bytes != nil {
-			size = fmt.Sprintf("%d bytes", *cl.Bytes)
+			size = app.Plural(*cl.Bytes, "byte")
 		}
 		what := cl.Target
 		if cl.Deleting {
 			what += " (deleting)"
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%d days\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), cl.AgeDays, size, cl.Why)
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), app.Plural(cl.AgeDays, "day"), size, cl.Why)
 	}
 	tw.Flush()
 }
@@ -301,7 +301,7 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 	}
 	if c.OlderThan > 0 && !c.Confirm {
 		if len(chosen) == 0 {
-			fmt.Fprintf(env.Stderr, "nothing retired is older than %d days\n", c.OlderThan)
+			fmt.Fprintf(env.Stderr, "nothing retired is older than %s\n", app.Plural(c.OlderThan, "day"))
 			return nil
 		}
 		printCleanables(env, chosen)

@@ -72,7 +72,8 @@ func (c *OperatorKeyShowCmd) Run(env *Env) error {
 	if c.JSON {
 		return printJSON(env.Stdout, v)
 	}
-	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %d secrets\nonly by older  %d secrets\n", v.Key, v.SetAt.Format(timeShown), v.Recoverable, v.OnlyOlderKeys)
+	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %s\nonly by older  %s\n", v.Key, v.SetAt.Format(timeShown),
+		app.Plural(v.Recoverable, "secret"), app.Plural(v.OnlyOlderKeys, "secret"))
 	return nil
 }
 
@@ -167,7 +168,11 @@ func (c *SecretExportCmd) Run(env *Env) error {
 	if c.Out == "" {
 		_, err = env.Stdout.Write(b)
 	} else {
-		fmt.Fprintf(env.Stdout, "%d sealed copies exported to %s\n", n, c.Out)
+		copies := fmt.Sprintf("%d sealed copies", n)
+		if n == 1 {
+			copies = "1 sealed copy"
+		}
+		fmt.Fprintf(env.Stdout, "%s exported to %s\n", copies, c.Out)
 	}
 	fmt.Fprintln(env.Stderr, "keep it beside the operator key: each copy opens with it alone (age -d -i OPERATOR-KEY)")
 	return err
