@@ -177,7 +177,7 @@ func (c *ConditionsHistoryCmd) Run(env *Env) error {
 
 // DoctorCmd groups doctor commands; alone it prints the last verdict.
 type DoctorCmd struct {
-	Last    DoctorLastCmd    `cmd:"" default:"withargs" hidden:"" help:"The last verdict."`
+	Last    DoctorLastCmd    `cmd:"" default:"withargs" hidden:"" help:"The self-check's last verdict."`
 	Run     DoctorRunCmd     `cmd:"" help:"Run the self-check now: every probe, every rule; raise and clear conditions."`
 	Probes  DoctorProbesCmd  `cmd:"" help:"Each probe of the last run, and its result."`
 	Signals DoctorSignalsCmd `cmd:"" help:"Each signal's age against its bound."`

@@ -42,9 +42,10 @@ func (c *SeatsCmd) Run(env *Env) error {
 }
 
 // SeatCmd is seat: a handover, an addition, or (with rename) a new name.
+// Its bare form (seat NAME --to|--add) is listed first in help.
 type SeatCmd struct {
+	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (NAME --to NODE/MODULE), or add a holder beside the others (NAME --add NODE/MODULE)."`
 	Rename SeatRenameCmd `cmd:"" help:"Rename a seat; the former name still resolves."`
-	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (--to) or add a holder (--add)."`
 }
 
 // SeatRenameCmd is seat rename.
@@ -65,17 +66,14 @@ func (c *SeatRenameCmd) Run(env *Env) error {
 // SeatHandCmd is seat NAME --to|--add NODE/MODULE.
 type SeatHandCmd struct {
 	Seat Name   `arg:"" help:"The seat."`
-	To   string `xor:"how" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
-	Add  string `xor:"how" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
+	To   string `xor:"how" required:"" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
+	Add  string `xor:"how" required:"" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
 	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data (recorded in the hand-act log: --why)."`
 	Why  string `help:"With --yes: why; recorded in the hand-act log."`
 }
 
 // Run hands the seat over or adds a holder.
 func (c *SeatHandCmd) Run(env *Env) error {
-	if c.To == "" && c.Add == "" {
-		return clirun.UsageError{Msg: "say --to NODE/MODULE (hand it over) or --add NODE/MODULE (a replicated seat)"}
-	}
 	to, add := c.To, false
 	if c.Add != "" {
 		to, add = c.Add, true

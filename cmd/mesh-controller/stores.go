@@ -72,9 +72,13 @@ func (c *HelpCmd) Run(kctx *kong.Context) error {
 	return err
 }
 
-// helpWithStores prints kong's usage and, for the binary as a whole, where
-// each context's store is and which variable moves it.
+// helpWithStores prints kong's usage (with bare forms and xor alternatives,
+// see help.go) and, for the binary as a whole, where each context's store
+// is and which variable moves it.
 func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
+	defer showBareForms(kctx.Model.Node)()
+	printUsage(kctx)
+	options.NoAppSummary = true
 	if err := kong.DefaultHelpPrinter(options, kctx); err != nil {
 		return err
 	}
