@@ -27,6 +27,8 @@ type Globals struct {
 // CLI is every command mesh-controller has. A command that is not built is not here.
 type CLI struct {
 	Globals
+	// VersionFlag is --version: the same line as the version command.
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version stamped at link time, as 'mesh-controller version' does."`
 
 	Migrate    MigrateCmd    `cmd:"" help:"Bring every context's store up to date (made on first use)."`
 	Prepare    MigrateCmd    `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
@@ -104,7 +106,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func kongOptions() []kong.Option {
 	return []kong.Option{
 		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
-		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen, "version": versionLine()},
 		kong.Help(helpWithStores),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 	}

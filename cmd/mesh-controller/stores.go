@@ -53,12 +53,17 @@ type VersionCmd struct{}
 
 // Run prints the stamped version, or says it is a development build.
 func (c *VersionCmd) Run(env *Env) error {
-	v := version
-	if v == "" {
-		v = "development build"
-	}
-	fmt.Fprintf(env.Stdout, "mesh-controller %s\n", v)
+	fmt.Fprintln(env.Stdout, versionLine())
 	return nil
+}
+
+// versionLine is what version and --version print: the version stamped at
+// link time, or "development build", never a made-up number.
+func versionLine() string {
+	if version == "" {
+		return "mesh-controller development build"
+	}
+	return "mesh-controller " + version
 }
 
 // HelpCmd is help.
