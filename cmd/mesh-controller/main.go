@@ -101,11 +101,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}.Run(&cli, args, stdout, stderr)
 }
 
+// description opens the binary's help; it says the exit statuses every
+// command keeps, and the one rule for an input file that is not there.
+const description = "The control plane of a mesh: one binary, one SQLite store per context.\n\n" +
+	"Exit status: 0 when done; 1 when a command was refused or found a problem; " +
+	"2 for a usage error: an unknown command or flag, a missing or invalid argument, " +
+	"or an input file that does not exist (found before any store is touched)."
+
 // kongOptions are the parser's options besides those clirun sets; tests
 // build the same parser to walk its commands.
 func kongOptions() []kong.Option {
 	return []kong.Option{
-		kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
+		kong.Description(description),
 		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen, "version": versionLine()},
 		kong.Help(helpWithStores),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),

@@ -23,12 +23,16 @@ type ModuleCmd struct {
 
 // ModuleCheckCmd is module check.
 type ModuleCheckCmd struct {
-	Paths []string `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
+	Paths []InputPath `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
 }
 
 // Run prints every problem as file: field: what is wrong.
 func (c *ModuleCheckCmd) Run(env *Env) error {
-	files, problems, err := app.ModuleCheck(c.Paths)
+	paths := make([]string, len(c.Paths))
+	for i, p := range c.Paths {
+		paths[i] = string(p)
+	}
+	files, problems, err := app.ModuleCheck(paths)
 	if err != nil {
 		return err
 	}
@@ -48,13 +52,13 @@ func (c *ModuleCheckCmd) Run(env *Env) error {
 
 // ModuleAddCmd is module add.
 type ModuleAddCmd struct {
-	File   string `arg:"" type:"existingfile" help:"The manifest."`
-	Source string `placeholder:"REPO" help:"Where the module's source is, if not the manifest's source."`
+	File   InputFile `arg:"" help:"The manifest."`
+	Source string    `placeholder:"REPO" help:"Where the module's source is, if not the manifest's source."`
 }
 
 // Run registers the version.
 func (c *ModuleAddCmd) Run(env *Env) error {
-	a, err := env.App.ModuleAdd(env.Ctx, c.File, c.Source)
+	a, err := env.App.ModuleAdd(env.Ctx, string(c.File), c.Source)
 	if err != nil {
 		return err
 	}
@@ -188,18 +192,18 @@ type SettingsCmd struct {
 
 // SettingsSetCmd is settings set.
 type SettingsSetCmd struct {
-	Module Name   `arg:"" help:"The module."`
-	File   string `arg:"" type:"existingfile" help:"A JSON object."`
-	Node   Name   `help:"Set this node's layer rather than the mesh's."`
+	Module Name      `arg:"" help:"The module."`
+	File   InputFile `arg:"" help:"A JSON object."`
+	Node   Name      `help:"Set this node's layer rather than the mesh's."`
 }
 
 // Run sets the layer.
 func (c *SettingsSetCmd) Run(env *Env) error {
-	body, err := os.ReadFile(c.File)
+	body, err := os.ReadFile(string(c.File))
 	if err != nil {
 		return err
 	}
-	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: c.File})
+	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: string(c.File)})
 	if err != nil {
 		return err
 	}

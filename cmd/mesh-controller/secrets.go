@@ -86,10 +86,10 @@ type SecretCmd struct {
 
 // SecretAcceptCmd is secret accept.
 type SecretAcceptCmd struct {
-	Node   Name   `arg:"" help:"The node."`
-	Module Name   `arg:"" help:"The module."`
-	Name   string `arg:"" help:"The secret, as the manifest names it."`
-	From   string `type:"existingfile" placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
+	Node   Name      `arg:"" help:"The node."`
+	Module Name      `arg:"" help:"The module."`
+	Name   string    `arg:"" help:"The secret, as the manifest names it."`
+	From   InputFile `placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
 }
 
 // errNoTerminal means there is neither --from nor a terminal to read from.
@@ -99,7 +99,7 @@ var errNoTerminal = errors.New("no terminal to read the value from: give --from 
 func (c *SecretAcceptCmd) Run(env *Env) error {
 	var value protocol.Secret
 	if c.From != "" {
-		b, err := os.ReadFile(c.From)
+		b, err := os.ReadFile(string(c.From))
 		if err != nil {
 			return err
 		}
@@ -130,18 +130,18 @@ func (c *SecretAcceptCmd) Run(env *Env) error {
 
 // SecretRecoverCmd is secret recover.
 type SecretRecoverCmd struct {
-	Node       Name   `arg:"" help:"The node."`
-	Module     Name   `arg:"" help:"The module."`
-	Name       string `arg:"" help:"The secret."`
-	Key        string `required:"" type:"existingfile" placeholder:"FILE" help:"The operator key file (its private half)."`
-	Out        string `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
-	FromExport string `type:"existingfile" placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
+	Node       Name      `arg:"" help:"The node."`
+	Module     Name      `arg:"" help:"The module."`
+	Name       string    `arg:"" help:"The secret."`
+	Key        InputFile `required:"" placeholder:"FILE" help:"The operator key file (its private half)."`
+	Out        string    `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
+	FromExport InputFile `placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
 }
 
 // Run recovers the value into the file.
 func (c *SecretRecoverCmd) Run(env *Env) error {
 	r, err := env.App.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
-		KeyFile: c.Key, Out: c.Out, FromExport: c.FromExport})
+		KeyFile: string(c.Key), Out: c.Out, FromExport: string(c.FromExport)})
 	if err != nil {
 		return err
 	}
