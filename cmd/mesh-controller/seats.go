@@ -303,7 +303,11 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 			return nil
 		}
 		printCleanables(env, chosen)
-		fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+		if len(chosen) == 1 {
+			fmt.Fprintln(env.Stderr, "nothing deleted: add --confirm to delete it")
+		} else {
+			fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+		}
 		return nil
 	}
 	for _, cl := range chosen {
