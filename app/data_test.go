@@ -85,7 +85,7 @@ func TestData_SeatHandoverNeverEmpty(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	nc.Flush()
-	h, err := m.c.SeatHandover(context.Background(), "backup", "nas2/backup", false, true)
+	h, err := m.c.SeatHandover(context.Background(), HandoverRequest{Seat: "backup", To: "nas2/backup", Yes: true, Why: "the old disk is failing"})
 	if err != nil || !h.Changed || h.Empty == "" {
 		t.Fatalf("handover: %+v, %v", h, err)
 	}

@@ -12,8 +12,10 @@ import (
 
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/broker"
 )
 
@@ -185,11 +187,28 @@ func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error
 	return st.Inventory.MarkMoved(ctx, name, commit)
 }
 
+// ForgetRequest is what module forget is asked.
+type ForgetRequest struct {
+	Name string
+	// AndWhatItHolds discards the settings and secrets the mesh holds for
+	// it, which are otherwise a reason to refuse; it is a hand act, so it
+	// needs Why.
+	AndWhatItHolds bool
+	Why            string
+}
+
+// HeldSecrets are the names of the secrets one node holds for a module.
+type HeldSecrets struct {
+	Node  string   `json:"node"`
+	Names []string `json:"names"`
+}
+
 // Forgotten is what module forget did.
 type Forgotten struct {
 	inventory.Holdings
-	// Secrets are the nodes whose sealed copies were discarded.
-	Secrets []string
+	// Secrets are, per node, the secrets whose sealed copies were
+	// discarded: their names, never their values.
+	Secrets []HeldSecrets
 	// Revoked counts the broker users issued for it, now revoked;
 	// Disconnected says the serving controller was told to close their
 	// connections (otherwise it does when serve runs).
@@ -197,12 +216,33 @@ type Forgotten struct {
 	Disconnected bool
 }
 
+// Discarded says what --and-what-it-holds discarded, in a few words:
+// settings layers and secrets per node, by name.
+func (f Forgotten) Discarded() string {
+	var parts []string
+	if len(f.Settings) > 0 {
+		parts = append(parts, Plural(len(f.Settings), "settings layer")+" ("+strings.Join(f.Settings, ", ")+")")
+	}
+	for _, h := range f.Secrets {
+		parts = append(parts, Plural(len(h.Names), "secret")+" on "+h.Node+" ("+strings.Join(h.Names, ", ")+")")
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, "; ")
+}
+
 // ModuleForget removes a module; refused while a node runs it, or while the
-// mesh holds settings or secrets for it unless andHeld discards them. Its
-// broker users are revoked and their connections closed.
-func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool) (Forgotten, error) {
+// mesh holds settings or secrets for it unless AndWhatItHolds discards them,
+// which is recorded as a hand act. Its broker users are revoked and their
+// connections closed.
+func (c *Controller) ModuleForget(ctx context.Context, r ForgetRequest) (Forgotten, error) {
+	name := r.Name
 	if err := CheckName(name); err != nil {
 		return Forgotten{}, err
+	}
+	if r.AndWhatItHolds && r.Why == "" {
+		return Forgotten{}, fmt.Errorf("discarding what %s holds: %w", name, health.ErrNoWhy)
 	}
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -214,27 +254,37 @@ func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool
 		return Forgotten{}, err
 	}
 	f := Forgotten{Holdings: h}
-	if f.Secrets, err = sec.Held(ctx, name); err != nil {
+	if f.Secrets, err = heldSecrets(ctx, sec, name); err != nil {
 		return f, err
 	}
 	var problems []string
 	if len(h.Nodes) > 0 {
 		problems = append(problems, fmt.Sprintf("assigned on %s: unassign it first", strings.Join(h.Nodes, ", ")))
 	}
-	if len(h.Settings) > 0 && !andHeld {
-		problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds to discard them", strings.Join(h.Settings, ", ")))
+	if len(h.Settings) > 0 && !r.AndWhatItHolds {
+		problems = append(problems, fmt.Sprintf("settings held for %s: clear them, or add --and-what-it-holds --why \"...\" to discard them", strings.Join(h.Settings, ", ")))
 	}
-	if len(f.Secrets) > 0 && !andHeld {
-		problems = append(problems, fmt.Sprintf("secrets held for it on %s: add --and-what-it-holds to discard them (export them first with 'mesh-controller secret export')", strings.Join(f.Secrets, ", ")))
+	if len(f.Secrets) > 0 && !r.AndWhatItHolds {
+		var on []string
+		for _, hs := range f.Secrets {
+			on = append(on, hs.Node)
+		}
+		problems = append(problems, fmt.Sprintf("secrets held for it on %s: add --and-what-it-holds --why \"...\" to discard them (export them first with 'mesh-controller secret export')", strings.Join(on, ", ")))
 	}
 	if err := refuse("module forget "+name, problems); err != nil {
 		return f, err
 	}
-	if _, err := inv.ForgetModule(ctx, name, andHeld); err != nil {
+	if _, err := inv.ForgetModule(ctx, name, r.AndWhatItHolds); err != nil {
 		return f, err
 	}
-	for _, n := range f.Secrets {
-		if err := sec.Forget(ctx, n, name, c.Now()); err != nil {
+	for _, hs := range f.Secrets {
+		if err := sec.Forget(ctx, hs.Node, name, c.Now()); err != nil {
+			return f, err
+		}
+	}
+	if r.AndWhatItHolds {
+		// Recorded once done: the log says what was discarded, never a value.
+		if err := c.recordHand(ctx, fmt.Sprintf("module forget %s --and-what-it-holds: discarded %s", name, f.Discarded()), r.Why, "forget", ""); err != nil {
 			return f, err
 		}
 	}
@@ -248,8 +298,28 @@ func (c *Controller) ModuleForget(ctx context.Context, name string, andHeld bool
 	return f, nil
 }
 
-// ErrNotOnNode means a module is not assigned to that node.
-var ErrNotOnNode = errors.New("is not assigned to that node")
+// heldSecrets names, per node, the secrets the mesh holds for a module.
+func heldSecrets(ctx context.Context, sec *secrets.Store, module string) ([]HeldSecrets, error) {
+	copies, err := sec.Copies(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []HeldSecrets
+	for _, cp := range copies { // ordered by node, module and name
+		if cp.Module != module {
+			continue
+		}
+		if len(out) == 0 || out[len(out)-1].Node != cp.Node {
+			out = append(out, HeldSecrets{Node: cp.Node})
+		}
+		out[len(out)-1].Names = append(out[len(out)-1].Names, cp.Name)
+	}
+	return out, nil
+}
+
+// ErrNotOnNode means a module is not assigned to a node: "module backup
+// is not assigned to nas2".
+var ErrNotOnNode = errors.New("is not assigned to")
 
 // ModuleIssue makes a broker user for a module on a node, allowed exactly
 // its manifest's emits (publish) and consumes (subscribe) under

@@ -272,7 +272,7 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	if _, err := m.c.Unassign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := m.c.ModuleForget(ctx, "paperless", true)
+	f, err := m.c.ModuleForget(ctx, ForgetRequest{Name: "paperless", AndWhatItHolds: true, Why: "paperless left the mesh"})
 	if err != nil || f.Revoked != 1 || !f.Disconnected {
 		t.Fatalf("forget: %+v, %v", f, err)
 	}

@@ -19,11 +19,7 @@ func (e *ProblemsError) Error() string {
 
 // Summary is the refusal without the problems: what, and how many.
 func (e *ProblemsError) Summary() string {
-	n := "1 problem"
-	if len(e.Problems) != 1 {
-		n = fmt.Sprintf("%d problems", len(e.Problems))
-	}
-	return fmt.Sprintf("%s refused, %s", e.What, n)
+	return fmt.Sprintf("%s refused, %s", e.What, Plural(len(e.Problems), "problem"))
 }
 
 // Details are the problems, one a line.
@@ -34,4 +30,21 @@ func refuse(what string, problems []string) error {
 		return nil
 	}
 	return &ProblemsError{What: what, Problems: problems}
+}
+
+// Plural counts nouns as a person writes them: "1 problem", "2 problems",
+// "0 problems". It is for nouns that take a plain "s".
+func Plural[N ~int | ~int64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// isAre counts nouns and gives the verb that agrees: "1 secret is", "2 secrets are".
+func isAre[N ~int | ~int64](n N, noun string) string {
+	if n == 1 {
+		return Plural(n, noun) + " is"
+	}
+	return Plural(n, noun) + " are"
 }

@@ -80,7 +80,7 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	}
 	// The hand act is written first: a person's word of what they asked
 	// outlives a process stopped before the act is recorded.
-	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%d consumers)", verb, provider, len(decided)), why, "retire", ""); err != nil {
+	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%s)", verb, provider, Plural(len(decided), "consumer")), why, "retire", ""); err != nil {
 		return nil, nil, err
 	}
 	if err := inv.Apply(ctx, inventory.Change{Consumers: changes, Bump: []string{node}}, c.Now()); err != nil {

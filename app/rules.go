@@ -135,7 +135,7 @@ var rules = []rule{
 				continue
 			}
 			out = append(out, machineCondition("node.bad-signature", d.Node, health.Urgent,
-				fmt.Sprintf("%d messages claiming to be from %s did not verify", d.Count, d.Node),
+				fmt.Sprintf("%s claiming to be from %s did not verify", Plural(d.Count, "message"), d.Node),
 				map[string]any{"count": d.Count, "last_at": d.LastAt.UTC().Format(time.RFC3339)}))
 		}
 		return out
@@ -147,7 +147,7 @@ var rules = []rule{
 				continue
 			}
 			c := machineCondition("token.reused", r.Node, health.Warning,
-				fmt.Sprintf("a used join token of %s was presented again (%d times)", r.Node, r.Count),
+				fmt.Sprintf("a used join token of %s was presented again (%s)", r.Node, Plural(r.Count, "time")),
 				map[string]any{"count": r.Count, "last_at": r.LastAt.UTC().Format(time.RFC3339)})
 			out = append(out, c)
 		}
@@ -168,15 +168,20 @@ var rules = []rule{
 		if in.secretCount == 0 || in.operatorKey {
 			return nil
 		}
+		they := "they cannot"
+		if in.secretCount == 1 {
+			they = "it cannot"
+		}
 		return []health.Condition{{Key: "secret.no-operator-key", Kind: "secret.no-operator-key", Scope: "mesh", Severity: health.Urgent,
-			Summary: fmt.Sprintf("%d secrets and no operator key set: they cannot be recovered off the mesh", in.secretCount), Evidence: map[string]any{"secrets": in.secretCount}}}
+			Summary:  fmt.Sprintf("%s and no operator key set: %s be recovered off the mesh", Plural(in.secretCount, "secret"), they),
+			Evidence: map[string]any{"secrets": in.secretCount}}}
 	}},
 	{kind: "secret.old-operator-key", needs: []string{"secrets"}, eval: func(in *checkInputs) []health.Condition {
 		if in.onlyOlder == 0 {
 			return nil
 		}
 		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
-			Summary:  fmt.Sprintf("%d secrets are sealed only to a replaced operator key", in.onlyOlder),
+			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
 			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
 	}},
 	{kind: "data.no-backup", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {

@@ -13,16 +13,16 @@ import (
 	"mesh-controller/contexts/secrets"
 )
 
-// Why seat, pin and retire commands refuse.
+// Why seat, pin and retire commands refuse. Each reads as a sentence
+// between a subject and a name: "web1/paperless does not provide postgres".
 var (
 	ErrNotReplicated  = errors.New("is not replicated: it has one holder; hand it over with --to")
-	ErrCannotHold     = errors.New("cannot hold that seat: its manifest does not define it")
+	ErrCannotHold     = errors.New("cannot hold seat")
 	ErrEmptyReplace   = errors.New("the replacement starts empty")
-	ErrNotAProvider   = errors.New("does not provide that provision")
-	ErrNoNeed         = errors.New("runs nothing that needs that provision")
+	ErrNotAProvider   = errors.New("does not provide")
 	ErrNothingWaiting = errors.New("has no consumer waiting for retirement")
 	ErrNotRetired     = errors.New("is not retired: only retired data is deleted by cleanup")
-	ErrNoPin          = errors.New("has no pin for that provision")
+	ErrNoPin          = errors.New("has no pin for")
 )
 
 // Seats lists every seat any registered manifest defines.
@@ -83,20 +83,53 @@ type Handover struct {
 	From    []string `json:"from"`
 	Changed bool     `json:"changed"`
 	// Empty says what the replacement starts without: data sets and sizes that stay where they are.
-	Empty  string   `json:"empty,omitempty"`
-	Pushed []Pushed `json:"pushed"`
+	Empty string `json:"empty,omitempty"`
+	// Recorded says the choice to start empty (--yes) is in the hand-act log.
+	Recorded bool     `json:"recorded"`
+	Pushed   []Pushed `json:"pushed"`
 }
 
-// SeatHandover hands a seat to an assignment in one act (add false), or adds
-// a holder to a replicated seat (add true). A new holder that would start
-// without precious data the old holder kept is said first, and needs yes.
-func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes bool) (Handover, error) {
+// errYesNeedsWhy refuses --yes without --why: --yes is a choice the
+// hand-act log records, with why it was made.
+var errYesNeedsWhy = fmt.Errorf("--yes is recorded in the hand-act log: %w", health.ErrNoWhy)
+
+// stays is the verb for n things that stay where they are.
+func stays(n int) string {
+	if n == 1 {
+		return "stays"
+	}
+	return "stay"
+}
+
+// HandoverRequest is what seat --to and seat --add are asked.
+type HandoverRequest struct {
+	Seat string
+	// To is the new holder, node/module.
+	To string
+	// Add adds To beside the holders (a replicated seat) instead of handing
+	// the seat over.
+	Add bool
+	// Yes hands the seat over even though the new holder starts without
+	// the data the old one kept: a choice recorded as a hand act, with Why.
+	Yes bool
+	Why string
+}
+
+// SeatHandover hands a seat to an assignment in one act, or adds a holder
+// to a replicated seat. A new holder that would start without precious data
+// the old holder kept is said first, and needs Yes; that choice is recorded
+// in the hand-act log with its Why.
+func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
+	name, to, add, yes := r.Seat, r.To, r.Add, r.Yes
 	node, module, ok := strings.Cut(to, "/")
 	if !ok {
 		return Handover{}, fmt.Errorf("%q: %w", to, ErrHolderForm)
 	}
 	if err := CheckNames(name, node, module); err != nil {
 		return Handover{}, err
+	}
+	if yes && r.Why == "" {
+		return Handover{}, errYesNeedsWhy
 	}
 	ps, err := c.openPlanStores(ctx)
 	if err != nil {
@@ -108,12 +141,15 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 		return Handover{}, err
 	}
 	target := inventory.Holder{Node: node, Module: module}
+	if _, ok := snap.Nodes[node]; !ok {
+		return Handover{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
 	version := snap.VersionOn(node, module)
 	if version == "" {
 		return Handover{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
 	if !snap.CanHold(snap.Manifests[module][version], seat.Seat) {
-		return Handover{}, fmt.Errorf("%s %w", target, ErrCannotHold)
+		return Handover{}, fmt.Errorf("%s %w %s: its manifest does not define it", target, ErrCannotHold, seat.Seat)
 	}
 	h := Handover{Seat: seat.Seat, To: target.String(), From: seat.Holders, Pushed: []Pushed{}}
 	holders := snap.Seats.Holders[seat.Seat]
@@ -140,12 +176,20 @@ func (c *Controller) SeatHandover(ctx context.Context, name, to string, add, yes
 			lost = append(lost, startsEmpty(snap, data, old, target)...)
 		}
 		if len(lost) > 0 {
-			h.Empty = fmt.Sprintf("%s stay on %s", strings.Join(lost, ", "), strings.Join(seat.Holders, ", "))
+			h.Empty = fmt.Sprintf("%s %s on %s", strings.Join(lost, ", "), stays(len(lost)), strings.Join(seat.Holders, ", "))
 			if !yes {
-				return h, fmt.Errorf("%w: %s; add --yes to hand it over all the same", ErrEmptyReplace, h.Empty)
+				return h, fmt.Errorf("%w: %s", ErrEmptyReplace, h.Empty)
 			}
 			replacement = &inventory.Replacement{What: "seat " + seat.Seat, NewHolder: target.String(), OldHolder: strings.Join(seat.Holders, ", "), Data: strings.Join(lost, ", ")}
 		}
+	}
+	if replacement != nil {
+		// --yes was what let it start empty: the log says who chose that,
+		// and why; written first, as a person's word of what they asked.
+		if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
+			return h, err
+		}
+		h.Recorded = true
 	}
 	// One transaction: the new holder is added and the old removed together.
 	if err := inv.ChangeSeats(ctx, []inventory.SeatChange{change}, replacement, bumps, c.Now()); err != nil {
@@ -206,33 +250,52 @@ func humanBytes(b int64) string {
 	case b >= 1<<10:
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
-	return fmt.Sprintf("%d bytes", b)
+	return Plural(b, "byte")
 }
 
 // Pinned is what pin or unpin did.
 type Pinned struct {
-	Node      string   `json:"node"`
-	Provision string   `json:"provision"`
-	Provider  string   `json:"provider,omitempty"`
-	Empty     string   `json:"empty,omitempty"`
-	Stays     string   `json:"stays,omitempty"`
-	Pushed    []Pushed `json:"pushed"`
+	Node      string `json:"node"`
+	Provision string `json:"provision"`
+	Provider  string `json:"provider,omitempty"`
+	Empty     string `json:"empty,omitempty"`
+	Stays     string `json:"stays,omitempty"`
+	// Recorded says the choice to start empty (--yes) is in the hand-act log.
+	Recorded bool     `json:"recorded"`
+	Pushed   []Pushed `json:"pushed"`
+}
+
+// PinRequest is what pin is asked: node's consumers of provision get it
+// from module on from-node.
+type PinRequest struct {
+	Node, Provision, FromNode, Module string
+	// Yes moves a binding even though its new provider starts without the
+	// data the old one keeps: a choice recorded as a hand act, with Why.
+	Yes bool
+	Why string
 }
 
 // Pin chooses the provider a node's consumers get a provision from. Moving a
 // binding whose provider keeps precious data for its consumer says the
-// empty replacement first, and needs yes.
-func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module string, yes bool) (Pinned, error) {
+// empty replacement first, and needs Yes; that choice is recorded in the
+// hand-act log with its Why.
+func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
+	node, provision, fromNode, module, yes := r.Node, r.Provision, r.FromNode, r.Module, r.Yes
 	if err := CheckNames(node, provision, fromNode, module); err != nil {
 		return Pinned{}, err
+	}
+	if yes && r.Why == "" {
+		return Pinned{}, errYesNeedsWhy
 	}
 	ps, err := c.openPlanStores(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
 	st, snap := ps.st, ps.snap
-	if _, ok := snap.Nodes[node]; !ok {
-		return Pinned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	for _, n := range []string{node, fromNode} {
+		if _, ok := snap.Nodes[n]; !ok {
+			return Pinned{}, fmt.Errorf("node %s %w", n, inventory.ErrNodeNotFound)
+		}
 	}
 	provider := inventory.Holder{Node: fromNode, Module: module}
 	if v := snap.VersionOn(fromNode, module); v == "" || !inventory.Provides(snap.Manifests[module][v], provision) {
@@ -255,9 +318,17 @@ func (c *Controller) Pin(ctx context.Context, node, provision, fromNode, module 
 	if len(lost) > 0 {
 		out.Empty = strings.Join(lost, "; ")
 		if !yes {
-			return out, fmt.Errorf("%w: %s; add --yes to pin all the same", ErrEmptyReplace, out.Empty)
+			return out, fmt.Errorf("%w: %s", ErrEmptyReplace, out.Empty)
 		}
 		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
+	}
+	if replacement != nil {
+		// --yes was what let it start empty: the log says who chose that,
+		// and why; written first, as a person's word of what they asked.
+		if err := c.recordHand(ctx, fmt.Sprintf("pin %s %s to %s, which starts empty: %s", node, provision, out.Provider, out.Empty), r.Why, "pin", ""); err != nil {
+			return out, err
+		}
+		out.Recorded = true
 	}
 	pin := inventory.Pin{Node: node, Provision: provision, Provider: provider}
 	ch := inventory.Change{Pins: []inventory.Pin{pin}, Replacement: replacement}

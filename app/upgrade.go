@@ -149,7 +149,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if err := move(all); err != nil {
 			return v, err
 		}
-		r.Progress(fmt.Sprintf("sent %d declarations (%s %s)", len(all), r.Module, cur))
+		r.Progress(fmt.Sprintf("sent %s (%s %s)", Plural(len(all), "declaration"), r.Module, cur))
 		return v, c.waitApplied(ctx, inv, &v, all, r)
 	}
 	for i := range v.Steps {

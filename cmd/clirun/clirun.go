@@ -75,7 +75,7 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 	if err := kctx.Run(p.Bind(ctx)); err != nil {
 		var usage UsageError
 		if errors.As(err, &usage) {
-			fmt.Fprintf(stderr, "%s: %s, see '%s --help'\n", p.Name, OneLine(err.Error()), kctx.Selected().FullPath())
+			fmt.Fprintf(stderr, "%s: %s, see '%s --help'\n", p.Name, OneLine(err.Error()), HelpPath(kctx.Selected()))
 			return 2
 		}
 		msg := OneLine(err.Error())
@@ -105,9 +105,19 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 func (p Program) commandPath(err error) string {
 	var perr *kong.ParseError
 	if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
-		return perr.Context.Selected().FullPath()
+		return HelpPath(perr.Context.Selected())
 	}
 	return p.Name
+}
+
+// HelpPath is how a person asks for a command's help: its full path, or,
+// for a command run when its group is given alone (default:"withargs"),
+// the group's, since that is the form a person types.
+func HelpPath(n *kong.Node) string {
+	if p := n.Parent; p != nil && p.DefaultCmd == n && n.Tag.Default == "withargs" {
+		return p.FullPath()
+	}
+	return n.FullPath()
 }
 
 // OneLine folds a message onto one line.

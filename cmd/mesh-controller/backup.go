@@ -28,13 +28,13 @@ func (c *BackupCmd) Run(env *Env) error {
 
 // RestoreCmd is restore.
 type RestoreCmd struct {
-	File string `arg:"" type:"existingfile" help:"A file 'mesh-controller backup' or 'serve --backup-every' wrote."`
-	Key  string `required:"" type:"existingfile" placeholder:"FILE" help:"The operator key file (its private half)."`
+	File InputFile `arg:"" help:"A file 'mesh-controller backup' or 'serve --backup-every' wrote."`
+	Key  InputFile `required:"" placeholder:"FILE" help:"The operator key file (its private half)."`
 }
 
 // Run restores the backup into the data dir (--data), which must be new or empty.
 func (c *RestoreCmd) Run(env *Env) error {
-	r, err := env.App.Restore(env.Ctx, c.File, c.Key)
+	r, err := env.App.Restore(env.Ctx, string(c.File), string(c.Key))
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,11 @@ func (c *RestoreCmd) Run(env *Env) error {
 	if r.Fingerprint != "" {
 		fmt.Fprintf(w, "signing key %s, as before", r.Fingerprint)
 		if r.Hosts > 0 {
-			fmt.Fprintf(w, ": %d joined hosts keep trusting this controller and need not join again", r.Hosts)
+			if r.Hosts == 1 {
+				fmt.Fprint(w, ": 1 joined host keeps trusting this controller and need not join again")
+			} else {
+				fmt.Fprintf(w, ": %d joined hosts keep trusting this controller and need not join again", r.Hosts)
+			}
 		}
 		fmt.Fprintln(w)
 	}

@@ -9,18 +9,18 @@ import (
 
 // DeclareCmd is declare.
 type DeclareCmd struct {
-	Node Name   `arg:"" help:"The node."`
-	File string `arg:"" type:"existingfile" help:"A JSON object: the declaration body; node, serial and issued_at are filled in."`
-	Why  string `required:"" help:"Why this is declared by hand; recorded in the hand-act log."`
+	Node Name      `arg:"" help:"The node."`
+	File InputFile `arg:"" help:"A JSON object: the declaration body; node, serial and issued_at are filled in."`
+	Why  string    `required:"" help:"Why this is declared by hand; recorded in the hand-act log."`
 }
 
 // Run signs, keeps and sends the declaration.
 func (c *DeclareCmd) Run(env *Env) error {
-	body, err := app.ReadInput(c.File, protocol.MaxDeclarationBytes, "a declaration")
+	body, err := app.ReadInput(string(c.File), protocol.MaxDeclarationBytes, "a declaration")
 	if err != nil {
 		return err
 	}
-	d, err := env.App.Declare(env.Ctx, app.DeclareRequest{Node: string(c.Node), Body: body, From: c.File, Why: c.Why})
+	d, err := env.App.Declare(env.Ctx, app.DeclareRequest{Node: string(c.Node), Body: body, From: string(c.File), Why: c.Why})
 	if err != nil {
 		return err
 	}

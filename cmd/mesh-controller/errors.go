@@ -110,7 +110,7 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrNotReplicated), errors.Is(err, app.ErrCannotHold), errors.Is(err, app.ErrHolderForm):
 		return "see 'mesh-controller seats'"
 	case errors.Is(err, app.ErrEmptyReplace):
-		return "back the data up or move it first; --yes records that you chose this"
+		return "back the data up or move it first, or add --yes --why \"...\" to go ahead all the same (the hand-act log records that choice)"
 	case errors.Is(err, app.ErrNotAProvider):
 		return "pin a node/module that provides it ('mesh-controller plan NODE' shows the bindings)"
 	case errors.Is(err, app.ErrNothingWaiting):

@@ -177,7 +177,7 @@ func (c *ConditionsHistoryCmd) Run(env *Env) error {
 
 // DoctorCmd groups doctor commands; alone it prints the last verdict.
 type DoctorCmd struct {
-	Last    DoctorLastCmd    `cmd:"" default:"withargs" hidden:"" help:"The last verdict."`
+	Last    DoctorLastCmd    `cmd:"" default:"withargs" hidden:"" help:"The self-check's last verdict."`
 	Run     DoctorRunCmd     `cmd:"" help:"Run the self-check now: every probe, every rule; raise and clear conditions."`
 	Probes  DoctorProbesCmd  `cmd:"" help:"Each probe of the last run, and its result."`
 	Signals DoctorSignalsCmd `cmd:"" help:"Each signal's age against its bound."`
@@ -205,8 +205,8 @@ func printVerdict(env *Env, v health.Verdict, asJSON bool) error {
 	if !v.OK {
 		state = "a probe failed"
 	}
-	fmt.Fprintf(env.Stdout, "self-check at %s: %s; %d open conditions (%d raised, %d changed, %d cleared) in %.1f ms\n",
-		v.At.Format(timeShown), state, v.Open, v.Raised, v.Changed, v.Cleared, v.TookMS)
+	fmt.Fprintf(env.Stdout, "self-check at %s: %s; %s (%d raised, %d changed, %d cleared) in %.1f ms\n",
+		v.At.Format(timeShown), state, app.Plural(v.Open, "open condition"), v.Raised, v.Changed, v.Cleared, v.TookMS)
 	for _, p := range v.Probes {
 		mark := "ok  "
 		if !p.OK {

@@ -27,6 +27,8 @@ type Globals struct {
 // CLI is every command mesh-controller has. A command that is not built is not here.
 type CLI struct {
 	Globals
+	// VersionFlag is --version: the same line as the version command.
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version stamped at link time, as 'mesh-controller version' does."`
 
 	Migrate    MigrateCmd    `cmd:"" help:"Bring every context's store up to date (made on first use)."`
 	Prepare    MigrateCmd    `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
@@ -83,14 +85,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
 	var a *app.Controller
 	return clirun.Program{
-		Name: "mesh-controller",
-		Options: []kong.Option{
-			kong.Description("The control plane of a mesh: one binary, one SQLite store per context."),
-			kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen},
-			kong.Help(helpWithStores),
-			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		},
-		Hint: hint,
+		Name:    "mesh-controller",
+		Options: kongOptions(),
+		Hint:    hint,
 		Bind: func(ctx context.Context) any {
 			a = app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
@@ -102,6 +99,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		},
 	}.Run(&cli, args, stdout, stderr)
+}
+
+// description opens the binary's help; it says the exit statuses every
+// command keeps, and the one rule for an input file that is not there.
+const description = "The control plane of a mesh: one binary, one SQLite store per context.\n\n" +
+	"Exit status: 0 when done; 1 when a command was refused or found a problem; " +
+	"2 for a usage error: an unknown command or flag, a missing or invalid argument, " +
+	"or an input file that does not exist (found before any store is touched)."
+
+// kongOptions are the parser's options besides those clirun sets; tests
+// build the same parser to walk its commands.
+func kongOptions() []kong.Option {
+	return []kong.Option{
+		kong.Description(description),
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen, "version": versionLine()},
+		kong.Help(helpWithStores),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	}
 }
 
 // timeShown is how times are printed for a person: UTC, to the second.

@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
+
 	"mesh-controller/app"
+	"mesh-controller/contexts/identity"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
@@ -42,6 +48,7 @@ func TestScripts(t *testing.T) {
 			"waitserving": cmdWaitServing,
 			"damage":      cmdDamage,
 			"waitfile":    cmdWaitFile,
+			"hostjoined":  cmdHostJoined,
 		}),
 	})
 }
@@ -82,4 +89,33 @@ func cmdWaitServing(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// cmdHostJoined records that a node's host joined, as a join through serve
+// does (its token used, its keys kept, the node marked joined), so that
+// scenarios about joined nodes need no running host and broker. The host's
+// age recipient is $OPERATOR_KEY. hostjoined NODE TOKEN-FILE, the file
+// holding what 'token issue --node NODE' printed.
+func cmdHostJoined(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: hostjoined NODE TOKEN-FILE")
+	}
+	token, err := os.ReadFile(ts.MkAbs(args[1]))
+	ts.Check(err)
+	hostKey, _, err := ed25519.GenerateKey(nil)
+	ts.Check(err)
+	user, err := nkeys.CreateUser()
+	ts.Check(err)
+	nkey, err := user.PublicKey()
+	ts.Check(err)
+	c := app.New(ts.Getenv("MESH_DATA"))
+	c.Getenv = ts.Getenv
+	defer c.Close()
+	ctx := context.Background()
+	st, err := c.Stores(ctx)
+	ts.Check(err)
+	now := time.Now()
+	ts.Check(st.Identity.Join(ctx, strings.TrimSpace(string(token)), identity.Host{Node: args[0], HostKey: hostKey,
+		AgeRecipient: ts.Getenv("OPERATOR_KEY"), NKey: nkey, HostVersion: "scenario"}, now))
+	ts.Check(st.Inventory.MarkJoined(ctx, args[0], now))
 }

@@ -16,18 +16,22 @@ type ModuleCmd struct {
 	Add    ModuleAddCmd    `cmd:"" help:"Register a module version from its manifest; a newer version becomes current."`
 	List   ModuleListCmd   `cmd:"" help:"Every module: current version, source, behind its source or not, where it runs."`
 	Moved  ModuleMovedCmd  `cmd:"" help:"Record that a module's source has a commit newer than the mesh built."`
-	Forget ModuleForgetCmd `cmd:"" help:"Remove a module; refused while a node runs it or the mesh holds settings for it."`
+	Forget ModuleForgetCmd `cmd:"" help:"Remove a module; refused while a node runs it or the mesh holds settings or secrets for it (--and-what-it-holds --why discards those)."`
 	Issue  ModuleIssueCmd  `cmd:"" help:"A broker user for a module on a node, allowed exactly its emits and consumes; prints a .creds document."`
 }
 
 // ModuleCheckCmd is module check.
 type ModuleCheckCmd struct {
-	Paths []string `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
+	Paths []InputPath `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
 }
 
 // Run prints every problem as file: field: what is wrong.
 func (c *ModuleCheckCmd) Run(env *Env) error {
-	files, problems, err := app.ModuleCheck(c.Paths)
+	paths := make([]string, len(c.Paths))
+	for i, p := range c.Paths {
+		paths[i] = string(p)
+	}
+	files, problems, err := app.ModuleCheck(paths)
 	if err != nil {
 		return err
 	}
@@ -35,23 +39,25 @@ func (c *ModuleCheckCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, p.String())
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("%d problems in %d manifests, %w", len(problems), len(files), errFixAndCheck)
+		them := "them"
+		if len(problems) == 1 {
+			them = "it"
+		}
+		return fmt.Errorf("%s in %s, fix %s and check again", app.Plural(len(problems), "problem"), app.Plural(len(files), "manifest"), them)
 	}
-	fmt.Fprintf(env.Stderr, "%d manifests, no problems\n", len(files))
+	fmt.Fprintf(env.Stderr, "%s, no problems\n", app.Plural(len(files), "manifest"))
 	return nil
 }
 
-var errFixAndCheck = fmt.Errorf("fix them and check again")
-
 // ModuleAddCmd is module add.
 type ModuleAddCmd struct {
-	File   string `arg:"" type:"existingfile" help:"The manifest."`
-	Source string `placeholder:"REPO" help:"Where the module's source is, if not the manifest's source."`
+	File   InputFile `arg:"" help:"The manifest."`
+	Source string    `placeholder:"REPO" help:"Where the module's source is, if not the manifest's source."`
 }
 
 // Run registers the version.
 func (c *ModuleAddCmd) Run(env *Env) error {
-	a, err := env.App.ModuleAdd(env.Ctx, c.File, c.Source)
+	a, err := env.App.ModuleAdd(env.Ctx, string(c.File), c.Source)
 	if err != nil {
 		return err
 	}
@@ -67,7 +73,11 @@ func (c *ModuleAddCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "%s %s registered; %s stays current\n", a.Module, a.Version, a.Current)
 	}
 	if len(a.Behind) > 0 {
-		fmt.Fprintf(env.Stderr, "%s run an older version: see 'mesh-controller upgrade %s'\n", strings.Join(a.Behind, ", "), a.Module)
+		verb := "run"
+		if len(a.Behind) == 1 {
+			verb = "runs"
+		}
+		fmt.Fprintf(env.Stderr, "%s %s an older version: see 'mesh-controller upgrade %s'\n", strings.Join(a.Behind, ", "), verb, a.Module)
 	}
 	return nil
 }
@@ -126,25 +136,32 @@ func (c *ModuleMovedCmd) Run(env *Env) error {
 
 // ModuleForgetCmd is module forget.
 type ModuleForgetCmd struct {
-	Name           Name `arg:"" help:"The module."`
-	AndWhatItHolds bool `name:"and-what-it-holds" help:"Also discard the settings the mesh holds for it."`
+	Name           Name   `arg:"" help:"The module."`
+	AndWhatItHolds bool   `name:"and-what-it-holds" help:"Also discard the settings and secrets the mesh holds for it (a hand act: --why)."`
+	Why            string `help:"With --and-what-it-holds: why; recorded in the hand-act log with what was discarded."`
 }
 
-// Run forgets it.
+// Run forgets it, and says what was discarded with it: names, never values.
 func (c *ModuleForgetCmd) Run(env *Env) error {
-	h, err := env.App.ModuleForget(env.Ctx, string(c.Name), c.AndWhatItHolds)
+	f, err := env.App.ModuleForget(env.Ctx, app.ForgetRequest{Name: string(c.Name), AndWhatItHolds: c.AndWhatItHolds, Why: c.Why})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "module %s forgotten\n", c.Name)
-	if len(h.Settings) > 0 {
-		fmt.Fprintf(env.Stderr, "its settings for %s were discarded\n", strings.Join(h.Settings, ", "))
+	if len(f.Settings) > 0 {
+		fmt.Fprintf(env.Stdout, "discarded %s: %s\n", app.Plural(len(f.Settings), "settings layer"), strings.Join(f.Settings, ", "))
+	}
+	for _, h := range f.Secrets {
+		fmt.Fprintf(env.Stdout, "discarded %s on %s: %s\n", app.Plural(len(h.Names), "secret"), h.Node, strings.Join(h.Names, ", "))
+	}
+	if c.AndWhatItHolds {
+		fmt.Fprintf(env.Stderr, "recorded in the hand-act log: discarded %s\n", f.Discarded())
 	}
 	switch {
-	case h.Revoked > 0 && h.Disconnected:
-		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; their connections are closed\n", h.Revoked)
-	case h.Revoked > 0:
-		fmt.Fprintf(env.Stdout, "%d broker users issued for it revoked; the broker refuses them from when 'mesh-controller serve' runs\n", h.Revoked)
+	case f.Revoked > 0 && f.Disconnected:
+		fmt.Fprintf(env.Stdout, "%s issued for it revoked; their connections are closed\n", app.Plural(f.Revoked, "broker user"))
+	case f.Revoked > 0:
+		fmt.Fprintf(env.Stdout, "%s issued for it revoked; the broker refuses them from when 'mesh-controller serve' runs\n", app.Plural(f.Revoked, "broker user"))
 	}
 	return nil
 }
@@ -174,18 +191,18 @@ type SettingsCmd struct {
 
 // SettingsSetCmd is settings set.
 type SettingsSetCmd struct {
-	Module Name   `arg:"" help:"The module."`
-	File   string `arg:"" type:"existingfile" help:"A JSON object."`
-	Node   Name   `help:"Set this node's layer rather than the mesh's."`
+	Module Name      `arg:"" help:"The module."`
+	File   InputFile `arg:"" help:"A JSON object."`
+	Node   Name      `help:"Set this node's layer rather than the mesh's."`
 }
 
 // Run sets the layer.
 func (c *SettingsSetCmd) Run(env *Env) error {
-	body, err := app.ReadInput(c.File, app.MaxSettingsBytes, "a settings layer")
+	body, err := app.ReadInput(string(c.File), app.MaxSettingsBytes, "a settings layer")
 	if err != nil {
 		return err
 	}
-	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: c.File})
+	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: string(c.File)})
 	if err != nil {
 		return err
 	}
@@ -413,7 +430,7 @@ func (c *UpgradeCmd) Run(env *Env) error {
 		}
 		fmt.Fprintln(env.Stderr, "send them later with 'mesh-controller push --behind'")
 	default:
-		fmt.Fprintf(env.Stdout, "%s %s rolled out to %d nodes\n", v.Module, v.Current, len(v.Steps))
+		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s\n", v.Module, v.Current, app.Plural(len(v.Steps), "node"))
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ func (c *NodeShowCmd) Run(env *Env) error {
 		fmt.Fprintf(tw, "last apply\tfailed at %s: %s\n", a.At.Format(timeShown), a.Error)
 	}
 	for _, d := range n.Dropped {
-		fmt.Fprintf(tw, "dropped\t%d messages claiming to be from %s: %s (last %s)\n", d.Count, d.Node, d.Reason, d.LastAt.Format(timeShown))
+		fmt.Fprintf(tw, "dropped\t%s claiming to be from %s: %s (last %s)\n", app.Plural(d.Count, "message"), d.Node, d.Reason, d.LastAt.Format(timeShown))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -109,7 +109,7 @@ func (c *NodeShowCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, "\ndata:")
 		tw = tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
 		for _, d := range n.Data {
-			fmt.Fprintf(tw, "  %s/%s\t%s\t%d bytes\t%s\n", d.Module, d.Name, d.Path, d.Bytes, d.Precious)
+			fmt.Fprintf(tw, "  %s/%s\t%s\t%s\t%s\n", d.Module, d.Name, d.Path, app.Plural(d.Bytes, "byte"), d.Precious)
 		}
 		tw.Flush()
 	}

@@ -42,9 +42,10 @@ func (c *SeatsCmd) Run(env *Env) error {
 }
 
 // SeatCmd is seat: a handover, an addition, or (with rename) a new name.
+// Its bare form (seat NAME --to|--add) is listed first in help.
 type SeatCmd struct {
+	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (NAME --to NODE/MODULE), or add a holder beside the others (NAME --add NODE/MODULE)."`
 	Rename SeatRenameCmd `cmd:"" help:"Rename a seat; the former name still resolves."`
-	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (--to) or add a holder (--add)."`
 }
 
 // SeatRenameCmd is seat rename.
@@ -65,21 +66,19 @@ func (c *SeatRenameCmd) Run(env *Env) error {
 // SeatHandCmd is seat NAME --to|--add NODE/MODULE.
 type SeatHandCmd struct {
 	Seat Name   `arg:"" help:"The seat."`
-	To   string `xor:"how" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
-	Add  string `xor:"how" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
-	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data."`
+	To   string `xor:"how" required:"" placeholder:"NODE/MODULE" help:"Hand the seat to this assignment, in one act."`
+	Add  string `xor:"how" required:"" placeholder:"NODE/MODULE" help:"Add this holder beside the others (a replicated seat)."`
+	Yes  bool   `help:"Hand it over even though the new holder starts without the old holder's data (recorded in the hand-act log: --why)."`
+	Why  string `help:"With --yes: why; recorded in the hand-act log."`
 }
 
 // Run hands the seat over or adds a holder.
 func (c *SeatHandCmd) Run(env *Env) error {
-	if c.To == "" && c.Add == "" {
-		return clirun.UsageError{Msg: "say --to NODE/MODULE (hand it over) or --add NODE/MODULE (a replicated seat)"}
-	}
 	to, add := c.To, false
 	if c.Add != "" {
 		to, add = c.Add, true
 	}
-	h, err := env.App.SeatHandover(env.Ctx, string(c.Seat), to, add, c.Yes)
+	h, err := env.App.SeatHandover(env.Ctx, app.HandoverRequest{Seat: string(c.Seat), To: to, Add: add, Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
 	}
@@ -94,28 +93,36 @@ func (c *SeatHandCmd) Run(env *Env) error {
 	if h.Empty != "" {
 		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s (data.empty-replacement stays open until a hand act is recorded for it or the data is there)\n", h.Empty)
 	}
+	if h.Recorded {
+		fmt.Fprintln(env.Stderr, "your choice to start it empty is recorded in the hand-act log")
+	}
 	printPushed(env, h.Pushed)
 	return nil
 }
 
 // PinCmd is pin.
 type PinCmd struct {
-	Node      Name `arg:"" help:"The consuming node."`
-	Provision Name `arg:"" help:"The provision."`
-	FromNode  Name `arg:"" name:"from-node" help:"The providing node."`
-	Module    Name `arg:"" help:"The providing module."`
-	Yes       bool `help:"Move a binding even though its new provider starts without the data the old one keeps."`
+	Node      Name   `arg:"" help:"The consuming node."`
+	Provision Name   `arg:"" help:"The provision."`
+	FromNode  Name   `arg:"" name:"from-node" help:"The providing node."`
+	Module    Name   `arg:"" help:"The providing module."`
+	Yes       bool   `help:"Move a binding even though its new provider starts without the data the old one keeps (recorded in the hand-act log: --why)."`
+	Why       string `help:"With --yes: why; recorded in the hand-act log."`
 }
 
 // Run pins.
 func (c *PinCmd) Run(env *Env) error {
-	p, err := env.App.Pin(env.Ctx, string(c.Node), string(c.Provision), string(c.FromNode), string(c.Module), c.Yes)
+	p, err := env.App.Pin(env.Ctx, app.PinRequest{Node: string(c.Node), Provision: string(c.Provision), FromNode: string(c.FromNode),
+		Module: string(c.Module), Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "%s gets %s from %s\n", p.Node, p.Provision, p.Provider)
 	if p.Empty != "" {
 		fmt.Fprintf(env.Stderr, "the replacement starts empty: %s; the old provider keeps it, waiting for retirement\n", p.Empty)
+	}
+	if p.Recorded {
+		fmt.Fprintln(env.Stderr, "your choice to start it empty is recorded in the hand-act log")
 	}
 	printPushed(env, p.Pushed)
 	return nil
@@ -254,13 +261,13 @@ func printCleanables(env *Env, cls []app.Cleanable) {
 	for _, cl := range cls {
 		size := "not reported"
 		if cl.Bytes != nil {
-			size = fmt.Sprintf("%d bytes", *cl.Bytes)
+			size = app.Plural(*cl.Bytes, "byte")
 		}
 		what := cl.Target
 		if cl.Deleting {
 			what += " (deleting)"
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%d days\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), cl.AgeDays, size, cl.Why)
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), app.Plural(cl.AgeDays, "day"), size, cl.Why)
 	}
 	tw.Flush()
 }
@@ -292,11 +299,15 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 	}
 	if c.OlderThan > 0 && !c.Confirm {
 		if len(chosen) == 0 {
-			fmt.Fprintf(env.Stderr, "nothing retired is older than %d days\n", c.OlderThan)
+			fmt.Fprintf(env.Stderr, "nothing retired is older than %s\n", app.Plural(c.OlderThan, "day"))
 			return nil
 		}
 		printCleanables(env, chosen)
-		fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+		if len(chosen) == 1 {
+			fmt.Fprintln(env.Stderr, "nothing deleted: add --confirm to delete it")
+		} else {
+			fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+		}
 		return nil
 	}
 	for _, cl := range chosen {

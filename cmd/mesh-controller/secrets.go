@@ -72,7 +72,8 @@ func (c *OperatorKeyShowCmd) Run(env *Env) error {
 	if c.JSON {
 		return printJSON(env.Stdout, v)
 	}
-	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %d secrets\nonly by older  %d secrets\n", v.Key, v.SetAt.Format(timeShown), v.Recoverable, v.OnlyOlderKeys)
+	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %s\nonly by older  %s\n", v.Key, v.SetAt.Format(timeShown),
+		app.Plural(v.Recoverable, "secret"), app.Plural(v.OnlyOlderKeys, "secret"))
 	return nil
 }
 
@@ -85,10 +86,10 @@ type SecretCmd struct {
 
 // SecretAcceptCmd is secret accept.
 type SecretAcceptCmd struct {
-	Node   Name   `arg:"" help:"The node."`
-	Module Name   `arg:"" help:"The module."`
-	Name   string `arg:"" help:"The secret, as the manifest names it."`
-	From   string `type:"existingfile" placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
+	Node   Name      `arg:"" help:"The node."`
+	Module Name      `arg:"" help:"The module."`
+	Name   string    `arg:"" help:"The secret, as the manifest names it."`
+	From   InputFile `placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
 }
 
 // errNoTerminal means there is neither --from nor a terminal to read from.
@@ -98,7 +99,7 @@ var errNoTerminal = errors.New("no terminal to read the value from: give --from 
 func (c *SecretAcceptCmd) Run(env *Env) error {
 	var value protocol.Secret
 	if c.From != "" {
-		b, err := app.ReadInput(c.From, app.MaxSecretBytes, "a secret")
+		b, err := app.ReadInput(string(c.From), app.MaxSecretBytes, "a secret")
 		if err != nil {
 			return err
 		}
@@ -133,18 +134,18 @@ func (c *SecretAcceptCmd) Run(env *Env) error {
 
 // SecretRecoverCmd is secret recover.
 type SecretRecoverCmd struct {
-	Node       Name   `arg:"" help:"The node."`
-	Module     Name   `arg:"" help:"The module."`
-	Name       string `arg:"" help:"The secret."`
-	Key        string `required:"" type:"existingfile" placeholder:"FILE" help:"The operator key file (its private half)."`
-	Out        string `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
-	FromExport string `type:"existingfile" placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
+	Node       Name      `arg:"" help:"The node."`
+	Module     Name      `arg:"" help:"The module."`
+	Name       string    `arg:"" help:"The secret."`
+	Key        InputFile `required:"" placeholder:"FILE" help:"The operator key file (its private half)."`
+	Out        string    `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
+	FromExport InputFile `placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
 }
 
 // Run recovers the value into the file.
 func (c *SecretRecoverCmd) Run(env *Env) error {
 	r, err := env.App.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
-		KeyFile: c.Key, Out: c.Out, FromExport: c.FromExport})
+		KeyFile: string(c.Key), Out: c.Out, FromExport: string(c.FromExport)})
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,11 @@ func (c *SecretExportCmd) Run(env *Env) error {
 	if c.Out == "" {
 		_, err = env.Stdout.Write(b)
 	} else {
-		fmt.Fprintf(env.Stdout, "%d sealed copies exported to %s\n", n, c.Out)
+		copies := fmt.Sprintf("%d sealed copies", n)
+		if n == 1 {
+			copies = "1 sealed copy"
+		}
+		fmt.Fprintf(env.Stdout, "%s exported to %s\n", copies, c.Out)
 	}
 	fmt.Fprintln(env.Stderr, "keep it beside the operator key: each copy opens with it alone (age -d -i OPERATOR-KEY)")
 	return err

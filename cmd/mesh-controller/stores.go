@@ -53,12 +53,17 @@ type VersionCmd struct{}
 
 // Run prints the stamped version, or says it is a development build.
 func (c *VersionCmd) Run(env *Env) error {
-	v := version
-	if v == "" {
-		v = "development build"
-	}
-	fmt.Fprintf(env.Stdout, "mesh-controller %s\n", v)
+	fmt.Fprintln(env.Stdout, versionLine())
 	return nil
+}
+
+// versionLine is what version and --version print: the version stamped at
+// link time, or "development build", never a made-up number.
+func versionLine() string {
+	if version == "" {
+		return "mesh-controller development build"
+	}
+	return "mesh-controller " + version
 }
 
 // HelpCmd is help.
@@ -72,9 +77,13 @@ func (c *HelpCmd) Run(kctx *kong.Context) error {
 	return err
 }
 
-// helpWithStores prints kong's usage and, for the binary as a whole, where
-// each context's store is and which variable moves it.
+// helpWithStores prints kong's usage (with bare forms and xor alternatives,
+// see help.go) and, for the binary as a whole, where each context's store
+// is and which variable moves it.
 func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
+	defer showBareForms(kctx.Model.Node)()
+	printUsage(kctx)
+	options.NoAppSummary = true
 	if err := kong.DefaultHelpPrinter(options, kctx); err != nil {
 		return err
 	}

@@ -36,8 +36,8 @@ func (c *TokenIssueCmd) Run(env *Env) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(env.Stdout, "%d nodes added (%s…%s); their join tokens are in %s (0600): each works once, until %s\n",
-			b.Count, b.First, b.Last, b.Out, time.Now().Add(c.TTL).UTC().Format(timeShown))
+		fmt.Fprintf(env.Stdout, "%s added (%s…%s); their join tokens are in %s (0600): each works once, until %s\n",
+			app.Plural(b.Count, "node"), b.First, b.Last, b.Out, time.Now().Add(c.TTL).UTC().Format(timeShown))
 		return nil
 	}
 	r := app.TokenRequest{Node: string(c.Node), TTL: c.TTL, New: c.New != "", Adopted: c.Adopted}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/nats-io/nkeys"
+
+	"mesh-controller/app"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+)
+
+// snakeCase is what every key of every --json document is (house rule 8).
+var snakeCase = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// listing is one command run with --json, and the paths in its document
+// whose keys are data (names, settings contents), not field names.
+type listing struct {
+	args []string
+	data []string
+	// command is the command's path, e.g. "conditions list" for "conditions".
+	command string
+}
+
+// TestJSON_SnakeCase runs every command that offers --json against one real
+// store, populated through the commands themselves (and, for what only a
+// host reports, through the stores), and checks every key of every document
+// is snake_case. It fails when a listing field has no json tag, and when a
+// command gains --json without being listed here.
+func TestJSON_SnakeCase(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("MESH_DATA", filepath.Join(dir, "data"))
+	t.Setenv("HOME", filepath.Join(dir, "home"))
+	examples, err := filepath.Abs("../../contexts/inventory/testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	populate(t, dir, examples)
+
+	var conditions []health.Condition
+	if err := json.Unmarshal([]byte(mc(t, "conditions", "--json")), &conditions); err != nil || len(conditions) == 0 {
+		t.Fatalf("conditions --json: %v, %d conditions: the store should have open conditions", err, len(conditions))
+	}
+	listings := []listing{
+		{args: []string{"identity", "show"}},
+		{args: []string{"node", "list"}},
+		{args: []string{"node", "show", "db1"}},
+		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
+		{args: []string{"module", "list"}},
+		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
+		{args: []string{"plan", "nas1"}, data: []string{"reasons", "modules[].settings"}},
+		{args: []string{"operator", "key", "show"}},
+		{args: []string{"status"}},
+		{args: []string{"conditions"}},
+		{args: []string{"conditions", "show", conditions[0].Key}},
+		{args: []string{"conditions", "history"}},
+		{args: []string{"doctor"}},
+		{args: []string{"doctor", "run"}},
+		{args: []string{"doctor", "probes"}},
+		{args: []string{"doctor", "signals"}},
+		{args: []string{"healers"}},
+		{args: []string{"hand-acts"}},
+		{args: []string{"durations"}},
+		{args: []string{"seats"}},
+		{args: []string{"retire"}},
+		{args: []string{"cleanup"}},
+		{args: []string{"data"}},
+	}
+
+	// Every command with a --json flag is listed above.
+	parser, err := kong.New(&CLI{}, kongOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]bool{}
+	for i, l := range listings {
+		kctx, err := parser.Parse(append(append([]string{}, l.args...), "--json"))
+		if err != nil {
+			t.Fatalf("%s --json: %v", strings.Join(l.args, " "), err)
+		}
+		listings[i].command = kctx.Selected().Path()
+		ran[listings[i].command] = true
+	}
+	for _, path := range jsonCommands(parser.Model.Node) {
+		if !ran[path] {
+			t.Errorf("%s offers --json but this test does not run it: add it to the listings", path)
+		}
+	}
+
+	w := &keyWalker{filled: map[string]bool{}}
+	for _, l := range listings {
+		name := strings.Join(l.args, " ") + " --json"
+		out := mc(t, append(l.args, "--json")...)
+		dec := json.NewDecoder(strings.NewReader(out))
+		dec.UseNumber()
+		var doc any
+		if err := dec.Decode(&doc); err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			t.Errorf("%s: more than one JSON document on stdout", name)
+		}
+		w.name, w.command, w.data = name, l.command, l.data
+		w.walk(t, "", doc)
+	}
+	// An array that is empty in every document checks none of its
+	// elements' keys: populate the store so that each holds something.
+	var empty []string
+	for path, filled := range w.filled {
+		if !filled {
+			empty = append(empty, path)
+		}
+	}
+	sort.Strings(empty)
+	for _, p := range empty {
+		t.Errorf("%s is empty: its elements' keys are not checked; populate the store so that it holds something", p)
+	}
+}
+
+// populate fills a store through the commands, and writes what only a host
+// reports (facts, data sets, apply outcomes, heartbeats) and what only the
+// daemon records (durations, healer acts, the brake) through the stores.
+func populate(t *testing.T, dir, examples string) {
+	t.Helper()
+	settings := filepath.Join(dir, "settings.json")
+	if err := os.WriteFile(settings, []byte(`{"workers": 3}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mc(t, "migrate")
+	mc(t, "operator", "key", "set", operatorKey)
+	for _, m := range []string{"postgres", "paperless", "backup"} {
+		mc(t, "module", "add", filepath.Join(examples, m+".json"))
+	}
+	for _, n := range []string{"db1", "web1", "web2", "nas1"} {
+		mc(t, "node", "add", n)
+	}
+	mc(t, "token", "issue", "--node", "db1")
+	web2Token := strings.TrimSpace(mc(t, "token", "issue", "--node", "web2"))
+	mc(t, "assign", "db1", "postgres")
+	mc(t, "assign", "web1", "paperless")
+	mc(t, "assign", "web2", "paperless")
+	mc(t, "assign", "nas1", "backup")
+	mc(t, "settings", "set", "paperless", settings, "--node", "web2")
+	mc(t, "seat", "rename", "backup", "vault")
+	mc(t, "module", "moved", "paperless", "abc123")
+	mc(t, "unassign", "web1", "paperless") // a retired data set, and db1/postgres waits to retire web1's
+	mc(t, "hand-act", "record", "restarted the switch", "--why", "it hung", "--cause", "network")
+	mc(t, "hand-act", "record", "restarted the switch again", "--why", "it hung again", "--cause", "network")
+
+	ctx := context.Background()
+	c := app.New(os.Getenv("MESH_DATA"))
+	defer c.Close()
+	st, err := c.Stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	long := now.Add(-time.Hour)
+	inv, hs := st.Inventory, st.Health
+	backup := long
+	hostKey, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nkey, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []error{
+		// web2 joins as its host would: its keys kept, its token used.
+		st.Identity.Join(ctx, web2Token, identity.Host{Node: "web2", HostKey: hostKey, AgeRecipient: operatorKey, NKey: nkey, HostVersion: "test"}, now),
+		inv.MarkJoined(ctx, "web2", now),
+		inv.MarkJoined(ctx, "db1", long),
+		inv.RecordBeats(ctx, []inventory.Beat{{Node: "db1", HeardAt: long, IntervalS: 15, SerialApplied: 1, UptimeS: 60}}),
+		inv.RecordFacts(ctx, "db1", []inventory.Fact{{Name: "arch", Value: "amd64", Why: "uname -m"}},
+			[]inventory.Found{{Kind: "service", Name: "nginx", Detail: "listens on :80"}}, now),
+		inv.RecordOutcome(ctx, "db1", inventory.Outcome{Serial: 2, OK: false, Error: "disk full", TotalMS: 12, At: now}),
+		inv.RecordDataSets(ctx, "db1", []inventory.DataSet{{Module: "postgres", Name: "data", Path: "/var/lib/postgresql",
+			Bytes: 4096, Precious: "irreplaceable", LastBackup: &backup}}, now),
+		hs.CountDrops(ctx, "db1", "bad signature", 2, now),
+		hs.RecordDurations(ctx, []health.Duration{{Kind: "apply", Subject: "db1", MS: 12, At: now}}),
+		hs.RecordHealerAct(ctx, health.HealerAct{Healer: "restart", Subject: "db1", Detail: "restarted postgres", Outcome: "done", At: now}),
+		hs.EngageBrake(ctx, "too many restarts", now),
+	}
+	if err := errors.Join(steps...); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	mc(t, "secret", "accept", "web2", "paperless", "ocr_licence", "--from", settings)
+	mc(t, "doctor", "run") // raises conditions; the listing's doctor run finds them changed or not
+	var open []health.Condition
+	if err := json.Unmarshal([]byte(mc(t, "conditions", "--json")), &open); err != nil || len(open) == 0 {
+		t.Fatalf("no open condition to silence: %v", err)
+	}
+	mc(t, "conditions", "silence", open[0].Key, "--for", "1h", "--why", "known")
+}
+
+// operatorKey is an age public key; the test never opens what is sealed to it.
+const operatorKey = "age1qw9z92zmyjj7ef5qdauyxtg2t7qeanlwt0wsencparm9fryhkdcqyh25r9"
+
+// mc runs the command line in this process and returns its stdout; it must exit 0.
+func mc(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("mesh-controller %s: exit %d: %s", strings.Join(args, " "), code, stderr.String())
+	}
+	return stdout.String()
+}
+
+// jsonCommands are the paths of every command with a --json flag.
+func jsonCommands(n *kong.Node) []string {
+	var out []string
+	for _, f := range n.Flags {
+		if f.Name == "json" {
+			out = append(out, n.Path())
+		}
+	}
+	for _, c := range n.Children {
+		out = append(out, jsonCommands(c)...)
+	}
+	return out
+}
+
+// keyWalker checks every key of one document, and remembers which arrays
+// held something in any document.
+type keyWalker struct {
+	name, command string
+	data          []string
+	// filled is, per command and array, whether any document had something in it.
+	filled map[string]bool
+}
+
+func (w *keyWalker) walk(t *testing.T, path string, v any) {
+	t.Helper()
+	for _, d := range w.data {
+		if path == d {
+			return
+		}
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if !snakeCase.MatchString(k) {
+				t.Errorf("%s: key %q at %s is not snake_case: give the field a json tag", w.name, k, orRoot(path))
+			}
+			next := k
+			if path != "" {
+				next = path + "." + k
+			}
+			w.walk(t, next, e)
+		}
+	case []any:
+		key := w.command + " --json: " + path + "[]"
+		w.filled[key] = w.filled[key] || len(v) > 0
+		for _, e := range v {
+			w.walk(t, path+"[]", e)
+		}
+	}
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "the top"
+	}
+	return path
+}
