@@ -29,11 +29,13 @@ type ManifestProblem struct {
 func (p ManifestProblem) String() string { return p.File + ": " + p.Field + ": " + p.What }
 
 // ErrNoManifests means module check was given paths holding no manifest.
-var ErrNoManifests = errors.New("no manifest found: a directory is searched for mesh.json files")
+var ErrNoManifests = errors.New("no manifest found: a directory is searched for mesh.json files, and the .json files directly in it")
 
 // ModuleCheck judges manifests where they are written, with no mesh and no
-// store: files as given, directories searched for mesh.json. It returns the
-// files judged and every problem.
+// store: files as given; a directory by the mesh.json files beneath it (a
+// tree of module sources) and the .json files directly in it (a folder of
+// manifests, as ../shared/examples is). It returns the files judged and
+// every problem.
 func ModuleCheck(paths []string) (files []string, problems []ManifestProblem, err error) {
 	for _, p := range paths {
 		fi, err := os.Stat(p)
@@ -46,7 +48,8 @@ func ModuleCheck(paths []string) (files []string, problems []ManifestProblem, er
 			continue
 		}
 		filepath.WalkDir(p, func(path string, d fs.DirEntry, err error) error {
-			if err == nil && !d.IsDir() && d.Name() == "mesh.json" {
+			top := filepath.Dir(path) == filepath.Clean(p)
+			if err == nil && !d.IsDir() && (d.Name() == "mesh.json" || (top && filepath.Ext(d.Name()) == ".json")) {
 				files = append(files, path)
 			}
 			return nil

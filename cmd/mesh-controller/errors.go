@@ -70,7 +70,7 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrSettingsNotObject):
 		return "write the settings as one JSON object"
 	case errors.Is(err, app.ErrNoManifests):
-		return "name manifest files, or directories holding mesh.json files"
+		return "name manifest files, or directories holding mesh.json files or .json manifests"
 	case errors.Is(err, app.ErrNotOnNode):
 		return "assign it there first with 'mesh-controller assign'"
 	case errors.Is(err, app.ErrRollOutStopped):
