@@ -76,16 +76,8 @@ func TestMesh_ReportsAreBounded(t *testing.T) {
 // Measurements older than their window are pruned by the self-check until
 // none is left, not a batch of 1,000 per check.
 func TestSelfCheck_PrunesEverythingOld(t *testing.T) {
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c, st := migrated(t)
 	ctx := context.Background()
-	if _, err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	old := c.Now().Add(-measurementWindow - time.Hour)
 	ds := make([]health.Duration, 5000)
 	for i := range ds {

@@ -34,8 +34,9 @@ func dataMesh(b *testing.B, nodes, perNode, consumers int) *Controller {
 			b.Fatal(err)
 		}
 		first := snap.AssignmentsOf(n)[0]
-		if err := inv.Unassign(ctx, n, []string{first.Module}, []inventory.Retirement{{Node: n, Module: first.Module, DataSet: "d", Path: "/srv/" + first.Module,
-			Precious: inventory.Costly, State: "retired", RetiredAt: now, Why: "bench"}}, nil); err != nil {
+		if err := inv.Apply(ctx, inventory.Change{Unassign: []inventory.Holder{{Node: n, Module: first.Module}},
+			Retirements: []inventory.Retirement{{Node: n, Module: first.Module, DataSet: "d", Path: "/srv/" + first.Module,
+				Precious: inventory.Costly, State: "retired", RetiredAt: now, Why: "bench"}}}, now); err != nil {
 			b.Fatal(err)
 		}
 	}

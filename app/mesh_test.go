@@ -54,6 +54,22 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// migrated is a controller on migrated stores in a temporary dir, no daemon,
+// and its stores.
+func migrated(t testing.TB) (*Controller, *Stores) {
+	t.Helper()
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	if _, err := c.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.stores(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, st
+}
+
 // freeAddr picks a loopback address no one listens on, so a controller can be
 // restarted on the same one.
 func freeAddr(t testing.TB) string {
@@ -388,16 +404,8 @@ func TestDeclare_RecordsTheHandAct(t *testing.T) {
 // With --broker the controller uses an existing NATS that trusts its
 // operator (configured as broker show --broker prints), instead of embedding one.
 func TestMesh_ExternalBroker(t *testing.T) {
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c, st := migrated(t)
 	ctx := context.Background()
-	if _, err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys, err := brokerKeys(ctx, st.Identity)
 	if err != nil {
 		t.Fatal(err)

@@ -44,16 +44,8 @@ func TestMergeSettings(t *testing.T) {
 // daemon): nodes x perNode assignments over a pool of modules.
 func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
 	t.Helper()
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c, st := migrated(t)
 	ctx := context.Background()
-	if _, err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	inv := st.Inventory
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for i := 0; i < modules; i++ {
@@ -83,7 +75,7 @@ func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
 			as = append(as, inventory.Assignment{Node: name, Module: fmt.Sprintf("m%d", mod), Version: fmt.Sprintf("1.%d.0", mod), AssignedAt: now})
 		}
 	}
-	if err := inv.Assign(ctx, as, nil); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Assign: as}, now); err != nil {
 		t.Fatal(err)
 	}
 	return c

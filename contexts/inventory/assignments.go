@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -62,79 +61,11 @@ func bump(ctx context.Context, tx *sql.Tx, nodes []string) error {
 	return nil
 }
 
-// Assign records assignments all together, or none; the plans of the bump
-// nodes move.
-func (s *Store) Assign(ctx context.Context, as []Assignment, bumpNodes []string) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		for _, a := range as {
-			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module).Scan(&n); err != nil {
-				return err
-			}
-			if n > 0 {
-				return fmt.Errorf("%s on %s %w", a.Module, a.Node, ErrAssigned)
-			}
-			unverified, _ := json.Marshal(nonNil(a.Unverified))
-			if _, err := tx.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified) VALUES (?, ?, ?, ?, ?)`,
-				a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified)); err != nil {
-				return err
-			}
-			// Its data, retired when it left, is its own again.
-			if _, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated' WHERE node = ? AND module = ? AND consumer = '' AND state = 'retired'`,
-				a.Node, a.Module); err != nil {
-				return err
-			}
-		}
-		return bump(ctx, tx, bumpNodes)
-	})
-	if err != nil && !errors.Is(err, ErrAssigned) {
-		return fmt.Errorf("assign: %w", err)
-	}
-	return err
-}
-
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
 	}
 	return s
-}
-
-// Unassign takes modules off a node and records what happened to their
-// data, in one transaction; the plans of the bump nodes move.
-func (s *Store) Unassign(ctx context.Context, node string, modules []string, rs []Retirement, bumpNodes []string) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		for _, m := range modules {
-			res, err := tx.ExecContext(ctx, `DELETE FROM assignments WHERE node = ? AND module = ?`, node, m)
-			if err != nil {
-				return err
-			}
-			if n, _ := res.RowsAffected(); n == 0 {
-				return fmt.Errorf("%s on %s %w", m, node, ErrNotAssigned)
-			}
-		}
-		for _, r := range rs {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, bytes, retired_at, why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-				r.Node, r.Module, r.DataSet, r.Path, r.Precious, r.Consumer, r.State, r.Bytes, sqlite.FormatTime(r.RetiredAt), r.Why); err != nil {
-				return err
-			}
-		}
-		return bump(ctx, tx, bumpNodes)
-	})
-}
-
-// SetVersion moves an assignment to another version; the plans of the bump nodes move.
-func (s *Store) SetVersion(ctx context.Context, node, module, version string, bumpNodes []string) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE assignments SET version = ? WHERE node = ? AND module = ?`, version, node, module)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%s on %s %w", module, node, ErrNotAssigned)
-		}
-		return bump(ctx, tx, bumpNodes)
-	})
 }
 
 // SetSettings keeps a settings layer; the plans of the bump nodes move.

@@ -281,12 +281,7 @@ func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, n
 
 // SetConsumers applies consumer changes and moves the plans of the bump nodes.
 func (s *Store) SetConsumers(ctx context.Context, consumers []ConsumerChange, bumpNodes []string, now time.Time) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		if err := setConsumers(ctx, tx, consumers, now); err != nil {
-			return err
-		}
-		return bump(ctx, tx, bumpNodes)
-	})
+	return s.Apply(ctx, Change{Consumers: consumers, Bump: bumpNodes}, now)
 }
 
 // SetPin records or (provider zero) removes a pin.
