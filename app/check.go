@@ -200,7 +200,7 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	}
 	// Measurements and history are kept for a window: whatever is older goes,
 	// in small batches, until none is left.
-	if _, err := hs.PruneMeasurements(ctx, now.Add(-measurementWindow), pruneBatch); err != nil {
+	if _, err := hs.PruneMeasurements(ctx, now.Add(-measurementWindow), now.Add(-heartbeatWindow), pruneBatch); err != nil {
 		return CheckResult{Verdict: v, Changes: changes}, err
 	}
 	if _, err := hs.PruneHistory(ctx, now.Add(-historyWindow), pruneBatch); err != nil {
@@ -211,8 +211,11 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 
 // How long what grows with time is kept, and how much goes per write.
 const (
-	// measurementWindow: durations and heartbeat aggregates.
+	// measurementWindow: apply and tier durations.
 	measurementWindow = 14 * 24 * time.Hour
+	// heartbeatWindow: heartbeat aggregates, a row per node and hour (what
+	// bounds are set from reads a week).
+	heartbeatWindow = 7 * 24 * time.Hour
 	// historyWindow: condition history and healer acts.
 	historyWindow = 90 * 24 * time.Hour
 	pruneBatch    = 1000
