@@ -399,8 +399,3 @@ func (s *Store) HoldsSeat(ctx context.Context, node, seat string) (bool, error) 
 	}
 	return n > 0, nil
 }
-
-// AskDeletion records one cleanup deletion and moves the node's plan.
-func (s *Store) AskDeletion(ctx context.Context, d Deletion, now time.Time) error {
-	return s.AskDeletions(ctx, []Deletion{d}, nil, now)
-}
