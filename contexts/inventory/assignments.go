@@ -40,23 +40,23 @@ type SettingsLayer struct {
 // consumer). Retired and dropped data is still on the node's disk: it stays
 // listed until a person cleans it up.
 type Retirement struct {
-	ID        int64
-	Node      string
-	Module    string
-	DataSet   string
-	Path      string
-	Precious  string
-	Consumer  string
-	State     string // retired, dropped, deleted, reactivated
-	Bytes     *int64
-	RetiredAt time.Time
-	Why       string
+	ID        int64     `json:"id"`
+	Node      string    `json:"node"`
+	Module    string    `json:"module"`
+	DataSet   string    `json:"data_set"`
+	Path      string    `json:"path"`
+	Precious  string    `json:"precious"`
+	Consumer  string    `json:"consumer"`
+	State     string    `json:"state"` // retired, dropped, deleted, reactivated
+	Bytes     *int64    `json:"bytes"`
+	RetiredAt time.Time `json:"retired_at"`
+	Why       string    `json:"why"`
 	// NodeRemovedAt is when its node was removed; nil while the node is in
 	// the mesh. A node added later under the same name is another record.
-	NodeRemovedAt *time.Time
+	NodeRemovedAt *time.Time `json:"node_removed_at"`
 	// LastBackup is the last backup heard of it when its node was removed
 	// (the node's own reports went with it); nil otherwise.
-	LastBackup *time.Time
+	LastBackup *time.Time `json:"last_backup"`
 }
 
 // bump moves the plans of nodes: their declarations are then behind.

@@ -36,12 +36,12 @@ type Pin struct {
 
 // Consumer is one consumer of a provider, and where it stands.
 type Consumer struct {
-	Provider  Holder
-	Consumer  string // node/module
-	Provision string
-	State     string // active, waiting, retired, rejected, deleted
-	Since     time.Time
-	Why       string
+	Provider  Holder    `json:"provider"`
+	Consumer  string    `json:"consumer"` // node/module
+	Provision string    `json:"provision"`
+	State     string    `json:"state"` // active, waiting, retired, rejected, deleted
+	Since     time.Time `json:"since"`
+	Why       string    `json:"why"`
 }
 
 // Deletion is a cleanup a person asked for, carried in the node's declaration until done.
