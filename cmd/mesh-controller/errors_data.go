@@ -22,6 +22,16 @@ func dataHint(err error) string {
 		return "check the preview, and if it is what you mean to lose, run the same command with --yes and its digest"
 	case errors.Is(err, app.ErrBeingDeleted):
 		return "see 'mesh-controller cleanup': it stops being listed once its host reports it gone"
+	case errors.Is(err, app.ErrTooManyNodes):
+		return "split the list: one command removes at most 100000 nodes"
+	case errors.Is(err, app.ErrNamedTwice):
+		return "name each node once"
+	case errors.Is(err, app.ErrNoNodes):
+		return "write one node name a line"
+	case errors.Is(err, app.ErrInvalidName):
+		return "fix that line: node names are as 'mesh-controller node list' shows them"
+	case errors.Is(err, inventory.ErrStillAssigned):
+		return "something was assigned there meanwhile: run node remove again, with --and-unassign to take it off"
 	case errors.Is(err, inventory.ErrNotCleanable):
 		return "see what is left with 'mesh-controller cleanup' and run again"
 	}
