@@ -111,3 +111,53 @@ func TestNodeRemove_ClosesItsConnections(t *testing.T) {
 		t.Fatalf("hand acts: %+v", acts)
 	}
 }
+
+// Nodes whose modules provide to each other cannot be unassigned one by
+// one: node remove --and-unassign refuses them before changing anything.
+func TestNodeRemove_RefusesProvidersOfEachOther(t *testing.T) {
+	c := New(t.TempDir())
+	c.Getenv = func(string) string { return "" }
+	ctx := context.Background()
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"module": "a", "version": "1.0.0", "provides": [{"provision": "pa", "port": 5001}], "needs": [{"provision": "pb"}]}`,
+		`{"module": "b", "version": "1.0.0", "provides": [{"provision": "pb", "port": 5002}], "needs": [{"provision": "pa"}]}`,
+	} {
+		if _, err := c.ModuleAdd(ctx, writeManifest(t, body), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"n1", "n2"} {
+		if _, err := c.NodeAdd(ctx, n, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n1/a needs pb from n2/b, which needs pa from n1/a.
+	for _, step := range []func() error{
+		func() error { _, err := c.Assign(ctx, "n1", []string{"a", "b"}); return err },
+		func() error { _, err := c.Assign(ctx, "n2", []string{"b"}); return err },
+		func() error { _, err := c.Unassign(ctx, "n1", []string{"b"}); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := c.NodeRemove(ctx, NodeRemoveRequest{Names: []string{"n1", "n2"}, AndUnassign: true})
+	var pe *ProblemsError
+	if !errors.As(err, &pe) || len(pe.Problems) != 1 || pe.Problems[0] != "n1, n2 provide to each other: unassign one side first with 'mesh-controller unassign'" {
+		t.Fatalf("got %v", err)
+	}
+	// and one of them alone may not leave the other's consumer without it
+	_, err = c.NodeRemove(ctx, NodeRemoveRequest{Names: []string{"n1"}, AndUnassign: true})
+	if !errors.As(err, &pe) || !strings.HasPrefix(pe.Problems[0], "n2/b needs pa, which only n1/a provides") {
+		t.Fatalf("got %v", err)
+	}
+	nodes, _ := c.NodeList(ctx)
+	st, _ := c.stores(ctx)
+	snap, _ := st.Inventory.Snapshot(ctx)
+	if len(nodes) != 2 || len(snap.Assignments) != 2 {
+		t.Fatalf("a refused removal changed the mesh: %d nodes, %+v", len(nodes), snap.Assignments)
+	}
+}
