@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,7 +184,14 @@ func TestData_CleanupDeleteFlow(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(media, "scan.pdf")); err != nil {
 		t.Fatal("unassigning deleted data")
 	}
-	if _, _, err := m.c.CleanupDelete(ctx, CleanupRequest{Node: "web1", Module: "paperless", Target: "media", Why: "scanned elsewhere"}); err != nil {
+	// Never backed up: it goes only with the digest of its preview.
+	asked := CleanupRequest{Node: "web1", Module: "paperless", Target: "media", Why: "scanned elsewhere"}
+	r, err := m.c.CleanupDelete(ctx, asked)
+	if !errors.Is(err, ErrNeedsDigest) || len(r.Preview) != 1 {
+		t.Fatalf("without a digest: %+v, %v", r, err)
+	}
+	asked.Yes = r.Preview[0].Digest
+	if _, err := m.c.CleanupDelete(ctx, asked); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the host to delete media and report it gone", func() bool {
@@ -223,18 +231,22 @@ func TestData_OlderThanNeedsConfirm(t *testing.T) {
 	// A person's command forty days later (the daemon keeps its own clock).
 	later := *m.c
 	later.Now = func() time.Time { return time.Now().Add(40 * 24 * time.Hour) }
-	chosen, pushed, err := later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy"})
-	if err != nil || len(chosen) != 1 || pushed != nil {
-		t.Fatalf("without confirm: %+v %+v %v", chosen, pushed, err)
+	r, err := later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy"})
+	// media (irreplaceable, retired) and index (rebuildable, dropped)
+	if err != nil || len(r.Preview) != 2 || r.Deleted != nil || r.Pushed != nil {
+		t.Fatalf("without confirm: %+v %v", r, err)
 	}
 	plan, _ := m.c.PlanShow(ctx, "web1")
 	if len(plan.Plan.Body.Delete) != 0 {
 		t.Fatalf("deletions asked without --confirm: %+v", plan.Plan.Body.Delete)
 	}
-	if _, _, err := later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy", Confirm: true}); err != nil {
-		t.Fatal(err)
+	// --confirm deletes the rebuildable index and refuses media: never backed up.
+	r, err = later.CleanupDelete(ctx, CleanupRequest{OlderThanDays: 30, Why: "tidy", Confirm: true})
+	var refused *RefusedError
+	if !errors.As(err, &refused) || len(r.Deleted) != 1 || r.Deleted[0].Target != "index" || len(r.Refused) != 1 || r.Refused[0].Target != "media" {
+		t.Fatalf("with --confirm: %+v, %v", r, err)
 	}
-	if plan, _ = m.c.PlanShow(ctx, "web1"); len(plan.Plan.Body.Delete) != 1 {
+	if plan, _ = m.c.PlanShow(ctx, "web1"); len(plan.Plan.Body.Delete) != 1 || plan.Plan.Body.Delete[0].Target != "index" {
 		t.Fatalf("with --confirm: %+v", plan.Plan.Body.Delete)
 	}
 }

@@ -26,6 +26,9 @@ func storeVar(se *app.StoreError) string {
 // hint is the "what to do" half of an error line: the app says what went
 // wrong, the command line says what a person can do about it.
 func hint(err error) string {
+	if h := dataHint(err); h != "" {
+		return h
+	}
 	var se *app.StoreError
 	isStore := errors.As(err, &se)
 	moved := isStore && se.Location.From != "data dir"

@@ -79,6 +79,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"retire"}},
 		{args: []string{"cleanup"}},
 		{args: []string{"data"}},
+		// Last: it changes the mesh (a node kept for it alone goes).
+		{args: []string{"node", "remove", "spare", "--and-unassign", "--why", "the json test"}},
 	}
 
 	// Every command with a --json flag is listed above.
@@ -143,10 +145,10 @@ func populate(t *testing.T, dir, examples string) {
 	}
 	mc(t, "migrate")
 	mc(t, "operator", "key", "set", operatorKey)
-	for _, m := range []string{"postgres", "paperless", "backup"} {
+	for _, m := range []string{"postgres", "paperless", "backup", "builder"} {
 		mc(t, "module", "add", filepath.Join(examples, m+".json"))
 	}
-	for _, n := range []string{"db1", "web1", "web2", "nas1"} {
+	for _, n := range []string{"db1", "web1", "web2", "nas1", "spare"} {
 		mc(t, "node", "add", n)
 	}
 	mc(t, "token", "issue", "--node", "db1")
@@ -155,6 +157,9 @@ func populate(t *testing.T, dir, examples string) {
 	mc(t, "assign", "web1", "paperless")
 	mc(t, "assign", "web2", "paperless")
 	mc(t, "assign", "nas1", "backup")
+	mc(t, "assign", "spare", "builder", "paperless") // holds the build seat, keeps data
+	mc(t, "unassign", "spare", "paperless")
+	mc(t, "cleanup", "delete", "spare", "paperless", "index", "--why", "asked, never done: its removal cancels it")
 	mc(t, "settings", "set", "paperless", settings, "--node", "web2")
 	mc(t, "seat", "rename", "backup", "vault")
 	mc(t, "module", "moved", "paperless", "abc123")

@@ -304,6 +304,14 @@ func (c *UnassignCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	printUnassigned(env, r)
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// printUnassigned says what became of each data set of the modules taken
+// off a node: nothing leaves its disk until 'cleanup delete'.
+func printUnassigned(env *Env, r app.Unassigned) {
 	for _, m := range r.Modules {
 		fmt.Fprintf(env.Stdout, "%s taken off %s\n", m, r.Node)
 	}
@@ -315,7 +323,7 @@ func (c *UnassignCmd) Run(env *Env) error {
 			where += " (" + rt.Path + ")"
 		}
 		if rt.State == "dropped" {
-			fmt.Fprintf(env.Stdout, "  %s: %s, dropped: the mesh no longer keeps it\n", where, rt.Precious)
+			fmt.Fprintf(env.Stdout, "  %s: %s, dropped: stays on %s until 'cleanup delete'\n", where, rt.Precious, rt.Node)
 		} else {
 			fmt.Fprintf(env.Stdout, "  %s: %s, retired and remembered: access off, data kept; deleted only by a person\n", where, rt.Precious)
 		}
@@ -323,8 +331,6 @@ func (c *UnassignCmd) Run(env *Env) error {
 	for _, w := range r.Waiting {
 		fmt.Fprintf(env.Stdout, "  %s keeps %s data for %s: kept, waiting for a person to retire it ('mesh-controller retire')\n", w.Provider, w.Provision, w.Consumer)
 	}
-	printPushed(env, r.Pushed)
-	return nil
 }
 
 // PlanCmd is plan.

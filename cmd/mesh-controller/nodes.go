@@ -13,6 +13,8 @@ type NodeCmd struct {
 	Add  NodeAddCmd  `cmd:"" help:"Create a node record (converged unless --adopted)."`
 	List NodeListCmd `cmd:"" help:"Every node: mode, joined or not, last heard."`
 	Show NodeShowCmd `cmd:"" help:"One node whole."`
+	// Remove decommissions nodes (noderemove.go).
+	Remove NodeRemoveCmd `cmd:"" help:"Decommission nodes, all or none: revoke their broker users; what they keep on disk stays listed until cleaned up."`
 }
 
 // NodeAddCmd is node add.

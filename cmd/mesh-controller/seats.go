@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -257,18 +258,61 @@ func (c *CleanupListCmd) Run(env *Env) error {
 
 func printCleanables(env *Env, cls []app.Cleanable) {
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROVIDER\tRETIRED\tKIND\tPRECIOUS\tAGE\tSIZE\tWHY")
+	fmt.Fprintln(tw, "PROVIDER\tRETIRED\tKIND\tPRECIOUS\tSTATE\tAGE\tSIZE\tLAST BACKUP\tWHY")
 	for _, cl := range cls {
-		size := "not reported"
-		if cl.Bytes != nil {
-			size = app.Plural(*cl.Bytes, "byte")
-		}
 		what := cl.Target
 		if cl.Deleting {
 			what += " (deleting)"
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cl.Node, cl.Module, what, cl.Kind, dash(cl.Precious), app.Plural(cl.AgeDays, "day"), size, cl.Why)
+		provider := cl.Node + "/" + cl.Module
+		if cl.OnRemovedNode() {
+			provider += " (node removed)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", provider, what, cl.Kind, dash(cl.Precious), cl.State, app.Plural(cl.AgeDays, "day"), size(cl.Bytes), lastBackup(cl), cl.Why)
 	}
+	tw.Flush()
+}
+
+func size(b *int64) string {
+	if b == nil {
+		return "not reported"
+	}
+	return app.Plural(*b, "byte")
+}
+
+// lastBackup says when a cleanable was last backed up, and whether that is
+// within its cadence: one that is not is deleted only with --yes.
+func lastBackup(cl app.Cleanable) string {
+	s := "never"
+	if cl.LastBackup != nil {
+		s = cl.LastBackup.Format(timeShown)
+	}
+	switch {
+	case cl.Cadence == "":
+		return dash("")
+	case cl.NeedsDigest:
+		return s + " (needs --yes)"
+	}
+	return s
+}
+
+// printPreview shows what deleting one target would lose, and the digest
+// that confirms exactly that.
+func printPreview(env *Env, cl app.Cleanable) {
+	fmt.Fprintf(env.Stdout, "would delete %s/%s %s (%s)\n", cl.Node, cl.Module, cl.Target, cl.Kind)
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	if cl.Path != "" {
+		fmt.Fprintf(tw, "  path\t%s\n", cl.Path)
+	}
+	fmt.Fprintf(tw, "  precious\t%s\n", dash(cl.Precious))
+	fmt.Fprintf(tw, "  size\t%s\n", size(cl.Bytes))
+	if cl.Cadence != "" {
+		fmt.Fprintf(tw, "  last backup\t%s (cadence %s)\n", when(cl.LastBackup), cl.Cadence)
+	}
+	if cl.OnRemovedNode() {
+		fmt.Fprintf(tw, "  node\t%s, removed %s: no host can act; it is recorded deleted by hand\n", cl.Node, cl.NodeRemovedAt.Format(timeShown))
+	}
+	fmt.Fprintf(tw, "  digest\t%s\n", cl.Digest)
 	tw.Flush()
 }
 
@@ -280,9 +324,11 @@ type CleanupDeleteCmd struct {
 	OlderThan int    `name:"older-than" placeholder:"DAYS" help:"Every retired consumer and data set older than this many days."`
 	Why       string `required:"" help:"Why; recorded in the hand-act log."`
 	Confirm   bool   `help:"With --older-than: delete; without it, only list."`
+	Yes       string `placeholder:"DIGEST" help:"The digest of the preview this command printed: deletes irreplaceable or costly data with no backup within its cadence, exactly as previewed."`
 }
 
-// Run deletes (or lists what --older-than would delete).
+// Run deletes (or lists what --older-than would delete, or previews what
+// needs a digest).
 func (c *CleanupDeleteCmd) Run(env *Env) error {
 	switch {
 	case c.OlderThan > 0 && c.Target != "":
@@ -291,30 +337,49 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 		return clirun.UsageError{Msg: "give NODE MODULE CONSUMER, or --older-than DAYS"}
 	case c.Confirm && c.OlderThan <= 0:
 		return clirun.UsageError{Msg: "--confirm goes with --older-than"}
+	case c.Yes != "" && c.OlderThan > 0:
+		return clirun.UsageError{Msg: "--yes confirms one target's preview: delete those that need it one by one, without --older-than"}
 	}
-	chosen, pushed, err := env.App.CleanupDelete(env.Ctx, app.CleanupRequest{Node: string(c.Node), Module: string(c.Module), Target: c.Target,
-		OlderThanDays: c.OlderThan, Why: c.Why, Confirm: c.Confirm})
-	if err != nil {
+	r, err := env.App.CleanupDelete(env.Ctx, app.CleanupRequest{Node: string(c.Node), Module: string(c.Module), Target: c.Target,
+		OlderThanDays: c.OlderThan, Why: c.Why, Confirm: c.Confirm, Yes: c.Yes})
+	var de *app.DigestError
+	if errors.As(err, &de) {
+		for _, cl := range r.Preview {
+			printPreview(env, cl)
+		}
 		return err
 	}
-	if c.OlderThan > 0 && !c.Confirm {
-		if len(chosen) == 0 {
+	if c.OlderThan > 0 && !c.Confirm && err == nil {
+		if len(r.Preview) == 0 {
 			fmt.Fprintf(env.Stderr, "nothing retired is older than %s\n", app.Plural(c.OlderThan, "day"))
 			return nil
 		}
-		printCleanables(env, chosen)
-		if len(chosen) == 1 {
+		printCleanables(env, r.Preview)
+		if len(r.Preview) == 1 {
 			fmt.Fprintln(env.Stderr, "nothing deleted: add --confirm to delete it")
 		} else {
-			fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(chosen))
+			fmt.Fprintf(env.Stderr, "nothing deleted: add --confirm to delete these %d\n", len(r.Preview))
+		}
+		needs := 0
+		for _, cl := range r.Preview {
+			if cl.NeedsDigest {
+				needs++
+			}
+		}
+		if needs > 0 {
+			fmt.Fprintf(env.Stderr, "%d of them (needs --yes) are refused even with --confirm: delete each alone, with the digest of its preview\n", needs)
 		}
 		return nil
 	}
-	for _, cl := range chosen {
-		fmt.Fprintf(env.Stdout, "%s/%s deletes %s (%s); its host reports when it is gone\n", cl.Node, cl.Module, cl.Target, cl.Kind)
+	for _, cl := range r.Deleted {
+		if cl.OnRemovedNode() {
+			fmt.Fprintf(env.Stdout, "%s/%s %s (%s) recorded deleted by hand: %s was removed, no host can act; wipe its disk if that is not done\n", cl.Node, cl.Module, cl.Target, cl.Kind, cl.Node)
+		} else {
+			fmt.Fprintf(env.Stdout, "%s/%s deletes %s (%s); its host reports when it is gone\n", cl.Node, cl.Module, cl.Target, cl.Kind)
+		}
 	}
-	printPushed(env, pushed)
-	return nil
+	printPushed(env, r.Pushed)
+	return err
 }
 
 // DataCmd is data.
@@ -342,7 +407,11 @@ func (c *DataCmd) Run(env *Env) error {
 		if d.Bytes != nil {
 			size = fmt.Sprint(*d.Bytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Node, d.Module, d.Name, d.Path, size, d.Precious, d.State, when(d.LastBackup), dash(d.BackupHolder))
+		node := d.Node
+		if d.NodeRemovedAt != nil {
+			node += " (removed)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", node, d.Module, d.Name, d.Path, size, d.Precious, d.State, when(d.LastBackup), dash(d.BackupHolder))
 	}
 	return tw.Flush()
 }

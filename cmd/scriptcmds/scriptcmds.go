@@ -1,6 +1,7 @@
 // Package scriptcmds holds the testscript commands both binaries' scenarios
-// use: exits (a command must fail with exactly this status) and perm (a
-// file's permission bits).
+// use: exits (a command must fail with exactly this status), perm (a
+// file's permission bits), absent (a text no file holds) and grab (a value
+// from the last output, for the next command).
 package scriptcmds
 
 import (
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -21,6 +23,24 @@ var Cmds = map[string]func(ts *testscript.TestScript, neg bool, args []string){
 	"exits":  Exits,
 	"perm":   Perm,
 	"absent": Absent,
+	"grab":   Grab,
+}
+
+// Grab sets a variable to the first group of a regular expression matched
+// (multi-line) in the last command's stdout, so a scenario can give back
+// what a command printed, such as a preview's digest: grab NAME REGEXP.
+func Grab(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: grab NAME REGEXP")
+	}
+	re, err := regexp.Compile("(?m)" + args[1])
+	ts.Check(err)
+	m := re.FindStringSubmatch(ts.ReadFile("stdout"))
+	if len(m) < 2 {
+		ts.Fatalf("grab %s: no match for %q with a group in stdout", args[0], args[1])
+	}
+	ts.Setenv(args[0], m[1])
+	ts.Logf("%s=%s", args[0], m[1])
 }
 
 // Absent fails if any file under a directory holds a text: absent DIR TEXT.

@@ -6,6 +6,7 @@ package health
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -53,6 +54,40 @@ func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (HandAct, error) {
 		sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
 	if err != nil {
 		return HandAct{}, fmt.Errorf("record hand act: %w", err)
+	}
+	a.ID, _ = res.LastInsertId()
+	return a, nil
+}
+
+// RecordHandActs keeps the hand acts of one command in one transaction:
+// all of them or none. Each why may not be empty.
+func (s *Store) RecordHandActs(ctx context.Context, acts []HandAct) ([]HandAct, error) {
+	for _, a := range acts {
+		if a.Why == "" {
+			return nil, ErrNoWhy
+		}
+	}
+	out := make([]HandAct, len(acts))
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		for i, a := range acts {
+			var err error
+			if out[i], err = insertHandAct(ctx, tx, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record hand acts: %w", err)
+	}
+	return out, nil
+}
+
+func insertHandAct(ctx context.Context, tx *sql.Tx, a HandAct) (HandAct, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
+		sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
+	if err != nil {
+		return HandAct{}, err
 	}
 	a.ID, _ = res.LastInsertId()
 	return a, nil

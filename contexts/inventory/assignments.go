@@ -36,19 +36,28 @@ type SettingsLayer struct {
 	SetAt  time.Time
 }
 
-// Retirement is what happened to one data set when its module left a node.
+// Retirement is what happened to one data set when its module left a node
+// (or, with Consumer set, to what a provider on a removed node kept for one
+// consumer). Retired and dropped data is still on the node's disk: it stays
+// listed until a person cleans it up.
 type Retirement struct {
-	ID        int64
-	Node      string
-	Module    string
-	DataSet   string
-	Path      string
-	Precious  string
-	Consumer  string
-	State     string // retired, dropped, deleted, reactivated
-	Bytes     *int64
-	RetiredAt time.Time
-	Why       string
+	ID        int64     `json:"id"`
+	Node      string    `json:"node"`
+	Module    string    `json:"module"`
+	DataSet   string    `json:"data_set"`
+	Path      string    `json:"path"`
+	Precious  string    `json:"precious"`
+	Consumer  string    `json:"consumer"`
+	State     string    `json:"state"` // retired, dropped, deleted, reactivated
+	Bytes     *int64    `json:"bytes"`
+	RetiredAt time.Time `json:"retired_at"`
+	Why       string    `json:"why"`
+	// NodeRemovedAt is when its node was removed; nil while the node is in
+	// the mesh. A node added later under the same name is another record.
+	NodeRemovedAt *time.Time `json:"node_removed_at"`
+	// LastBackup is the last backup heard of it when its node was removed
+	// (the node's own reports went with it); nil otherwise.
+	LastBackup *time.Time `json:"last_backup"`
 }
 
 // bump moves the plans of nodes: their declarations are then behind.
@@ -100,10 +109,16 @@ func (s *Store) BumpPlans(ctx context.Context, nodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error { return bump(ctx, tx, nodes) })
 }
 
-// Retirements returns what was retired or dropped on a node ("" for all), oldest first.
+// Retirements returns what was retired or dropped on a node ("" for all),
+// oldest first.
 func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, node, module, data_set, path, precious, consumer, state, bytes, retired_at, why
-		FROM retirements WHERE ? = '' OR node = ? ORDER BY id`, node, node)
+	query := `SELECT id, node, module, data_set, path, precious, consumer, state, bytes, retired_at, why, node_removed_at, last_backup FROM retirements`
+	var args []any
+	if node != "" {
+		query += ` WHERE node = ?`
+		args = append(args, node)
+	}
+	rows, err := s.db.Reader.QueryContext(ctx, query+` ORDER BY id`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -113,13 +128,20 @@ func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, err
 		var r Retirement
 		var at string
 		var bytes sql.NullInt64
-		if err := rows.Scan(&r.ID, &r.Node, &r.Module, &r.DataSet, &r.Path, &r.Precious, &r.Consumer, &r.State, &bytes, &at, &r.Why); err != nil {
+		var removed, backup sql.NullString
+		if err := rows.Scan(&r.ID, &r.Node, &r.Module, &r.DataSet, &r.Path, &r.Precious, &r.Consumer, &r.State, &bytes, &at, &r.Why, &removed, &backup); err != nil {
 			return nil, err
 		}
 		if bytes.Valid {
 			r.Bytes = &bytes.Int64
 		}
 		if r.RetiredAt, err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+		if r.NodeRemovedAt, err = sqlite.ParseNullTime(removed); err != nil {
+			return nil, err
+		}
+		if r.LastBackup, err = sqlite.ParseNullTime(backup); err != nil {
 			return nil, err
 		}
 		rs = append(rs, r)

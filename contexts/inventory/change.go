@@ -65,8 +65,10 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 			a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified)); err != nil {
 			return err
 		}
-		// Its data, retired or dropped when it left, is its own again.
-		if _, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated' WHERE node = ? AND module = ? AND consumer = '' AND state IN ('retired', 'dropped')`,
+		// Its data, retired or dropped when it left, is its own again; data
+		// left on a removed node of the same name is not.
+		if _, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated'
+			WHERE node = ? AND module = ? AND consumer = '' AND state IN ('retired', 'dropped') AND node_removed_at IS NULL`,
 			a.Node, a.Module); err != nil {
 			return err
 		}

@@ -299,14 +299,38 @@ func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {
 	return err
 }
 
-// AskDeletion records a cleanup deletion (and marks the target) and moves the node's plan.
-func (s *Store) AskDeletion(ctx context.Context, d Deletion, now time.Time) error {
+// ErrNotCleanable means a retirement to be recorded deleted is no longer
+// retired or dropped on a removed node: something changed it meanwhile.
+var ErrNotCleanable = errors.New("is no longer retired data on a removed node")
+
+// AskDeletions records a cleanup in one transaction: deletions its hosts are
+// asked to carry out (their nodes' plans move), and retirements on removed
+// nodes recorded deleted by hand, since no host is left to act on them.
+func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand []int64, now time.Time) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO deletions (node, module, target, kind, path, asked_at, why) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			d.Node, d.Module, d.Target, d.Kind, d.Path, sqlite.FormatTime(now), d.Why); err != nil {
-			return err
+		nodes := map[string]bool{}
+		for _, d := range asks {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO deletions (node, module, target, kind, path, asked_at, why) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+				d.Node, d.Module, d.Target, d.Kind, d.Path, sqlite.FormatTime(now), d.Why); err != nil {
+				return err
+			}
+			nodes[d.Node] = true
 		}
-		return bump(ctx, tx, []string{d.Node})
+		for _, id := range deletedByHand {
+			res, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'deleted'
+				WHERE id = ? AND state IN ('retired', 'dropped') AND node_removed_at IS NOT NULL`, id)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				return fmt.Errorf("retirement %d %w", id, ErrNotCleanable)
+			}
+		}
+		var bumps []string
+		for n := range nodes {
+			bumps = append(bumps, n)
+		}
+		return bump(ctx, tx, bumps)
 	})
 }
 
@@ -324,7 +348,9 @@ func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion,
 				continue
 			}
 			if d.Kind == "data" {
-				_, err = tx.ExecContext(ctx, `UPDATE retirements SET state = 'deleted' WHERE node = ? AND module = ? AND data_set = ? AND consumer = '' AND state = 'retired'`, node, d.Module, d.Target)
+				// Dropped (rebuildable) data is deleted the same way as retired data.
+				_, err = tx.ExecContext(ctx, `UPDATE retirements SET state = 'deleted'
+					WHERE node = ? AND module = ? AND data_set = ? AND consumer = '' AND state IN ('retired', 'dropped') AND node_removed_at IS NULL`, node, d.Module, d.Target)
 			} else {
 				_, err = tx.ExecContext(ctx, `UPDATE consumers SET state = 'deleted', since = ? WHERE provider_node = ? AND provider_module = ? AND consumer = ? AND state = 'retired'`,
 					sqlite.FormatTime(now), node, d.Module, d.Target)

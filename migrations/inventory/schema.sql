@@ -134,7 +134,7 @@ CREATE TABLE retirements (
     bytes      INTEGER,
     retired_at TEXT NOT NULL,
     why        TEXT NOT NULL
-) STRICT;
+, node_removed_at TEXT, last_backup TEXT) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,

@@ -1,0 +1,89 @@
+package health
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// Forgotten is what the health store let go of for machines taken out of
+// the mesh.
+type Forgotten struct {
+	// Cleared are the open conditions that were about them, now cleared.
+	Cleared []Condition
+	// Drops counts the dropped-message counters of theirs that went.
+	Drops int
+}
+
+// ForgetMachines clears every open condition about the machines (each
+// clearing kept in the history, its summary saying why), drops their
+// dropped-message counters, and keeps the hand acts given, in one
+// transaction: a removed node leaves nothing open behind it, and the act
+// that removed it is recorded with it or not at all.
+func (s *Store) ForgetMachines(ctx context.Context, machines []string, why string, acts []HandAct, now time.Time) (Forgotten, error) {
+	for _, a := range acts {
+		if a.Why == "" {
+			return Forgotten{}, ErrNoWhy
+		}
+	}
+	gone := make(map[string]bool, len(machines))
+	for _, m := range machines {
+		gone[m] = true
+	}
+	var f Forgotten
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		f = Forgotten{}
+		// Open conditions are few; reading them once beats a query per
+		// machine when a load test's thousands of nodes go at once.
+		open, err := conditions(ctx, tx, "")
+		if err != nil {
+			return err
+		}
+		at := sqlite.FormatTime(now)
+		for _, c := range open {
+			if !gone[c.Machine] {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM conditions WHERE key = ?`, c.Key); err != nil {
+				return err
+			}
+			ev, err := evidenceJSON(c.Evidence)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, 'cleared', ?, ?, ?, ?)`,
+				c.Key, c.Kind, c.Severity, c.Summary+" (cleared: "+why+")", ev, at); err != nil {
+				return err
+			}
+			f.Cleared = append(f.Cleared, c)
+		}
+		drops, err := sqlite.Strings(ctx, tx, `SELECT DISTINCT node FROM dropped_messages`)
+		if err != nil {
+			return err
+		}
+		for _, n := range drops {
+			if !gone[n] {
+				continue
+			}
+			res, err := tx.ExecContext(ctx, `DELETE FROM dropped_messages WHERE node = ?`, n)
+			if err != nil {
+				return err
+			}
+			k, _ := res.RowsAffected()
+			f.Drops += int(k)
+		}
+		for _, a := range acts {
+			if _, err := insertHandAct(ctx, tx, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Forgotten{}, fmt.Errorf("forget machines: %w", err)
+	}
+	return f, nil
+}

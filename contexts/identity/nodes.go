@@ -1,0 +1,92 @@
+package identity
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// RevokeNodeUsers revokes every live broker user issued for a node: its
+// host's and its modules'. The host's user is first recorded among the
+// issued users, from the nkey it joined with, if no issued user records it
+// yet, so that it is revoked like the others. It returns how many were
+// revoked now; revoking again revokes nothing more.
+func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time) (int, error) {
+	var n int
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var err error
+		n, err = revokeNodeUsers(ctx, tx, []string{node}, now)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("revoke users of %s: %w", node, err)
+	}
+	return n, nil
+}
+
+func revokeNodeUsers(ctx context.Context, tx *sql.Tx, nodes []string, now time.Time) (int, error) {
+	revoked := 0
+	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at)
+			SELECT nkey, 'host', node, '', joined_at FROM hosts WHERE node IN (`+marks+`)
+			ON CONFLICT (pub) DO NOTHING`, args...); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE revoked_at IS NULL AND node IN (`+marks+`)`,
+			append([]any{sqlite.FormatTime(now)}, args...)...)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		revoked += int(n)
+		return nil
+	})
+	return revoked, err
+}
+
+// NodesForgotten is what the identity store let go of for removed nodes.
+type NodesForgotten struct {
+	// Revoked counts the broker users revoked now.
+	Revoked int
+	// Hosts counts the joined hosts whose keys were dropped.
+	Hosts int
+	// Tokens counts the join tokens dropped, used or not.
+	Tokens int
+}
+
+// ForgetNodes takes removed nodes out of the identity store in one
+// transaction: every broker user of theirs revoked (as RevokeNodeUsers),
+// the keys their hosts joined with and their join tokens dropped. The
+// revocations stay: they are what the broker is told, and a node added
+// later under the same name joins with new keys.
+func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) (NodesForgotten, error) {
+	var f NodesForgotten
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		f = NodesForgotten{}
+		var err error
+		if f.Revoked, err = revokeNodeUsers(ctx, tx, nodes, now); err != nil {
+			return err
+		}
+		return sqlite.InChunks(nodes, func(marks string, args []any) error {
+			res, err := tx.ExecContext(ctx, `DELETE FROM hosts WHERE node IN (`+marks+`)`, args...)
+			if err != nil {
+				return err
+			}
+			n, _ := res.RowsAffected()
+			f.Hosts += int(n)
+			if res, err = tx.ExecContext(ctx, `DELETE FROM join_tokens WHERE node IN (`+marks+`)`, args...); err != nil {
+				return err
+			}
+			n, _ = res.RowsAffected()
+			f.Tokens += int(n)
+			return nil
+		})
+	})
+	if err != nil {
+		return NodesForgotten{}, fmt.Errorf("forget nodes: %w", err)
+	}
+	return f, nil
+}

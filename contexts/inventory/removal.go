@@ -1,0 +1,147 @@
+package inventory
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// ErrStillAssigned means a node to be removed still has modules assigned.
+var ErrStillAssigned = errors.New("still has modules assigned")
+
+// Removal is what removing nodes did to the inventory.
+type Removal struct {
+	// Kept counts the retired and dropped data sets left on their disks,
+	// now remembered under the removal until a person cleans them up.
+	Kept int
+	// Cancelled are deletions a person asked that no host will carry out
+	// now; what they would have deleted stays listed.
+	Cancelled []Deletion
+}
+
+// RemoveNodes takes nodes out of the inventory in one transaction, all or
+// none: a node that is not known, or still has modules assigned, refuses
+// the whole removal. Each node's retired and dropped data stays, marked
+// with the removal and keeping its size and last backup as last heard
+// (its reports and backup records go with it), and consumerData is what
+// its providers kept for their consumers, remembered the same way. Its
+// record, facts, data reports, declaration, pins, settings layer and
+// pending deletions go; pins naming it as a provider go; replacements it
+// was to take over are resolved. A node added later under the same name
+// is a fresh record.
+func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, now time.Time) (Removal, error) {
+	var out Removal
+	at := sqlite.FormatTime(now)
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		out = Removal{}
+		known := make(map[string]bool, len(nodes))
+		err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+			names, err := sqlite.Strings(ctx, tx, `SELECT name FROM nodes WHERE name IN (`+marks+`)`, args...)
+			for _, n := range names {
+				known[n] = true
+			}
+			if err != nil {
+				return err
+			}
+			var node, module string
+			err = tx.QueryRowContext(ctx, `SELECT node, module FROM assignments WHERE node IN (`+marks+`) ORDER BY node, module LIMIT 1`, args...).Scan(&node, &module)
+			if err == nil {
+				return fmt.Errorf("node %s %w (%s)", node, ErrStillAssigned, module)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if !known[n] {
+				return fmt.Errorf("node %s %w", n, ErrNodeNotFound)
+			}
+		}
+		err = sqlite.InChunks(nodes, func(marks string, args []any) error {
+			// What is left on their disks is remembered with what was last
+			// heard of it, before their reports go with them.
+			res, err := tx.ExecContext(ctx, `UPDATE retirements SET node_removed_at = ?,
+				bytes = coalesce((SELECT d.bytes FROM node_data_sets d
+					WHERE d.node = retirements.node AND d.module = retirements.module AND d.name = retirements.data_set), bytes),
+				last_backup = (SELECT max(t) FROM (
+					SELECT d.last_backup AS t FROM node_data_sets d
+						WHERE d.node = retirements.node AND d.module = retirements.module AND d.name = retirements.data_set
+					UNION ALL SELECT b.last_backup FROM backups b
+						WHERE b.node = retirements.node AND b.module = retirements.module AND b.name = retirements.data_set))
+				WHERE node IN (`+marks+`) AND consumer = '' AND state IN ('retired', 'dropped') AND node_removed_at IS NULL`,
+				append([]any{at}, args...)...)
+			if err != nil {
+				return err
+			}
+			n, _ := res.RowsAffected()
+			out.Kept += int(n)
+			rows, err := tx.QueryContext(ctx, `SELECT id, node, module, target, kind, path, asked_at, why FROM deletions
+				WHERE done_at IS NULL AND node IN (`+marks+`) ORDER BY id`, args...)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var d Deletion
+				var asked string
+				if err := rows.Scan(&d.ID, &d.Node, &d.Module, &d.Target, &d.Kind, &d.Path, &asked, &d.Why); err != nil {
+					rows.Close()
+					return err
+				}
+				d.AskedAt, _ = sqlite.ParseTime(asked)
+				out.Cancelled = append(out.Cancelled, d)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for _, q := range []string{
+				`DELETE FROM deletions WHERE done_at IS NULL AND node IN (` + marks + `)`,
+				// What they provided is theirs no longer; the data kept for
+				// consumers is remembered below, from consumerData.
+				`DELETE FROM consumers WHERE provider_node IN (` + marks + `)`,
+				`DELETE FROM pins WHERE provider_node IN (` + marks + `)`,
+				`DELETE FROM settings_layers WHERE node IN (` + marks + `)`,
+				`DELETE FROM backups WHERE node IN (` + marks + `)`,
+			} {
+				if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE replacements SET resolved_at = ?
+				WHERE resolved_at IS NULL AND substr(new_holder, 1, instr(new_holder, '/') - 1) IN (`+marks+`)`, append([]any{at}, args...)...); err != nil {
+				return err
+			}
+			// Their facts, found, data reports, declarations and own pins go
+			// with them (ON DELETE CASCADE).
+			_, err = tx.ExecContext(ctx, `DELETE FROM nodes WHERE name IN (`+marks+`)`, args...)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range consumerData {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, bytes, retired_at, why, node_removed_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				r.Node, r.Module, r.DataSet, r.Path, r.Precious, r.Consumer, r.State, r.Bytes, sqlite.FormatTime(r.RetiredAt), r.Why, at); err != nil {
+				return err
+			}
+			out.Kept++
+		}
+		return nil
+	})
+	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrStillAssigned) {
+		return Removal{}, err
+	}
+	if err != nil {
+		return Removal{}, fmt.Errorf("remove nodes: %w", err)
+	}
+	return out, nil
+}
