@@ -68,12 +68,13 @@ demo: build
 	curl -s $$board | grep -o '<h2>[^<]*</h2>' | sed 's/<[^>]*>//g; s/^/  /'; \
 	echo; echo "demo done: stopping the hosts and the controller"
 
-# make test needs two programs besides Go: Debian's chromium (the board is
-# tested in a real browser) and sqlite3 (a test opens the stores beside a
-# serving controller, as a person inspecting them would). When missing and
-# run as root (as CI is), they are installed without recommends and nothing
-# else on the system is changed; otherwise one line says what to install.
-TOOLS := chromium sqlite3
+# make test needs a few programs besides Go: Debian's chromium (the board is
+# tested in a real browser), sqlite3 (a test opens the stores beside a
+# serving controller, as a person inspecting them would), jq and curl (the
+# README's walkthrough, run as a test, uses them). When missing and run as
+# root (as CI is), they are installed without recommends and nothing else on
+# the system is changed; otherwise one line says what to install.
+TOOLS := chromium sqlite3 jq curl
 
 test: tools
 	MESH_TEST_TOOLS=1 $(GO) test -count=1 -timeout 12m ./...

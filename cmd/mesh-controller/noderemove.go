@@ -76,12 +76,12 @@ func (c *NodeRemoveCmd) Run(env *Env) error {
 	switch {
 	case r.Revoked == 0:
 	case r.Disconnected:
-		fmt.Fprintf(env.Stdout, "revoked %d broker users; the serving controller closes their connections\n", r.Revoked)
+		fmt.Fprintf(env.Stdout, "revoked %s; the serving controller closes their connections\n", app.Plural(r.Revoked, "broker user"))
 	default:
-		fmt.Fprintf(env.Stdout, "revoked %d broker users; their connections are closed when 'mesh-controller serve' runs\n", r.Revoked)
+		fmt.Fprintf(env.Stdout, "revoked %s; their connections are closed when 'mesh-controller serve' runs\n", app.Plural(r.Revoked, "broker user"))
 	}
 	if r.Cleared > 0 {
-		fmt.Fprintf(env.Stdout, "cleared %d open conditions about them\n", r.Cleared)
+		fmt.Fprintf(env.Stdout, "cleared %s about them\n", app.Plural(r.Cleared, "open condition"))
 	}
 	return nil
 }

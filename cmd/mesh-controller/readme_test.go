@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// walkthrough is the README's walkthrough: every ```sh block between its
+// markers, in order.
+func walkthrough(t *testing.T, readme string) string {
+	t.Helper()
+	b, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := bytes.Index(b, []byte("<!-- walkthrough"))
+	end := bytes.Index(b, []byte("<!-- end of the walkthrough -->"))
+	if start < 0 || end < start {
+		t.Fatal("the README has no walkthrough markers")
+	}
+	blocks := regexp.MustCompile("(?ms)^```sh\n(.*?)^```\n").FindAllSubmatch(b[start:end], -1)
+	if len(blocks) < 10 {
+		t.Fatalf("the walkthrough has %d sh blocks", len(blocks))
+	}
+	var script strings.Builder
+	for _, blk := range blocks {
+		script.Write(blk[1])
+	}
+	return script.String()
+}
+
+// The README's walkthrough runs as a person runs it (issue 12, item 4): one
+// bash, from the repository's root after make build, every command in order;
+// the first that fails fails this test, with the output so far.
+func TestREADME_Walkthrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs the whole walkthrough")
+	}
+	for _, tool := range []string{"bash", "jq", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
+				t.Fatalf("no %s: 'make test' installs it", tool)
+			}
+			t.Skipf("no %s here; 'make test' installs it", tool)
+		}
+	}
+	repo, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "..", "shared", "examples")); err != nil {
+		t.Skipf("the walkthrough reads ../shared/examples beside the repository: %v", err)
+	}
+	// make build, as the README asks first.
+	for _, c := range []string{"mesh-controller", "mesh-host"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
+		build.Dir = repo
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	script := walkthrough(t, filepath.Join(repo, "README.md"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = repo
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=")
+	// Its own process group: whatever it started in the background is
+	// stopped with it, whatever happens.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if err != nil {
+		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out.String())
+	}
+	// What a reader is told to expect, there.
+	for _, want := range []string{"5 manifests, no problems", "the-ocr-licence", "node.silent/web1", "What is wrong", "node rack20 removed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the walkthrough's output lacks %q", want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(repo, "data")); err == nil {
+		t.Error("the walkthrough wrote a data dir into the repository")
+	}
+}
