@@ -402,7 +402,7 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust, err := keys.Trust(joinPermissions(), nil)
+	trust, err := keys.Trust(joinUser(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,16 +109,21 @@ func (d *daemon) refuse(m *nats.Msg, node, why string) {
 	d.handOver(event{kind: evDrop, node: node, reason: "too large"})
 }
 
+// joinReplyPrefix is where the broker maps the reply of a request that came
+// through the join account's service import (embedded/broker.JoinUser): a
+// join arrives only that way, so it is answered only there.
+const joinReplyPrefix = "_R_."
+
 // respondTo answers a request, but only into the asker's own inbox
-// namespace (a node's under its inbox prefix, a joining host's under the
-// join inbox): a reply subject is the asker's word, not a permission, and
-// the controller's own user may publish anywhere under mesh. Anything else
-// is dropped and counted.
+// namespace (a node's under its inbox prefix, a joining host's through the
+// join account's service): a reply subject is the asker's word, not a
+// permission, and the controller's own user may publish anywhere under
+// mesh. Anything else is dropped and counted.
 func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
 	if m.Reply == "" {
 		return
 	}
-	prefix := protocol.JoinInboxPrefix + "."
+	prefix := joinReplyPrefix
 	if node != "" {
 		prefix = protocol.HostInboxPrefix(node) + "."
 	}
