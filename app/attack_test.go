@@ -2,12 +2,16 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
 )
 
 // The attacks of issue 11 (items 6–10), each performed against the real
@@ -29,11 +33,23 @@ func (m *testMesh) moduleConn(t *testing.T, module, node string) (*nats.Conn, vi
 	return connectWith(t, m.url, nats.UserCredentials(f), nats.NoReconnect())
 }
 
-// nothingOn fails if a message arrives on sub within a moment.
-func nothingOn(t *testing.T, sub *nats.Subscription, what string) {
+// nothingOn fails if a message arrives on sub within a moment (one that
+// contains any of like, if given: others are the mesh's own).
+func nothingOn(t *testing.T, sub *nats.Subscription, what string, like ...string) {
 	t.Helper()
-	if msg, err := sub.NextMsg(500 * time.Millisecond); err == nil {
-		t.Fatalf("%s: %q arrived on %s", what, msg.Data, msg.Subject)
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return
+		}
+		found := len(like) == 0
+		for _, l := range like {
+			found = found || strings.Contains(string(msg.Data), l)
+		}
+		if found {
+			t.Fatalf("%s: %q arrived on %s", what, msg.Data, msg.Subject)
+		}
 	}
 }
 
@@ -89,4 +105,124 @@ func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
 	if n := m.node("web1"); n.LastApply != nil && !n.LastApply.OK {
 		t.Fatalf("web1 reported a failed apply: %+v", n.LastApply)
 	}
+}
+
+// anonymous connects as a machine with no credentials does, with the join
+// inbox a joining host uses.
+func (m *testMesh) anonymous(t *testing.T) (*nats.Conn, violations) {
+	t.Helper()
+	return connectWith(t, m.url, nats.CustomInboxPrefix(protocol.JoinInboxPrefix), nats.NoReconnect())
+}
+
+// askJoin asks to join with a token that is not one and returns the
+// answer: the join worker takes requests in order, so once it is answered
+// every earlier request was handled.
+func askJoin(t *testing.T, nc *nats.Conn) protocol.JoinReply {
+	t.Helper()
+	req, _ := json.Marshal(protocol.JoinRequest{Token: "meshjoin_nope", Node: "web9"})
+	msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply protocol.JoinReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatal(err)
+	}
+	return reply
+}
+
+// selfCheck runs the self-check now and says whether key is open.
+func (m *testMesh) openAfterCheck(t *testing.T, key string) bool {
+	t.Helper()
+	if _, err := m.c.SelfCheck(context.Background(), CheckOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return m.open(t, key)
+}
+
+// Item 6: the reply subject of a request is the asker's word. The
+// controller's answer, sent with its own mesh.> permission, went wherever
+// it said: a join answer onto a node's heartbeat raised an urgent
+// node.bad-signature, onto a host's declaration inbox made the host refuse
+// and report a failed apply, and a host asking for its own declaration
+// with another node's inbox as reply raised node.apply-failed on that node.
+func TestAttack_RepliesSteerTheControllersAnswers(t *testing.T) {
+	m := newTestMesh(t)
+	web1, web2 := m.join("web1"), m.join("web2")
+	waitFor(t, "web2 to beat", func() bool { return m.node("web2").LastHeard != nil })
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	waitFor(t, "web1 to apply 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	ctl := m.controllerConn(t)
+	// Only the attacker's messages arrive on web2's subjects from now.
+	web2.stop()
+	watch := func(subject string) *nats.Subscription {
+		sub, err := ctl.SubscribeSync(subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctl.Flush()
+		return sub
+	}
+	failedApply := func(node string) bool {
+		n := m.node(node)
+		return n.LastApply != nil && !n.LastApply.OK
+	}
+
+	t.Run("a join answer onto a node's heartbeat", func(t *testing.T) {
+		heartbeats := watch("mesh.node.web2.heartbeat")
+		nc, _ := m.anonymous(t)
+		req, _ := json.Marshal(protocol.JoinRequest{Token: "meshjoin_nope", Node: "web2"})
+		if err := nc.PublishRequest(protocol.JoinSubject, "mesh.node.web2.heartbeat", req); err != nil {
+			t.Fatal(err)
+		}
+		askJoin(t, nc)
+		nothingOn(t, heartbeats, "the join answer")
+		if d := m.node("web2").Dropped; len(d) != 0 {
+			t.Fatalf("messages claiming to be web2's were dropped: %+v", d)
+		}
+		if m.openAfterCheck(t, "node.bad-signature/web2") {
+			t.Fatal("node.bad-signature/web2 was raised")
+		}
+	})
+	t.Run("a join answer onto a host's declaration inbox", func(t *testing.T) {
+		web2.start()
+		defer web2.stop()
+		declarations := watch("mesh.node.web2.inbox.>")
+		nc, _ := m.anonymous(t)
+		req, _ := json.Marshal(protocol.JoinRequest{Token: "meshjoin_nope", Node: "web2"})
+		nc.PublishRequest(protocol.JoinSubject, protocol.DeclarationInbox("web2"), req)
+		askJoin(t, nc)
+		nothingOn(t, declarations, "the join answer")
+		if failedApply("web2") {
+			t.Fatalf("web2 reported a failed apply: %+v", m.node("web2").LastApply)
+		}
+	})
+	t.Run("a host's own declaration onto another node's inboxes", func(t *testing.T) {
+		declarations, inbox, alerts := watch("mesh.node.web2.inbox.>"), watch("_INBOX.web2.>"), watch(AlertSubject)
+		nc := connectAs(t, m.url, web1.state)
+		ask, err := protocol.Sign(web1.state.HostKey, protocol.DeclarationAskBody{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, reply := range []string{protocol.DeclarationInbox("web2"), "_INBOX.web2.x.1", "mesh.alert"} {
+			if err := nc.PublishRequest(protocol.NodeSubject("web1", protocol.DeclarationAsk), reply, ask); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nc.Flush()
+		nothingOn(t, declarations, "web1's declaration")
+		nothingOn(t, inbox, "web1's declaration")
+		nothingOn(t, alerts, "web1's declaration", "serial")
+		waitFor(t, "the three answers to be refused and counted", func() bool {
+			for _, d := range m.node("web1").Dropped {
+				if d.Reason == "answer outside its inbox" && d.Count == 3 {
+					return true
+				}
+			}
+			return false
+		})
+		if failedApply("web2") || m.openAfterCheck(t, "node.apply-failed/web2") {
+			t.Fatal("web2 failed to apply web1's declaration")
+		}
+	})
 }
