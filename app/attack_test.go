@@ -2,16 +2,23 @@ package app
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"filippo.io/age"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
+	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
 )
 
 // The attacks of issue 11 (items 6–10), each performed against the real
@@ -223,6 +230,163 @@ func TestAttack_RepliesSteerTheControllersAnswers(t *testing.T) {
 		})
 		if failedApply("web2") || m.openAfterCheck(t, "node.apply-failed/web2") {
 			t.Fatal("web2 failed to apply web1's declaration")
+		}
+	})
+}
+
+// joinRequest is a well-formed join request, with keys of its own.
+func joinRequest(t *testing.T, token, node string) []byte {
+	t.Helper()
+	pub, _, err := newEd25519()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := age.GenerateX25519Identity()
+	nk, _ := nkeys.CreateUser()
+	nkPub, _ := nk.PublicKey()
+	b, _ := json.Marshal(protocol.JoinRequest{Token: token, Node: node, HostKey: base64.StdEncoding.EncodeToString(pub),
+		AgeRecipient: id.Recipient().String(), NKey: nkPub, HostVersion: "attacker"})
+	return b
+}
+
+// Item 10: join answers were readable by any connection without
+// credentials subscribed to the join inbox (they held the host's JWT); an
+// unknown node and an unknown token had different answers (names could be
+// probed); 300 wrong tokens in 10 s raised nothing; and a node could be
+// named join, sharing the join inbox.
+func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+
+	t.Run("another anonymous connection reads a join answer", func(t *testing.T) {
+		eavesdropper, _ := m.anonymous(t)
+		overheard, err := eavesdropper.SubscribeSync(protocol.JoinInboxPrefix + ".>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eavesdropper.Flush()
+		m.join("web1")
+		msg, err := overheard.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("nothing overheard (%v): the answers are no longer shared, the test should say how it knows", err)
+		}
+		var reply struct {
+			protocol.JoinReply
+			Creds string `json:"creds"`
+		}
+		if err := json.Unmarshal(msg.Data, &reply); err != nil {
+			t.Fatal(err)
+		}
+		if !reply.OK || reply.Creds != "" || strings.Contains(string(msg.Data), "eyJ") || strings.Contains(string(msg.Data), "controller_key") {
+			t.Fatalf("the overheard answer holds the grant in clear: %s", msg.Data)
+		}
+		mine, _ := age.GenerateX25519Identity()
+		if _, err := protocol.OpenJoinGrant(reply.Sealed, mine, "web1"); err == nil {
+			t.Fatal("the eavesdropper opened the grant")
+		}
+	})
+
+	t.Run("every refusal is answered alike", func(t *testing.T) {
+		tok := func(node string, ttl time.Duration) string {
+			t.Helper()
+			it, err := m.c.TokenIssue(ctx, TokenRequest{Node: node, New: true, TTL: ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return it.Token
+		}
+		other := tok("web2", time.Hour)
+		expired := tok("web3", time.Millisecond)
+		replaced := tok("web4", time.Hour)
+		if _, err := m.c.TokenIssue(ctx, TokenRequest{Node: "web4", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		used := tok("web5", time.Hour)
+		if _, err := host.Join(ctx, host.JoinOptions{Broker: m.url, Token: used, Node: "web5", State: filepath.Join(t.TempDir(), "s")}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		valid := func(token, node string) []byte { return joinRequest(t, token, node) }
+		nc, _ := m.anonymous(t)
+		var first []byte
+		for what, req := range map[string][]byte{
+			"an unknown token for a node that exists":   valid("meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "web2"),
+			"an unknown token for a node that does not": valid("meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "web9"),
+			"a token of another node":                   valid(other, "web9"),
+			"an expired token":                          valid(expired, "web3"),
+			"a replaced token":                          valid(replaced, "web4"),
+			"a used token":                              valid(used, "web5"),
+			"a reserved name":                           valid(other, "join"),
+			"not JSON":                                  []byte("{"),
+		} {
+			msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == nil {
+				first = msg.Data
+			}
+			if string(msg.Data) != string(first) {
+				t.Errorf("%s is answered %s, another refusal %s", what, msg.Data, first)
+			}
+		}
+		var reply protocol.JoinReply
+		if json.Unmarshal(first, &reply); reply.OK || reply.Error != protocol.JoinRefused {
+			t.Fatalf("the refusal: %s", first)
+		}
+		for _, reason := range []string{"unknown token", "token of another node", "expired token", "replaced token", "used token", "bad node name", "malformed request"} {
+			if !strings.Contains(m.logs.String(), "refused: "+reason) {
+				t.Errorf("the log does not keep the reason %q", reason)
+			}
+		}
+	})
+
+	t.Run("300 wrong tokens in 10 s raise join.refused, with the count and the source", func(t *testing.T) {
+		nc, _ := m.anonymous(t)
+		start := time.Now()
+		for i := range 300 {
+			msg := nats.NewMsg(protocol.JoinSubject)
+			msg.Data = joinRequest(t, fmt.Sprintf("meshjoin_%032d", i), "web2")
+			// Whoever asks cannot choose the source the controller sees.
+			msg.Header.Set("Nats-Request-Info", `{"host":"192.0.2.66"}`)
+			msg.Header["nats-request-info"] = []string{`{"host":"192.0.2.67"}`}
+			if _, err := nc.RequestMsg(msg, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Fatalf("300 refusals took %s", took)
+		}
+		var c *health.Condition
+		waitFor(t, "join.refused/127.0.0.1", func() bool {
+			c = nil
+			if !m.openAfterCheck(t, "join.refused/127.0.0.1") {
+				return false
+			}
+			cs, _ := m.c.Conditions(ctx, ConditionFilter{})
+			for i := range cs {
+				if cs[i].Key == "join.refused/127.0.0.1" {
+					c = &cs[i]
+				}
+			}
+			return c != nil && c.Evidence["count"].(float64) >= 300
+		})
+		if c.Evidence["source"] != "127.0.0.1" || c.Severity != "warning" || !strings.Contains(c.Summary, "unknown token") {
+			t.Fatalf("join.refused: %+v", c)
+		}
+		for _, forged := range []string{"192.0.2.66", "192.0.2.67"} {
+			if m.open(t, "join.refused/"+forged) {
+				t.Fatalf("the asker chose its source %s", forged)
+			}
+		}
+	})
+
+	t.Run("a node cannot be named join", func(t *testing.T) {
+		if _, err := m.c.NodeAdd(ctx, "join", false); !errors.Is(err, ErrReservedName) {
+			t.Fatalf("node add join: %v", err)
+		}
+		if _, err := m.c.TokenIssue(ctx, TokenRequest{Node: "join", New: true, TTL: time.Hour}); !errors.Is(err, ErrReservedName) {
+			t.Fatalf("token issue --new join: %v", err)
 		}
 	})
 }

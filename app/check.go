@@ -138,6 +138,9 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if in.drops, err = hs.Drops(ctx, ""); err != nil {
 		failed["health"] = true
 	}
+	if in.refusals, err = hs.JoinRefusalsSince(ctx, now.Add(-joinRefusedWindow)); err != nil {
+		failed["health"] = true
+	}
 	if in.brake, err = hs.Brake(ctx); err != nil {
 		failed["health"] = true
 	}

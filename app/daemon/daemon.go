@@ -129,8 +129,9 @@ type UseCases struct {
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
 	// Join admits a host presenting a token; urls are where hosts dial. It
-	// returns the answer and the host's key, or why it was refused.
-	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (protocol.JoinReply, ed25519.PublicKey, error)
+	// returns what it made, a *Refusal saying why it refused, or another
+	// error when it could not decide.
+	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (Admitted, error)
 	// AfterJoin makes what a newly joined node waited for (secrets sealed to
 	// it); it returns how many secrets it made.
 	AfterJoin func(ctx context.Context, node string) (int, error)
@@ -141,6 +142,27 @@ type UseCases struct {
 	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error
 }
 
+// Admitted is what admitting a host made.
+type Admitted struct {
+	// Reply is the answer: the grant, sealed to the host.
+	Reply protocol.JoinReply
+	// HostKey is the key the host signs its reports with.
+	HostKey ed25519.PublicKey
+}
+
+// Refusal is why a join was refused. Reason is a short phrase that stays the
+// same for the same cause (it is counted by reason); the asker is told only
+// protocol.JoinRefused, whatever the reason, so that no answer tells which
+// tokens or node names exist.
+type Refusal struct {
+	Reason string
+	Err    error
+}
+
+func (r *Refusal) Error() string { return r.Reason + ": " + r.Err.Error() }
+
+func (r *Refusal) Unwrap() error { return r.Err }
+
 // eventKind says what an event carries.
 type eventKind int
 
@@ -150,6 +172,7 @@ const (
 	evDrop
 	evKick
 	evJoined
+	evRefused
 )
 
 // event is what a handler hands the loop.
@@ -160,6 +183,8 @@ type event struct {
 	beat     protocol.HeartbeatBody
 	duration health.Duration
 	reason   string
+	// source is where a refused join came from.
+	source string
 }
 
 // daemon is one serving controller.
@@ -178,6 +203,8 @@ type daemon struct {
 	keys   hostKeys
 	events chan event
 	joins  chan *nats.Msg
+	// refusalLog is the join worker's.
+	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
 	limits limiter
 
@@ -187,6 +214,7 @@ type daemon struct {
 	intervals map[health.HourKey]health.Histogram
 	durations []health.Duration
 	drops     map[[2]string]int64
+	refusals  map[[2]string]int64 // source, reason
 	problems  map[string]string
 	overflow  int64
 }
@@ -227,7 +255,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan *nats.Msg, joinQueue),
 		limits: limiter{buckets: map[[2]string]*bucket{}},
 		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
-		drops: map[[2]string]int64{}, problems: map[string]string{}}
+		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{}}
 
 	holder := randomID()
 	hostname, _ := os.Hostname()
@@ -464,6 +492,11 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		return true
 	case evKick:
 		return true
+	case evRefused:
+		// Counted, not judged at once: a flood of refusals must not make the
+		// loop run the self-check back to back. The next periodic check
+		// raises join.refused.
+		d.refusals[[2]string{ev.source, ev.reason}]++
 	case evJoined:
 		made, err := d.u.AfterJoin(ctx, ev.node)
 		if err != nil {
@@ -522,6 +555,12 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 	}
 	clear(d.drops)
+	for k, n := range d.refusals {
+		if err := d.st.Health.CountJoinRefusals(ctx, k[0], k[1], n, now); err != nil {
+			d.logf("count joins refused from %s: %v", k[0], err)
+		}
+	}
+	clear(d.refusals)
 	if d.overflow != d.o.Counters.Dropped.Load() {
 		d.overflow = d.o.Counters.Dropped.Load()
 	}

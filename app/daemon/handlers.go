@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
 )
 
 // What one report may carry: a host sending more is refused and counted,
@@ -302,24 +304,80 @@ func (d *daemon) joinWorker(ctx context.Context) {
 }
 
 func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
+	source := sourceOf(m)
 	var r protocol.JoinRequest
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		d.respondTo(m, "", protocol.JoinReply{Error: "the join request is not JSON"})
-		return
-	}
-	reply, key, err := d.u.Join(ctx, r, []string{d.url})
+	var a Admitted
+	err := json.Unmarshal(m.Data, &r)
 	if err != nil {
-		d.logf("join of %q refused: %v", r.Node, err)
+		err = &Refusal{Reason: "malformed request", Err: err}
+	} else {
+		a, err = d.u.Join(ctx, r, []string{d.url})
+	}
+	var refusal *Refusal
+	switch {
+	case errors.As(err, &refusal):
+		// The log and join.refused keep the reason; the asker is told only
+		// that it was refused.
+		if d.refusalLog.allow(source, d.u.Now()) {
+			d.logf("join of %q from %s refused: %v", clip(r.Node), source, err)
+		}
+		d.handOver(event{kind: evRefused, source: source, reason: refusal.Reason})
 		if errors.Is(err, identity.ErrTokenUsed) {
 			d.kick()
 		}
-		d.respondTo(m, "", protocol.JoinReply{Error: err.Error()})
+		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
+		return
+	case err != nil:
+		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
+		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
 		return
 	}
-	d.keys.set(r.Node, key)
-	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
-	d.respondTo(m, "", reply)
+	d.keys.set(r.Node, a.HostKey)
+	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
+	d.respondTo(m, "", a.Reply)
 	d.handOver(event{kind: evJoined, node: r.Node})
+}
+
+// refusalLog bounds how many refused joins from one source are logged a
+// minute: every one is counted (join.refused), but a flood of them must
+// not fill the log. Used by the join worker alone.
+type refusalLog struct {
+	minute time.Time
+	logged map[string]int
+}
+
+// refusalsLogged is how many refused joins from one source are logged a minute.
+const refusalsLogged = 20
+
+func (l *refusalLog) allow(source string, now time.Time) bool {
+	if m := now.Truncate(time.Minute); !m.Equal(l.minute) || l.logged == nil {
+		l.minute, l.logged = m, map[string]int{}
+	}
+	l.logged[source]++
+	return l.logged[source] <= refusalsLogged
+}
+
+// sourceOf is the address a join came from, as the broker put it in the
+// request's Nats-Request-Info header when the request crossed from the join
+// account: the server replaces a header of that name the asker sent, so the
+// asker cannot choose it (a header spelt in another case is the asker's own,
+// and not read). Without it the source cannot be known: "unknown".
+func sourceOf(m *nats.Msg) string {
+	values := m.Header[broker.ClientInfoHdr]
+	if len(values) == 0 {
+		return "unknown"
+	}
+	var ci struct {
+		Host string `json:"host"`
+	}
+	if json.Unmarshal([]byte(values[len(values)-1]), &ci) != nil {
+		return "unknown"
+	}
+	ip := net.ParseIP(ci.Host)
+	if ip == nil {
+		return "unknown"
+	}
+	return ip.String()
 }
 
 // onRevoked gives the embedded broker an account JWT revoking every revoked

@@ -4,7 +4,10 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
+
+	"filippo.io/age"
 )
 
 func TestCanonical(t *testing.T) {
@@ -82,4 +85,36 @@ func TestNodeOfSubject(t *testing.T) {
 			t.Errorf("NodeOfSubject(%q) = %q, want %q", subject, got, want)
 		}
 	}
+}
+
+func TestJoinGrant(t *testing.T) {
+	id, _ := age.GenerateX25519Identity()
+	other, _ := age.GenerateX25519Identity()
+	g := JoinGrant{Node: "web1", Creds: "jwt", ControllerKey: "key", BrokerURLs: []string{"nats://a:4222"}}
+	sealed, err := SealJoinGrant(g, id.Recipient().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sealed, "jwt") || !strings.HasPrefix(sealed, "-----BEGIN AGE ENCRYPTED FILE-----") {
+		t.Fatalf("not sealed: %s", sealed)
+	}
+	got, err := OpenJoinGrant(sealed, id, "web1")
+	if err != nil || got.Creds != "jwt" || got.BrokerURLs[0] != "nats://a:4222" {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	t.Run("another identity", func(t *testing.T) {
+		if _, err := OpenJoinGrant(sealed, other, "web1"); err == nil {
+			t.Fatal("opened with another identity")
+		}
+	})
+	t.Run("another node", func(t *testing.T) {
+		if _, err := OpenJoinGrant(sealed, id, "web2"); err == nil || !strings.Contains(err.Error(), `for node "web1"`) {
+			t.Fatalf("opened for web2: %v", err)
+		}
+	})
+	t.Run("not a recipient", func(t *testing.T) {
+		if _, err := SealJoinGrant(g, "age1nope"); err == nil {
+			t.Fatal("sealed to a bad recipient")
+		}
+	})
 }

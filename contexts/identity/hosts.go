@@ -35,38 +35,22 @@ type Host struct {
 // A token presented again after its use is refused and remembered
 // (reused_count), so that a condition can be raised for it.
 func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) error {
+	// A refusal that changes nothing is decided by a read, without the
+	// writer: a flood of wrong tokens does not hold up this store's writes.
+	if refusal, err := checkToken(ctx, s.db.Reader, token, h.Node, now); err != nil {
+		return fmt.Errorf("join %s: %w", h.Node, err)
+	} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
+		return refusal
+	}
 	var refusal error
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var node, expires string
-		var used, revoked sql.NullString
-		err := tx.QueryRowContext(ctx, `SELECT node, expires_at, used_at, revoked_at FROM join_tokens WHERE hash = ?`, hashToken(token)).
-			Scan(&node, &expires, &used, &revoked)
-		if errors.Is(err, sql.ErrNoRows) {
-			refusal = ErrTokenUnknown
-			return nil
-		}
-		if err != nil {
+		var err error
+		if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
+			if errors.Is(refusal, ErrTokenUsed) {
+				_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
+					sqlite.FormatTime(now), hashToken(token))
+			}
 			return err
-		}
-		exp, err := sqlite.ParseTime(expires)
-		if err != nil {
-			return err
-		}
-		switch {
-		case node != h.Node:
-			refusal = ErrTokenOtherNode
-			return nil
-		case used.Valid:
-			refusal = ErrTokenUsed
-			_, err := tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
-				sqlite.FormatTime(now), hashToken(token))
-			return err
-		case revoked.Valid:
-			refusal = ErrTokenRevoked
-			return nil
-		case !now.Before(exp):
-			refusal = ErrTokenExpired
-			return nil
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
 			return err
@@ -79,6 +63,36 @@ func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) e
 		return fmt.Errorf("join %s: %w", h.Node, err)
 	}
 	return refusal
+}
+
+// checkToken says why a token does not admit node now (an Err… value), or
+// nil if it does.
+func checkToken(ctx context.Context, q querier, token, node string, now time.Time) (refusal, err error) {
+	var tokenNode, expires string
+	var used, revoked sql.NullString
+	err = q.QueryRowContext(ctx, `SELECT node, expires_at, used_at, revoked_at FROM join_tokens WHERE hash = ?`, hashToken(token)).
+		Scan(&tokenNode, &expires, &used, &revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrTokenUnknown, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	exp, err := sqlite.ParseTime(expires)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case tokenNode != node:
+		return ErrTokenOtherNode, nil
+	case used.Valid:
+		return ErrTokenUsed, nil
+	case revoked.Valid:
+		return ErrTokenRevoked, nil
+	case !now.Before(exp):
+		return ErrTokenExpired, nil
+	}
+	return nil, nil
 }
 
 // Hosts returns every joined host's keys.
