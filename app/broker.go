@@ -51,9 +51,15 @@ const (
 )
 
 func controllerPermissions() broker.Permissions {
-	// _R_.> is where the server maps the reply of a request that came
-	// through a service import (the join account's mesh.join).
-	return broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>", "_R_.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}}
+	return broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}}
+}
+
+// admitPermissions are the controller's connection that answers joins, in
+// the admit account: it hears mesh.join and answers where the server maps
+// the reply of a request that came through a service import (_R_.…), and
+// can reach nothing of the mesh account.
+func admitPermissions() broker.Permissions {
+	return broker.Permissions{Publish: []string{"_R_.>"}, Subscribe: []string{protocol.JoinSubject}}
 }
 
 // joinUser admits a connection with no credentials into the join account:
@@ -177,9 +183,11 @@ type BrokerView struct {
 	External bool   `json:"external"`
 	Operator string `json:"operator"`
 	Account  string `json:"account"`
-	// JoinAccount is where connections without credentials land.
-	JoinAccount string     `json:"join_account"`
-	Users       []UserView `json:"users"`
+	// JoinAccount is where connections without credentials land;
+	// AdmitAccount where the controller answers their joins.
+	JoinAccount  string     `json:"join_account"`
+	AdmitAccount string     `json:"admit_account"`
+	Users        []UserView `json:"users"`
 	// Trust is set for an external broker: its configuration.
 	Trust *ExternalTrust `json:"trust,omitempty"`
 }
@@ -203,6 +211,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	v.Operator, _ = keys.Operator.PublicKey()
 	v.Account, _ = keys.Account.PublicKey()
 	v.JoinAccount, _ = keys.Join.PublicKey()
+	v.AdmitAccount, _ = keys.Admit.PublicKey()
 	// Serving means ready: the lease names the broker only once it answers.
 	if l, err := ids.Lease(ctx); err == nil && l != nil && l.ExpiresAt.After(c.Now()) && l.BrokerURL != "" {
 		v.Serving = true
@@ -228,6 +237,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		p    broker.Permissions
 	}{
 		{"controller", controllerPermissions()},
+		{"controller answering joins (in the admit account)", admitPermissions()},
 		{"join (a connection without credentials, in the join account)", joinUser().Permissions},
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}})},

@@ -65,6 +65,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			}
 			return keys.NewUser("controller", controllerPermissions())
 		},
+		Admitter: func(ctx context.Context) (string, []byte, error) {
+			keys, err := brokerKeys(ctx, st.Identity)
+			if err != nil {
+				return "", nil, err
+			}
+			return keys.NewAdmitter("controller joins", admitPermissions())
+		},
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			keys, err := brokerKeys(ctx, st.Identity)
 			if err != nil {

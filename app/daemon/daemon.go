@@ -124,8 +124,12 @@ type Declared struct {
 type UseCases struct {
 	// Now is the clock.
 	Now func() time.Time
-	// ControllerUser signs a fresh broker user for the daemon's connections.
+	// ControllerUser signs a fresh broker user for the daemon's connection
+	// to the mesh account.
 	ControllerUser func(ctx context.Context) (userJWT string, seed []byte, err error)
+	// Admitter signs a fresh broker user for the daemon's connection that
+	// answers joins, in the admit account.
+	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
 	// Join admits a host presenting a token; urls are where hosts dial. It
@@ -196,7 +200,7 @@ type daemon struct {
 	logm sync.Mutex
 
 	nc  *nats.Conn // hosts' reports and requests
-	jc  *nats.Conn // joins: a flood of them cannot close nc
+	jc  *nats.Conn // joins, in the admit account: a flood of them cannot close nc
 	url string
 	srv *broker.Server // nil with an external broker
 
@@ -327,8 +331,8 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 	} else {
 		d.url = d.o.Broker
 	}
-	dial := func(name string) (*nats.Conn, error) {
-		userJWT, seed, err := d.u.ControllerUser(ctx)
+	dial := func(name string, user func(context.Context) (string, []byte, error)) (*nats.Conn, error) {
+		userJWT, seed, err := user(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -350,11 +354,11 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		}
 		return nc, nil
 	}
-	if d.nc, err = dial("mesh-controller"); err != nil {
+	if d.nc, err = dial("mesh-controller", d.u.ControllerUser); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.nc.Close)
-	if d.jc, err = dial("mesh-controller joins"); err != nil {
+	if d.jc, err = dial("mesh-controller joins", d.u.Admitter); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)

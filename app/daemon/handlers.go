@@ -113,7 +113,8 @@ func (d *daemon) refuse(m *nats.Msg, node, why string) {
 
 // joinReplyPrefix is where the broker maps the reply of a request that came
 // through the join account's service import (embedded/broker.JoinUser): a
-// join arrives only that way, so it is answered only there.
+// join arrives only that way, so it is answered only there (and the
+// connection that answers, in the admit account, may publish nowhere else).
 const joinReplyPrefix = "_R_."
 
 // respondTo answers a request, but only into the asker's own inbox

@@ -62,7 +62,7 @@ func (c *BrokerShowCmd) Run(env *Env) error {
 		state += "; external broker"
 	}
 	fmt.Fprintf(w, "urls      %s  (%s)\n", strings.Join(v.URLs, ", "), state)
-	fmt.Fprintf(w, "operator  %s\naccount   %s\njoin      %s\n\nusers:\n", v.Operator, v.Account, v.JoinAccount)
+	fmt.Fprintf(w, "operator  %s\naccount   %s\njoin      %s\nadmit     %s\n\nusers:\n", v.Operator, v.Account, v.JoinAccount, v.AdmitAccount)
 	for _, u := range v.Users {
 		fmt.Fprintf(w, "  %s\n    publish    %s\n    subscribe  %s\n", u.User, strings.Join(u.Publish, " "), strings.Join(u.Subscribe, " "))
 		if u.MaxPayload > 0 {

@@ -18,15 +18,21 @@ import (
 )
 
 // Keys are the broker's signing keys: the operator's, the mesh account's and
-// the system account's, kept in the identity store, and the join account's,
-// derived from the mesh account's.
+// the system account's, kept in the identity store, and the join and admit
+// accounts', derived from the mesh account's.
 type Keys struct {
 	Operator nkeys.KeyPair
 	Account  nkeys.KeyPair
 	System   nkeys.KeyPair
 	// Join signs the join account, where connections without credentials
-	// land: nothing of the mesh account is there but what it imports.
+	// land: nothing is there but the services it imports from the admit
+	// account.
 	Join nkeys.KeyPair
+	// Admit signs the admit account, where the controller answers joins:
+	// apart from the mesh account, so that revoking users there (which
+	// rebuilds its exports, and forgets the way back of every request in
+	// flight through them) never loses a join's answer.
+	Admit nkeys.KeyPair
 }
 
 // KeysFromSeeds rebuilds Keys from their seeds.
@@ -42,23 +48,26 @@ func KeysFromSeeds(operator, account, system []byte) (Keys, error) {
 	if k.System, err = nkeys.FromSeed(system); err != nil {
 		return Keys{}, fmt.Errorf("system account key: %w", err)
 	}
-	if k.Join, err = joinKey(account); err != nil {
+	if k.Join, err = derivedAccount(account, "join"); err != nil {
 		return Keys{}, fmt.Errorf("join account key: %w", err)
+	}
+	if k.Admit, err = derivedAccount(account, "admit"); err != nil {
+		return Keys{}, fmt.Errorf("admit account key: %w", err)
 	}
 	return k, nil
 }
 
-// joinKey derives the join account's key from the mesh account's seed
+// derivedAccount derives an account's key from the mesh account's seed
 // (HMAC-SHA256 with a label of its own): it needs no store of its own, and
 // stays the same across restarts, so an external broker is configured with
 // it once.
-func joinKey(accountSeed []byte) (nkeys.KeyPair, error) {
+func derivedAccount(accountSeed []byte, label string) (nkeys.KeyPair, error) {
 	_, raw, err := nkeys.DecodeSeed(accountSeed)
 	if err != nil {
 		return nil, err
 	}
 	mac := hmac.New(sha256.New, raw)
-	mac.Write([]byte("mesh-controller join account"))
+	mac.Write([]byte("mesh-controller " + label + " account"))
 	return nkeys.FromRawSeed(nkeys.PrefixByteAccount, mac.Sum(nil))
 }
 
@@ -128,15 +137,26 @@ func issueUser(account nkeys.KeyPair, name, userPub string, p Permissions, beare
 	return uc.Encode(account)
 }
 
-// NewUser makes a fresh user nkey and its JWT: for the controller's own
-// connections, which are made anew by each process, and for modules.
+// NewUser makes a fresh user nkey and its JWT in the mesh account: for the
+// controller's own connections, which are made anew by each process, and
+// for modules.
 func (k Keys) NewUser(name string, p Permissions) (userJWT string, seed []byte, err error) {
+	return newUser(k.Account, name, p)
+}
+
+// NewAdmitter makes a fresh user of the admit account: the controller's
+// connection that answers joins.
+func (k Keys) NewAdmitter(name string, p Permissions) (userJWT string, seed []byte, err error) {
+	return newUser(k.Admit, name, p)
+}
+
+func newUser(account nkeys.KeyPair, name string, p Permissions) (userJWT string, seed []byte, err error) {
 	u, err := nkeys.CreateUser()
 	if err != nil {
 		return "", nil, err
 	}
 	pub, _ := u.PublicKey()
-	if userJWT, err = k.IssueUser(name, pub, p, false); err != nil {
+	if userJWT, err = issueUser(account, name, pub, p, false); err != nil {
 		return "", nil, err
 	}
 	seed, _ = u.Seed()
@@ -159,8 +179,8 @@ func Creds(userJWT string, seed []byte) (string, error) {
 }
 
 // Trust is what a NATS server must hold to trust this controller: the
-// operator, the mesh, join and system accounts, and the default sentinel
-// that admits a connection without credentials as the join user.
+// operator, the mesh, join, admit and system accounts, and the default
+// sentinel that admits a connection without credentials as the join user.
 type Trust struct {
 	Operator    *jwt.OperatorClaims
 	OperatorJWT string
@@ -171,23 +191,27 @@ type Trust struct {
 	// JoinPub and JoinJWT are the join account's, where the sentinel lands.
 	JoinPub string
 	JoinJWT string
+	// AdmitPub and AdmitJWT are the admit account's, which answers joins.
+	AdmitPub string
+	AdmitJWT string
 	// Sentinel is the bearer user JWT a connection without credentials gets.
 	Sentinel string
 }
 
 // JoinUser is what a connection without credentials becomes: a bearer user
-// of the join account. That account holds nothing of the mesh's but the
-// services it imports from the mesh account, so an anonymous connection
-// cannot see or reach the mesh account's subjects and inboxes at all; a
-// request reaches the mesh with a reply subject the server made (_R_.…)
-// and the asker's connection details in its Nats-Request-Info header
-// (ClientInfoHdr), which the asker cannot forge; and the answer can only go
-// back to the asker's reply subject in the join account.
+// of the join account. That account holds nothing but the services it
+// imports from the admit account, where the controller answers them, so an
+// anonymous connection cannot see or reach the mesh account's subjects and
+// inboxes at all; a request reaches the controller with a reply subject the
+// server made (_R_.…) and the asker's connection details in its
+// Nats-Request-Info header (ClientInfoHdr), which the asker cannot forge;
+// and the answer can only go back to the asker's reply subject in the join
+// account.
 type JoinUser struct {
 	// Permissions are the join user's within the join account: its limits
 	// (MaxPayload, MaxSubs) are the ones that matter most.
 	Permissions Permissions
-	// Services are the mesh account's subjects the join account may ask.
+	// Services are the subjects the join account may ask of the admit account.
 	Services []string
 	// MaxConns caps the join account's connections at once (0: no limit):
 	// past it the server refuses a connection without credentials.
@@ -211,6 +235,7 @@ func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) 
 	accPub, _ := k.Account.PublicKey()
 	sysPub, _ := k.System.PublicKey()
 	joinAccPub, _ := k.Join.PublicKey()
+	admitPub, _ := k.Admit.PublicKey()
 	oc := jwt.NewOperatorClaims(opPub)
 	oc.Name = "mesh-controller"
 	oc.SystemAccount = sysPub
@@ -225,10 +250,12 @@ func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) 
 	}
 	jc := jwt.NewAccountClaims(joinAccPub)
 	jc.Name = "join"
+	adc := jwt.NewAccountClaims(admitPub)
+	adc.Name = "admit"
 	for _, subject := range join.Services {
-		ac.Exports.Add(&jwt.Export{Name: subject, Subject: jwt.Subject(subject), Type: jwt.Service,
+		adc.Exports.Add(&jwt.Export{Name: subject, Subject: jwt.Subject(subject), Type: jwt.Service,
 			ResponseType: jwt.ResponseTypeSingleton, ResponseThreshold: join.AnswerWithin})
-		jc.Imports.Add(&jwt.Import{Name: subject, Account: accPub, Subject: jwt.Subject(subject), Type: jwt.Service, Share: true})
+		jc.Imports.Add(&jwt.Import{Name: subject, Account: admitPub, Subject: jwt.Subject(subject), Type: jwt.Service, Share: true})
 	}
 	if join.MaxConns > 0 {
 		jc.Limits.Conn = join.MaxConns
@@ -244,6 +271,10 @@ func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) 
 		return Trust{}, err
 	}
 	joinJWT, err := jc.Encode(k.Operator)
+	if err != nil {
+		return Trust{}, err
+	}
+	admitJWT, err := adc.Encode(k.Operator)
 	if err != nil {
 		return Trust{}, err
 	}
@@ -267,12 +298,13 @@ func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) 
 		return Trust{}, err
 	}
 	return Trust{Operator: decoded, OperatorJWT: opJWT, AccountPub: accPub, AccountJWT: accJWT,
-		SystemPub: sysPub, SystemJWT: sysJWT, JoinPub: joinAccPub, JoinJWT: joinJWT, Sentinel: sentinelJWT}, nil
+		SystemPub: sysPub, SystemJWT: sysJWT, JoinPub: joinAccPub, JoinJWT: joinJWT, AdmitPub: admitPub, AdmitJWT: admitJWT,
+		Sentinel: sentinelJWT}, nil
 }
 
 // Preload is every account JWT a server's resolver must hold, by account.
 func (t Trust) Preload() map[string]string {
-	return map[string]string{t.AccountPub: t.AccountJWT, t.SystemPub: t.SystemJWT, t.JoinPub: t.JoinJWT}
+	return map[string]string{t.AccountPub: t.AccountJWT, t.SystemPub: t.SystemJWT, t.JoinPub: t.JoinJWT, t.AdmitPub: t.AdmitJWT}
 }
 
 // Server is the embedded NATS server.
@@ -333,9 +365,11 @@ func Start(listen string, t Trust) (*Server, error) {
 	return &Server{srv: srv, resolver: resolver}, nil
 }
 
-// UpdateAccount gives the running server the account JWT of t: users it
-// revokes are disconnected at once (a revoked user is not disconnected by
-// itself otherwise).
+// UpdateAccount gives the running server the mesh account's JWT of t: users
+// it revokes are disconnected at once (a revoked user is not disconnected by
+// itself otherwise). The server rebuilds the account's exports, forgetting
+// the way back of requests in flight through them: the mesh account exports
+// nothing (joins are answered in the admit account).
 func (s *Server) UpdateAccount(t Trust) error {
 	ac, err := jwt.DecodeAccountClaims(t.AccountJWT)
 	if err != nil {

@@ -94,18 +94,21 @@ func (e errs) refused(t *testing.T, subject string) {
 	}
 }
 
-func TestKeys_JoinAccountIsStable(t *testing.T) {
+// The join and admit accounts' keys are derived: the same from the same
+// seeds, each its own.
+func TestKeys_DerivedAccountsAreStable(t *testing.T) {
 	op, acc, sys, err := NewSeeds()
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, _ := KeysFromSeeds(op, acc, sys)
 	b, _ := KeysFromSeeds(op, acc, sys)
-	pa, _ := a.Join.PublicKey()
-	pb, _ := b.Join.PublicKey()
-	meshPub, _ := a.Account.PublicKey()
-	if pa != pb || !strings.HasPrefix(pa, "A") || pa == meshPub {
-		t.Fatalf("join account %s then %s (mesh %s)", pa, pb, meshPub)
+	pub := func(k nkeys.KeyPair) string { p, _ := k.PublicKey(); return p }
+	if pub(a.Join) != pub(b.Join) || pub(a.Admit) != pub(b.Admit) || !strings.HasPrefix(pub(a.Join), "A") || !strings.HasPrefix(pub(a.Admit), "A") {
+		t.Fatalf("join %s then %s, admit %s then %s", pub(a.Join), pub(b.Join), pub(a.Admit), pub(b.Admit))
+	}
+	if seen := map[string]bool{pub(a.Account): true, pub(a.System): true, pub(a.Join): true, pub(a.Admit): true}; len(seen) != 4 {
+		t.Fatal("two accounts share a key")
 	}
 }
 
@@ -180,14 +183,18 @@ func TestServer_InboxAnswers(t *testing.T) {
 func TestServer_JoinAccount(t *testing.T) {
 	k := newKeys(t)
 	s := startServer(t, k)
-	ctlJWT, ctlSeed, _ := k.NewUser("controller", Permissions{Publish: []string{"mesh.>", "_INBOX.>", "_R_.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}})
+	ctlJWT, ctlSeed, _ := k.NewUser("controller", Permissions{Publish: []string{"mesh.>", "_INBOX.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}})
 	ctl, _ := connectUser(t, s, ctlJWT, ctlSeed)
+	admitJWT, admitSeed, _ := k.NewAdmitter("admit", Permissions{Publish: []string{"_R_.>"}, Subscribe: []string{"mesh.join"}})
+	admit, _ := connectUser(t, s, admitJWT, admitSeed)
 	asked := make(chan *nats.Msg, 16)
-	ctl.Subscribe("mesh.join", func(m *nats.Msg) {
+	admit.Subscribe("mesh.join", func(m *nats.Msg) {
 		asked <- m
 		m.Respond([]byte("answer"))
 	})
+	admit.Flush()
 	steered, _ := ctl.SubscribeSync("mesh.node.web2.heartbeat")
+	meshJoins, _ := ctl.SubscribeSync("mesh.join")
 	ctl.Flush()
 
 	eavesdropper, _ := connect(t, s)
@@ -221,12 +228,45 @@ func TestServer_JoinAccount(t *testing.T) {
 			t.Fatalf("the join account no longer shares answers (%v): sealing them may be unnecessary", err)
 		}
 	})
+	t.Run("a request never reaches the mesh account", func(t *testing.T) {
+		if m, err := meshJoins.NextMsg(200 * time.Millisecond); err == nil {
+			t.Fatalf("the mesh account heard %q", m.Data)
+		}
+	})
 	t.Run("a reply subject cannot steer the answer into the mesh account", func(t *testing.T) {
 		asker.PublishRequest("mesh.join", "mesh.node.web2.heartbeat", []byte("ask"))
 		asker.Flush()
 		<-asked
 		if m, err := steered.NextMsg(500 * time.Millisecond); err == nil {
 			t.Fatalf("the answer reached the mesh account's %s: %q", m.Subject, m.Data)
+		}
+	})
+	t.Run("revoking users in the mesh account loses no answer in flight", func(t *testing.T) {
+		// The admit account answers late, after the mesh account was updated.
+		late, _ := connectUser(t, s, admitJWT, admitSeed)
+		held := make(chan *nats.Msg, 1)
+		late.QueueSubscribe("mesh.join", "late", func(m *nats.Msg) { held <- m })
+		late.Flush()
+		admit.Drain()
+		replies := make(chan *nats.Msg, 1)
+		go func() {
+			m, err := asker.Request("mesh.join", []byte("ask"), 5*time.Second)
+			if err != nil {
+				t.Error(err)
+			}
+			replies <- m
+		}()
+		m := <-held
+		tr, err := k.Trust(testJoin, map[string]time.Time{"UAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA": time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpdateAccount(tr); err != nil {
+			t.Fatal(err)
+		}
+		m.Respond([]byte("late answer"))
+		if got := <-replies; got == nil || string(got.Data) != "late answer" {
+			t.Fatalf("the answer in flight was lost: %v", got)
 		}
 	})
 	t.Run("nothing of the mesh account can be read or written", func(t *testing.T) {
