@@ -390,3 +390,66 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 		}
 	})
 }
+
+// Item 9: after a machine re-joined a node with a new token, the old
+// machine's broker user still connected and still received the node's
+// next declaration.
+func TestAttack_RejoinedNodesOldCredentials(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	joinAs := func(node string, fresh bool) *host.State {
+		t.Helper()
+		tok, err := m.c.TokenIssue(ctx, TokenRequest{Node: node, New: fresh, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := host.Join(ctx, host.JoinOptions{Broker: m.url, Token: tok.Token, Node: node, State: filepath.Join(t.TempDir(), "state")})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, m.logs.String())
+		}
+		return st
+	}
+	old := joinAs("web1", true)
+	other := joinAs("web2", true)
+	opts, _ := old.ConnectOptions()
+	oldNC, _ := connectWith(t, m.url, append(opts, nats.NoReconnect())...)
+	otherNC := connectAs(t, m.url, other)
+	heard, err := oldNC.SubscribeSync(protocol.DeclarationInbox("web1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldNC.Flush()
+
+	// The machine is replaced: a new token for the node, a new machine.
+	replacement := joinAs("web1", false)
+	waitFor(t, "the old machine's connection to close", func() bool { return oldNC.IsClosed() })
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	if msg, err := heard.NextMsg(500 * time.Millisecond); err == nil {
+		t.Fatalf("the old machine received web1's declaration: %.60q…", msg.Data)
+	}
+	if nc, err := nats.Connect(m.url, append(opts, nats.NoReconnect())...); err == nil {
+		nc.Close()
+		t.Fatal("the old machine's user connected again")
+	}
+	// The new machine is web1 now, and the other node was not touched.
+	nc := connectAs(t, m.url, replacement)
+	if _, err := nc.SubscribeSync(protocol.DeclarationInbox("web1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !otherNC.IsConnected() {
+		t.Fatal("web2's connection was closed")
+	}
+	if !strings.Contains(m.logs.String(), "web1 re-joined: 1 earlier host users of it: revoked, disconnected") {
+		t.Fatalf("the log does not say so:\n%s", m.logs.String())
+	}
+	// and it stays so across a restart of the controller
+	m.stop()
+	m.start()
+	if nc, err := nats.Connect(m.url, append(opts, nats.NoReconnect())...); err == nil {
+		nc.Close()
+		t.Fatal("the old machine's user connected after a restart")
+	}
+}

@@ -95,8 +95,9 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 }
 
 // join admits a host presenting a one-time token for its node: the token is
-// marked used, the host's keys kept, its broker user signed, and what it is
-// given sealed to its age recipient. Everything the asker got wrong is a
+// marked used, the host's keys kept, its broker user signed (and the node's
+// earlier host users revoked), and what it is given sealed to its age
+// recipient. Everything the asker got wrong is a
 // *daemon.Refusal. The token is looked up before anything that depends on
 // the node, so an unknown node and an unknown token are refused alike, and
 // by the same read.
@@ -122,8 +123,9 @@ func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []st
 		return daemon.Admitted{}, err
 	}
 	now := c.Now()
-	if err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
-		NKey: r.NKey, HostVersion: r.HostVersion}, now); err != nil {
+	revoked, err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
+		NKey: r.NKey, HostVersion: r.HostVersion}, now)
+	if err != nil {
 		for sentinel, reason := range tokenRefusals {
 			if errors.Is(err, sentinel) {
 				return refuse(reason, err)
@@ -151,7 +153,7 @@ func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []st
 	if err != nil {
 		return daemon.Admitted{}, err
 	}
-	return daemon.Admitted{Reply: protocol.JoinReply{OK: true, Sealed: sealed}, HostKey: hostKey}, nil
+	return daemon.Admitted{Reply: protocol.JoinReply{OK: true, Sealed: sealed}, HostKey: hostKey, Revoked: revoked}, nil
 }
 
 // tokenRefusals are the reasons a token is refused, as kept and counted.
@@ -161,6 +163,7 @@ var tokenRefusals = map[error]string{
 	identity.ErrTokenUsed:      "used token",
 	identity.ErrTokenRevoked:   "replaced token",
 	identity.ErrTokenExpired:   "expired token",
+	identity.ErrNKeyUsed:       "nkey used before",
 }
 
 // afterJoin makes the secrets the mesh makes for what the node was assigned

@@ -152,6 +152,9 @@ type Admitted struct {
 	Reply protocol.JoinReply
 	// HostKey is the key the host signs its reports with.
 	HostKey ed25519.PublicKey
+	// Revoked counts the node's earlier host users the join revoked: the
+	// daemon closes their connections.
+	Revoked int
 }
 
 // Refusal is why a join was refused. Reason is a short phrase that stays the

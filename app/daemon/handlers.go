@@ -336,6 +336,11 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 	d.keys.set(r.Node, a.HostKey)
 	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
 	d.respondTo(m, "", a.Reply)
+	if a.Revoked > 0 {
+		// The machine that was this node before is not it any more: its
+		// user no longer connects, nor hears the node's declarations.
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: %d earlier host users of it", r.Node, a.Revoked))
+	}
 	d.handOver(event{kind: evJoined, node: r.Node})
 }
 
@@ -383,9 +388,14 @@ func sourceOf(m *nats.Msg) string {
 
 // onRevoked gives the embedded broker an account JWT revoking every revoked
 // user, which disconnects them.
-func (d *daemon) onRevoked(m *nats.Msg) {
+func (d *daemon) onRevoked(*nats.Msg) { d.disconnectRevoked("users were revoked") }
+
+// disconnectRevoked gives the embedded broker an account JWT revoking every
+// revoked user: the server closes their connections and refuses them from
+// then on. An external broker must be given it by its operator.
+func (d *daemon) disconnectRevoked(what string) {
 	if d.srv == nil {
-		d.logf("users were revoked: reload the external broker's account JWT ('mesh-controller broker show --broker URL')")
+		d.logf("%s: reload the external broker's account JWT ('mesh-controller broker show --broker URL')", what)
 		return
 	}
 	trust, err := d.u.Trust(context.Background())
@@ -393,10 +403,10 @@ func (d *daemon) onRevoked(m *nats.Msg) {
 		err = d.srv.UpdateAccount(trust)
 	}
 	if err != nil {
-		d.logf("revoke users: %v", err)
+		d.logf("%s: revoke: %v", what, err)
 		return
 	}
-	d.logf("revoked users disconnected")
+	d.logf("%s: revoked, disconnected", what)
 }
 
 // EnvelopeOf is a kept declaration as sent to its host.
