@@ -66,7 +66,7 @@ func nothingOn(t *testing.T, sub *nats.Subscription, what string, like ...string
 // the first had said, mesh.alert or a host's declaration inbox included.
 func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
 	m := newTestMesh(t)
-	m.join("web1")
+	web1 := m.join("web1")
 	ctx := context.Background()
 	m.addModule(writeManifest(t, `{"module": "teller", "version": "1.0.0", "emits": ["news.told"]}`))
 	m.addModule(writeManifest(t, `{"module": "listener", "version": "1.0.0", "consumes": ["news.told"], "tools": [{"name": "echo", "description": "says it back"}]}`))
@@ -112,6 +112,46 @@ func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
 	if n := m.node("web1"); n.LastApply != nil && !n.LastApply.OK {
 		t.Fatalf("web1 reported a failed apply: %+v", n.LastApply)
 	}
+	t.Run("a reader tells the controller's alerts from anything else", func(t *testing.T) {
+		id, err := m.c.IdentityShow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _ := base64.StdEncoding.DecodeString(id.PublicKey)
+		plain := `{"event":"raised","condition":{"key":"node.silent/web1"}}`
+		ctl.Publish(AlertSubject, []byte(plain))
+		ctl.Flush()
+		var msg *nats.Msg
+		for msg == nil || string(msg.Data) != plain {
+			if msg, err = alerts.NextMsg(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := protocol.OpenAlert(msg.Data, key); !errors.Is(err, protocol.ErrBadSignature) {
+			t.Fatalf("a plain message on %s passed for an alert: %v", AlertSubject, err)
+		}
+		web1.stop()
+		waitFor(t, "web1 to be silent", func() bool {
+			n := m.node("web1")
+			return n.LastHeard != nil && time.Since(*n.LastHeard) > time.Second
+		})
+		if _, err := m.c.SelfCheck(ctx, CheckOptions{NC: ctl}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			msg, err := alerts.NextMsg(5 * time.Second)
+			if err != nil {
+				t.Fatalf("no alert for node.silent/web1: %v", err)
+			}
+			a, err := protocol.OpenAlert(msg.Data, key)
+			if err != nil {
+				t.Fatalf("the controller's alert does not verify: %v", err)
+			}
+			if a.Event == "raised" && strings.Contains(string(a.Condition), "node.silent/web1") {
+				break
+			}
+		}
+	})
 }
 
 // anonymous connects as a machine with no credentials does, with the join
