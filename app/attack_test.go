@@ -1,14 +1,18 @@
 package app
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -491,5 +495,126 @@ func TestAttack_RejoinedNodesOldCredentials(t *testing.T) {
 	if nc, err := nats.Connect(m.url, append(opts, nats.NoReconnect())...); err == nil {
 		nc.Close()
 		t.Fatal("the old machine's user connected after a restart")
+	}
+}
+
+// rawJoin publishes one mesh.join of size bytes as a client that does not
+// heed the broker's limit would (the stock nats CLI and nats.go learn it
+// from the server and refuse by themselves), and returns what the server
+// answered.
+func rawJoin(t *testing.T, url string, size int) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "nats://"))
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	r.ReadString('\n') // INFO
+	fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\nPUB %s _INBOX.join.x.1 %d\r\n", protocol.JoinSubject, size)
+	go func() {
+		conn.Write(make([]byte, size))
+		conn.Write([]byte("\r\nPING\r\n"))
+	}()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var got strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		got.WriteString(line)
+		if err != nil || strings.HasPrefix(line, "-ERR") || strings.HasPrefix(line, "PONG") {
+			return got.String()
+		}
+	}
+}
+
+// heapInUse is the test process's live heap after a collection: the
+// controller and its broker run in it.
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
+}
+
+// Item 8: 40 join messages of 7 MB from connections without credentials
+// took the controller from 31 to 395 MiB, closed its own broker connection
+// (controller.broker) and made healthy nodes look silent.
+func TestAttack_AnonymousFlood(t *testing.T) {
+	m := newTestMesh(t)
+	m.join("web1")
+	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > 0 })
+	controllerConnLost := func() bool {
+		// The daemon's own connection to the mesh account logs as
+		// "broker (mesh-controller)"; the join connection as "… joins)".
+		return strings.Contains(m.logs.String(), "broker (mesh-controller):")
+	}
+
+	t.Run("40 messages of 7 MB", func(t *testing.T) {
+		before := heapInUse()
+		var wg sync.WaitGroup
+		answers := make(chan string, 40)
+		for range 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				answers <- rawJoin(t, m.url, 7<<20)
+			}()
+		}
+		wg.Wait()
+		close(answers)
+		for a := range answers {
+			if !strings.Contains(a, "Maximum Payload Violation") {
+				t.Fatalf("the broker took a 7 MB join: %q", a)
+			}
+		}
+		after := heapInUse()
+		t.Logf("heap in use: %d MiB before, %d MiB after", before>>20, after>>20)
+		if after-before > 32<<20 {
+			t.Fatalf("the flood grew the heap from %d to %d MiB", before>>20, after>>20)
+		}
+	})
+
+	t.Run("a flood of small joins does not starve heartbeats", func(t *testing.T) {
+		req := joinRequest(t, "meshjoin_notatokennotatokennotatoken00", "web1")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			nc, _ := m.anonymous(t)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					for range 100 {
+						nc.PublishRequest(protocol.JoinSubject, "_INBOX.join.flood.1", req)
+					}
+					nc.Flush()
+				}
+			}()
+		}
+		// Beats go on being absorbed, every second of the flood.
+		for range 4 {
+			beats := m.count.Beats.Load()
+			time.Sleep(time.Second)
+			if m.count.Beats.Load() == beats {
+				close(stop)
+				t.Fatal("no heartbeat was absorbed for a second of the flood")
+			}
+		}
+		close(stop)
+		wg.Wait()
+		if controllerConnLost() {
+			t.Fatalf("the controller's own broker connection failed:\n%s", m.logs.String())
+		}
+		// and a host still joins
+		m.join("web2")
+	})
+	if m.openAfterCheck(t, "node.silent/web1") || m.open(t, "controller.broker") {
+		t.Fatal("a healthy node looks silent, or the broker unreachable")
 	}
 }

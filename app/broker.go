@@ -41,9 +41,6 @@ const (
 	// 50–65 KB idle (lessons.md), so this bounds them at about 64 MiB; past
 	// it the server refuses a connection and the host asks again.
 	joinMaxConns = 1024
-	// joinAnswerWithin: how long the broker keeps the way back for a join
-	// answer; a host waits 10 s for it.
-	joinAnswerWithin = 15 * time.Second
 	// memberMaxPayload is a host's or a module's largest message, NATS's
 	// own default: a heartbeat or an apply report is a few KB, a data report
 	// of several thousand data sets fits.
@@ -72,7 +69,7 @@ func joinUser() broker.JoinUser {
 			MaxPayload: joinMaxPayload, MaxSubs: joinMaxSubs},
 		Services:     []string{protocol.JoinSubject},
 		MaxConns:     joinMaxConns,
-		AnswerWithin: joinAnswerWithin,
+		AnswerWithin: protocol.JoinAnswerWithin,
 	}
 }
 

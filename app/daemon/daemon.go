@@ -209,7 +209,7 @@ type daemon struct {
 
 	keys   hostKeys
 	events chan event
-	joins  chan *nats.Msg
+	joins  chan queuedJoin
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -259,7 +259,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		o.Counters = &Counters{}
 	}
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan *nats.Msg, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queuedJoin, joinQueue),
 		limits: limiter{buckets: map[[2]string]*bucket{}},
 		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
 		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{}}

@@ -30,9 +30,36 @@ const (
 	maxTextLen  = 1024
 )
 
-// joinQueue is how many join requests may wait for the join worker; past it
-// a request is answered "busy" at once, and the host asks again.
-const joinQueue = 4096
+// How joins wait. The broker keeps the way back for a join's answer for
+// protocol.JoinAnswerWithin (embedded/broker.JoinUser.AnswerWithin): a request
+// unanswered holds that much of the broker's memory for that long, so under
+// a flood it is kept short. A join that waited in the queue longer than
+// joinStale is answered busy rather than admitted, so no host is admitted
+// (its token used) once its answer might no longer reach it; joinQueue holds
+// about as many as the worker admits in that time, and past it a request is
+// answered busy at once. A host that is answered busy asks again.
+const (
+	joinStale = protocol.JoinAnswerWithin * 3 / 5
+	joinQueue = 2048
+)
+
+// queuedJoin is a join request and when it arrived.
+type queuedJoin struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// busyReply is the answer to a join the worker has no room or time for,
+// made once: under a flood it is the answer most requests get.
+var busyReply, _ = json.Marshal(protocol.JoinReply{Error: protocol.JoinBusy})
+
+// answerBusy answers a join busy, through the admit account's service only.
+func (d *daemon) answerBusy(m *nats.Msg) {
+	d.o.Counters.Dropped.Add(1)
+	if strings.HasPrefix(m.Reply, joinReplyPrefix) {
+		m.Respond(busyReply)
+	}
+}
 
 // RevokedSubject is where a person's command tells the serving controller
 // that users were revoked; only controller users may publish under mesh.control.
@@ -61,10 +88,9 @@ func (d *daemon) subscribe() error {
 	// the connection they arrive on.
 	sub, err := d.jc.QueueSubscribe(protocol.JoinSubject, "controller", func(m *nats.Msg) {
 		select {
-		case d.joins <- m:
+		case d.joins <- queuedJoin{m: m, at: time.Now()}:
 		default:
-			d.o.Counters.Dropped.Add(1)
-			d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinBusy})
+			d.answerBusy(m)
 		}
 	})
 	if err != nil {
@@ -298,8 +324,12 @@ func (d *daemon) joinWorker(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-d.joins:
-			d.onJoin(ctx, m)
+		case j := <-d.joins:
+			if time.Since(j.at) > joinStale {
+				d.answerBusy(j.m)
+				continue
+			}
+			d.onJoin(ctx, j.m)
 		}
 	}
 }

@@ -133,20 +133,26 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 }
 
 // joinWithin bounds a join, asking again included; one request waits
-// askWithin for its answer.
+// askWithin for its answer, a little longer than the controller answers in.
 const (
 	joinWithin = time.Minute
-	askWithin  = 10 * time.Second
+	askWithin  = protocol.JoinAnswerWithin + time.Second
 )
+
+// errNoAnswer means a join request was not answered within askWithin: the
+// controller did not admit it (it admits only what it can still answer),
+// so it is safe to ask again.
+var errNoAnswer = errors.New("no answer")
 
 // askToJoin asks the controller to join as the join user, and asks again a
 // moment later while the broker has no room for another connection without
-// credentials or the controller answers that it is busy: a rack of
-// machines joining at once is admitted in turns.
+// credentials, or the controller answers that it is busy or not at all: a
+// rack of machines joining at once is admitted in turns.
 func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
 	for {
 		reply, err := askOnce(ctx, o, req)
-		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || (err == nil && reply.Error == protocol.JoinBusy)
+		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || errors.Is(err, errNoAnswer) ||
+			(err == nil && reply.Error == protocol.JoinBusy)
 		if !busy {
 			return reply, err
 		}
@@ -158,7 +164,7 @@ func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinRep
 			if err == nil {
 				err = errors.New(reply.Error)
 			}
-			return protocol.JoinReply{}, fmt.Errorf("ask to join: %w", err)
+			return protocol.JoinReply{}, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
 		case <-time.After(100*time.Millisecond + time.Duration(n.Int64())):
 		}
 	}
@@ -179,6 +185,9 @@ func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply
 	ctx, cancel := context.WithTimeout(ctx, askWithin)
 	defer cancel()
 	msg, err := nc.RequestWithContext(ctx, protocol.JoinSubject, req)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return protocol.JoinReply{}, errNoAnswer
+	}
 	if err != nil {
 		return protocol.JoinReply{}, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
 	}

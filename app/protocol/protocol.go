@@ -27,8 +27,8 @@ const (
 	// user may subscribe there and nowhere else. Every connection without
 	// credentials may, so what an answer grants is sealed (JoinReply).
 	JoinInboxPrefix = "_INBOX.join"
-	// JoinBusy is the answer to a join the controller had no room to queue:
-	// the host asks again a moment later.
+	// JoinBusy is the answer to a join the controller had no room or time
+	// for: the host asks again a moment later.
 	JoinBusy = "the controller is busy admitting other hosts: ask again"
 	// JoinRefused is the one answer to every refused join (a token unknown,
 	// of another node, used, replaced or expired; a node unknown or its name
@@ -40,6 +40,11 @@ const (
 	// for a reason of its own (a store it cannot write): ask again later.
 	JoinFailed = "the controller could not admit the host now: ask again later"
 )
+
+// JoinAnswerWithin is how long a join may wait for its answer: the
+// controller answers within it or not at all (the broker forgets the way
+// back), and a host that heard nothing by then asks again.
+const JoinAnswerWithin = 5 * time.Second
 
 // What a host says, the last token of mesh.node.N.<what>.
 const (
