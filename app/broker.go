@@ -14,7 +14,16 @@ import (
 	"mesh-controller/embedded/broker"
 )
 
-// The broker users of protocol.md, each with exactly what its role needs.
+// The broker users of protocol.md, each with exactly what its role needs,
+// in four accounts the operator signs:
+//
+//	account  user                      publish                         subscribe                          largest message
+//	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
+//	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
+//	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.>  mesh.module.<consumes>  1 MiB
+//	admit    controller (joins)        _R_.>                           mesh.join                          the server's
+//	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
+//	system   (the server's own)
 //
 // No user is given a NATS response permission (allow_responses): the server
 // lets such a user publish on any reply subject it was handed, its deny list
@@ -60,7 +69,7 @@ func admitPermissions() broker.Permissions {
 }
 
 // joinUser admits a connection with no credentials into the join account:
-// it may ask to join (through the mesh account's mesh.join service) and
+// it may ask to join (through the admit account's mesh.join service) and
 // read the answers in its inbox, nothing else, and send nothing larger than
 // a join request.
 func joinUser() broker.JoinUser {
