@@ -30,6 +30,29 @@ func CheckName(name string) error {
 	return nil
 }
 
+// ErrReservedName means a node name is one the mesh uses for itself.
+var ErrReservedName = errors.New("is reserved: the mesh uses it for itself (reserved: alert, build, control, join, module, node, tool)")
+
+// reservedNodeNames are the words the mesh itself puts right after mesh. in
+// its subjects (mesh.join, mesh.node.…, mesh.control.…, mesh.tool.…,
+// mesh.module.…, mesh.build.…, mesh.alert) and, for join, as an inbox
+// prefix: a node's inbox is _INBOX.<node>, so a node named join would share
+// the join inbox, and one named after another of them could be taken for it
+// by whatever reads subjects and inboxes by their words.
+var reservedNodeNames = map[string]bool{"alert": true, "build": true, "control": true, "join": true, "module": true, "node": true, "tool": true}
+
+// CheckNodeName refuses a node name that is not a name (CheckName), or one
+// the mesh uses for itself.
+func CheckNodeName(name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if reservedNodeNames[name] {
+		return fmt.Errorf("node name %q %w", name, ErrReservedName)
+	}
+	return nil
+}
+
 // CheckNames checks several names at once, refusing the first that is not valid.
 func CheckNames(names ...string) error {
 	for _, n := range names {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,10 +28,11 @@ func (m *testMesh) countRows(t *testing.T, store, query string, args ...any) int
 
 // What hosts report cannot grow the stores without bound (issue 11, item 3):
 // a host, signing as a real one does with its own key and broker user,
-// sends one report carrying 50,000 tiers (before: 20 of them added 111 MB in
-// 8 s) and a burst of 500 apply reports; one carrying more than a report may
-// is refused whole, a burst past the node's budget is dropped, and both are
-// counted. Heartbeats are kept as one aggregate row per node and hour.
+// sends a report carrying 50,000 tiers (before: 20 of them added 111 MB in
+// 8 s), which the broker refuses as over a host's 1 MiB; one carrying 10,000,
+// which the controller refuses whole; and a burst of 500 apply reports, past
+// the node's budget, which is dropped: both refusals are counted. Heartbeats
+// are kept as one aggregate row per node and hour.
 func TestMesh_ReportsAreBounded(t *testing.T) {
 	m := newTestMesh(t)
 	web1 := m.join("web1")
@@ -45,11 +47,21 @@ func TestMesh_ReportsAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tiers := make([]protocol.Tier, 50000)
-	for i := range tiers {
-		tiers[i] = protocol.Tier{Tier: fmt.Sprintf("t%d", i), MS: 1}
+	tiers := func(n int) []protocol.Tier {
+		out := make([]protocol.Tier, n)
+		for i := range out {
+			out[i] = protocol.Tier{Tier: fmt.Sprintf("t%d", i), MS: 1}
+		}
+		return out
 	}
-	publish(protocol.Applied, protocol.AppliedBody{Serial: 1, OK: true, Tiers: tiers})
+	big, err := protocol.Sign(web1.state.HostKey, protocol.AppliedBody{Serial: 1, OK: true, Tiers: tiers(50000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(protocol.NodeSubject("web1", protocol.Applied), big); err == nil || !strings.Contains(err.Error(), "maximum payload") {
+		t.Fatalf("a %d-byte report from a host: %v", len(big), err)
+	}
+	publish(protocol.Applied, protocol.AppliedBody{Serial: 1, OK: true, Tiers: tiers(10000)})
 	for i := 0; i < 500; i++ {
 		publish(protocol.Applied, protocol.AppliedBody{Serial: int64(i + 1), OK: false, Error: "x", Tiers: []protocol.Tier{{Tier: "verify", MS: 1}}})
 	}

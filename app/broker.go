@@ -9,25 +9,85 @@ import (
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/broker"
 )
 
-// The broker users of protocol.md, each with exactly what its role needs.
+// The broker users of protocol.md, each with exactly what its role needs,
+// in four accounts the operator signs:
+//
+//	account  user                      publish                         subscribe                          largest message
+//	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
+//	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
+//	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.>  mesh.module.<consumes>  1 MiB
+//	admit    controller (joins)        _R_.>                           mesh.join                          the server's
+//	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
+//	system   (the server's own)
+//
+// No user is given a NATS response permission (allow_responses): the server
+// lets such a user publish on any reply subject it was handed, its deny list
+// notwithstanding (embedded/broker's TestServer_ResponsePermissionIgnoresDeny),
+// so two modules could relay each other onto mesh.alert or a host's inbox.
+// A user that answers requests is allowed answerInboxes instead.
+
+// answerInboxes is where hosts and modules may answer a request: a
+// requester's inbox as nats.go makes it by default (_INBOX.<id>.<n>), never
+// a mesh. subject, and never a host's inbox, which is one token deeper
+// (_INBOX.<node>.<id>.<n>); the join inbox is in another account.
+const answerInboxes = "_INBOX.*.*"
+
+// What the broker lets each kind of user send (issue 11, item 8). The
+// server closes a connection that publishes a larger message, before it
+// reads it; nats.go learns the cap from the server and refuses by itself.
+const (
+	// joinMaxPayload: a join request is under 1 KiB (a token of at most 64
+	// characters, a node name, three public keys and a version).
+	joinMaxPayload = 4 << 10
+	// joinMaxSubs: a joining host holds one subscription (its answers).
+	joinMaxSubs = 2
+	// joinMaxConns: anonymous connections at once. Each costs the broker
+	// 50–65 KB idle (lessons.md), so this bounds them at about 64 MiB; past
+	// it the server refuses a connection and the host asks again.
+	joinMaxConns = 1024
+	// memberMaxPayload is a host's or a module's largest message, NATS's
+	// own default: a heartbeat or an apply report is a few KB, a data report
+	// of several thousand data sets fits.
+	memberMaxPayload = 1 << 20
+)
 
 func controllerPermissions() broker.Permissions {
 	return broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}}
 }
 
-// joinPermissions admit a connection with no credentials as the join user:
-// it may ask to join and read its own answer, nothing else.
-func joinPermissions() broker.Permissions {
-	return broker.Permissions{Publish: []string{protocol.JoinSubject}, Subscribe: []string{protocol.JoinInboxPrefix + ".>"}}
+// admitPermissions are the controller's connection that answers joins, in
+// the admit account: it hears mesh.join and answers where the server maps
+// the reply of a request that came through a service import (_R_.…), and
+// can reach nothing of the mesh account.
+func admitPermissions() broker.Permissions {
+	return broker.Permissions{Publish: []string{"_R_.>"}, Subscribe: []string{protocol.JoinSubject}}
+}
+
+// joinUser admits a connection with no credentials into the join account:
+// it may ask to join (through the admit account's mesh.join service) and
+// read the answers in its inbox, nothing else, and send nothing larger than
+// a join request.
+func joinUser() broker.JoinUser {
+	return broker.JoinUser{
+		Permissions: broker.Permissions{Publish: []string{protocol.JoinSubject}, Subscribe: []string{protocol.JoinInboxPrefix + ".>"},
+			MaxPayload: joinMaxPayload, MaxSubs: joinMaxSubs},
+		Services:     []string{protocol.JoinSubject},
+		MaxConns:     joinMaxConns,
+		AnswerWithin: protocol.JoinAnswerWithin,
+	}
 }
 
 func hostPermissions(node string) broker.Permissions {
 	return broker.Permissions{
-		Publish:   []string{"mesh.node." + node + ".>"},
-		Subscribe: []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
+		// answerInboxes: a host answers the controller's requests to it
+		// (mesh.node.N.inbox.logs).
+		Publish:    []string{"mesh.node." + node + ".>", answerInboxes},
+		Subscribe:  []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
+		MaxPayload: memberMaxPayload,
 	}
 }
 
@@ -47,7 +107,7 @@ func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys) (broker
 	if err != nil {
 		return broker.Trust{}, err
 	}
-	return keys.Trust(joinPermissions(), revoked)
+	return keys.Trust(joinUser(), revoked)
 }
 
 // RevokedSubject is where a person's command tells the serving controller
@@ -107,6 +167,8 @@ type UserView struct {
 	User      string   `json:"user"`
 	Publish   []string `json:"publish"`
 	Subscribe []string `json:"subscribe"`
+	// MaxPayload is its largest message in bytes; 0 is the server's limit.
+	MaxPayload int64 `json:"max_payload,omitempty"`
 }
 
 // ExternalTrust is what an external NATS server must be configured with to
@@ -122,11 +184,15 @@ type ExternalTrust struct {
 type BrokerView struct {
 	URLs []string `json:"urls"`
 	// Serving says a controller holds the lease now (for the embedded broker).
-	Serving  bool       `json:"serving"`
-	External bool       `json:"external"`
-	Operator string     `json:"operator"`
-	Account  string     `json:"account"`
-	Users    []UserView `json:"users"`
+	Serving  bool   `json:"serving"`
+	External bool   `json:"external"`
+	Operator string `json:"operator"`
+	Account  string `json:"account"`
+	// JoinAccount is where connections without credentials land;
+	// AdmitAccount where the controller answers their joins.
+	JoinAccount  string     `json:"join_account"`
+	AdmitAccount string     `json:"admit_account"`
+	Users        []UserView `json:"users"`
 	// Trust is set for an external broker: its configuration.
 	Trust *ExternalTrust `json:"trust,omitempty"`
 }
@@ -149,6 +215,8 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	v := BrokerView{External: c.Broker != ""}
 	v.Operator, _ = keys.Operator.PublicKey()
 	v.Account, _ = keys.Account.PublicKey()
+	v.JoinAccount, _ = keys.Join.PublicKey()
+	v.AdmitAccount, _ = keys.Admit.PublicKey()
 	// Serving means ready: the lease names the broker only once it answers.
 	if l, err := ids.Lease(ctx); err == nil && l != nil && l.ExpiresAt.After(c.Now()) && l.BrokerURL != "" {
 		v.Serving = true
@@ -164,7 +232,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 			return BrokerView{}, err
 		}
 		v.Trust = &ExternalTrust{OperatorJWT: trust.OperatorJWT, SystemAccount: trust.SystemPub,
-			ResolverPreload: map[string]string{trust.AccountPub: trust.AccountJWT, trust.SystemPub: trust.SystemJWT},
+			ResolverPreload: trust.Preload(),
 			DefaultSentinel: trust.Sentinel}
 	case v.URLs == nil:
 		v.URLs = []string{"nats://" + DefaultListen}
@@ -174,10 +242,12 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		p    broker.Permissions
 	}{
 		{"controller", controllerPermissions()},
-		{"join (a connection without credentials)", joinPermissions()},
+		{"controller answering joins (in the admit account)", admitPermissions()},
+		{"join (a connection without credentials, in the join account)", joinUser().Permissions},
 		{"host of node N", hostPermissions("N")},
+		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}})},
 	} {
-		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe})
+		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}
 	return v, nil
 }

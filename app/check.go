@@ -17,8 +17,9 @@ import (
 	"mesh-controller/contexts/inventory"
 )
 
-// AlertSubject is where every raising and clearing that is not silenced is published.
-const AlertSubject = "mesh.alert"
+// AlertSubject is where every raising and clearing that is not silenced is
+// published, signed (protocol.Alert).
+const AlertSubject = protocol.AlertSubject
 
 // CheckOptions shape one run of the self-check.
 type CheckOptions struct {
@@ -104,10 +105,15 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	}
 	hs := st.Health
 
+	// signer signs the alerts; without it none is published.
+	var signer *identity.SigningKey
 	if ids := st.Identity; ids != nil {
 		key, err := ids.SigningKey(ctx)
 		if err == nil && !ed25519.Verify(key.Public, []byte("self-check"), key.Sign([]byte("self-check"))) {
 			err = errors.New("the signing key does not verify its own signature")
+		}
+		if err == nil {
+			signer = &key
 		}
 		probe("identity key", err, "present, signs and verifies")
 		if o.Holder != "" {
@@ -141,6 +147,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if st.Inventory != nil {
 		fail("inventory", "read the inventory", c.readInventory(ctx, st.Inventory, in))
 	}
+	in.refusals, err = hs.JoinRefusalsSince(ctx, now.Add(-joinRefusedWindow))
+	fail("health", "read refused joins", err)
 	in.drops, err = hs.Drops(ctx, "")
 	fail("health", "read dropped messages", err)
 	in.brake, err = hs.Brake(ctx)
@@ -176,7 +184,7 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if err != nil {
 		return CheckResult{}, err
 	}
-	c.alert(ctx, hs, o, changes, now)
+	c.alert(o, signer, changes, now)
 	open, err := hs.Conditions(ctx)
 	if err != nil {
 		return CheckResult{}, err
@@ -259,8 +267,10 @@ func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *n
 }
 
 // alert sends a message for each raising and clearing not silenced: on
-// mesh.alert, and to the log.
-func (c *Controller) alert(ctx context.Context, hs *health.Store, o CheckOptions, changes []health.Change, now time.Time) {
+// mesh.alert, signed with the controller's key in the declaration's
+// envelope (so a reader tells the controller's alerts from anything else
+// published there), and to the log. Without the key nothing is published.
+func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes []health.Change, now time.Time) {
 	var nc *nats.Conn
 	for _, ch := range changes {
 		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {
@@ -273,15 +283,39 @@ func (c *Controller) alert(ctx context.Context, hs *health.Store, o CheckOptions
 		if nc == nil {
 			nc = o.NC
 		}
-		if nc == nil {
+		if nc == nil || signer == nil {
 			continue
 		}
-		b, _ := json.Marshal(ch)
+		b, err := sealAlert(ch, *signer)
+		if err != nil {
+			if o.Log != nil {
+				o.Log(fmt.Sprintf("alert %s not sent: %v", ch.Condition.Key, err))
+			}
+			continue
+		}
 		nc.Publish(AlertSubject, b)
 	}
 	if nc != nil {
 		nc.FlushTimeout(protocol.AnswerTimeout)
 	}
+}
+
+// sealAlert is a change as mesh.alert carries it (protocol.Alert).
+func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
+	b, err := json.Marshal(ch)
+	if err != nil {
+		return nil, err
+	}
+	var body map[string]any
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, err
+	}
+	body["type"] = protocol.AlertType
+	env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(env)
 }
 
 // boundsFromDurations sets each node's heartbeat bound from its measured

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 )
 
@@ -54,6 +55,10 @@ func TestHealth_NodeSilent(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Flush()
+	key, err := st.Identity.SigningKey(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.stop()
 	waitFor(t, "node.silent/web1 to be raised", func() bool { return m.open(t, "node.silent/web1") })
 	for {
@@ -61,7 +66,11 @@ func TestHealth_NodeSilent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("no message on %s for node.silent/web1: %v", AlertSubject, err)
 		}
-		if strings.Contains(string(msg.Data), `"event":"raised"`) && strings.Contains(string(msg.Data), `"key":"node.silent/web1"`) {
+		a, err := protocol.OpenAlert(msg.Data, key.Public)
+		if err != nil {
+			t.Fatalf("an alert that does not verify: %v", err)
+		}
+		if a.Event == "raised" && strings.Contains(string(a.Condition), `"key":"node.silent/web1"`) {
 			break
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,8 +16,8 @@ import (
 	"filippo.io/age"
 
 	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
-	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/broker"
 )
 
@@ -318,7 +319,7 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = join()
-	if err == nil || !strings.Contains(err.Error(), identity.ErrTokenUsed.Error()) {
+	if err == nil || !errors.Is(err, host.ErrRefused) || !strings.Contains(err.Error(), protocol.JoinRefused) {
 		t.Fatalf("second join: %v", err)
 	}
 	st, err := m.c.stores(context.Background())
@@ -329,15 +330,20 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 		t.Fatalf("the reuse was remembered %d times, want 1", n)
 	}
 
-	// A token for another node, an unknown token and an expired one are refused too.
+	// A token for another node, an unknown token and an unknown node are
+	// refused too, with the same answer; the log says which.
 	other, _ := m.c.TokenIssue(context.Background(), TokenRequest{Node: "web2", New: true, TTL: time.Hour})
-	for want, o := range map[error]host.JoinOptions{
-		identity.ErrTokenOtherNode: {Token: other.Token, Node: "web1"},
-		identity.ErrTokenUnknown:   {Token: "meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Node: "web2"},
+	for reason, o := range map[string]host.JoinOptions{
+		"token of another node": {Token: other.Token, Node: "web1"},
+		"unknown token":         {Token: "meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Node: "web2"},
+		"unknown token ":        {Token: "meshjoin_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Node: "web9"},
 	} {
 		o.Broker, o.State = m.url, filepath.Join(t.TempDir(), "s")
-		if _, err := host.Join(context.Background(), o); err == nil || !strings.Contains(err.Error(), want.Error()) {
-			t.Errorf("want %v, got %v", want, err)
+		if _, err := host.Join(context.Background(), o); err == nil || !strings.Contains(err.Error(), protocol.JoinRefused) {
+			t.Errorf("%s: got %v", reason, err)
+		}
+		if want := fmt.Sprintf("join of %q from 127.0.0.1 refused: %s", o.Node, strings.TrimSpace(reason)); !strings.Contains(m.logs.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, m.logs.String())
 		}
 	}
 }
@@ -410,7 +416,7 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust, err := keys.Trust(joinPermissions(), nil)
+	trust, err := keys.Trust(joinUser(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -375,8 +375,10 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	return broker.Creds(userJWT, seed)
 }
 
+// modulePermissions: a module answers its tools' requests into
+// answerInboxes, never with a response permission (see app/broker.go).
 func modulePermissions(m inventory.Manifest) broker.Permissions {
-	p := broker.Permissions{Publish: []string{}, Subscribe: []string{"mesh.tool." + m.Module + ".>"}, Respond: true}
+	p := broker.Permissions{Publish: []string{answerInboxes}, Subscribe: []string{"mesh.tool." + m.Module + ".>"}, MaxPayload: memberMaxPayload}
 	for _, s := range m.Emits {
 		p.Publish = append(p.Publish, "mesh.module."+s)
 	}

@@ -88,7 +88,7 @@ func nodeView(n inventory.Node) NodeView {
 
 // NodeAdd records a node, converged unless adopted.
 func (c *Controller) NodeAdd(ctx context.Context, name string, adopted bool) (NodeView, error) {
-	if err := CheckName(name); err != nil {
+	if err := CheckNodeName(name); err != nil {
 		return NodeView{}, err
 	}
 	st, err := c.stores(ctx)
@@ -192,7 +192,7 @@ type IssuedToken struct {
 
 // TokenIssue issues a one-time join token, kept only as its hash.
 func (c *Controller) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToken, error) {
-	if err := CheckName(r.Node); err != nil {
+	if err := CheckNodeName(r.Node); err != nil {
 		return IssuedToken{}, err
 	}
 	if r.TTL <= 0 {

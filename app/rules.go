@@ -2,6 +2,8 @@ package app
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +49,8 @@ type checkInputs struct {
 	retirements []inventory.Retirement
 	drops       []health.Drop
 	reuses      []identity.TokenReuse
+	// refusals are the joins refused within joinRefusedWindow.
+	refusals    []health.JoinRefusals
 	brake       health.Brake
 	secretCount int
 	operatorKey bool
@@ -55,6 +59,15 @@ type checkInputs struct {
 	// handActFor says a person recorded a hand act for a condition key.
 	handActFor map[string]bool
 }
+
+// join.refused: more than joinRefusedOver joins refused from one source
+// within joinRefusedWindow. A person mistyping a token a few times stays
+// under it; someone trying tokens or probing names, or a rack joining with
+// an old token file, does not.
+const (
+	joinRefusedOver   = 10
+	joinRefusedWindow = 10 * time.Minute
+)
 
 // rule is one condition kind: its catalogue entry and how it is judged.
 type rule struct {
@@ -150,6 +163,47 @@ var rules = []rule{
 				fmt.Sprintf("a used join token of %s was presented again (%s)", r.Node, Plural(r.Count, "time")),
 				map[string]any{"count": r.Count, "last_at": r.LastAt.UTC().Format(time.RFC3339)})
 			out = append(out, c)
+		}
+		return out
+	}},
+	{kind: "join.refused", needs: []string{"health"}, eval: func(in *checkInputs) []health.Condition {
+		type seen struct {
+			count       int64
+			reasons     map[string]int64
+			first, last time.Time
+		}
+		per := map[string]*seen{}
+		var sources []string
+		for _, r := range in.refusals {
+			if in.now.Sub(r.LastAt) > joinRefusedWindow {
+				continue
+			}
+			s := per[r.Source]
+			if s == nil {
+				s = &seen{reasons: map[string]int64{}, first: r.FirstAt, last: r.LastAt}
+				per[r.Source] = s
+				sources = append(sources, r.Source)
+			}
+			s.count += r.Count
+			s.reasons[r.Reason] += r.Count
+			s.first = minTime(s.first, r.FirstAt)
+			s.last = maxTime(s.last, r.LastAt)
+		}
+		slices.Sort(sources)
+		var out []health.Condition
+		for _, source := range sources {
+			s := per[source]
+			if s.count <= joinRefusedOver {
+				continue
+			}
+			reasons := make([]string, 0, len(s.reasons))
+			for _, r := range slices.Sorted(maps.Keys(s.reasons)) {
+				reasons = append(reasons, fmt.Sprintf("%d %s", s.reasons[r], r))
+			}
+			out = append(out, health.Condition{Key: "join.refused/" + source, Kind: "join.refused", Scope: "mesh", Severity: health.Warning,
+				Summary: fmt.Sprintf("%d joins from %s refused within %s (%s)", s.count, source, joinRefusedWindow, strings.Join(reasons, ", ")),
+				Evidence: map[string]any{"source": source, "count": s.count, "reasons": s.reasons, "first_at": s.first.UTC().Format(time.RFC3339),
+					"last_at": s.last.UTC().Format(time.RFC3339), "window_s": joinRefusedWindow.Seconds(), "over": joinRefusedOver}})
 		}
 		return out
 	}},
@@ -300,6 +354,20 @@ var rules = []rule{
 		}
 		return nil
 	}},
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // lastBackup is the latest backup heard of a data set: from the backup

@@ -133,6 +133,28 @@ func TestRule_TokenReused(t *testing.T) {
 	raiseChangeClear(t, "token.reused", "token.reused/web1", reuse(1, t0), reuse(2, t0), reuse(2, t0.Add(-25*time.Hour)))
 }
 
+func TestRule_JoinRefused(t *testing.T) {
+	refused := func(unknown, used int64, last time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.refusals = []health.JoinRefusals{
+				{Source: "192.0.2.7", Reason: "unknown token", Count: unknown, FirstAt: last.Add(-time.Minute), LastAt: last},
+				{Source: "192.0.2.7", Reason: "used token", Count: used, FirstAt: last.Add(-time.Minute), LastAt: last},
+				{Source: "192.0.2.8", Reason: "unknown token", Count: 3, FirstAt: last, LastAt: last},
+			}
+		})
+	}
+	raiseChangeClear(t, "join.refused", "join.refused/192.0.2.7",
+		refused(300, 1, t0), refused(400, 1, t0), refused(400, 1, t0.Add(-11*time.Minute)))
+	c := ruleOf(t, "join.refused").eval(refused(300, 1, t0))[0]
+	if c.Evidence["count"] != int64(301) || c.Evidence["source"] != "192.0.2.7" || c.Severity != health.Warning ||
+		c.Summary != "301 joins from 192.0.2.7 refused within 10m0s (300 unknown token, 1 used token)" {
+		t.Fatalf("%+v", c)
+	}
+	if got := ruleOf(t, "join.refused").eval(refused(9, 1, t0)); len(got) != 0 {
+		t.Fatalf("raised for 10 refusals: %+v", got)
+	}
+}
+
 func TestRule_ModuleBehindSource(t *testing.T) {
 	mod := func(moved, commit string) *checkInputs {
 		return inputs(func(in *checkInputs) {
@@ -212,7 +234,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 func TestRules_Catalogue(t *testing.T) {
 	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
-		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected"} {
+		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused"} {
 		ruleOf(t, kind)
 	}
 }

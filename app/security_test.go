@@ -93,10 +93,20 @@ func TestMesh_BrokerPermissions(t *testing.T) {
 		v.expect(t, "publish", "mesh.node.web2.declaration")
 	})
 	t.Run("a host cannot publish on another node's subjects", func(t *testing.T) {
-		for _, subject := range []string{"mesh.node.web2.heartbeat", "mesh.node.web2.applied", "mesh.node.web2.inbox.declaration", "mesh.join.x", "mesh.alert"} {
+		for _, subject := range []string{"mesh.node.web2.heartbeat", "mesh.node.web2.applied", "mesh.node.web2.inbox.declaration", "mesh.join.x", "mesh.alert",
+			"_INBOX.web2.x.1", "_INBOX.join.x.1"} {
 			nc.Publish(subject, []byte("{}"))
 			nc.Flush()
 			v.expect(t, "publish", subject)
+		}
+	})
+	t.Run("a host may answer a request into the asker's inbox", func(t *testing.T) {
+		nc.Publish("_INBOX.askersinbox.1", []byte("{}"))
+		nc.Flush()
+		select {
+		case e := <-v:
+			t.Fatalf("unexpected violation: %s", e)
+		case <-time.After(300 * time.Millisecond):
 		}
 	})
 	t.Run("a host may use its own subjects", func(t *testing.T) {

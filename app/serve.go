@@ -9,7 +9,9 @@ import (
 	"io"
 	"time"
 
+	"filippo.io/age"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
@@ -68,6 +70,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			}
 			return keys.NewUser("controller", controllerPermissions())
 		},
+		Admitter: func(ctx context.Context) (string, []byte, error) {
+			keys, err := brokerKeys(ctx, st.Identity)
+			if err != nil {
+				return "", nil, err
+			}
+			return keys.NewAdmitter("controller joins", admitPermissions())
+		},
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			keys, err := brokerKeys(ctx, st.Identity)
 			if err != nil {
@@ -108,43 +117,75 @@ func logTo(w io.Writer) func(string, ...any) {
 }
 
 // join admits a host presenting a one-time token for its node: the token is
-// marked used, the host's keys kept, its broker user signed.
-func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []string) (protocol.JoinReply, ed25519.PublicKey, error) {
-	if err := CheckName(r.Node); err != nil {
-		return protocol.JoinReply{}, nil, err
+// marked used, the host's keys kept, its broker user signed (and the node's
+// earlier host users revoked), and what it is given sealed to its age
+// recipient. Everything the asker got wrong is a
+// *daemon.Refusal. The token is looked up before anything that depends on
+// the node, so an unknown node and an unknown token are refused alike, and
+// by the same read.
+func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []string) (daemon.Admitted, error) {
+	refuse := func(reason string, err error) (daemon.Admitted, error) {
+		return daemon.Admitted{}, &daemon.Refusal{Reason: reason, Err: err}
+	}
+	if err := CheckNodeName(r.Node); err != nil {
+		return refuse("bad node name", err)
 	}
 	hostKey, err := base64.StdEncoding.DecodeString(r.HostKey)
 	if err != nil || len(hostKey) != ed25519.PublicKeySize {
-		return protocol.JoinReply{}, nil, errors.New("host_key is not an ed25519 public key in base64")
+		return refuse("malformed request", errors.New("host_key is not an ed25519 public key in base64"))
+	}
+	if _, err := age.ParseX25519Recipient(r.AgeRecipient); err != nil {
+		return refuse("malformed request", fmt.Errorf("age_recipient: %w", err))
+	}
+	if !nkeys.IsValidPublicUserKey(r.NKey) {
+		return refuse("malformed request", errors.New("nkey is not a user's public nkey"))
 	}
 	st, err := c.stores(ctx)
 	if err != nil {
-		return protocol.JoinReply{}, nil, err
+		return daemon.Admitted{}, err
 	}
-	if _, err := st.Inventory.Node(ctx, r.Node); err != nil {
-		return protocol.JoinReply{}, nil, err
+	now := c.Now()
+	revoked, err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
+		NKey: r.NKey, HostVersion: r.HostVersion}, now)
+	if err != nil {
+		for sentinel, reason := range tokenRefusals {
+			if errors.Is(err, sentinel) {
+				return refuse(reason, err)
+			}
+		}
+		return daemon.Admitted{}, err
+	}
+	if err := st.Inventory.MarkJoined(ctx, r.Node, now); err != nil {
+		return daemon.Admitted{}, err
 	}
 	keys, err := brokerKeys(ctx, st.Identity)
 	if err != nil {
-		return protocol.JoinReply{}, nil, err
+		return daemon.Admitted{}, err
 	}
 	userJWT, err := keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
 	if err != nil {
-		return protocol.JoinReply{}, nil, fmt.Errorf("nkey: %w", err)
+		return daemon.Admitted{}, fmt.Errorf("sign the host's broker user: %w", err)
 	}
 	signer, err := st.Identity.SigningKey(ctx)
 	if err != nil {
-		return protocol.JoinReply{}, nil, err
+		return daemon.Admitted{}, err
 	}
-	now := c.Now()
-	if err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
-		NKey: r.NKey, HostVersion: r.HostVersion}, now); err != nil {
-		return protocol.JoinReply{}, nil, err
+	sealed, err := protocol.SealJoinGrant(protocol.JoinGrant{Node: r.Node, Creds: broker.JWTBlock(userJWT),
+		ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, r.AgeRecipient)
+	if err != nil {
+		return daemon.Admitted{}, err
 	}
-	if err := st.Inventory.MarkJoined(ctx, r.Node, now); err != nil {
-		return protocol.JoinReply{}, nil, err
-	}
-	return protocol.JoinReply{OK: true, Creds: broker.JWTBlock(userJWT), ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, hostKey, nil
+	return daemon.Admitted{Reply: protocol.JoinReply{OK: true, Sealed: sealed}, HostKey: hostKey, Revoked: revoked}, nil
+}
+
+// tokenRefusals are the reasons a token is refused, as kept and counted.
+var tokenRefusals = map[error]string{
+	identity.ErrTokenUnknown:   "unknown token",
+	identity.ErrTokenOtherNode: "token of another node",
+	identity.ErrTokenUsed:      "used token",
+	identity.ErrTokenRevoked:   "replaced token",
+	identity.ErrTokenExpired:   "expired token",
+	identity.ErrNKeyUsed:       "nkey used before",
 }
 
 // afterJoin makes the secrets the mesh makes for what the node was assigned

@@ -130,13 +130,18 @@ type Declared struct {
 type UseCases struct {
 	// Now is the clock.
 	Now func() time.Time
-	// ControllerUser signs a fresh broker user for the daemon's connections.
+	// ControllerUser signs a fresh broker user for the daemon's connection
+	// to the mesh account.
 	ControllerUser func(ctx context.Context) (userJWT string, seed []byte, err error)
+	// Admitter signs a fresh broker user for the daemon's connection that
+	// answers joins, in the admit account.
+	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
 	// Join admits a host presenting a token; urls are where hosts dial. It
-	// returns the answer and the host's key, or why it was refused.
-	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (protocol.JoinReply, ed25519.PublicKey, error)
+	// returns what it made, a *Refusal saying why it refused, or another
+	// error when it could not decide.
+	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (Admitted, error)
 	// AfterJoin makes what a newly joined node waited for (secrets sealed to
 	// it); it returns how many secrets it made.
 	AfterJoin func(ctx context.Context, node string) (int, error)
@@ -147,6 +152,30 @@ type UseCases struct {
 	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error
 }
 
+// Admitted is what admitting a host made.
+type Admitted struct {
+	// Reply is the answer: the grant, sealed to the host.
+	Reply protocol.JoinReply
+	// HostKey is the key the host signs its reports with.
+	HostKey ed25519.PublicKey
+	// Revoked counts the node's earlier host users the join revoked: the
+	// daemon closes their connections.
+	Revoked int
+}
+
+// Refusal is why a join was refused. Reason is a short phrase that stays the
+// same for the same cause (it is counted by reason); the asker is told only
+// protocol.JoinRefused, whatever the reason, so that no answer tells which
+// tokens or node names exist.
+type Refusal struct {
+	Reason string
+	Err    error
+}
+
+func (r *Refusal) Error() string { return r.Reason + ": " + r.Err.Error() }
+
+func (r *Refusal) Unwrap() error { return r.Err }
+
 // eventKind says what an event carries.
 type eventKind int
 
@@ -156,6 +185,7 @@ const (
 	evDrop
 	evKick
 	evJoined
+	evRefused
 )
 
 // event is what a handler hands the loop.
@@ -166,6 +196,8 @@ type event struct {
 	beat     protocol.HeartbeatBody
 	duration health.Duration
 	reason   string
+	// source is where a refused join came from.
+	source string
 }
 
 // daemon is one serving controller.
@@ -177,13 +209,15 @@ type daemon struct {
 	logm sync.Mutex
 
 	nc  *nats.Conn // hosts' reports and requests
-	jc  *nats.Conn // joins: a flood of them cannot close nc
+	jc  *nats.Conn // joins, in the admit account: a flood of them cannot close nc
 	url string
 	srv *broker.Server // nil with an external broker
 
 	keys   hostKeys
 	events chan event
-	joins  chan *nats.Msg
+	joins  chan queuedJoin
+	// refusalLog is the join worker's.
+	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
 	limits limiter
 
@@ -193,6 +227,7 @@ type daemon struct {
 	intervals map[health.HourKey]health.Histogram
 	durations []health.Duration
 	drops     map[[2]string]int64
+	refusals  map[[2]string]int64 // source, reason
 	problems  map[string]string
 	overflow  int64
 }
@@ -230,10 +265,10 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		o.Counters = &Counters{}
 	}
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan *nats.Msg, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queuedJoin, joinQueue),
 		limits: limiter{buckets: map[[2]string]*bucket{}},
 		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
-		drops: map[[2]string]int64{}, problems: map[string]string{}}
+		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{}}
 
 	holder := randomID()
 	hostname, _ := os.Hostname()
@@ -316,8 +351,8 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 	} else {
 		d.url = d.o.Broker
 	}
-	dial := func(name string) (*nats.Conn, error) {
-		userJWT, seed, err := d.u.ControllerUser(ctx)
+	dial := func(name string, user func(context.Context) (string, []byte, error)) (*nats.Conn, error) {
+		userJWT, seed, err := user(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -339,11 +374,11 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		}
 		return nc, nil
 	}
-	if d.nc, err = dial("mesh-controller"); err != nil {
+	if d.nc, err = dial("mesh-controller", d.u.ControllerUser); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.nc.Close)
-	if d.jc, err = dial("mesh-controller joins"); err != nil {
+	if d.jc, err = dial("mesh-controller joins", d.u.Admitter); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
@@ -477,6 +512,11 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		return true
 	case evKick:
 		return true
+	case evRefused:
+		// Counted, not judged at once: a flood of refusals must not make the
+		// loop run the self-check back to back. The next periodic check
+		// raises join.refused.
+		d.refusals[[2]string{ev.source, ev.reason}]++
 	case evJoined:
 		made, err := d.u.AfterJoin(ctx, ev.node)
 		if err != nil {
@@ -535,6 +575,12 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 	}
 	clear(d.drops)
+	for k, n := range d.refusals {
+		if err := d.st.Health.CountJoinRefusals(ctx, k[0], k[1], n, now); err != nil {
+			d.logf("count joins refused from %s: %v", k[0], err)
+		}
+	}
+	clear(d.refusals)
 	if d.overflow != d.o.Counters.Dropped.Load() {
 		d.overflow = d.o.Counters.Dropped.Load()
 	}

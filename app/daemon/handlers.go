@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
 )
 
 // What one report may carry: a host sending more is refused and counted,
@@ -28,9 +30,36 @@ const (
 	maxTextLen  = 1024
 )
 
-// joinQueue is how many join requests may wait for the join worker; past it
-// a request is answered "busy" at once, and the host asks again.
-const joinQueue = 4096
+// How joins wait. The broker keeps the way back for a join's answer for
+// protocol.JoinAnswerWithin (embedded/broker.JoinUser.AnswerWithin): a request
+// unanswered holds that much of the broker's memory for that long, so under
+// a flood it is kept short. A join that waited in the queue longer than
+// joinStale is answered busy rather than admitted, so no host is admitted
+// (its token used) once its answer might no longer reach it; joinQueue holds
+// about as many as the worker admits in that time, and past it a request is
+// answered busy at once. A host that is answered busy asks again.
+const (
+	joinStale = protocol.JoinAnswerWithin * 3 / 5
+	joinQueue = 2048
+)
+
+// queuedJoin is a join request and when it arrived.
+type queuedJoin struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// busyReply is the answer to a join the worker has no room or time for,
+// made once: under a flood it is the answer most requests get.
+var busyReply, _ = json.Marshal(protocol.JoinReply{Error: protocol.JoinBusy})
+
+// answerBusy answers a join busy, through the admit account's service only.
+func (d *daemon) answerBusy(m *nats.Msg) {
+	d.o.Counters.Dropped.Add(1)
+	if strings.HasPrefix(m.Reply, joinReplyPrefix) {
+		m.Respond(busyReply)
+	}
+}
 
 // RevokedSubject is where a person's command tells the serving controller
 // that users were revoked; only controller users may publish under mesh.control.
@@ -59,10 +88,9 @@ func (d *daemon) subscribe() error {
 	// the connection they arrive on.
 	sub, err := d.jc.QueueSubscribe(protocol.JoinSubject, "controller", func(m *nats.Msg) {
 		select {
-		case d.joins <- m:
+		case d.joins <- queuedJoin{m: m, at: time.Now()}:
 		default:
-			d.o.Counters.Dropped.Add(1)
-			d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinBusy})
+			d.answerBusy(m)
 		}
 	})
 	if err != nil {
@@ -109,16 +137,22 @@ func (d *daemon) refuse(m *nats.Msg, node, why string) {
 	d.handOver(event{kind: evDrop, node: node, reason: "too large"})
 }
 
+// joinReplyPrefix is where the broker maps the reply of a request that came
+// through the join account's service import (embedded/broker.JoinUser): a
+// join arrives only that way, so it is answered only there (and the
+// connection that answers, in the admit account, may publish nowhere else).
+const joinReplyPrefix = "_R_."
+
 // respondTo answers a request, but only into the asker's own inbox
-// namespace (a node's under its inbox prefix, a joining host's under the
-// join inbox): a reply subject is the asker's word, not a permission, and
-// the controller's own user may publish anywhere under mesh. Anything else
-// is dropped and counted.
+// namespace (a node's under its inbox prefix, a joining host's through the
+// join account's service): a reply subject is the asker's word, not a
+// permission, and the controller's own user may publish anywhere under
+// mesh. Anything else is dropped and counted.
 func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
 	if m.Reply == "" {
 		return
 	}
-	prefix := protocol.JoinInboxPrefix + "."
+	prefix := joinReplyPrefix
 	if node != "" {
 		prefix = protocol.HostInboxPrefix(node) + "."
 	}
@@ -290,38 +324,108 @@ func (d *daemon) joinWorker(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-d.joins:
-			d.onJoin(ctx, m)
+		case j := <-d.joins:
+			if time.Since(j.at) > joinStale {
+				d.answerBusy(j.m)
+				continue
+			}
+			d.onJoin(ctx, j.m)
 		}
 	}
 }
 
 func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
+	source := sourceOf(m)
 	var r protocol.JoinRequest
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		d.respondTo(m, "", protocol.JoinReply{Error: "the join request is not JSON"})
-		return
-	}
-	reply, key, err := d.u.Join(ctx, r, []string{d.url})
+	var a Admitted
+	err := json.Unmarshal(m.Data, &r)
 	if err != nil {
-		d.logf("join of %q refused: %v", r.Node, err)
+		err = &Refusal{Reason: "malformed request", Err: err}
+	} else {
+		a, err = d.u.Join(ctx, r, []string{d.url})
+	}
+	var refusal *Refusal
+	switch {
+	case errors.As(err, &refusal):
+		// The log and join.refused keep the reason; the asker is told only
+		// that it was refused.
+		if d.refusalLog.allow(source, d.u.Now()) {
+			d.logf("join of %q from %s refused: %v", clip(r.Node), source, err)
+		}
+		d.handOver(event{kind: evRefused, source: source, reason: refusal.Reason})
 		if errors.Is(err, identity.ErrTokenUsed) {
 			d.kick()
 		}
-		d.respondTo(m, "", protocol.JoinReply{Error: err.Error()})
+		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
+		return
+	case err != nil:
+		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
+		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
 		return
 	}
-	d.keys.set(r.Node, key)
-	d.logf("%s joined (host %s)", r.Node, r.HostVersion)
-	d.respondTo(m, "", reply)
+	d.keys.set(r.Node, a.HostKey)
+	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
+	d.respondTo(m, "", a.Reply)
+	if a.Revoked > 0 {
+		// The machine that was this node before is not it any more: its
+		// user no longer connects, nor hears the node's declarations.
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", r.Node, a.Revoked))
+	}
 	d.handOver(event{kind: evJoined, node: r.Node})
+}
+
+// refusalLog bounds how many refused joins from one source are logged a
+// minute: every one is counted (join.refused), but a flood of them must
+// not fill the log. Used by the join worker alone.
+type refusalLog struct {
+	minute time.Time
+	logged map[string]int
+}
+
+// refusalsLogged is how many refused joins from one source are logged a minute.
+const refusalsLogged = 20
+
+func (l *refusalLog) allow(source string, now time.Time) bool {
+	if m := now.Truncate(time.Minute); !m.Equal(l.minute) || l.logged == nil {
+		l.minute, l.logged = m, map[string]int{}
+	}
+	l.logged[source]++
+	return l.logged[source] <= refusalsLogged
+}
+
+// sourceOf is the address a join came from, as the broker put it in the
+// request's Nats-Request-Info header when the request crossed from the join
+// account: the server replaces a header of that name the asker sent, so the
+// asker cannot choose it (a header spelt in another case is the asker's own,
+// and not read). Without it the source cannot be known: "unknown".
+func sourceOf(m *nats.Msg) string {
+	values := m.Header[broker.ClientInfoHdr]
+	if len(values) == 0 {
+		return "unknown"
+	}
+	var ci struct {
+		Host string `json:"host"`
+	}
+	if json.Unmarshal([]byte(values[len(values)-1]), &ci) != nil {
+		return "unknown"
+	}
+	ip := net.ParseIP(ci.Host)
+	if ip == nil {
+		return "unknown"
+	}
+	return ip.String()
 }
 
 // onRevoked gives the embedded broker an account JWT revoking every revoked
 // user, which disconnects them.
-func (d *daemon) onRevoked(m *nats.Msg) {
+func (d *daemon) onRevoked(*nats.Msg) { d.disconnectRevoked("users were revoked") }
+
+// disconnectRevoked gives the embedded broker an account JWT revoking every
+// revoked user: the server closes their connections and refuses them from
+// then on. An external broker must be given it by its operator.
+func (d *daemon) disconnectRevoked(what string) {
 	if d.srv == nil {
-		d.logf("users were revoked: reload the external broker's account JWT ('mesh-controller broker show --broker URL')")
+		d.logf("%s: reload the external broker's account JWT ('mesh-controller broker show --broker URL')", what)
 		return
 	}
 	trust, err := d.u.Trust(context.Background())
@@ -329,10 +433,10 @@ func (d *daemon) onRevoked(m *nats.Msg) {
 		err = d.srv.UpdateAccount(trust)
 	}
 	if err != nil {
-		d.logf("revoke users: %v", err)
+		d.logf("%s: revoke: %v", what, err)
 		return
 	}
-	d.logf("revoked users disconnected")
+	d.logf("%s: revoked users disconnected", what)
 }
 
 // EnvelopeOf is a kept declaration as sent to its host.

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,30 +92,24 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	nkPub, _ := nk.PublicKey()
 	nkSeed, _ := nk.Seed()
 
-	// No credentials: the broker admits this connection as the join user,
-	// which may ask to join and read its own answer, nothing else.
-	nc, err := nats.Connect(o.Broker, nats.Name("mesh-host join "+o.Node), nats.Timeout(5*time.Second),
-		nats.NoReconnect(), nats.CustomInboxPrefix(protocol.JoinInboxPrefix))
-	if err != nil {
-		return nil, fmt.Errorf("reach the broker at %s: %w", o.Broker, err)
-	}
-	defer nc.Close()
 	req, _ := json.Marshal(protocol.JoinRequest{Token: o.Token, Node: o.Node, HostKey: base64.StdEncoding.EncodeToString(pub),
 		AgeRecipient: ageID.Recipient().String(), NKey: nkPub, HostVersion: Version})
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, joinWithin)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, protocol.JoinSubject, req)
+	reply, err := askToJoin(ctx, o, req)
 	if err != nil {
-		return nil, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
-	}
-	var reply protocol.JoinReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return nil, fmt.Errorf("the controller's answer is not JSON: %w", err)
+		return nil, err
 	}
 	if !reply.OK {
 		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
 	}
-	userJWT, err := jwt.ParseDecoratedJWT([]byte(reply.Creds))
+	// The answer is sealed to this host's age identity: another connection
+	// without credentials may see it, but not read it.
+	g, err := protocol.OpenJoinGrant(reply.Sealed, ageID, o.Node)
+	if err != nil {
+		return nil, fmt.Errorf("the controller's answer: %w", err)
+	}
+	userJWT, err := jwt.ParseDecoratedJWT([]byte(g.Creds))
 	if err != nil {
 		return nil, fmt.Errorf("the controller's creds: %w", err)
 	}
@@ -122,11 +117,11 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	ck, err := base64.StdEncoding.DecodeString(reply.ControllerKey)
+	ck, err := base64.StdEncoding.DecodeString(g.ControllerKey)
 	if err != nil || len(ck) != ed25519.PublicKeySize {
 		return nil, errors.New("the controller's key is not an ed25519 public key")
 	}
-	urls := reply.BrokerURLs
+	urls := g.BrokerURLs
 	if len(urls) == 0 {
 		urls = []string{o.Broker}
 	}
@@ -135,6 +130,72 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 		return st, nil
 	}
 	return st, st.save()
+}
+
+// joinWithin bounds a join, asking again included; one request waits
+// askWithin for its answer, a little longer than the controller answers in.
+const (
+	joinWithin = time.Minute
+	askWithin  = protocol.JoinAnswerWithin + time.Second
+)
+
+// errNoAnswer means a join request was not answered within askWithin: the
+// controller did not admit it (it admits only what it can still answer),
+// so it is safe to ask again.
+var errNoAnswer = errors.New("no answer")
+
+// askToJoin asks the controller to join as the join user, and asks again a
+// moment later while the broker has no room for another connection without
+// credentials, or the controller answers that it is busy or not at all: a
+// rack of machines joining at once is admitted in turns.
+func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
+	for {
+		reply, err := askOnce(ctx, o, req)
+		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || errors.Is(err, errNoAnswer) ||
+			(err == nil && reply.Error == protocol.JoinBusy)
+		if !busy {
+			return reply, err
+		}
+		// A random pause, so machines that were turned away together do not
+		// come back together.
+		n, _ := rand.Int(rand.Reader, big.NewInt(int64(900*time.Millisecond)))
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = errors.New(reply.Error)
+			}
+			return protocol.JoinReply{}, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
+		case <-time.After(100*time.Millisecond + time.Duration(n.Int64())):
+		}
+	}
+}
+
+func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
+	// No credentials: the broker admits this connection as the join user,
+	// which may ask to join and read its own answer, nothing else.
+	nc, err := nats.Connect(o.Broker, nats.Name("mesh-host join "+o.Node), nats.Timeout(5*time.Second),
+		nats.NoReconnect(), nats.CustomInboxPrefix(protocol.JoinInboxPrefix))
+	if errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) {
+		return protocol.JoinReply{}, err
+	}
+	if err != nil {
+		return protocol.JoinReply{}, fmt.Errorf("reach the broker at %s: %w", o.Broker, err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, askWithin)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, protocol.JoinSubject, req)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return protocol.JoinReply{}, errNoAnswer
+	}
+	if err != nil {
+		return protocol.JoinReply{}, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
+	}
+	var reply protocol.JoinReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return protocol.JoinReply{}, fmt.Errorf("the controller's answer is not JSON: %w", err)
+	}
+	return reply, nil
 }
 
 func (s *State) save() error {

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -172,8 +173,7 @@ func SealBody(body any, sign func([]byte) []byte, keyID string) (Envelope, error
 // Verify checks an envelope against the controller key a host received at
 // join and decodes the declaration.
 func (e Envelope) Verify(key ed25519.PublicKey) (Declaration, error) {
-	sig, err := base64.StdEncoding.DecodeString(e.Signature)
-	if err != nil || len(key) != ed25519.PublicKeySize || !ed25519.Verify(key, []byte(e.Declaration), sig) {
+	if !e.verifies(key) {
 		return Declaration{}, fmt.Errorf("declaration: %w", ErrBadSignature)
 	}
 	var d Declaration
@@ -181,4 +181,52 @@ func (e Envelope) Verify(key ed25519.PublicKey) (Declaration, error) {
 		return Declaration{}, fmt.Errorf("declaration: %w", err)
 	}
 	return d, nil
+}
+
+func (e Envelope) verifies(key ed25519.PublicKey) bool {
+	sig, err := base64.StdEncoding.DecodeString(e.Signature)
+	return err == nil && len(key) == ed25519.PublicKeySize && ed25519.Verify(key, []byte(e.Declaration), sig)
+}
+
+// AlertSubject is where the controller publishes every raising and clearing
+// of a condition that is not silenced.
+const AlertSubject = "mesh.alert"
+
+// AlertType is an alert's type: declarations have none, so a declaration
+// the controller signed is never taken for an alert, nor an alert for a
+// declaration (it has no node and no serial).
+const AlertType = "alert"
+
+// Alert is what mesh.alert carries, in the declaration's envelope (the same
+// canonical form, signature and key): a reader verifies it against the
+// controller's key (identity show) and so tells the controller's alerts
+// from anything else published there.
+type Alert struct {
+	Type      string          `json:"type"`
+	Event     string          `json:"event"` // raised or cleared
+	Condition json.RawMessage `json:"condition"`
+	At        time.Time       `json:"at"`
+}
+
+// ErrNotAlert means a signed envelope is not an alert.
+var ErrNotAlert = errors.New("not an alert")
+
+// OpenAlert checks an alert's envelope against the controller key and
+// decodes it.
+func OpenAlert(msg []byte, key ed25519.PublicKey) (Alert, error) {
+	var e Envelope
+	if err := json.Unmarshal(msg, &e); err != nil {
+		return Alert{}, fmt.Errorf("alert: %w", ErrBadSignature)
+	}
+	if !e.verifies(key) {
+		return Alert{}, fmt.Errorf("alert: %w", ErrBadSignature)
+	}
+	var a Alert
+	if err := json.Unmarshal([]byte(e.Declaration), &a); err != nil {
+		return Alert{}, fmt.Errorf("alert: %w", err)
+	}
+	if a.Type != AlertType {
+		return Alert{}, fmt.Errorf("alert: %w (type %q)", ErrNotAlert, a.Type)
+	}
+	return a, nil
 }

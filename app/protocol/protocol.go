@@ -26,15 +26,35 @@ const (
 
 // Subjects.
 const (
-	// JoinSubject is where a joining host asks to join (request).
+	// JoinSubject is where a joining host asks to join (request). A
+	// connection without credentials is the join user, in an account of its
+	// own that imports this one subject from the mesh account as a service:
+	// the controller sees the request with a reply the broker made and the
+	// asker's address, and its answer can only go back to the asker's inbox
+	// in the join account (embedded/broker.JoinUser).
 	JoinSubject = "mesh.join"
 	// JoinInboxPrefix is the inbox a joining connection answers on; the join
-	// user may subscribe there and nowhere else.
+	// user may subscribe there and nowhere else. Every connection without
+	// credentials may, so what an answer grants is sealed (JoinReply).
 	JoinInboxPrefix = "_INBOX.join"
-	// JoinBusy is the answer to a join the controller had no room to queue:
-	// the host asks again a moment later.
+	// JoinBusy is the answer to a join the controller had no room or time
+	// for: the host asks again a moment later.
 	JoinBusy = "the controller is busy admitting other hosts: ask again"
+	// JoinRefused is the one answer to every refused join (a token unknown,
+	// of another node, used, replaced or expired; a node unknown or its name
+	// reserved; a request malformed): an asker learns nothing of which
+	// tokens or names exist. The controller's log says why, and repeated
+	// refusals from one address raise join.refused.
+	JoinRefused = "the token is not one this node can use (the controller's log says why)"
+	// JoinFailed is the answer when the controller could not admit a host
+	// for a reason of its own (a store it cannot write): ask again later.
+	JoinFailed = "the controller could not admit the host now: ask again later"
 )
+
+// JoinAnswerWithin is how long a join may wait for its answer: the
+// controller answers within it or not at all (the broker forgets the way
+// back), and a host that heard nothing by then asks again.
+const JoinAnswerWithin = 5 * time.Second
 
 // What a host says, the last token of mesh.node.N.<what>.
 const (
@@ -84,15 +104,27 @@ type JoinRequest struct {
 	HostVersion  string `json:"host_version"`
 }
 
-// JoinReply is the controller's answer to a join.
+// JoinReply is the controller's answer to a join: the grant, sealed to the
+// age recipient the request named, or an error (JoinRefused, JoinBusy or
+// JoinFailed). Any connection without credentials may read the answers in
+// the join account's inboxes (the broker cannot keep them to their asker),
+// so what a grant holds is readable only by the holder of that age identity.
 type JoinReply struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	// Sealed is the JoinGrant, sealed (SealJoinGrant).
+	Sealed string `json:"sealed,omitempty"`
+}
+
+// JoinGrant is what a joined host is given.
+type JoinGrant struct {
+	// Node is the node it joined as: a grant for another is refused.
+	Node string `json:"node"`
 	// Creds is the host's user JWT as the JWT half of a .creds document; the
 	// host adds its own nkey seed, which never leaves it.
-	Creds         string   `json:"creds,omitempty"`
-	ControllerKey string   `json:"controller_key,omitempty"` // ed25519 public key, base64
-	BrokerURLs    []string `json:"broker_urls,omitempty"`
+	Creds         string   `json:"creds"`
+	ControllerKey string   `json:"controller_key"` // ed25519 public key, base64
+	BrokerURLs    []string `json:"broker_urls"`
 }
 
 // HeartbeatBody is a host's regular beat.

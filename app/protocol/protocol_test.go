@@ -3,9 +3,13 @@ package protocol
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"filippo.io/age"
 )
 
 func TestCanonical(t *testing.T) {
@@ -110,5 +114,76 @@ func TestDeclaration_EncodesCanonically(t *testing.T) {
 	}
 	if string(fast) != string(slow) {
 		t.Fatalf("not canonical:\n%s\nwant\n%s", fast, slow)
+	}
+}
+
+func TestJoinGrant(t *testing.T) {
+	id, _ := age.GenerateX25519Identity()
+	other, _ := age.GenerateX25519Identity()
+	g := JoinGrant{Node: "web1", Creds: "jwt", ControllerKey: "key", BrokerURLs: []string{"nats://a:4222"}}
+	sealed, err := SealJoinGrant(g, id.Recipient().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sealed, "jwt") || !strings.HasPrefix(sealed, "-----BEGIN AGE ENCRYPTED FILE-----") {
+		t.Fatalf("not sealed: %s", sealed)
+	}
+	got, err := OpenJoinGrant(sealed, id, "web1")
+	if err != nil || got.Creds != "jwt" || got.BrokerURLs[0] != "nats://a:4222" {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	t.Run("another identity", func(t *testing.T) {
+		if _, err := OpenJoinGrant(sealed, other, "web1"); err == nil {
+			t.Fatal("opened with another identity")
+		}
+	})
+	t.Run("another node", func(t *testing.T) {
+		if _, err := OpenJoinGrant(sealed, id, "web2"); err == nil || !strings.Contains(err.Error(), `for node "web1"`) {
+			t.Fatalf("opened for web2: %v", err)
+		}
+	})
+	t.Run("not a recipient", func(t *testing.T) {
+		if _, err := SealJoinGrant(g, "age1nope"); err == nil {
+			t.Fatal("sealed to a bad recipient")
+		}
+	})
+}
+
+func TestOpenAlert(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	_, other, _ := ed25519.GenerateKey(rand.Reader)
+	sign := func(k ed25519.PrivateKey) func([]byte) []byte {
+		return func(b []byte) []byte { return ed25519.Sign(k, b) }
+	}
+	seal := func(body map[string]any, k ed25519.PrivateKey) []byte {
+		env, err := SealBody(body, sign(k), "key")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(env)
+		return b
+	}
+	alert := map[string]any{"type": AlertType, "event": "raised", "condition": map[string]any{"key": "node.silent/web1"}, "at": "2026-11-29T14:00:00Z"}
+	a, err := OpenAlert(seal(alert, priv), pub)
+	if err != nil || a.Event != "raised" || !strings.Contains(string(a.Condition), "node.silent/web1") {
+		t.Fatalf("got %+v, %v", a, err)
+	}
+	for what, msg := range map[string][]byte{
+		"plain JSON":            []byte(`{"event":"raised","condition":{"key":"node.silent/web1"}}`),
+		"signed by another key": seal(alert, other),
+	} {
+		if _, err := OpenAlert(msg, pub); !errors.Is(err, ErrBadSignature) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	// A declaration the controller signed is not an alert.
+	if _, err := OpenAlert(seal(map[string]any{"node": "web1", "serial": 3}, priv), pub); !errors.Is(err, ErrNotAlert) {
+		t.Errorf("a declaration: %v", err)
+	}
+	// nor an alert a declaration
+	var env Envelope
+	json.Unmarshal(seal(alert, priv), &env)
+	if d, err := env.Verify(pub); err == nil && (d.Node != "" || d.Serial != 0) {
+		t.Errorf("an alert read as a declaration: %+v", d)
 	}
 }

@@ -52,6 +52,8 @@ func hint(err error) string {
 		return "restore the migration as it shipped: applied migrations are never edited"
 	case errors.Is(err, identity.ErrNoSigningKey):
 		return "run 'mesh-controller migrate' to make it"
+	case errors.Is(err, app.ErrReservedName):
+		return "choose another name for the node"
 	case errors.Is(err, inventory.ErrNodeExists):
 		return "choose another name ('mesh-controller node list' shows those taken)"
 	case errors.Is(err, inventory.ErrNodeNotFound):

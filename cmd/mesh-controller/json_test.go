@@ -190,9 +190,10 @@ func populate(t *testing.T, dir, examples string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// web2 joins as its host would: its keys kept, its token used.
+	_, joinErr := st.Identity.Join(ctx, web2Token, identity.Host{Node: "web2", HostKey: hostKey, AgeRecipient: operatorKey, NKey: nkey, HostVersion: "test"}, now)
 	steps := []error{
-		// web2 joins as its host would: its keys kept, its token used.
-		st.Identity.Join(ctx, web2Token, identity.Host{Node: "web2", HostKey: hostKey, AgeRecipient: operatorKey, NKey: nkey, HostVersion: "test"}, now),
+		joinErr,
 		inv.MarkJoined(ctx, "web2", now),
 		inv.MarkJoined(ctx, "db1", long),
 		inv.RecordBeats(ctx, []inventory.Beat{{Node: "db1", HeardAt: long, IntervalS: 15, SerialApplied: 1, UptimeS: 60}}),

@@ -115,7 +115,8 @@ func cmdHostJoined(ts *testscript.TestScript, neg bool, args []string) {
 	st, err := c.Stores(ctx)
 	ts.Check(err)
 	now := time.Now()
-	ts.Check(st.Identity.Join(ctx, strings.TrimSpace(string(token)), identity.Host{Node: args[0], HostKey: hostKey,
-		AgeRecipient: ts.Getenv("OPERATOR_KEY"), NKey: nkey, HostVersion: "scenario"}, now))
+	_, err = st.Identity.Join(ctx, strings.TrimSpace(string(token)), identity.Host{Node: args[0], HostKey: hostKey,
+		AgeRecipient: ts.Getenv("OPERATOR_KEY"), NKey: nkey, HostVersion: "scenario"}, now)
+	ts.Check(err)
 	ts.Check(st.Inventory.MarkJoined(ctx, args[0], now))
 }

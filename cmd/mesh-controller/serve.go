@@ -81,9 +81,12 @@ func (c *BrokerShowCmd) Run(env *Env) error {
 		state += "; external broker"
 	}
 	fmt.Fprintf(w, "urls      %s  (%s)\n", strings.Join(v.URLs, ", "), state)
-	fmt.Fprintf(w, "operator  %s\naccount   %s\n\nusers:\n", v.Operator, v.Account)
+	fmt.Fprintf(w, "operator  %s\naccount   %s\njoin      %s\nadmit     %s\n\nusers:\n", v.Operator, v.Account, v.JoinAccount, v.AdmitAccount)
 	for _, u := range v.Users {
 		fmt.Fprintf(w, "  %s\n    publish    %s\n    subscribe  %s\n", u.User, strings.Join(u.Publish, " "), strings.Join(u.Subscribe, " "))
+		if u.MaxPayload > 0 {
+			fmt.Fprintf(w, "    largest    %d bytes\n", u.MaxPayload)
+		}
 	}
 	if t := v.Trust; t != nil {
 		fmt.Fprintf(w, "\nThe external NATS server must trust this controller's operator; add to its configuration:\n\n")

@@ -44,3 +44,37 @@ func TestStore_Drops(t *testing.T) {
 		t.Fatalf("all: %+v", all)
 	}
 }
+
+func TestStore_JoinRefusals(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 29, 10, 0, 30, 0, time.UTC)
+	for _, r := range []struct {
+		source, reason string
+		n              int64
+		at             time.Time
+	}{
+		{"192.0.2.7", "unknown token", 5, t0.Add(-20 * time.Minute)},
+		{"192.0.2.7", "unknown token", 2, t0},
+		{"192.0.2.7", "unknown token", 3, t0.Add(10 * time.Second)},
+		{"192.0.2.7", "used token", 1, t0.Add(time.Minute)},
+		{"192.0.2.8", "unknown token", 4, t0},
+	} {
+		if err := s.CountJoinRefusals(ctx, r.source, r.reason, r.n, r.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.JoinRefusalsSince(ctx, t0.Add(-10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].Source != "192.0.2.7" || got[0].Reason != "unknown token" || got[0].Count != 5 ||
+		!got[0].FirstAt.Equal(t0.Truncate(time.Minute)) || !got[0].LastAt.Equal(t0.Add(10*time.Second)) ||
+		got[1].Reason != "used token" || got[2].Source != "192.0.2.8" || got[2].Count != 4 {
+		t.Fatalf("since: %+v", got)
+	}
+	if n, err := s.PruneMeasurements(ctx, t0.Add(-10*time.Minute), t0.Add(-10*time.Minute), 100); err != nil || n != 1 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+}

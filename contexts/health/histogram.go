@@ -174,15 +174,16 @@ func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]His
 	return out, rows.Err()
 }
 
-// PruneMeasurements deletes every duration older than before and every
-// heartbeat aggregate older than heartbeatsBefore, and PruneHistory every condition history
-// entry and healer act older than a time; each in batches of batch rows
-// until none is left, returning how many went. Small batches keep each
-// write short beside the daemon's.
+// PruneMeasurements deletes every duration and refused join older than
+// before and every heartbeat aggregate older than heartbeatsBefore, and
+// PruneHistory every condition history entry and healer act older than a
+// time; each in batches of batch rows until none is left, returning how
+// many went. Small batches keep each write short beside the daemon's.
 func (s *Store) PruneMeasurements(ctx context.Context, before, heartbeatsBefore time.Time, batch int) (int, error) {
 	return s.prune(ctx, batch,
 		prune{`DELETE FROM durations WHERE id IN (SELECT id FROM durations WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
-		prune{`DELETE FROM heartbeat_hours WHERE rowid IN (SELECT rowid FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(heartbeatsBefore)})
+		prune{`DELETE FROM heartbeat_hours WHERE rowid IN (SELECT rowid FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(heartbeatsBefore)},
+		prune{`DELETE FROM join_refusals WHERE rowid IN (SELECT rowid FROM join_refusals WHERE minute < ? LIMIT ?)`, sqlite.FormatTime(before.UTC().Truncate(time.Minute))})
 }
 
 // PruneHistory: see PruneMeasurements.

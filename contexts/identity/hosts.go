@@ -18,6 +18,9 @@ var (
 	ErrTokenUsed      = errors.New("this token was used already")
 	ErrTokenRevoked   = errors.New("this token was replaced by a newer one")
 	ErrTokenExpired   = errors.New("this token has expired")
+	// ErrNKeyUsed means a host presented a broker nkey a user was issued
+	// for before: a host makes a new one for every join.
+	ErrNKeyUsed = errors.New("this nkey was issued a broker user before")
 )
 
 // Host is the keys a node's host presented when it joined.
@@ -31,54 +34,114 @@ type Host struct {
 }
 
 // Join checks a presented token (known, for this node, unused, not replaced,
-// unexpired), marks it used and keeps the host's keys, in one transaction.
+// unexpired), marks it used, keeps the host's keys and records its broker
+// user (its nkey), in one transaction. The node's earlier host users are
+// revoked by the same act: a machine that joins as a node replaces the one
+// before it. revoked counts them; the caller disconnects them.
+//
 // A token presented again after its use is refused and remembered
 // (reused_count), so that a condition can be raised for it.
-func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) error {
+func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (revoked int, err error) {
+	// A refusal that changes nothing is decided by a read, without the
+	// writer: a flood of wrong tokens does not hold up this store's writes.
+	if refusal, err := checkToken(ctx, s.db.Reader, token, h.Node, now); err != nil {
+		return 0, fmt.Errorf("join %s: %w", h.Node, err)
+	} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
+		return 0, refusal
+	}
 	var refusal error
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var node, expires string
-		var used, revoked sql.NullString
-		err := tx.QueryRowContext(ctx, `SELECT node, expires_at, used_at, revoked_at FROM join_tokens WHERE hash = ?`, hashToken(token)).
-			Scan(&node, &expires, &used, &revoked)
-		if errors.Is(err, sql.ErrNoRows) {
-			refusal = ErrTokenUnknown
-			return nil
-		}
-		if err != nil {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		var err error
+		if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
+			if errors.Is(refusal, ErrTokenUsed) {
+				_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
+					sqlite.FormatTime(now), hashToken(token))
+			}
 			return err
 		}
-		exp, err := sqlite.ParseTime(expires)
-		if err != nil {
+		var issued int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE pub = ?`, h.NKey).Scan(&issued); err != nil {
 			return err
 		}
-		switch {
-		case node != h.Node:
-			refusal = ErrTokenOtherNode
+		if issued > 0 {
+			refusal = ErrNKeyUsed
 			return nil
-		case used.Valid:
-			refusal = ErrTokenUsed
-			_, err := tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
-				sqlite.FormatTime(now), hashToken(token))
+		}
+		if revoked, err = revokeHostUsers(ctx, tx, h.Node, now); err != nil {
 			return err
-		case revoked.Valid:
-			refusal = ErrTokenRevoked
-			return nil
-		case !now.Before(exp):
-			refusal = ErrTokenExpired
-			return nil
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now))
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?)`,
+			h.NKey, h.Node, sqlite.FormatTime(now))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("join %s: %w", h.Node, err)
+		return 0, fmt.Errorf("join %s: %w", h.Node, err)
 	}
-	return refusal
+	if refusal != nil {
+		return 0, refusal
+	}
+	return revoked, nil
+}
+
+// revokeHostUsers revokes every live host user of node. A host that joined
+// before host users were recorded is known by the nkey its hosts row keeps:
+// it is recorded first, so that it is revoked too.
+func revokeHostUsers(ctx context.Context, tx *sql.Tx, node string, now time.Time) (int, error) {
+	var nkey, joined string
+	err := tx.QueryRowContext(ctx, `SELECT nkey, joined_at FROM hosts WHERE node = ?`, node).Scan(&nkey, &joined)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, err
+	}
+	if err == nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?) ON CONFLICT (pub) DO NOTHING`,
+			nkey, node, joined); err != nil {
+			return 0, err
+		}
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE kind = 'host' AND node = ? AND revoked_at IS NULL`,
+		sqlite.FormatTime(now), node)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// checkToken says why a token does not admit node now (an Err… value), or
+// nil if it does.
+func checkToken(ctx context.Context, q querier, token, node string, now time.Time) (refusal, err error) {
+	var tokenNode, expires string
+	var used, revoked sql.NullString
+	err = q.QueryRowContext(ctx, `SELECT node, expires_at, used_at, revoked_at FROM join_tokens WHERE hash = ?`, hashToken(token)).
+		Scan(&tokenNode, &expires, &used, &revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrTokenUnknown, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	exp, err := sqlite.ParseTime(expires)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case tokenNode != node:
+		return ErrTokenOtherNode, nil
+	case used.Valid:
+		return ErrTokenUsed, nil
+	case revoked.Valid:
+		return ErrTokenRevoked, nil
+	case !now.Before(exp):
+		return ErrTokenExpired, nil
+	}
+	return nil, nil
 }
 
 // Hosts returns every joined host's keys.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -89,6 +90,61 @@ func TestStore_IssueToken(t *testing.T) {
 		s.db.Reader.QueryRow(`SELECT count(*) FROM join_tokens WHERE hash = ?`, hashToken(second)).Scan(&n)
 		if n != 1 {
 			t.Fatal("the token's hash is not what is kept")
+		}
+	})
+}
+
+func TestStore_JoinRevokesEarlierHosts(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "identity")
+	s := NewStore(db)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	host := func(nkey string) Host {
+		return Host{Node: "web1", HostKey: make([]byte, 32), AgeRecipient: "age1x", NKey: nkey, HostVersion: "test"}
+	}
+	join := func(nkey string) (int, error) {
+		t.Helper()
+		tok, _, _, err := s.IssueToken(ctx, "web1", time.Hour, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Minute)
+		return s.Join(ctx, tok, host(nkey), now)
+	}
+	if n, err := join("UFIRST"); err != nil || n != 0 {
+		t.Fatalf("first join: %d, %v", n, err)
+	}
+	revoked, _ := s.Revoked(ctx)
+	if len(revoked) != 0 {
+		t.Fatalf("revoked after the first join: %v", revoked)
+	}
+	if n, err := join("USECOND"); err != nil || n != 1 {
+		t.Fatalf("second join: %d revoked, %v", n, err)
+	}
+	revoked, _ = s.Revoked(ctx)
+	if _, ok := revoked["UFIRST"]; !ok || len(revoked) != 1 {
+		t.Fatalf("revoked: %v", revoked)
+	}
+	t.Run("an nkey issued before is refused", func(t *testing.T) {
+		if _, err := join("UFIRST"); !errors.Is(err, ErrNKeyUsed) {
+			t.Fatalf("got %v", err)
+		}
+		if hs, _ := s.Hosts(ctx); len(hs) != 1 || hs[0].NKey != "USECOND" {
+			t.Fatalf("hosts: %+v", hs)
+		}
+	})
+	t.Run("a host that joined before hosts were recorded", func(t *testing.T) {
+		if _, err := db.Writer.ExecContext(ctx, `INSERT INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES ('web2', ?, 'age1x', 'UOLD', 'old', '2026-01-01T00:00:00.000Z')`, make([]byte, 32)); err != nil {
+			t.Fatal(err)
+		}
+		tok, _, _, _ := s.IssueToken(ctx, "web2", time.Hour, now)
+		h := host("UNEW")
+		h.Node = "web2"
+		if n, err := s.Join(ctx, tok, h, now); err != nil || n != 1 {
+			t.Fatalf("join: %d, %v", n, err)
+		}
+		if revoked, _ := s.Revoked(ctx); revoked["UOLD"].IsZero() {
+			t.Fatalf("the old host was not revoked: %v", revoked)
 		}
 	})
 }

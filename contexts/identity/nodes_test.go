@@ -15,7 +15,7 @@ func TestStore_RevokeNodeUsers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Join(ctx, tok, Host{Node: node, HostKey: make([]byte, 32), AgeRecipient: "age1x", NKey: "U" + node, HostVersion: "test"}, now); err != nil {
+		if _, err := s.Join(ctx, tok, Host{Node: node, HostKey: make([]byte, 32), AgeRecipient: "age1x", NKey: "U" + node, HostVersion: "test"}, now); err != nil {
 			t.Fatal(err)
 		}
 	}

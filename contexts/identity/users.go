@@ -9,7 +9,8 @@ import (
 	"mesh-controller/embedded/sqlite"
 )
 
-// IssuedUser is a broker user the controller signed for a module (or a builder).
+// IssuedUser is a broker user the controller signed for a module, a host
+// (recorded by Join) or a builder.
 type IssuedUser struct {
 	Pub    string
 	Kind   string

@@ -3,6 +3,8 @@
 package broker
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -15,12 +17,22 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// Keys are the broker's signing keys, kept in the identity store: the
-// operator's, the mesh account's and the system account's.
+// Keys are the broker's signing keys: the operator's, the mesh account's and
+// the system account's, kept in the identity store, and the join and admit
+// accounts', derived from the mesh account's.
 type Keys struct {
 	Operator nkeys.KeyPair
 	Account  nkeys.KeyPair
 	System   nkeys.KeyPair
+	// Join signs the join account, where connections without credentials
+	// land: nothing is there but the services it imports from the admit
+	// account.
+	Join nkeys.KeyPair
+	// Admit signs the admit account, where the controller answers joins:
+	// apart from the mesh account, so that revoking users there (which
+	// rebuilds its exports, and forgets the way back of every request in
+	// flight through them) never loses a join's answer.
+	Admit nkeys.KeyPair
 }
 
 // KeysFromSeeds rebuilds Keys from their seeds.
@@ -36,7 +48,27 @@ func KeysFromSeeds(operator, account, system []byte) (Keys, error) {
 	if k.System, err = nkeys.FromSeed(system); err != nil {
 		return Keys{}, fmt.Errorf("system account key: %w", err)
 	}
+	if k.Join, err = derivedAccount(account, "join"); err != nil {
+		return Keys{}, fmt.Errorf("join account key: %w", err)
+	}
+	if k.Admit, err = derivedAccount(account, "admit"); err != nil {
+		return Keys{}, fmt.Errorf("admit account key: %w", err)
+	}
 	return k, nil
+}
+
+// derivedAccount derives an account's key from the mesh account's seed
+// (HMAC-SHA256 with a label of its own): it needs no store of its own, and
+// stays the same across restarts, so an external broker is configured with
+// it once.
+func derivedAccount(accountSeed []byte, label string) (nkeys.KeyPair, error) {
+	_, raw, err := nkeys.DecodeSeed(accountSeed)
+	if err != nil {
+		return nil, err
+	}
+	mac := hmac.New(sha256.New, raw)
+	mac.Write([]byte("mesh-controller " + label + " account"))
+	return nkeys.FromRawSeed(nkeys.PrefixByteAccount, mac.Sum(nil))
 }
 
 // NewSeeds makes the three seeds: operator, account, system account.
@@ -59,17 +91,32 @@ func NewSeeds() (operator, account, system []byte, err error) {
 	return operator, account, system, nil
 }
 
-// Permissions are what a user may publish and subscribe to.
+// Permissions are what a user may publish and subscribe to, and how much it
+// may use of the broker.
+//
+// There is deliberately no response permission (NATS allow_responses): the
+// server lets such a user publish to any reply subject it was handed, even
+// one its deny list names (client.go pubAllowedFullCheck; broker_test.go
+// shows it), so whoever can hand it a request can make it publish anywhere.
+// A user that answers requests is allowed the inboxes it answers into
+// instead, as plain publish subjects.
 type Permissions struct {
 	Publish   []string `json:"publish"`
 	Subscribe []string `json:"subscribe"`
-	// Respond lets the user answer requests made to it (one reply each).
-	Respond bool `json:"respond,omitempty"`
+	// MaxPayload is the largest message the user may publish, in bytes
+	// (0: the server's limit). The server closes a connection that sends more.
+	MaxPayload int64 `json:"max_payload,omitempty"`
+	// MaxSubs is how many subscriptions the user may hold at once (0: no limit).
+	MaxSubs int64 `json:"max_subs,omitempty"`
 }
 
 // IssueUser signs a user JWT in the mesh account for the nkey userPub. A
 // bearer user connects with the JWT alone.
 func (k Keys) IssueUser(name, userPub string, p Permissions, bearer bool) (string, error) {
+	return issueUser(k.Account, name, userPub, p, bearer)
+}
+
+func issueUser(account nkeys.KeyPair, name, userPub string, p Permissions, bearer bool) (string, error) {
 	uc := jwt.NewUserClaims(userPub)
 	uc.Name = name
 	uc.BearerToken = bearer
@@ -81,21 +128,35 @@ func (k Keys) IssueUser(name, userPub string, p Permissions, bearer bool) (strin
 	if len(p.Subscribe) == 0 {
 		uc.Sub.Deny.Add(">")
 	}
-	if p.Respond {
-		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
+	if p.MaxPayload > 0 {
+		uc.Limits.Payload = p.MaxPayload
 	}
-	return uc.Encode(k.Account)
+	if p.MaxSubs > 0 {
+		uc.Limits.Subs = p.MaxSubs
+	}
+	return uc.Encode(account)
 }
 
-// NewUser makes a fresh user nkey and its JWT: for the controller's own
-// connections, which are made anew by each process, and for modules.
+// NewUser makes a fresh user nkey and its JWT in the mesh account: for the
+// controller's own connections, which are made anew by each process, and
+// for modules.
 func (k Keys) NewUser(name string, p Permissions) (userJWT string, seed []byte, err error) {
+	return newUser(k.Account, name, p)
+}
+
+// NewAdmitter makes a fresh user of the admit account: the controller's
+// connection that answers joins.
+func (k Keys) NewAdmitter(name string, p Permissions) (userJWT string, seed []byte, err error) {
+	return newUser(k.Admit, name, p)
+}
+
+func newUser(account nkeys.KeyPair, name string, p Permissions) (userJWT string, seed []byte, err error) {
 	u, err := nkeys.CreateUser()
 	if err != nil {
 		return "", nil, err
 	}
 	pub, _ := u.PublicKey()
-	if userJWT, err = k.IssueUser(name, pub, p, false); err != nil {
+	if userJWT, err = issueUser(account, name, pub, p, false); err != nil {
 		return "", nil, err
 	}
 	seed, _ = u.Seed()
@@ -118,8 +179,8 @@ func Creds(userJWT string, seed []byte) (string, error) {
 }
 
 // Trust is what a NATS server must hold to trust this controller: the
-// operator, the mesh and system accounts, and the default sentinel that
-// admits a connection without credentials as the join user.
+// operator, the mesh, join, admit and system accounts, and the default
+// sentinel that admits a connection without credentials as the join user.
 type Trust struct {
 	Operator    *jwt.OperatorClaims
 	OperatorJWT string
@@ -127,16 +188,54 @@ type Trust struct {
 	AccountJWT  string
 	SystemPub   string
 	SystemJWT   string
+	// JoinPub and JoinJWT are the join account's, where the sentinel lands.
+	JoinPub string
+	JoinJWT string
+	// AdmitPub and AdmitJWT are the admit account's, which answers joins.
+	AdmitPub string
+	AdmitJWT string
 	// Sentinel is the bearer user JWT a connection without credentials gets.
 	Sentinel string
 }
 
-// Trust signs the operator and account JWTs and the sentinel user with the
-// given (join) permissions; the account JWT revokes the revoked users.
-func (k Keys) Trust(sentinel Permissions, revoked map[string]time.Time) (Trust, error) {
+// JoinUser is what a connection without credentials becomes: a bearer user
+// of the join account. That account holds nothing but the services it
+// imports from the admit account, where the controller answers them, so an
+// anonymous connection cannot see or reach the mesh account's subjects and
+// inboxes at all; a request reaches the controller with a reply subject the
+// server made (_R_.…) and the asker's connection details in its
+// Nats-Request-Info header (ClientInfoHdr), which the asker cannot forge;
+// and the answer can only go back to the asker's reply subject in the join
+// account.
+type JoinUser struct {
+	// Permissions are the join user's within the join account: its limits
+	// (MaxPayload, MaxSubs) are the ones that matter most.
+	Permissions Permissions
+	// Services are the subjects the join account may ask of the admit account.
+	Services []string
+	// MaxConns caps the join account's connections at once (0: no limit):
+	// past it the server refuses a connection without credentials.
+	MaxConns int64
+	// AnswerWithin is how long the server keeps the way back for an answer
+	// to a request through a service (0: the server's default, 2 minutes):
+	// a request that is never answered holds that much of the server's
+	// memory for that long.
+	AnswerWithin time.Duration
+}
+
+// ClientInfoHdr is the header the server puts on a request that came
+// through a service import, with the asker's connection (its address among
+// them); the server replaces any header of that name the asker sent.
+const ClientInfoHdr = server.ClientInfoHdr
+
+// Trust signs the operator and account JWTs and the sentinel join user;
+// the mesh account's JWT revokes the revoked users.
+func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) {
 	opPub, _ := k.Operator.PublicKey()
 	accPub, _ := k.Account.PublicKey()
 	sysPub, _ := k.System.PublicKey()
+	joinAccPub, _ := k.Join.PublicKey()
+	admitPub, _ := k.Admit.PublicKey()
 	oc := jwt.NewOperatorClaims(opPub)
 	oc.Name = "mesh-controller"
 	oc.SystemAccount = sysPub
@@ -149,7 +248,33 @@ func (k Keys) Trust(sentinel Permissions, revoked map[string]time.Time) (Trust, 
 	for pub, at := range revoked {
 		ac.RevokeAt(pub, at)
 	}
+	jc := jwt.NewAccountClaims(joinAccPub)
+	jc.Name = "join"
+	adc := jwt.NewAccountClaims(admitPub)
+	adc.Name = "admit"
+	for _, subject := range join.Services {
+		adc.Exports.Add(&jwt.Export{Name: subject, Subject: jwt.Subject(subject), Type: jwt.Service,
+			ResponseType: jwt.ResponseTypeSingleton, ResponseThreshold: join.AnswerWithin})
+		jc.Imports.Add(&jwt.Import{Name: subject, Account: admitPub, Subject: jwt.Subject(subject), Type: jwt.Service, Share: true})
+	}
+	if join.MaxConns > 0 {
+		jc.Limits.Conn = join.MaxConns
+		if join.Permissions.MaxSubs > 0 {
+			jc.Limits.Subs = join.MaxConns * join.Permissions.MaxSubs
+		}
+	}
+	if join.Permissions.MaxPayload > 0 {
+		jc.Limits.Payload = join.Permissions.MaxPayload
+	}
 	accJWT, err := ac.Encode(k.Operator)
+	if err != nil {
+		return Trust{}, err
+	}
+	joinJWT, err := jc.Encode(k.Operator)
+	if err != nil {
+		return Trust{}, err
+	}
+	admitJWT, err := adc.Encode(k.Operator)
 	if err != nil {
 		return Trust{}, err
 	}
@@ -159,12 +284,12 @@ func (k Keys) Trust(sentinel Permissions, revoked map[string]time.Time) (Trust, 
 	if err != nil {
 		return Trust{}, err
 	}
-	join, err := nkeys.CreateUser()
+	user, err := nkeys.CreateUser()
 	if err != nil {
 		return Trust{}, err
 	}
-	joinPub, _ := join.PublicKey()
-	sentinelJWT, err := k.IssueUser("join", joinPub, sentinel, true)
+	userPub, _ := user.PublicKey()
+	sentinelJWT, err := issueUser(k.Join, "join", userPub, join.Permissions, true)
 	if err != nil {
 		return Trust{}, err
 	}
@@ -173,7 +298,13 @@ func (k Keys) Trust(sentinel Permissions, revoked map[string]time.Time) (Trust, 
 		return Trust{}, err
 	}
 	return Trust{Operator: decoded, OperatorJWT: opJWT, AccountPub: accPub, AccountJWT: accJWT,
-		SystemPub: sysPub, SystemJWT: sysJWT, Sentinel: sentinelJWT}, nil
+		SystemPub: sysPub, SystemJWT: sysJWT, JoinPub: joinAccPub, JoinJWT: joinJWT, AdmitPub: admitPub, AdmitJWT: admitJWT,
+		Sentinel: sentinelJWT}, nil
+}
+
+// Preload is every account JWT a server's resolver must hold, by account.
+func (t Trust) Preload() map[string]string {
+	return map[string]string{t.AccountPub: t.AccountJWT, t.SystemPub: t.SystemJWT, t.JoinPub: t.JoinJWT, t.AdmitPub: t.AdmitJWT}
 }
 
 // Server is the embedded NATS server.
@@ -204,11 +335,10 @@ func Start(listen string, t Trust) (*Server, error) {
 		ln.Close()
 	}
 	resolver := &server.MemAccResolver{}
-	if err := resolver.Store(t.AccountPub, t.AccountJWT); err != nil {
-		return nil, err
-	}
-	if err := resolver.Store(t.SystemPub, t.SystemJWT); err != nil {
-		return nil, err
+	for pub, accJWT := range t.Preload() {
+		if err := resolver.Store(pub, accJWT); err != nil {
+			return nil, err
+		}
 	}
 	opts := &server.Options{
 		ServerName:       "mesh-controller",
@@ -235,9 +365,11 @@ func Start(listen string, t Trust) (*Server, error) {
 	return &Server{srv: srv, resolver: resolver}, nil
 }
 
-// UpdateAccount gives the running server the account JWT of t: users it
-// revokes are disconnected at once (a revoked user is not disconnected by
-// itself otherwise).
+// UpdateAccount gives the running server the mesh account's JWT of t: users
+// it revokes are disconnected at once (a revoked user is not disconnected by
+// itself otherwise). The server rebuilds the account's exports, forgetting
+// the way back of requests in flight through them: the mesh account exports
+// nothing (joins are answered in the admit account).
 func (s *Server) UpdateAccount(t Trust) error {
 	ac, err := jwt.DecodeAccountClaims(t.AccountJWT)
 	if err != nil {

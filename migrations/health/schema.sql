@@ -73,6 +73,14 @@ CREATE TABLE heartbeat_hours (
     buckets TEXT NOT NULL,
     PRIMARY KEY (node, hour)
 ) STRICT;
+CREATE TABLE join_refusals (
+    source  TEXT NOT NULL,
+    reason  TEXT NOT NULL,
+    minute  TEXT NOT NULL,
+    count   INTEGER NOT NULL,
+    last_at TEXT NOT NULL,
+    PRIMARY KEY (source, reason, minute)
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
@@ -96,3 +104,4 @@ CREATE INDEX durations_kind_at ON durations (kind, at);
 CREATE INDEX hand_acts_at ON hand_acts (at);
 CREATE INDEX healer_acts_at ON healer_acts (at);
 CREATE INDEX heartbeat_hours_hour ON heartbeat_hours (hour);
+CREATE INDEX join_refusals_minute ON join_refusals (minute);

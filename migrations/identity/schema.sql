@@ -49,4 +49,5 @@ CREATE TABLE signing_keys (
     created_at  TEXT NOT NULL
 ) STRICT;
 CREATE INDEX issued_users_module ON issued_users (module);
+CREATE INDEX issued_users_node ON issued_users (node, kind);
 CREATE INDEX join_tokens_node ON join_tokens (node, issued_at);

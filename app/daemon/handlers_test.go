@@ -1,0 +1,81 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/embedded/broker"
+)
+
+// A join that waited longer than joinStale is answered busy, never
+// admitted: its answer might no longer reach its host, whose token would
+// then be used for nothing.
+func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
+	admitted := make(chan string, 2)
+	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queuedJoin, 2), events: make(chan event, 4),
+		u: UseCases{Now: time.Now, Join: func(_ context.Context, r protocol.JoinRequest, _ []string) (Admitted, error) {
+			admitted <- r.Node
+			return Admitted{}, &Refusal{Reason: "unknown token", Err: io.EOF}
+		}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.joinWorker(ctx); close(done) }()
+	ask := func(node string, waited time.Duration) {
+		d.joins <- queuedJoin{m: &nats.Msg{Subject: protocol.JoinSubject, Reply: "_R_.x.y", Data: []byte(`{"node":"` + node + `"}`)}, at: time.Now().Add(-waited)}
+	}
+	ask("stale", joinStale+time.Second)
+	ask("fresh", 0)
+	select {
+	case n := <-admitted:
+		if n != "fresh" {
+			t.Fatalf("%s was admitted", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fresh join was not taken")
+	}
+	cancel()
+	<-done
+	if d.o.Counters.Dropped.Load() != 1 {
+		t.Fatalf("%d dropped, want the stale one", d.o.Counters.Dropped.Load())
+	}
+}
+
+// The source of a join is the broker's word, never the asker's.
+func TestSourceOf(t *testing.T) {
+	msg := func(h nats.Header) *nats.Msg { return &nats.Msg{Header: h} }
+	for want, m := range map[string]*nats.Msg{
+		"192.0.2.1": msg(nats.Header{broker.ClientInfoHdr: {`{"host":"192.0.2.1"}`}}),
+		// the server appends its own after one of the asker's it could not remove
+		"192.0.2.2":   msg(nats.Header{broker.ClientInfoHdr: {`{"host":"6.6.6.6"}`, `{"host":"192.0.2.2"}`}}),
+		"2001:db8::1": msg(nats.Header{broker.ClientInfoHdr: {`{"host":"2001:0db8::1"}`}}),
+		"unknown":     msg(nats.Header{"nats-request-info": {`{"host":"6.6.6.6"}`}}),
+	} {
+		if got := sourceOf(m); got != want {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+	for _, bad := range []string{`{"host":"join.refused/x"}`, `{"host":""}`, `not json`} {
+		if got := sourceOf(msg(nats.Header{broker.ClientInfoHdr: {bad}})); got != "unknown" {
+			t.Errorf("%s: got %s", bad, got)
+		}
+	}
+}
+
+func TestRefusalLog(t *testing.T) {
+	var l refusalLog
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	logged := 0
+	for range 100 {
+		if l.allow("192.0.2.1", now) {
+			logged++
+		}
+	}
+	if logged != refusalsLogged || !l.allow("192.0.2.2", now) || !l.allow("192.0.2.1", now.Add(time.Minute)) {
+		t.Fatalf("logged %d of 100 in a minute", logged)
+	}
+}

@@ -1,0 +1,58 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
+)
+
+// JoinRefusals counts the joins refused from one source for one reason
+// within a window.
+type JoinRefusals struct {
+	Source  string    `json:"source"`
+	Reason  string    `json:"reason"`
+	Count   int64     `json:"count"`
+	FirstAt time.Time `json:"first_at"` // the minute of the first
+	LastAt  time.Time `json:"last_at"`
+}
+
+// CountJoinRefusals adds n joins refused from source for reason, in the
+// minute of now.
+func (s *Store) CountJoinRefusals(ctx context.Context, source, reason string, n int64, now time.Time) error {
+	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO join_refusals (source, reason, minute, count, last_at) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (source, reason, minute) DO UPDATE SET count = count + excluded.count, last_at = excluded.last_at`,
+		source, reason, sqlite.FormatTime(now.UTC().Truncate(time.Minute)), n, sqlite.FormatTime(now))
+	if err != nil {
+		return fmt.Errorf("count refused joins: %w", err)
+	}
+	return nil
+}
+
+// JoinRefusalsSince returns, per source and reason, the joins refused in
+// the minutes from since's on.
+func (s *Store) JoinRefusalsSince(ctx context.Context, since time.Time) ([]JoinRefusals, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT source, reason, sum(count), min(minute), max(last_at) FROM join_refusals
+		WHERE minute >= ? GROUP BY source, reason ORDER BY source, reason`, sqlite.FormatTime(since.UTC().Truncate(time.Minute)))
+	if err != nil {
+		return nil, fmt.Errorf("read refused joins: %w", err)
+	}
+	defer rows.Close()
+	var out []JoinRefusals
+	for rows.Next() {
+		var r JoinRefusals
+		var first, last string
+		if err := rows.Scan(&r.Source, &r.Reason, &r.Count, &first, &last); err != nil {
+			return nil, err
+		}
+		if r.FirstAt, err = sqlite.ParseTime(first); err != nil {
+			return nil, err
+		}
+		if r.LastAt, err = sqlite.ParseTime(last); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
