@@ -271,12 +271,13 @@ func fanOut(t *testing.T, c *controller, hosts int) {
 	start = time.Now()
 	c.run("upgrade", "fan", "roll-out", "--together", "--wait", "5m")
 	all := time.Since(start)
-	dbs := filepath.Join(c.data, "inventory.db")
-	db, err := sqlite.Open(ctx, sqlite.Location{Context: "inventory", DSN: dbs}, false)
+	// Through the stores this process opened for the assigns: a process
+	// opens each store once.
+	st, err := a.Stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	db := st.DB("inventory")
 	var lat []time.Duration
 	rows, _ := db.Reader.Query(`SELECT applied_at FROM nodes WHERE applied_at IS NOT NULL`)
 	for rows.Next() {
