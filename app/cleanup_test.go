@@ -56,14 +56,7 @@ func (m *testMesh) push(t *testing.T, node string) {
 // or with the digest of a preview its host's report has since changed,
 // nothing is asked and the files stay.
 func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
-	m := newTestMesh(t)
-	m.join("db1")
-	web1 := m.join("web1")
-	m.addModule(example("postgres"))
-	m.addModule(example("paperless"))
-	m.assign(t, "db1", "postgres")
-	m.assign(t, "web1", "paperless")
-	m.settled(t, "db1", "web1")
+	m, web1 := paperlessMesh(t)
 	media := filepath.Join(web1.root, "var/lib/paperless/media")
 	letter := filepath.Join(media, "letter.pdf")
 	if err := os.WriteFile(letter, []byte("a scanned letter"), 0o600); err != nil {
@@ -132,14 +125,7 @@ func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
 // host remove it, with no digest; assigning its module back makes it its
 // own again.
 func TestCleanup_DroppedDataStaysUntilCleaned(t *testing.T) {
-	m := newTestMesh(t)
-	m.join("db1")
-	web1 := m.join("web1")
-	m.addModule(example("postgres"))
-	m.addModule(example("paperless"))
-	m.assign(t, "db1", "postgres")
-	m.assign(t, "web1", "paperless")
-	m.settled(t, "db1", "web1")
+	m, web1 := paperlessMesh(t)
 	index := filepath.Join(web1.root, "var/lib/paperless/index")
 	if err := os.WriteFile(filepath.Join(index, "terms"), []byte("words"), 0o600); err != nil {
 		t.Fatal(err)

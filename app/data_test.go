@@ -32,6 +32,21 @@ func (m *testMesh) controllerConn(t *testing.T) *nats.Conn {
 	return nc
 }
 
+// paperlessMesh is a mesh where db1 runs postgres and web1 paperless, bound
+// to it, both hosts having applied their declarations.
+func paperlessMesh(t *testing.T) (*testMesh, *testHost) {
+	t.Helper()
+	m := newTestMesh(t)
+	m.join("db1")
+	web1 := m.join("web1")
+	m.addModule(example("postgres"))
+	m.addModule(example("paperless"))
+	m.assign(t, "db1", "postgres")
+	m.assign(t, "web1", "paperless")
+	m.settled(t, "db1", "web1")
+	return m, web1
+}
+
 func (m *testMesh) assign(t *testing.T, node string, modules ...string) {
 	t.Helper()
 	if _, err := m.c.Assign(context.Background(), node, modules); err != nil {
@@ -155,14 +170,7 @@ func TestData_RotateBothEnds(t *testing.T) {
 // Unassigned data stays, is listed as retired, and is deleted only by
 // cleanup delete: the host removes it and reports it gone.
 func TestData_CleanupDeleteFlow(t *testing.T) {
-	m := newTestMesh(t)
-	m.join("db1")
-	web1 := m.join("web1")
-	m.addModule(example("postgres"))
-	m.addModule(example("paperless"))
-	m.assign(t, "db1", "postgres")
-	m.assign(t, "web1", "paperless")
-	m.settled(t, "db1", "web1")
+	m, web1 := paperlessMesh(t)
 	media := filepath.Join(web1.root, "var/lib/paperless/media")
 	if err := os.WriteFile(filepath.Join(media, "scan.pdf"), []byte("a scanned letter"), 0o600); err != nil {
 		t.Fatal(err)

@@ -19,14 +19,7 @@ import (
 // joining later under the same name is a fresh one the revocation does
 // not touch.
 func TestNodeRemove_ClosesItsConnections(t *testing.T) {
-	m := newTestMesh(t)
-	m.join("db1")
-	web1 := m.join("web1")
-	m.addModule(example("postgres"))
-	m.addModule(example("paperless"))
-	m.assign(t, "db1", "postgres")
-	m.assign(t, "web1", "paperless")
-	m.settled(t, "db1", "web1")
+	m, web1 := paperlessMesh(t)
 	ctx := context.Background()
 	letter := filepath.Join(web1.root, "var/lib/paperless/media/letter.pdf")
 	if err := os.WriteFile(letter, []byte("a scanned letter"), 0o600); err != nil {
