@@ -63,3 +63,33 @@ func TestApply(t *testing.T) {
 		t.Fatal("an undeclared module's directory stayed")
 	}
 }
+
+// The declaration already applied, delivered again (pushed and also the
+// answer to the ask made on connecting), is not applied or reported as a
+// refusal; nor is an asked-for one a newer push overtook. A pushed older
+// one, anything unsigned and another node's are left for apply to refuse.
+func TestStale(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	_, other, _ := ed25519.GenerateKey(rand.Reader)
+	st := &State{Node: "web1", ControllerKey: pub}
+	decl := func(key ed25519.PrivateKey, serial int, node string) protocol.Envelope {
+		return sealed(t, key, map[string]any{"node": node, "serial": serial, "modules": []any{}})
+	}
+	for _, c := range []struct {
+		name  string
+		dl    delivery
+		stale bool
+	}{
+		{"the applied one, pushed again", delivery{env: decl(priv, 3, "web1")}, true},
+		{"the applied one, asked for", delivery{env: decl(priv, 3, "web1"), asked: true}, true},
+		{"an older one, asked for", delivery{env: decl(priv, 2, "web1"), asked: true}, true},
+		{"an older one, pushed", delivery{env: decl(priv, 2, "web1")}, false},
+		{"a newer one", delivery{env: decl(priv, 4, "web1")}, false},
+		{"the applied serial, signed by another key", delivery{env: decl(other, 3, "web1")}, false},
+		{"the applied serial, for another node", delivery{env: decl(priv, 3, "web2")}, false},
+	} {
+		if got := stale(st, 3, c.dl) != ""; got != c.stale {
+			t.Errorf("%s: stale %v, want %v", c.name, got, c.stale)
+		}
+	}
+}

@@ -58,7 +58,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	started := time.Now()
-	envelopes := make(chan protocol.Envelope, 16)
+	envelopes := make(chan delivery, 16)
 	connected := make(chan struct{}, 1)
 	onConnect := func(*nats.Conn) {
 		select {
@@ -86,7 +86,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		// Never blocks past Run: a handler left waiting would leak.
 		select {
-		case envelopes <- env:
+		case envelopes <- delivery{env: env}:
 		case <-ctx.Done():
 		}
 	}); err != nil {
@@ -105,8 +105,8 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.logf("connected to %s", nc.ConnectedUrl())
 			r.publish(nc, protocol.FactsReport, Facts(r.Root))
 			go r.askLatest(ctx, nc, envelopes)
-		case env := <-envelopes:
-			r.applyOne(nc, env)
+		case dl := <-envelopes:
+			r.applyOne(nc, dl)
 		case <-beat.C:
 			r.mu.Lock()
 			serial := r.last.Serial
@@ -139,7 +139,7 @@ func (r *Runner) publish(nc *nats.Conn, what string, body any) {
 // askLatest asks the controller for this node's latest declaration, as a
 // host does whenever it (re)connects: what was declared while it was away
 // arrives now.
-func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- protocol.Envelope) {
+func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- delivery) {
 	r.mu.Lock()
 	serial := r.last.Serial
 	r.mu.Unlock()
@@ -165,19 +165,46 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 		r.logf("the latest declaration is not JSON: %v", err)
 		return
 	}
-	// The one already applied is not applied (or refused) again.
-	if d, err := env.Verify(r.State.ControllerKey); err == nil && d.Serial == serial {
-		return
-	}
 	select {
-	case envelopes <- env:
+	case envelopes <- delivery{env: env, asked: true}:
 	case <-ctx.Done():
 	}
 }
 
-func (r *Runner) applyOne(nc *nats.Conn, env protocol.Envelope) {
+// delivery is one declaration to apply, and whether this host asked for it
+// (on connecting) rather than had it pushed.
+type delivery struct {
+	env   protocol.Envelope
+	asked bool
+}
+
+// stale says why a declaration the controller did sign is not applied
+// again, or "" if it is to be applied (or refused by apply). The one already
+// applied can arrive twice — pushed, and as the answer to the ask made on
+// connecting — and an asked-for one can be overtaken by a newer push while
+// in flight; neither is a failure to report, which would hide the good apply
+// on the controller. An older one pushed is a replay: apply refuses it.
+func stale(st *State, last int64, dl delivery) string {
+	d, err := dl.env.Verify(st.ControllerKey)
+	switch {
+	case err != nil || d.Node != st.Node:
+		return ""
+	case d.Serial == last:
+		return fmt.Sprintf("declaration %d arrived again; it is applied already", d.Serial)
+	case dl.asked && d.Serial < last:
+		return fmt.Sprintf("declaration %d, asked for, was overtaken by %d", d.Serial, last)
+	}
+	return ""
+}
+
+func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 	r.mu.Lock()
-	report, next := apply(r.State, r.Root, r.last, env)
+	if why := stale(r.State, r.last.Serial, dl); why != "" {
+		r.mu.Unlock()
+		r.logf("%s", why)
+		return
+	}
+	report, next := apply(r.State, r.Root, r.last, dl.env)
 	if report.OK {
 		if err := saveApplied(r.State.Dir, next); err != nil {
 			report.OK, report.Error = false, "remember what was applied: "+err.Error()
