@@ -64,10 +64,10 @@ func TestApply(t *testing.T) {
 	}
 }
 
-// The declaration already applied, delivered again (pushed and also the
-// answer to the ask made on connecting), is not applied or reported as a
-// refusal; nor is an asked-for one a newer push overtook. A pushed older
-// one, anything unsigned and another node's are left for apply to refuse.
+// The answer to the ask made on connecting, when a push of the same
+// declaration or a newer one crossed it, is not applied or reported as a
+// refusal. Anything pushed, unsigned or for another node is left for apply
+// to refuse and report.
 func TestStale(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	_, other, _ := ed25519.GenerateKey(rand.Reader)
@@ -80,13 +80,13 @@ func TestStale(t *testing.T) {
 		dl    delivery
 		stale bool
 	}{
-		{"the applied one, pushed again", delivery{env: decl(priv, 3, "web1")}, true},
+		{"the applied one, pushed again", delivery{env: decl(priv, 3, "web1")}, false},
 		{"the applied one, asked for", delivery{env: decl(priv, 3, "web1"), asked: true}, true},
 		{"an older one, asked for", delivery{env: decl(priv, 2, "web1"), asked: true}, true},
 		{"an older one, pushed", delivery{env: decl(priv, 2, "web1")}, false},
 		{"a newer one", delivery{env: decl(priv, 4, "web1")}, false},
-		{"the applied serial, signed by another key", delivery{env: decl(other, 3, "web1")}, false},
-		{"the applied serial, for another node", delivery{env: decl(priv, 3, "web2")}, false},
+		{"the applied serial, signed by another key", delivery{env: decl(other, 3, "web1"), asked: true}, false},
+		{"the applied serial, for another node", delivery{env: decl(priv, 3, "web2"), asked: true}, false},
 	} {
 		if got := stale(st, 3, c.dl) != ""; got != c.stale {
 			t.Errorf("%s: stale %v, want %v", c.name, got, c.stale)

@@ -178,23 +178,22 @@ type delivery struct {
 	asked bool
 }
 
-// stale says why a declaration the controller did sign is not applied
-// again, or "" if it is to be applied (or refused by apply). The one already
-// applied can arrive twice — pushed, and as the answer to the ask made on
-// connecting — and an asked-for one can be overtaken by a newer push while
-// in flight; neither is a failure to report, which would hide the good apply
-// on the controller. An older one pushed is a replay: apply refuses it.
+// stale says why a declaration this host asked for is not applied, or ""
+// if it is to be applied (or refused by apply). The answer to the ask made
+// on connecting can cross a push of the same declaration, or be overtaken
+// by a newer one, while in flight: it then says "nothing newer", which is
+// not a replay to refuse and report — a failed report would hide the good
+// apply on the controller. Anything pushed goes to apply, which refuses a
+// serial not above the last applied and reports it, as protocol.md says.
 func stale(st *State, last int64, dl delivery) string {
-	d, err := dl.env.Verify(st.ControllerKey)
-	switch {
-	case err != nil || d.Node != st.Node:
+	if !dl.asked {
 		return ""
-	case d.Serial == last:
-		return fmt.Sprintf("declaration %d arrived again; it is applied already", d.Serial)
-	case dl.asked && d.Serial < last:
-		return fmt.Sprintf("declaration %d, asked for, was overtaken by %d", d.Serial, last)
 	}
-	return ""
+	d, err := dl.env.Verify(st.ControllerKey)
+	if err != nil || d.Node != st.Node || d.Serial > last {
+		return ""
+	}
+	return fmt.Sprintf("the latest declaration, asked for, is %d; %d is applied already", d.Serial, last)
 }
 
 func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
