@@ -3,13 +3,13 @@ package app
 import (
 	"context"
 	"encoding/json"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"mesh-controller/app/host/roottest"
 	"mesh-controller/app/protocol"
 )
 
@@ -43,7 +43,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 	}
 
 	t.Run("a hostile declaration signed with the controller key", func(t *testing.T) {
-		before := tree(t, base)
+		before := roottest.Tree(t, base)
 		ctx := context.Background()
 		st, err := m.c.stores(ctx)
 		if err != nil {
@@ -84,7 +84,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "web1 to report on the hostile declaration", func() bool { return answered(m, 99) })
-		sameTree(t, before, tree(t, base))
+		roottest.Unchanged(t, "", before, roottest.Tree(t, base))
 		if e := lastError(); !strings.HasPrefix(e, "refused: ") || !strings.Contains(e, "modules[0].secrets[0].name") || !strings.Contains(e, "delete[0].module") {
 			t.Fatalf("want a refusal naming the secret and the deletion, got %q", e)
 		}
@@ -100,10 +100,10 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 		if err := os.Symlink(filepath.Join(outside, "victim"), filepath.Join(h.root, "etc/mesh/modules/wiki")); err != nil {
 			t.Fatal(err)
 		}
-		before := tree(t, base)
+		before := roottest.Tree(t, base)
 		d := m.declare("web1", moduleBody("wiki", "/var/lib/wiki"))
 		waitFor(t, "web1 to report on the declaration", func() bool { return answered(m, d.Serial) })
-		sameTree(t, before, tree(t, base))
+		roottest.Unchanged(t, "", before, roottest.Tree(t, base))
 		if e := lastError(); !strings.HasPrefix(e, "refused: etc/mesh/modules/wiki is a symbolic link") {
 			t.Fatalf("want a refusal naming the link, got %q", e)
 		}
@@ -114,51 +114,4 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 func answered(m *testMesh, serial int64) bool {
 	n := m.node("web1")
 	return n.LastApply != nil && n.LastApply.Serial == serial
-}
-
-// tree is every entry under dir, links not followed: a file's content, a
-// link's target, a directory as "dir".
-func tree(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		switch {
-		case e.Type()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			out[rel] = "link to " + target
-			return err
-		case e.IsDir():
-			out[rel] = "dir"
-		default:
-			b, err := os.ReadFile(p)
-			out[rel] = string(b)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// sameTree fails the test for every entry made, changed or removed.
-func sameTree(t *testing.T, before, after map[string]string) {
-	t.Helper()
-	for p, was := range before {
-		if now, ok := after[p]; !ok {
-			t.Errorf("%s was removed", p)
-		} else if now != was {
-			t.Errorf("%s changed", p)
-		}
-	}
-	for p := range after {
-		if _, ok := before[p]; !ok {
-			t.Errorf("%s was made", p)
-		}
-	}
 }

@@ -135,6 +135,18 @@ func pathError(names []string, err error) error {
 // declaration before any file is written; the walks that act refuse links
 // again, race-free.
 func (r root) check(rel string) error {
+	return r.atParent(rel, func(fd int, name string, names []string) error {
+		if isLink(fd, name) {
+			return pathError(names, ErrSymlink)
+		}
+		return nil
+	})
+}
+
+// atParent opens the directory holding rel beneath the root, never through
+// a link, and calls act with it and rel's last name. A parent that is not
+// there means there is nothing to check or remove: act is not called.
+func (r root) atParent(rel string, act func(dirfd int, name string, names []string) error) error {
 	names, err := split(rel)
 	if err != nil {
 		return err
@@ -147,10 +159,7 @@ func (r root) check(rel string) error {
 		return err
 	}
 	defer unix.Close(fd)
-	if isLink(fd, names[len(names)-1]) {
-		return pathError(names, ErrSymlink)
-	}
-	return nil
+	return act(fd, names[len(names)-1], names)
 }
 
 // mkdirAll makes the directory rel and its parents beneath the root, with perm.
@@ -232,22 +241,12 @@ func writeAt(dirfd int, name string, b []byte, perm uint32) error {
 // found in its place is removed as a link (unlink never follows one); a
 // link on the way to it is refused.
 func (r root) removeFile(rel string) error {
-	names, err := split(rel)
-	if err != nil {
-		return err
-	}
-	fd, err := r.openDir(names[:len(names)-1], false, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	return r.atParent(rel, func(fd int, name string, names []string) error {
+		if err := unix.Unlinkat(fd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return pathError(names, err)
+		}
 		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.Unlinkat(fd, names[len(names)-1], 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		return pathError(names, err)
-	}
-	return nil
+	})
 }
 
 // removeEmptyDir removes the directory rel beneath the root if it is empty.
@@ -269,26 +268,15 @@ func (r root) removeEmptyDir(rel string) error {
 // rel itself, or on the way to it, is refused: removing the link would
 // report data deleted that stays wherever the link points.
 func (r root) removeAll(rel string) error {
-	names, err := split(rel)
-	if err != nil {
-		return err
-	}
-	fd, err := r.openDir(names[:len(names)-1], false, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	return r.atParent(rel, func(fd int, name string, names []string) error {
+		if isLink(fd, name) {
+			return pathError(names, ErrSymlink)
+		}
+		if err := removeAllAt(fd, name); err != nil {
+			return pathError(names, err)
+		}
 		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	name := names[len(names)-1]
-	if isLink(fd, name) {
-		return pathError(names, ErrSymlink)
-	}
-	if err := removeAllAt(fd, name); err != nil {
-		return pathError(names, err)
-	}
-	return nil
+	})
 }
 
 // removeAllAt removes name inside dirfd: a file or link by unlinking it, a

@@ -12,6 +12,7 @@ import (
 
 	"filippo.io/age"
 
+	"mesh-controller/app/host/roottest"
 	"mesh-controller/app/protocol"
 )
 
@@ -54,7 +55,7 @@ func newAttackedHost(t *testing.T) *attackedHost {
 	if err := os.MkdirAll(h.root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.before = snapshot(t, h.outside)
+	h.before = roottest.Tree(t, h.outside)
 	return h
 }
 
@@ -109,19 +110,7 @@ func (h *attackedHost) send(body map[string]any) protocol.AppliedBody {
 // outsideUntouched fails the test if anything outside the root changed.
 func (h *attackedHost) outsideUntouched() {
 	h.t.Helper()
-	after := snapshot(h.t, h.outside)
-	for p, was := range h.before {
-		if now, ok := after[p]; !ok {
-			h.t.Errorf("outside the root, %s was removed", p)
-		} else if now != was {
-			h.t.Errorf("outside the root, %s changed: %q, was %q", p, now, was)
-		}
-	}
-	for p := range after {
-		if _, ok := h.before[p]; !ok {
-			h.t.Errorf("outside the root, %s was made", p)
-		}
-	}
+	roottest.Unchanged(h.t, "outside the root, ", h.before, roottest.Tree(h.t, h.outside))
 }
 
 // refused fails the test unless the report refuses and says why.
@@ -130,36 +119,6 @@ func refused(t *testing.T, report protocol.AppliedBody, says string) {
 	if report.OK || !strings.HasPrefix(report.Error, "refused: ") || !strings.Contains(report.Error, says) {
 		t.Fatalf("want a refusal saying %q, got ok=%v %q", says, report.OK, report.Error)
 	}
-}
-
-// snapshot is every entry under dir: a file's content, a link's target, a
-// directory as "dir"; links are not followed.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		switch {
-		case e.Type()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			out[rel] = "link to " + target
-			return err
-		case e.IsDir():
-			out[rel] = "dir"
-		default:
-			b, err := os.ReadFile(p)
-			out[rel] = string(b)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // mod is a declared module with its fields.
@@ -263,7 +222,7 @@ func TestApply_HostileDeclarationRefused(t *testing.T) {
 			}
 			h.outsideUntouched()
 			if entries, _ := os.ReadDir(h.root); len(entries) != 0 {
-				t.Fatalf("a refused declaration touched the root: %v", snapshot(t, h.root))
+				t.Fatalf("a refused declaration touched the root: %v", roottest.Tree(t, h.root))
 			}
 		})
 	}
