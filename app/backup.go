@@ -44,6 +44,9 @@ const (
 	backupKind   = "mesh-controller backup"
 	backupFormat = 1
 	manifestName = "manifest.json"
+	// partialInfix marks the temporary file a backup is written to, beside
+	// where it goes: .<name>.partial-<random>.
+	partialInfix = ".partial-"
 )
 
 // Why a backup or a restore refuses.
@@ -173,7 +176,7 @@ func writeArchive(out string, recipient age.Recipient, m BackupManifest, dir str
 	if err != nil {
 		return 0, err
 	}
-	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial-*")
+	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+partialInfix+"*")
 	if err != nil {
 		return 0, err
 	}

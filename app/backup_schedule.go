@@ -9,9 +9,6 @@ import (
 	"regexp"
 	"slices"
 	"time"
-
-	"mesh-controller/contexts/secrets"
-	"mesh-controller/embedded/sqlite"
 )
 
 // DefaultBackupKeep is how many backups serve --backup-every keeps.
@@ -24,7 +21,7 @@ var backupName = regexp.MustCompile(`^mesh-backup-(\d{8}T\d{6}Z)\.age$`)
 const backupTimeLayout = "20060102T150405Z"
 
 // backupPartial is what a daemon killed while writing a backup leaves.
-var backupPartial = regexp.MustCompile(`^\.mesh-backup-\d{8}T\d{6}Z\.age\.partial-\d+$`)
+var backupPartial = regexp.MustCompile(`^\.mesh-backup-\d{8}T\d{6}Z\.age` + regexp.QuoteMeta(partialInfix) + `\d+$`)
 
 // backupSchedule makes the daemon's backups: every so often into a
 // directory, keeping the newest few.
@@ -32,7 +29,7 @@ type backupSchedule struct {
 	dir   string
 	every time.Duration
 	keep  int
-	dbs   map[string]*sqlite.DB
+	st    *Stores
 	now   func() time.Time
 	logf  func(format string, args ...any)
 	timer *time.Timer
@@ -43,7 +40,7 @@ type backupSchedule struct {
 // key, a directory it cannot make). The first backup is due one interval
 // after the newest already in the directory, so a daemon restarted often
 // neither skips backups nor crowds out the older ones.
-func scheduleBackups(ctx context.Context, o ServeOptions, dbs map[string]*sqlite.DB, now func() time.Time, logf func(string, ...any)) (*backupSchedule, error) {
+func scheduleBackups(ctx context.Context, o ServeOptions, st *Stores, now func() time.Time, logf func(string, ...any)) (*backupSchedule, error) {
 	if o.BackupEvery == 0 && o.BackupDir == "" {
 		return nil, nil
 	}
@@ -55,15 +52,15 @@ func scheduleBackups(ctx context.Context, o ServeOptions, dbs map[string]*sqlite
 	case o.BackupKeep < 0:
 		return nil, fmt.Errorf("keep %d backups: give a number of 1 or more", o.BackupKeep)
 	}
-	s := &backupSchedule{dir: o.BackupDir, every: o.BackupEvery, keep: o.BackupKeep, dbs: dbs, now: now, logf: logf}
+	s := &backupSchedule{dir: o.BackupDir, every: o.BackupEvery, keep: o.BackupKeep, st: st, now: now, logf: logf}
 	if s.keep == 0 {
 		s.keep = DefaultBackupKeep
 	}
-	if _, err := secrets.NewStore(dbs["secrets"]).OperatorKey(ctx); err != nil {
+	if _, err := st.Secrets.OperatorKey(ctx); err != nil {
 		return nil, fmt.Errorf("backups are sealed to the operator key: %w", err)
 	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
-		return nil, fmt.Errorf("backup directory: %w", err)
+		return nil, fmt.Errorf("make the backup directory: %w; give --backup-dir a directory this user can make", err)
 	}
 	s.removePartials()
 	names, err := s.backups()
@@ -100,7 +97,7 @@ func (s *backupSchedule) run(ctx context.Context) {
 	started := s.now()
 	defer func() { s.timer.Reset(max(0, started.Add(s.every).Sub(s.now()))) }()
 	out := filepath.Join(s.dir, "mesh-backup-"+started.UTC().Format(backupTimeLayout)+".age")
-	made, err := backupStores(ctx, s.dbs, out, started)
+	made, err := backupStores(ctx, s.st.dbs, out, started)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.logf("backup failed: %v", err)
@@ -119,7 +116,7 @@ func (s *backupSchedule) run(ctx context.Context) {
 func (s *backupSchedule) backups() ([]string, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
-		return nil, fmt.Errorf("backup directory: %w", err)
+		return nil, fmt.Errorf("make the backup directory: %w; give --backup-dir a directory this user can make", err)
 	}
 	var names []string
 	for _, e := range entries {

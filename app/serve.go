@@ -57,34 +57,23 @@ type Ready = daemon.Ready
 // this controller's use cases. It returns when ctx ends, having stopped the
 // broker and given the lease back.
 func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
-	st, err := c.stores(ctx)
+	sv, err := c.serving(ctx)
 	if err != nil {
 		return err
 	}
+	st := sv.st
 	u := daemon.UseCases{
 		Now: c.Now,
-		ControllerUser: func(ctx context.Context) (string, []byte, error) {
-			keys, err := brokerKeys(ctx, st.Identity)
-			if err != nil {
-				return "", nil, err
-			}
-			return keys.NewUser("controller", controllerPermissions())
+		ControllerUser: func(context.Context) (string, []byte, error) {
+			return sv.keys.NewUser("controller", controllerPermissions())
 		},
-		Admitter: func(ctx context.Context) (string, []byte, error) {
-			keys, err := brokerKeys(ctx, st.Identity)
-			if err != nil {
-				return "", nil, err
-			}
-			return keys.NewAdmitter("controller joins", admitPermissions())
+		Admitter: func(context.Context) (string, []byte, error) {
+			return sv.keys.NewAdmitter("controller joins", admitPermissions())
 		},
 		Trust: func(ctx context.Context) (broker.Trust, error) {
-			keys, err := brokerKeys(ctx, st.Identity)
-			if err != nil {
-				return broker.Trust{}, err
-			}
-			return trustOf(ctx, st.Identity, keys)
+			return trustOf(ctx, st.Identity, sv.keys)
 		},
-		Join:      c.join,
+		Join:      sv.join,
 		AfterJoin: c.afterJoin,
 		CatchUp:   c.catchUp,
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error {
@@ -96,8 +85,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery,
 		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
-		Prepare: func(ctx context.Context) ([]daemon.Job, error) {
-			backups, err := scheduleBackups(ctx, o, st.dbs, c.Now, logTo(o.Log))
+		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
+			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)
 			if err != nil || backups == nil {
 				return nil, err
 			}
@@ -106,14 +95,30 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	})
 }
 
-// logTo writes the daemon's log lines as the daemon does, for the jobs it runs.
-func logTo(w io.Writer) func(string, ...any) {
-	if w == nil {
-		w = io.Discard
+// serving is what a serving controller reads once when it starts: its
+// broker keys and signing key do not change while it serves, and each of
+// thousands of joins arriving at once signs with both.
+type serving struct {
+	c      *Controller
+	st     *Stores
+	keys   broker.Keys
+	signer identity.SigningKey
+}
+
+func (c *Controller) serving(ctx context.Context) (*serving, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return func(format string, args ...any) {
-		fmt.Fprintf(w, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	keys, err := brokerKeys(ctx, st.Identity)
+	if err != nil {
+		return nil, err
 	}
+	signer, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &serving{c: c, st: st, keys: keys, signer: signer}, nil
 }
 
 // join admits a host presenting a one-time token for its node: the token is
@@ -123,7 +128,7 @@ func logTo(w io.Writer) func(string, ...any) {
 // *daemon.Refusal. The token is looked up before anything that depends on
 // the node, so an unknown node and an unknown token are refused alike, and
 // by the same read.
-func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []string) (daemon.Admitted, error) {
+func (sv *serving) join(ctx context.Context, r protocol.JoinRequest, urls []string) (daemon.Admitted, error) {
 	refuse := func(reason string, err error) (daemon.Admitted, error) {
 		return daemon.Admitted{}, &daemon.Refusal{Reason: reason, Err: err}
 	}
@@ -140,11 +145,7 @@ func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []st
 	if !nkeys.IsValidPublicUserKey(r.NKey) {
 		return refuse("malformed request", errors.New("nkey is not a user's public nkey"))
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return daemon.Admitted{}, err
-	}
-	now := c.Now()
+	st, now := sv.st, sv.c.Now()
 	revoked, err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
 		NKey: r.NKey, HostVersion: r.HostVersion}, now)
 	if err != nil {
@@ -158,20 +159,12 @@ func (c *Controller) join(ctx context.Context, r protocol.JoinRequest, urls []st
 	if err := st.Inventory.MarkJoined(ctx, r.Node, now); err != nil {
 		return daemon.Admitted{}, err
 	}
-	keys, err := brokerKeys(ctx, st.Identity)
-	if err != nil {
-		return daemon.Admitted{}, err
-	}
-	userJWT, err := keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
+	userJWT, err := sv.keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
 	if err != nil {
 		return daemon.Admitted{}, fmt.Errorf("sign the host's broker user: %w", err)
 	}
-	signer, err := st.Identity.SigningKey(ctx)
-	if err != nil {
-		return daemon.Admitted{}, err
-	}
 	sealed, err := protocol.SealJoinGrant(protocol.JoinGrant{Node: r.Node, Creds: broker.JWTBlock(userJWT),
-		ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, r.AgeRecipient)
+		ControllerKey: sv.signer.PublicBase64(), BrokerURLs: urls}, r.AgeRecipient)
 	if err != nil {
 		return daemon.Admitted{}, err
 	}

@@ -108,19 +108,14 @@ func (c *Controller) openOne(ctx context.Context, name string) (*sqlite.DB, erro
 // store must open: a command never works on part of the mesh. A failure is
 // not kept, so a command run after 'migrate' in the same process succeeds.
 func (c *Controller) stores(ctx context.Context) (*Stores, error) {
-	c.open.mu.Lock()
-	defer c.open.mu.Unlock()
-	if c.open.st == nil {
-		st := c.openStores(ctx)
-		for _, name := range Contexts {
-			if err := st.failed[name]; err != nil {
-				st.close()
-				return nil, err
-			}
+	st, release := c.checkStores(ctx)
+	for _, name := range Contexts {
+		if err := st.failed[name]; err != nil {
+			release()
+			return nil, err
 		}
-		c.open.st = st
 	}
-	return c.open.st, nil
+	return st, nil
 }
 
 // Stores returns the process's stores, opened once (see stores).

@@ -84,8 +84,9 @@ type Options struct {
 	// Prepare, if set, is called once the lease is held, before serving: the
 	// jobs it returns (a backup schedule, say) are run by the loop whenever
 	// they are due. It runs under the lease so that a second serve started
-	// by mistake touches nothing the holder owns.
-	Prepare func(ctx context.Context) ([]Job, error)
+	// by mistake touches nothing the holder owns. The jobs log through
+	// logf, as the daemon does.
+	Prepare func(ctx context.Context, logf func(format string, args ...any)) ([]Job, error)
 }
 
 // Job is work the loop runs when it is due.
@@ -285,7 +286,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 
 	var jobs []Job
 	if o.Prepare != nil {
-		if jobs, err = o.Prepare(ctx); err != nil {
+		if jobs, err = o.Prepare(ctx, d.logf); err != nil {
 			return err
 		}
 		defer func() {
