@@ -1,14 +1,10 @@
 package protocol
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"strings"
 
 	"filippo.io/age"
-	"filippo.io/age/armor"
 )
 
 // maxGrant bounds what opening a join answer reads: a grant is a user JWT,
@@ -26,32 +22,13 @@ func SealJoinGrant(g JoinGrant, recipient string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var out bytes.Buffer
-	aw := armor.NewWriter(&out)
-	w, err := age.Encrypt(aw, r)
-	if err != nil {
-		return "", err
-	}
-	if _, err := w.Write(b); err != nil {
-		return "", err
-	}
-	if err := w.Close(); err != nil {
-		return "", err
-	}
-	if err := aw.Close(); err != nil {
-		return "", err
-	}
-	return out.String(), nil
+	return sealArmored(b, r)
 }
 
 // OpenJoinGrant opens a sealed grant with the joining host's age identity,
 // and checks it is for node.
 func OpenJoinGrant(sealed string, id age.Identity, node string) (JoinGrant, error) {
-	r, err := age.Decrypt(armor.NewReader(strings.NewReader(sealed)), id)
-	if err != nil {
-		return JoinGrant{}, fmt.Errorf("open the join answer: %w", err)
-	}
-	b, err := io.ReadAll(io.LimitReader(r, maxGrant))
+	b, err := openArmored(sealed, maxGrant, id)
 	if err != nil {
 		return JoinGrant{}, fmt.Errorf("open the join answer: %w", err)
 	}

@@ -92,13 +92,18 @@ var ErrWrongLabel = errors.New("the sealed copy is of another secret")
 // SealSecret seals a value with its label to every recipient (one age file,
 // so each opens the same value), as ASCII armor.
 func SealSecret(v Secret, l Label, recipients ...age.Recipient) (string, error) {
+	return sealArmored(v.b, append(recipients, labelRecipient{l})...)
+}
+
+// sealArmored encrypts b to every recipient as one ASCII-armored age file.
+func sealArmored(b []byte, recipients ...age.Recipient) (string, error) {
 	var out bytes.Buffer
 	aw := armor.NewWriter(&out)
-	w, err := age.Encrypt(aw, append(recipients, labelRecipient{l})...)
+	w, err := age.Encrypt(aw, recipients...)
 	if err != nil {
 		return "", err
 	}
-	if _, err := w.Write(v.b); err != nil {
+	if _, err := w.Write(b); err != nil {
 		return "", err
 	}
 	if err := w.Close(); err != nil {
@@ -110,6 +115,19 @@ func SealSecret(v Secret, l Label, recipients ...age.Recipient) (string, error) 
 	return out.String(), nil
 }
 
+// openArmored decrypts an ASCII-armored age file with the identities and
+// reads at most limit bytes of it; limit 0 reads it all.
+func openArmored(s string, limit int64, identities ...age.Identity) ([]byte, error) {
+	r, err := age.Decrypt(armor.NewReader(strings.NewReader(s)), identities...)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 {
+		r = io.LimitReader(r, limit)
+	}
+	return io.ReadAll(r)
+}
+
 // OpenSealed opens an armored copy with an identity and checks it is the
 // secret want names (want.Version 0 accepts any version).
 func OpenSealed(sealed string, want Label, identities ...age.Identity) (Secret, Label, error) {
@@ -119,11 +137,7 @@ func OpenSealed(sealed string, want Label, identities ...age.Identity) (Secret, 
 	for i, id := range identities {
 		wrapped[i] = labelReader{Identity: id, label: &got, found: &found}
 	}
-	r, err := age.Decrypt(armor.NewReader(strings.NewReader(sealed)), wrapped...)
-	if err != nil {
-		return Secret{}, Label{}, fmt.Errorf("open the sealed copy: %w", err)
-	}
-	b, err := io.ReadAll(r)
+	b, err := openArmored(sealed, 0, wrapped...)
 	if err != nil {
 		return Secret{}, Label{}, fmt.Errorf("open the sealed copy: %w", err)
 	}
