@@ -132,6 +132,21 @@ func (d Declaration) Problems() []string {
 			bad(field, "%d entries, at most %d", n, max)
 		}
 	}
+	// twice reports v as done twice when an earlier entry had it, naming
+	// that entry of list when list is given, and otherwise records v at i.
+	// An empty v is not counted: it is reported as missing.
+	twice := func(seen map[string]int, i int, field, v, done, list string) {
+		j, ok := seen[v]
+		switch {
+		case v == "":
+		case !ok:
+			seen[v] = i
+		case list == "":
+			bad(field, "%q is %s twice", v, done)
+		default:
+			bad(field, "%q is %s twice (also %s[%d])", v, done, list, j)
+		}
+	}
 
 	name("node", d.Node)
 	switch d.Mode {
@@ -144,11 +159,7 @@ func (d Declaration) Problems() []string {
 	for i, m := range d.Modules {
 		f := fmt.Sprintf("modules[%d]", i)
 		name(f+".module", m.Module)
-		if j, ok := seenModules[m.Module]; ok && m.Module != "" {
-			bad(f+".module", "%q is declared twice (also modules[%d])", m.Module, j)
-		} else {
-			seenModules[m.Module] = i
-		}
+		twice(seenModules, i, f+".module", m.Module, "declared", "modules")
 		switch {
 		case m.Version == "":
 			bad(f+".version", "missing")
@@ -157,19 +168,13 @@ func (d Declaration) Problems() []string {
 		}
 
 		atMost(f+".data", len(m.Data), MaxDataSets)
-		seenData, seenPaths := map[string]bool{}, map[string]bool{}
+		seenData, seenPaths := map[string]int{}, map[string]int{}
 		for j, ds := range m.Data {
 			g := fmt.Sprintf("%s.data[%d]", f, j)
 			name(g+".name", ds.Name)
-			if seenData[ds.Name] && ds.Name != "" {
-				bad(g+".name", "%q is named twice", ds.Name)
-			}
-			seenData[ds.Name] = true
+			twice(seenData, j, g+".name", ds.Name, "named", "")
 			dataPath(g+".path", ds.Path)
-			if seenPaths[ds.Path] && ds.Path != "" {
-				bad(g+".path", "%q is used twice", ds.Path)
-			}
-			seenPaths[ds.Path] = true
+			twice(seenPaths, j, g+".path", ds.Path, "used", "")
 			switch ds.Precious {
 			case "irreplaceable", "costly", "rebuildable":
 			default:
@@ -178,7 +183,7 @@ func (d Declaration) Problems() []string {
 		}
 
 		atMost(f+".secrets", len(m.Secrets), MaxSecrets)
-		seenSecrets := map[string]bool{}
+		seenSecrets := map[string]int{}
 		for j, s := range m.Secrets {
 			g := fmt.Sprintf("%s.secrets[%d].name", f, j)
 			switch {
@@ -186,21 +191,19 @@ func (d Declaration) Problems() []string {
 				bad(g, "missing")
 			case !ValidSecretName(s.Name):
 				bad(g, "%q is not a valid secret name: a lowercase letter, then up to 62 lowercase letters, digits, dashes or underscores", s.Name)
-			case seenSecrets[s.Name]:
-				bad(g, "%q is named twice", s.Name)
+			default:
+				// Only a valid name counts: an invalid one is reported
+				// as such each time, never as repeated.
+				twice(seenSecrets, j, g, s.Name, "named", "")
 			}
-			seenSecrets[s.Name] = true
 		}
 
 		atMost(f+".bindings", len(m.Bindings), MaxBindings)
-		seenBindings := map[string]bool{}
+		seenBindings := map[string]int{}
 		for j, b := range m.Bindings {
 			g := fmt.Sprintf("%s.bindings[%d]", f, j)
 			name(g+".provision", b.Provision)
-			if seenBindings[b.Provision] && b.Provision != "" {
-				bad(g+".provision", "%q is bound twice", b.Provision)
-			}
-			seenBindings[b.Provision] = true
+			twice(seenBindings, j, g+".provision", b.Provision, "bound", "")
 			nodeModule(g+".from", b.From)
 			credential(g+".credential_name", b.CredentialName)
 		}
