@@ -67,7 +67,7 @@ func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (
 			refusal = ErrNKeyUsed
 			return nil
 		}
-		if revoked, err = revokeHostUsers(ctx, tx, h.Node, now); err != nil {
+		if revoked, err = revokeNodeUsers(ctx, tx, []string{h.Node}, "host", now); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
@@ -88,30 +88,6 @@ func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (
 		return 0, refusal
 	}
 	return revoked, nil
-}
-
-// revokeHostUsers revokes every live host user of node. A host that joined
-// before host users were recorded is known by the nkey its hosts row keeps:
-// it is recorded first, so that it is revoked too.
-func revokeHostUsers(ctx context.Context, tx *sql.Tx, node string, now time.Time) (int, error) {
-	var nkey, joined string
-	err := tx.QueryRowContext(ctx, `SELECT nkey, joined_at FROM hosts WHERE node = ?`, node).Scan(&nkey, &joined)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return 0, err
-	}
-	if err == nil {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?) ON CONFLICT (pub) DO NOTHING`,
-			nkey, node, joined); err != nil {
-			return 0, err
-		}
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE kind = 'host' AND node = ? AND revoked_at IS NULL`,
-		sqlite.FormatTime(now), node)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
-	return int(n), err
 }
 
 // checkToken says why a token does not admit node now (an Err… value), or

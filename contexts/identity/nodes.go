@@ -18,7 +18,7 @@ func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time)
 	var n int
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		var err error
-		n, err = revokeNodeUsers(ctx, tx, []string{node}, now)
+		n, err = revokeNodeUsers(ctx, tx, []string{node}, "", now)
 		return err
 	})
 	if err != nil {
@@ -27,7 +27,15 @@ func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time)
 	return n, nil
 }
 
-func revokeNodeUsers(ctx context.Context, tx *sql.Tx, nodes []string, now time.Time) (int, error) {
+// revokeNodeUsers revokes every live user of the nodes of kind, or of every
+// kind if kind is "". A host that joined before host users were recorded is
+// known by the nkey its hosts row keeps: it is recorded first, so that it is
+// revoked too.
+func revokeNodeUsers(ctx context.Context, tx *sql.Tx, nodes []string, kind string, now time.Time) (int, error) {
+	only := ""
+	if kind != "" {
+		only = " AND kind = ?"
+	}
 	revoked := 0
 	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at)
@@ -35,12 +43,18 @@ func revokeNodeUsers(ctx context.Context, tx *sql.Tx, nodes []string, now time.T
 			ON CONFLICT (pub) DO NOTHING`, args...); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE revoked_at IS NULL AND node IN (`+marks+`)`,
-			append([]any{sqlite.FormatTime(now)}, args...)...)
+		update := append([]any{sqlite.FormatTime(now)}, args...)
+		if kind != "" {
+			update = append(update, kind)
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE revoked_at IS NULL AND node IN (`+marks+`)`+only, update...)
 		if err != nil {
 			return err
 		}
-		n, _ := res.RowsAffected()
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
 		revoked += int(n)
 		return nil
 	})
@@ -67,7 +81,7 @@ func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) 
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		f = NodesForgotten{}
 		var err error
-		if f.Revoked, err = revokeNodeUsers(ctx, tx, nodes, now); err != nil {
+		if f.Revoked, err = revokeNodeUsers(ctx, tx, nodes, "", now); err != nil {
 			return err
 		}
 		return sqlite.InChunks(nodes, func(marks string, args []any) error {
