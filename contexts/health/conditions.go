@@ -69,6 +69,18 @@ func evidenceJSON(e map[string]any) (string, error) {
 	return string(b), err
 }
 
+// addHistory keeps an event of c in the condition history, under summary
+// (which may say more than c's own) at the formatted time at.
+func addHistory(ctx context.Context, tx *sql.Tx, c Condition, event, summary, at string) error {
+	ev, err := evidenceJSON(c.Evidence)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		c.Key, c.Kind, event, c.Severity, summary, ev, at)
+	return err
+}
+
 // Reconcile makes the open conditions what the self-check found: new
 // findings are raised, open ones whose severity, summary or evidence moved
 // are changed, and open ones of an evaluated kind not found again are
@@ -88,12 +100,7 @@ func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[
 		}
 		seen := map[string]bool{}
 		history := func(event string, c Condition) error {
-			ev, err := evidenceJSON(c.Evidence)
-			if err != nil {
-				return err
-			}
-			_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-				c.Key, c.Kind, event, c.Severity, c.Summary, ev, at)
+			err := addHistory(ctx, tx, c, event, c.Summary, at)
 			changes = append(changes, Change{Event: event, Condition: c, At: now})
 			return err
 		}
@@ -258,10 +265,7 @@ func (s *Store) Silence(ctx context.Context, key string, until time.Time, why st
 			return err
 		}
 		c.SilencedUntil, c.SilenceWhy = &until, why
-		ev, _ := evidenceJSON(c.Evidence)
-		_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, 'silenced', ?, ?, ?, ?)`,
-			c.Key, c.Kind, c.Severity, fmt.Sprintf("silenced until %s: %s", until.UTC().Format(time.RFC3339), why), ev, sqlite.FormatTime(now))
-		return err
+		return addHistory(ctx, tx, c, "silenced", fmt.Sprintf("silenced until %s: %s", until.UTC().Format(time.RFC3339), why), sqlite.FormatTime(now))
 	})
 	return c, err
 }

@@ -50,12 +50,7 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			if _, err := tx.ExecContext(ctx, `DELETE FROM conditions WHERE key = ?`, c.Key); err != nil {
 				return err
 			}
-			ev, err := evidenceJSON(c.Evidence)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, 'cleared', ?, ?, ?, ?)`,
-				c.Key, c.Kind, c.Severity, c.Summary+" (cleared: "+why+")", ev, at); err != nil {
+			if err := addHistory(ctx, tx, c, "cleared", c.Summary+" (cleared: "+why+")", at); err != nil {
 				return err
 			}
 			f.Cleared = append(f.Cleared, c)
