@@ -47,50 +47,62 @@ func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 
 // RecordHandAct keeps a hand act; its why may not be empty.
 func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (HandAct, error) {
-	if a.Why == "" {
-		return HandAct{}, ErrNoWhy
-	}
-	res, err := s.db.Writer.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
-		sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
+	out, err := s.recordHandActs(ctx, []HandAct{a}, "record hand act")
 	if err != nil {
-		return HandAct{}, fmt.Errorf("record hand act: %w", err)
+		return HandAct{}, err
 	}
-	a.ID, _ = res.LastInsertId()
-	return a, nil
+	return out[0], nil
 }
 
 // RecordHandActs keeps the hand acts of one command in one transaction:
 // all of them or none. Each why may not be empty.
 func (s *Store) RecordHandActs(ctx context.Context, acts []HandAct) ([]HandAct, error) {
-	for _, a := range acts {
-		if a.Why == "" {
-			return nil, ErrNoWhy
-		}
+	return s.recordHandActs(ctx, acts, "record hand acts")
+}
+
+// recordHandActs is RecordHandAct and RecordHandActs; doing words their
+// errors, each as it always has.
+func (s *Store) recordHandActs(ctx context.Context, acts []HandAct, doing string) ([]HandAct, error) {
+	if err := needWhy(acts); err != nil {
+		return nil, err
 	}
-	out := make([]HandAct, len(acts))
+	var out []HandAct
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		for i, a := range acts {
-			var err error
-			if out[i], err = insertHandAct(ctx, tx, a); err != nil {
-				return err
-			}
-		}
-		return nil
+		var err error
+		out, err = insertHandActs(ctx, tx, acts)
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("record hand acts: %w", err)
+		return nil, fmt.Errorf("%s: %w", doing, err)
 	}
 	return out, nil
 }
 
-func insertHandAct(ctx context.Context, tx *sql.Tx, a HandAct) (HandAct, error) {
-	res, err := tx.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
-		sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
-	if err != nil {
-		return HandAct{}, err
+// needWhy refuses hand acts any of which has no why. It is asked before the
+// transaction begins: a refusal takes no writer, and ErrNoWhy comes back as
+// it is, not wrapped in what failed to be written.
+func needWhy(acts []HandAct) error {
+	for _, a := range acts {
+		if a.Why == "" {
+			return ErrNoWhy
+		}
 	}
-	a.ID, _ = res.LastInsertId()
-	return a, nil
+	return nil
+}
+
+// insertHandActs keeps acts in tx and returns them with their ids.
+func insertHandActs(ctx context.Context, tx *sql.Tx, acts []HandAct) ([]HandAct, error) {
+	out := make([]HandAct, len(acts))
+	for i, a := range acts {
+		res, err := tx.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
+			sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
+		if err != nil {
+			return nil, err
+		}
+		a.ID, _ = res.LastInsertId()
+		out[i] = a
+	}
+	return out, nil
 }
 
 // HandActs returns the hand acts since a time, newest first.

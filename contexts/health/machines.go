@@ -24,10 +24,8 @@ type Forgotten struct {
 // transaction: a removed node leaves nothing open behind it, and the act
 // that removed it is recorded with it or not at all.
 func (s *Store) ForgetMachines(ctx context.Context, machines []string, why string, acts []HandAct, now time.Time) (Forgotten, error) {
-	for _, a := range acts {
-		if a.Why == "" {
-			return Forgotten{}, ErrNoWhy
-		}
+	if err := needWhy(acts); err != nil {
+		return Forgotten{}, err
 	}
 	gone := make(map[string]bool, len(machines))
 	for _, m := range machines {
@@ -70,12 +68,8 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			k, _ := res.RowsAffected()
 			f.Drops += int(k)
 		}
-		for _, a := range acts {
-			if _, err := insertHandAct(ctx, tx, a); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err = insertHandActs(ctx, tx, acts)
+		return err
 	})
 	if err != nil {
 		return Forgotten{}, fmt.Errorf("forget machines: %w", err)
