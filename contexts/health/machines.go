@@ -53,20 +53,17 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			}
 			f.Cleared = append(f.Cleared, c)
 		}
-		drops, err := sqlite.Strings(ctx, tx, `SELECT DISTINCT node FROM dropped_messages`)
-		if err != nil {
-			return err
-		}
-		for _, n := range drops {
-			if !gone[n] {
-				continue
-			}
-			res, err := tx.ExecContext(ctx, `DELETE FROM dropped_messages WHERE node = ?`, n)
+		err = sqlite.InChunks(machines, func(marks string, args []any) error {
+			res, err := tx.ExecContext(ctx, `DELETE FROM dropped_messages WHERE node IN (`+marks+`)`, args...)
 			if err != nil {
 				return err
 			}
-			k, _ := res.RowsAffected()
+			k, err := res.RowsAffected()
 			f.Drops += int(k)
+			return err
+		})
+		if err != nil {
+			return err
 		}
 		_, err = insertHandActs(ctx, tx, acts)
 		return err
