@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strconv"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -105,49 +104,26 @@ func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) 
 				Scan(&stored.Count, &stored.SumMS, &stored.MaxMS, &buckets)
 			switch {
 			case err == nil:
-				if stored.Buckets, err = decodeBuckets(buckets); err != nil {
+				if err := json.Unmarshal([]byte(buckets), &stored.Buckets); err != nil {
 					return fmt.Errorf("heartbeats of %s at %s: %w", k.Node, hour, err)
 				}
 			case err != sql.ErrNoRows:
 				return err
 			}
 			stored.Merge(h)
-			b, err := encodeBuckets(stored.Buckets)
+			// Merge leaves Buckets a map, never nil: written as {}, never null.
+			// encoding/json writes int keys as sorted strings ({"1":5,"10":3,"2":1}).
+			b, err := json.Marshal(stored.Buckets)
 			if err != nil {
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO heartbeat_hours (node, hour, count, sum_ms, max_ms, buckets) VALUES (?, ?, ?, ?, ?, ?)`,
-				k.Node, hour, stored.Count, stored.SumMS, stored.MaxMS, b); err != nil {
+				k.Node, hour, stored.Count, stored.SumMS, stored.MaxMS, string(b)); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-}
-
-func encodeBuckets(b map[int]int64) (string, error) {
-	m := make(map[string]int64, len(b))
-	for k, v := range b {
-		m[strconv.Itoa(k)] = v
-	}
-	out, err := json.Marshal(m)
-	return string(out), err
-}
-
-func decodeBuckets(s string) (map[int]int64, error) {
-	var m map[string]int64
-	if err := json.Unmarshal([]byte(s), &m); err != nil {
-		return nil, err
-	}
-	out := make(map[int]int64, len(m))
-	for k, v := range m {
-		i, err := strconv.Atoi(k)
-		if err != nil {
-			return nil, fmt.Errorf("bucket %q: %w", k, err)
-		}
-		out[i] = v
-	}
-	return out, nil
 }
 
 // Heartbeats merges each node's hourly aggregates since a time.
@@ -164,7 +140,7 @@ func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]His
 		if err := rows.Scan(&node, &h.Count, &h.SumMS, &h.MaxMS, &buckets); err != nil {
 			return nil, err
 		}
-		if h.Buckets, err = decodeBuckets(buckets); err != nil {
+		if err := json.Unmarshal([]byte(buckets), &h.Buckets); err != nil {
 			return nil, fmt.Errorf("heartbeats of %s: %w", node, err)
 		}
 		all := out[node]
