@@ -65,17 +65,20 @@ func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migra
 		if err != nil {
 			return done, &StoreError{Location: loc, Err: err}
 		}
-		if name == "identity" && !o.NewIdentity && blank(loc) {
+		// judge: the identity store still has to be judged kept, once.
+		judge := name == "identity" && !o.NewIdentity
+		if judge && blank(loc) {
 			// Judged before opening: opening would write a header into it.
 			if err := identityKept(ctx, nil, inv); err != nil {
 				return done, &StoreError{Location: loc, Err: err}
 			}
+			judge = false
 		}
 		db, err := sqlite.Open(ctx, loc, true)
 		if err != nil {
 			return done, &StoreError{Location: loc, Err: err}
 		}
-		m, err := c.migrateOne(ctx, name, loc, db, inv, o)
+		m, err := c.migrateOne(ctx, name, loc, db, inv, judge)
 		if name == "inventory" && err == nil {
 			inv = db // kept open: the identity store is judged against it
 		} else {
@@ -89,9 +92,11 @@ func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migra
 	return done, nil
 }
 
-func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Location, db *sqlite.DB, inv *sqlite.DB, o MigrateOptions) (Migrated, error) {
+// migrateOne migrates one open store; judge asks that the identity store be
+// judged kept (identityKept) first.
+func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Location, db *sqlite.DB, inv *sqlite.DB, judge bool) (Migrated, error) {
 	ms := migrationsOf()[name]
-	if name == "identity" && !o.NewIdentity {
+	if judge {
 		if err := identityKept(ctx, db, inv); err != nil {
 			return Migrated{}, &StoreError{Location: loc, Err: err}
 		}
