@@ -100,8 +100,14 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !reply.OK {
+	switch {
+	case reply.OK:
+	case reply.Error == protocol.JoinRefused:
 		return nil, fmt.Errorf("%w: %s", ErrRefused, reply.Error)
+	default:
+		// Not a refusal (JoinFailed: ask again later): a new token would not
+		// help, so the answer is not ErrRefused, whose hint asks for one.
+		return nil, errors.New(reply.Error)
 	}
 	// The answer is sealed to this host's age identity: another connection
 	// without credentials may see it, but not read it.
