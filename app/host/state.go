@@ -179,7 +179,7 @@ func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinRep
 func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
 	// No credentials: the broker admits this connection as the join user,
 	// which may ask to join and read its own answer, nothing else.
-	nc, err := nats.Connect(o.Broker, nats.Name("mesh-host join "+o.Node), nats.Timeout(5*time.Second),
+	nc, err := nats.Connect(o.Broker, nats.Name("mesh-host join "+o.Node), nats.Timeout(protocol.AnswerTimeout),
 		nats.NoReconnect(), nats.CustomInboxPrefix(protocol.JoinInboxPrefix))
 	if errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) {
 		return protocol.JoinReply{}, err
