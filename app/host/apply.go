@@ -114,13 +114,31 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	}
 
 	// Every path this declaration touches, checked before any is: a link
-	// planted on one refuses the whole declaration, not half of it.
+	// planted on one refuses the whole declaration, not half of it. Each
+	// module's files (protocol.Files: its documents, then its sealed files)
+	// are worked out once, here, and written below from these lists only.
+	type document struct {
+		rel  string
+		body json.RawMessage
+	}
+	docs := make([][]document, len(d.Modules))
+	sealed := make([][]protocol.SealedFile, len(d.Modules))
 	declared := map[string]bool{}
 	var touched []string
-	for _, m := range d.Modules {
-		for _, rel := range protocol.Files(m) {
-			declared[rel] = true
-			touched = append(touched, rel)
+	for i, m := range d.Modules {
+		module, settings := protocol.DocumentFiles(m)
+		docs[i] = []document{{module, raw.Modules[i]}}
+		if settings != "" {
+			docs[i] = append(docs[i], document{settings, m.Settings})
+		}
+		sealed[i] = protocol.SealedFiles(st.Node, m)
+		for _, doc := range docs[i] {
+			declared[doc.rel] = true
+			touched = append(touched, doc.rel)
+		}
+		for _, sf := range sealed[i] {
+			declared[sf.Rel] = true
+			touched = append(touched, sf.Rel)
 		}
 		for _, ds := range m.Data {
 			rel, err := dataRel(ds.Path)
@@ -153,20 +171,11 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	next := applied{Serial: d.Serial}
 	var waiting []string
 	for i, m := range d.Modules {
-		sealed := map[string]bool{}
-		for _, sf := range protocol.SealedFiles(st.Node, m) {
-			sealed[sf.Rel] = true
-		}
-		for _, rel := range protocol.Files(m) {
-			if sealed[rel] {
-				continue // written below, opened with the host's own key
-			}
-			doc := raw.Modules[i]
-			if path.Base(rel) == "settings.json" {
-				doc = m.Settings
-			}
+		// The sealed files are written below, opened with the host's own key.
+		for _, doc := range docs[i] {
+			rel := doc.rel
 			var v any
-			if err := json.Unmarshal(doc, &v); err != nil {
+			if err := json.Unmarshal(doc.body, &v); err != nil {
 				return fail(d.Serial, "refused: %s of %s is not JSON: %v", path.Base(rel), m.Module, err)
 			}
 			b, err := json.MarshalIndent(v, "", "  ")
@@ -184,11 +193,11 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	// Secrets: each opened with this host's age identity, inside a declaration
 	// whose signature verified, checked to be the one named, written 0600.
 	t = time.Now()
-	for _, m := range d.Modules {
+	for i, m := range d.Modules {
 		if len(m.WaitingFor) > 0 {
 			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
 		}
-		for _, sf := range protocol.SealedFiles(st.Node, m) {
+		for _, sf := range sealed[i] {
 			rel := sf.Rel
 			v, _, err := protocol.OpenSealed(sf.Sealed, sf.Label, st.Age)
 			if err != nil {

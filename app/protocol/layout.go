@@ -14,15 +14,26 @@ const ModulesDir = "etc/mesh/modules"
 // root (relative, slash-separated): its part of the declaration, its
 // settings when it has any, and its secrets and credentials.
 func Files(m DeclaredModule) []string {
-	dir := path.Join(ModulesDir, m.Module)
-	files := []string{path.Join(dir, "module.json")}
-	if len(m.Settings) > 0 && string(m.Settings) != "null" {
-		files = append(files, path.Join(dir, "settings.json"))
+	module, settings := DocumentFiles(m)
+	files := []string{module}
+	if settings != "" {
+		files = append(files, settings)
 	}
 	for _, sf := range SealedFiles("", m) {
 		files = append(files, sf.Rel)
 	}
 	return files
+}
+
+// DocumentFiles names the files of a declared module written from the
+// declaration itself: module.json, its part, and settings.json, its
+// settings, or "" when it has none.
+func DocumentFiles(m DeclaredModule) (module, settings string) {
+	dir := path.Join(ModulesDir, m.Module)
+	if len(m.Settings) > 0 && string(m.Settings) != "null" {
+		settings = path.Join(dir, "settings.json")
+	}
+	return path.Join(dir, "module.json"), settings
 }
 
 // SealedFile is a file of a module holding a value opened from a sealed
