@@ -157,7 +157,7 @@ func Seal(d Declaration, sign func([]byte) []byte, keyID string) (Envelope, erro
 	if err != nil {
 		return Envelope{}, err
 	}
-	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID}, nil
+	return envelope(canon, sign, keyID), nil
 }
 
 // SealBody signs any body, canonicalised: for what the planner never makes
@@ -167,7 +167,12 @@ func SealBody(body any, sign func([]byte) []byte, keyID string) (Envelope, error
 	if err != nil {
 		return Envelope{}, err
 	}
-	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID}, nil
+	return envelope(canon, sign, keyID), nil
+}
+
+// envelope signs canonical bytes and carries them as the string signed.
+func envelope(canon []byte, sign func([]byte) []byte, keyID string) Envelope {
+	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID}
 }
 
 // Verify checks an envelope against the controller key a host received at
