@@ -230,7 +230,6 @@ type daemon struct {
 	drops     map[[2]string]int64
 	refusals  map[[2]string]int64 // source, reason
 	problems  map[string]string
-	overflow  int64
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
@@ -582,9 +581,6 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 	}
 	clear(d.refusals)
-	if d.overflow != d.o.Counters.Dropped.Load() {
-		d.overflow = d.o.Counters.Dropped.Load()
-	}
 }
 
 // aggregate adds the heartbeat intervals measured since the last time to
