@@ -302,15 +302,12 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 
 // sealAlert is a change as mesh.alert carries it (protocol.Alert).
 func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
-	b, err := json.Marshal(ch)
-	if err != nil {
-		return nil, err
-	}
-	var body map[string]any
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, err
-	}
-	body["type"] = protocol.AlertType
+	// The change's own fields and the type, flat: health.Change has no
+	// MarshalJSON of its own, which embedding would promote (dropping Type).
+	body := struct {
+		health.Change
+		Type string `json:"type"`
+	}{ch, protocol.AlertType}
 	env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
 	if err != nil {
 		return nil, err
