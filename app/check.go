@@ -39,6 +39,10 @@ type CheckOptions struct {
 type CheckResult struct {
 	Verdict health.Verdict  `json:"verdict"`
 	Changes []health.Change `json:"changes"`
+	// Open are the conditions open after the check, read for the verdict:
+	// the serving controller's healers act on them without reading them
+	// again. Not in the JSON, whose verdict counts them.
+	Open []health.Condition `json:"-"`
 }
 
 // checkStores are the stores a self-check judges: the process's own when it
@@ -209,12 +213,12 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	// Measurements and history are kept for a window: whatever is older goes,
 	// in small batches, until none is left.
 	if _, err := hs.PruneMeasurements(ctx, now.Add(-measurementWindow), now.Add(-heartbeatWindow), pruneBatch); err != nil {
-		return CheckResult{Verdict: v, Changes: changes}, err
+		return CheckResult{Verdict: v, Changes: changes, Open: open}, err
 	}
 	if _, err := hs.PruneHistory(ctx, now.Add(-historyWindow), pruneBatch); err != nil {
-		return CheckResult{Verdict: v, Changes: changes}, err
+		return CheckResult{Verdict: v, Changes: changes, Open: open}, err
 	}
-	return CheckResult{Verdict: v, Changes: changes}, nil
+	return CheckResult{Verdict: v, Changes: changes, Open: open}, nil
 }
 
 // How long what grows with time is kept, and how much goes per write.

@@ -15,6 +15,7 @@ import (
 
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/broker"
 )
@@ -76,9 +77,9 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Join:      sv.join,
 		AfterJoin: c.afterJoin,
 		CatchUp:   c.catchUp,
-		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error {
-			_, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
-			return err
+		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
+			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
+			return r.Open, err
 		},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{

@@ -149,8 +149,9 @@ type UseCases struct {
 	// CatchUp declares every node whose plan moved past its declaration and,
 	// at start, sends nodes the latest declaration they have not applied.
 	CatchUp func(ctx context.Context, nc *nats.Conn, start bool) ([]Declared, error)
-	// SelfCheck judges the mesh; lines are its raisings and clearings.
-	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error
+	// SelfCheck judges the mesh; lines are its raisings and clearings. It
+	// returns the conditions it left open.
+	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) (open []health.Condition, err error)
 }
 
 // Admitted is what admitting a host made.
@@ -621,13 +622,23 @@ func (d *daemon) catchUp(ctx context.Context, start bool) {
 	}
 }
 
-// selfCheck judges the mesh, then lets the healers act.
+// selfCheck judges the mesh, then lets the healers act on what it left open.
 func (d *daemon) selfCheck(ctx context.Context, holder string) {
-	err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
-	if err != nil && ctx.Err() == nil {
-		d.logf("self-check: %v", err)
+	open, err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logf("self-check: %v", err)
+		}
+		// A check that failed may not have read what is open: the healers
+		// act on it all the same, read here.
+		if open, err = d.st.Health.Conditions(ctx); err != nil {
+			if ctx.Err() == nil {
+				d.logf("healers: read the open conditions: %v", err)
+			}
+			return
+		}
 	}
-	if err := d.heal(ctx); err != nil && ctx.Err() == nil {
+	if err := d.heal(ctx, open); err != nil && ctx.Err() == nil {
 		d.logf("healers: %v", err)
 	}
 }
