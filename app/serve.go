@@ -235,12 +235,10 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]
 			// from a backup) is declared again, numbered above it.
 			ahead = append(ahead, name)
 		case start && n.SerialApplied < n.SerialDeclared:
-			decl, err := st.Inventory.LatestDeclaration(ctx, name)
-			if err != nil || decl == nil {
-				continue
-			}
-			if err := daemon.PublishDeclaration(nc, *decl); err != nil {
-				out = append(out, daemon.Declared{Node: name, Serial: decl.Serial, NotSent: err.Error()})
+			// Only a send that failed is said: a node whose latest could not
+			// be read asks for it, or the healers resend it.
+			if serial, err := daemon.SendLatest(ctx, st.Inventory, nc, name); err != nil && serial != 0 {
+				out = append(out, daemon.Declared{Node: name, Serial: serial, NotSent: err.Error()})
 			}
 		}
 	}

@@ -453,6 +453,17 @@ func PublishDeclaration(nc *nats.Conn, d inventory.Declaration) error {
 	return nc.Publish(protocol.DeclarationInbox(d.Node), b)
 }
 
+// SendLatest sends a node the latest declaration kept for it. serial is
+// the one sent, 0 if the node has none or it could not be read: an error
+// with a serial is the publish's.
+func SendLatest(ctx context.Context, inv *inventory.Store, nc *nats.Conn, node string) (serial int64, err error) {
+	decl, err := inv.LatestDeclaration(ctx, node)
+	if err != nil || decl == nil {
+		return 0, err
+	}
+	return decl.Serial, PublishDeclaration(nc, *decl)
+}
+
 // limiter gives each node a budget of reports of each kind: a host sending
 // faster than any real one would is dropped and counted, so no host can
 // make the controller write without end.

@@ -46,14 +46,13 @@ var Healers = []Healer{
 }
 
 func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
-	decl, err := d.st.Inventory.LatestDeclaration(ctx, c.Machine)
-	if err != nil {
+	serial, err := SendLatest(ctx, d.st.Inventory, d.nc, c.Machine)
+	switch {
+	case serial == 0 && err != nil:
 		return err
-	}
-	if decl == nil {
+	case serial == 0:
 		return fmt.Errorf("%s has no declaration", c.Machine)
-	}
-	if err := PublishDeclaration(d.nc, *decl); err != nil {
+	case err != nil:
 		return fmt.Errorf("send %s its declaration: %w", c.Machine, err)
 	}
 	return d.nc.FlushTimeout(brokerTimeout)
