@@ -275,7 +275,7 @@ func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *n
 // envelope (so a reader tells the controller's alerts from anything else
 // published there), and to the log. Without the key nothing is published.
 func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes []health.Change, now time.Time) {
-	var nc *nats.Conn
+	published := false
 	for _, ch := range changes {
 		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {
 			continue
@@ -284,23 +284,24 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 		if o.Log != nil {
 			o.Log(line)
 		}
-		if nc == nil {
-			nc = o.NC
-		}
-		if nc == nil || signer == nil {
+		if o.NC == nil || signer == nil {
 			continue
 		}
 		b, err := sealAlert(ch, *signer)
+		if err == nil {
+			err = o.NC.Publish(AlertSubject, b)
+		}
 		if err != nil {
 			if o.Log != nil {
 				o.Log(fmt.Sprintf("alert %s not sent: %v", ch.Condition.Key, err))
 			}
 			continue
 		}
-		nc.Publish(AlertSubject, b)
+		published = true
 	}
-	if nc != nil {
-		nc.FlushTimeout(protocol.AnswerTimeout)
+	// One round trip for them all, and none when nothing was sent.
+	if published {
+		o.NC.FlushTimeout(protocol.AnswerTimeout)
 	}
 }
 
