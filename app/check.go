@@ -39,6 +39,10 @@ type CheckOptions struct {
 type CheckResult struct {
 	Verdict health.Verdict  `json:"verdict"`
 	Changes []health.Change `json:"changes"`
+	// Open are the conditions open after the check, read for the verdict:
+	// the serving controller's healers act on them without reading them
+	// again. Not in the JSON, whose verdict counts them.
+	Open []health.Condition `json:"-"`
 }
 
 // checkStores are the stores a self-check judges: the process's own when it
@@ -209,12 +213,12 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	// Measurements and history are kept for a window: whatever is older goes,
 	// in small batches, until none is left.
 	if _, err := hs.PruneMeasurements(ctx, now.Add(-measurementWindow), now.Add(-heartbeatWindow), pruneBatch); err != nil {
-		return CheckResult{Verdict: v, Changes: changes}, err
+		return CheckResult{Verdict: v, Changes: changes, Open: open}, err
 	}
 	if _, err := hs.PruneHistory(ctx, now.Add(-historyWindow), pruneBatch); err != nil {
-		return CheckResult{Verdict: v, Changes: changes}, err
+		return CheckResult{Verdict: v, Changes: changes, Open: open}, err
 	}
-	return CheckResult{Verdict: v, Changes: changes}, nil
+	return CheckResult{Verdict: v, Changes: changes, Open: open}, nil
 }
 
 // How long what grows with time is kept, and how much goes per write.
@@ -271,7 +275,7 @@ func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *n
 // envelope (so a reader tells the controller's alerts from anything else
 // published there), and to the log. Without the key nothing is published.
 func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes []health.Change, now time.Time) {
-	var nc *nats.Conn
+	published := false
 	for _, ch := range changes {
 		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {
 			continue
@@ -280,37 +284,35 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 		if o.Log != nil {
 			o.Log(line)
 		}
-		if nc == nil {
-			nc = o.NC
-		}
-		if nc == nil || signer == nil {
+		if o.NC == nil || signer == nil {
 			continue
 		}
 		b, err := sealAlert(ch, *signer)
+		if err == nil {
+			err = o.NC.Publish(AlertSubject, b)
+		}
 		if err != nil {
 			if o.Log != nil {
 				o.Log(fmt.Sprintf("alert %s not sent: %v", ch.Condition.Key, err))
 			}
 			continue
 		}
-		nc.Publish(AlertSubject, b)
+		published = true
 	}
-	if nc != nil {
-		nc.FlushTimeout(protocol.AnswerTimeout)
+	// One round trip for them all, and none when nothing was sent.
+	if published {
+		o.NC.FlushTimeout(protocol.AnswerTimeout)
 	}
 }
 
 // sealAlert is a change as mesh.alert carries it (protocol.Alert).
 func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
-	b, err := json.Marshal(ch)
-	if err != nil {
-		return nil, err
-	}
-	var body map[string]any
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, err
-	}
-	body["type"] = protocol.AlertType
+	// The change's own fields and the type, flat: health.Change has no
+	// MarshalJSON of its own, which embedding would promote (dropping Type).
+	body := struct {
+		health.Change
+		Type string `json:"type"`
+	}{ch, protocol.AlertType}
 	env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
 	if err != nil {
 		return nil, err

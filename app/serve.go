@@ -15,6 +15,7 @@ import (
 
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/broker"
 )
@@ -73,12 +74,11 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			return trustOf(ctx, st.Identity, sv.keys)
 		},
-		Join:      sv.join,
-		AfterJoin: c.afterJoin,
-		CatchUp:   c.catchUp,
-		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error {
-			_, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
-			return err
+		Join:    sv.join,
+		CatchUp: c.catchUp,
+		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
+			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
+			return r.Open, err
 		},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
@@ -181,51 +181,33 @@ var tokenRefusals = map[error]string{
 	identity.ErrNKeyUsed:       "nkey used before",
 }
 
-// afterJoin makes the secrets the mesh makes for what the node was assigned
-// before it joined (its age recipient was unknown until now), and moves its
-// plan so that the catch-up sends them.
-func (c *Controller) afterJoin(ctx context.Context, node string) (int, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return 0, err
-	}
-	// Most nodes join with nothing assigned yet: nothing to make, and no
-	// need to read the whole mesh for each of thousands of joins.
-	if n, err := st.Inventory.CountAssignments(ctx, node); err != nil || n == 0 {
-		return 0, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
-	if err != nil {
-		return 0, err
-	}
-	made, err := c.ensureSecrets(ctx, st, snap, nil)
-	return len(made), err
-}
-
 // catchUp sends a new declaration to every node whose declaration is
 // behind its plan (changed while no broker was reachable); at start it also
-// resends their latest to nodes that have not applied it.
-func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]daemon.Declared, error) {
+// resends their latest to nodes that have not applied it. made counts the
+// nodes it made secrets for.
+func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (out []daemon.Declared, made int, err error) {
 	st, err := c.stores(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	// What an act stopped between stores left undone: the secrets the mesh
-	// makes for what is assigned (moving those nodes' plans), then the nodes
-	// behind their plan are declared.
-	if made, err := c.ensureSecrets(ctx, st, snap, nil); err != nil {
-		return nil, err
-	} else if len(made) > 0 {
+	// What an act stopped between stores left undone, and what a node that
+	// joined waited for: the secrets the mesh makes for what is assigned
+	// (moving those nodes' plans), then the nodes behind their plan are
+	// declared.
+	madeFor, err := c.ensureSecrets(ctx, st, snap, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	if made = len(madeFor); made > 0 {
 		if snap, err = st.Inventory.Snapshot(ctx); err != nil {
-			return nil, err
+			return nil, made, err
 		}
 	}
 	var ahead []string
-	var out []daemon.Declared
 	for _, name := range snap.NodeNames {
 		n := snap.Nodes[name]
 		switch {
@@ -234,25 +216,23 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]
 			// from a backup) is declared again, numbered above it.
 			ahead = append(ahead, name)
 		case start && n.SerialApplied < n.SerialDeclared:
-			decl, err := st.Inventory.LatestDeclaration(ctx, name)
-			if err != nil || decl == nil {
-				continue
-			}
-			if err := daemon.PublishDeclaration(nc, *decl); err != nil {
-				out = append(out, daemon.Declared{Node: name, Serial: decl.Serial, NotSent: err.Error()})
+			// Only a send that failed is said: a node whose latest could not
+			// be read asks for it, or the healers resend it.
+			if serial, err := daemon.SendLatest(ctx, st.Inventory, nc, name); err != nil && serial != 0 {
+				out = append(out, daemon.Declared{Node: name, Serial: serial, NotSent: err.Error()})
 			}
 		}
 	}
 	if len(ahead) == 0 {
-		return out, nil
+		return out, made, nil
 	}
 	key, err := st.Identity.SigningKey(ctx)
 	if err != nil {
-		return out, err
+		return out, made, err
 	}
 	dec := &declarer{inv: st.Inventory, sec: st.Secrets, key: key, nc: nc, now: c.Now}
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		out = append(out, daemon.Declared{Node: p.Node, Serial: p.Serial, Sent: p.Sent, NotSent: p.NotSent, Problem: p.Problem})
 	}
-	return out, nil
+	return out, made, nil
 }

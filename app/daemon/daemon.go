@@ -143,14 +143,16 @@ type UseCases struct {
 	// returns what it made, a *Refusal saying why it refused, or another
 	// error when it could not decide.
 	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (Admitted, error)
-	// AfterJoin makes what a newly joined node waited for (secrets sealed to
-	// it); it returns how many secrets it made.
-	AfterJoin func(ctx context.Context, node string) (int, error)
-	// CatchUp declares every node whose plan moved past its declaration and,
-	// at start, sends nodes the latest declaration they have not applied.
-	CatchUp func(ctx context.Context, nc *nats.Conn, start bool) ([]Declared, error)
-	// SelfCheck judges the mesh; lines are its raisings and clearings.
-	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) error
+	// CatchUp makes the secrets the mesh makes that can be made now (made
+	// counts the nodes they were made for), declares every node whose plan
+	// moved past its declaration and, at start, sends nodes the latest
+	// declaration they have not applied. It is also what makes the secrets a
+	// node joining with something assigned waited for: sealed to it, they
+	// could not be made before it joined.
+	CatchUp func(ctx context.Context, nc *nats.Conn, start bool) (out []Declared, made int, err error)
+	// SelfCheck judges the mesh; lines are its raisings and clearings. It
+	// returns the conditions it left open.
+	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) (open []health.Condition, err error)
 }
 
 // Admitted is what admitting a host made.
@@ -185,6 +187,7 @@ const (
 	evDuration
 	evDrop
 	evKick
+	// evJoined is a node that joined with something assigned.
 	evJoined
 	evRefused
 )
@@ -230,7 +233,6 @@ type daemon struct {
 	drops     map[[2]string]int64
 	refusals  map[[2]string]int64 // source, reason
 	problems  map[string]string
-	overflow  int64
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
@@ -315,7 +317,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		defer close(joinsDone)
 		d.joinWorker(ctx)
 	}()
-	d.catchUp(ctx, true)
+	d.catchUp(ctx, true, "")
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
@@ -445,7 +447,7 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 		case <-aggregate.C:
 			d.aggregate(ctx)
 		case <-catchUp.C:
-			d.catchUp(ctx, false)
+			d.catchUp(ctx, false, "")
 		case <-check.C:
 			d.selfCheck(ctx, holder)
 		case i := <-due:
@@ -519,14 +521,7 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		// raises join.refused.
 		d.refusals[[2]string{ev.source, ev.reason}]++
 	case evJoined:
-		made, err := d.u.AfterJoin(ctx, ev.node)
-		if err != nil {
-			d.logf("after %s joined: %v", ev.node, err)
-		}
-		if made > 0 {
-			d.logf("%s: %d secrets made and sealed", ev.node, made)
-			d.catchUp(ctx, false)
-		}
+		d.catchUp(ctx, false, ev.node)
 	}
 	return false
 }
@@ -582,9 +577,6 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 	}
 	clear(d.refusals)
-	if d.overflow != d.o.Counters.Dropped.Load() {
-		d.overflow = d.o.Counters.Dropped.Load()
-	}
 }
 
 // aggregate adds the heartbeat intervals measured since the last time to
@@ -601,8 +593,13 @@ func (d *daemon) aggregate(ctx context.Context) {
 }
 
 // catchUp declares nodes behind their plan, saying each plan problem once.
-func (d *daemon) catchUp(ctx context.Context, start bool) {
-	out, err := d.u.CatchUp(ctx, d.nc, start)
+// joined is the node whose joining asked for it, if one did: the secrets
+// made are said as made for it.
+func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
+	out, made, err := d.u.CatchUp(ctx, d.nc, start)
+	if joined != "" && made > 0 {
+		d.logf("%s: %d secrets made and sealed", joined, made)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			d.logf("catch up: %v", err)
@@ -625,13 +622,23 @@ func (d *daemon) catchUp(ctx context.Context, start bool) {
 	}
 }
 
-// selfCheck judges the mesh, then lets the healers act.
+// selfCheck judges the mesh, then lets the healers act on what it left open.
 func (d *daemon) selfCheck(ctx context.Context, holder string) {
-	err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
-	if err != nil && ctx.Err() == nil {
-		d.logf("self-check: %v", err)
+	open, err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logf("self-check: %v", err)
+		}
+		// A check that failed may not have read what is open: the healers
+		// act on it all the same, read here.
+		if open, err = d.st.Health.Conditions(ctx); err != nil {
+			if ctx.Err() == nil {
+				d.logf("healers: read the open conditions: %v", err)
+			}
+			return
+		}
 	}
-	if err := d.heal(ctx); err != nil && ctx.Err() == nil {
+	if err := d.heal(ctx, open); err != nil && ctx.Err() == nil {
 		d.logf("healers: %v", err)
 	}
 }

@@ -371,7 +371,18 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 		// user no longer connects, nor hears the node's declarations.
 		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", r.Node, a.Revoked))
 	}
-	d.handOver(event{kind: evJoined, node: r.Node})
+	// A node joining with something assigned waited for secrets sealed to
+	// it: the loop's catch-up makes them. Most nodes join with nothing
+	// assigned, and are counted here rather than on the loop, which absorbs
+	// heartbeats. A count that failed is handed over too: the catch-up finds
+	// out itself.
+	n, err := d.st.Inventory.CountAssignments(ctx, r.Node)
+	if err != nil && ctx.Err() == nil {
+		d.logf("after %s joined: count its assignments: %v", r.Node, err)
+	}
+	if n > 0 || err != nil {
+		d.handOver(event{kind: evJoined, node: r.Node})
+	}
 }
 
 // refusalLog bounds how many refused joins from one source are logged a
@@ -451,6 +462,17 @@ func PublishDeclaration(nc *nats.Conn, d inventory.Declaration) error {
 		return err
 	}
 	return nc.Publish(protocol.DeclarationInbox(d.Node), b)
+}
+
+// SendLatest sends a node the latest declaration kept for it. serial is
+// the one sent, 0 if the node has none or it could not be read: an error
+// with a serial is the publish's.
+func SendLatest(ctx context.Context, inv *inventory.Store, nc *nats.Conn, node string) (serial int64, err error) {
+	decl, err := inv.LatestDeclaration(ctx, node)
+	if err != nil || decl == nil {
+		return 0, err
+	}
+	return decl.Serial, PublishDeclaration(nc, *decl)
 }
 
 // limiter gives each node a budget of reports of each kind: a host sending

@@ -46,14 +46,13 @@ var Healers = []Healer{
 }
 
 func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
-	decl, err := d.st.Inventory.LatestDeclaration(ctx, c.Machine)
-	if err != nil {
+	serial, err := SendLatest(ctx, d.st.Inventory, d.nc, c.Machine)
+	switch {
+	case serial == 0 && err != nil:
 		return err
-	}
-	if decl == nil {
+	case serial == 0:
 		return fmt.Errorf("%s has no declaration", c.Machine)
-	}
-	if err := PublishDeclaration(d.nc, *decl); err != nil {
+	case err != nil:
 		return fmt.Errorf("send %s its declaration: %w", c.Machine, err)
 	}
 	return d.nc.FlushTimeout(brokerTimeout)
@@ -61,7 +60,8 @@ func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
 
 // heal lets each healer act on the open conditions of its kind, each act
 // once, unless the brake is engaged; acting past the limits engages it.
-func (d *daemon) heal(ctx context.Context) error {
+// open are the conditions the self-check just left open.
+func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 	limits := d.o.Healers
 	brake, err := d.st.Health.Brake(ctx)
 	if err != nil {
@@ -69,10 +69,6 @@ func (d *daemon) heal(ctx context.Context) error {
 	}
 	if brake.Engaged {
 		return nil
-	}
-	open, err := d.st.Health.Conditions(ctx)
-	if err != nil {
-		return fmt.Errorf("read the open conditions: %w", err)
 	}
 	now := d.u.Now()
 	recent, err := d.st.Health.HealerActs(ctx, now.Add(-max(limits.Window, limits.SameWindow)))
