@@ -230,8 +230,8 @@ func perConsumerPrecious(snap *inventory.Snapshot, provider inventory.Holder, pr
 }
 
 // lastBackupHeard is the latest backup heard of a data set: from its host's
-// data report or from the backup seat's holder (as the self-check's
-// lastBackup judges it).
+// data report or from the backup seat's holder. It is a copy, so no caller
+// can change the report it came from.
 func lastBackupHeard(snap *inventory.Snapshot, data map[string][]inventory.DataSet, node, module, name string) *time.Time {
 	var last *time.Time
 	if r := reportedSet(data[node], module, name); r != nil && r.LastBackup != nil {
