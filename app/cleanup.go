@@ -173,22 +173,11 @@ func cleanables(snap *inventory.Snapshot, retirements []inventory.Retirement, da
 func finish(cl Cleanable, spec inventory.DataSpec, now time.Time) Cleanable {
 	cl.AgeDays = int(now.Sub(cl.Since).Hours() / 24)
 	if spec.Precious == inventory.Irreplaceable || spec.Precious == inventory.Costly {
-		cl.Cadence = cadenceWord(spec)
+		cl.Cadence = plan.CadenceWord(spec)
 		cl.NeedsDigest = cl.LastBackup == nil || now.Sub(*cl.LastBackup) > plan.BackupCadence(spec)
 	}
 	cl.Digest = previewDigest(cl)
 	return cl
-}
-
-// cadenceWord names a data set's backup cadence as its manifest would.
-func cadenceWord(spec inventory.DataSpec) string {
-	if spec.Backup != "" {
-		return spec.Backup
-	}
-	if spec.Precious == inventory.Costly {
-		return "weekly"
-	}
-	return "daily"
 }
 
 // dataSpecOf is a retired data set as its module's manifest describes it:
