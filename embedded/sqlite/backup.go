@@ -126,21 +126,14 @@ func (db *DB) Check(ctx context.Context) error {
 	if err := integrityCheck(ctx, db.Reader); err != nil {
 		return err
 	}
-	rows, err := db.Reader.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	problem, err := foreignKeyProblem(ctx, db.Reader)
 	if err != nil {
 		return openError(err)
 	}
-	defer rows.Close()
-	if rows.Next() {
-		var table, parent string
-		var rowid sql.NullInt64
-		var fkid int
-		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: table %s row %d refers to a missing %s", ErrIntegrity, table, rowid.Int64, parent)
+	if problem != "" {
+		return fmt.Errorf("%w: %s", ErrIntegrity, problem)
 	}
-	return rows.Err()
+	return nil
 }
 
 // integrityCheck runs PRAGMA integrity_check, which answers one row "ok" or

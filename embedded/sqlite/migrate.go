@@ -187,22 +187,31 @@ func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from,
 }
 
 func foreignKeyCheck(ctx context.Context, w *sql.DB) error {
-	rows, err := w.QueryContext(ctx, `PRAGMA foreign_key_check`)
-	if err != nil {
+	problem, err := foreignKeyProblem(ctx, w)
+	if err != nil || problem == "" {
 		return err
+	}
+	return fmt.Errorf("foreign key check after migrating: %s", problem)
+}
+
+// foreignKeyProblem is the first row PRAGMA foreign_key_check reports, said
+// for a person; "" when every reference holds.
+func foreignKeyProblem(ctx context.Context, q Querier) (string, error) {
+	rows, err := q.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return "", err
 	}
 	defer rows.Close()
 	if rows.Next() {
-		var table string
+		var table, parent string
 		var rowid sql.NullInt64
-		var parent string
 		var fkid int
 		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
-			return err
+			return "", err
 		}
-		return fmt.Errorf("foreign key check after migrating: table %s row %d refers to a missing %s", table, rowid.Int64, parent)
+		return fmt.Sprintf("table %s row %d refers to a missing %s", table, rowid.Int64, parent), nil
 	}
-	return rows.Err()
+	return "", rows.Err()
 }
 
 // Schema is the store's schema as SQL, one statement per object in name
