@@ -127,7 +127,7 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrNothingToRotate):
 		return "a provider gives per-consumer credentials when its manifest says per_consumer.credential"
 	case errors.Is(err, app.ErrBadCount):
-		return "give --count a number from 1 to 100000"
+		return fmt.Sprintf("give --count a number from 1 to %d", app.MaxNodesAtOnce)
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case errors.Is(err, app.ErrRestoreNotEmpty):
