@@ -409,11 +409,11 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 		chosen = fine
 	} else {
-		cl, err := pickTarget(all, r)
+		cl, named, err := pickTarget(all, r)
 		if err != nil {
 			var de *DigestError
 			if errors.As(err, &de) {
-				out.Preview = previews(all, r)
+				out.Preview = named
 			}
 			return out, err
 		}
@@ -429,8 +429,9 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 }
 
 // pickTarget finds the one target a cleanup delete names and judges the
-// digest given for it.
-func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
+// digest given for it. It also returns every cleanable the request names
+// that is not being deleted: what a refusal previews, as it is now.
+func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, []Cleanable, error) {
 	var named []Cleanable
 	deleting := false
 	for _, cl := range all {
@@ -444,11 +445,11 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
 	}
 	switch {
 	case len(named) == 0 && deleting:
-		return Cleanable{}, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrBeingDeleted)
+		return Cleanable{}, named, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrBeingDeleted)
 	case len(named) == 0:
-		return Cleanable{}, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrNotRetired)
+		return Cleanable{}, named, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrNotRetired)
 	case len(named) > 1 && r.Yes == "":
-		return Cleanable{}, &DigestError{Target: named[0], Err: ErrAmbiguous}
+		return Cleanable{}, named, &DigestError{Target: named[0], Err: ErrAmbiguous}
 	}
 	cl := named[0]
 	if r.Yes != "" {
@@ -459,25 +460,14 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
 			}
 		}
 		if !found {
-			return Cleanable{}, &DigestError{Target: cl, Err: ErrDigestChanged}
+			return Cleanable{}, named, &DigestError{Target: cl, Err: ErrDigestChanged}
 		}
-		return cl, nil
+		return cl, named, nil
 	}
 	if cl.NeedsDigest {
-		return Cleanable{}, &DigestError{Target: cl, Err: ErrNeedsDigest}
+		return Cleanable{}, named, &DigestError{Target: cl, Err: ErrNeedsDigest}
 	}
-	return cl, nil
-}
-
-// previews are the targets a refused cleanup delete names, as they are now.
-func previews(all []Cleanable, r CleanupRequest) []Cleanable {
-	var out []Cleanable
-	for _, cl := range all {
-		if cl.Node == r.Node && cl.Module == r.Module && cl.Target == r.Target && !cl.Deleting {
-			out = append(out, cl)
-		}
-	}
-	return out
+	return cl, named, nil
 }
 
 // deleteCleanables asks hosts to delete what was chosen (and records what
