@@ -342,19 +342,23 @@ func (e *RefusedError) Details() []string {
 
 // PreviewLine is a cleanable's preview on one line: everything its digest is over.
 func PreviewLine(cl Cleanable) string {
-	size := "size not reported"
-	if cl.Bytes != nil {
-		size = fmt.Sprintf("%d bytes", *cl.Bytes)
-	}
 	where := ""
 	if cl.Path != "" {
 		where = " " + cl.Path
 	}
-	line := fmt.Sprintf("%s/%s %s (%s%s, %s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, where, dashed(cl.Precious), size, backupState(cl))
+	line := fmt.Sprintf("%s/%s %s (%s%s, %s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, where, dashed(cl.Precious), sizeOf(cl), backupState(cl))
 	if cl.OnRemovedNode() {
 		line += fmt.Sprintf(" on %s, removed %s", cl.Node, cl.NodeRemovedAt.UTC().Format(time.RFC3339))
 	}
 	return line
+}
+
+// sizeOf is a cleanable's size as its preview and its hand act say it.
+func sizeOf(cl Cleanable) string {
+	if cl.Bytes == nil {
+		return "size not reported"
+	}
+	return fmt.Sprintf("%d bytes", *cl.Bytes)
 }
 
 func dashed(s string) string {
@@ -505,15 +509,11 @@ func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []
 // two ways it was allowed: backed up within its cadence, or confirmed by the
 // digest of its preview without one.
 func cleanupWhat(cl Cleanable) string {
-	size := "size not reported"
-	if cl.Bytes != nil {
-		size = fmt.Sprintf("%d bytes", *cl.Bytes)
-	}
 	precious := cl.Precious
 	if precious == "" {
 		precious = "no data kept"
 	}
-	what := fmt.Sprintf("cleanup delete %s/%s %s (%s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, precious, size)
+	what := fmt.Sprintf("cleanup delete %s/%s %s (%s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, precious, sizeOf(cl))
 	if cl.OnRemovedNode() {
 		what += fmt.Sprintf(" on %s, removed %s: recorded deleted by hand, no host can act", cl.Node, cl.NodeRemovedAt.UTC().Format(time.RFC3339))
 	}
