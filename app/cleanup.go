@@ -233,20 +233,35 @@ func lastBackupHeard(snap *inventory.Snapshot, data map[string][]inventory.DataS
 	return last
 }
 
-func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Cleanable, error) {
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, nil, err
+// dataState is what data and cleanup judge data sets from: the inventory,
+// every retirement, and every node's data report.
+type dataState struct {
+	snap        *inventory.Snapshot
+	retirements []inventory.Retirement
+	data        map[string][]inventory.DataSet
+}
+
+func readDataState(ctx context.Context, inv *inventory.Store) (dataState, error) {
+	var ds dataState
+	var err error
+	if ds.snap, err = inv.Snapshot(ctx); err != nil {
+		return dataState{}, err
 	}
-	rs, err := inv.Retirements(ctx, "")
-	if err != nil {
-		return nil, nil, err
+	if ds.retirements, err = inv.Retirements(ctx, ""); err != nil {
+		return dataState{}, err
 	}
-	data, err := inv.AllDataSets(ctx)
-	if err != nil {
-		return nil, nil, err
+	if ds.data, err = inv.AllDataSets(ctx); err != nil {
+		return dataState{}, err
 	}
-	return snap, cleanables(snap, rs, data, c.Now()), nil
+	return ds, nil
+}
+
+func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) ([]Cleanable, error) {
+	ds, err := readDataState(ctx, inv)
+	if err != nil {
+		return nil, err
+	}
+	return cleanables(ds.snap, ds.retirements, ds.data, c.Now()), nil
 }
 
 // Cleanup lists every retired consumer and retired or dropped data set per
@@ -256,8 +271,7 @@ func (c *Controller) Cleanup(ctx context.Context) ([]Cleanable, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, out, err := c.readCleanup(ctx, st.Inventory)
-	return out, err
+	return c.readCleanup(ctx, st.Inventory)
 }
 
 // CleanupRequest is a cleanup delete: one target, or every one older than some days.
@@ -387,7 +401,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 	if err != nil {
 		return CleanupResult{}, err
 	}
-	_, all, err := c.readCleanup(ctx, st.Inventory)
+	all, err := c.readCleanup(ctx, st.Inventory)
 	if err != nil {
 		return CleanupResult{}, err
 	}

@@ -37,20 +37,11 @@ func (c *Controller) Data(ctx context.Context) ([]DataView, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
+	ds, err := readDataState(ctx, st.Inventory)
 	if err != nil {
 		return nil, err
 	}
-	data, err := inv.AllDataSets(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rs, err := inv.Retirements(ctx, "")
-	if err != nil {
-		return nil, err
-	}
-	return dataViews(snap, data, rs), nil
+	return dataViews(ds.snap, ds.data, ds.retirements), nil
 }
 
 func dataViews(snap *inventory.Snapshot, data map[string][]inventory.DataSet, rs []inventory.Retirement) []DataView {

@@ -190,7 +190,7 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			nc.Close()
 		}
 	}
-	_, all, err := c.readCleanup(ctx, st.Inventory)
+	all, err := c.readCleanup(ctx, st.Inventory)
 	if err != nil {
 		return out, err
 	}
