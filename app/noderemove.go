@@ -104,11 +104,15 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			running[a.Node] = append(running[a.Node], a.Module)
 		}
 	}
-	held := map[string][]string{} // node -> "seat (node/module)"
+	type heldSeat struct {
+		seat string
+		by   inventory.Holder
+	}
+	held := map[string][]heldSeat{} // by node
 	for _, seat := range slices.Sorted(maps.Keys(snap.Seats.Holders)) {
 		for _, h := range snap.Seats.Holders[seat] {
 			if removing[h.Node] {
-				held[h.Node] = append(held[h.Node], seat+" ("+h.String()+")")
+				held[h.Node] = append(held[h.Node], heldSeat{seat, h})
 			}
 		}
 	}
@@ -118,7 +122,11 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			problems = append(problems, fmt.Sprintf("%s runs %s: unassign them first, or add --and-unassign (precious data is retired as unassign does)", n, strings.Join(running[n], ", ")))
 		}
 		for _, n := range slices.Sorted(maps.Keys(held)) {
-			problems = append(problems, fmt.Sprintf("%s holds seat %s: hand it over first ('mesh-controller seat NAME --to NODE/MODULE'), or add --and-unassign", n, strings.Join(held[n], ", ")))
+			seats := make([]string, 0, len(held[n]))
+			for _, hs := range held[n] {
+				seats = append(seats, fmt.Sprintf("%s (%s)", hs.seat, hs.by))
+			}
+			problems = append(problems, fmt.Sprintf("%s holds seat %s: hand it over first ('mesh-controller seat NAME --to NODE/MODULE'), or add --and-unassign", n, strings.Join(seats, ", ")))
 		}
 	} else {
 		var ps []string
@@ -149,10 +157,9 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 		return out, err
 	}
 	for _, n := range slices.Sorted(maps.Keys(held)) {
-		for _, seat := range held[n] {
-			name, _, _ := strings.Cut(seat, " ")
-			if len(snap.Seats.Holders[name]) == 0 && !slices.Contains(byName[n].SeatsEmptied, name) {
-				byName[n].SeatsEmptied = append(byName[n].SeatsEmptied, name)
+		for _, hs := range held[n] {
+			if len(snap.Seats.Holders[hs.seat]) == 0 && !slices.Contains(byName[n].SeatsEmptied, hs.seat) {
+				byName[n].SeatsEmptied = append(byName[n].SeatsEmptied, hs.seat)
 			}
 		}
 	}
