@@ -153,8 +153,11 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 		}
 		byName[n].Unassigned = &u
 	}
-	if snap, err = st.Inventory.Snapshot(ctx); err != nil {
-		return out, err
+	if len(order) > 0 {
+		// What was unassigned left seats and consumers the snapshot still shows.
+		if snap, err = st.Inventory.Snapshot(ctx); err != nil {
+			return out, err
+		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(held)) {
 		for _, hs := range held[n] {
@@ -197,12 +200,15 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			nc.Close()
 		}
 	}
-	all, err := c.readCleanup(ctx, st.Inventory)
+	// A removed node's rows are judged from the retirement alone and the
+	// manifests, which removal leaves as they were: the snapshot already
+	// read serves, with no data reports (theirs went with them).
+	rs, err := st.Inventory.Retirements(ctx, "")
 	if err != nil {
 		return out, err
 	}
 	stamp := sqlite.FormatTime(now)
-	for _, cl := range all {
+	for _, cl := range cleanables(snap, rs, nil, c.Now()) {
 		if cl.OnRemovedNode() && sqlite.FormatTime(*cl.NodeRemovedAt) == stamp && byName[cl.Node] != nil {
 			byName[cl.Node].Kept = append(byName[cl.Node].Kept, cl)
 		}
