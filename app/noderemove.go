@@ -91,7 +91,7 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 	var problems []string
 	for _, n := range r.Names {
 		if removing[n] {
-			problems = append(problems, fmt.Sprintf("%s %v", n, ErrNamedTwice))
+			problems = append(problems, fmt.Sprintf("%s %v: name each node once", n, ErrNamedTwice))
 		}
 		removing[n] = true
 		if _, ok := snap.Nodes[n]; !ok {
