@@ -136,6 +136,8 @@ func hint(err error) string {
 		return "give the operator key that was set when the backup was made"
 	case errors.Is(err, app.ErrNotABackup):
 		return "give a file 'mesh-controller backup' or 'serve --backup-every' wrote"
+	case errors.Is(err, sqlite.ErrCopyIncomplete):
+		return "run 'mesh-controller backup' again; if it recurs, report it"
 	case errors.Is(err, app.ErrBackupDamaged), errors.Is(err, sqlite.ErrIntegrity):
 		return "restore another backup ('serve --backup-every' keeps the newest few in --backup-dir)"
 	case isStore:
