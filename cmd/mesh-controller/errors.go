@@ -46,6 +46,8 @@ func hint(err error) string {
 		return fmt.Sprintf("give %s a real file's path, not a link", storeVar(se))
 	case errors.Is(err, sqlite.ErrOpenTwice):
 		return "this is a defect: a process opens each store once; please report it"
+	case errors.Is(err, app.ErrBackupNewer):
+		return "restore it with the mesh-controller that made it"
 	case errors.Is(err, sqlite.ErrSchemaNewer):
 		return "run the mesh-controller that migrated it"
 	case errors.Is(err, sqlite.ErrMigrationChanged):
