@@ -173,22 +173,11 @@ func cleanables(snap *inventory.Snapshot, retirements []inventory.Retirement, da
 func finish(cl Cleanable, spec inventory.DataSpec, now time.Time) Cleanable {
 	cl.AgeDays = int(now.Sub(cl.Since).Hours() / 24)
 	if spec.Precious == inventory.Irreplaceable || spec.Precious == inventory.Costly {
-		cl.Cadence = cadenceWord(spec)
+		cl.Cadence = plan.CadenceWord(spec)
 		cl.NeedsDigest = cl.LastBackup == nil || now.Sub(*cl.LastBackup) > plan.BackupCadence(spec)
 	}
 	cl.Digest = previewDigest(cl)
 	return cl
-}
-
-// cadenceWord names a data set's backup cadence as its manifest would.
-func cadenceWord(spec inventory.DataSpec) string {
-	if spec.Backup != "" {
-		return spec.Backup
-	}
-	if spec.Precious == inventory.Costly {
-		return "weekly"
-	}
-	return "daily"
 }
 
 // dataSpecOf is a retired data set as its module's manifest describes it:
@@ -230,8 +219,8 @@ func perConsumerPrecious(snap *inventory.Snapshot, provider inventory.Holder, pr
 }
 
 // lastBackupHeard is the latest backup heard of a data set: from its host's
-// data report or from the backup seat's holder (as the self-check's
-// lastBackup judges it).
+// data report or from the backup seat's holder. It is a copy, so no caller
+// can change the report it came from.
 func lastBackupHeard(snap *inventory.Snapshot, data map[string][]inventory.DataSet, node, module, name string) *time.Time {
 	var last *time.Time
 	if r := reportedSet(data[node], module, name); r != nil && r.LastBackup != nil {
@@ -244,20 +233,35 @@ func lastBackupHeard(snap *inventory.Snapshot, data map[string][]inventory.DataS
 	return last
 }
 
-func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Cleanable, error) {
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, nil, err
+// dataState is what data and cleanup judge data sets from: the inventory,
+// every retirement, and every node's data report.
+type dataState struct {
+	snap        *inventory.Snapshot
+	retirements []inventory.Retirement
+	data        map[string][]inventory.DataSet
+}
+
+func readDataState(ctx context.Context, inv *inventory.Store) (dataState, error) {
+	var ds dataState
+	var err error
+	if ds.snap, err = inv.Snapshot(ctx); err != nil {
+		return dataState{}, err
 	}
-	rs, err := inv.Retirements(ctx, "")
-	if err != nil {
-		return nil, nil, err
+	if ds.retirements, err = inv.Retirements(ctx, ""); err != nil {
+		return dataState{}, err
 	}
-	data, err := inv.AllDataSets(ctx)
-	if err != nil {
-		return nil, nil, err
+	if ds.data, err = inv.AllDataSets(ctx); err != nil {
+		return dataState{}, err
 	}
-	return snap, cleanables(snap, rs, data, c.Now()), nil
+	return ds, nil
+}
+
+func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) ([]Cleanable, error) {
+	ds, err := readDataState(ctx, inv)
+	if err != nil {
+		return nil, err
+	}
+	return cleanables(ds.snap, ds.retirements, ds.data, c.Now()), nil
 }
 
 // Cleanup lists every retired consumer and retired or dropped data set per
@@ -267,8 +271,7 @@ func (c *Controller) Cleanup(ctx context.Context) ([]Cleanable, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, out, err := c.readCleanup(ctx, st.Inventory)
-	return out, err
+	return c.readCleanup(ctx, st.Inventory)
 }
 
 // CleanupRequest is a cleanup delete: one target, or every one older than some days.
@@ -353,19 +356,23 @@ func (e *RefusedError) Details() []string {
 
 // PreviewLine is a cleanable's preview on one line: everything its digest is over.
 func PreviewLine(cl Cleanable) string {
-	size := "size not reported"
-	if cl.Bytes != nil {
-		size = fmt.Sprintf("%d bytes", *cl.Bytes)
-	}
 	where := ""
 	if cl.Path != "" {
 		where = " " + cl.Path
 	}
-	line := fmt.Sprintf("%s/%s %s (%s%s, %s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, where, dashed(cl.Precious), size, backupState(cl))
+	line := fmt.Sprintf("%s/%s %s (%s%s, %s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, where, dashed(cl.Precious), sizeOf(cl), backupState(cl))
 	if cl.OnRemovedNode() {
 		line += fmt.Sprintf(" on %s, removed %s", cl.Node, cl.NodeRemovedAt.UTC().Format(time.RFC3339))
 	}
 	return line
+}
+
+// sizeOf is a cleanable's size as its preview and its hand act say it.
+func sizeOf(cl Cleanable) string {
+	if cl.Bytes == nil {
+		return "size not reported"
+	}
+	return fmt.Sprintf("%d bytes", *cl.Bytes)
 }
 
 func dashed(s string) string {
@@ -394,7 +401,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 	if err != nil {
 		return CleanupResult{}, err
 	}
-	_, all, err := c.readCleanup(ctx, st.Inventory)
+	all, err := c.readCleanup(ctx, st.Inventory)
 	if err != nil {
 		return CleanupResult{}, err
 	}
@@ -420,11 +427,11 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 		chosen = fine
 	} else {
-		cl, err := pickTarget(all, r)
+		cl, named, err := pickTarget(all, r)
 		if err != nil {
 			var de *DigestError
 			if errors.As(err, &de) {
-				out.Preview = previews(all, r)
+				out.Preview = named
 			}
 			return out, err
 		}
@@ -440,8 +447,9 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 }
 
 // pickTarget finds the one target a cleanup delete names and judges the
-// digest given for it.
-func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
+// digest given for it. It also returns every cleanable the request names
+// that is not being deleted: what a refusal previews, as it is now.
+func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, []Cleanable, error) {
 	var named []Cleanable
 	deleting := false
 	for _, cl := range all {
@@ -455,11 +463,11 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
 	}
 	switch {
 	case len(named) == 0 && deleting:
-		return Cleanable{}, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrBeingDeleted)
+		return Cleanable{}, named, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrBeingDeleted)
 	case len(named) == 0:
-		return Cleanable{}, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrNotRetired)
+		return Cleanable{}, named, fmt.Errorf("%s/%s %s %w", r.Node, r.Module, r.Target, ErrNotRetired)
 	case len(named) > 1 && r.Yes == "":
-		return Cleanable{}, &DigestError{Target: named[0], Err: ErrAmbiguous}
+		return Cleanable{}, named, &DigestError{Target: named[0], Err: ErrAmbiguous}
 	}
 	cl := named[0]
 	if r.Yes != "" {
@@ -470,25 +478,14 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, error) {
 			}
 		}
 		if !found {
-			return Cleanable{}, &DigestError{Target: cl, Err: ErrDigestChanged}
+			return Cleanable{}, named, &DigestError{Target: cl, Err: ErrDigestChanged}
 		}
-		return cl, nil
+		return cl, named, nil
 	}
 	if cl.NeedsDigest {
-		return Cleanable{}, &DigestError{Target: cl, Err: ErrNeedsDigest}
+		return Cleanable{}, named, &DigestError{Target: cl, Err: ErrNeedsDigest}
 	}
-	return cl, nil
-}
-
-// previews are the targets a refused cleanup delete names, as they are now.
-func previews(all []Cleanable, r CleanupRequest) []Cleanable {
-	var out []Cleanable
-	for _, cl := range all {
-		if cl.Node == r.Node && cl.Module == r.Module && cl.Target == r.Target && !cl.Deleting {
-			out = append(out, cl)
-		}
-	}
-	return out
+	return cl, named, nil
 }
 
 // deleteCleanables asks hosts to delete what was chosen (and records what
@@ -526,15 +523,11 @@ func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []
 // two ways it was allowed: backed up within its cadence, or confirmed by the
 // digest of its preview without one.
 func cleanupWhat(cl Cleanable) string {
-	size := "size not reported"
-	if cl.Bytes != nil {
-		size = fmt.Sprintf("%d bytes", *cl.Bytes)
-	}
 	precious := cl.Precious
 	if precious == "" {
 		precious = "no data kept"
 	}
-	what := fmt.Sprintf("cleanup delete %s/%s %s (%s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, precious, size)
+	what := fmt.Sprintf("cleanup delete %s/%s %s (%s, %s, %s)", cl.Node, cl.Module, cl.Target, cl.Kind, precious, sizeOf(cl))
 	if cl.OnRemovedNode() {
 		what += fmt.Sprintf(" on %s, removed %s: recorded deleted by hand, no host can act", cl.Node, cl.NodeRemovedAt.UTC().Format(time.RFC3339))
 	}

@@ -37,38 +37,32 @@ func (c *Controller) Data(ctx context.Context) ([]DataView, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
+	ds, err := readDataState(ctx, st.Inventory)
 	if err != nil {
 		return nil, err
 	}
-	data, err := inv.AllDataSets(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rs, err := inv.Retirements(ctx, "")
-	if err != nil {
-		return nil, err
-	}
-	return dataViews(snap, data, rs), nil
+	return dataViews(ds.snap, ds.data, ds.retirements), nil
 }
 
 func dataViews(snap *inventory.Snapshot, data map[string][]inventory.DataSet, rs []inventory.Retirement) []DataView {
 	holder := snap.BackupHolders()
 	out := []DataView{}
-	fill := func(v DataView) DataView {
+	add := func(v DataView) {
+		if v.Precious != inventory.Rebuildable {
+			v.BackupHolder = holder
+		}
+		out = append(out, v)
+	}
+	heard := func(v DataView) DataView {
 		if d := reportedSet(data[v.Node], v.Module, v.Name); d != nil {
 			v.Bytes = &d.Bytes
 		}
 		v.LastBackup = lastBackupHeard(snap, data, v.Node, v.Module, v.Name)
-		if v.Precious != inventory.Rebuildable {
-			v.BackupHolder = holder
-		}
 		return v
 	}
 	for _, a := range snap.Assignments {
 		for _, d := range snap.Manifests[a.Module][a.Version].Data {
-			out = append(out, fill(DataView{Node: a.Node, Module: a.Module, Name: d.Name, Path: d.Path, Precious: d.Precious, State: "active"}))
+			add(heard(DataView{Node: a.Node, Module: a.Module, Name: d.Name, Path: d.Path, Precious: d.Precious, State: "active"}))
 		}
 	}
 	for _, r := range rs {
@@ -78,16 +72,13 @@ func dataViews(snap *inventory.Snapshot, data map[string][]inventory.DataSet, rs
 		since := r.RetiredAt
 		v := DataView{Node: r.Node, Module: r.Module, Name: r.DataSet, Path: r.Path, Precious: r.Precious, State: r.State, Since: &since}
 		if r.NodeRemovedAt == nil {
-			out = append(out, fill(v))
-			continue
+			v = heard(v)
+		} else {
+			// The node is gone, and so are its reports; a node now bearing
+			// its name reports its own data, never this.
+			v.Bytes, v.LastBackup, v.NodeRemovedAt = r.Bytes, r.LastBackup, r.NodeRemovedAt
 		}
-		// The node is gone, and so are its reports; a node now bearing its
-		// name reports its own data, never this.
-		v.Bytes, v.LastBackup, v.NodeRemovedAt = r.Bytes, r.LastBackup, r.NodeRemovedAt
-		if v.Precious != inventory.Rebuildable {
-			v.BackupHolder = holder
-		}
-		out = append(out, v)
+		add(v)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]

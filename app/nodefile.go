@@ -8,8 +8,8 @@ import (
 	"strings"
 )
 
-// MaxNodesAtOnce bounds how many nodes one command names, as token issue
-// --count bounds how many it makes.
+// MaxNodesAtOnce bounds how many nodes one command names, and how many
+// token issue --count makes.
 const MaxNodesAtOnce = 100000
 
 // Why a list of node names is refused.

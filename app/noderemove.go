@@ -91,7 +91,7 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 	var problems []string
 	for _, n := range r.Names {
 		if removing[n] {
-			problems = append(problems, fmt.Sprintf("%s %v", n, ErrNamedTwice))
+			problems = append(problems, fmt.Sprintf("%s %v: name each node once", n, ErrNamedTwice))
 		}
 		removing[n] = true
 		if _, ok := snap.Nodes[n]; !ok {
@@ -104,11 +104,15 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			running[a.Node] = append(running[a.Node], a.Module)
 		}
 	}
-	held := map[string][]string{} // node -> "seat (node/module)"
+	type heldSeat struct {
+		seat string
+		by   inventory.Holder
+	}
+	held := map[string][]heldSeat{} // by node
 	for _, seat := range slices.Sorted(maps.Keys(snap.Seats.Holders)) {
 		for _, h := range snap.Seats.Holders[seat] {
 			if removing[h.Node] {
-				held[h.Node] = append(held[h.Node], seat+" ("+h.String()+")")
+				held[h.Node] = append(held[h.Node], heldSeat{seat, h})
 			}
 		}
 	}
@@ -118,7 +122,11 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			problems = append(problems, fmt.Sprintf("%s runs %s: unassign them first, or add --and-unassign (precious data is retired as unassign does)", n, strings.Join(running[n], ", ")))
 		}
 		for _, n := range slices.Sorted(maps.Keys(held)) {
-			problems = append(problems, fmt.Sprintf("%s holds seat %s: hand it over first ('mesh-controller seat NAME --to NODE/MODULE'), or add --and-unassign", n, strings.Join(held[n], ", ")))
+			seats := make([]string, 0, len(held[n]))
+			for _, hs := range held[n] {
+				seats = append(seats, fmt.Sprintf("%s (%s)", hs.seat, hs.by))
+			}
+			problems = append(problems, fmt.Sprintf("%s holds seat %s: hand it over first ('mesh-controller seat NAME --to NODE/MODULE'), or add --and-unassign", n, strings.Join(seats, ", ")))
 		}
 	} else {
 		var ps []string
@@ -145,14 +153,16 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 		}
 		byName[n].Unassigned = &u
 	}
-	if snap, err = st.Inventory.Snapshot(ctx); err != nil {
-		return out, err
+	if len(order) > 0 {
+		// What was unassigned left seats and consumers the snapshot still shows.
+		if snap, err = st.Inventory.Snapshot(ctx); err != nil {
+			return out, err
+		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(held)) {
-		for _, seat := range held[n] {
-			name, _, _ := strings.Cut(seat, " ")
-			if len(snap.Seats.Holders[name]) == 0 && !slices.Contains(byName[n].SeatsEmptied, name) {
-				byName[n].SeatsEmptied = append(byName[n].SeatsEmptied, name)
+		for _, hs := range held[n] {
+			if len(snap.Seats.Holders[hs.seat]) == 0 && !slices.Contains(byName[n].SeatsEmptied, hs.seat) {
+				byName[n].SeatsEmptied = append(byName[n].SeatsEmptied, hs.seat)
 			}
 		}
 	}
@@ -190,12 +200,15 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 			nc.Close()
 		}
 	}
-	_, all, err := c.readCleanup(ctx, st.Inventory)
+	// A removed node's rows are judged from the retirement alone and the
+	// manifests, which removal leaves as they were: the snapshot already
+	// read serves, with no data reports (theirs went with them).
+	rs, err := st.Inventory.Retirements(ctx, "")
 	if err != nil {
 		return out, err
 	}
 	stamp := sqlite.FormatTime(now)
-	for _, cl := range all {
+	for _, cl := range cleanables(snap, rs, nil, c.Now()) {
 		if cl.OnRemovedNode() && sqlite.FormatTime(*cl.NodeRemovedAt) == stamp && byName[cl.Node] != nil {
 			byName[cl.Node].Kept = append(byName[cl.Node].Kept, cl)
 		}

@@ -241,8 +241,8 @@ func (c *Controller) IdentityShow(ctx context.Context) (IdentityView, error) {
 	return IdentityView{Algorithm: "ed25519", PublicKey: k.PublicBase64(), Fingerprint: k.Fingerprint(), CreatedAt: k.CreatedAt}, nil
 }
 
-// ErrBadCount means a --count is not between 1 and 100,000.
-var ErrBadCount = errors.New("a count is between 1 and 100000")
+// ErrBadCount means a --count is not between 1 and MaxNodesAtOnce.
+var ErrBadCount = fmt.Errorf("a count is between 1 and %d", MaxNodesAtOnce)
 
 // TokenBatch is what issuing tokens for many new nodes did.
 type TokenBatch struct {
@@ -256,7 +256,7 @@ type TokenBatch struct {
 // each, written as "name token" lines to out (0600, created exclusively),
 // never to stdout. All records or none are made.
 func (c *Controller) TokenIssueMany(ctx context.Context, prefix string, count int, adopted bool, ttl time.Duration, out string) (TokenBatch, error) {
-	if count < 1 || count > 100000 {
+	if count < 1 || count > MaxNodesAtOnce {
 		return TokenBatch{}, ErrBadCount
 	}
 	if ttl <= 0 {

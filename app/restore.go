@@ -24,6 +24,16 @@ import (
 	"mesh-controller/migrations"
 )
 
+// ErrBackupNewer means a backup was made by a newer mesh-controller: a
+// format or a context this binary does not know. It is, and reads as,
+// sqlite.ErrSchemaNewer, as a newer store is; only what to do differs.
+var ErrBackupNewer error = backupNewer{}
+
+type backupNewer struct{}
+
+func (backupNewer) Error() string { return sqlite.ErrSchemaNewer.Error() }
+func (backupNewer) Unwrap() error { return sqlite.ErrSchemaNewer }
+
 // Restored is what a restore put where.
 type Restored struct {
 	// Dir is the data dir restored into.
@@ -205,12 +215,12 @@ func readArchive(r io.Reader, file, keyFile string, ids []age.Identity, stage st
 		return BackupManifest{}, fail("its manifest is not one (%v)", err)
 	}
 	if m.Format != backupFormat {
-		return BackupManifest{}, fmt.Errorf("%s is a backup of format %d; this binary reads format %d: %w", file, m.Format, backupFormat, sqlite.ErrSchemaNewer)
+		return BackupManifest{}, fmt.Errorf("%s is a backup of format %d; this binary reads format %d: %w", file, m.Format, backupFormat, ErrBackupNewer)
 	}
 	want := map[string]BackedUpStore{}
 	for _, s := range m.Stores {
 		if !slices.Contains(Contexts, s.Context) {
-			return BackupManifest{}, fmt.Errorf("%s holds the %s store, which this binary does not know: %w", file, s.Context, sqlite.ErrSchemaNewer)
+			return BackupManifest{}, fmt.Errorf("%s holds the %s store, which this binary does not know: %w", file, s.Context, ErrBackupNewer)
 		}
 		if _, twice := want[s.File]; twice || s.File != s.Context+".db" {
 			return BackupManifest{}, fail("its manifest lists %s as %q", s.Context, s.File)

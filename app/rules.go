@@ -370,17 +370,10 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// lastBackup is the latest backup heard of a data set: from the backup
-// seat's holder, or from the data report of its own host.
+// lastBackup is the latest backup heard of a data set, judged as data and
+// cleanup judge it.
 func (in *checkInputs) lastBackup(node, module, name string) *time.Time {
-	var last *time.Time
-	if r := reportedSet(in.data[node], module, name); r != nil && r.LastBackup != nil {
-		last = r.LastBackup
-	}
-	if t, ok := in.snap.Seats.Backups[node+"/"+module+"/"+name]; ok && (last == nil || t.After(*last)) {
-		last = &t
-	}
-	return last
+	return lastBackupHeard(in.snap, in.data, node, module, name)
 }
 
 // holderHasData says a new holder (node/module) reports some data present.

@@ -55,21 +55,28 @@ func portsOf(m inventory.Manifest) []protocol.Port {
 	return out
 }
 
-// BackupCadence is how often a data set is backed up: its manifest's word,
-// else daily for irreplaceable and weekly for costly data.
-func BackupCadence(d inventory.DataSpec) time.Duration {
-	switch d.Backup {
-	case "hourly":
-		return time.Hour
-	case "weekly":
-		return 7 * 24 * time.Hour
-	case "daily":
-		return 24 * time.Hour
+// CadenceWord names how often a data set is backed up: its manifest's
+// word, else daily for irreplaceable and weekly for costly data.
+func CadenceWord(d inventory.DataSpec) string {
+	if d.Backup != "" {
+		return d.Backup
 	}
 	if d.Precious == inventory.Costly {
-		return 7 * 24 * time.Hour
+		return "weekly"
 	}
-	return 24 * time.Hour
+	return "daily"
+}
+
+var cadences = map[string]time.Duration{"hourly": time.Hour, "daily": 24 * time.Hour, "weekly": 7 * 24 * time.Hour}
+
+// BackupCadence is how often a data set is backed up, as CadenceWord names it.
+func BackupCadence(d inventory.DataSpec) time.Duration {
+	if c, ok := cadences[CadenceWord(d)]; ok {
+		return c
+	}
+	// A word the manifest check refuses is timed by the default for its
+	// preciousness (CadenceWord still shows it as written).
+	return cadences[CadenceWord(inventory.DataSpec{Precious: d.Precious})]
 }
 
 // Planner computes plans from one snapshot, compiling each settings schema

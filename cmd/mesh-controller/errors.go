@@ -46,6 +46,8 @@ func hint(err error) string {
 		return fmt.Sprintf("give %s a real file's path, not a link", storeVar(se))
 	case errors.Is(err, sqlite.ErrOpenTwice):
 		return "this is a defect: a process opens each store once; please report it"
+	case errors.Is(err, app.ErrBackupNewer):
+		return "restore it with the mesh-controller that made it"
 	case errors.Is(err, sqlite.ErrSchemaNewer):
 		return "run the mesh-controller that migrated it"
 	case errors.Is(err, sqlite.ErrMigrationChanged):
@@ -127,7 +129,7 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrNothingToRotate):
 		return "a provider gives per-consumer credentials when its manifest says per_consumer.credential"
 	case errors.Is(err, app.ErrBadCount):
-		return "give --count a number from 1 to 100000"
+		return fmt.Sprintf("give --count a number from 1 to %d", app.MaxNodesAtOnce)
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case errors.Is(err, app.ErrRestoreNotEmpty):
@@ -136,6 +138,8 @@ func hint(err error) string {
 		return "give the operator key that was set when the backup was made"
 	case errors.Is(err, app.ErrNotABackup):
 		return "give a file 'mesh-controller backup' or 'serve --backup-every' wrote"
+	case errors.Is(err, sqlite.ErrCopyIncomplete):
+		return "run 'mesh-controller backup' again; if it recurs, report it"
 	case errors.Is(err, app.ErrBackupDamaged), errors.Is(err, sqlite.ErrIntegrity):
 		return "restore another backup ('serve --backup-every' keeps the newest few in --backup-dir)"
 	case isStore:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 
 	"mesh-controller/app"
 	"mesh-controller/contexts/inventory"
@@ -23,7 +24,7 @@ func dataHint(err error) string {
 	case errors.Is(err, app.ErrBeingDeleted):
 		return "see 'mesh-controller cleanup': it stops being listed once its host reports it gone"
 	case errors.Is(err, app.ErrTooManyNodes):
-		return "split the list: one command removes at most 100000 nodes"
+		return fmt.Sprintf("split the list: one command removes at most %d nodes", app.MaxNodesAtOnce)
 	case errors.Is(err, app.ErrNamedTwice):
 		return "name each node once"
 	case errors.Is(err, app.ErrNoNodes):

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -91,6 +93,11 @@ func readNodes(from string) ([]string, error) {
 	var in io.Reader = os.Stdin
 	if from != "-" {
 		f, err := os.Open(from)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Not files.go's usage error (exit 2): --nodes also takes -,
+			// which no file check allows; the message says what to give.
+			return nil, fmt.Errorf("%w: give a file of node names, or - for standard input", err)
+		}
 		if err != nil {
 			return nil, err
 		}

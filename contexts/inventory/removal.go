@@ -83,23 +83,13 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 			}
 			n, _ := res.RowsAffected()
 			out.Kept += int(n)
-			rows, err := tx.QueryContext(ctx, `SELECT id, node, module, target, kind, path, asked_at, why FROM deletions
-				WHERE done_at IS NULL AND node IN (`+marks+`) ORDER BY id`, args...)
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				var d Deletion
-				var asked string
-				if err := rows.Scan(&d.ID, &d.Node, &d.Module, &d.Target, &d.Kind, &d.Path, &asked, &d.Why); err != nil {
-					rows.Close()
-					return err
+			if err := each(ctx, tx, `SELECT `+deletionColumns+` FROM deletions WHERE done_at IS NULL AND node IN (`+marks+`) ORDER BY id`, func(r *sql.Rows) error {
+				d, err := scanDeletion(r)
+				if err == nil {
+					out.Cancelled = append(out.Cancelled, d)
 				}
-				d.AskedAt, _ = sqlite.ParseTime(asked)
-				out.Cancelled = append(out.Cancelled, d)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
+				return err
+			}, args...); err != nil {
 				return err
 			}
 			for _, q := range []string{

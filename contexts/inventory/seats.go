@@ -57,6 +57,20 @@ type Deletion struct {
 	DoneAt  *time.Time
 }
 
+// deletionColumns are what scanDeletion reads, in its order.
+const deletionColumns = `id, node, module, target, kind, path, asked_at, why`
+
+// scanDeletion reads a row of deletionColumns.
+func scanDeletion(r *sql.Rows) (Deletion, error) {
+	var d Deletion
+	var at string
+	if err := r.Scan(&d.ID, &d.Node, &d.Module, &d.Target, &d.Kind, &d.Path, &at, &d.Why); err != nil {
+		return Deletion{}, err
+	}
+	d.AskedAt, _ = sqlite.ParseTime(at)
+	return d, nil
+}
+
 // Replacement is a seat or binding moved to a holder that starts without
 // the data the old one kept.
 type Replacement struct {
@@ -145,15 +159,12 @@ func readSeatState(ctx context.Context, tx *sql.Tx) (SeatState, error) {
 	}); err != nil {
 		return st, err
 	}
-	if err := each(ctx, tx, `SELECT id, node, module, target, kind, path, asked_at, why FROM deletions WHERE done_at IS NULL ORDER BY id`, func(r *sql.Rows) error {
-		var d Deletion
-		var at string
-		if err := r.Scan(&d.ID, &d.Node, &d.Module, &d.Target, &d.Kind, &d.Path, &at, &d.Why); err != nil {
-			return err
+	if err := each(ctx, tx, `SELECT `+deletionColumns+` FROM deletions WHERE done_at IS NULL ORDER BY id`, func(r *sql.Rows) error {
+		d, err := scanDeletion(r)
+		if err == nil {
+			st.Deletions = append(st.Deletions, d)
 		}
-		d.AskedAt, _ = sqlite.ParseTime(at)
-		st.Deletions = append(st.Deletions, d)
-		return nil
+		return err
 	}); err != nil {
 		return st, err
 	}

@@ -162,8 +162,9 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 	return snap, nil
 }
 
-func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) error) error {
-	rows, err := tx.QueryContext(ctx, query)
+// each runs fn on every row a query gives.
+func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) error, args ...any) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}

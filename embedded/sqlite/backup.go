@@ -113,11 +113,15 @@ func checkCopy(ctx context.Context, path string) (Copied, error) {
 	if err := integrityCheck(ctx, r); err != nil {
 		return Copied{}, fmt.Errorf("%s: %w", path, err)
 	}
-	v, err := schemaVersion(ctx, r)
+	as, err := recordedMigrations(ctx, r)
 	if err != nil {
 		return Copied{}, err
 	}
-	return Copied{Path: path, Bytes: fi.Size(), SchemaVersion: v}, nil
+	c := Copied{Path: path, Bytes: fi.Size()}
+	if len(as) > 0 {
+		c.SchemaVersion = as[len(as)-1].version
+	}
+	return c, nil
 }
 
 // Check runs SQLite's integrity check and foreign key check on the store: a
@@ -126,21 +130,14 @@ func (db *DB) Check(ctx context.Context) error {
 	if err := integrityCheck(ctx, db.Reader); err != nil {
 		return err
 	}
-	rows, err := db.Reader.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	problem, err := foreignKeyProblem(ctx, db.Reader)
 	if err != nil {
 		return openError(err)
 	}
-	defer rows.Close()
-	if rows.Next() {
-		var table, parent string
-		var rowid sql.NullInt64
-		var fkid int
-		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: table %s row %d refers to a missing %s", ErrIntegrity, table, rowid.Int64, parent)
+	if problem != "" {
+		return fmt.Errorf("%w: %s", ErrIntegrity, problem)
 	}
-	return rows.Err()
+	return nil
 }
 
 // integrityCheck runs PRAGMA integrity_check, which answers one row "ok" or
@@ -154,16 +151,4 @@ func integrityCheck(ctx context.Context, q Querier) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %v", ErrIntegrity, problems)
-}
-
-// schemaVersion is the highest migration recorded, 0 for a store never migrated.
-func schemaVersion(ctx context.Context, q *sql.DB) (int, error) {
-	var n int
-	if err := q.QueryRowContext(ctx,
-		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil || n == 0 {
-		return 0, err
-	}
-	var v int
-	err := q.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v)
-	return v, err
 }

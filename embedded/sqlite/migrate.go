@@ -98,6 +98,21 @@ func appliedMigrations(ctx context.Context, q interface {
 	return as, rows.Err()
 }
 
+// recordedMigrations are the migrations a store records, in order: none
+// for a store never migrated, which has no table to record them in (reading
+// never makes one).
+func recordedMigrations(ctx context.Context, q *sql.DB) ([]applied, error) {
+	var n int
+	if err := q.QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
+		return nil, openError(err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return appliedMigrations(ctx, q)
+}
+
 // judge compares what the store has applied with what the binary knows.
 // It returns the store's version.
 func judge(as []applied, ms []Migration) (int, error) {
@@ -120,17 +135,9 @@ func judge(as []applied, ms []Migration) (int, error) {
 // schema or a changed migration is an error; a schema behind ms is ErrBehind
 // (with the version still returned).
 func (db *DB) Version(ctx context.Context, ms []Migration) (int, error) {
-	var n int
-	if err := db.Reader.QueryRowContext(ctx,
-		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
-		return 0, openError(err)
-	}
-	var as []applied
-	if n > 0 {
-		var err error
-		if as, err = appliedMigrations(ctx, db.Reader); err != nil {
-			return 0, err
-		}
+	as, err := recordedMigrations(ctx, db.Reader)
+	if err != nil {
+		return 0, err
 	}
 	v, err := judge(as, ms)
 	if err != nil {
@@ -187,22 +194,31 @@ func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from,
 }
 
 func foreignKeyCheck(ctx context.Context, w *sql.DB) error {
-	rows, err := w.QueryContext(ctx, `PRAGMA foreign_key_check`)
-	if err != nil {
+	problem, err := foreignKeyProblem(ctx, w)
+	if err != nil || problem == "" {
 		return err
+	}
+	return fmt.Errorf("foreign key check after migrating: %s", problem)
+}
+
+// foreignKeyProblem is the first row PRAGMA foreign_key_check reports, said
+// for a person; "" when every reference holds.
+func foreignKeyProblem(ctx context.Context, q Querier) (string, error) {
+	rows, err := q.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return "", err
 	}
 	defer rows.Close()
 	if rows.Next() {
-		var table string
+		var table, parent string
 		var rowid sql.NullInt64
-		var parent string
 		var fkid int
 		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
-			return err
+			return "", err
 		}
-		return fmt.Errorf("foreign key check after migrating: table %s row %d refers to a missing %s", table, rowid.Int64, parent)
+		return fmt.Sprintf("table %s row %d refers to a missing %s", table, rowid.Int64, parent), nil
 	}
-	return rows.Err()
+	return "", rows.Err()
 }
 
 // Schema is the store's schema as SQL, one statement per object in name
