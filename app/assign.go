@@ -39,15 +39,11 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Assigned{}, err
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Assigned{}, err
 	}
 	inv, sec := st.Inventory, st.Secrets
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Assigned{}, err
-	}
 	if _, ok := snap.Nodes[node]; !ok {
 		return Assigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
@@ -199,15 +195,11 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Unassigned{}, err
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Unassigned{}, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Unassigned{}, err
-	}
 	if _, ok := snap.Nodes[node]; !ok {
 		return Unassigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}

@@ -331,11 +331,7 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if err := CheckNames(module, node); err != nil {
 		return "", err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return "", err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -438,15 +434,11 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 		}
 		body = json.RawMessage(r.Body)
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return SettingsChanged{}, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return SettingsChanged{}, err
-	}
 	cur, ok := snap.Current[r.Module]
 	if !ok {
 		return SettingsChanged{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)

@@ -169,15 +169,11 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var nodes []string
 	for _, name := range snap.NodeNames {
 		if (r.Node == "" || r.Node == name) && (!r.Behind || snap.Nodes[name].Behind()) {
@@ -234,11 +230,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err := CheckName(node); err != nil {
 		return PlanView{}, err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return PlanView{}, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -273,28 +265,4 @@ func hostFiles(d protocol.Declaration) []string {
 		}
 	}
 	return files
-}
-
-// planStores are the stores a command that changes plans works on, and the
-// mesh as it stood when it began.
-type planStores struct {
-	st   *Stores
-	inv  *inventory.Store
-	ids  *identity.Store
-	sec  *secrets.Store
-	snap *inventory.Snapshot
-}
-
-// openPlanStores returns the inventory, identity and secrets stores and a
-// snapshot of the mesh as it stood when the command began.
-func (c *Controller) openPlanStores(ctx context.Context) (planStores, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return planStores{}, err
-	}
-	ps := planStores{st: st, inv: st.Inventory, ids: st.Identity, sec: st.Secrets}
-	if ps.snap, err = ps.inv.Snapshot(ctx); err != nil {
-		return planStores{}, err
-	}
-	return ps, nil
 }

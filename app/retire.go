@@ -17,11 +17,7 @@ type Waiting struct {
 
 // Retire lists every provider waiting for a person to approve a retirement.
 func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -53,11 +49,11 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	if why == "" {
 		return nil, nil, errNoWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	st, inv, snap := ps.st, ps.inv, ps.snap
+	inv := st.Inventory
 	provider := inventory.Holder{Node: node, Module: module}
 	state, verb := "retired", "retire approve"
 	if !approve {

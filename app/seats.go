@@ -27,11 +27,7 @@ var (
 
 // Seats lists every seat any registered manifest defines.
 func (c *Controller) Seats(ctx context.Context) ([]inventory.SeatView, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -53,15 +49,11 @@ func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	if err := CheckNames(from, to); err != nil {
 		return err
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return err
-	}
 	seat, err := findSeat(snap, from)
 	if err != nil {
 		return err
@@ -131,11 +123,11 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 	if yes && r.Why == "" {
 		return Handover{}, errYesNeedsWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Handover{}, err
 	}
-	st, inv, snap := ps.st, ps.inv, ps.snap
+	inv := st.Inventory
 	seat, err := findSeat(snap, name)
 	if err != nil {
 		return Handover{}, err
@@ -287,11 +279,10 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	if yes && r.Why == "" {
 		return Pinned{}, errYesNeedsWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	st, snap := ps.st, ps.snap
 	for _, n := range []string{node, fromNode} {
 		if _, ok := snap.Nodes[n]; !ok {
 			return Pinned{}, fmt.Errorf("node %s %w", n, inventory.ErrNodeNotFound)
@@ -359,11 +350,10 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	if err := CheckNames(node, provision); err != nil {
 		return Pinned{}, err
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	st, snap := ps.st, ps.snap
 	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
 	}
@@ -394,11 +384,10 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	if err := CheckName(provision); err != nil {
 		return Rotated{}, err
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Rotated{}, err
 	}
-	st, snap := ps.st, ps.snap
 	out := Rotated{Credentials: []string{}}
 	nodes := map[string]bool{}
 	var keeps []secrets.Keeping

@@ -160,15 +160,11 @@ func (c *Controller) SecretAccept(ctx context.Context, node, module, name string
 	if v.Len() == 0 {
 		return nil, ErrEmptySecret
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
 	if _, ok := snap.Nodes[node]; !ok {
 		return nil, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}

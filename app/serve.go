@@ -206,11 +206,7 @@ func (c *Controller) afterJoin(ctx context.Context, node string) (int, error) {
 // behind its plan (changed while no broker was reachable); at start it also
 // resends their latest to nodes that have not applied it.
 func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) ([]daemon.Declared, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -63,15 +63,11 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if r.Wait <= 0 {
 		r.Wait = 2 * time.Minute
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return UpgradeView{}, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return UpgradeView{}, err
-	}
 	cur, ok := snap.Current[r.Module]
 	if !ok {
 		return UpgradeView{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)
