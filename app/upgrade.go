@@ -106,12 +106,23 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if len(v.Steps) == 0 {
 		return v, nil
 	}
-	// A roll-out waits for hosts: it needs the broker.
+	// A roll-out waits for hosts: it needs the broker. One connection and
+	// one signing key serve every step; only the mesh is read again.
 	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		return v, err
 	}
-	nc.Close()
+	d, err := c.newDeclarer(ctx, st)
+	if err != nil {
+		nc.Close()
+		return v, err
+	}
+	d.nc = nc
+	defer func() {
+		if d.nc != nil {
+			d.nc.Close()
+		}
+	}()
 	move := func(steps []int) error {
 		ch := inventory.Change{}
 		for _, i := range steps {
@@ -122,10 +133,24 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 			return err
 		}
-		pushed, err := c.sendPlans(ctx, st, ch.Bump)
+		// Declared from the mesh as just written: a declaration records the
+		// plan version it was made from.
+		snap, err := inv.Snapshot(ctx)
 		if err != nil {
 			return err
 		}
+		if d.nc == nil || d.nc.IsClosed() {
+			// The broker went away between steps (serve restarted, say):
+			// dial again; if none answers, the declaration is kept and the
+			// roll-out stops here, saying why.
+			d.nc, d.notSent = nil, ""
+			if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
+				d.notSent = err.Error()
+			} else {
+				d.nc = nc
+			}
+		}
+		pushed := d.declare(ctx, snap, ch.Bump)
 		for k, i := range steps {
 			s, p := &v.Steps[i], pushed[k]
 			s.Serial = p.Serial
