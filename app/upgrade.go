@@ -195,7 +195,12 @@ func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *U
 	waiting := slices.Clone(steps)
 	var errs []error
 	for len(waiting) > 0 {
-		nodes, err := inv.Nodes(ctx)
+		names := make([]string, len(waiting))
+		for k, i := range waiting {
+			names[k] = v.Steps[i].Node
+		}
+		// Only the nodes still waited on: this is read every 50 ms.
+		nodes, err := inv.NodesNamed(ctx, names)
 		if err != nil {
 			return err
 		}
