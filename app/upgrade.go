@@ -77,11 +77,10 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if a.Module != r.Module {
 			continue
 		}
-		n := snap.Nodes[a.Node]
 		switch {
 		case inventory.CompareVersions(a.Version, cur) < 0:
 			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur, Recorded: a.Pending == cur})
-		case r.Action == "roll-out" && (n.SerialApplied < n.SerialDeclared || n.PlanVersion > n.DeclaredPlanVersion):
+		case r.Action == "roll-out" && snap.Nodes[a.Node].Undelivered():
 			// Declared, or about to be, but not yet applied by its host.
 			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur})
 		}
