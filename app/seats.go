@@ -325,15 +325,33 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	ch := inventory.Change{Pins: []inventory.Pin{pin}, Replacement: replacement}
 	after := snap.Clone()
 	after.Seats.Pins[node+"/"+provision] = pin
-	out.Pushed, err = c.rebind(ctx, st, after, ch, "pin")
+	out.Pushed, err = c.commitAct(ctx, st, after, withBindings(after, ch), "pin")
 	return out, err
 }
 
-// rebind records a change that moves bindings (a pin set or taken away) in
-// one inventory transaction with the bindings it moves, then makes the
-// credentials they need and declares the nodes they move.
-func (c *Controller) rebind(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
-	ch.Bindings, ch.Consumers, ch.Bump = after.BindingChanges()
+// withBindings completes a change that may move bindings: the bindings
+// and consumer states the mesh as it will be (after) chooses, and in Bump
+// the nodes given and those the bindings move, each once, sorted.
+func withBindings(after *inventory.Snapshot, ch inventory.Change, bumps ...string) inventory.Change {
+	var moved []string
+	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
+	set := map[string]bool{}
+	for _, n := range append(bumps, moved...) {
+		set[n] = true
+	}
+	ch.Bump = slices.Sorted(maps.Keys(set))
+	return ch
+}
+
+// commitAct records an act's change in one inventory transaction, its
+// commit point; then makes the secrets and credentials the mesh as it will
+// be (after) needs (or when their nodes join), sealed, their plaintext
+// dropped; then declares the nodes the change moves. The fault points
+// act:before-inventory, act:after-inventory and act:after-secrets prove a
+// process stopped between those writes leaves the act whole once serve
+// catches up, or not done.
+func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
+	fault(act + ":before-inventory")
 	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
 		return nil, err
 	}
@@ -341,6 +359,7 @@ func (c *Controller) rebind(ctx context.Context, st *Stores, after *inventory.Sn
 	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
 		return nil, err
 	}
+	fault(act + ":after-secrets")
 	return c.sendPlans(ctx, st, ch.Bump)
 }
 
@@ -367,7 +386,8 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	}
 	after := snap.Clone()
 	delete(after.Seats.Pins, node+"/"+provision)
-	out.Pushed, err = c.rebind(ctx, st, after, inventory.Change{Pins: []inventory.Pin{{Node: node, Provision: provision}}}, "unpin")
+	ch := inventory.Change{Pins: []inventory.Pin{{Node: node, Provision: provision}}}
+	out.Pushed, err = c.commitAct(ctx, st, after, withBindings(after, ch), "unpin")
 	return out, err
 }
 
