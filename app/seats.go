@@ -409,6 +409,10 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 		return Rotated{}, err
 	}
 	out := Rotated{Credentials: []string{}}
+	recipients, err := hostRecipients(ctx, st.Identity)
+	if err != nil {
+		return out, err
+	}
 	nodes := map[string]bool{}
 	var keeps []secrets.Keeping
 	for _, key := range slices.Sorted(maps.Keys(snap.Seats.Bindings)) {
@@ -417,7 +421,7 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 			(consumer != "" && b.Node != consumer) || (module != "" && b.Module != module && b.Provider.Module != module) {
 			continue
 		}
-		k, err := c.credentialKeeping(ctx, st, b, "made")
+		k, err := credentialKeeping(b, "made", recipients)
 		if err != nil {
 			return out, err
 		}
