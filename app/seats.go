@@ -184,7 +184,7 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 		h.Recorded = true
 	}
 	// One transaction: the new holder is added and the old removed together.
-	if err := inv.ChangeSeats(ctx, []inventory.SeatChange{change}, replacement, bumps, c.Now()); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Seats: []inventory.SeatChange{change}, Replacement: replacement, Bump: bumps}, c.Now()); err != nil {
 		return h, err
 	}
 	fault("seat:after-inventory")

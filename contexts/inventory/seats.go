@@ -188,13 +188,6 @@ type SeatChange struct {
 	Remove []Holder
 }
 
-// ChangeSeats adds and removes seat holders, records a replacement if one
-// is given, and moves the plans of the bump nodes, all in one transaction:
-// a handover is never seen half done.
-func (s *Store) ChangeSeats(ctx context.Context, changes []SeatChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Seats: changes, Replacement: replacement, Bump: bumpNodes}, now)
-}
-
 func changeSeats(ctx context.Context, tx *sql.Tx, changes []SeatChange, now time.Time) error {
 	for _, c := range changes {
 		for _, h := range c.Add {
@@ -248,13 +241,6 @@ type ConsumerChange struct {
 	Why       string
 }
 
-// SetBindings makes the stored bindings these (for the consumers given),
-// applies consumer changes, records a replacement, and moves the plans of
-// the bump nodes, in one transaction.
-func (s *Store) SetBindings(ctx context.Context, bindings []Binding, consumers []ConsumerChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Bindings: bindings, Consumers: consumers, Replacement: replacement, Bump: bumpNodes}, now)
-}
-
 func setBindings(ctx context.Context, tx *sql.Tx, bindings []Binding, now time.Time) error {
 	for _, b := range bindings {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO bindings (node, module, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?, ?)
@@ -277,16 +263,6 @@ func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, n
 		}
 	}
 	return nil
-}
-
-// SetConsumers applies consumer changes and moves the plans of the bump nodes.
-func (s *Store) SetConsumers(ctx context.Context, consumers []ConsumerChange, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Consumers: consumers, Bump: bumpNodes}, now)
-}
-
-// SetPin records or (provider zero) removes a pin.
-func (s *Store) SetPin(ctx context.Context, node, provision string, provider Holder, now time.Time) error {
-	return s.Apply(ctx, Change{Pins: []Pin{{Node: node, Provision: provision, Provider: provider}}}, now)
 }
 
 func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {
