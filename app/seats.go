@@ -53,19 +53,12 @@ func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	if err != nil {
 		return err
 	}
-	inv := st.Inventory
 	seat, err := findSeat(snap, from)
 	if err != nil {
 		return err
 	}
-	if err := inv.RenameSeat(ctx, seat.Seat, to); err != nil {
-		return err
-	}
-	var nodes []string
-	for _, h := range snap.Seats.Holders[seat.Seat] {
-		nodes = append(nodes, h.Node)
-	}
-	return inv.BumpPlans(ctx, nodes)
+	// The holders' plans name the seat: they move with the rename.
+	return st.Inventory.RenameSeat(ctx, seat.Seat, to, snap.HolderNodes(seat.Seat))
 }
 
 // Handover is what a seat handover or addition did, or would do.

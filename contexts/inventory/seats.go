@@ -215,8 +215,9 @@ func recordReplacement(ctx context.Context, tx *sql.Tx, r *Replacement, now time
 }
 
 // RenameSeat renames a seat: its holders move to the new name, and the
-// former name resolves to it from now on.
-func (s *Store) RenameSeat(ctx context.Context, from, to string) error {
+// former name resolves to it from now on; the plans of the bump nodes move
+// in the same transaction.
+func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE seat_holders SET seat = ? WHERE seat = ?`, to, from); err != nil {
 			return err
@@ -227,8 +228,10 @@ func (s *Store) RenameSeat(ctx context.Context, from, to string) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM seat_aliases WHERE alias = ?`, to); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to)
-		return err
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to); err != nil {
+			return err
+		}
+		return bump(ctx, tx, bumpNodes)
 	})
 }
 
