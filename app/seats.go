@@ -166,15 +166,14 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 				return h, fmt.Errorf("%w: %s", ErrEmptyReplace, h.Empty)
 			}
 			replacement = &inventory.Replacement{What: "seat " + seat.Seat, NewHolder: target.String(), OldHolder: strings.Join(seat.Holders, ", "), Data: strings.Join(lost, ", ")}
+			// --yes was what let it start empty: the log says who chose
+			// that, and why; written first, as a person's word of what
+			// they asked.
+			if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
+				return h, err
+			}
+			h.Recorded = true
 		}
-	}
-	if replacement != nil {
-		// --yes was what let it start empty: the log says who chose that,
-		// and why; written first, as a person's word of what they asked.
-		if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
-			return h, err
-		}
-		h.Recorded = true
 	}
 	// One transaction: the new holder is added and the old removed together.
 	if err := inv.Apply(ctx, inventory.Change{Seats: []inventory.SeatChange{change}, Replacement: replacement, Bump: bumps}, c.Now()); err != nil {
@@ -305,8 +304,6 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 			return out, fmt.Errorf("%w: %s", ErrEmptyReplace, out.Empty)
 		}
 		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
-	}
-	if replacement != nil {
 		// --yes was what let it start empty: the log says who chose that,
 		// and why; written first, as a person's word of what they asked.
 		if err := c.recordHand(ctx, fmt.Sprintf("pin %s %s to %s, which starts empty: %s", node, provision, out.Provider, out.Empty), r.Why, "pin", ""); err != nil {
