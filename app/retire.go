@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -47,7 +48,7 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 		return nil, nil, err
 	}
 	if why == "" {
-		return nil, nil, errNoWhy
+		return nil, nil, health.ErrNoWhy
 	}
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
@@ -83,5 +84,3 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	pushed, err := c.sendPlans(ctx, st, []string{node})
 	return decided, pushed, err
 }
-
-var errNoWhy = fmt.Errorf("a hand act needs --why: say why it was done")
