@@ -146,12 +146,12 @@ func undeliverable(snap *inventory.Snapshot, nodes []string) []string {
 		d := p.Body
 		d.Serial, d.IssuedAt = 1, time.Now()
 		for _, pr := range d.Problems() {
-			problems = append(problems, fmt.Sprintf("%s's declaration would be refused by its host: %s", n, pr))
+			problems = append(problems, fmt.Sprintf("%s's declaration would be refused by its host: %s; assign fewer modules, or change their manifests", n, pr))
 		}
 		if b, err := d.Encode(); err != nil {
 			problems = append(problems, fmt.Sprintf("%s's declaration cannot be encoded: %v", n, err))
 		} else if len(b) > protocol.MaxDeclarationBytes {
-			problems = append(problems, fmt.Sprintf("%s's declaration would be %d bytes, over the %d a declaration may be: it could never be delivered", n, len(b), protocol.MaxDeclarationBytes))
+			problems = append(problems, fmt.Sprintf("%s's declaration would be %d bytes, over the %d a declaration may be: it could never be delivered; assign fewer modules, or trim their manifests or settings", n, len(b), protocol.MaxDeclarationBytes))
 		}
 	}
 	return problems
