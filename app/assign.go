@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -39,15 +37,11 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Assigned{}, err
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Assigned{}, err
 	}
 	inv, sec := st.Inventory, st.Secrets
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return Assigned{}, err
-	}
 	if _, ok := snap.Nodes[node]; !ok {
 		return Assigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}
@@ -82,7 +76,7 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 		adding = append(adding, snap.Manifests[name][snap.Current[name]])
 	}
 	out := Assigned{Node: node}
-	bumps := map[string]bool{node: true}
+	bumps := []string{node}
 	for _, m := range adding {
 		am := AssignedModule{Module: m.Module, Version: m.Version, Unverified: []string{}, Unmet: []string{}}
 		ps, unverified := inventory.JudgeRequirements(m, node, facts)
@@ -95,7 +89,7 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 			}
 			providers := snap.ProvidersOf(need.Provision)
 			for _, p := range providers {
-				bumps[p.Node] = true // its plan's reasons name this consumer
+				bumps = append(bumps, p.Node) // its plan's reasons name this consumer
 			}
 			if len(providers) == 0 && !inCommand {
 				if need.Optional {
@@ -125,31 +119,14 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 	// snapshot: seats taken, bindings chosen, declarations deliverable.
 	after := snap.Clone()
 	after.Assign(as...)
-	ch := inventory.Change{Assign: as}
 	// An unheld seat is taken by the first assignment that can fill it.
-	ch.Seats = after.TakeUnheldSeats(as)
-	var moved []string
-	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
-	for _, n := range append(moved, after.HolderNodes("backup")...) {
-		bumps[n] = true
-	}
-	ch.Bump = slices.Sorted(maps.Keys(bumps))
+	seats := after.TakeUnheldSeats(as)
+	// The backup seat's holders carry a line for every precious data set.
+	ch := withBindings(after, inventory.Change{Assign: as, Seats: seats}, append(bumps, after.HolderNodes("backup")...)...)
 	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
 		return Assigned{}, err
 	}
-	fault("assign:before-inventory")
-	// The commit point: one inventory transaction.
-	if err := inv.Apply(ctx, ch, c.Now()); err != nil {
-		return Assigned{}, err
-	}
-	fault("assign:after-inventory")
-	// Secrets the mesh makes are made now (or when the node joins), sealed,
-	// and their plaintext dropped.
-	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
-		return out, err
-	}
-	fault("assign:after-secrets")
-	out.Pushed, err = c.sendPlans(ctx, st, ch.Bump)
+	out.Pushed, err = c.commitAct(ctx, st, after, ch, "assign")
 	return out, err
 }
 
@@ -169,12 +146,12 @@ func undeliverable(snap *inventory.Snapshot, nodes []string) []string {
 		d := p.Body
 		d.Serial, d.IssuedAt = 1, time.Now()
 		for _, pr := range d.Problems() {
-			problems = append(problems, fmt.Sprintf("%s's declaration would be refused by its host: %s", n, pr))
+			problems = append(problems, fmt.Sprintf("%s's declaration would be refused by its host: %s; assign fewer modules, or change their manifests", n, pr))
 		}
 		if b, err := d.Encode(); err != nil {
 			problems = append(problems, fmt.Sprintf("%s's declaration cannot be encoded: %v", n, err))
 		} else if len(b) > protocol.MaxDeclarationBytes {
-			problems = append(problems, fmt.Sprintf("%s's declaration would be %d bytes, over the %d a declaration may be: it could never be delivered", n, len(b), protocol.MaxDeclarationBytes))
+			problems = append(problems, fmt.Sprintf("%s's declaration would be %d bytes, over the %d a declaration may be: it could never be delivered; assign fewer modules, or trim their manifests or settings", n, len(b), protocol.MaxDeclarationBytes))
 		}
 	}
 	return problems
@@ -199,12 +176,7 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
 		return Unassigned{}, err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return Unassigned{}, err
-	}
-	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Unassigned{}, err
 	}
@@ -229,7 +201,6 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 		return Unassigned{}, err
 	}
 	out := Unassigned{Node: node, Modules: modules, Retirements: []inventory.Retirement{}}
-	bumps := map[string]bool{node: true}
 	why := "unassigned from " + node + " on " + c.Now().UTC().Format("2006-01-02")
 	ch := inventory.Change{}
 	for _, m := range modules {
@@ -249,26 +220,13 @@ func (c *Controller) Unassign(ctx context.Context, node string, modules []string
 	// for them, and those consumers now wait for a person to retire them.
 	after := snap.Clone()
 	after.Unassign(ch.Unassign...)
-	var moved []string
-	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
-	for _, n := range append(moved, after.HolderNodes("backup")...) {
-		bumps[n] = true
-	}
-	ch.Bump = slices.Sorted(maps.Keys(bumps))
-	// The commit point: one inventory transaction.
-	if err := inv.Apply(ctx, ch, c.Now()); err != nil {
-		return Unassigned{}, err
-	}
-	fault("unassign:after-inventory")
+	ch = withBindings(after, ch, append([]string{node}, after.HolderNodes("backup")...)...)
 	for _, cs := range after.Seats.Consumers {
 		if cs.State == "waiting" && consumerOf(cs.Consumer, node, modules) {
 			out.Waiting = append(out.Waiting, cs)
 		}
 	}
-	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
-		return out, err
-	}
-	out.Pushed, err = c.sendPlans(ctx, st, ch.Bump)
+	out.Pushed, err = c.commitAct(ctx, st, after, ch, "unassign")
 	return out, err
 }
 

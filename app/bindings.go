@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"fmt"
 
 	"filippo.io/age"
@@ -36,13 +35,14 @@ func keeping(l protocol.Label, madeBy, event string, v protocol.Secret, nodeReci
 }
 
 // credentialKeeping is a new credential for one binding, to be sealed to
-// both ends and the operator; the old value is not kept.
-func (c *Controller) credentialKeeping(ctx context.Context, st *Stores, b inventory.Binding, event string) (secrets.Keeping, error) {
-	provider, err := nodeRecipient(ctx, st.Identity, b.Provider.Node)
+// both ends (their recipients among those given) and the operator; the old
+// value is not kept.
+func credentialKeeping(b inventory.Binding, event string, recipients map[string]string) (secrets.Keeping, error) {
+	provider, err := recipientOf(recipients, b.Provider.Node)
 	if err != nil {
 		return secrets.Keeping{}, err
 	}
-	consumer, err := nodeRecipient(ctx, st.Identity, b.Node)
+	consumer, err := recipientOf(recipients, b.Node)
 	if err != nil {
 		return secrets.Keeping{}, err
 	}

@@ -44,7 +44,7 @@ func dataMesh(b *testing.B, nodes, perNode, consumers int) *Controller {
 	for i := 0; i < consumers; i++ {
 		cs = append(cs, inventory.ConsumerChange{Provider: inventory.Holder{Node: "n0", Module: "m0"}, Consumer: fmt.Sprintf("n%d/m1", i), Provision: "sql", State: "retired", Why: "bench"})
 	}
-	if err := inv.SetConsumers(ctx, cs, nil, now); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Consumers: cs}, now); err != nil {
 		b.Fatal(err)
 	}
 	return c

@@ -76,13 +76,9 @@ func (c *Controller) ensureSecrets(ctx context.Context, st *Stores, snap *invent
 		}
 		return nil, err
 	}
-	hosts, err := st.Identity.Hosts(ctx)
+	recipients, err := hostRecipients(ctx, st.Identity)
 	if err != nil {
 		return nil, err
-	}
-	recipients := make(map[string]string, len(hosts))
-	for _, h := range hosts {
-		recipients[h.Node] = h.AgeRecipient
 	}
 	var keeps []secrets.Keeping
 	nodes := map[string]bool{}

@@ -200,18 +200,12 @@ type ForgetRequest struct {
 	Why            string
 }
 
-// HeldSecrets are the names of the secrets one node holds for a module.
-type HeldSecrets struct {
-	Node  string   `json:"node"`
-	Names []string `json:"names"`
-}
-
 // Forgotten is what module forget did.
 type Forgotten struct {
 	inventory.Holdings
 	// Secrets are, per node, the secrets whose sealed copies were
 	// discarded: their names, never their values.
-	Secrets []HeldSecrets
+	Secrets []secrets.Holding
 	// Revoked counts the broker users issued for it, now revoked;
 	// Disconnected says the serving controller was told to close their
 	// connections (otherwise it does when serve runs).
@@ -257,7 +251,7 @@ func (c *Controller) ModuleForget(ctx context.Context, r ForgetRequest) (Forgott
 		return Forgotten{}, err
 	}
 	f := Forgotten{Holdings: h}
-	if f.Secrets, err = heldSecrets(ctx, sec, name); err != nil {
+	if f.Secrets, err = sec.Held(ctx, name); err != nil {
 		return f, err
 	}
 	var problems []string
@@ -301,25 +295,6 @@ func (c *Controller) ModuleForget(ctx context.Context, r ForgetRequest) (Forgott
 	return f, nil
 }
 
-// heldSecrets names, per node, the secrets the mesh holds for a module.
-func heldSecrets(ctx context.Context, sec *secrets.Store, module string) ([]HeldSecrets, error) {
-	copies, err := sec.Copies(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []HeldSecrets
-	for _, cp := range copies { // ordered by node, module and name
-		if cp.Module != module {
-			continue
-		}
-		if len(out) == 0 || out[len(out)-1].Node != cp.Node {
-			out = append(out, HeldSecrets{Node: cp.Node})
-		}
-		out[len(out)-1].Names = append(out[len(out)-1].Names, cp.Name)
-	}
-	return out, nil
-}
-
 // ErrNotOnNode means a module is not assigned to a node: "module backup
 // is not assigned to nas2".
 var ErrNotOnNode = errors.New("is not assigned to")
@@ -331,11 +306,7 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if err := CheckNames(module, node); err != nil {
 		return "", err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return "", err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -438,15 +409,11 @@ func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clea
 		}
 		body = json.RawMessage(r.Body)
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return SettingsChanged{}, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return SettingsChanged{}, err
-	}
 	cur, ok := snap.Current[r.Module]
 	if !ok {
 		return SettingsChanged{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)

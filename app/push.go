@@ -125,23 +125,33 @@ func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]plan.Seal
 	return out, nil
 }
 
-// sendPlans declares the plans of nodes from a person's command, numbered,
-// signed and kept in one transaction, and published in the order given: it
-// dials the broker once and, if none answers, keeps the declarations for
-// serve.
+// sendPlans declares the plans of nodes from a person's command, on the
+// mesh as it is once the command's writes are done: it rereads the
+// snapshot, then declares (declarePlans).
 func (c *Controller) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
-	}
-	key, err := st.Identity.SigningKey(ctx)
-	if err != nil {
-		return nil, err
 	}
 	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d := &declarer{inv: st.Inventory, sec: st.Secrets, key: key, now: c.Now}
+	return c.declarePlans(ctx, st, snap, nodes)
+}
+
+// declarePlans declares the plans of nodes, made from snap, numbered,
+// signed and kept in one transaction, and published in the order given: it
+// dials the broker once and, if none answers, keeps the declarations for
+// serve. snap must be read after the command's last inventory write: a
+// declaration records the plan version it was made from.
+func (c *Controller) declarePlans(ctx context.Context, st *Stores, snap *inventory.Snapshot, nodes []string) ([]Pushed, error) {
+	if len(nodes) == 0 {
+		return nil, nil
+	}
+	d, err := c.newDeclarer(ctx, st)
+	if err != nil {
+		return nil, err
+	}
 	if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
 		d.notSent = err.Error()
 	} else {
@@ -149,6 +159,16 @@ func (c *Controller) sendPlans(ctx context.Context, st *Stores, nodes []string) 
 		d.nc = nc
 	}
 	return d.declare(ctx, snap, nodes), nil
+}
+
+// newDeclarer reads the signing key once for every declaration it makes;
+// the caller gives it a connection, or says in notSent why there is none.
+func (c *Controller) newDeclarer(ctx context.Context, st *Stores) (*declarer, error) {
+	key, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &declarer{inv: st.Inventory, sec: st.Secrets, key: key, now: c.Now}, nil
 }
 
 // PushRequest asks for declarations to be sent.
@@ -169,15 +189,11 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, err
 		}
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var nodes []string
 	for _, name := range snap.NodeNames {
 		if (r.Node == "" || r.Node == name) && (!r.Behind || snap.Nodes[name].Behind()) {
@@ -215,9 +231,11 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 				return nil, err
 			}
+			// Their plans moved: declarations are made from the mesh as written.
+			return c.sendPlans(ctx, st, nodes)
 		}
 	}
-	return c.sendPlans(ctx, st, nodes)
+	return c.declarePlans(ctx, st, snap, nodes)
 }
 
 // PlanView is one node's plan as plan shows it.
@@ -234,11 +252,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err := CheckName(node); err != nil {
 		return PlanView{}, err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return PlanView{}, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -273,28 +287,4 @@ func hostFiles(d protocol.Declaration) []string {
 		}
 	}
 	return files
-}
-
-// planStores are the stores a command that changes plans works on, and the
-// mesh as it stood when it began.
-type planStores struct {
-	st   *Stores
-	inv  *inventory.Store
-	ids  *identity.Store
-	sec  *secrets.Store
-	snap *inventory.Snapshot
-}
-
-// openPlanStores returns the inventory, identity and secrets stores and a
-// snapshot of the mesh as it stood when the command began.
-func (c *Controller) openPlanStores(ctx context.Context) (planStores, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return planStores{}, err
-	}
-	ps := planStores{st: st, inv: st.Inventory, ids: st.Identity, sec: st.Secrets}
-	if ps.snap, err = ps.inv.Snapshot(ctx); err != nil {
-		return planStores{}, err
-	}
-	return ps, nil
 }

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -17,11 +18,7 @@ type Waiting struct {
 
 // Retire lists every provider waiting for a person to approve a retirement.
 func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -51,13 +48,13 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 		return nil, nil, err
 	}
 	if why == "" {
-		return nil, nil, errNoWhy
+		return nil, nil, health.ErrNoWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	st, inv, snap := ps.st, ps.inv, ps.snap
+	inv := st.Inventory
 	provider := inventory.Holder{Node: node, Module: module}
 	state, verb := "retired", "retire approve"
 	if !approve {
@@ -87,5 +84,3 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	pushed, err := c.sendPlans(ctx, st, []string{node})
 	return decided, pushed, err
 }
-
-var errNoWhy = fmt.Errorf("a hand act needs --why: say why it was done")

@@ -27,11 +27,7 @@ var (
 
 // Seats lists every seat any registered manifest defines.
 func (c *Controller) Seats(ctx context.Context) ([]inventory.SeatView, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -53,12 +49,7 @@ func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	if err := CheckNames(from, to); err != nil {
 		return err
 	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		return err
-	}
-	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
 	}
@@ -66,14 +57,8 @@ func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
 	if err != nil {
 		return err
 	}
-	if err := inv.RenameSeat(ctx, seat.Seat, to); err != nil {
-		return err
-	}
-	var nodes []string
-	for _, h := range snap.Seats.Holders[seat.Seat] {
-		nodes = append(nodes, h.Node)
-	}
-	return inv.BumpPlans(ctx, nodes)
+	// The holders' plans name the seat: they move with the rename.
+	return st.Inventory.RenameSeat(ctx, seat.Seat, to, snap.HolderNodes(seat.Seat))
 }
 
 // Handover is what a seat handover or addition did, or would do.
@@ -131,11 +116,11 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 	if yes && r.Why == "" {
 		return Handover{}, errYesNeedsWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Handover{}, err
 	}
-	st, inv, snap := ps.st, ps.inv, ps.snap
+	inv := st.Inventory
 	seat, err := findSeat(snap, name)
 	if err != nil {
 		return Handover{}, err
@@ -181,18 +166,17 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 				return h, fmt.Errorf("%w: %s", ErrEmptyReplace, h.Empty)
 			}
 			replacement = &inventory.Replacement{What: "seat " + seat.Seat, NewHolder: target.String(), OldHolder: strings.Join(seat.Holders, ", "), Data: strings.Join(lost, ", ")}
+			// --yes was what let it start empty: the log says who chose
+			// that, and why; written first, as a person's word of what
+			// they asked.
+			if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
+				return h, err
+			}
+			h.Recorded = true
 		}
-	}
-	if replacement != nil {
-		// --yes was what let it start empty: the log says who chose that,
-		// and why; written first, as a person's word of what they asked.
-		if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
-			return h, err
-		}
-		h.Recorded = true
 	}
 	// One transaction: the new holder is added and the old removed together.
-	if err := inv.ChangeSeats(ctx, []inventory.SeatChange{change}, replacement, bumps, c.Now()); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Seats: []inventory.SeatChange{change}, Replacement: replacement, Bump: bumps}, c.Now()); err != nil {
 		return h, err
 	}
 	fault("seat:after-inventory")
@@ -287,11 +271,10 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	if yes && r.Why == "" {
 		return Pinned{}, errYesNeedsWhy
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	st, snap := ps.st, ps.snap
 	for _, n := range []string{node, fromNode} {
 		if _, ok := snap.Nodes[n]; !ok {
 			return Pinned{}, fmt.Errorf("node %s %w", n, inventory.ErrNodeNotFound)
@@ -321,8 +304,6 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 			return out, fmt.Errorf("%w: %s", ErrEmptyReplace, out.Empty)
 		}
 		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
-	}
-	if replacement != nil {
 		// --yes was what let it start empty: the log says who chose that,
 		// and why; written first, as a person's word of what they asked.
 		if err := c.recordHand(ctx, fmt.Sprintf("pin %s %s to %s, which starts empty: %s", node, provision, out.Provider, out.Empty), r.Why, "pin", ""); err != nil {
@@ -334,15 +315,33 @@ func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	ch := inventory.Change{Pins: []inventory.Pin{pin}, Replacement: replacement}
 	after := snap.Clone()
 	after.Seats.Pins[node+"/"+provision] = pin
-	out.Pushed, err = c.rebind(ctx, st, after, ch, "pin")
+	out.Pushed, err = c.commitAct(ctx, st, after, withBindings(after, ch), "pin")
 	return out, err
 }
 
-// rebind records a change that moves bindings (a pin set or taken away) in
-// one inventory transaction with the bindings it moves, then makes the
-// credentials they need and declares the nodes they move.
-func (c *Controller) rebind(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
-	ch.Bindings, ch.Consumers, ch.Bump = after.BindingChanges()
+// withBindings completes a change that may move bindings: the bindings
+// and consumer states the mesh as it will be (after) chooses, and in Bump
+// the nodes given and those the bindings move, each once, sorted.
+func withBindings(after *inventory.Snapshot, ch inventory.Change, bumps ...string) inventory.Change {
+	var moved []string
+	ch.Bindings, ch.Consumers, moved = after.BindingChanges()
+	set := map[string]bool{}
+	for _, n := range append(bumps, moved...) {
+		set[n] = true
+	}
+	ch.Bump = slices.Sorted(maps.Keys(set))
+	return ch
+}
+
+// commitAct records an act's change in one inventory transaction, its
+// commit point; then makes the secrets and credentials the mesh as it will
+// be (after) needs (or when their nodes join), sealed, their plaintext
+// dropped; then declares the nodes the change moves. The fault points
+// act:before-inventory, act:after-inventory and act:after-secrets prove a
+// process stopped between those writes leaves the act whole once serve
+// catches up, or not done.
+func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
+	fault(act + ":before-inventory")
 	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
 		return nil, err
 	}
@@ -350,6 +349,7 @@ func (c *Controller) rebind(ctx context.Context, st *Stores, after *inventory.Sn
 	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
 		return nil, err
 	}
+	fault(act + ":after-secrets")
 	return c.sendPlans(ctx, st, ch.Bump)
 }
 
@@ -359,11 +359,10 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	if err := CheckNames(node, provision); err != nil {
 		return Pinned{}, err
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Pinned{}, err
 	}
-	st, snap := ps.st, ps.snap
 	if _, ok := snap.Seats.Pins[node+"/"+provision]; !ok {
 		return Pinned{}, fmt.Errorf("node %s %w %s", node, ErrNoPin, provision)
 	}
@@ -377,7 +376,8 @@ func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned,
 	}
 	after := snap.Clone()
 	delete(after.Seats.Pins, node+"/"+provision)
-	out.Pushed, err = c.rebind(ctx, st, after, inventory.Change{Pins: []inventory.Pin{{Node: node, Provision: provision}}}, "unpin")
+	ch := inventory.Change{Pins: []inventory.Pin{{Node: node, Provision: provision}}}
+	out.Pushed, err = c.commitAct(ctx, st, after, withBindings(after, ch), "unpin")
 	return out, err
 }
 
@@ -394,12 +394,15 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 	if err := CheckName(provision); err != nil {
 		return Rotated{}, err
 	}
-	ps, err := c.openPlanStores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return Rotated{}, err
 	}
-	st, snap := ps.st, ps.snap
 	out := Rotated{Credentials: []string{}}
+	recipients, err := hostRecipients(ctx, st.Identity)
+	if err != nil {
+		return out, err
+	}
 	nodes := map[string]bool{}
 	var keeps []secrets.Keeping
 	for _, key := range slices.Sorted(maps.Keys(snap.Seats.Bindings)) {
@@ -408,7 +411,7 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 			(consumer != "" && b.Node != consumer) || (module != "" && b.Module != module && b.Provider.Module != module) {
 			continue
 		}
-		k, err := c.credentialKeeping(ctx, st, b, "made")
+		k, err := credentialKeeping(b, "made", recipients)
 		if err != nil {
 			return out, err
 		}

@@ -138,17 +138,34 @@ func newMeshSecret() (protocol.Secret, error) {
 	return s, nil
 }
 
-func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (string, error) {
+// hostRecipients are the joined hosts' age recipients by node, read once
+// for however many secrets are sealed to them.
+func hostRecipients(ctx context.Context, ids *identity.Store) (map[string]string, error) {
 	hosts, err := ids.Hosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recipients := make(map[string]string, len(hosts))
+	for _, h := range hosts {
+		recipients[h.Node] = h.AgeRecipient
+	}
+	return recipients, nil
+}
+
+// recipientOf is a node's recipient among those read, or ErrNotJoined.
+func recipientOf(recipients map[string]string, node string) (string, error) {
+	if r, ok := recipients[node]; ok {
+		return r, nil
+	}
+	return "", fmt.Errorf("node %s %w", node, ErrNotJoined)
+}
+
+func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (string, error) {
+	recipients, err := hostRecipients(ctx, ids)
 	if err != nil {
 		return "", err
 	}
-	for _, h := range hosts {
-		if h.Node == node {
-			return h.AgeRecipient, nil
-		}
-	}
-	return "", fmt.Errorf("node %s %w", node, ErrNotJoined)
+	return recipientOf(recipients, node)
 }
 
 // SecretAccept takes a value a person has for a module on a node, seals it
@@ -160,15 +177,11 @@ func (c *Controller) SecretAccept(ctx context.Context, node, module, name string
 	if v.Len() == 0 {
 		return nil, ErrEmptySecret
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	inv, ids, sec := st.Inventory, st.Identity, st.Secrets
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
 	if _, ok := snap.Nodes[node]; !ok {
 		return nil, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
 	}

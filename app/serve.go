@@ -186,11 +186,7 @@ var tokenRefusals = map[error]string{
 // resends their latest to nodes that have not applied it. made counts the
 // nodes it made secrets for.
 func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (out []daemon.Declared, made int, err error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, 0, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -118,6 +118,20 @@ func (c *Controller) stores(ctx context.Context) (*Stores, error) {
 	return st, nil
 }
 
+// storesAndSnapshot returns the process's stores and the mesh as it stood
+// when the command began: what nearly every command starts from.
+func (c *Controller) storesAndSnapshot(ctx context.Context) (*Stores, *inventory.Snapshot, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, snap, nil
+}
+
 // Stores returns the process's stores, opened once (see stores).
 func (c *Controller) Stores(ctx context.Context) (*Stores, error) { return c.stores(ctx) }
 

@@ -63,15 +63,11 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if r.Wait <= 0 {
 		r.Wait = 2 * time.Minute
 	}
-	st, err := c.stores(ctx)
+	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return UpgradeView{}, err
 	}
 	inv := st.Inventory
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return UpgradeView{}, err
-	}
 	cur, ok := snap.Current[r.Module]
 	if !ok {
 		return UpgradeView{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)
@@ -81,11 +77,10 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if a.Module != r.Module {
 			continue
 		}
-		n := snap.Nodes[a.Node]
 		switch {
 		case inventory.CompareVersions(a.Version, cur) < 0:
 			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur, Recorded: a.Pending == cur})
-		case r.Action == "roll-out" && (n.SerialApplied < n.SerialDeclared || n.PlanVersion > n.DeclaredPlanVersion):
+		case r.Action == "roll-out" && snap.Nodes[a.Node].Undelivered():
 			// Declared, or about to be, but not yet applied by its host.
 			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur})
 		}
@@ -110,12 +105,23 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	if len(v.Steps) == 0 {
 		return v, nil
 	}
-	// A roll-out waits for hosts: it needs the broker.
+	// A roll-out waits for hosts: it needs the broker. One connection and
+	// one signing key serve every step; only the mesh is read again.
 	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		return v, err
 	}
-	nc.Close()
+	d, err := c.newDeclarer(ctx, st)
+	if err != nil {
+		nc.Close()
+		return v, err
+	}
+	d.nc = nc
+	defer func() {
+		if d.nc != nil {
+			d.nc.Close()
+		}
+	}()
 	move := func(steps []int) error {
 		ch := inventory.Change{}
 		for _, i := range steps {
@@ -126,10 +132,24 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if err := inv.Apply(ctx, ch, c.Now()); err != nil {
 			return err
 		}
-		pushed, err := c.sendPlans(ctx, st, ch.Bump)
+		// Declared from the mesh as just written: a declaration records the
+		// plan version it was made from.
+		snap, err := inv.Snapshot(ctx)
 		if err != nil {
 			return err
 		}
+		if d.nc == nil || d.nc.IsClosed() {
+			// The broker went away between steps (serve restarted, say):
+			// dial again; if none answers, the declaration is kept and the
+			// roll-out stops here, saying why.
+			d.nc, d.notSent = nil, ""
+			if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
+				d.notSent = err.Error()
+			} else {
+				d.nc = nc
+			}
+		}
+		pushed := d.declare(ctx, snap, ch.Bump)
 		for k, i := range steps {
 			s, p := &v.Steps[i], pushed[k]
 			s.Serial = p.Serial
@@ -174,7 +194,12 @@ func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *U
 	waiting := slices.Clone(steps)
 	var errs []error
 	for len(waiting) > 0 {
-		nodes, err := inv.Nodes(ctx)
+		names := make([]string, len(waiting))
+		for k, i := range waiting {
+			names[k] = v.Steps[i].Node
+		}
+		// Only the nodes still waited on: this is read every 50 ms.
+		nodes, err := inv.NodesNamed(ctx, names)
 		if err != nil {
 			return err
 		}

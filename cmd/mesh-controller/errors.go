@@ -66,6 +66,8 @@ func hint(err error) string {
 		return "run 'mesh-controller migrate' to make them"
 	case errors.Is(err, health.ErrNoWhy):
 		return "add --why \"...\""
+	case errors.Is(err, app.ErrTooLarge):
+		return "check it is the input you meant, or make it smaller"
 	case errors.Is(err, app.ErrNotAnObject):
 		return "write the body as one JSON object, e.g. {\"modules\": []}"
 	case errors.Is(err, app.ErrBrokerUnreachable):

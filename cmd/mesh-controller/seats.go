@@ -283,10 +283,7 @@ func size(b *int64) string {
 // lastBackup says when a cleanable was last backed up, and whether that is
 // within its cadence: one that is not is deleted only with --yes.
 func lastBackup(cl app.Cleanable) string {
-	s := "never"
-	if cl.LastBackup != nil {
-		s = cl.LastBackup.Format(timeShown)
-	}
+	s := when(cl.LastBackup)
 	switch {
 	case cl.Cadence == "":
 		return dash("")

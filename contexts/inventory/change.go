@@ -74,12 +74,8 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 		}
 	}
 	for _, h := range ch.Unassign {
-		res, err := tx.ExecContext(ctx, `DELETE FROM assignments WHERE node = ? AND module = ?`, h.Node, h.Module)
-		if err != nil {
+		if err := execAssigned(ctx, tx, h.Node, h.Module, `DELETE FROM assignments WHERE node = ? AND module = ?`, h.Node, h.Module); err != nil {
 			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%s on %s %w", h.Module, h.Node, ErrNotAssigned)
 		}
 	}
 	for _, r := range ch.Retirements {
@@ -89,21 +85,13 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 		}
 	}
 	for _, a := range ch.Versions {
-		res, err := tx.ExecContext(ctx, `UPDATE assignments SET version = ?, pending_version = NULL WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module)
-		if err != nil {
+		if err := execAssigned(ctx, tx, a.Node, a.Module, `UPDATE assignments SET version = ?, pending_version = NULL WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
 			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%s on %s %w", a.Module, a.Node, ErrNotAssigned)
 		}
 	}
 	for _, a := range ch.Pending {
-		res, err := tx.ExecContext(ctx, `UPDATE assignments SET pending_version = ? WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module)
-		if err != nil {
+		if err := execAssigned(ctx, tx, a.Node, a.Module, `UPDATE assignments SET pending_version = ? WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
 			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%s on %s %w", a.Module, a.Node, ErrNotAssigned)
 		}
 	}
 	if err := changeSeats(ctx, tx, ch.Seats, now); err != nil {
@@ -124,6 +112,20 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 		return err
 	}
 	return bump(ctx, tx, ch.Bump)
+}
+
+// execAssigned runs a statement on one node's assignment of a module,
+// which must be there: no row affected is ErrNotAssigned, and the whole
+// change is rolled back.
+func execAssigned(ctx context.Context, tx *sql.Tx, node, module, query string, args ...any) error {
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%s on %s %w", module, node, ErrNotAssigned)
+	}
+	return nil
 }
 
 // Clone copies a snapshot deeply enough that an act can change the copy

@@ -170,6 +170,31 @@ func (s *Store) Nodes(ctx context.Context) ([]Node, error) {
 	return nodes, rows.Err()
 }
 
+// NodesNamed returns those of the named nodes that are recorded: what one
+// waiting on a few nodes reads, not every node.
+func (s *Store) NodesNamed(ctx context.Context, names []string) ([]Node, error) {
+	var nodes []Node
+	err := sqlite.InChunks(names, func(marks string, args []any) error {
+		rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+nodeColumns+nodesFrom+` WHERE n.name IN (`+marks+`)`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			n, err := scanNode(rows)
+			if err != nil {
+				return err
+			}
+			nodes = append(nodes, n)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read nodes: %w", err)
+	}
+	return nodes, nil
+}
+
 // AddNodes records many nodes in one transaction; if any name is taken,
 // none is recorded.
 func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now time.Time) error {

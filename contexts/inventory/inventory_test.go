@@ -51,6 +51,12 @@ func TestStore_AddNode(t *testing.T) {
 			t.Fatalf("got %+v, %v", nodes, err)
 		}
 	})
+	t.Run("only the named are read", func(t *testing.T) {
+		nodes, err := s.NodesNamed(ctx, []string{"web1", "web9"})
+		if err != nil || len(nodes) != 1 || nodes[0].Name != "web1" {
+			t.Fatalf("got %+v, %v", nodes, err)
+		}
+	})
 	t.Run("the store itself refuses bad names and modes", func(t *testing.T) {
 		for _, row := range [][2]string{{"Web9", "converged"}, {"9web", "converged"}, {"web_9", "converged"}, {"web9", "sideways"}} {
 			if _, err := db.Writer.Exec(`INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, '2026-01-01T00:00:00.000Z')`, row[0], row[1]); err == nil {

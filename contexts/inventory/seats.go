@@ -199,13 +199,6 @@ type SeatChange struct {
 	Remove []Holder
 }
 
-// ChangeSeats adds and removes seat holders, records a replacement if one
-// is given, and moves the plans of the bump nodes, all in one transaction:
-// a handover is never seen half done.
-func (s *Store) ChangeSeats(ctx context.Context, changes []SeatChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Seats: changes, Replacement: replacement, Bump: bumpNodes}, now)
-}
-
 func changeSeats(ctx context.Context, tx *sql.Tx, changes []SeatChange, now time.Time) error {
 	for _, c := range changes {
 		for _, h := range c.Add {
@@ -233,8 +226,9 @@ func recordReplacement(ctx context.Context, tx *sql.Tx, r *Replacement, now time
 }
 
 // RenameSeat renames a seat: its holders move to the new name, and the
-// former name resolves to it from now on.
-func (s *Store) RenameSeat(ctx context.Context, from, to string) error {
+// former name resolves to it from now on; the plans of the bump nodes move
+// in the same transaction.
+func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE seat_holders SET seat = ? WHERE seat = ?`, to, from); err != nil {
 			return err
@@ -245,8 +239,10 @@ func (s *Store) RenameSeat(ctx context.Context, from, to string) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM seat_aliases WHERE alias = ?`, to); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to)
-		return err
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to); err != nil {
+			return err
+		}
+		return bump(ctx, tx, bumpNodes)
 	})
 }
 
@@ -257,13 +253,6 @@ type ConsumerChange struct {
 	Provision string
 	State     string
 	Why       string
-}
-
-// SetBindings makes the stored bindings these (for the consumers given),
-// applies consumer changes, records a replacement, and moves the plans of
-// the bump nodes, in one transaction.
-func (s *Store) SetBindings(ctx context.Context, bindings []Binding, consumers []ConsumerChange, replacement *Replacement, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Bindings: bindings, Consumers: consumers, Replacement: replacement, Bump: bumpNodes}, now)
 }
 
 func setBindings(ctx context.Context, tx *sql.Tx, bindings []Binding, now time.Time) error {
@@ -288,16 +277,6 @@ func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, n
 		}
 	}
 	return nil
-}
-
-// SetConsumers applies consumer changes and moves the plans of the bump nodes.
-func (s *Store) SetConsumers(ctx context.Context, consumers []ConsumerChange, bumpNodes []string, now time.Time) error {
-	return s.Apply(ctx, Change{Consumers: consumers, Bump: bumpNodes}, now)
-}
-
-// SetPin records or (provider zero) removes a pin.
-func (s *Store) SetPin(ctx context.Context, node, provision string, provider Holder, now time.Time) error {
-	return s.Apply(ctx, Change{Pins: []Pin{{Node: node, Provision: provision, Provider: provider}}}, now)
 }
 
 func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {

@@ -25,11 +25,16 @@ type NodeState struct {
 	Pending int
 }
 
-// Behind says the node's declaration is older than its plan, its host has
-// not applied its latest declaration, or a version recorded for it waits to
-// be sent (as Node.Behind).
+// Undelivered says the node's host does not run its plan yet: its
+// declaration is older than its plan, or its host has not applied it.
+func (n NodeState) Undelivered() bool {
+	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared
+}
+
+// Behind says the node's plan is undelivered, or a version recorded for it
+// waits to be sent (as Node.Behind).
 func (n NodeState) Behind() bool {
-	return n.PlanVersion > n.DeclaredPlanVersion || n.SerialApplied < n.SerialDeclared || n.Pending > 0
+	return n.Undelivered() || n.Pending > 0
 }
 
 // Snapshot is everything plans are computed from, read in one transaction

@@ -261,7 +261,30 @@ func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) 
 	})
 }
 
-// Held lists the nodes holding secrets for a module.
-func (s *Store) Held(ctx context.Context, module string) ([]string, error) {
-	return sqlite.Strings(ctx, s.db.Reader, `SELECT DISTINCT node FROM sealed WHERE module = ? ORDER BY node`, module)
+// Holding is the names of the secrets one node holds for a module.
+type Holding struct {
+	Node  string   `json:"node"`
+	Names []string `json:"names"`
+}
+
+// Held lists, per node, the names of the secrets held for a module, by
+// node: no ciphertext is read, and no other module's copies.
+func (s *Store) Held(ctx context.Context, module string) ([]Holding, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, name FROM sealed WHERE module = ? ORDER BY node, name`, module)
+	if err != nil {
+		return nil, fmt.Errorf("secrets held for %s: %w", module, err)
+	}
+	defer rows.Close()
+	var out []Holding
+	for rows.Next() {
+		var node, name string
+		if err := rows.Scan(&node, &name); err != nil {
+			return nil, fmt.Errorf("secrets held for %s: %w", module, err)
+		}
+		if len(out) == 0 || out[len(out)-1].Node != node {
+			out = append(out, Holding{Node: node})
+		}
+		out[len(out)-1].Names = append(out[len(out)-1].Names, name)
+	}
+	return out, rows.Err()
 }

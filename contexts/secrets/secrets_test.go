@@ -50,7 +50,7 @@ func TestStore_KeepAndCount(t *testing.T) {
 	if cur, older, _ := s.Recoverable(ctx); cur != 0 || older != 1 {
 		t.Fatalf("recoverable %d, only older %d", cur, older)
 	}
-	if held, _ := s.Held(ctx, "paperless"); len(held) != 1 || held[0] != "web1" {
+	if held, _ := s.Held(ctx, "paperless"); len(held) != 1 || held[0].Node != "web1" {
 		t.Fatalf("held: %v", held)
 	}
 	if err := s.Forget(ctx, "web1", "paperless", now); err != nil {
