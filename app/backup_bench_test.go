@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
-
-	"filippo.io/age"
 )
 
 // BenchmarkBackup backs up the stores of a mesh of 2,000 nodes (4
@@ -17,10 +15,7 @@ import (
 func BenchmarkBackup(b *testing.B) {
 	c := plannedMesh(b, 2000, 4, 40)
 	ctx := context.Background()
-	op, _ := age.GenerateX25519Identity()
-	if _, err := c.OperatorKeySet(ctx, op.Recipient().String(), false); err != nil {
-		b.Fatal(err)
-	}
+	withOperator(b, c)
 	for i := 0; i < 3; i++ {
 		if _, err := c.Push(ctx, PushRequest{}); err != nil {
 			b.Fatal(err)

@@ -177,19 +177,8 @@ func TestBackup_NothingInPlain(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	ctx := context.Background()
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
-	if _, err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	op, _ := age.GenerateX25519Identity()
-	if _, err := c.OperatorKeySet(ctx, op.Recipient().String(), false); err != nil {
-		t.Fatal(err)
-	}
-	st, err := c.stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st := migrated(t)
+	op := withOperator(t, c)
 	var keys [][]byte
 	for _, q := range []string{`SELECT private_key FROM signing_keys`, `SELECT seed FROM broker_keys`} {
 		rows, err := st.DB("identity").Reader.Query(q)
@@ -332,15 +321,8 @@ func execOn(t *testing.T, path, stmt string) {
 // leaves the data dir as it was (here: not there).
 func TestRestore_Checks(t *testing.T) {
 	ctx := context.Background()
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
-	if _, err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	op, _ := age.GenerateX25519Identity()
-	if _, err := c.OperatorKeySet(ctx, op.Recipient().String(), false); err != nil {
-		t.Fatal(err)
-	}
+	c, _ := migrated(t)
+	op := withOperator(t, c)
 	key := writeKey(t, op)
 	restore := func(file string) (Restored, string, error) {
 		target := New(filepath.Join(t.TempDir(), "restored"))

@@ -71,6 +71,20 @@ func migrated(t testing.TB) (*Controller, *Stores) {
 	return c, st
 }
 
+// withOperator sets a new operator key on c and returns its identity, which
+// opens what is sealed to the operator (backups, break-glass copies).
+func withOperator(t testing.TB, c *Controller) *age.X25519Identity {
+	t.Helper()
+	op, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.OperatorKeySet(context.Background(), op.Recipient().String(), false); err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
 // freeAddr picks a loopback address no one listens on, so a controller can be
 // restarted on the same one.
 func freeAddr(t testing.TB) string {
@@ -90,14 +104,7 @@ func newTestMesh(t testing.TB) *testMesh {
 	if _, err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	op, err := age.GenerateX25519Identity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.OperatorKeySet(context.Background(), op.Recipient().String(), false); err != nil {
-		t.Fatal(err)
-	}
-	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}, operator: op}
+	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}, operator: withOperator(t, c)}
 	m.start()
 	t.Cleanup(m.stop)
 	return m
