@@ -2,9 +2,12 @@ package protocol
 
 import (
 	"fmt"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/mod/semver"
 )
@@ -182,6 +185,15 @@ func (d Declaration) Problems() []string {
 			}
 		}
 
+		if m.Run != nil {
+			for _, p := range m.Run.problems(m.Ports) {
+				bad(f+".run"+p[0], "%s", p[1])
+			}
+		}
+		if m.MemoryMB < 0 {
+			bad(f+".memory_mb", "must not be negative")
+		}
+
 		atMost(f+".secrets", len(m.Secrets), MaxSecrets)
 		seenSecrets := map[string]int{}
 		for j, s := range m.Secrets {
@@ -251,4 +263,77 @@ func (d Declaration) Problems() []string {
 // lies inside it.
 func overlaps(a, b string) bool {
 	return a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/")
+}
+
+// MaxRunWords bounds a declared command's words and env entries.
+const MaxRunWords = 100
+
+var envNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// problems judges how a module is run, as field suffix and what is wrong:
+// what the host execs and the environment it gives (never a shell, never a
+// variable of its own overridden).
+func (r *Run) problems(ports []Port) [][2]string {
+	var ps [][2]string
+	bad := func(field, format string, args ...any) {
+		ps = append(ps, [2]string{field, fmt.Sprintf(format, args...)})
+	}
+	command := func(field string, words []string) {
+		switch {
+		case len(words) == 0:
+			bad(field, "missing")
+		case len(words) > MaxRunWords:
+			bad(field, "%d words, at most %d", len(words), MaxRunWords)
+		case words[0] == "":
+			bad(field+"[0]", "is empty")
+		}
+		for i, w := range words {
+			if strings.ContainsRune(w, 0) {
+				bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
+			}
+		}
+	}
+	command(".command", r.Command)
+	if len(r.Env) > MaxRunWords {
+		bad(".env", "%d variables, at most %d", len(r.Env), MaxRunWords)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
+		switch {
+		case !envNameRule.MatchString(k):
+			bad(".env."+k, "not a valid variable name")
+		case strings.HasPrefix(k, "MESH_") || k == "PATH" || k == "HOME":
+			bad(".env."+k, "is set by the host")
+		}
+		if strings.ContainsRune(r.Env[k], 0) {
+			bad(".env."+k, "contains a NUL byte")
+		}
+	}
+	duration := func(field, v string) {
+		if v == "" {
+			return
+		}
+		if d, err := time.ParseDuration(v); err != nil || d <= 0 || d > 10*time.Minute {
+			bad(field, "%q is not a duration in (0, 10m]", v)
+		}
+	}
+	duration(".stop_grace", r.StopGrace)
+	if rd := r.Ready; rd != nil {
+		n := 0
+		for _, set := range []bool{rd.After != "", rd.Command != nil, rd.Port != ""} {
+			if set {
+				n++
+			}
+		}
+		if n != 1 {
+			bad(".ready", "exactly one of after, command or port, not %d", n)
+		}
+		if rd.Command != nil {
+			command(".ready.command", rd.Command)
+		}
+		duration(".ready.after", rd.After)
+		if rd.Port != "" && !slices.ContainsFunc(ports, func(p Port) bool { return p.Name == rd.Port }) {
+			bad(".ready.port", "%q is not a declared port", rd.Port)
+		}
+	}
+	return ps
 }

@@ -213,3 +213,26 @@ func TestValidNames(t *testing.T) {
 		}
 	}
 }
+
+// How a module is run is judged like every other field: a host execs no
+// empty program and lets no declared variable override its own.
+func TestProblems_Run(t *testing.T) {
+	d := Declaration{Node: "web1", Modules: []DeclaredModule{{Module: "hello", Version: "1.0.0", MemoryMB: -1,
+		Run: &Run{Command: []string{""}, Env: map[string]string{"MESH_NODE": "x", "PATH": "/tmp", "a b": "c"}, StopGrace: "forever",
+			Ready: &Ready{Port: "http", After: "1s"}}}}}
+	got := strings.Join(d.Problems(), "\n")
+	for _, w := range []string{
+		"modules[0].run.command[0]: is empty",
+		"modules[0].run.env.MESH_NODE: is set by the host",
+		"modules[0].run.env.PATH: is set by the host",
+		"modules[0].run.env.a b: not a valid variable name",
+		`modules[0].run.stop_grace: "forever" is not a duration`,
+		"modules[0].run.ready: exactly one of after, command or port, not 2",
+		`modules[0].run.ready.port: "http" is not a declared port`,
+		"modules[0].memory_mb: must not be negative",
+	} {
+		if !strings.Contains(got, w) {
+			t.Errorf("missing %q in:\n%s", w, got)
+		}
+	}
+}

@@ -73,10 +73,16 @@ type DeclaredModule struct {
 	// Bindings are where it gets each provision from, with the credential
 	// sealed to both ends.
 	Bindings []DeclaredBinding `json:"bindings"`
+	// BrokerCreds is the module's own broker user (a .creds document),
+	// sealed to the node alone: it can always be issued again.
+	BrokerCreds string `json:"broker_creds,omitempty"`
 	// Consumers are a provider's consumers, their access and credentials.
 	Consumers []DeclaredConsumer `json:"consumers,omitempty"`
 	Data      []DeclaredData     `json:"data"`
-	Module    string             `json:"module"`
+	// MemoryMB is the manifest's requires.memory_mb: a host that can
+	// bounds the module's memory to it.
+	MemoryMB int64  `json:"memory_mb,omitempty"`
+	Module   string `json:"module"`
 	// Ports are the ports it listens on.
 	Ports []Port `json:"ports,omitempty"`
 	// Run is how the module is started, as its manifest says.
@@ -90,10 +96,33 @@ type DeclaredModule struct {
 	WaitingFor []string `json:"waiting_for,omitempty"`
 }
 
-// Run is how a module is started.
+// Run is how a module is started, as its manifest says (manifest.md,
+// "Running"), with env values taken from settings already filled in.
 type Run struct {
-	Command []string `json:"command"`
+	Command []string          `json:"command"`
+	Env     map[string]string `json:"env,omitempty"`
+	Ready   *Ready            `json:"ready,omitempty"`
+	// StopGrace is how long a module has between SIGTERM and SIGKILL, as a
+	// Go duration ("10s"); empty is DefaultStopGrace.
+	StopGrace string `json:"stop_grace,omitempty"`
 }
+
+// Ready says when a started module is ready: exactly one field is set, or
+// none (DefaultReadyAfter of running without exiting).
+type Ready struct {
+	// After: running this long (a Go duration) without exiting.
+	After string `json:"after,omitempty"`
+	// Command: this command, run in the module's directory, exits 0.
+	Command []string `json:"command,omitempty"`
+	// Port: the declared port of this name accepts TCP connections.
+	Port string `json:"port,omitempty"`
+}
+
+// Defaults of Run.
+const (
+	DefaultStopGrace  = 10 * time.Second
+	DefaultReadyAfter = 2 * time.Second
+)
 
 // Port is a port a module listens on.
 type Port struct {
@@ -109,8 +138,10 @@ type DeclaredBinding struct {
 	CredentialName    string `json:"credential_name,omitempty"`
 	CredentialVersion int64  `json:"credential_version,omitempty"`
 	From              string `json:"from"` // node/module
-	Provision         string `json:"provision"`
-	Why               string `json:"why"`
+	// Port is the port the provider provides on, if it names one.
+	Port      int    `json:"port,omitempty"`
+	Provision string `json:"provision"`
+	Why       string `json:"why"`
 }
 
 // DeclaredConsumer is one consumer of a provider module.

@@ -19,6 +19,7 @@ func Files(m DeclaredModule) []string {
 	if settings != "" {
 		files = append(files, settings)
 	}
+	files = append(files, path.Join(ModulesDir, m.Module, BindingsFile))
 	for _, sf := range SealedFiles("", m) {
 		files = append(files, sf.Rel)
 	}
@@ -36,6 +37,15 @@ func DocumentFiles(m DeclaredModule) (module, settings string) {
 	return path.Join(dir, "module.json"), settings
 }
 
+// BindingsFile is, in a module's directory, the file its host writes of
+// where it finds each provision it is bound to (MESH_BINDINGS): the
+// provider, its address and the credential file's path on that host.
+const BindingsFile = "bindings.json"
+
+// BrokerCredsName names a module's own broker user: the name in its
+// sealed label, and its file (0600) in the module's directory.
+const BrokerCredsName = "broker.creds"
+
 // SealedFile is a file of a module holding a value opened from a sealed
 // copy, and the label the copy must carry.
 type SealedFile struct {
@@ -49,6 +59,10 @@ type SealedFile struct {
 func SealedFiles(node string, m DeclaredModule) []SealedFile {
 	dir := path.Join(ModulesDir, m.Module)
 	var out []SealedFile
+	if m.BrokerCreds != "" {
+		// Its label's version is when it was made: any is taken (0).
+		out = append(out, SealedFile{path.Join(dir, BrokerCredsName), m.BrokerCreds, Label{Node: node, Module: m.Module, Name: BrokerCredsName}})
+	}
 	for _, s := range m.Secrets {
 		out = append(out, SealedFile{path.Join(dir, "secrets", s.Name), s.Sealed, Label{Node: node, Module: m.Module, Name: s.Name, Version: s.Version}})
 	}

@@ -133,7 +133,82 @@ type HeartbeatBody struct {
 	IntervalS     float64   `json:"interval_s"`
 	SerialApplied int64     `json:"serial_applied"`
 	UptimeS       int64     `json:"uptime_s"`
+	// Modules are the states of the modules its host supervises.
+	Modules []ModuleState `json:"modules,omitempty"`
 }
+
+// Module states a host reports (protocol.md, "Added in the second round").
+const (
+	StateWaiting      = "waiting"       // for secrets: not started
+	StateStarting     = "starting"      // started, not ready yet
+	StateReady        = "ready"         // its ready check passed
+	StateBackingOff   = "backing-off"   // exited; restarted after a pause
+	StateCrashLooping = "crash-looping" // keeps exiting: retried at the cap
+	StateStopped      = "stopped"       // stopped on purpose
+	StateFailed       = "failed"        // cannot start: not found, not executable, exits before ready
+)
+
+// ModuleState is one supervised module as its host sees it.
+type ModuleState struct {
+	Module  string `json:"module"`
+	Version string `json:"version"`
+	State   string `json:"state"`
+	// Serial is the declaration whose apply last (re)started it, and
+	// DeclaredAt when the controller issued that declaration: a start is
+	// timed on the controller's clock.
+	Serial     int64     `json:"serial,omitempty"`
+	DeclaredAt time.Time `json:"declared_at,omitzero"`
+	Pid        int       `json:"pid,omitempty"`
+	Since      time.Time `json:"since"`
+	// Restarts1h counts the restarts in the last hour.
+	Restarts1h int `json:"restarts_1h"`
+	// LastExit is how its last run ended ("exit status 1", "signal: killed").
+	LastExit string `json:"last_exit,omitempty"`
+	// Detail says what it waits for, or why it failed.
+	Detail string `json:"detail,omitempty"`
+	// LogTail is the last lines of its log when it failed or crash-loops.
+	LogTail []string `json:"log_tail,omitempty"`
+}
+
+// LogsInbox is the last tokens of the subject a controller asks a host for
+// a module's log on (mesh.node.N.inbox.logs): only controller users may
+// publish there and only node N's host reads it.
+const LogsInbox = "inbox.logs"
+
+// LogsAsk is a request for a module's log.
+type LogsAsk struct {
+	Module string `json:"module"`
+	Lines  int    `json:"lines"`
+	Follow bool   `json:"follow"`
+}
+
+// LogsAnswer is a part of a module's log. Following, the host sends each
+// part as a request to the asker's reply subject and stops when nobody
+// answers it; an empty part says it is still following.
+type LogsAnswer struct {
+	Lines []string `json:"lines"`
+	Error string   `json:"error,omitempty"`
+	// End says the host sends no more (it stops following).
+	End bool `json:"end,omitempty"`
+}
+
+// LogsKeepalive is how often a following host sends a part, empty if
+// nothing was written: a follower that stopped answering is noticed, and a
+// follower that hears nothing for a few of these knows the host is gone.
+const LogsKeepalive = 5 * time.Second
+
+// MaxLogLine bounds one line of a log as a host sends it.
+const MaxLogLine = 4096
+
+// MaxLogLines bounds what one logs answer carries.
+const MaxLogLines = 10000
+
+// ToolSubject is mesh.tool.M.T, answered by any running instance of M
+// (queue group M); ToolSubjectOn is mesh.tool.M.T.N, M on node N.
+func ToolSubject(module, tool string) string { return "mesh.tool." + module + "." + tool }
+
+// ToolSubjectOn is the tool subject of the instance on one node.
+func ToolSubjectOn(module, tool, node string) string { return ToolSubject(module, tool) + "." + node }
 
 // Fact is one thing a host reported about its machine, with its evidence.
 type Fact struct {
@@ -170,6 +245,10 @@ type AppliedBody struct {
 	TotalMS float64 `json:"total_ms"`
 	// Waiting says which modules wait (for secrets) rather than run.
 	Waiting []string `json:"waiting,omitempty"`
+	// Modules are the states of its modules once the declaration's files
+	// were applied: one that cannot start is failed there, which is a
+	// module's condition, not a failed apply.
+	Modules []ModuleState `json:"modules,omitempty"`
 }
 
 // DataSet is one data set as a host found it.

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/text/language"
@@ -45,9 +47,24 @@ type Requirements struct {
 	Runtimes []string `json:"runtimes,omitempty"`
 }
 
-// Run is how the module is started.
+// Run is how the module is started (manifest.md, "Running").
 type Run struct {
 	Command []string `json:"command"`
+	// Env are non-secret environment variables; a value may name a
+	// top-level setting as ${settings.NAME}, filled in per node.
+	Env map[string]string `json:"env,omitempty"`
+	// StopGrace is a Go duration between SIGTERM and SIGKILL (default 10s).
+	StopGrace string `json:"stop_grace,omitempty"`
+	// Ready says when a started module is ready.
+	Ready *Ready `json:"ready,omitempty"`
+}
+
+// Ready is one of: a declared port accepts TCP connections, a command
+// exits 0, or a time running without exiting.
+type Ready struct {
+	Port    string   `json:"port,omitempty"`
+	Command []string `json:"command,omitempty"`
+	After   string   `json:"after,omitempty"`
 }
 
 // Port is a port the module listens on.
@@ -136,7 +153,8 @@ func (p Problem) String() string { return p.Field + ": " + p.What }
 var shape = map[string][]string{
 	"":                             {"module", "version", "description", "source", "requires", "run", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "data", "tools", "stands_on"},
 	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
-	"run":                          {"command"},
+	"run":                          {"command", "env", "stop_grace", "ready"},
+	"run.ready":                    {"port", "command", "after"},
 	"ports[]":                      {"name", "port", "expose"},
 	"provides[]":                   {"provision", "port", "per_consumer"},
 	"provides[].per_consumer":      {"credential", "data"},
@@ -352,6 +370,9 @@ func (m *Manifest) judge() []Problem {
 			bad(f+".backup", "%q is not hourly, daily or weekly", d.Backup)
 		}
 	}
+	if m.Run != nil {
+		m.judgeRun(bad)
+	}
 	for i, t := range m.Tools {
 		name(fmt.Sprintf("tools[%d].name", i), t.Name)
 	}
@@ -369,6 +390,115 @@ func (m *Manifest) judge() []Problem {
 		}
 	}
 	return ps
+}
+
+var (
+	envNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	// settingRef is ${settings.NAME}: a value filled in from the node's
+	// effective settings.
+	settingRef = regexp.MustCompile(`\$\{([^}]*)\}`)
+)
+
+// maxRunWords bounds a command's words and a module's env entries.
+const maxRunWords = 100
+
+// judgeRun judges run (manifest.md, "Running"): the command, env, stop_grace
+// and ready, every problem reported.
+func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
+	r := m.Run
+	command := func(field string, words []string) {
+		switch {
+		case len(words) == 0:
+			bad(field, "missing: the program to start and its arguments")
+		case len(words) > maxRunWords:
+			bad(field, "%d words, at most %d", len(words), maxRunWords)
+		}
+		for i, w := range words {
+			if strings.ContainsRune(w, 0) {
+				bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
+			}
+		}
+		if len(words) > 0 && strings.TrimSpace(words[0]) == "" {
+			bad(field+"[0]", "is empty: name the program (an absolute path, a path in the module's directory, or a name on the host's PATH)")
+		}
+	}
+	command("run.command", r.Command)
+	if len(r.Env) > maxRunWords {
+		bad("run.env", "%d variables, at most %d", len(r.Env), maxRunWords)
+	}
+	props := m.settingNames()
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
+		f := "run.env." + k
+		switch {
+		case !envNameRule.MatchString(k):
+			bad(f, "%q is not a valid variable name: a letter or underscore, then letters, digits or underscores", k)
+		case strings.HasPrefix(k, "MESH_") || k == "PATH" || k == "HOME":
+			bad(f, "%s is set by the host: MESH_*, PATH and HOME cannot be declared", k)
+		}
+		v := r.Env[k]
+		if strings.ContainsRune(v, 0) {
+			bad(f, "contains a NUL byte")
+		}
+		for _, ref := range settingRef.FindAllStringSubmatch(v, -1) {
+			name, ok := strings.CutPrefix(ref[1], "settings.")
+			switch {
+			case !ok || name == "":
+				bad(f, "%q: only ${settings.NAME} is filled in (env is not secret: a secret is a file, never a variable)", ref[0])
+			case props != nil && !props[name]:
+				bad(f, "%q: the settings schema has no property %s", ref[0], name)
+			}
+		}
+	}
+	duration := func(field, v string) {
+		if v == "" {
+			return
+		}
+		d, err := time.ParseDuration(v)
+		switch {
+		case err != nil:
+			bad(field, "%q is not a duration (like 10s or 1m30s)", v)
+		case d <= 0 || d > 10*time.Minute:
+			bad(field, "%s is outside (0, 10m]", v)
+		}
+	}
+	duration("run.stop_grace", r.StopGrace)
+	if rd := r.Ready; rd != nil {
+		set := 0
+		for _, b := range []bool{rd.Port != "", rd.Command != nil, rd.After != ""} {
+			if b {
+				set++
+			}
+		}
+		if set != 1 {
+			bad("run.ready", "say exactly one of port, command or after (%d given)", set)
+		}
+		if rd.Port != "" && !slices.ContainsFunc(m.Ports, func(p Port) bool { return p.Name == rd.Port }) {
+			bad("run.ready.port", "%q is not a declared port's name", rd.Port)
+		}
+		if rd.Command != nil {
+			command("run.ready.command", rd.Command)
+		}
+		duration("run.ready.after", rd.After)
+	}
+}
+
+// settingNames are the top-level properties the settings schema names, or
+// nil when it names none (any name may then be set).
+func (m *Manifest) settingNames() map[string]bool {
+	if m.Settings == nil || len(m.Settings.Schema) == 0 {
+		return nil
+	}
+	var sch struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if json.Unmarshal(m.Settings.Schema, &sch) != nil || len(sch.Properties) == 0 {
+		return nil
+	}
+	out := map[string]bool{}
+	for k := range sch.Properties {
+		out[k] = true
+	}
+	return out
 }
 
 func precious(field, level string, bad func(string, string, ...any)) {

@@ -125,3 +125,48 @@ func FuzzParseManifest(f *testing.F) {
 		}
 	})
 }
+
+// Every problem of run (manifest.md, "Running") is reported at once.
+func TestParseManifest_RunEveryProblem(t *testing.T) {
+	doc := `{
+	  "module": "hello", "version": "1.0.0",
+	  "ports": [{"name": "http", "port": 8080}],
+	  "settings": {"schema": {"type": "object", "properties": {"greeting": {"type": "string"}}}},
+	  "run": {"command": ["", "x"], "stop_grace": "soon", "colour": 1,
+	          "env": {"MESH_NODE": "x", "2BAD": "y", "GOOD": "${settings.greeting}", "MISSING": "${settings.nope}", "LEAK": "${secrets.pw}"},
+	          "ready": {"port": "admin", "after": "-1s", "wait": true}}
+	}`
+	_, ps := ParseManifest([]byte(doc))
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	joined := strings.Join(got, "\n")
+	for _, w := range []string{
+		`run.colour: unknown field`,
+		`run.ready.wait: unknown field`,
+		`run.command[0]: is empty`,
+		`run.stop_grace: "soon" is not a duration`,
+		`run.env.MESH_NODE: MESH_NODE is set by the host`,
+		`run.env.2BAD: "2BAD" is not a valid variable name`,
+		`run.env.MISSING: "${settings.nope}": the settings schema has no property nope`,
+		`run.env.LEAK: "${secrets.pw}": only ${settings.NAME} is filled in`,
+		`run.ready: say exactly one of port, command or after (2 given)`,
+		`run.ready.port: "admin" is not a declared port's name`,
+		`run.ready.after: -1s is outside (0, 10m]`,
+	} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("missing %q in:\n%s", w, joined)
+		}
+	}
+	if strings.Contains(joined, "run.env.GOOD") {
+		t.Errorf("a good env entry was judged bad:\n%s", joined)
+	}
+	if len(got) != 11 {
+		t.Errorf("%d problems, want 11:\n%s", len(got), joined)
+	}
+	_, ps = ParseManifest([]byte(`{"module": "hello", "version": "1.0.0", "run": {}}`))
+	if len(ps) != 1 || !strings.Contains(ps[0].String(), "run.command: missing") {
+		t.Errorf("empty run: %v", ps)
+	}
+}
