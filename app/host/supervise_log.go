@@ -1,0 +1,323 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"gopkg.in/natefinch/lumberjack.v2"
+)
+
+// moduleLog is a module's log: its output and the supervisor's own notes,
+// rotated by lumberjack.
+type moduleLog struct {
+	mu      sync.Mutex
+	lj      *lumberjack.Logger
+	midLine bool // the last byte written was not a newline
+}
+
+// Write appends a module's output.
+func (l *moduleLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, err := l.lj.Write(p)
+	if n > 0 {
+		l.midLine = p[n-1] != '\n'
+	}
+	return n, err
+}
+
+// note appends one line of the supervisor's own, on a line of its own.
+func (l *moduleLog) note(format string, args ...any) {
+	line := "mesh-host: " + fmt.Sprintf(format, args...) + "\n"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.midLine {
+		line = "\n" + line
+	}
+	l.lj.Write([]byte(line))
+	l.midLine = false
+}
+
+func (l *moduleLog) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lj.Close()
+}
+
+// logFor returns a module's log, made on first use and kept: each
+// lumberjack.Logger keeps a goroutine for the life of the process.
+func (s *Supervisor) logFor(module string) *moduleLog {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.logs[module]; l != nil {
+		return l
+	}
+	if s.logs == nil {
+		s.logs = map[string]*moduleLog{}
+	}
+	maxMB, backups := s.LogMaxMB, s.LogBackups
+	if maxMB <= 0 {
+		maxMB = 10
+	}
+	if backups <= 0 {
+		backups = 3
+	}
+	os.MkdirAll(s.LogDir, 0o750) // lumberjack would make it 0755
+	l := &moduleLog{lj: &lumberjack.Logger{Filename: s.logPath(module), MaxSize: maxMB, MaxBackups: backups}}
+	s.logs[module] = l
+	return l
+}
+
+// hasLog says a module's log can be read: one this host runs, or one it
+// ran whose log is still there (a module stopped on unassign, whose last
+// lines say why it ended).
+func (s *Supervisor) hasLog(module string) bool {
+	if checkName(module) != nil {
+		return false
+	}
+	if s.known(module) {
+		return true
+	}
+	_, err := os.Stat(s.logPath(module))
+	return err == nil
+}
+
+func (s *Supervisor) logPath(module string) string {
+	return filepath.Join(s.LogDir, module+".log")
+}
+
+// Bounds of what Tail reads.
+const (
+	maxTailLines = 10000
+	maxTailBytes = 1 << 20
+	maxLineBytes = 64 << 10 // Follow sends a longer line in pieces
+)
+
+// Tail returns the last n lines of a module's log, reading from the end of
+// the file (and of its newest backup when the current file holds fewer).
+func (s *Supervisor) Tail(module string, n int) ([]string, error) {
+	if !s.hasLog(module) {
+		return nil, fmt.Errorf("tail %s: %w", module, ErrUnknownModule)
+	}
+	n = min(n, maxTailLines)
+	if n <= 0 {
+		return nil, nil
+	}
+	lines, err := tailFile(s.logPath(module), n)
+	if err != nil {
+		return nil, fmt.Errorf("tail %s: %w", module, err)
+	}
+	if len(lines) < n {
+		if b := newestBackup(s.LogDir, module); b != "" {
+			older, err := tailFile(b, n-len(lines))
+			if err == nil {
+				lines = append(older, lines...)
+			}
+		}
+	}
+	return lines, nil
+}
+
+// tailFile reads the last n lines of a file backwards in blocks, at most
+// maxTailBytes of them; a missing file has no lines.
+func tailFile(name string, n int) ([]string, error) {
+	f, err := os.Open(name)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	const block = 16 << 10
+	var buf []byte
+	pos := end
+	for pos > 0 && len(buf) < maxTailBytes {
+		// One more newline than lines: the one ending the line before them.
+		nl := bytes.Count(buf, []byte{'\n'})
+		if len(buf) > 0 && buf[len(buf)-1] == '\n' {
+			nl--
+		}
+		if nl >= n {
+			break
+		}
+		size := min(int64(block), pos)
+		pos -= size
+		chunk := make([]byte, size, int(size)+len(buf))
+		if _, err := f.ReadAt(chunk, pos); err != nil && err != io.EOF {
+			return nil, err
+		}
+		buf = append(chunk, buf...)
+	}
+	text := strings.TrimSuffix(string(buf), "\n")
+	if text == "" {
+		return nil, nil
+	}
+	lines := strings.Split(text, "\n")
+	if pos > 0 {
+		lines = lines[1:] // begins mid-line
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines, nil
+}
+
+// lumberjackTime is how lumberjack stamps a backup's name:
+// <module>-<time>.log.
+const lumberjackTime = "2006-01-02T15-04-05.000"
+
+// newestBackup is the newest rotated log of a module, or "".
+func newestBackup(dir, module string) string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	var best string
+	var bestT time.Time
+	for _, e := range ents {
+		stamp, ok := strings.CutPrefix(e.Name(), module+"-")
+		if !ok {
+			continue
+		}
+		stamp, ok = strings.CutSuffix(stamp, ".log")
+		if !ok {
+			continue
+		}
+		t, err := time.Parse(lumberjackTime, stamp)
+		if err != nil { // another module's log, like <module>-web.log
+			continue
+		}
+		if best == "" || t.After(bestT) {
+			best, bestT = filepath.Join(dir, e.Name()), t
+		}
+	}
+	return best
+}
+
+// Follow sends a module's new log lines as they are written, polling about
+// every 250ms and following rotation; when idle it calls send(nil) at least
+// every 5s, so the caller notices a follower gone. It returns nil when ctx
+// ends, or the error send returned.
+func (s *Supervisor) Follow(ctx context.Context, module string, send func(lines []string) error) error {
+	if !s.hasLog(module) {
+		return fmt.Errorf("follow %s: %w", module, ErrUnknownModule)
+	}
+	idle := s.followIdle
+	if idle <= 0 {
+		idle = 5 * time.Second
+	}
+	fl := &follower{path: s.logPath(module)}
+	defer fl.close()
+	if f, err := os.Open(fl.path); err == nil {
+		fl.f = f
+		fl.off, _ = f.Seek(0, io.SeekEnd) // only what is written from now on
+	}
+	const every = 250 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	lastSent := time.Now()
+	for {
+		lines := fl.poll()
+		// A tick early rather than late: never more than idle between sends.
+		if len(lines) > 0 || time.Since(lastSent) >= idle-every {
+			if err := send(lines); err != nil {
+				return err
+			}
+			lastSent = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// follower reads a log file as it grows and across rotations.
+type follower struct {
+	path    string
+	f       *os.File
+	off     int64
+	partial []byte // a line not ended yet
+}
+
+func (fl *follower) close() {
+	if fl.f != nil {
+		fl.f.Close()
+	}
+}
+
+// poll returns the lines written since the last poll.
+func (fl *follower) poll() []string {
+	if fl.f == nil {
+		f, err := os.Open(fl.path)
+		if err != nil {
+			return nil
+		}
+		fl.f, fl.off = f, 0 // a file made since we began is all new
+	}
+	lines := fl.drain()
+	cur, err := os.Stat(fl.path)
+	if err != nil {
+		return lines
+	}
+	old, err := fl.f.Stat()
+	if err != nil || !os.SameFile(old, cur) {
+		// Rotated: the old file is written no more once renamed; read
+		// what reached it after our last read, then the new one from its
+		// start. A line cut by the rotation goes on in the new file.
+		lines = append(lines, fl.drain()...)
+		fl.f.Close()
+		fl.f = nil
+		if f, err := os.Open(fl.path); err == nil {
+			fl.f, fl.off = f, 0
+			lines = append(lines, fl.drain()...)
+		}
+		return lines
+	}
+	if cur.Size() < fl.off { // truncated in place
+		fl.off, fl.partial = 0, nil
+		lines = append(lines, fl.drain()...)
+	}
+	return lines
+}
+
+// drain reads the open file from off to its end.
+func (fl *follower) drain() []string {
+	var lines []string
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := fl.f.ReadAt(buf, fl.off)
+		fl.off += int64(n)
+		data := buf[:n]
+		for len(data) > 0 {
+			i := bytes.IndexByte(data, '\n')
+			if i < 0 {
+				fl.partial = append(fl.partial, data...)
+				if len(fl.partial) >= maxLineBytes {
+					lines = append(lines, string(fl.partial))
+					fl.partial = nil
+				}
+				break
+			}
+			lines = append(lines, string(append(fl.partial, data[:i]...)))
+			fl.partial = nil
+			data = data[i+1:]
+		}
+		if err != nil || n == 0 {
+			return lines
+		}
+	}
+}
