@@ -24,6 +24,8 @@ type applied struct {
 	Data []dataSet `json:"data"`
 	// Deleted are the deletions carried out, reported until no longer declared.
 	Deleted []protocol.DeclaredDeletion `json:"deleted,omitempty"`
+	// Runs are the declared modules as the supervisor runs them.
+	Runs []runRecord `json:"runs,omitempty"`
 }
 
 type dataSet struct {
@@ -131,6 +133,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 		if settings != "" {
 			docs[i] = append(docs[i], document{settings, m.Settings})
 		}
+		docs[i] = append(docs[i], document{path.Join(protocol.ModulesDir, m.Module, protocol.BindingsFile), bindingsDocument(dir, m)})
 		sealed[i] = protocol.SealedFiles(st.Node, m)
 		for _, doc := range docs[i] {
 			declared[doc.rel] = true
@@ -168,7 +171,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	tier("verify", t)
 
 	t = time.Now()
-	next := applied{Serial: d.Serial}
+	next := applied{Serial: d.Serial, Runs: runRecords(d, raw.Modules, last.Runs)}
 	var waiting []string
 	for i, m := range d.Modules {
 		// The sealed files are written below, opened with the host's own key.

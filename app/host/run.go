@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -28,10 +29,21 @@ type Runner struct {
 	DataEvery time.Duration
 	// Log receives the host's log lines.
 	Log io.Writer
+	// ModuleUsers runs each module as its own system user, mesh-<module>,
+	// when the host runs as root.
+	ModuleUsers bool
+	// Supervisor, if set, is the one to use (a test shortens its back-off);
+	// else one is made with the defaults.
+	Supervisor *Supervisor
 
 	mu   sync.Mutex
 	last applied
+	sup  *Supervisor
 }
+
+// beatSoon is how soon after a module's state changes the host beats, so
+// that several changes at once make one beat.
+const beatSoon = 200 * time.Millisecond
 
 // Run beats, reports facts and data, receives, verifies and applies
 // declarations (asking for the latest whenever it connects), and reports each
@@ -53,6 +65,29 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.last, err = loadApplied(r.State.Dir); err != nil {
 		return fmt.Errorf("read %s: %w", fileApplied, err)
 	}
+	changed := make(chan struct{}, 1)
+	r.sup = r.Supervisor
+	if r.sup == nil {
+		r.sup = &Supervisor{}
+	}
+	r.sup.StateDir = r.State.Dir
+	r.sup.LogDir = filepath.Join(r.Root, "var", "log", "mesh")
+	r.sup.Users = r.ModuleUsers && os.Geteuid() == 0
+	r.sup.Logf = r.logf
+	r.sup.OnChange = func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	// What a previous life left running is ended, then what was last
+	// declared runs again, before the controller is heard.
+	for _, line := range r.sup.Sweep() {
+		r.logf("left from the last run: %s", line)
+	}
+	r.sup.Apply(specs(r.State, r.Root, r.last.Runs))
+	// Stopping the host stops its modules: none outlives it.
+	defer r.sup.StopAll()
 	opts, err := r.State.ConnectOptions()
 	if err != nil {
 		return err
@@ -92,7 +127,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if _, err := nc.Subscribe(protocol.NodeSubject(r.State.Node, protocol.LogsInbox), func(m *nats.Msg) {
+		go r.answerLogs(ctx, nc, m)
+	}); err != nil {
+		return err
+	}
 
+	soon := time.NewTimer(time.Hour)
+	soon.Stop()
 	beat := time.NewTicker(r.Heartbeat)
 	defer beat.Stop()
 	data := time.NewTicker(r.DataEvery)
@@ -107,12 +149,12 @@ func (r *Runner) Run(ctx context.Context) error {
 			go r.askLatest(ctx, nc, envelopes)
 		case dl := <-envelopes:
 			r.applyOne(nc, dl)
+		case <-changed:
+			soon.Reset(beatSoon)
+		case <-soon.C:
+			r.beat(nc, started)
 		case <-beat.C:
-			r.mu.Lock()
-			serial := r.last.Serial
-			r.mu.Unlock()
-			r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
-				SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds())})
+			r.beat(nc, started)
 		case <-data.C:
 			r.mu.Lock()
 			last := r.last
@@ -120,6 +162,31 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.publish(nc, protocol.DataReport, dataReport(r.Root, last))
 		}
 	}
+}
+
+// states are the supervisor's states of the modules, each with when the
+// declaration that started it was issued.
+func (r *Runner) states() []protocol.ModuleState {
+	r.mu.Lock()
+	declared := make(map[string]time.Time, len(r.last.Runs))
+	for _, run := range r.last.Runs {
+		declared[run.Module] = run.DeclaredAt
+	}
+	r.mu.Unlock()
+	ms := r.sup.States()
+	for i := range ms {
+		ms[i].DeclaredAt = declared[ms[i].Module]
+	}
+	return ms
+}
+
+// beat sends a heartbeat with the modules' states.
+func (r *Runner) beat(nc *nats.Conn, started time.Time) {
+	r.mu.Lock()
+	serial := r.last.Serial
+	r.mu.Unlock()
+	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
+		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states()})
 }
 
 func (r *Runner) logf(format string, args ...any) {
@@ -209,10 +276,14 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 			report.OK, report.Error = false, "remember what was applied: "+err.Error()
 		} else {
 			r.last = next
+			// The files are applied: the modules follow. One that cannot
+			// start is reported in its state, not as a failed apply.
+			r.sup.Apply(specs(r.State, r.Root, next.Runs))
 		}
 	}
 	last := r.last
 	r.mu.Unlock()
+	report.Modules = r.states()
 	if report.OK {
 		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
 		for _, w := range report.Waiting {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/big"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -171,6 +172,10 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	defer nc.Close()
 	var mu sync.Mutex
 	var last int64
+	// A simulated host runs nothing: each module that has a run section is
+	// reported ready once its declaration is applied, so that a roll-out
+	// measured against simulated hosts waits for what real ones report.
+	var modules []protocol.ModuleState
 	apply := func(env protocol.Envelope) {
 		st.declarations.Add(1)
 		d, err := env.Verify(s.ControllerKey)
@@ -187,6 +192,14 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 				time.Sleep(o.ApplyDelay)
 			}
 			last = d.Serial
+			modules = modules[:0]
+			for _, m := range d.Modules {
+				if m.Run != nil {
+					modules = append(modules, protocol.ModuleState{Module: m.Module, Version: m.Version, State: protocol.StateReady,
+						Serial: d.Serial, DeclaredAt: d.IssuedAt, Since: time.Now().UTC()})
+				}
+			}
+			report.Modules = modules
 		}
 		b, err := protocol.Sign(s.HostKey, report)
 		if err != nil {
@@ -231,9 +244,10 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	first := true
 	for {
 		mu.Lock()
-		serial := last
+		serial, ms := last, slices.Clone(modules)
 		mu.Unlock()
-		b, err := protocol.Sign(s.HostKey, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: o.Heartbeat.Seconds(), SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds())})
+		b, err := protocol.Sign(s.HostKey, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: o.Heartbeat.Seconds(), SerialApplied: serial,
+			UptimeS: int64(time.Since(started).Seconds()), Modules: ms})
 		if err == nil && nc.Publish(protocol.NodeSubject(s.Node, protocol.Heartbeat), b) == nil {
 			st.beats.Add(1)
 			if first {

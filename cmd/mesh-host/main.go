@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -126,6 +127,10 @@ type RunCmd struct {
 	State     string        `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
 	Root      string        `required:"" type:"path" placeholder:"DIR" help:"Where declarations are applied: /var/lib/x becomes DIR/var/lib/x."`
 	Heartbeat time.Duration `default:"10s" help:"The interval between heartbeats."`
+	// ModuleUsers is on by default: a module runs as its own user where
+	// the host can make one; tests turn it off to leave the machine's users
+	// as they found them.
+	ModuleUsers bool `default:"true" negatable:"" env:"MESH_HOST_MODULE_USERS" help:"As root, run each module as its own system user mesh-<module>, made on first start (--no-module-users: as the host's user)."`
 }
 
 // Run works until SIGINT or SIGTERM.
@@ -134,8 +139,8 @@ func (c *RunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr}
-	fmt.Fprintf(env.Stdout, "running as %s, applying under %s\n", st.Node, c.Root)
+	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr, ModuleUsers: c.ModuleUsers}
+	fmt.Fprintf(env.Stdout, "running as %s, applying under %s; module logs in %s\n", st.Node, c.Root, filepath.Join(c.Root, "var", "log", "mesh"))
 	return r.Run(env.Ctx)
 }
 

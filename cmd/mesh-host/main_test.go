@@ -25,6 +25,12 @@ func TestMain(m *testing.M) {
 func TestScripts(t *testing.T) {
 	testscript.Run(t, testscript.Params{
 		Dir: "testdata",
+		// As root, a host makes a system user per module: the scenarios
+		// leave the machine's users as they found them.
+		Setup: func(e *testscript.Env) error {
+			e.Setenv("MESH_HOST_MODULE_USERS", "false")
+			return nil
+		},
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"controller": cmdController,
 		}),

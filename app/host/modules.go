@@ -1,0 +1,260 @@
+package host
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+)
+
+// runRecord is what the host keeps of each declared module to run it: what
+// the supervisor needs, remembered in applied.json so that a host started
+// again runs what it was last declared before it hears the controller.
+type runRecord struct {
+	Module  string `json:"module"`
+	Version string `json:"version"`
+	Serial  int64  `json:"serial"`
+	// DeclaredAt is when the controller issued that declaration.
+	DeclaredAt time.Time       `json:"declared_at"`
+	Digest     string          `json:"digest"`
+	Run        *protocol.Run   `json:"run,omitempty"`
+	Ports      []protocol.Port `json:"ports,omitempty"`
+	// MemoryMB is the manifest's requires.memory_mb.
+	MemoryMB   int64    `json:"memory_mb,omitempty"`
+	WaitingFor []string `json:"waiting_for,omitempty"`
+	// Data are its data sets' paths as declared; Settings says it has
+	// settings.json; Creds its own broker user; Sealed its sealed files
+	// (relative to the root).
+	Data     map[string]string `json:"data,omitempty"`
+	Settings bool              `json:"settings,omitempty"`
+	Creds    bool              `json:"creds,omitempty"`
+	Sealed   []string          `json:"sealed,omitempty"`
+}
+
+// runRecords are the modules of a verified declaration as the host runs
+// them. A module whose part of the declaration is byte for byte what it was
+// keeps its digest and the serial that started it: the supervisor leaves it
+// running.
+func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord) []runRecord {
+	before := map[string]runRecord{}
+	for _, r := range last {
+		before[r.Module] = r
+	}
+	out := make([]runRecord, 0, len(d.Modules))
+	for i, m := range d.Modules {
+		sum := sha256.Sum256(raw[i])
+		r := runRecord{Module: m.Module, Version: m.Version, Serial: d.Serial, DeclaredAt: d.IssuedAt, Digest: hex.EncodeToString(sum[:]), Run: m.Run, Ports: m.Ports,
+			MemoryMB: m.MemoryMB, WaitingFor: m.WaitingFor, Data: map[string]string{}, Creds: m.BrokerCreds != ""}
+		if old, ok := before[m.Module]; ok && old.Digest == r.Digest {
+			r.Serial, r.DeclaredAt = old.Serial, old.DeclaredAt
+		}
+		_, settings := protocol.DocumentFiles(m)
+		r.Settings = settings != ""
+		for _, ds := range m.Data {
+			r.Data[ds.Name] = ds.Path
+		}
+		for _, sf := range protocol.SealedFiles(d.Node, m) {
+			r.Sealed = append(r.Sealed, sf.Rel)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// bindingsFile is, beside module.json, where a module finds each provision
+// it is bound to (MESH_BINDINGS).
+const bindingsFile = protocol.BindingsFile
+
+// boundProvision is one provision in bindings.json.
+type boundProvision struct {
+	// From is the provider as node/module; Address is node:port (the node's
+	// name, as the mesh's overlay names it), when the provider gives a port.
+	From    string `json:"from"`
+	Address string `json:"address,omitempty"`
+	// Credential is the absolute path of the credential file, if any.
+	Credential string `json:"credential,omitempty"`
+}
+
+// bindingsDocument is a module's bindings.json for a host whose root is root.
+func bindingsDocument(root string, m protocol.DeclaredModule) json.RawMessage {
+	doc := map[string]boundProvision{}
+	dir := path.Join(protocol.ModulesDir, m.Module)
+	for _, b := range m.Bindings {
+		bp := boundProvision{From: b.From}
+		if node, _, ok := strings.Cut(b.From, "/"); ok && b.Port > 0 {
+			bp.Address = node + ":" + itoa(b.Port)
+		}
+		if b.Credential != "" {
+			bp.Credential = filepath.Join(root, filepath.FromSlash(path.Join(dir, "bindings", b.Provision+".credential")))
+		}
+		doc[b.Provision] = bp
+	}
+	out, _ := json.Marshal(doc)
+	return out
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
+
+// specs are the supervisor's specs for the modules of a declaration, under
+// a root, for a host whose broker is at brokerURLs.
+func specs(st *State, root string, records []runRecord) []ModuleSpec {
+	out := make([]ModuleSpec, 0, len(records))
+	abs := func(rel string) string { return filepath.Join(root, filepath.FromSlash(rel)) }
+	for _, r := range records {
+		if r.Run == nil || len(r.Run.Command) == 0 {
+			continue // nothing to run: its files are all it has
+		}
+		dir := abs(path.Join(protocol.ModulesDir, r.Module))
+		env := []string{
+			"MESH_NODE=" + st.Node, "MESH_MODULE=" + r.Module, "MESH_VERSION=" + r.Version,
+			"MESH_SECRETS_DIR=" + filepath.Join(dir, "secrets"),
+			"MESH_BINDINGS=" + filepath.Join(dir, bindingsFile),
+			"MESH_BROKER=" + strings.Join(st.BrokerURLs, ","),
+			"PATH=" + hostPath(), "HOME=" + dir,
+		}
+		if r.Settings {
+			env = append(env, "MESH_SETTINGS="+filepath.Join(dir, "settings.json"))
+		}
+		if r.Creds {
+			env = append(env, "MESH_BROKER_CREDS="+filepath.Join(dir, protocol.BrokerCredsName))
+		}
+		own := []string{dir}
+		names := make([]string, 0, len(r.Data))
+		for name := range r.Data {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			p := abs(strings.TrimPrefix(r.Data[name], "/"))
+			env = append(env, "MESH_DATA_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))+"="+p)
+			own = append(own, p)
+		}
+		for _, rel := range r.Sealed {
+			own = append(own, filepath.Dir(abs(rel)), abs(rel))
+		}
+		keys := make([]string, 0, len(r.Run.Env))
+		for k := range r.Run.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			env = append(env, k+"="+r.Run.Env[k])
+		}
+		ports := map[string]int{}
+		for _, p := range r.Ports {
+			ports[p.Name] = p.Port
+		}
+		grace, _ := time.ParseDuration(r.Run.StopGrace) // judged by Problems; "" is the default
+		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Serial: r.Serial, Fingerprint: r.Digest, Dir: dir,
+			Command: r.Run.Command, Env: env, Ready: r.Run.Ready, Ports: ports, StopGrace: grace, MemoryMB: r.MemoryMB,
+			WaitingFor: r.WaitingFor, OwnPaths: dedupe(own)})
+	}
+	return out
+}
+
+func dedupe(ps []string) []string {
+	seen := map[string]bool{}
+	out := ps[:0]
+	for _, p := range ps {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// hostPath is the host's PATH, which a module's bare command is looked up
+// on and which it inherits.
+func hostPath() string {
+	if p := os.Getenv("PATH"); p != "" {
+		return p
+	}
+	return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+}
+
+// logsChunk bounds one answer of a log, well under a host's largest
+// message.
+const logsChunk = 256 << 10
+
+// chunks splits lines into answers of at most logsChunk bytes, each line
+// clipped to protocol.MaxLogLine.
+func chunks(lines []string) [][]string {
+	var out [][]string
+	var cur []string
+	size := 0
+	for _, l := range lines {
+		if len(l) > protocol.MaxLogLine {
+			l = l[:protocol.MaxLogLine]
+		}
+		if size+len(l) > logsChunk && len(cur) > 0 {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, l)
+		size += len(l) + 4
+	}
+	return append(out, cur)
+}
+
+// answerLogs answers the controller's request for a module's log: the last
+// lines, then, when following, each new part as a request to the asker,
+// until nobody answers one or the host stops.
+func (r *Runner) answerLogs(ctx context.Context, nc *nats.Conn, m *nats.Msg) {
+	var ask protocol.LogsAsk
+	if err := json.Unmarshal(m.Data, &ask); err != nil || m.Reply == "" || !protocol.ValidName(ask.Module) {
+		r.respond(nc, m.Reply, protocol.LogsAnswer{Error: "a logs request names one module", End: true})
+		return
+	}
+	lines, err := r.sup.Tail(ask.Module, min(max(ask.Lines, 0), protocol.MaxLogLines))
+	if err != nil {
+		r.respond(nc, m.Reply, protocol.LogsAnswer{Error: "no log of " + ask.Module + " on " + r.State.Node + ": " + err.Error(), End: true})
+		return
+	}
+	parts := chunks(lines)
+	if !ask.Follow {
+		for i, p := range parts {
+			r.respond(nc, m.Reply, protocol.LogsAnswer{Lines: p, End: i == len(parts)-1})
+		}
+		return
+	}
+	send := func(lines []string) error {
+		for _, p := range chunks(lines) {
+			b, _ := json.Marshal(protocol.LogsAnswer{Lines: p})
+			if _, err := nc.Request(m.Reply, b, protocol.AnswerTimeout); err != nil {
+				return err // the follower is gone
+			}
+		}
+		return nil
+	}
+	if send(lines) != nil {
+		return
+	}
+	_ = r.sup.Follow(ctx, ask.Module, send)
+}
+
+func (r *Runner) respond(nc *nats.Conn, reply string, a protocol.LogsAnswer) {
+	if reply == "" {
+		return
+	}
+	if a.Lines == nil {
+		a.Lines = []string{}
+	}
+	b, _ := json.Marshal(a)
+	if err := nc.Publish(reply, b); err != nil {
+		r.logf("answer a logs request: %v", err)
+	}
+}
