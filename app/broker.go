@@ -19,7 +19,7 @@ import (
 //	account  user                      publish                         subscribe                          largest message
 //	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
 //	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
-//	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.>  mesh.module.<consumes>  1 MiB
+//	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.*  mesh.tool.M.*.N  mesh.module.<consumes>  1 MiB
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
 //	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
 //	system   (the server's own)
@@ -245,7 +245,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"controller answering joins (in the admit account)", admitPermissions()},
 		{"join (a connection without credentials, in the join account)", joinUser().Permissions},
 		{"host of node N", hostPermissions("N")},
-		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}})},
+		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}

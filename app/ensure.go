@@ -107,16 +107,9 @@ func (c *Controller) ensureSecrets(ctx context.Context, st *Stores, snap *invent
 	if len(keeps) == 0 {
 		return nil, nil
 	}
-	var toBump []string
-	for _, n := range slices.Sorted(maps.Keys(nodes)) {
-		if !slices.Contains(bumped, n) {
-			toBump = append(toBump, n)
-		}
-	}
-	if len(toBump) > 0 {
-		if err := st.Inventory.BumpPlans(ctx, toBump); err != nil {
-			return nil, err
-		}
+	if moved, err := bumpFirst(ctx, st, nodes, bumped); err != nil {
+		return nil, err
+	} else if moved {
 		fault("secrets:after-bump")
 	}
 	kept, err := st.Secrets.KeepAll(ctx, keeps, c.Now())
@@ -134,4 +127,21 @@ func (c *Controller) ensureSecrets(ctx context.Context, st *Stores, snap *invent
 		}
 	}
 	return slices.Sorted(maps.Keys(made)), nil
+}
+
+// bumpFirst moves the plans of the nodes something new is made for, those
+// not moved already (bumped), before it is kept: a process that stops in
+// between leaves them behind their plan, and the catch-up declares them. It
+// says whether it moved any.
+func bumpFirst(ctx context.Context, st *Stores, nodes map[string]bool, bumped []string) (bool, error) {
+	var toBump []string
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+		if !slices.Contains(bumped, n) {
+			toBump = append(toBump, n)
+		}
+	}
+	if len(toBump) == 0 {
+		return false, nil
+	}
+	return true, st.Inventory.BumpPlans(ctx, toBump)
 }

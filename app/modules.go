@@ -331,7 +331,7 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	if err != nil {
 		return "", err
 	}
-	userJWT, seed, err := keys.NewUser("module "+module+" on "+node, modulePermissions(*m))
+	userJWT, seed, err := keys.NewUser("module "+module+" on "+node, modulePermissions(*m, node))
 	if err != nil {
 		return "", err
 	}
@@ -346,10 +346,13 @@ func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (stri
 	return broker.Creds(userJWT, seed)
 }
 
-// modulePermissions: a module answers its tools' requests into
-// answerInboxes, never with a response permission (see app/broker.go).
-func modulePermissions(m inventory.Manifest) broker.Permissions {
-	p := broker.Permissions{Publish: []string{answerInboxes}, Subscribe: []string{"mesh.tool." + m.Module + ".>"}, MaxPayload: memberMaxPayload}
+// modulePermissions: a module on a node hears its tools' requests to any
+// instance (mesh.tool.M.T) and to the one on its node (mesh.tool.M.T.N),
+// never another node's; it answers into answerInboxes, never with a
+// response permission (see app/broker.go).
+func modulePermissions(m inventory.Manifest, node string) broker.Permissions {
+	p := broker.Permissions{Publish: []string{answerInboxes},
+		Subscribe: []string{protocol.ToolSubject(m.Module, "*"), protocol.ToolSubjectOn(m.Module, "*", node)}, MaxPayload: memberMaxPayload}
 	for _, s := range m.Emits {
 		p.Publish = append(p.Publish, "mesh.module."+s)
 	}

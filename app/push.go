@@ -33,6 +33,7 @@ type Pushed struct {
 type declarer struct {
 	inv *inventory.Store
 	sec *secrets.Store
+	ids *identity.Store
 	key identity.SigningKey
 	// nc publishes; nil when no broker was reached, notSent says why.
 	nc      *nats.Conn
@@ -51,7 +52,14 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 		return out
 	}
-	pl := plan.New(snap, sealed)
+	creds, err := moduleCreds(ctx, d.ids)
+	if err != nil {
+		for _, n := range nodes {
+			out = append(out, Pushed{Node: n, Problem: err.Error()})
+		}
+		return out
+	}
+	pl := plan.New(snap, sealed).WithCreds(creds)
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
@@ -168,7 +176,7 @@ func (c *Controller) newDeclarer(ctx context.Context, st *Stores) (*declarer, er
 	if err != nil {
 		return nil, err
 	}
-	return &declarer{inv: st.Inventory, sec: st.Secrets, key: key, now: c.Now}, nil
+	return &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, now: c.Now}, nil
 }
 
 // PushRequest asks for declarations to be sent.
@@ -245,6 +253,8 @@ type PlanView struct {
 	JSON []byte
 	// Files are what a host would write beneath its root.
 	Files []string
+	// States are its modules' states as its host last reported them.
+	States map[string]health.ModuleState
 }
 
 // PlanShow computes one node's plan.
@@ -260,7 +270,11 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	p, err := plan.New(snap, sealed).Plan(node)
+	creds, err := moduleCreds(ctx, st.Identity)
+	if err != nil {
+		return PlanView{}, err
+	}
+	p, err := plan.New(snap, sealed).WithCreds(creds).Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -273,7 +287,15 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	return PlanView{Plan: p, JSON: js, Files: hostFiles(p.Body)}, nil
+	reported, err := st.Health.ModuleStates(ctx, node)
+	if err != nil {
+		return PlanView{}, err
+	}
+	states := map[string]health.ModuleState{}
+	for _, m := range reported {
+		states[m.Module] = m
+	}
+	return PlanView{Plan: p, JSON: js, Files: hostFiles(p.Body), States: states}, nil
 }
 
 // hostFiles lists what a host writes beneath its root for a plan: each

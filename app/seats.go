@@ -346,7 +346,7 @@ func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory
 		return nil, err
 	}
 	fault(act + ":after-inventory")
-	if _, err := c.ensureSecrets(ctx, st, after, ch.Bump); err != nil {
+	if _, err := c.ensureMade(ctx, st, after, ch.Bump); err != nil {
 		return nil, err
 	}
 	fault(act + ":after-secrets")

@@ -194,7 +194,7 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (ou
 	// joined waited for: the secrets the mesh makes for what is assigned
 	// (moving those nodes' plans), then the nodes behind their plan are
 	// declared.
-	madeFor, err := c.ensureSecrets(ctx, st, snap, nil)
+	madeFor, err := c.ensureMade(ctx, st, snap, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -226,7 +226,7 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (ou
 	if err != nil {
 		return out, made, err
 	}
-	dec := &declarer{inv: st.Inventory, sec: st.Secrets, key: key, nc: nc, now: c.Now}
+	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now}
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		out = append(out, daemon.Declared{Node: p.Node, Serial: p.Serial, Sent: p.Sent, NotSent: p.NotSent, Problem: p.Problem})
 	}

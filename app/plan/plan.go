@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -39,13 +40,41 @@ type Sealed struct {
 	Sealed  string
 }
 
-// runOf and portsOf carry the manifest's run and ports into the declaration.
-func runOf(m inventory.Manifest) *protocol.Run {
+// runOf and portsOf carry the manifest's run and ports into the
+// declaration; run's env has each ${settings.NAME} filled in from the
+// node's effective settings (a string as it is, anything else as JSON, an
+// unset one as nothing).
+func runOf(m inventory.Manifest, settings json.RawMessage) *protocol.Run {
 	if m.Run == nil {
 		return nil
 	}
-	return &protocol.Run{Command: m.Run.Command}
+	r := &protocol.Run{Command: m.Run.Command, StopGrace: m.Run.StopGrace}
+	if rd := m.Run.Ready; rd != nil {
+		r.Ready = &protocol.Ready{Port: rd.Port, Command: rd.Command, After: rd.After}
+	}
+	if len(m.Run.Env) > 0 {
+		var values map[string]json.RawMessage
+		_ = json.Unmarshal(settings, &values) // not an object: every reference is unset
+		r.Env = make(map[string]string, len(m.Run.Env))
+		for k, v := range m.Run.Env {
+			r.Env[k] = settingRef.ReplaceAllStringFunc(v, func(ref string) string {
+				raw, ok := values[strings.TrimSuffix(strings.TrimPrefix(ref, "${settings."), "}")]
+				if !ok {
+					return ""
+				}
+				var str string
+				if json.Unmarshal(raw, &str) == nil {
+					return str
+				}
+				return string(raw)
+			})
+		}
+	}
+	return r
 }
+
+// settingRef is a reference module check allows in run.env.
+var settingRef = regexp.MustCompile(`\$\{settings\.[^}]+\}`)
 
 func portsOf(m inventory.Manifest) []protocol.Port {
 	var out []protocol.Port
@@ -94,6 +123,26 @@ type Planner struct {
 	bindings map[string]inventory.Choice
 	// seatsOf is the seats each assignment holds.
 	seatsOf map[inventory.Holder][]string
+	// creds are the modules' own broker users, sealed to their nodes, by
+	// node/module.
+	creds map[string]string
+}
+
+// WithCreds gives the planner each module's broker user, sealed to its
+// node, by node/module: a declared module carries its own.
+func (pl *Planner) WithCreds(creds map[string]string) *Planner {
+	pl.creds = creds
+	return pl
+}
+
+// providedPort is the port a provider names for a provision, or 0.
+func (pl *Planner) providedPort(h inventory.Holder, provision string) int {
+	for _, p := range pl.snap.Manifests[h.Module][pl.snap.VersionOn(h.Node, h.Module)].Provides {
+		if p.Provision == provision {
+			return p.Port
+		}
+	}
+	return 0
 }
 
 type settingsResult struct {
@@ -159,8 +208,12 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		for _, pr := range problems {
 			p.Problems = append(p.Problems, fmt.Sprintf("%s settings%s", a.Module, pr))
 		}
-		pm := protocol.DeclaredModule{Module: a.Module, Version: a.Version, Run: runOf(m), Ports: portsOf(m), Settings: settings,
-			Data: []protocol.DeclaredData{}, Bindings: []protocol.DeclaredBinding{}, Secrets: []protocol.DeclaredSecret{}}
+		pm := protocol.DeclaredModule{Module: a.Module, Version: a.Version, Run: runOf(m, settings), Ports: portsOf(m), Settings: settings,
+			Data: []protocol.DeclaredData{}, Bindings: []protocol.DeclaredBinding{}, Secrets: []protocol.DeclaredSecret{},
+			BrokerCreds: pl.creds[node+"/"+a.Module]}
+		if m.Requires != nil {
+			pm.MemoryMB = m.Requires.MemoryMB
+		}
 		for _, sec := range m.Secrets {
 			if c, ok := pl.sealed[node+"/"+a.Module+"/"+sec.Name]; ok {
 				pm.Secrets = append(pm.Secrets, protocol.DeclaredSecret{Name: sec.Name, Version: c.Version, Sealed: c.Sealed})
@@ -183,7 +236,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 				}
 				continue
 			}
-			b := protocol.DeclaredBinding{Provision: need.Provision, From: ch.Provider.String(), Why: ch.Why}
+			b := protocol.DeclaredBinding{Provision: need.Provision, From: ch.Provider.String(), Why: ch.Why, Port: pl.providedPort(ch.Provider, need.Provision)}
 			if c, ok := pl.sealed[ch.Provider.String()+"/"+inventory.CredentialName(node, a.Module, need.Provision)]; ok {
 				b.CredentialName, b.CredentialVersion, b.Credential = c.Name, c.Version, c.Sealed
 			}

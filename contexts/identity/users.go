@@ -62,3 +62,63 @@ func (s *Store) Revoked(ctx context.Context) (map[string]time.Time, error) {
 	}
 	return out, rows.Err()
 }
+
+// ModuleUser is a module's own broker user on a node, as the mesh made it:
+// its .creds sealed to the node alone.
+type ModuleUser struct {
+	Pub     string
+	Node    string
+	Module  string
+	Version string
+	Sealed  string
+}
+
+// ModuleUsers returns the live module users the mesh made (not those
+// issued by hand), by node/module.
+func (s *Store) ModuleUsers(ctx context.Context) (map[string]ModuleUser, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, node, module, version, sealed FROM issued_users
+		WHERE kind = 'module' AND sealed != '' AND revoked_at IS NULL ORDER BY issued_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]ModuleUser{}
+	for rows.Next() {
+		var u ModuleUser
+		if err := rows.Scan(&u.Pub, &u.Node, &u.Module, &u.Version, &u.Sealed); err != nil {
+			return nil, err
+		}
+		out[u.Node+"/"+u.Module] = u // the latest, should two be live
+	}
+	return out, rows.Err()
+}
+
+// KeepModuleUsers records the module users made and revokes those they
+// replace or that are no longer wanted, in one transaction. One made for a
+// node/module/version that has a live user already is not kept: an act and
+// a catch-up making one at once keep one.
+func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke []string, now time.Time) error {
+	at := sqlite.FormatTime(now)
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, pub := range revoke {
+			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
+				return fmt.Errorf("revoke module user: %w", err)
+			}
+		}
+		for _, u := range made {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE kind = 'module' AND node = ? AND module = ? AND version = ?
+				AND sealed != '' AND revoked_at IS NULL`, u.Node, u.Module, u.Version).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, version, sealed, issued_at) VALUES (?, 'module', ?, ?, ?, ?, ?)`,
+				u.Pub, u.Node, u.Module, u.Version, u.Sealed, at); err != nil {
+				return fmt.Errorf("record module user: %w", err)
+			}
+		}
+		return nil
+	})
+}

@@ -18,7 +18,7 @@ CREATE TABLE issued_users (
     module     TEXT NOT NULL DEFAULT '',
     issued_at  TEXT NOT NULL,
     revoked_at TEXT
-) STRICT;
+, sealed TEXT NOT NULL DEFAULT '', version TEXT NOT NULL DEFAULT '') STRICT;
 CREATE TABLE join_tokens (
     hash       TEXT PRIMARY KEY,
     node       TEXT NOT NULL,

@@ -1,0 +1,162 @@
+package app
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"filippo.io/age"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
+)
+
+// CredsName is the name a module's own broker user carries in its sealed
+// label, and its file's name in the module's directory on its host.
+const CredsName = protocol.BrokerCredsName
+
+// ensureMade makes what the mesh makes for the snapshot's assignments: each
+// module's own broker user, then its secrets and credentials (ensureSecrets).
+// It returns the nodes whose plans carry something new.
+func (c *Controller) ensureMade(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
+	users, err := c.ensureModuleUsers(ctx, st, snap, bumped)
+	if err != nil {
+		return nil, err
+	}
+	secrets, err := c.ensureSecrets(ctx, st, snap, append(bumped, users...))
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	for _, n := range append(users, secrets...) {
+		set[n] = true
+	}
+	return slices.Sorted(maps.Keys(set)), nil
+}
+
+// ensureModuleUsers gives every assigned module on a joined node its own
+// broker user, allowed what its manifest's version says (manifest.md:
+// emits, consumes, tools), sealed to that node alone: no operator key is
+// needed, for it can always be issued again. A user made for another
+// version is replaced, and one whose module is no longer on its node is
+// revoked; the serving controller is told, so the broker refuses them. The
+// plans of the nodes concerned move first, as ensureSecrets does.
+func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
+	have, err := st.Identity.ModuleUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recipients, err := hostRecipients(ctx, st.Identity)
+	if err != nil {
+		return nil, err
+	}
+	wanted := map[string]bool{}
+	var made []identity.ModuleUser
+	var revoke []string
+	nodes := map[string]bool{}
+	var keys *broker.Keys
+	for _, a := range snap.Assignments {
+		key := a.Node + "/" + a.Module
+		wanted[key] = true
+		old, ok := have[key]
+		if ok && old.Version == a.Version {
+			continue
+		}
+		rcpt := recipients[a.Node]
+		if rcpt == "" {
+			continue // made when the node joins
+		}
+		if keys == nil {
+			k, err := brokerKeys(ctx, st.Identity)
+			if err != nil {
+				return nil, err
+			}
+			keys = &k
+		}
+		u, err := sealModuleUser(*keys, snap.Manifests[a.Module][a.Version], a.Node, a.Version, rcpt, c.Now())
+		if err != nil {
+			return nil, err
+		}
+		made = append(made, u)
+		if ok {
+			revoke = append(revoke, old.Pub)
+		}
+		nodes[a.Node] = true
+	}
+	for key, u := range have {
+		if !wanted[key] {
+			revoke = append(revoke, u.Pub)
+			if snap.Nodes[u.Node].Name != "" {
+				nodes[u.Node] = true
+			}
+		}
+	}
+	if len(made) == 0 && len(revoke) == 0 {
+		return nil, nil
+	}
+	if _, err := bumpFirst(ctx, st, nodes, bumped); err != nil {
+		return nil, err
+	}
+	if err := st.Identity.KeepModuleUsers(ctx, made, revoke, c.Now()); err != nil {
+		return nil, err
+	}
+	if len(revoke) > 0 {
+		c.tellRevoked(ctx, st.Identity)
+	}
+	return slices.Sorted(maps.Keys(nodes)), nil
+}
+
+// sealModuleUser makes a module's broker user on a node and seals its
+// .creds to the node's age recipient; the plaintext is dropped here.
+func sealModuleUser(keys broker.Keys, m inventory.Manifest, node, version, recipient string, now time.Time) (identity.ModuleUser, error) {
+	userJWT, seed, err := keys.NewUser("module "+m.Module+" on "+node, modulePermissions(m, node))
+	if err != nil {
+		return identity.ModuleUser{}, err
+	}
+	pub, err := broker.PublicOfSeed(seed)
+	if err != nil {
+		return identity.ModuleUser{}, err
+	}
+	creds, err := broker.Creds(userJWT, seed)
+	if err != nil {
+		return identity.ModuleUser{}, err
+	}
+	r, err := age.ParseX25519Recipient(recipient)
+	if err != nil {
+		return identity.ModuleUser{}, err
+	}
+	sealed, err := protocol.SealSecret(protocol.NewSecret([]byte(creds)),
+		protocol.Label{Node: node, Module: m.Module, Name: CredsName, Version: now.UnixMilli()}, r)
+	if err != nil {
+		return identity.ModuleUser{}, err
+	}
+	return identity.ModuleUser{Pub: pub, Node: node, Module: m.Module, Version: version, Sealed: sealed}, nil
+}
+
+// moduleCreds are the sealed module users a planner gives each module.
+func moduleCreds(ctx context.Context, ids *identity.Store) (map[string]string, error) {
+	users, err := ids.ModuleUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(users))
+	for k, u := range users {
+		out[k] = u.Sealed
+	}
+	return out, nil
+}
+
+// tellRevoked tells a serving controller that users were revoked, so its
+// broker refuses them and closes their connections; with none serving,
+// serve reads them when it starts.
+func (c *Controller) tellRevoked(ctx context.Context, ids *identity.Store) bool {
+	nc, err := c.dialBroker(ctx, ids)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	return nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(protocol.AnswerTimeout) == nil
+}

@@ -1,0 +1,6 @@
+-- A module's own broker user, made on assign (or join) and sealed to its
+-- node alone: sealed is the .creds document as age armour (never the
+-- plaintext), version the module version whose permissions it carries.
+-- A user issued by hand (module issue) keeps sealed empty.
+ALTER TABLE issued_users ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
+ALTER TABLE issued_users ADD COLUMN version TEXT NOT NULL DEFAULT '';
