@@ -38,6 +38,7 @@ var boardTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 	},
 	"bound":   func(s Signal) string { return time.Duration(s.BoundS * float64(time.Second)).String() },
 	"keyPath": func(key string) string { return "/condition/" + url.PathEscape(key) },
+	"add":     func(a, b int) int { return a + b },
 	"silenced": func(c health.Condition) bool {
 		return c.SilencedUntil != nil && c.SilencedUntil.After(time.Now())
 	},

@@ -155,6 +155,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	fail("health", "read refused joins", err)
 	in.drops, err = hs.Drops(ctx, "")
 	fail("health", "read dropped messages", err)
+	in.moduleStates, err = hs.ModuleStates(ctx, "")
+	fail("health", "read module states", err)
 	in.brake, err = hs.Brake(ctx)
 	fail("health", "read the brake", err)
 	in.handActFor = map[string]bool{}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
 )
@@ -83,9 +84,12 @@ type OutOfDate struct {
 
 // StatusView answers three questions: what is wrong, what is quiet, what is out of date.
 type StatusView struct {
-	Wrong     []health.Condition `json:"wrong"`
-	Quiet     []Signal           `json:"quiet"`
-	OutOfDate []OutOfDate        `json:"out_of_date"`
+	Wrong []health.Condition `json:"wrong"`
+	// NotReady are the assigned modules whose host reports them not ready
+	// now, before any bound has made them a condition.
+	NotReady  []health.ModuleState `json:"not_ready"`
+	Quiet     []Signal             `json:"quiet"`
+	OutOfDate []OutOfDate          `json:"out_of_date"`
 	// Checked is when the self-check last ran (nil if never).
 	Checked *time.Time `json:"checked"`
 }
@@ -98,8 +102,12 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 		return StatusView{}, err
 	}
 	inv, hs := st.Inventory, st.Health
-	v := StatusView{Quiet: []Signal{}, OutOfDate: []OutOfDate{}}
+	v := StatusView{Quiet: []Signal{}, OutOfDate: []OutOfDate{}, NotReady: []health.ModuleState{}}
 	if v.Wrong, err = hs.Conditions(ctx); err != nil {
+		return v, err
+	}
+	states, err := hs.ModuleStates(ctx, "")
+	if err != nil {
 		return v, err
 	}
 	if last, err := hs.LastVerdict(ctx); err == nil {
@@ -112,6 +120,11 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 	for _, s := range sigs {
 		if s.Quiet {
 			v.Quiet = append(v.Quiet, s)
+		}
+	}
+	for _, m := range states {
+		if m.State != protocol.StateReady && snap.VersionOn(m.Node, m.Module) != "" {
+			v.NotReady = append(v.NotReady, m)
 		}
 	}
 	for _, name := range snap.NodeNames {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -45,6 +46,38 @@ type NodeDetail struct {
 	Data []DataSetView `json:"data"`
 	// Dropped counts messages claiming to be from it that were refused.
 	Dropped []health.Drop `json:"dropped_messages"`
+	// Modules are its assigned modules and their state as its host reports
+	// them ("unreported" until it does).
+	Modules []health.ModuleState `json:"modules"`
+}
+
+// StateUnreported is the state of an assigned module its host has not
+// reported: not applied yet, or a host that does not supervise.
+const StateUnreported = "unreported"
+
+// moduleStatesOf lists a node's assigned modules with their reported
+// states, and modules still reported that are no longer assigned (being
+// stopped).
+func moduleStatesOf(assigned []inventory.Assignment, reported []health.ModuleState) []health.ModuleState {
+	byModule := map[string]health.ModuleState{}
+	for _, m := range reported {
+		byModule[m.Module] = m
+	}
+	out := []health.ModuleState{}
+	for _, a := range assigned {
+		m, ok := byModule[a.Module]
+		if !ok {
+			m = health.ModuleState{Node: a.Node, Module: a.Module, Version: a.Version, State: StateUnreported}
+		}
+		delete(byModule, a.Module)
+		out = append(out, m)
+	}
+	for _, m := range byModule {
+		m.Detail = strings.TrimSpace("no longer assigned; " + m.Detail)
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Module < out[j].Module })
+	return out
 }
 
 // ApplyView is a host's report of applying a declaration.
@@ -155,6 +188,15 @@ func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, err
 	if v.Dropped, err = st.Health.Drops(ctx, name); err != nil {
 		return NodeDetail{}, err
 	}
+	assigned, err := inv.AssignmentsOn(ctx, name)
+	if err != nil {
+		return NodeDetail{}, err
+	}
+	reported, err := st.Health.ModuleStates(ctx, name)
+	if err != nil {
+		return NodeDetail{}, err
+	}
+	v.Modules = moduleStatesOf(assigned, reported)
 	tokens, err := st.Identity.Tokens(ctx, name)
 	if err != nil {
 		return NodeDetail{}, err

@@ -30,11 +30,14 @@ type Bounds struct {
 	RetiredWaiting time.Duration `json:"retired_waiting"`
 	// Memory is how long a one-off event (a bad signature, a reused token) stays a condition.
 	Memory time.Duration `json:"memory"`
+	// Start is how long a declared module may stay not ready.
+	Start time.Duration `json:"start"`
 }
 
 // DefaultBounds are conditions.md's values.
 func DefaultBounds() Bounds {
-	return Bounds{HeartbeatFactor: 3, Apply: 2 * time.Minute, DataReport: 15 * time.Minute, RetiredWaiting: 30 * 24 * time.Hour, Memory: 24 * time.Hour}
+	return Bounds{HeartbeatFactor: 3, Apply: 2 * time.Minute, DataReport: 15 * time.Minute, RetiredWaiting: 30 * 24 * time.Hour, Memory: 24 * time.Hour,
+		Start: 2 * time.Minute}
 }
 
 // checkInputs is everything the rules judge, read once per self-check.
@@ -48,7 +51,9 @@ type checkInputs struct {
 	data        map[string][]inventory.DataSet
 	retirements []inventory.Retirement
 	drops       []health.Drop
-	reuses      []identity.TokenReuse
+	// moduleStates are the supervised modules as their hosts report them.
+	moduleStates []health.ModuleState
+	reuses       []identity.TokenReuse
 	// refusals are the joins refused within joinRefusedWindow.
 	refusals    []health.JoinRefusals
 	brake       health.Brake
@@ -238,6 +243,42 @@ var rules = []rule{
 			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
 			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
 	}},
+	{kind: "module.crash-looping", needs: []string{"inventory", "health"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, m := range in.assignedStates() {
+			// Raised while it loops, and kept for a minute of being ready
+			// after many restarts: one lucky start is not a recovery.
+			recovering := m.State == protocol.StateReady && in.now.Sub(m.ChangedAt) < crashLoopRecovery && m.Restarts1h >= crashLoopRestarts
+			if m.State != protocol.StateCrashLooping && !recovering {
+				continue
+			}
+			summary := fmt.Sprintf("%s on %s keeps exiting: %s in the last hour, last %s", m.Module, m.Node, Plural(m.Restarts1h, "restart"), orNone(m.LastExit))
+			if recovering {
+				summary = fmt.Sprintf("%s on %s is ready again after %s; cleared after a minute of it", m.Module, m.Node, Plural(m.Restarts1h, "restart"))
+			}
+			out = append(out, moduleStateCondition("module.crash-looping", health.Urgent, m, summary))
+		}
+		return out
+	}},
+	{kind: "module.not-ready", needs: []string{"inventory", "health"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, m := range in.assignedStates() {
+			bound := in.bounds.Start
+			if bound <= 0 {
+				bound = DefaultBounds().Start
+			}
+			if m.State == protocol.StateReady || m.State == protocol.StateCrashLooping || in.now.Sub(m.ChangedAt) <= bound {
+				continue
+			}
+			what := m.State
+			if m.Detail != "" {
+				what += ": " + m.Detail
+			}
+			out = append(out, moduleStateCondition("module.not-ready", health.Warning, m,
+				fmt.Sprintf("%s on %s is not ready for %s (%s)", m.Module, m.Node, in.now.Sub(m.ChangedAt).Round(time.Second), what)))
+		}
+		return out
+	}},
 	{kind: "data.no-backup", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
 		holder := in.snap.BackupHolders()
 		var out []health.Condition
@@ -394,4 +435,47 @@ func reportedSet(sets []inventory.DataSet, module, name string) *inventory.DataS
 		}
 	}
 	return nil
+}
+
+// A crash-looping module is cleared once ready this long, having restarted
+// at least crashLoopRestarts times in the hour.
+const (
+	crashLoopRecovery = time.Minute
+	crashLoopRestarts = 3
+)
+
+// assignedStates are the reported module states of modules still assigned
+// where they run: a module being stopped on its way out is no condition.
+func (in *checkInputs) assignedStates() []health.ModuleState {
+	var out []health.ModuleState
+	for _, m := range in.moduleStates {
+		if in.snap.VersionOn(m.Node, m.Module) != "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// moduleStateCondition is a module's condition, with its state as evidence.
+func moduleStateCondition(kind, severity string, m health.ModuleState, summary string) health.Condition {
+	ev := map[string]any{"state": m.State, "version": m.Version, "since": m.Since.UTC().Format(time.RFC3339), "restarts_1h": m.Restarts1h}
+	if m.LastExit != "" {
+		ev["last_exit"] = m.LastExit
+	}
+	if m.Detail != "" {
+		ev["detail"] = m.Detail
+	}
+	if len(m.LogTail) > 0 {
+		ev["log_tail"] = m.LogTail
+	}
+	return health.Condition{Key: kind + "/" + m.Node + "/" + m.Module, Kind: kind, Scope: "module", Machine: m.Node, Module: m.Module,
+		Severity: severity, Summary: summary, Evidence: ev}
+}
+
+// orNone is s, or "none".
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -19,9 +20,12 @@ type UpgradeStep struct {
 	// Recorded says upgrade record set it, and nothing was sent.
 	Recorded bool `json:"recorded,omitempty"`
 	// Serial is the declaration sent (roll-out); Applied says its host reported it applied.
-	Serial  int64  `json:"serial,omitempty"`
-	Applied bool   `json:"applied"`
-	Error   string `json:"error,omitempty"`
+	Serial  int64 `json:"serial,omitempty"`
+	Applied bool  `json:"applied"`
+	// Ready says its host reported the module ready at the new version;
+	// a module with no run section is done once applied.
+	Ready bool   `json:"ready"`
+	Error string `json:"error,omitempty"`
 }
 
 // UpgradeView is what happens when a module's current version moves.
@@ -170,7 +174,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 			return v, err
 		}
 		r.Progress(fmt.Sprintf("sent %s (%s %s)", Plural(len(all), "declaration"), r.Module, cur))
-		return v, c.waitApplied(ctx, inv, &v, all, r)
+		return v, c.waitApplied(ctx, st, snap, &v, all, r)
 	}
 	for i := range v.Steps {
 		if err := move([]int{i}); err != nil {
@@ -178,7 +182,7 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		}
 		s := v.Steps[i]
 		r.Progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", s.Node, s.Serial, r.Module, s.From, s.To))
-		if err := c.waitApplied(ctx, inv, &v, []int{i}, r); err != nil {
+		if err := c.waitApplied(ctx, st, snap, &v, []int{i}, r); err != nil {
 			v.Stopped = s.Node
 			return v, err
 		}
@@ -189,8 +193,12 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 // waitApplied waits, with one deadline for them all, until the hosts of
 // these steps report their declarations applied or failed; a node silent
 // past the deadline is said, not waited for one after another.
-func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *UpgradeView, steps []int, r UpgradeRequest) error {
+func (c *Controller) waitApplied(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, r UpgradeRequest) error {
+	inv := st.Inventory
 	deadline := time.Now().Add(r.Wait)
+	// A module that runs is waited for until its host reports it ready at
+	// the new version, and stops the roll-out where it failed or loops.
+	runs := func(version string) bool { return snap.Manifests[r.Module][version].Run != nil }
 	waiting := slices.Clone(steps)
 	var errs []error
 	for len(waiting) > 0 {
@@ -207,14 +215,39 @@ func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *U
 		for _, n := range nodes {
 			byName[n.Name] = n
 		}
+		states, err := st.Health.ModuleStatesOn(ctx, r.Module, names)
+		if err != nil {
+			return err
+		}
 		waiting = slices.DeleteFunc(waiting, func(i int) bool {
 			s := &v.Steps[i]
 			n := byName[s.Node]
-			switch {
-			case n.SerialApplied >= s.Serial:
+			if !s.Applied && n.SerialApplied >= s.Serial {
 				s.Applied = true
 				r.Progress(fmt.Sprintf("%s applied declaration %d (%s %s)", s.Node, s.Serial, r.Module, s.To))
-				return true
+				if !runs(s.To) {
+					s.Ready = true
+					return true
+				}
+			}
+			if m, ok := states[s.Node]; s.Applied && ok && m.Version == s.To {
+				switch m.State {
+				case protocol.StateReady:
+					s.Ready = true
+					r.Progress(fmt.Sprintf("%s runs %s %s: ready", s.Node, r.Module, s.To))
+					return true
+				case protocol.StateFailed, protocol.StateCrashLooping:
+					s.Error = fmt.Sprintf("%s %s is %s there", r.Module, s.To, m.State)
+					if why := strings.TrimSpace(m.Detail + " " + m.LastExit); why != "" {
+						s.Error += ": " + why
+					}
+					errs = append(errs, fmt.Errorf("%w at %s: %s", ErrRollOutStopped, s.Node, s.Error))
+					return true
+				}
+			}
+			switch {
+			case s.Applied:
+				return false
 			case n.LastOutcome != nil && !n.LastOutcome.OK && n.LastOutcome.Serial == s.Serial:
 				s.Error = n.LastOutcome.Error
 				errs = append(errs, fmt.Errorf("%w at %s: declaration %d failed there: %s", ErrRollOutStopped, s.Node, s.Serial, s.Error))
@@ -227,11 +260,22 @@ func (c *Controller) waitApplied(ctx context.Context, inv *inventory.Store, v *U
 		}
 		if time.Now().After(deadline) {
 			var silent []string
+			var notReady []string
 			for _, i := range waiting {
+				if v.Steps[i].Applied {
+					v.Steps[i].Error = "applied, but " + r.Module + " not reported ready within " + r.Wait.String()
+					notReady = append(notReady, v.Steps[i].Node)
+					continue
+				}
 				v.Steps[i].Error = "not reported applied within " + r.Wait.String()
 				silent = append(silent, v.Steps[i].Node)
 			}
-			errs = append(errs, fmt.Errorf("%w: %s did not report declaration applied within %s", ErrRollOutStopped, strings.Join(silent, ", "), r.Wait))
+			if len(silent) > 0 {
+				errs = append(errs, fmt.Errorf("%w: %s did not report declaration applied within %s", ErrRollOutStopped, strings.Join(silent, ", "), r.Wait))
+			}
+			if len(notReady) > 0 {
+				errs = append(errs, fmt.Errorf("%w: %s did not report %s ready within %s", ErrRollOutStopped, strings.Join(notReady, ", "), r.Module, r.Wait))
+			}
 			break
 		}
 		select {

@@ -190,6 +190,8 @@ const (
 	// evJoined is a node that joined with something assigned.
 	evJoined
 	evRefused
+	// evModules is the module states of an apply report.
+	evModules
 )
 
 // event is what a handler hands the loop.
@@ -202,6 +204,8 @@ type event struct {
 	reason   string
 	// source is where a refused join came from.
 	source string
+	// modules are the module states an apply report carries.
+	modules []protocol.ModuleState
 }
 
 // daemon is one serving controller.
@@ -233,6 +237,13 @@ type daemon struct {
 	drops     map[[2]string]int64
 	refusals  map[[2]string]int64 // source, reason
 	problems  map[string]string
+	// moduleStates is what was last written of each node's module states
+	// (a digest), so a heartbeat that says nothing new writes nothing;
+	// modulesDue are the nodes' states to write at the next flush.
+	moduleStates map[string]string
+	modulesDue   map[string][]health.ModuleState
+	// readyFor is, per node/module, the serial whose start was measured.
+	readyFor map[string]int64
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
@@ -271,7 +282,8 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queuedJoin, joinQueue),
 		limits: limiter{buckets: map[[2]string]*bucket{}},
 		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
-		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{}}
+		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
+		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}}
 
 	holder := randomID()
 	hostname, _ := os.Hostname()
@@ -508,6 +520,9 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 			d.intervals[k] = h
 		}
 		d.lastBeat[ev.node] = ev.at
+		return d.absorbModules(ctx, ev.node, ev.at, ev.beat.Modules)
+	case evModules:
+		return d.absorbModules(ctx, ev.node, ev.at, ev.modules)
 	case evDuration:
 		d.durations = append(d.durations, ev.duration)
 	case evDrop:
@@ -557,6 +572,15 @@ func (d *daemon) flush(ctx context.Context) {
 		if err := d.st.Inventory.RecordBeats(ctx, batch); err != nil {
 			d.logf("record %d heartbeats: %v", len(batch), err)
 		}
+	}
+	if len(d.modulesDue) > 0 {
+		if err := d.st.Health.RecordModuleStates(ctx, d.modulesDue); err != nil {
+			d.logf("record the module states of %d nodes: %v", len(d.modulesDue), err)
+			for node := range d.modulesDue {
+				delete(d.moduleStates, node) // written again with the next report
+			}
+		}
+		d.modulesDue = map[string][]health.ModuleState{}
 	}
 	if len(d.durations) > 0 {
 		if err := d.st.Health.RecordDurations(ctx, d.durations); err != nil {

@@ -228,6 +228,9 @@ func (d *daemon) onApplied(m *nats.Msg) {
 		return
 	}
 	d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
+	if a.Modules != nil {
+		d.handOver(event{kind: evModules, node: node, at: now, modules: a.Modules})
+	}
 	for _, t := range a.Tiers {
 		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})
 	}

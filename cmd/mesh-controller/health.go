@@ -26,9 +26,12 @@ func (c *StatusCmd) Run(env *Env) error {
 		return printJSON(env.Stdout, v)
 	}
 	w := env.Stdout
-	fmt.Fprintf(w, "What is wrong (%d):\n", len(v.Wrong))
+	fmt.Fprintf(w, "What is wrong (%d):\n", len(v.Wrong)+len(v.NotReady))
 	for _, cd := range v.Wrong {
 		fmt.Fprintf(w, "  %-7s %s: %s%s\n", cd.Severity, cd.Key, cd.Summary, silenced(cd))
+	}
+	for _, m := range v.NotReady {
+		fmt.Fprintf(w, "  %-7s %s/%s: %s\n", "module", m.Node, m.Module, notReadyLine(m))
 	}
 	fmt.Fprintf(w, "What is quiet (%d):\n", len(v.Quiet))
 	for _, s := range v.Quiet {
@@ -331,7 +334,7 @@ func (c *HandActsCmd) Run(env *Env) error {
 
 // DurationsCmd is durations.
 type DurationsCmd struct {
-	Kind string `enum:",apply,heartbeat,tier,build" default:"" help:"Only this kind: apply, heartbeat, tier or build."`
+	Kind string `enum:",apply,heartbeat,tier,build,start" default:"" help:"Only this kind: apply, heartbeat, tier, build or start (a module declared → ready, per node/module)."`
 	Days int    `default:"7" help:"How many days back."`
 	JSON bool   `name:"json" help:"Print one JSON array."`
 }
@@ -409,4 +412,16 @@ func sortedKeys(m map[string]any) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// notReadyLine says what a module that is not ready is doing, and since when.
+func notReadyLine(m health.ModuleState) string {
+	s := fmt.Sprintf("%s %s since %s", m.Version, m.State, m.Since.Format(timeShown))
+	if m.LastExit != "" {
+		s += ", last exit: " + m.LastExit
+	}
+	if m.Detail != "" {
+		s += " (" + m.Detail + ")"
+	}
+	return s
 }

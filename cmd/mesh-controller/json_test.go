@@ -203,7 +203,9 @@ func populate(t *testing.T, dir, examples string) {
 		inv.RecordDataSets(ctx, "db1", []inventory.DataSet{{Module: "postgres", Name: "data", Path: "/var/lib/postgresql",
 			Bytes: 4096, Precious: "irreplaceable", LastBackup: &backup}}, now),
 		hs.CountDrops(ctx, "db1", "bad signature", 2, now),
-		hs.RecordDurations(ctx, []health.Duration{{Kind: "apply", Subject: "db1", MS: 12, At: now}}),
+		hs.RecordDurations(ctx, []health.Duration{{Kind: "apply", Subject: "db1", MS: 12, At: now}, {Kind: "start", Subject: "db1/postgres", MS: 900, At: now}}),
+		hs.RecordModuleStates(ctx, map[string][]health.ModuleState{"db1": {{Node: "db1", Module: "postgres", Version: "16.4.0", State: "crash-looping",
+			Serial: 1, Since: now, Restarts1h: 7, LastExit: "exit status 1", Detail: "keeps exiting", LogTail: []string{"FATAL: no data dir"}, HeardAt: now}}}),
 		hs.RecordHealerAct(ctx, health.HealerAct{Healer: "restart", Subject: "db1", Detail: "restarted postgres", Outcome: "done", At: now}),
 		hs.EngageBrake(ctx, "too many restarts", now),
 	}

@@ -8,6 +8,7 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/cmd/clirun"
+	"mesh-controller/contexts/health"
 )
 
 // ModuleCmd groups module commands.
@@ -367,6 +368,14 @@ func (c *PlanCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "  why: %s\n", r)
 		}
 		fmt.Fprintf(env.Stdout, "  settings: %s\n", m.Settings)
+		if m.Run != nil {
+			fmt.Fprintf(env.Stdout, "  run: %s\n", strings.Join(m.Run.Command, " "))
+		}
+		if s, ok := v.States[m.Module]; ok {
+			printModuleStates(env.Stdout, []health.ModuleState{s}, "  state: ")
+		} else {
+			fmt.Fprintf(env.Stdout, "  state: %s (its host has not reported it)\n", app.StateUnreported)
+		}
 		for _, d := range m.Data {
 			fmt.Fprintf(env.Stdout, "  data: %s %s (%s)\n", d.Name, d.Path, d.Precious)
 		}

@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/contexts/health"
 )
 
 // NodeCmd groups node commands.
@@ -107,6 +109,10 @@ func (c *NodeShowCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "  %s %s: %s\n", f.Kind, f.Name, f.Detail)
 		}
 	}
+	if len(n.Modules) > 0 {
+		fmt.Fprintln(env.Stdout, "\nmodules:")
+		printModuleStates(env.Stdout, n.Modules, "  ")
+	}
 	if len(n.Data) > 0 {
 		fmt.Fprintln(env.Stdout, "\ndata:")
 		tw = tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
@@ -161,4 +167,40 @@ func when(t *time.Time) string {
 		return "never"
 	}
 	return t.Format(timeShown)
+}
+
+// printModuleStates prints one line per module: its version and state, and
+// how long it has been so; what it waits for or why it failed; for a module
+// that fails or loops, its last exit and the tail of its log.
+func printModuleStates(w io.Writer, ms []health.ModuleState, indent string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, m := range ms {
+		line := fmt.Sprintf("%s%s\t%s\t%s", indent, m.Module, m.Version, m.State)
+		if m.State != app.StateUnreported {
+			line += " since " + m.Since.Format(timeShown)
+		}
+		if m.Pid > 0 {
+			line += fmt.Sprintf(", pid %d", m.Pid)
+		}
+		if m.Restarts1h > 0 {
+			line += ", " + app.Plural(m.Restarts1h, "restart") + " in the last hour"
+		}
+		if m.LastExit != "" && m.State != "ready" {
+			line += ", last exit: " + m.LastExit
+		}
+		if m.Detail != "" {
+			line += " (" + m.Detail + ")"
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	for _, m := range ms {
+		if len(m.LogTail) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%slast lines of the log of %s:\n", indent, m.Module)
+		for _, l := range m.LogTail {
+			fmt.Fprintf(w, "%s  | %s\n", indent, l)
+		}
+	}
 }

@@ -60,6 +60,10 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			}
 			k, err := res.RowsAffected()
 			f.Drops += int(k)
+			if err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, `DELETE FROM module_states WHERE node IN (`+marks+`)`, args...)
 			return err
 		})
 		if err != nil {

@@ -155,3 +155,25 @@ func (s *Store) CountAssignments(ctx context.Context, node string) (int, error) 
 	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
 	return n, err
 }
+
+// AssignmentsOn lists what is assigned to one node, by module.
+func (s *Store) AssignmentsOn(ctx context.Context, node string) ([]Assignment, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, version, assigned_at, coalesce(pending_version, '') FROM assignments WHERE node = ? ORDER BY module`, node)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Assignment
+	for rows.Next() {
+		a := Assignment{Node: node}
+		var at string
+		if err := rows.Scan(&a.Module, &a.Version, &at, &a.Pending); err != nil {
+			return nil, err
+		}
+		if a.AssignedAt, err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}

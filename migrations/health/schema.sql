@@ -38,9 +38,9 @@ CREATE TABLE dropped_messages (
     last_at  TEXT NOT NULL,
     PRIMARY KEY (node, reason)
 ) STRICT;
-CREATE TABLE durations (
+CREATE TABLE "durations" (
     id      INTEGER PRIMARY KEY,
-    kind    TEXT NOT NULL CHECK (kind IN ('apply', 'heartbeat', 'tier', 'build')),
+    kind    TEXT NOT NULL CHECK (kind IN ('apply', 'heartbeat', 'tier', 'build', 'start')),
     subject TEXT NOT NULL,
     name    TEXT NOT NULL DEFAULT '',
     ms      REAL NOT NULL,
@@ -80,6 +80,24 @@ CREATE TABLE join_refusals (
     count   INTEGER NOT NULL,
     last_at TEXT NOT NULL,
     PRIMARY KEY (source, reason, minute)
+) STRICT;
+CREATE TABLE module_states (
+    node        TEXT NOT NULL,
+    module      TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    serial      INTEGER NOT NULL DEFAULT 0,
+    pid         INTEGER NOT NULL DEFAULT 0,
+    since       TEXT NOT NULL,
+    restarts_1h INTEGER NOT NULL DEFAULT 0,
+    last_exit   TEXT NOT NULL DEFAULT '',
+    detail      TEXT NOT NULL DEFAULT '',
+    log_tail    TEXT NOT NULL DEFAULT '[]',
+    heard_at    TEXT NOT NULL,
+    -- changed_at is when the controller heard this state begin: a bound
+    -- (module.not-ready) is timed on the controller's clock.
+    changed_at  TEXT NOT NULL,
+    PRIMARY KEY (node, module)
 ) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,

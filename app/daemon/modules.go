@@ -1,0 +1,68 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+)
+
+// Bounds on what a host reports of its modules: a report past them is cut,
+// never stored whole.
+const (
+	maxModuleStates = protocol.MaxModules
+	maxLogTail      = 20
+)
+
+// absorbModules takes a node's module states from a heartbeat or an apply
+// report: written at the next flush only when they changed, a module that
+// became ready for the node's latest declaration measured as a start
+// (declared → ready, on the controller's clock). It says whether a state
+// changed (a self-check soon).
+func (d *daemon) absorbModules(_ context.Context, node string, at time.Time, ms []protocol.ModuleState) bool {
+	if len(ms) > maxModuleStates {
+		ms = ms[:maxModuleStates]
+	}
+	states := make([]health.ModuleState, 0, len(ms))
+	declaredAt := map[string]time.Time{}
+	for _, m := range ms {
+		declaredAt[m.Module] = m.DeclaredAt
+		if !protocol.ValidName(m.Module) {
+			continue
+		}
+		tail := m.LogTail
+		if len(tail) > maxLogTail {
+			tail = tail[len(tail)-maxLogTail:]
+		}
+		for i := range tail {
+			tail[i] = clip(tail[i])
+		}
+		states = append(states, health.ModuleState{Node: node, Module: m.Module, Version: clip(m.Version), State: clip(m.State), Serial: m.Serial,
+			Pid: m.Pid, Since: m.Since, Restarts1h: m.Restarts1h, LastExit: clip(m.LastExit), Detail: clip(m.Detail), LogTail: tail, HeardAt: at})
+	}
+	// A quiet module reports the same state, pid and since each beat: only
+	// a change is written (when it was heard is not part of the digest).
+	b, _ := json.Marshal(ms)
+	sum := sha256.Sum256(b)
+	digest := hex.EncodeToString(sum[:])
+	if d.moduleStates[node] == digest {
+		return false
+	}
+	d.moduleStates[node] = digest
+	d.modulesDue[node] = states
+	for _, m := range states {
+		key := node + "/" + m.Module
+		if m.State != protocol.StateReady || d.readyFor[key] == m.Serial || m.Serial == 0 {
+			continue
+		}
+		d.readyFor[key] = m.Serial
+		if declared := declaredAt[m.Module]; !declared.IsZero() && declared.Before(at) {
+			d.durations = append(d.durations, health.Duration{Kind: "start", Subject: key, MS: float64(at.Sub(declared).Microseconds()) / 1000, At: at})
+		}
+	}
+	return true
+}
