@@ -143,7 +143,9 @@ func (m *testMesh) stop() {
 }
 
 type testHost struct {
-	t      testing.TB
+	t testing.TB
+	// sup, if set, is the supervisor its runner uses (a shorter back-off).
+	sup    *host.Supervisor
 	name   string
 	state  *host.State
 	root   string
@@ -152,7 +154,10 @@ type testHost struct {
 }
 
 // join issues a token for a new node and joins a host with it.
-func (m *testMesh) join(name string) *testHost {
+func (m *testMesh) join(name string) *testHost { return m.joinWith(name, nil) }
+
+// joinWith joins a host whose runner uses sup, if given.
+func (m *testMesh) joinWith(name string, sup *host.Supervisor) *testHost {
 	m.t.Helper()
 	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: name, New: true, TTL: time.Hour})
 	if err != nil {
@@ -163,7 +168,7 @@ func (m *testMesh) join(name string) *testHost {
 	if err != nil {
 		m.t.Fatalf("join %s: %v", name, err)
 	}
-	h := &testHost{t: m.t, name: name, state: st, root: filepath.Join(dir, "root")}
+	h := &testHost{t: m.t, name: name, state: st, root: filepath.Join(dir, "root"), sup: sup}
 	h.start()
 	m.t.Cleanup(h.stop)
 	return h
@@ -176,7 +181,7 @@ func (h *testHost) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond}
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup}
 	go func() { h.done <- r.Run(ctx) }()
 }
 

@@ -70,6 +70,14 @@ func hint(err error) string {
 		return "check it is the input you meant, or make it smaller"
 	case errors.Is(err, app.ErrNotAnObject):
 		return "write the body as one JSON object, e.g. {\"modules\": []}"
+	case errors.Is(err, app.ErrNotConnected):
+		return "start its host ('mesh-host run'), or see 'mesh-controller node show NODE'"
+	case errors.Is(err, app.ErrNoSuchTool):
+		return "ask one of the tools its manifest names"
+	case errors.Is(err, app.ErrNoInstance):
+		return "see where it runs and its state ('mesh-controller status', 'mesh-controller node show NODE')"
+	case errors.Is(err, app.ErrNoAnswer):
+		return "ask again with a longer --timeout, or read its log ('mesh-controller logs NODE MODULE')"
 	case errors.Is(err, app.ErrBrokerUnreachable):
 		return "start 'mesh-controller serve', or check --broker"
 	case errors.Is(err, inventory.ErrModuleNotFound):

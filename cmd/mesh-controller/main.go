@@ -45,6 +45,8 @@ type CLI struct {
 	Assign     AssignCmd     `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
 	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
 	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
+	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
+	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
 	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
@@ -55,7 +57,7 @@ type CLI struct {
 	Healers    HealersCmd    `cmd:"" help:"The healers, what they did lately, and their brake (release)."`
 	HandAct    HandActCmd    `cmd:"" name:"hand-act" help:"Record an act done by hand."`
 	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
-	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build): count, p50, p90, p99, max."`
+	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build, start): count, p50, p90, p99, max."`
 	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
 	Seats      SeatsCmd      `cmd:"" help:"Every seat the mesh defines, what it delivers, and who holds it."`
 	Seat       SeatCmd       `cmd:"" help:"Hand a seat over (NAME --to NODE/MODULE), add a holder (--add), or rename it."`

@@ -1,0 +1,276 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
+)
+
+// helloManifest is the example module's manifest, beside its source.
+const helloManifest = "host/testdata/hello/mesh.json"
+
+// helloOnFreePort is the example's manifest with its port (declared, and
+// its settings' default) moved to a free one: the README's walkthrough may
+// run hello on 18480 at the same time.
+func helloOnFreePort(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(helloManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	return writeManifest(t, strings.ReplaceAll(string(b), "18480", port))
+}
+
+var (
+	helloOnce sync.Once
+	helloBin  string
+	helloErr  error
+)
+
+// buildHello builds the example module once per test binary.
+func buildHello(t testing.TB) string {
+	t.Helper()
+	helloOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "hello-module-")
+		if err != nil {
+			helloErr = err
+			return
+		}
+		helloBin = filepath.Join(dir, "hello")
+		out, err := exec.Command("go", "build", "-o", helloBin, "./host/testdata/hello").CombinedOutput()
+		if err != nil {
+			helloErr = errors.New(string(out))
+		}
+	})
+	if helloErr != nil {
+		t.Fatalf("build the example module: %v", helloErr)
+	}
+	return helloBin
+}
+
+// install puts a program where a module's run.command finds it: what its
+// host already has (a module built by the mesh arrives as an archive).
+func (h *testHost) install(t testing.TB, module, rel, from string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(h.root, protocol.ModulesDir, module, rel)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// moduleState is a module's state on a node as the controller shows it.
+func (m *testMesh) moduleState(node, module string) health.ModuleState {
+	for _, s := range m.node(node).Modules {
+		if s.Module == module {
+			return s
+		}
+	}
+	return health.ModuleState{}
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// A zombie is not running.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// The whole life of a module through a real host and the real controller:
+// assigned and started, ready, asked, killed and restarted, logged,
+// stopped on unassign with its data kept.
+func TestRunning_ExampleModuleLifecycle(t *testing.T) {
+	bin := buildHello(t)
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	web1.install(t, "hello", "bin/hello", bin)
+	m.addModule(helloOnFreePort(t))
+	ctx := context.Background()
+	m.assign(t, "web1", "hello")
+
+	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
+	first := m.moduleState("web1", "hello")
+	if !alive(first.Pid) {
+		t.Fatalf("hello is reported ready with pid %d, which does not run", first.Pid)
+	}
+
+	t.Run("ask any instance, and the one on web1", func(t *testing.T) {
+		for _, node := range []string{"", "web1"} {
+			out, err := m.c.Ask(ctx, AskRequest{Module: "hello", Tool: "greet", Input: []byte(`{"name":"ada"}`), Node: node})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a struct {
+				Greeting string `json:"greeting"`
+				Node     string `json:"node"`
+			}
+			if err := json.Unmarshal(out, &a); err != nil || a.Greeting != "hello, ada" || a.Node != "web1" {
+				t.Fatalf("answer %s: %v", out, err)
+			}
+		}
+	})
+
+	t.Run("logs", func(t *testing.T) {
+		var got []string
+		if err := m.c.Logs(ctx, "web1", "hello", 50, false, func(l []string) error { got = append(got, l...); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(strings.Join(got, "\n"), "answering greet") {
+			t.Fatalf("log of hello: %q", got)
+		}
+	})
+
+	t.Run("killed with SIGKILL, restarted by its host", func(t *testing.T) {
+		if err := syscall.Kill(first.Pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "hello restarted", func() bool {
+			s := m.moduleState("web1", "hello")
+			return s.State == protocol.StateReady && s.Pid != first.Pid && s.Restarts1h >= 1
+		})
+		s := m.moduleState("web1", "hello")
+		if !strings.Contains(s.LastExit, "killed") {
+			t.Errorf("last exit %q, want the kill", s.LastExit)
+		}
+		starts, _ := os.ReadFile(filepath.Join(web1.root, "var/lib/hello/starts"))
+		if strings.TrimSpace(string(starts)) != "2" {
+			t.Errorf("starts counted in its data dir: %q, want 2", starts)
+		}
+	})
+
+	t.Run("start measured", func(t *testing.T) {
+		waitFor(t, "a start duration", func() bool {
+			ds, err := m.c.Durations(ctx, "start", 1)
+			return err == nil && len(ds) == 1 && ds[0].Subject == "web1/hello"
+		})
+	})
+
+	t.Run("unassigned: stopped, data kept", func(t *testing.T) {
+		pid := m.moduleState("web1", "hello").Pid
+		if _, err := m.c.Unassign(ctx, "web1", []string{"hello"}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "hello stopped", func() bool { return !alive(pid) && m.moduleState("web1", "hello").Module == "" })
+		if _, err := os.Stat(filepath.Join(web1.root, "var/lib/hello/starts")); err != nil {
+			t.Fatalf("its data: %v", err)
+		}
+	})
+}
+
+// A module that cannot start is a module's condition, not a failed apply:
+// the node applied its declaration, the module is failed with why, and
+// ask says no instance answers.
+func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
+	m := newTestMesh(t)
+	m.join("web1") // nothing installed: bin/hello is not there
+	m.addModule(helloManifest)
+	m.assign(t, "web1", "hello")
+	m.settled(t, "web1")
+	waitFor(t, "hello failed", func() bool { return m.moduleState("web1", "hello").State == protocol.StateFailed })
+	n := m.node("web1")
+	if n.LastApply == nil || !n.LastApply.OK {
+		t.Fatalf("the apply: %+v", n.LastApply)
+	}
+	if s := m.moduleState("web1", "hello"); !strings.Contains(s.Detail, "not found") {
+		t.Fatalf("detail %q", s.Detail)
+	}
+	st, err := m.c.Status(context.Background())
+	if err != nil || len(st.NotReady) != 1 || st.NotReady[0].Module != "hello" {
+		t.Fatalf("status lists not ready: %+v %v", st.NotReady, err)
+	}
+	_, err = m.c.Ask(context.Background(), AskRequest{Module: "hello", Tool: "greet", Timeout: 2 * time.Second})
+	if !errors.Is(err, ErrNoInstance) {
+		t.Fatalf("ask with none running: %v", err)
+	}
+	if _, err := m.c.SelfCheck(context.Background(), CheckOptions{Bounds: &Bounds{HeartbeatFactor: 3, Apply: time.Hour, DataReport: time.Hour,
+		RetiredWaiting: time.Hour, Memory: time.Hour, Start: time.Nanosecond}}); err != nil {
+		t.Fatal(err)
+	}
+	if !m.open(t, "module.not-ready/web1/hello") {
+		t.Fatal("module.not-ready is not raised")
+	}
+}
+
+// A module that exits at once crash-loops: its host keeps it at the capped
+// back-off, reports it, and the self-check raises module.crash-looping with
+// the exit and the log's tail; the host itself stays healthy.
+func TestRunning_CrashLoopRaisesCondition(t *testing.T) {
+	m := newTestMesh(t)
+	script := filepath.Join(t.TempDir(), "crash")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho about to fail >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	web1 := m.joinWith("web1", &host.Supervisor{BackoffBase: 20 * time.Millisecond, BackoffCap: 160 * time.Millisecond, ResetAfter: time.Minute})
+	web1.install(t, "crash", "bin/crash", script)
+	m.addModule(writeManifest(t, `{"module": "crash", "version": "1.0.0", "run": {"command": ["bin/crash"], "ready": {"after": "1s"}}}`))
+	m.assign(t, "web1", "crash")
+	waitFor(t, "crash crash-looping", func() bool { return m.moduleState("web1", "crash").State == protocol.StateCrashLooping })
+	if _, err := m.c.SelfCheck(context.Background(), CheckOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.c.ConditionShow(context.Background(), "module.crash-looping/web1/crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := json.Marshal(c.Evidence)
+	if !strings.Contains(string(ev), "exit status 3") || !strings.Contains(string(ev), "about to fail") {
+		t.Fatalf("evidence %s", ev)
+	}
+	if n := m.node("web1"); n.LastHeard == nil || time.Since(*n.LastHeard) > 5*time.Second {
+		t.Fatalf("the host is not heard: %+v", n.LastHeard)
+	}
+}
+
+// Refusals of logs and ask, each one line.
+func TestRunning_Refusals(t *testing.T) {
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	m.addModule(helloManifest)
+	m.assign(t, "web1", "hello")
+	m.settled(t, "web1")
+	ctx := context.Background()
+	m.join("web2")
+	for _, c := range []struct {
+		r    AskRequest
+		want error
+	}{
+		{AskRequest{Module: "hello", Tool: "shout"}, ErrNoSuchTool},
+		{AskRequest{Module: "hello", Tool: "greet", Node: "web2"}, ErrNotOnNode},
+		{AskRequest{Module: "hello", Tool: "greet", Input: []byte("{")}, ErrNotJSON},
+	} {
+		if _, err := m.c.Ask(ctx, c.r); !errors.Is(err, c.want) {
+			t.Errorf("ask %+v: %v, want %v", c.r, err, c.want)
+		}
+	}
+	web1.stop()
+	err := m.c.Logs(ctx, "web1", "hello", 10, false, func([]string) error { return nil })
+	if !errors.Is(err, ErrNotConnected) || !strings.Contains(err.Error(), "silent since") {
+		t.Fatalf("logs of a stopped host: %v", err)
+	}
+}
