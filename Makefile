@@ -39,7 +39,7 @@ demo: build
 	for n in web1 web2; do \
 		tok=$$($$mc token issue --new $$n 2>/dev/null); \
 		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
-		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s >/dev/null 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
+		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
 	done; \
 	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
 		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
@@ -56,6 +56,21 @@ demo: build
 	echo; echo "break-glass, with the operator key alone:"; $$mc secret export --out $$dir/export.json; \
 	$$mc secret recover web1 paperless ocr_licence --key $$dir/operator.key --from-export $$dir/export.json --out $$dir/recovered; \
 	echo "  recovered: $$(cat $$dir/recovered)"; \
+	echo; echo "the example module, hello (app/host/testdata/hello), built and put where its manifest's run.command finds it on web1:"; \
+	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
+	$$mc module add app/host/testdata/hello/mesh.json; $$mc assign web1 hello; \
+	state() { $$mc node show web1 | grep '^  hello '; }; \
+	for i in $$(seq 100); do state | grep -q ' ready ' && break; sleep 0.1; done; \
+	echo "  $$(state | tr -s ' ')"; state | grep -q ' ready ' || { echo "hello is not ready"; tail -20 $$dir/web1.log; exit 1; }; \
+	echo "asked: mesh-controller ask hello greet '{\"name\": \"demo\"}'"; $$mc ask hello greet '{"name": "demo"}'; \
+	pid=$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p'); echo "killed with kill -9 $$pid; its host restarts it:"; kill -9 $$pid; \
+	for i in $$(seq 100); do state | grep ' ready ' | grep -qv "pid $$pid," && break; sleep 0.1; done; \
+	echo "  $$(state | tr -s ' ')"; state | grep ' ready ' | grep -qv "pid $$pid," || { echo "hello was not restarted"; exit 1; }; \
+	echo "its log, from its host over the broker (mesh-controller logs web1 hello --lines 8):"; $$mc logs web1 hello --lines 8 | sed 's/^/  | /'; \
+	$$mc unassign web1 hello >/dev/null 2>&1; \
+	for i in $$(seq 100); do state >/dev/null || break; sleep 0.1; done; \
+	if state >/dev/null; then echo "hello was not stopped"; exit 1; fi; \
+	echo "unassigned: stopped (no process left: $$(pgrep -f $$dir/web1/root/etc/mesh/modules/hello/bin/hello || echo none)); its data kept: starts = $$(cat $$dir/web1/root/var/lib/hello/starts)"; \
 	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
 	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
 	kill $$pid_web1; : > $$dir/web2/root/srv; \

@@ -71,7 +71,9 @@ func TestREADME_Walkthrough(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = repo
 	tmp := t.TempDir()
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=")
+	// MESH_HOST_MODULE_USERS=false: as root, a host makes a system user
+	// per module; the test leaves the machine's users as it found them.
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
 	// Its own process group: whatever it started in the background is
 	// stopped with it, whatever happens.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
