@@ -64,8 +64,8 @@ demo: build
 	echo "  $$(state | tr -s ' ')"; state | grep -q ' ready ' || { echo "hello is not ready"; tail -20 $$dir/web1.log; exit 1; }; \
 	echo "asked: mesh-controller ask hello greet '{\"name\": \"demo\"}'"; $$mc ask hello greet '{"name": "demo"}'; \
 	pid=$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p'); echo "killed with kill -9 $$pid; its host restarts it:"; kill -9 $$pid; \
-	for i in $$(seq 100); do state | grep ' ready ' | grep -qv "pid $$pid," && break; sleep 0.1; done; \
-	echo "  $$(state | tr -s ' ')"; state | grep ' ready ' | grep -qv "pid $$pid," || { echo "hello was not restarted"; exit 1; }; \
+	for i in $$(seq 100); do state | grep ' ready ' | grep -qvw "pid $$pid" && break; sleep 0.1; done; \
+	echo "  $$(state | tr -s ' ')"; state | grep ' ready ' | grep -qvw "pid $$pid" || { echo "hello was not restarted"; exit 1; }; \
 	echo "its log, from its host over the broker (mesh-controller logs web1 hello --lines 8):"; $$mc logs web1 hello --lines 8 | sed 's/^/  | /'; \
 	$$mc unassign web1 hello >/dev/null 2>&1; \
 	for i in $$(seq 100); do state >/dev/null || break; sleep 0.1; done; \
