@@ -42,6 +42,11 @@ const (
 // never deletes what the host wrote.
 const HostOwnPath = "/etc/mesh"
 
+// HostLogPath is where a host keeps its modules' logs: no data set may be
+// it, lie inside it or contain it either, so that no module is given the
+// directory its host writes logs into as root.
+const HostLogPath = "/var/log/mesh"
+
 // These are the same rules contexts/inventory applies to manifests
 // (nameRule, secretRule); a declaration is judged by them again because a
 // host trusts no name it is sent, even signed.
@@ -128,6 +133,8 @@ func (d Declaration) Problems() []string {
 			bad(field, "%q must be absolute and clean, below /", p)
 		case overlaps(p, HostOwnPath):
 			bad(field, "%q overlaps %s, which the host keeps for itself", p, HostOwnPath)
+		case overlaps(p, HostLogPath):
+			bad(field, "%q overlaps %s, where the host keeps its modules' logs", p, HostLogPath)
 		}
 	}
 	atMost := func(field string, n, max int) {

@@ -236,3 +236,14 @@ func TestProblems_Run(t *testing.T) {
 		}
 	}
 }
+
+// A data set may not be or hold the directory its host writes module logs
+// into as root.
+func TestProblems_DataOverlapsLogs(t *testing.T) {
+	for _, p := range []string{"/var/log/mesh", "/var/log/mesh/x", "/var/log", "/var"} {
+		d := Declaration{Node: "web1", Modules: []DeclaredModule{{Module: "m", Version: "1.0.0", Data: []DeclaredData{{Name: "d", Path: p, Precious: "rebuildable"}}}}}
+		if got := strings.Join(d.Problems(), "; "); !strings.Contains(got, "where the host keeps its modules' logs") {
+			t.Errorf("%s: %q", p, got)
+		}
+	}
+}

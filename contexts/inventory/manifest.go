@@ -363,6 +363,8 @@ func (m *Manifest) judge() []Problem {
 			bad(f+".path", "%q must be an absolute path below /", d.Path)
 		case seenPaths[d.Path]:
 			bad(f+".path", "%q is used twice", d.Path)
+		case overlapsHost(d.Path):
+			bad(f+".path", "%q overlaps /etc/mesh or /var/log/mesh, which a host keeps for itself", d.Path)
 		}
 		seenPaths[d.Path] = true
 		precious(f+".precious", d.Precious, bad)
@@ -597,4 +599,19 @@ func validate(sch *jsonschema.Schema, doc json.RawMessage) []Problem {
 	}
 	leaves(ve)
 	return ps
+}
+
+// hostPaths are what a host keeps for itself beneath its root (app/protocol's
+// HostOwnPath and HostLogPath): no data set may be one, lie inside one or
+// contain one.
+var hostPaths = []string{"/etc/mesh", "/var/log/mesh"}
+
+func overlapsHost(p string) bool {
+	p = strings.TrimSuffix(p, "/")
+	for _, h := range hostPaths {
+		if p == h || strings.HasPrefix(p, h+"/") || strings.HasPrefix(h, p+"/") {
+			return true
+		}
+	}
+	return false
 }

@@ -170,3 +170,13 @@ func TestParseManifest_RunEveryProblem(t *testing.T) {
 		t.Errorf("empty run: %v", ps)
 	}
 }
+
+// A data set may not be what a host keeps for itself.
+func TestParseManifest_DataOverlapsHost(t *testing.T) {
+	for _, p := range []string{"/etc/mesh/x", "/var/log/mesh", "/var/log"} {
+		_, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0", "data": [{"name": "d", "path": "` + p + `", "precious": "costly"}]}`))
+		if len(ps) != 1 || !strings.Contains(ps[0].String(), "which a host keeps for itself") {
+			t.Errorf("%s: %v", p, ps)
+		}
+	}
+}
