@@ -7,12 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
@@ -272,5 +275,157 @@ func TestRunning_Refusals(t *testing.T) {
 	err := m.c.Logs(ctx, "web1", "hello", 10, false, func([]string) error { return nil })
 	if !errors.Is(err, ErrNotConnected) || !strings.Contains(err.Error(), "silent since") {
 		t.Fatalf("logs of a stopped host: %v", err)
+	}
+}
+
+// The module's own broker user, as its host wrote it (0600, never in its
+// environment), may hear its tools on any node's subject and its own
+// node's, and nothing of another node or of the hosts.
+func TestRunning_ModuleUserAsDeclared(t *testing.T) {
+	bin := buildHello(t)
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	m.join("web2")
+	web1.install(t, "hello", "bin/hello", bin)
+	m.addModule(helloOnFreePort(t))
+	m.assign(t, "web1", "hello")
+	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
+
+	creds := filepath.Join(web1.root, protocol.ModulesDir, "hello", protocol.BrokerCredsName)
+	fi, err := os.Stat(creds)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("broker.creds: %v %v", fi, err)
+	}
+	body, _ := os.ReadFile(creds)
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(m.moduleState("web1", "hello").Pid) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range strings.Split(string(env), "\x00") {
+		if name, _, _ := strings.Cut(v, "="); name != "" && strings.Contains(string(body), strings.TrimPrefix(v, name+"=")) && len(v) > len(name)+20 {
+			t.Fatalf("a part of the module's creds is in its environment: %s", name)
+		}
+		if strings.Contains(v, "SUA") || strings.Contains(v, "eyJ0eXAiOiJKV1Qi") {
+			t.Fatalf("a seed or a JWT in the environment: %.40s", v)
+		}
+	}
+	want := []string{"MESH_NODE=web1", "MESH_MODULE=hello", "MESH_VERSION=1.0.0", "MESH_BROKER_CREDS=" + creds,
+		"MESH_DATA_STATE=" + filepath.Join(web1.root, "var/lib/hello"), "HOME=" + filepath.Dir(creds)}
+	for _, w := range want {
+		if !strings.Contains("\x00"+string(env)+"\x00", "\x00"+w+"\x00") {
+			t.Errorf("environment lacks %s", w)
+		}
+	}
+
+	nc, v := connectWith(t, m.url, nats.UserCredentials(creds), nats.NoReconnect())
+	for _, subject := range []string{"mesh.tool.hello.greet.web2", "mesh.node.web1.inbox.>", "mesh.tool.other.greet"} {
+		if _, err := nc.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+		v.expect(t, "subscription", subject)
+	}
+	if _, err := nc.SubscribeSync("mesh.tool.hello.greet.web1"); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	select {
+	case e := <-v:
+		t.Fatalf("its own node's tool subject refused: %s", e)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// logs --follow: lines written after it began arrive; when the follower
+// goes, the host stops sending.
+func TestRunning_LogsFollow(t *testing.T) {
+	bin := buildHello(t)
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	web1.install(t, "hello", "bin/hello", bin)
+	m.addModule(helloOnFreePort(t))
+	m.assign(t, "web1", "hello")
+	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	lines := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.c.Logs(ctx, "web1", "hello", 1, true, func(ls []string) error {
+			for _, l := range ls {
+				lines <- l
+			}
+			return nil
+		})
+	}()
+	<-lines // the last line written before
+	if _, err := m.c.Ask(context.Background(), AskRequest{Module: "hello", Tool: "greet", Input: []byte(`{"name":"follower"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+	for found := false; !found; {
+		select {
+		case l := <-lines:
+			found = strings.Contains(l, `asked greet for "follower"`)
+		case <-deadline:
+			t.Fatal("the line written while following did not arrive")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("following ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("following did not end with its context")
+	}
+}
+
+// A settings change restarts that module only; a roll-out to a version
+// that cannot start stops there, saying why.
+func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
+	bin := buildHello(t)
+	m := newTestMesh(t)
+	web1 := m.join("web1")
+	web1.install(t, "hello", "bin/hello", bin)
+	sleeper := filepath.Join(t.TempDir(), "sleeper")
+	if err := os.WriteFile(sleeper, []byte("#!/bin/sh\nexec sleep 1000\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	web1.install(t, "sleeper", "bin/sleeper", sleeper)
+	hello := helloOnFreePort(t)
+	m.addModule(hello)
+	m.addModule(writeManifest(t, `{"module": "sleeper", "version": "1.0.0", "run": {"command": ["bin/sleeper"], "ready": {"after": "200ms"}}}`))
+	m.assign(t, "web1", "hello", "sleeper")
+	ready := func(module string) func() bool {
+		return func() bool { return m.moduleState("web1", module).State == protocol.StateReady }
+	}
+	waitFor(t, "hello ready", ready("hello"))
+	waitFor(t, "sleeper ready", ready("sleeper"))
+	helloPid, sleeperPid := m.moduleState("web1", "hello").Pid, m.moduleState("web1", "sleeper").Pid
+	ctx := context.Background()
+
+	b, _ := os.ReadFile(hello)
+	port := regexp.MustCompile(`"port": (\d+)`).FindStringSubmatch(string(b))[1]
+	if _, err := m.c.SettingsSet(ctx, SettingsRequest{Module: "hello", Body: []byte(`{"greeting": "hi", "port": ` + port + `}`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "hello restarted with its new settings", func() bool {
+		s := m.moduleState("web1", "hello")
+		return s.State == protocol.StateReady && s.Pid != helloPid
+	})
+	out, err := m.c.Ask(ctx, AskRequest{Module: "hello", Tool: "greet", Input: []byte(`{"name":"ada"}`)})
+	if err != nil || !strings.Contains(string(out), `"hi, ada"`) {
+		t.Fatalf("after the change: %s %v", out, err)
+	}
+	if s := m.moduleState("web1", "sleeper"); s.Pid != sleeperPid || !alive(sleeperPid) {
+		t.Fatalf("sleeper was restarted by hello's change: pid %d, was %d", s.Pid, sleeperPid)
+	}
+
+	m.addModule(writeManifest(t, strings.ReplaceAll(strings.ReplaceAll(string(b), `"1.0.0"`, `"1.0.1"`), `"bin/hello"`, `"bin/missing"`)))
+	_, err = m.c.Upgrade(ctx, UpgradeRequest{Module: "hello", Action: "roll-out", Wait: 20 * time.Second})
+	if !errors.Is(err, ErrRollOutStopped) || !strings.Contains(err.Error(), "hello 1.0.1 is failed there: not found") {
+		t.Fatalf("roll-out of a version that cannot start: %v", err)
 	}
 }
