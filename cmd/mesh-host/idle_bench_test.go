@@ -35,7 +35,9 @@ func BenchmarkHost_Idle50Modules(b *testing.B) {
 		b.Fatal(err)
 	}
 	ready, done := make(chan app.Ready, 1), make(chan error, 1)
-	go func() { done <- c.Serve(ctx, app.ServeOptions{Listen: "127.0.0.1:0", Ready: func(r app.Ready) { ready <- r }}) }()
+	go func() {
+		done <- c.Serve(ctx, app.ServeOptions{Listen: "127.0.0.1:0", Ready: func(r app.Ready) { ready <- r }})
+	}()
 	b.Cleanup(func() { cancel(); <-done })
 	url := (<-ready).BrokerURL
 	tok, err := c.TokenIssue(ctx, app.TokenRequest{Node: "web1", New: true, TTL: time.Hour})

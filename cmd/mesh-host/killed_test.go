@@ -55,7 +55,9 @@ func TestHost_KilledModulesDoNotOutliveIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	ready, done := make(chan app.Ready, 1), make(chan error, 1)
-	go func() { done <- c.Serve(ctx, app.ServeOptions{Listen: "127.0.0.1:0", Ready: func(r app.Ready) { ready <- r }}) }()
+	go func() {
+		done <- c.Serve(ctx, app.ServeOptions{Listen: "127.0.0.1:0", Ready: func(r app.Ready) { ready <- r }})
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	var url string
 	select {
