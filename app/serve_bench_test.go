@@ -34,12 +34,17 @@ func BenchmarkHeartbeatsAbsorbed(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// Each beat carries three supervised modules, as a real host's does.
+	since := time.Now().UTC()
+	modules := []protocol.ModuleState{{Module: "postgres", Version: "16.4.0", State: protocol.StateReady, Serial: 3, Pid: 4100, Since: since},
+		{Module: "paperless", Version: "2.14.1", State: protocol.StateReady, Serial: 3, Pid: 4101, Since: since},
+		{Module: "backup", Version: "1.2.0", State: protocol.StateStarting, Serial: 3, Pid: 4102, Since: since}}
 	msgs := make([][]byte, b.N)
 	subjects := make([]string, b.N)
 	for i := range msgs {
 		st := states[i%nodes]
 		var err error
-		if msgs[i], err = protocol.Sign(st.HostKey, protocol.HeartbeatBody{At: time.Now(), IntervalS: 10, SerialApplied: int64(i)}); err != nil {
+		if msgs[i], err = protocol.Sign(st.HostKey, protocol.HeartbeatBody{At: time.Now(), IntervalS: 10, SerialApplied: int64(i), Modules: modules}); err != nil {
 			b.Fatal(err)
 		}
 		subjects[i] = protocol.NodeSubject(st.Node, protocol.Heartbeat)
