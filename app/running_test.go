@@ -92,6 +92,20 @@ func (m *testMesh) moduleState(node, module string) health.ModuleState {
 	return health.ModuleState{}
 }
 
+// helloOn joins a host and assigns it the example module, installed there
+// (on a free port), and waits until it is ready.
+func (m *testMesh) helloOn(t testing.TB, node string) *testHost {
+	t.Helper()
+	h := m.join(node)
+	h.install(t, "hello", "bin/hello", buildHello(t))
+	m.addModule(helloOnFreePort(t))
+	if _, err := m.c.Assign(context.Background(), node, []string{"hello"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "hello ready on "+node, func() bool { return m.moduleState(node, "hello").State == protocol.StateReady })
+	return h
+}
+
 func alive(pid int) bool {
 	if pid <= 0 {
 		return false
@@ -109,15 +123,9 @@ func alive(pid int) bool {
 // assigned and started, ready, asked, killed and restarted, logged,
 // stopped on unassign with its data kept.
 func TestRunning_ExampleModuleLifecycle(t *testing.T) {
-	bin := buildHello(t)
 	m := newTestMesh(t)
-	web1 := m.join("web1")
-	web1.install(t, "hello", "bin/hello", bin)
-	m.addModule(helloOnFreePort(t))
+	web1 := m.helloOn(t, "web1")
 	ctx := context.Background()
-	m.assign(t, "web1", "hello")
-
-	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
 	first := m.moduleState("web1", "hello")
 	if !alive(first.Pid) {
 		t.Fatalf("hello is reported ready with pid %d, which does not run", first.Pid)
@@ -282,14 +290,9 @@ func TestRunning_Refusals(t *testing.T) {
 // environment), may hear its tools on any node's subject and its own
 // node's, and nothing of another node or of the hosts.
 func TestRunning_ModuleUserAsDeclared(t *testing.T) {
-	bin := buildHello(t)
 	m := newTestMesh(t)
-	web1 := m.join("web1")
+	web1 := m.helloOn(t, "web1")
 	m.join("web2")
-	web1.install(t, "hello", "bin/hello", bin)
-	m.addModule(helloOnFreePort(t))
-	m.assign(t, "web1", "hello")
-	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
 
 	creds := filepath.Join(web1.root, protocol.ModulesDir, "hello", protocol.BrokerCredsName)
 	fi, err := os.Stat(creds)
@@ -339,13 +342,8 @@ func TestRunning_ModuleUserAsDeclared(t *testing.T) {
 // logs --follow: lines written after it began arrive; when the follower
 // goes, the host stops sending.
 func TestRunning_LogsFollow(t *testing.T) {
-	bin := buildHello(t)
 	m := newTestMesh(t)
-	web1 := m.join("web1")
-	web1.install(t, "hello", "bin/hello", bin)
-	m.addModule(helloOnFreePort(t))
-	m.assign(t, "web1", "hello")
-	waitFor(t, "hello ready on web1", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
+	m.helloOn(t, "web1")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	lines := make(chan string, 100)
