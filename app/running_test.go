@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -214,6 +217,20 @@ func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
 	st, err := m.c.Status(context.Background())
 	if err != nil || len(st.NotReady) != 1 || st.NotReady[0].Module != "hello" {
 		t.Fatalf("status lists not ready: %+v %v", st.NotReady, err)
+	}
+	// The board lists it under what is wrong, as status does.
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = m.c.BoardHandler(BoardHosts(srv.Listener.Addr().String())...)
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), "web1/hello 1.0.0: failed (not found: bin/hello)") {
+		t.Fatalf("the board does not list hello as failed:\n%s", page)
 	}
 	_, err = m.c.Ask(context.Background(), AskRequest{Module: "hello", Tool: "greet", Timeout: 2 * time.Second})
 	if !errors.Is(err, ErrNoInstance) {
