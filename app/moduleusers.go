@@ -54,7 +54,7 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 		return nil, err
 	}
 	wanted := map[string]bool{}
-	var made []identity.ModuleUser
+	var made, kept []identity.ModuleUser
 	var revoke []string
 	nodes := map[string]bool{}
 	var keys *broker.Keys
@@ -63,6 +63,14 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 		wanted[key] = true
 		old, ok := have[key]
 		if ok && old.Version == a.Version {
+			continue
+		}
+		if ok && samePermissions(snap.Manifests[a.Module][old.Version], snap.Manifests[a.Module][a.Version], a.Node) {
+			// A new version that emits, consumes and answers the same keeps
+			// its user: an upgrade revokes nothing, so the broker's list of
+			// revoked users grows only when what a module may do changes.
+			old.Version = a.Version
+			kept = append(kept, old)
 			continue
 		}
 		rcpt := recipients[a.Node]
@@ -95,12 +103,15 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 		}
 	}
 	if len(made) == 0 && len(revoke) == 0 {
+		if len(kept) > 0 {
+			return nil, st.Identity.KeepModuleUsers(ctx, nil, nil, kept, c.Now())
+		}
 		return nil, nil
 	}
 	if _, err := bumpFirst(ctx, st, nodes, bumped); err != nil {
 		return nil, err
 	}
-	if err := st.Identity.KeepModuleUsers(ctx, made, revoke, c.Now()); err != nil {
+	if err := st.Identity.KeepModuleUsers(ctx, made, revoke, kept, c.Now()); err != nil {
 		return nil, err
 	}
 	if len(revoke) > 0 {
@@ -159,4 +170,15 @@ func (c *Controller) tellRevoked(ctx context.Context, ids *identity.Store) bool 
 	}
 	defer nc.Close()
 	return nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(protocol.AnswerTimeout) == nil
+}
+
+// samePermissions says two manifests of a module give its user on a node
+// the same broker permissions. A version the store no longer knows is
+// never the same.
+func samePermissions(a, b inventory.Manifest, node string) bool {
+	if a.Module == "" || b.Module == "" {
+		return false
+	}
+	pa, pb := modulePermissions(a, node), modulePermissions(b, node)
+	return slices.Equal(pa.Publish, pb.Publish) && slices.Equal(pa.Subscribe, pb.Subscribe) && pa.MaxPayload == pb.MaxPayload && pa.MaxSubs == pb.MaxSubs
 }

@@ -444,3 +444,87 @@ func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
 		t.Fatalf("roll-out of a version that cannot start: %v", err)
 	}
 }
+
+// An upgrade that leaves what a module may send and hear as it was keeps
+// its broker user (nothing revoked, so the broker's revocations do not grow
+// with each roll-out); one that changes it gets a new user and the old one
+// is revoked.
+func TestRunning_ModuleUserAcrossVersions(t *testing.T) {
+	m := newTestMesh(t)
+	m.join("web1")
+	ctx := context.Background()
+	manifest := func(version, emits string) string {
+		return writeManifest(t, `{"module": "teller", "version": "`+version+`", "emits": [`+emits+`]}`)
+	}
+	m.addModule(manifest("1.0.0", `"news.told"`))
+	m.assign(t, "web1", "teller")
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := func() string {
+		us, err := st.Identity.ModuleUsers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return us["web1/teller"].Pub
+	}
+	first := user()
+	if first == "" {
+		t.Fatal("no broker user made on assign")
+	}
+	rollOut := func(version, emits string) {
+		t.Helper()
+		m.addModule(manifest(version, emits))
+		if _, err := m.c.Upgrade(ctx, UpgradeRequest{Module: "teller", Action: "roll-out", Wait: 20 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rollOut("1.0.1", `"news.told"`)
+	revoked, _ := st.Identity.Revoked(ctx)
+	if user() != first || len(revoked) != 0 {
+		t.Fatalf("same permissions: user %s (was %s), %d revoked", user(), first, len(revoked))
+	}
+	rollOut("1.0.2", `"news.told", "news.more"`)
+	revoked, _ = st.Identity.Revoked(ctx)
+	if user() == first {
+		t.Fatal("new permissions kept the old user")
+	}
+	if _, ok := revoked[first]; !ok || len(revoked) != 1 {
+		t.Fatalf("the old user is not the one revoked: %v", revoked)
+	}
+}
+
+// A host that applied its declaration before hosts ran modules (its
+// applied.json keeps no runs) starts them when it runs again: the answer to
+// its ask on connecting carries the same declaration, whose modules it runs
+// without writing its files again.
+func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
+	m := newTestMesh(t)
+	web1 := m.helloOn(t, "web1")
+	web1.stop()
+	waitFor(t, "hello stopped with its host", func() bool { return !alive(m.moduleState("web1", "hello").Pid) })
+	file := filepath.Join(web1.state.Dir, "applied.json")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied map[string]any
+	if err := json.Unmarshal(b, &applied); err != nil {
+		t.Fatal(err)
+	}
+	delete(applied, "runs")
+	b, _ = json.Marshal(applied)
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := m.moduleState("web1", "hello").Pid
+	web1.start()
+	waitFor(t, "hello running again", func() bool {
+		s := m.moduleState("web1", "hello")
+		return s.State == protocol.StateReady && s.Pid != before && alive(s.Pid)
+	})
+	if n := m.node("web1"); n.LastApply == nil || !n.LastApply.OK {
+		t.Fatalf("the host reported %+v", n.LastApply)
+	}
+}

@@ -142,6 +142,11 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		if err != nil {
 			return err
 		}
+		// What the new version needs made (its broker user, new secrets)
+		// goes in the same declaration, as any act's does.
+		if _, err := c.ensureMade(ctx, st, snap, ch.Bump); err != nil {
+			return err
+		}
 		if d.nc == nil || d.nc.IsClosed() {
 			// The broker went away between steps (serve restarted, say):
 			// dial again; if none answers, the declaration is kept and the

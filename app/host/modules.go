@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -257,4 +258,38 @@ func (r *Runner) respond(nc *nats.Conn, reply string, a protocol.LogsAnswer) {
 	if err := nc.Publish(reply, b); err != nil {
 		r.logf("answer a logs request: %v", err)
 	}
+}
+
+// adoptRuns runs what the declaration this host applied last declares, when
+// it was applied by a mesh-host that kept no runs (one from before modules
+// were run): the answer to the ask made on connecting carries it again, and
+// its modules start without its files being written again. It says whether
+// it took the delivery; r.mu is held.
+func (r *Runner) adoptRuns(dl delivery) bool {
+	if !dl.asked || r.last.Serial == 0 || r.last.Runs != nil {
+		return false
+	}
+	d, err := dl.env.Verify(r.State.ControllerKey)
+	if err != nil || d.Node != r.State.Node || d.Serial != r.last.Serial || len(d.Problems()) > 0 {
+		return false
+	}
+	var raw struct {
+		Modules []json.RawMessage `json:"modules"`
+	}
+	if json.Unmarshal([]byte(dl.env.Declaration), &raw) != nil || len(raw.Modules) != len(d.Modules) {
+		return false
+	}
+	if !slices.ContainsFunc(d.Modules, func(m protocol.DeclaredModule) bool { return m.Run != nil }) {
+		return false // nothing to run: the declaration stands as applied
+	}
+	next := r.last
+	next.Runs = runRecords(d, raw.Modules, nil)
+	if err := saveApplied(r.State.Dir, next); err != nil {
+		r.logf("remember the modules of declaration %d: %v", d.Serial, err)
+		return true
+	}
+	r.last = next
+	r.logf("declaration %d, applied before this host ran modules, now runs %d of them", d.Serial, len(specs(r.State, r.Root, next.Runs)))
+	r.sup.Apply(specs(r.State, r.Root, next.Runs))
+	return true
 }

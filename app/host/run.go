@@ -265,6 +265,10 @@ func stale(st *State, last int64, dl delivery) string {
 
 func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 	r.mu.Lock()
+	if r.adoptRuns(dl) {
+		r.mu.Unlock()
+		return
+	}
 	if why := stale(r.State, r.last.Serial, dl); why != "" {
 		r.mu.Unlock()
 		r.logf("%s", why)

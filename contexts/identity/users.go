@@ -93,13 +93,19 @@ func (s *Store) ModuleUsers(ctx context.Context) (map[string]ModuleUser, error) 
 	return out, rows.Err()
 }
 
-// KeepModuleUsers records the module users made and revokes those they
-// replace or that are no longer wanted, in one transaction. One made for a
+// KeepModuleUsers records the module users made, revokes those they
+// replace or that are no longer wanted, and moves those kept across a
+// version (moved) to their new one, in one transaction. One made for a
 // node/module/version that has a live user already is not kept: an act and
 // a catch-up making one at once keep one.
-func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke []string, now time.Time) error {
+func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke []string, moved []ModuleUser, now time.Time) error {
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, u := range moved {
+			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET version = ? WHERE pub = ? AND revoked_at IS NULL`, u.Version, u.Pub); err != nil {
+				return fmt.Errorf("keep module user: %w", err)
+			}
+		}
 		for _, pub := range revoke {
 			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
 				return fmt.Errorf("revoke module user: %w", err)
