@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"path"
 	"regexp"
 	"slices"
 	"sort"
@@ -25,6 +26,7 @@ type Manifest struct {
 	Source      string        `json:"source,omitempty"`
 	Requires    *Requirements `json:"requires,omitempty"`
 	Run         *Run          `json:"run,omitempty"`
+	Build       *Build        `json:"build,omitempty"`
 	Ports       []Port        `json:"ports,omitempty"`
 	Emits       []string      `json:"emits,omitempty"`
 	Consumes    []string      `json:"consumes,omitempty"`
@@ -58,6 +60,25 @@ type Run struct {
 	// Ready says when a started module is ready.
 	Ready *Ready `json:"ready,omitempty"`
 }
+
+// Build says how a builder turns the module's source into an archive
+// (manifest.md, "Running, building"): a module without it runs from what
+// its host already has.
+type Build struct {
+	Command []string `json:"command"`
+	// Outputs are the paths, relative to the checkout, packed with
+	// mesh.json into the archive ("bin/" for a directory).
+	Outputs []string `json:"outputs"`
+	// Timeout is a Go duration; empty is DefaultBuildTimeout.
+	Timeout string            `json:"timeout,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+}
+
+// DefaultBuildTimeout is how long a build may run unless its manifest says.
+const DefaultBuildTimeout = 20 * time.Minute
+
+// MaxBuildTimeout bounds what a manifest may ask for.
+const MaxBuildTimeout = 24 * time.Hour
 
 // Ready is one of: a declared port accepts TCP connections, a command
 // exits 0, or a time running without exiting.
@@ -151,10 +172,11 @@ func (p Problem) String() string { return p.Field + ": " + p.What }
 // shape is the fields each object of a manifest may have: any other is a
 // problem (a typo must not pass silently). "[]" marks an array of objects.
 var shape = map[string][]string{
-	"":                             {"module", "version", "description", "source", "requires", "run", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "data", "tools", "stands_on"},
+	"":                             {"module", "version", "description", "source", "requires", "run", "build", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "data", "tools", "stands_on"},
 	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
 	"run":                          {"command", "env", "stop_grace", "ready"},
 	"run.ready":                    {"port", "command", "after"},
+	"build":                        {"command", "outputs", "timeout", "env"},
 	"ports[]":                      {"name", "port", "expose"},
 	"provides[]":                   {"provision", "port", "per_consumer"},
 	"provides[].per_consumer":      {"credential", "data"},
@@ -375,6 +397,9 @@ func (m *Manifest) judge() []Problem {
 	if m.Run != nil {
 		m.judgeRun(bad)
 	}
+	if m.Build != nil {
+		m.judgeBuild(bad)
+	}
 	for i, t := range m.Tools {
 		name(fmt.Sprintf("tools[%d].name", i), t.Name)
 	}
@@ -481,6 +506,66 @@ func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
 			command("run.ready.command", rd.Command)
 		}
 		duration("run.ready.after", rd.After)
+	}
+}
+
+// judgeBuild judges build: a command, outputs that are clean relative
+// paths inside the checkout, a timeout in (0, 24h], env that leaves PATH
+// and HOME to the builder; every problem reported.
+func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
+	b := m.Build
+	switch {
+	case len(b.Command) == 0:
+		bad("build.command", "missing: the program that builds it and its arguments")
+	case len(b.Command) > maxRunWords:
+		bad("build.command", "%d words, at most %d", len(b.Command), maxRunWords)
+	case strings.TrimSpace(b.Command[0]) == "":
+		bad("build.command[0]", "is empty: name the program")
+	}
+	if len(b.Outputs) == 0 {
+		bad("build.outputs", "missing: the paths the archive carries, such as \"bin/\"")
+	}
+	if len(b.Outputs) > MaxListed {
+		bad("build.outputs", "%d entries, at most %d", len(b.Outputs), MaxListed)
+	}
+	seen := map[string]bool{}
+	for i, o := range b.Outputs {
+		f := fmt.Sprintf("build.outputs[%d]", i)
+		clean := path.Clean(o)
+		switch {
+		case o == "" || strings.ContainsRune(o, 0):
+			bad(f, "is empty")
+		case path.IsAbs(o) || clean == ".." || strings.HasPrefix(clean, "../") || clean == ".":
+			bad(f, "%q must be a path inside the checkout, such as bin/", o)
+		case clean == "mesh.json":
+			bad(f, "mesh.json is always in the archive: do not list it")
+		case seen[clean]:
+			bad(f, "%q is listed twice", o)
+		}
+		seen[clean] = true
+	}
+	if b.Timeout != "" {
+		d, err := time.ParseDuration(b.Timeout)
+		switch {
+		case err != nil:
+			bad("build.timeout", "%q is not a duration (like 20m)", b.Timeout)
+		case d <= 0 || d > MaxBuildTimeout:
+			bad("build.timeout", "%s is outside (0, 24h]", b.Timeout)
+		}
+	}
+	if len(b.Env) > maxRunWords {
+		bad("build.env", "%d variables, at most %d", len(b.Env), maxRunWords)
+	}
+	for _, k := range slices.Sorted(maps.Keys(b.Env)) {
+		switch {
+		case !envNameRule.MatchString(k):
+			bad("build.env."+k, "%q is not a valid variable name", k)
+		case k == "PATH" || k == "HOME":
+			bad("build.env."+k, "%s is set by the builder", k)
+		}
+		if strings.ContainsRune(b.Env[k], 0) {
+			bad("build.env."+k, "contains a NUL byte")
+		}
 	}
 }
 

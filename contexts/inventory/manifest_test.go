@@ -180,3 +180,35 @@ func TestParseManifest_DataOverlapsHost(t *testing.T) {
 		}
 	}
 }
+
+// Every problem of build is reported at once.
+func TestParseManifest_BuildEveryProblem(t *testing.T) {
+	_, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0",
+	  "build": {"command": [], "outputs": ["/abs", "../up", "bin/", "bin", "mesh.json"], "timeout": "forever", "env": {"PATH": "/x", "GOOS": "linux"}, "cache": true}}`))
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	joined := strings.Join(got, "\n")
+	for _, w := range []string{
+		`build.cache: unknown field`,
+		`build.command: missing`,
+		`build.outputs[0]: "/abs" must be a path inside the checkout`,
+		`build.outputs[1]: "../up" must be a path inside the checkout`,
+		`build.outputs[3]: "bin" is listed twice`,
+		`build.outputs[4]: mesh.json is always in the archive`,
+		`build.timeout: "forever" is not a duration`,
+		`build.env.PATH: PATH is set by the builder`,
+	} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("missing %q in:\n%s", w, joined)
+		}
+	}
+	if len(got) != 8 {
+		t.Errorf("%d problems, want 8:\n%s", len(got), joined)
+	}
+	m, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/m", "."], "outputs": ["bin/"], "timeout": "5m"}}`))
+	if len(ps) != 0 || m.Build == nil || m.Build.Outputs[0] != "bin/" {
+		t.Fatalf("a good build section: %v %+v", ps, m.Build)
+	}
+}
