@@ -145,7 +145,9 @@ func (m *testMesh) stop() {
 type testHost struct {
 	t testing.TB
 	// sup, if set, is the supervisor its runner uses (a shorter back-off).
-	sup    *host.Supervisor
+	sup *host.Supervisor
+	// users runs each module as its own system user (as root).
+	users  bool
 	name   string
 	state  *host.State
 	root   string
@@ -181,7 +183,7 @@ func (h *testHost) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup}
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users}
 	go func() { h.done <- r.Run(ctx) }()
 }
 

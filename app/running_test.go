@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -183,6 +185,14 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 			ds, err := m.c.Durations(ctx, "start", 1)
 			return err == nil && len(ds) == 1 && ds[0].Subject == "web1/hello"
 		})
+		// A controller started again finds hello ready: not a start.
+		m.stop()
+		restarted := time.Now()
+		m.start()
+		waitFor(t, "web1's states heard by the new controller", func() bool { return m.moduleState("web1", "hello").HeardAt.After(restarted) })
+		if ds, _ := m.c.Durations(ctx, "start", 1); len(ds) != 1 || ds[0].Count != 1 {
+			t.Fatalf("starts after the controller restarted: %+v", ds)
+		}
 	})
 
 	t.Run("unassigned: stopped, data kept", func(t *testing.T) {
@@ -526,5 +536,105 @@ func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
 	})
 	if n := m.node("web1"); n.LastApply == nil || !n.LastApply.OK {
 		t.Fatalf("the host reported %+v", n.LastApply)
+	}
+}
+
+// As root, a host runs each module as its own system user: it reads its
+// settings and its broker user (group-readable, in a directory it cannot
+// write), writes the data directories the host made for it, and is given
+// nothing that was there before (a data path that already existed stays
+// the host's). The user is deleted afterwards.
+func TestRunning_AsItsOwnUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("modules run as their own users only when the host is root")
+	}
+	if _, err := exec.LookPath("useradd"); err != nil {
+		t.Skip("no useradd here")
+	}
+	module := fmt.Sprintf("hello-u%d", os.Getpid()%100000)
+	name := "mesh-" + module
+	if _, err := user.Lookup(name); err == nil {
+		t.Fatalf("user %s exists already", name)
+	}
+	m := newTestMesh(t)
+	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: "web1", New: true, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	// The module's user must pass through the directories above the root.
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o005 != 0o005 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o005); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: "web1", State: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web1 := &testHost{t: t, name: "web1", state: st, root: filepath.Join(dir, "root"), users: true}
+	t.Cleanup(func() {
+		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
+			t.Errorf("userdel %s: %v: %s", name, err, out)
+		}
+	})
+	t.Cleanup(web1.stop) // runs first: userdel refuses a user with processes
+	web1.start()
+	web1.install(t, module, "bin/hello", buildHello(t))
+	taken := filepath.Join(web1.root, "srv/taken")
+	if err := os.MkdirAll(taken, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(helloOnFreePort(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), `"module": "hello"`, `"module": "`+module+`"`, 1)
+	body = strings.Replace(body, `"data": [`, `"data": [{"name": "taken", "path": "/srv/taken", "precious": "rebuildable"}, {"name": "keys", "path": "/root/.ssh", "precious": "rebuildable"}, `, 1)
+	m.addModule(writeManifest(t, body))
+	m.assign(t, "web1", module)
+	waitFor(t, module+" ready as its own user", func() bool { return m.moduleState("web1", module).State == protocol.StateReady })
+
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	owner := func(p string) (int, int, os.FileMode) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := fi.Sys().(*syscall.Stat_t)
+		return int(s.Uid), int(s.Gid), fi.Mode().Perm()
+	}
+	proc, _ := os.ReadFile("/proc/" + strconv.Itoa(m.moduleState("web1", module).Pid) + "/status")
+	if !strings.Contains(string(proc), "\nUid:\t"+u.Uid+"\t") {
+		t.Errorf("the module does not run as %s:\n%s", name, proc)
+	}
+	modDir := filepath.Join(web1.root, protocol.ModulesDir, module)
+	if o, _, _ := owner(modDir); o != 0 {
+		t.Errorf("its directory is given to uid %d: a module that can write there can plant links", o)
+	}
+	if o, g, mode := owner(filepath.Join(modDir, protocol.BrokerCredsName)); o != 0 || g != gid || mode != 0o640 {
+		t.Errorf("broker.creds: uid %d gid %d mode %o, want 0, %d, 640", o, g, mode, gid)
+	}
+	if o, g, _ := owner(filepath.Join(web1.root, "var/lib/hello")); o != uid || g != gid {
+		t.Errorf("the data dir the host made: uid %d gid %d, want %d %d", o, g, uid, gid)
+	}
+	if o, _, _ := owner(taken); o != 0 {
+		t.Errorf("a data path that was there before was given to the module (uid %d)", o)
+	}
+	if o, _, _ := owner(filepath.Join(web1.root, "root/.ssh")); o != 0 {
+		t.Errorf("/root/.ssh, made for the module, was given to it (uid %d)", o)
+	}
+	if starts, err := os.ReadFile(filepath.Join(web1.root, "var/lib/hello/starts")); err != nil || strings.TrimSpace(string(starts)) != "1" {
+		t.Errorf("the module could not write its data: %q %v", starts, err)
+	}
+	if _, err := m.c.Ask(context.Background(), AskRequest{Module: module, Tool: "greet"}); err != nil {
+		t.Errorf("ask: %v", err)
 	}
 }

@@ -242,8 +242,10 @@ type daemon struct {
 	// modulesDue are the nodes' states to write at the next flush.
 	moduleStates map[string]string
 	modulesDue   map[string][]health.ModuleState
-	// readyFor is, per node/module, the serial whose start was measured.
-	readyFor map[string]int64
+	// readyFor is, per node/module, the serial whose start was measured,
+	// and lastState the state last heard.
+	readyFor  map[string]int64
+	lastState map[string]string
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
@@ -283,7 +285,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		limits: limiter{buckets: map[[2]string]*bucket{}},
 		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
 		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
-		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}}
+		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
 
 	holder := randomID()
 	hostname, _ := os.Hostname()

@@ -56,7 +56,11 @@ func (d *daemon) absorbModules(_ context.Context, node string, at time.Time, ms 
 	d.modulesDue[node] = states
 	for _, m := range states {
 		key := node + "/" + m.Module
-		if m.State != protocol.StateReady || d.readyFor[key] == m.Serial || m.Serial == 0 {
+		was, seen := d.lastState[key]
+		d.lastState[key] = m.State
+		// Only a change to ready this controller saw is a start: a module
+		// found ready (serve started again, say) was declared long ago.
+		if m.State != protocol.StateReady || !seen || was == protocol.StateReady || d.readyFor[key] == m.Serial || m.Serial == 0 {
 			continue
 		}
 		d.readyFor[key] = m.Serial

@@ -33,7 +33,14 @@ type dataSet struct {
 	Name     string `json:"name"`
 	Path     string `json:"path"`
 	Precious string `json:"precious"`
+	// Made says the host made its directory: only such a one is given to
+	// the module's user.
+	Made bool `json:"made,omitempty"`
 }
+
+// userIDs gives a module's own user and group, made if missing; nil when
+// modules run as the host's user.
+type userIDs func(module string) (uid, gid int, err error)
 
 func loadApplied(dir string) (applied, error) {
 	var a applied
@@ -65,7 +72,7 @@ const maxReported = 10
 // the last applied, a body with any of protocol's Problems, and a path that
 // would pass through a link beneath the root; all but the last before any
 // file is touched, and that one too when the link is there to be seen.
-func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol.AppliedBody, applied) {
+func apply(st *State, dir string, last applied, env protocol.Envelope, ids userIDs) (protocol.AppliedBody, applied) {
 	start := time.Now()
 	r := root{dir: dir}
 	var tiers []protocol.Tier
@@ -185,7 +192,9 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 			if err != nil {
 				return fail(d.Serial, "write %s of %s: %v", path.Base(rel), m.Module, err)
 			}
-			if err := r.writeFile(rel, append(b, '\n'), 0o755); err != nil {
+			// Not secret: readable by the module's user (a module's sealed
+			// values in module.json open only with the host's key).
+			if err := r.writeFileAs(rel, append(b, '\n'), 0o755, access{perm: 0o644, gid: -1}); err != nil {
 				return failPath(d.Serial, "write "+rel, err)
 			}
 			next.Files = append(next.Files, rel)
@@ -196,6 +205,17 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	// Secrets: each opened with this host's age identity, inside a declaration
 	// whose signature verified, checked to be the one named, written 0600.
 	t = time.Now()
+	owners := map[string][2]int{}
+	for _, m := range d.Modules {
+		uid, gid := -1, -1
+		if ids != nil && m.Run != nil {
+			var err error
+			if uid, gid, err = ids(m.Module); err != nil {
+				return fail(d.Serial, "module %s: %v", m.Module, err)
+			}
+		}
+		owners[m.Module] = [2]int{uid, gid}
+	}
 	for i, m := range d.Modules {
 		if len(m.WaitingFor) > 0 {
 			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
@@ -206,7 +226,13 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 			if err != nil {
 				return fail(d.Serial, "%s of %s: %v", path.Base(rel), m.Module, err)
 			}
-			if err := r.writeFile(rel, v.Reveal(), 0o700); err != nil {
+			// Readable by the module's group, in a directory it may read
+			// and not write; the module's own directory stays the host's.
+			a := access{perm: 0o600, gid: -1}
+			if gid := owners[m.Module][1]; gid >= 0 {
+				a = access{perm: 0o640, gid: gid, groupDir: path.Dir(rel) != path.Join(protocol.ModulesDir, m.Module)}
+			}
+			if err := r.writeFileAs(rel, v.Reveal(), 0o700, a); err != nil {
 				return failPath(d.Serial, fmt.Sprintf("write %s of %s", path.Base(rel), m.Module), err)
 			}
 			next.Files = append(next.Files, rel)
@@ -216,13 +242,23 @@ func apply(st *State, dir string, last applied, env protocol.Envelope) (protocol
 	tier("secrets", t)
 
 	t = time.Now()
+	madeBefore := map[string]bool{}
+	for _, ds := range last.Data {
+		madeBefore[ds.Module+"/"+ds.Name+"/"+ds.Path] = ds.Made
+	}
 	for _, m := range d.Modules {
 		for _, ds := range m.Data {
 			rel, _ := dataRel(ds.Path) // judged above
-			if err := r.mkdirAll(rel, 0o750); err != nil {
+			before := madeBefore[m.Module+"/"+ds.Name+"/"+ds.Path]
+			uid, gid := owners[m.Module][0], owners[m.Module][1]
+			if !givable(ds.Path) {
+				uid, gid = -1, -1 // made, and kept the host's: see givable
+			}
+			made, err := r.mkdirData(rel, uid, gid, before)
+			if err != nil {
 				return failPath(d.Serial, fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
 			}
-			next.Data = append(next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious})
+			next.Data = append(next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious, Made: made || before})
 		}
 	}
 	tier("data", t)
@@ -313,4 +349,20 @@ func dataReport(dir string, a applied) protocol.DataBody {
 		sets = append(sets, protocol.DataSet{Module: ds.Module, Name: ds.Name, Path: ds.Path, Bytes: total, Precious: ds.Precious})
 	}
 	return protocol.DataBody{Sets: sets, Deleted: a.Deleted}
+}
+
+// givableDirs are where a host gives a module's user the data directories
+// it makes. Elsewhere (/etc, /root, /usr…) a directory made for a module
+// stays the host's: a module given /root/.ssh or /etc/cron.d, even one
+// that was not there before, would be given the machine.
+var givableDirs = []string{"/var/lib/", "/var/cache/", "/var/spool/", "/var/log/", "/srv/", "/opt/", "/mnt/", "/data/"}
+
+// givable says a data path is beneath one of givableDirs.
+func givable(p string) bool {
+	for _, d := range givableDirs {
+		if strings.HasPrefix(p, d) {
+			return true
+		}
+	}
+	return false
 }

@@ -31,7 +31,7 @@ func TestApply(t *testing.T) {
 	decl := func(serial int, node string, mods ...any) protocol.Envelope {
 		return sealed(t, priv, map[string]any{"node": node, "serial": serial, "modules": mods})
 	}
-	report, last := apply(st, root, applied{}, decl(1, "web1", module("a", "/srv/a")))
+	report, last := apply(st, root, applied{}, decl(1, "web1", module("a", "/srv/a")), nil)
 	if !report.OK || last.Serial != 1 {
 		t.Fatalf("first: %+v", report)
 	}
@@ -43,7 +43,7 @@ func TestApply(t *testing.T) {
 		"must be absolute and clean\x00":     decl(2, "web1", module("a", "relative/path")),
 	}
 	for want, env := range refusals {
-		report, after := apply(st, root, last, env)
+		report, after := apply(st, root, last, env, nil)
 		if report.OK || !strings.Contains(report.Error, strings.TrimSuffix(want, "\x00")) || after.Serial != 1 {
 			t.Errorf("want refusal %q, got %+v", want, report)
 		}
@@ -52,7 +52,7 @@ func TestApply(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "srv/a/keep"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	report, last = apply(st, root, last, decl(2, "web1"))
+	report, last = apply(st, root, last, decl(2, "web1"), nil)
 	if !report.OK || len(last.Files) != 0 {
 		t.Fatalf("second: %+v %+v", report, last)
 	}
@@ -90,6 +90,17 @@ func TestStale(t *testing.T) {
 	} {
 		if got := stale(st, 3, c.dl) != ""; got != c.stale {
 			t.Errorf("%s: stale %v, want %v", c.name, got, c.stale)
+		}
+	}
+}
+
+// Only data directories beneath the places a host gives modules may be a
+// module's; /root/.ssh made for one stays the host's.
+func TestGivable(t *testing.T) {
+	for p, want := range map[string]bool{"/var/lib/x": true, "/srv/x": true, "/var/log/x": true, "/root/.ssh": false, "/etc/cron.d": false,
+		"/var/libx": false, "/usr/local/bin": false, "/var/lib": false} {
+		if givable(p) != want {
+			t.Errorf("givable(%s) = %v", p, !want)
 		}
 	}
 }

@@ -132,7 +132,6 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 		if r.Creds {
 			env = append(env, "MESH_BROKER_CREDS="+filepath.Join(dir, protocol.BrokerCredsName))
 		}
-		own := []string{dir}
 		names := make([]string, 0, len(r.Data))
 		for name := range r.Data {
 			names = append(names, name)
@@ -141,10 +140,6 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 		for _, name := range names {
 			p := abs(strings.TrimPrefix(r.Data[name], "/"))
 			env = append(env, "MESH_DATA_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))+"="+p)
-			own = append(own, p)
-		}
-		for _, rel := range r.Sealed {
-			own = append(own, filepath.Dir(abs(rel)), abs(rel))
 		}
 		keys := make([]string, 0, len(r.Run.Env))
 		for k := range r.Run.Env {
@@ -161,19 +156,7 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 		grace, _ := time.ParseDuration(r.Run.StopGrace) // judged by Problems; "" is the default
 		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Serial: r.Serial, Fingerprint: r.Digest, Dir: dir,
 			Command: r.Run.Command, Env: env, Ready: r.Run.Ready, Ports: ports, StopGrace: grace, MemoryMB: r.MemoryMB,
-			WaitingFor: r.WaitingFor, OwnPaths: dedupe(own)})
-	}
-	return out
-}
-
-func dedupe(ps []string) []string {
-	seen := map[string]bool{}
-	out := ps[:0]
-	for _, p := range ps {
-		if !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
+			WaitingFor: r.WaitingFor})
 	}
 	return out
 }

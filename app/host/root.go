@@ -180,6 +180,24 @@ func (r root) mkdirAll(rel string, perm uint32) error {
 // would replace it rather than follow it, but a planted link is news the
 // declaration's report should carry.
 func (r root) writeFile(rel string, b []byte, dirPerm uint32) error {
+	return r.writeFileAs(rel, b, dirPerm, access{perm: 0o600, gid: -1})
+}
+
+// access is who may read a file the host writes: its mode, and the group
+// (a module's own, or -1 for none) that may read it and, when groupDir, the
+// directory it is in — never write either: a module that could write in
+// its files' directory could plant a link there and stop its node's
+// declarations.
+type access struct {
+	perm     uint32
+	gid      int
+	groupDir bool
+}
+
+// writeFileAs writes rel as writeFile does, with the file's mode and group
+// (and its directory's group, 0750) set on the descriptors, before the file
+// is renamed into place: nothing is chowned by path.
+func (r root) writeFileAs(rel string, b []byte, dirPerm uint32, a access) error {
 	names, err := split(rel)
 	if err != nil {
 		return err
@@ -193,10 +211,54 @@ func (r root) writeFile(rel string, b []byte, dirPerm uint32) error {
 	if isLink(fd, name) {
 		return pathError(names, ErrSymlink)
 	}
-	if err := writeAt(fd, name, b, 0o600); err != nil {
+	if a.gid >= 0 && a.groupDir {
+		if err := unix.Fchown(fd, -1, a.gid); err != nil {
+			return pathError(dir, err)
+		}
+		if err := unix.Fchmod(fd, 0o750); err != nil {
+			return pathError(dir, err)
+		}
+	}
+	if err := writeAtAs(fd, name, b, a); err != nil {
 		return pathError(names, err)
 	}
 	return nil
+}
+
+// mkdirData makes a data set's directory beneath the root: its parents
+// 0755 (a module's user must pass through them), itself 0750. It says
+// whether it made the directory itself; given an owner (uid >= 0) it makes
+// the directory that module's, through its descriptor, only when owned
+// says the host made it: a path that was there before (/etc/cron.d, say)
+// is never handed to a module.
+func (r root) mkdirData(rel string, uid, gid int, owned bool) (made bool, err error) {
+	names, err := split(rel)
+	if err != nil {
+		return false, err
+	}
+	parent, name := names[:len(names)-1], names[len(names)-1]
+	pfd, err := r.openDir(parent, true, 0o755)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(pfd)
+	switch err := unix.Mkdirat(pfd, name, 0o750); {
+	case err == nil:
+		made = true
+	case !errors.Is(err, unix.EEXIST):
+		return false, pathError(names, err)
+	}
+	fd, err := openChildDir(pfd, name)
+	if err != nil {
+		return made, pathError(names, err)
+	}
+	defer unix.Close(fd)
+	if uid >= 0 && (made || owned) {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return made, pathError(names, err)
+		}
+	}
+	return made, nil
 }
 
 // writeAt writes name inside the open directory dirfd so that a crash
@@ -204,6 +266,13 @@ func (r root) writeFile(rel string, b []byte, dirPerm uint32) error {
 // random name, made exclusively (never an existing file, never through a
 // link), written, synced, renamed over name, and the directory synced.
 func writeAt(dirfd int, name string, b []byte, perm uint32) error {
+	return writeAtAs(dirfd, name, b, access{perm: perm, gid: -1})
+}
+
+// writeAtAs is writeAt with the file's group set (when a.gid >= 0) on its
+// descriptor before the rename.
+func writeAtAs(dirfd int, name string, b []byte, a access) error {
+	perm := a.perm
 	var (
 		tmp string
 		fd  int
@@ -220,7 +289,16 @@ func writeAt(dirfd int, name string, b []byte, perm uint32) error {
 		return fmt.Errorf("make a temporary file: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(b)
+	if a.gid >= 0 {
+		err = unix.Fchown(fd, -1, a.gid)
+	}
+	if err == nil {
+		// The umask must not narrow what a module's group may read.
+		err = unix.Fchmod(fd, perm)
+	}
+	if err == nil {
+		_, err = f.Write(b)
+	}
 	if err == nil {
 		err = f.Sync()
 	}

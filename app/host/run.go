@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -180,6 +181,18 @@ func (r *Runner) states() []protocol.ModuleState {
 	return ms
 }
 
+// userIDs makes each module's own user when modules run as their own
+// users (root, and ModuleUsers), else nil.
+func (r *Runner) userIDs() userIDs {
+	if !r.sup.Users {
+		return nil
+	}
+	root := r.Root
+	return func(module string) (int, int, error) {
+		return moduleUser("mesh-"+module, filepath.Join(root, filepath.FromSlash(path.Join(protocol.ModulesDir, module))))
+	}
+}
+
 // beat sends a heartbeat with the modules' states.
 func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	r.mu.Lock()
@@ -274,7 +287,7 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		r.logf("%s", why)
 		return
 	}
-	report, next := apply(r.State, r.Root, r.last, dl.env)
+	report, next := apply(r.State, r.Root, r.last, dl.env, r.userIDs())
 	if report.OK {
 		if err := saveApplied(r.State.Dir, next); err != nil {
 			report.OK, report.Error = false, "remember what was applied: "+err.Error()

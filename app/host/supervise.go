@@ -44,9 +44,6 @@ type ModuleSpec struct {
 	// WaitingFor, when not empty, names the secrets it waits for: it is not
 	// started.
 	WaitingFor []string
-	// OwnPaths are absolute paths (data dirs, its secret files, its dir)
-	// given to the module's user when Users is on.
-	OwnPaths []string
 }
 
 // ErrUnknownModule is returned for a module the last Apply did not list.
@@ -224,6 +221,10 @@ func (s *Supervisor) drive(m *supervised) {
 		case <-m.prev.done:
 			s.update(m, func(st *protocol.ModuleState) { st.Detail = "" })
 		case <-m.stopReq:
+			// Replaced before it started: it is done only once what it
+			// replaced is, so that the run after it waits for both (two
+			// runs of a module never overlap, nor share a pid file).
+			<-m.prev.done
 			s.update(m, stoppedState(""))
 			return
 		}
@@ -331,7 +332,7 @@ func (s *Supervisor) watch(m *supervised, r *run, chk readyCheck) outcome {
 	stopCheck := make(chan struct{})
 	go func() {
 		defer close(checking)
-		if chk.wait(stopCheck, m.spec, r.cred) {
+		if chk.wait(stopCheck, m.spec, r.cred, r.pid) {
 			ready <- struct{}{}
 		}
 	}()

@@ -3,8 +3,10 @@ package host
 import (
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,17 +52,21 @@ func parseReady(spec ModuleSpec) (readyCheck, error) {
 	return readyCheck{after: d}, nil
 }
 
-// wait returns true once the check passes, false once stop is closed.
-func (c readyCheck) wait(stop <-chan struct{}, spec ModuleSpec, cred *syscall.Credential) bool {
+// wait returns true once the check passes, false once stop is closed. A
+// port counts only when a process of the module's group (pgid) listens on
+// it: another program on the same port (an earlier run, another host's
+// module) must not make this one ready.
+func (c readyCheck) wait(stop <-chan struct{}, spec ModuleSpec, cred *syscall.Credential, pgid int) bool {
 	switch {
 	case c.port > 0:
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port))
 		return poll(stop, readyPortEvery, func() bool {
 			conn, err := net.DialTimeout("tcp", addr, readyPortEvery)
-			if err == nil {
-				conn.Close()
+			if err != nil {
+				return false
 			}
-			return err == nil
+			conn.Close()
+			return listensIn(c.port, pgid)
 		})
 	case len(c.command) > 0:
 		return poll(stop, readyCommandEvery, func() bool { return tryReadyCommand(stop, spec, c.command, cred) })
@@ -120,5 +126,43 @@ func tryReadyCommand(stop <-chan struct{}, spec ModuleSpec, command []string, cr
 	}
 	unix.Kill(-cmd.Process.Pid, unix.SIGKILL) // its own group, whatever it started too
 	<-done
+	return false
+}
+
+// listensIn says whether a process of the group pgid holds a socket
+// listening on TCP port (IPv4 or IPv6), as /proc tells.
+func listensIn(port, pgid int) bool {
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(f[1], ":")
+			if p, err := strconv.ParseInt(hexPort, 16, 32); ok && err == nil && int(p) == port {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return false
+	}
+	for _, pid := range groupMembers(pgid, 0) {
+		fds := "/proc/" + strconv.Itoa(pid) + "/fd"
+		entries, err := os.ReadDir(fds)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if target, err := os.Readlink(fds + "/" + e.Name()); err == nil && inodes[target] {
+				return true
+			}
+		}
+	}
 	return false
 }

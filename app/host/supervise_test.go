@@ -1099,10 +1099,9 @@ func TestSupervisor_Users(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil { // t.TempDir's parent is 0700
 		t.Fatal(err)
 	}
-	data := filepath.Join(dir, "data")
-	os.Mkdir(data, 0o700)
-	spec := testSpec(module, dir, script(t, dir, "run.sh", "id -u\ntouch data/mine\nexec sleep 1000\n"))
-	spec.OwnPaths = []string{dir, data}
+	// What it may write is given to it when its host writes its files
+	// (TestRunning_AsItsOwnUser); here, that it runs as its own user.
+	spec := testSpec(module, dir, script(t, dir, "run.sh", "id -u\nexec sleep 1000\n"))
 	s.Apply([]ModuleSpec{spec})
 	waitState(t, s, module, protocol.StateReady)
 
@@ -1120,9 +1119,6 @@ func TestSupervisor_Users(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := os.Stat(filepath.Join(data, "mine")); err != nil {
-		t.Errorf("the module could not write its data dir: %v", err)
-	}
 	if fi, err := os.Stat(filepath.Join(s.LogDir, module+".log")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Errorf("the log is not the host's: %v", err)
 	}
@@ -1176,4 +1172,73 @@ func TestSupervisor_Concurrent(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(s.StateDir, "modules")); len(ents) > 0 {
 		t.Fatalf("pid files left: %v", ents)
 	}
+}
+
+// Three applies in quick succession, the first run ignoring SIGTERM: the
+// third starts only once the first has ended, so two runs never overlap.
+func TestSupervisor_QuickReappliesNeverOverlap(t *testing.T) {
+	t.Parallel()
+	s, _ := newSup(t)
+	dir := t.TempDir()
+	run := script(t, dir, "run.sh", "trap '' TERM\necho $$ >> pids\nwhile :; do sleep 0.05; done\n")
+	spec := func(fp string) ModuleSpec {
+		sp := testSpec("m", dir, run)
+		sp.Fingerprint = fp
+		sp.StopGrace = 700 * time.Millisecond
+		return sp
+	}
+	s.Apply([]ModuleSpec{spec("a")})
+	waitState(t, s, "m", protocol.StateReady)
+	first := s.States()[0].Pid
+	s.Apply([]ModuleSpec{spec("b")})
+	s.Apply([]ModuleSpec{spec("c")})
+	checkFor(t, 15*time.Second, 5*time.Millisecond, func() error {
+		st := s.States()[0]
+		if st.Pid != 0 && st.Pid != first && alive(first) {
+			t.Fatalf("run c (pid %d) started while run a (pid %d) still ran", st.Pid, first)
+		}
+		if st.State != protocol.StateReady || st.Pid == first {
+			return fmt.Errorf("state %s pid %d", st.State, st.Pid)
+		}
+		return nil
+	})
+	s.StopAll()
+}
+
+// A port another program listens on does not make a module ready: only a
+// listener of the module's own process group counts.
+func TestSupervisor_ReadyPortMustBeItsOwn(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	s, _ := newSup(t)
+	dir := t.TempDir()
+	spec := testSpec("m", dir, script(t, dir, "run.sh", "exec sleep 1000\n"))
+	spec.Ready = &protocol.Ready{Port: "http"}
+	spec.Ports = map[string]int{"http": ln.Addr().(*net.TCPAddr).Port}
+	s.Apply([]ModuleSpec{spec})
+	// Fifteen checks of the port (every 100 ms) find someone else there.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if st, _ := stateOf(s, "m"); st.State == protocol.StateReady {
+			t.Fatal("ready on a port another program listens on")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st, _ := stateOf(s, "m"); st.State != protocol.StateStarting || st.Pid == 0 {
+		t.Fatalf("state %+v, want starting", st)
+	}
+	s.StopAll()
 }

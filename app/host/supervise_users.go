@@ -3,7 +3,6 @@ package host
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,8 +17,9 @@ import (
 var userMu sync.Mutex
 
 // credential is who a module runs as: nil (the host's user) unless Users is
-// on and the host is root; then its own system user, made on first start,
-// and owner of its OwnPaths.
+// on and the host is root; then its own system user, made on first start.
+// What it may read and write was given to it when its files were written
+// (apply), through descriptors, never by path.
 func (s *Supervisor) credential(spec ModuleSpec) (*syscall.Credential, error) {
 	if !s.Users {
 		return nil, nil
@@ -32,12 +32,6 @@ func (s *Supervisor) credential(spec ModuleSpec) (*syscall.Credential, error) {
 	uid, gid, err := moduleUser(name, spec.Dir)
 	if err != nil {
 		return nil, err
-	}
-	for _, p := range spec.OwnPaths {
-		// Lchown: a link the module planted must not hand it another file.
-		if err := os.Lchown(p, uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("give %s to %s: %w", p, name, err)
-		}
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }

@@ -1,0 +1,202 @@
+package builder
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// groupGoneBound is how long the builder waits, after SIGKILL, for every
+// process of a build's group to be gone before it says some would not die
+// (a process stuck in the kernel cannot be killed sooner).
+const groupGoneBound = 10 * time.Second
+
+// ioDelay bounds how long output is read once a group is gone: a process
+// that left the group (setsid) and kept the pipe must not hold up the build.
+const ioDelay = 2 * time.Second
+
+// ran is how one command run in its own process group ended.
+type ran struct {
+	state    *os.ProcessState // nil when it did not start
+	err      error            // why it did not start
+	timedOut bool             // killed at its timeout
+	stopped  error            // killed because ctx was done: its cause
+	strays   int              // processes of its group still alive past groupGoneBound
+}
+
+// The spawner starts every child from one OS thread that never exits:
+// Pdeathsig fires when the thread that forked a child ends, not the
+// process, and Go ends the threads of goroutines that exit while locked.
+var spawner struct {
+	once sync.Once
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// spawn starts cmd on the spawner's thread.
+func spawn(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked, never returns: see spawner
+			for r := range spawner.reqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawner.reqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
+// runGroup runs cmd as the leader of a new session and so of its own
+// process group (no controlling terminal: nothing it starts can prompt),
+// and kills the whole group with SIGKILL when the leader exits, at the
+// timeout (0: none) or when ctx is done — a build's background processes
+// never outlive it. It returns once the group is gone (or past
+// groupGoneBound) and the leader is reaped.
+func runGroup(ctx context.Context, timeout time.Duration, cmd *exec.Cmd) ran {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = ioDelay
+	if err := spawn(cmd); err != nil {
+		return ran{err: err}
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan struct{})
+	go func() {
+		waitExit(pgid)
+		close(exited)
+	}()
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	var r ran
+	select {
+	case <-exited:
+	case <-deadline:
+		r.timedOut = true
+	case <-ctx.Done():
+		r.stopped = context.Cause(ctx)
+	}
+	// The leader is not reaped until its group is gone, so the group's id
+	// cannot be taken by another process while we signal it.
+	unix.Kill(-pgid, unix.SIGKILL)
+	<-exited
+	r.strays = waitGroupGone(pgid, groupGoneBound)
+	cmd.Wait() // reaps; how it ended is in ProcessState
+	r.state = cmd.ProcessState
+	return r
+}
+
+// waitExit returns once pid, a child of ours, has exited, without reaping
+// it (WNOWAIT).
+func waitExit(pid int) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// waitGroupGone kills the group until no live process is in it, and
+// returns how many are still alive when the bound passes (0: all gone).
+// Zombies are not counted: they are dead, waiting for their parent (init
+// for a build's orphans) to reap them.
+func waitGroupGone(pgid int, bound time.Duration) int {
+	deadline := time.Now().Add(bound)
+	for {
+		if err := unix.Kill(-pgid, unix.SIGKILL); errors.Is(err, unix.ESRCH) {
+			return 0
+		}
+		n := len(groupMembers(pgid))
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// groupMembers lists the live (not zombie) processes whose process group
+// is pgid, from /proc.
+func groupMembers(pgid int) []int {
+	des, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, de := range des {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", de.Name(), "stat"))
+		if err != nil {
+			continue // gone since the listing
+		}
+		// pid (comm) state ppid pgrp …; comm may hold spaces and parens.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// lookPath finds a command's program: absolute as given, relative to dir
+// when it holds a '/', else in the directories of pathList (relative
+// entries skipped: they would resolve against the checkout).
+func lookPath(name, dir, pathList string) (string, error) {
+	executable := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
+	}
+	switch {
+	case name == "":
+		return "", errors.New("no program named")
+	case filepath.IsAbs(name):
+		if executable(name) {
+			return name, nil
+		}
+	case strings.Contains(name, "/"):
+		if p := filepath.Join(dir, name); executable(p) {
+			return p, nil
+		}
+	default:
+		for _, d := range filepath.SplitList(pathList) {
+			if !filepath.IsAbs(d) {
+				continue
+			}
+			if p := filepath.Join(d, name); executable(p) {
+				return p, nil
+			}
+		}
+	}
+	return "", errors.New(name + " not found or not executable")
+}
