@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -56,10 +57,27 @@ var ErrDigest = errors.New("archive digest does not match: fetch it again, or re
 // ErrTooLarge is returned by Receive when more bytes arrive than allowed.
 var ErrTooLarge = errors.New("archive is larger than allowed: raise the bound or rebuild with fewer outputs")
 
-// entry is one file or directory to pack.
+// entry is one file or directory to pack: a few words each, since Pack
+// holds the list of every entry (up to MaxEntries) to sort it.
 type entry struct {
-	name string      // slash-separated, relative to the packed dir, no trailing slash
-	info fs.FileInfo // from Lstat when it was listed
+	name     string // slash-separated, relative to the packed dir, no trailing slash
+	dir      bool
+	dev, ino uint64 // which file was listed, from Lstat
+}
+
+// newEntry records name as listed.
+func newEntry(name string, info fs.FileInfo) entry {
+	e := entry{name: name, dir: info.IsDir()}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		e.dev, e.ino = uint64(st.Dev), uint64(st.Ino)
+	}
+	return e
+}
+
+// is says whether info is the file e was listed as.
+func (e entry) is(info fs.FileInfo) bool {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	return ok && uint64(st.Dev) == e.dev && uint64(st.Ino) == e.ino
 }
 
 // Pack writes a tar archive, zstd-compressed, of the given relative paths
@@ -126,7 +144,7 @@ func list(root *os.Root, paths []string) ([]entry, error) {
 			return fmt.Errorf("%.60s…: name longer than %d bytes", name, MaxNameBytes)
 		}
 		seen[name] = true
-		out = append(out, entry{name: name, info: info})
+		out = append(out, newEntry(name, info))
 		return nil
 	}
 	for _, p := range paths {
@@ -229,7 +247,7 @@ func kind(t fs.FileMode) string {
 // writeEntry writes one entry's header and, for a file, its bytes.
 func writeEntry(tw *tar.Writer, root *os.Root, e entry, buf []byte) error {
 	hdr := &tar.Header{Name: e.name, ModTime: modTime, Mode: 0o644}
-	if e.info.IsDir() {
+	if e.dir {
 		hdr.Typeflag, hdr.Name, hdr.Mode = tar.TypeDir, e.name+"/", 0o755
 		return tw.WriteHeader(hdr)
 	}
@@ -244,7 +262,7 @@ func writeEntry(tw *tar.Writer, root *os.Root, e entry, buf []byte) error {
 	if err != nil {
 		return err
 	}
-	if !info.Mode().IsRegular() || !os.SameFile(info, e.info) {
+	if !info.Mode().IsRegular() || !e.is(info) {
 		return fmt.Errorf("%s changed while packing: pack when the build has finished", e.name)
 	}
 	if info.Size() > MaxFileBytes {

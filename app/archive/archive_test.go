@@ -264,6 +264,10 @@ func TestReceive(t *testing.T) {
 	})
 }
 
+// smallWindow is the zstd window of hand-made archives: within what
+// Unpack accepts, so that what is refused is refused for its entries.
+var smallWindow = zstd.WithWindowSize(1 << 20)
+
 // handMade writes an archive of the given headers the way a hostile
 // builder could; a regular file's content is its name.
 func handMade(t *testing.T, hdrs ...*tar.Header) string {
@@ -273,7 +277,7 @@ func handMade(t *testing.T, hdrs ...*tar.Header) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	zw, err := zstd.NewWriter(f)
+	zw, err := zstd.NewWriter(f, smallWindow)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +358,7 @@ func TestUnpack_Refuses(t *testing.T) {
 		// Only the header is written: the refusal comes before any byte is read.
 		file := filepath.Join(t.TempDir(), "big.tar.zst")
 		f, _ := os.Create(file)
-		zw, _ := zstd.NewWriter(f)
+		zw, _ := zstd.NewWriter(f, smallWindow)
 		tw := tar.NewWriter(zw)
 		tw.WriteHeader(&tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644, Size: archive.MaxFileBytes + 1})
 		zw.Close()
@@ -371,7 +375,7 @@ func TestUnpack_Refuses(t *testing.T) {
 	t.Run("too many entries", func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "many.tar.zst")
 		f, _ := os.Create(file)
-		zw, _ := zstd.NewWriter(f)
+		zw, _ := zstd.NewWriter(f, smallWindow)
 		tw := tar.NewWriter(zw)
 		for i := range archive.MaxEntries + 1 {
 			tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%06d", i), Typeflag: tar.TypeReg, Mode: 0o644})
@@ -382,6 +386,26 @@ func TestUnpack_Refuses(t *testing.T) {
 		err := archive.Unpack(file, dest)
 		if !errors.Is(err, archive.ErrRefused) || !strings.Contains(err.Error(), "entries") {
 			t.Fatalf("Unpack: %v, want a refusal for the count", err)
+		}
+		if _, err := os.Lstat(filepath.Join(base, "modules")); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("dest's parent was made by a refused unpack: %v", err)
+		}
+	})
+
+	t.Run("window too large", func(t *testing.T) {
+		// A decoder holds the whole window: one past what Pack uses is refused.
+		file := filepath.Join(t.TempDir(), "wide.tar.zst")
+		f, _ := os.Create(file)
+		zw, _ := zstd.NewWriter(f, zstd.WithWindowSize(64<<20), zstd.WithEncoderConcurrency(1))
+		tw := tar.NewWriter(zw)
+		tw.WriteHeader(&tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644, Size: 80 << 20})
+		io.CopyN(tw, rand.NewChaCha8([32]byte{2}), 80<<20)
+		tw.Close()
+		zw.Close()
+		f.Close()
+		err := archive.Unpack(file, dest)
+		if err == nil || !strings.Contains(err.Error(), "window size exceeded") {
+			t.Fatalf("Unpack: %v, want the window refused", err)
 		}
 		if _, err := os.Lstat(filepath.Join(base, "modules")); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("dest's parent was made by a refused unpack: %v", err)

@@ -253,7 +253,7 @@ func readManifest(src string, o *Outcome) (inventory.Manifest, error) {
 		o.Problems = append(o.Problems, p.String())
 	}
 	if len(problems) > 0 {
-		return m, fmt.Errorf("mesh.json has %d problem(s), the first %s: fix them (module check lists them all)", len(problems), problems[0])
+		return m, fmt.Errorf("mesh.json has %d problem(s), the first is %s: fix them (module check lists them all)", len(problems), problems[0])
 	}
 	if m.Build == nil {
 		return m, errors.New("mesh.json has no build section: add build.command and build.outputs to build it with the mesh")
@@ -322,7 +322,8 @@ func (b *Builder) pack(lg *buildLog, a Ask, src string, paths []string, o *Outco
 		if wc != nil {
 			abort(wc, err)
 		}
-		return fmt.Errorf("pack the outputs: %w", err)
+		// Pack names the checkout's path, which means nothing to the asker.
+		return errors.New("pack the outputs: " + strings.TrimPrefix(err.Error(), "pack "+src+": "))
 	}
 	if wc != nil {
 		if err := wc.Close(); err != nil {

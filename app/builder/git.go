@@ -3,6 +3,7 @@ package builder
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -94,7 +95,7 @@ func (b *Builder) checkout(ctx context.Context, lg *buildLog, dir, src, reposito
 	var commit string
 	for _, c := range candidates(ref) {
 		out, err := b.git(ctx, deadline, lg, src, "rev-parse", "--verify", "--quiet", "--end-of-options", c+"^{commit}")
-		if _, failed := err.(*gitFailed); failed {
+		if failed := (*gitFailed)(nil); errors.As(err, &failed) {
 			continue // not this kind of ref
 		}
 		if err != nil {
@@ -161,8 +162,8 @@ func redact(repository string) string {
 	if err != nil || u.User == nil {
 		return repository
 	}
-	u.User = url.User("***")
-	return u.String()
+	u.User = nil
+	return strings.Replace(u.String(), "://", "://***@", 1)
 }
 
 // tailBuffer keeps the last max bytes written to it.
