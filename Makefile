@@ -89,7 +89,7 @@ demo: build
 # README's walkthrough, run as a test, uses them). When missing and run as
 # root (as CI is), they are installed without recommends and nothing else on
 # the system is changed; otherwise one line says what to install.
-TOOLS := chromium sqlite3 jq curl
+TOOLS := chromium sqlite3 jq curl git
 
 test: tools
 	MESH_TEST_TOOLS=1 $(GO) test -count=1 -timeout 12m ./...
