@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 )
 
@@ -42,6 +43,10 @@ type dataSet struct {
 // modules run as the host's user.
 type userIDs func(module string) (uid, gid int, err error)
 
+// fetcher brings an archive from the broker's object store into a local
+// file, its sha256 verified; the caller removes the file.
+type fetcher func(a protocol.Archive) (path string, err error)
+
 func loadApplied(dir string) (applied, error) {
 	var a applied
 	b, err := os.ReadFile(filepath.Join(dir, fileApplied))
@@ -72,7 +77,7 @@ const maxReported = 10
 // the last applied, a body with any of protocol's Problems, and a path that
 // would pass through a link beneath the root; all but the last before any
 // file is touched, and that one too when the link is there to be seen.
-func apply(st *State, dir string, last applied, env protocol.Envelope, ids userIDs) (protocol.AppliedBody, applied) {
+func apply(st *State, dir string, last applied, env protocol.Envelope, ids userIDs, fetch fetcher) (protocol.AppliedBody, applied) {
 	start := time.Now()
 	r := root{dir: dir}
 	var tiers []protocol.Tier
@@ -176,6 +181,21 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 		}
 	}
 	tier("verify", t)
+
+	// Archives: each built module's, fetched, verified and unpacked into its
+	// version's directory before any file is written, so that a declaration
+	// whose archive cannot be had is refused whole. One unpacked already is
+	// not fetched again.
+	t = time.Now()
+	for _, m := range d.Modules {
+		if m.Archive == nil {
+			continue
+		}
+		if err := unpackArchive(r, m, last.Runs, fetch); err != nil {
+			return fail(d.Serial, "refused: archive of %s %s: %v", m.Module, m.Version, err)
+		}
+	}
+	tier("archives", t)
 
 	t = time.Now()
 	next := applied{Serial: d.Serial, Runs: runRecords(d, raw.Modules, last.Runs)}
@@ -313,6 +333,25 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 			}
 		}
 	}
+	// Version directories no longer kept (older than the one before) go:
+	// they are the host's copies of archives, never data.
+	for _, old := range last.Runs {
+		keep := map[string]bool{}
+		for _, run := range next.Runs {
+			if run.Module == old.Module {
+				for _, v := range run.Kept {
+					keep[v] = true
+				}
+			}
+		}
+		for _, v := range old.Kept {
+			if !keep[v] {
+				if err := r.removeAll(versionDir(old.Module, v)); err != nil {
+					return failPath(d.Serial, "remove "+versionDir(old.Module, v), err)
+				}
+			}
+		}
+	}
 	tier("cleanup", t)
 
 	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, Waiting: waiting, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
@@ -365,4 +404,43 @@ func givable(p string) bool {
 		}
 	}
 	return false
+}
+
+// versionDir is where a built module's archive is unpacked beneath the
+// root: its module's directory, then its version.
+func versionDir(module, version string) string {
+	return path.Join(protocol.ModulesDir, module, version)
+}
+
+// unpackArchive makes a module's version directory hold its declared
+// archive: left as it is when the last apply unpacked that very archive
+// there, else fetched, verified and unpacked whole (a half-written tree is
+// never left: archive.Unpack renames it into place).
+func unpackArchive(r root, m protocol.DeclaredModule, last []runRecord, fetch fetcher) error {
+	rel := versionDir(m.Module, m.Version)
+	if err := r.check(rel); err != nil {
+		return err
+	}
+	abs := filepath.Join(r.dir, filepath.FromSlash(rel))
+	for _, run := range last {
+		if run.Module == m.Module && run.Archive != nil && *run.Archive == *m.Archive && run.Version == m.Version {
+			if fi, err := os.Lstat(abs); err == nil && fi.IsDir() {
+				return nil
+			}
+		}
+	}
+	if fetch == nil {
+		return errors.New("this host cannot fetch archives")
+	}
+	file, err := fetch(*m.Archive)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(file)
+	// What is there is another archive of this version (or a person's
+	// files): it gives way to the one declared.
+	if err := r.removeAll(rel); err != nil {
+		return err
+	}
+	return archive.Unpack(file, abs)
 }

@@ -31,7 +31,7 @@ func TestApply(t *testing.T) {
 	decl := func(serial int, node string, mods ...any) protocol.Envelope {
 		return sealed(t, priv, map[string]any{"node": node, "serial": serial, "modules": mods})
 	}
-	report, last := apply(st, root, applied{}, decl(1, "web1", module("a", "/srv/a")), nil)
+	report, last := apply(st, root, applied{}, decl(1, "web1", module("a", "/srv/a")), nil, nil)
 	if !report.OK || last.Serial != 1 {
 		t.Fatalf("first: %+v", report)
 	}
@@ -43,7 +43,7 @@ func TestApply(t *testing.T) {
 		"must be absolute and clean\x00":     decl(2, "web1", module("a", "relative/path")),
 	}
 	for want, env := range refusals {
-		report, after := apply(st, root, last, env, nil)
+		report, after := apply(st, root, last, env, nil, nil)
 		if report.OK || !strings.Contains(report.Error, strings.TrimSuffix(want, "\x00")) || after.Serial != 1 {
 			t.Errorf("want refusal %q, got %+v", want, report)
 		}
@@ -52,7 +52,7 @@ func TestApply(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "srv/a/keep"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	report, last = apply(st, root, last, decl(2, "web1"), nil)
+	report, last = apply(st, root, last, decl(2, "web1"), nil, nil)
 	if !report.OK || len(last.Files) != 0 {
 		t.Fatalf("second: %+v %+v", report, last)
 	}

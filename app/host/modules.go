@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 )
 
@@ -26,10 +29,15 @@ type runRecord struct {
 	Version string `json:"version"`
 	Serial  int64  `json:"serial"`
 	// DeclaredAt is when the controller issued that declaration.
-	DeclaredAt time.Time       `json:"declared_at"`
-	Digest     string          `json:"digest"`
-	Run        *protocol.Run   `json:"run,omitempty"`
-	Ports      []protocol.Port `json:"ports,omitempty"`
+	DeclaredAt time.Time     `json:"declared_at"`
+	Digest     string        `json:"digest"`
+	Run        *protocol.Run `json:"run,omitempty"`
+	// Archive is the built archive it runs from, unpacked in its version's
+	// directory; Kept are the versions whose directories are kept (this
+	// one and the one before: a roll-back finds it there).
+	Archive *protocol.Archive `json:"archive,omitempty"`
+	Kept    []string          `json:"kept,omitempty"`
+	Ports   []protocol.Port   `json:"ports,omitempty"`
 	// MemoryMB is the manifest's requires.memory_mb.
 	MemoryMB   int64    `json:"memory_mb,omitempty"`
 	WaitingFor []string `json:"waiting_for,omitempty"`
@@ -58,6 +66,18 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 			MemoryMB: m.MemoryMB, WaitingFor: m.WaitingFor, Data: map[string]string{}, Creds: m.BrokerCreds != ""}
 		if old, ok := before[m.Module]; ok && old.Digest == r.Digest {
 			r.Serial, r.DeclaredAt = old.Serial, old.DeclaredAt
+		}
+		if m.Archive != nil {
+			a := *m.Archive
+			r.Archive = &a
+			r.Kept = []string{m.Version}
+			if old, ok := before[m.Module]; ok && old.Archive != nil {
+				if old.Version != m.Version {
+					r.Kept = []string{old.Version, m.Version}
+				} else {
+					r.Kept = old.Kept // the one before stays kept
+				}
+			}
 		}
 		_, settings := protocol.DocumentFiles(m)
 		r.Settings = settings != ""
@@ -119,6 +139,12 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 			continue // nothing to run: its files are all it has
 		}
 		dir := abs(path.Join(protocol.ModulesDir, r.Module))
+		// A built module runs from its archive's directory; HOME stays its
+		// module's directory.
+		workDir := dir
+		if r.Archive != nil {
+			workDir = abs(versionDir(r.Module, r.Version))
+		}
 		env := []string{
 			"MESH_NODE=" + st.Node, "MESH_MODULE=" + r.Module, "MESH_VERSION=" + r.Version,
 			"MESH_SECRETS_DIR=" + filepath.Join(dir, "secrets"),
@@ -154,7 +180,7 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 			ports[p.Name] = p.Port
 		}
 		grace, _ := time.ParseDuration(r.Run.StopGrace) // judged by Problems; "" is the default
-		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Serial: r.Serial, Fingerprint: r.Digest, Dir: dir,
+		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Serial: r.Serial, Fingerprint: r.Digest, Dir: workDir,
 			Command: r.Run.Command, Env: env, Ready: r.Run.Ready, Ports: ports, StopGrace: grace, MemoryMB: r.MemoryMB,
 			WaitingFor: r.WaitingFor})
 	}
@@ -275,4 +301,44 @@ func (r *Runner) adoptRuns(dl delivery) bool {
 	r.logf("declaration %d, applied before this host ran modules, now runs %d of them", d.Serial, len(specs(r.State, r.Root, next.Runs)))
 	r.sup.Apply(specs(r.State, r.Root, next.Runs))
 	return true
+}
+
+// fetcher brings archives from the broker's object store over nc into the
+// state dir, each verified against its digest before it is used.
+func (r *Runner) fetcher(nc *nats.Conn) fetcher {
+	return func(a protocol.Archive) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), archiveFetchTimeout(a.Bytes))
+		defer cancel()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return "", err
+		}
+		store, err := js.ObjectStore(ctx, protocol.ArchiveBucket)
+		if err != nil {
+			return "", fmt.Errorf("the archive store: %w", err)
+		}
+		obj, err := store.Get(ctx, a.Digest)
+		if err != nil {
+			return "", fmt.Errorf("fetch %s: %w", a.Digest, err)
+		}
+		defer obj.Close()
+		tmp := filepath.Join(r.State.Dir, "archives")
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return "", err
+		}
+		file, size, err := archive.Receive(obj, tmp, a.Digest, protocol.MaxArchiveBytes)
+		if err != nil {
+			return "", err
+		}
+		if size != a.Bytes {
+			os.Remove(file)
+			return "", fmt.Errorf("%w: %d bytes, declared %d", archive.ErrDigest, size, a.Bytes)
+		}
+		return file, nil
+	}
+}
+
+// archiveFetchTimeout allows a minute, plus a second per 10 MB.
+func archiveFetchTimeout(bytes int64) time.Duration {
+	return time.Minute + time.Duration(bytes/10_000_000)*time.Second
 }

@@ -100,7 +100,7 @@ func (h *attackedHost) send(body map[string]any) protocol.AppliedBody {
 	h.t.Helper()
 	h.serial++
 	body["node"], body["serial"] = h.st.Node, h.serial
-	report, next := apply(h.st, h.root, h.last, sealed(h.t, h.priv, body), nil)
+	report, next := apply(h.st, h.root, h.last, sealed(h.t, h.priv, body), nil, nil)
 	if report.OK {
 		h.last = next
 	}

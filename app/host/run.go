@@ -287,7 +287,7 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		r.logf("%s", why)
 		return
 	}
-	report, next := apply(r.State, r.Root, r.last, dl.env, r.userIDs())
+	report, next := apply(r.State, r.Root, r.last, dl.env, r.userIDs(), r.fetcher(nc))
 	if report.OK {
 		if err := saveApplied(r.State.Dir, next); err != nil {
 			report.OK, report.Error = false, "remember what was applied: "+err.Error()

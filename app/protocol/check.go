@@ -200,6 +200,14 @@ func (d Declaration) Problems() []string {
 		if m.MemoryMB < 0 {
 			bad(f+".memory_mb", "must not be negative")
 		}
+		if a := m.Archive; a != nil {
+			if !digestRule.MatchString(a.Digest) {
+				bad(f+".archive.digest", "%q is not a sha256 in lowercase hex", a.Digest)
+			}
+			if a.Bytes <= 0 || a.Bytes > MaxArchiveBytes {
+				bad(f+".archive.bytes", "%d is outside 1..%d", a.Bytes, int64(MaxArchiveBytes))
+			}
+		}
 
 		atMost(f+".secrets", len(m.Secrets), MaxSecrets)
 		seenSecrets := map[string]int{}
@@ -275,7 +283,10 @@ func overlaps(a, b string) bool {
 // MaxRunWords bounds a declared command's words and env entries.
 const MaxRunWords = 100
 
-var envNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+var (
+	envNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	digestRule  = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
 
 // problems judges how a module is run, as field suffix and what is wrong:
 // what the host execs and the environment it gives (never a shell, never a

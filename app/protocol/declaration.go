@@ -70,6 +70,11 @@ type DeclaredDeletion struct {
 
 // DeclaredModule is one module in a declaration.
 type DeclaredModule struct {
+	// Archive is what the mesh built of this version, when it built it: its
+	// host fetches it from the broker's object store (ArchiveBucket),
+	// verifies its sha256, unpacks it into the module's version directory
+	// and runs run.command from there.
+	Archive *Archive `json:"archive,omitempty"`
 	// Bindings are where it gets each provision from, with the credential
 	// sealed to both ends.
 	Bindings []DeclaredBinding `json:"bindings"`
@@ -95,6 +100,20 @@ type DeclaredModule struct {
 	// it half-configured.
 	WaitingFor []string `json:"waiting_for,omitempty"`
 }
+
+// Archive names a built module's archive: content-addressed by its sha256.
+type Archive struct {
+	Bytes  int64  `json:"bytes"`
+	Digest string `json:"digest"`
+}
+
+// ArchiveBucket is the broker's object store bucket of module archives,
+// each named by its sha256 (hex): builders write it, hosts and the
+// controller read it.
+const ArchiveBucket = "mesh-archives"
+
+// MaxArchiveBytes bounds an archive a host fetches.
+const MaxArchiveBytes = 4 << 30
 
 // Run is how a module is started, as its manifest says (manifest.md,
 // "Running"), with env values taken from settings already filled in.
