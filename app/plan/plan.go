@@ -214,6 +214,9 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		if m.Requires != nil {
 			pm.MemoryMB = m.Requires.MemoryMB
 		}
+		if built, ok := snap.Archives[a.Module+"@"+a.Version]; ok {
+			pm.Archive = &protocol.Archive{Digest: built.Digest, Bytes: built.Bytes}
+		}
 		for _, sec := range m.Secrets {
 			if c, ok := pl.sealed[node+"/"+a.Module+"/"+sec.Name]; ok {
 				pm.Secrets = append(pm.Secrets, protocol.DeclaredSecret{Name: sec.Name, Version: c.Version, Sealed: c.Sealed})

@@ -60,6 +60,27 @@ type Added struct {
 // equal bytes. Every version is kept; a newer one becomes current. The same
 // version with another manifest is refused.
 func (s *Store) AddModule(ctx context.Context, m Manifest, canon []byte, source string, now time.Time) (Added, error) {
+	return s.AddBuilt(ctx, m, canon, Origin{Source: source}, now)
+}
+
+// Origin is where a registered version came from: its source, and when the
+// mesh built it, the commit, the build and the archive it made.
+type Origin struct {
+	Source, Commit, BuildID string
+	Archive                 Archive
+}
+
+// Archive is a built version's archive: its sha256 (hex) and size.
+type Archive struct {
+	Digest string
+	Bytes  int64
+}
+
+// AddBuilt registers a module version as AddModule does, with where it came
+// from. A version registered already with the same manifest is left as it
+// was (its archive too): a version's contents never change.
+func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin, now time.Time) (Added, error) {
+	source := o.Source
 	if source == "" {
 		source = m.Source
 	}
@@ -89,8 +110,9 @@ func (s *Store) AddModule(ctx context.Context, m Manifest, canon []byte, source 
 			return err
 		}
 		a.New = true
-		if _, err := tx.ExecContext(ctx, `INSERT INTO module_versions (module, version, manifest, source, added_at) VALUES (?, ?, ?, ?, ?)`,
-			m.Module, m.Version, string(canon), source, sqlite.FormatTime(now)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO module_versions (module, version, manifest, source, commit_id, build_id, archive_digest, archive_bytes, added_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			m.Module, m.Version, string(canon), source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
 		if current == "" || CompareVersions(m.Version, current) > 0 {

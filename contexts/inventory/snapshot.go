@@ -43,6 +43,8 @@ type Snapshot struct {
 	Nodes       map[string]NodeState
 	NodeNames   []string
 	Manifests   map[string]map[string]Manifest // module -> version -> manifest
+	// Archives are the built versions' archives, by module@version.
+	Archives map[string]Archive
 	Current     map[string]string              // module -> current version
 	Assignments []Assignment                   // by node, then module
 	// Settings are the layers: module -> node ("" for the mesh layer) -> body.
@@ -94,10 +96,17 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = each(ctx, tx, `SELECT module, version, manifest FROM module_versions`, func(r *sql.Rows) error {
+	err = each(ctx, tx, `SELECT module, version, manifest, archive_digest, archive_bytes FROM module_versions`, func(r *sql.Rows) error {
 		var module, version, body string
-		if err := r.Scan(&module, &version, &body); err != nil {
+		var a Archive
+		if err := r.Scan(&module, &version, &body, &a.Digest, &a.Bytes); err != nil {
 			return err
+		}
+		if a.Digest != "" {
+			if snap.Archives == nil {
+				snap.Archives = map[string]Archive{}
+			}
+			snap.Archives[module+"@"+version] = a
 		}
 		var m Manifest
 		if err := json.Unmarshal([]byte(body), &m); err != nil {

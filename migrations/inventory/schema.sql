@@ -59,7 +59,7 @@ CREATE TABLE module_versions (
     manifest  TEXT NOT NULL,
     source    TEXT NOT NULL DEFAULT '',
     commit_id TEXT NOT NULL DEFAULT '',
-    added_at  TEXT NOT NULL,
+    added_at  TEXT NOT NULL, archive_digest TEXT NOT NULL DEFAULT '', archive_bytes INTEGER NOT NULL DEFAULT 0, build_id TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (module, version)
 ) STRICT;
 CREATE TABLE modules (
