@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -22,8 +23,9 @@ type Stores struct {
 	Identity  *identity.Store
 	Secrets   *secrets.Store
 	Health    *health.Store
-	// dbs are the open files by context, for probes and backups; the licences
-	// and builds contexts have no store type of their own yet.
+	Builds    *builds.Store
+	// dbs are the open files by context, for probes and backups; the
+	// licences context has no store type of its own yet.
 	dbs map[string]*sqlite.DB
 	// failed are the stores that could not be opened, and why.
 	failed map[string]error
@@ -83,6 +85,9 @@ func (c *Controller) openStores(ctx context.Context) *Stores {
 	}
 	if db := st.dbs["health"]; db != nil {
 		st.Health = health.NewStore(db)
+	}
+	if db := st.dbs["builds"]; db != nil {
+		st.Builds = builds.NewStore(db)
 	}
 	return st
 }
