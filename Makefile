@@ -18,9 +18,10 @@ modules:
 		$(GO) mod download; }
 
 build: modules
-	@echo "building bin/mesh-controller and bin/mesh-host (static, CGO_ENABLED=0)"
+	@echo "building bin/mesh-controller, bin/mesh-host and bin/mesh-builder (static, CGO_ENABLED=0)"
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-host ./cmd/mesh-host
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-builder ./cmd/mesh-builder
 
 # run migrates the default data dir (or $MESH_DATA) and serves until Ctrl-C.
 run: build

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go"
 
@@ -18,11 +19,36 @@ import (
 //
 //	account  user                      publish                         subscribe                          largest message
 //	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
+//	                                   $JS.API.>  $JS.FC.>  $O.>
 //	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
+//	                                   + archive reads (below)
 //	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.*  mesh.tool.M.*.N  mesh.module.<consumes>  1 MiB
+//	                                   + archive writes, for the build seat's holder (below)
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
 //	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
 //	system   (the server's own)
+//
+// Archives (protocol.md, "Added in the second round") are kept in the mesh
+// account's JetStream object store, bucket mesh-archives (stream
+// OBJ_mesh-archives, chunks on $O.mesh-archives.C.<nuid>, each object's
+// meta on $O.mesh-archives.M.<name>): archiveReadPermissions are what a
+// host needs to read one by name with nats.go's jetstream ObjectStore,
+// builderArchivePermissions what a builder needs to write one, and nothing
+// else; the controller, which makes the bucket, has all of it. The answers
+// of the JetStream API and a fetch's deliveries come to the user's own
+// inbox, which it subscribes to already.
+//
+// Whoever may use the JetStream API chooses where the server publishes its
+// answer (the request's reply subject) and, for a push consumer, its
+// deliveries (the consumer's deliver subject): the server checks neither
+// against the user's permissions (embedded/broker's
+// TestServer_JetStreamAnswersAnywhere). So a host could make the server
+// publish a stored archive chunk, and a builder a JSON answer, on any mesh
+// subject: what the mesh reads from a subject is trusted for what it
+// verifies (a host's signature, the controller's envelope), never for the
+// subject it arrived on. The bucket answers no direct get (its stream has
+// allow_direct off), so an answer is always a JetStream JSON document,
+// never bytes a builder stored.
 //
 // No user is given a NATS response permission (allow_responses): the server
 // lets such a user publish on any reply subject it was handed, its deny list
@@ -55,8 +81,79 @@ const (
 	memberMaxPayload = 1 << 20
 )
 
+// controllerPermissions: the controller makes the archives bucket when it
+// starts serving (the JetStream API), reads archives (flow control answers
+// to its fetches' deliveries) and may let them go ($O.>, the collection).
 func controllerPermissions() broker.Permissions {
-	return broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}}
+	return broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>", "$JS.API.>", "$JS.FC.>", "$O.>"},
+		Subscribe: []string{"mesh.>", "_INBOX.>"}}
+}
+
+// The JetStream subjects of the archives bucket, as nats.go's jetstream
+// ObjectStore uses them.
+const (
+	// archiveStream is the bucket's stream.
+	archiveStream = "OBJ_" + protocol.ArchiveBucket
+	// archiveChunks is where an object's bytes are, in chunks, on a subject
+	// of its own ($O.<bucket>.C.<nuid>); archiveMeta where each object's
+	// meta is ($O.<bucket>.M.<base64 of its name>).
+	archiveChunks = "$O." + protocol.ArchiveBucket + ".C."
+	archiveMeta   = "$O." + protocol.ArchiveBucket + ".M."
+	// jsAPI prefixes the JetStream API's subjects.
+	jsAPI = "$JS.API."
+)
+
+// archiveReadPermissions are what reading an archive by name takes
+// (ObjectStore GetInfo and Get), merged into a host's permissions: the
+// bucket's stream info (looking the bucket up), the last message of a meta
+// subject (the object's meta: its size, digest and chunks' subject; the
+// body of a message get names the subject), an ordered consumer of one
+// object's chunks, created filtered to a chunk subject, and deleted when the
+// fetch ends, and answers to its flow control. The consumer delivers into
+// the user's own inbox (nats.go makes the deliver subject with the
+// connection's inbox prefix): a host's is _INBOX.<node>.>, already its own.
+// Nothing here writes to the bucket, deletes an object or purges.
+func archiveReadPermissions() broker.Permissions {
+	return broker.Permissions{Publish: []string{
+		jsAPI + "STREAM.INFO." + archiveStream,
+		jsAPI + "STREAM.MSG.GET." + archiveStream,
+		jsAPI + "CONSUMER.CREATE." + archiveStream + ".*." + archiveChunks + "*",
+		jsAPI + "CONSUMER.DELETE." + archiveStream + ".*",
+		"$JS.FC." + archiveStream + ".>",
+	}}
+}
+
+// builderArchivePermissions are what writing an archive takes (ObjectStore
+// Put), for the user of a module holding the build seat: the bucket's
+// stream info (looking it up), the last message of a meta subject (Put and
+// PutArchive first look for an object of that name), and publishing chunks
+// and a meta. Archives are named by their digest, so an object is never
+// put twice and never needs replacing: a builder may not purge the stream,
+// delete a message or an object's chunks, nor create, change or delete a
+// stream or a consumer. Its publish acknowledgements and API answers come
+// to its own inbox (app/builder's BuilderInbox), which the user it is
+// merged into must subscribe to.
+func builderArchivePermissions() broker.Permissions {
+	return broker.Permissions{Publish: []string{
+		jsAPI + "STREAM.INFO." + archiveStream,
+		jsAPI + "STREAM.MSG.GET." + archiveStream,
+		archiveChunks + ">",
+		archiveMeta + ">",
+	}}
+}
+
+// mergePermissions is a with b's subjects added; b's limits apply where a
+// has none.
+func mergePermissions(a, b broker.Permissions) broker.Permissions {
+	a.Publish = append(slices.Clip(a.Publish), b.Publish...)
+	a.Subscribe = append(slices.Clip(a.Subscribe), b.Subscribe...)
+	if a.MaxPayload == 0 {
+		a.MaxPayload = b.MaxPayload
+	}
+	if a.MaxSubs == 0 {
+		a.MaxSubs = b.MaxSubs
+	}
+	return a
 }
 
 // admitPermissions are the controller's connection that answers joins, in
@@ -81,14 +178,16 @@ func joinUser() broker.JoinUser {
 	}
 }
 
+// hostPermissions: a host reports under its node's subjects, hears its
+// inbox, and reads archives (archiveReadPermissions).
 func hostPermissions(node string) broker.Permissions {
-	return broker.Permissions{
+	return mergePermissions(broker.Permissions{
 		// answerInboxes: a host answers the controller's requests to it
 		// (mesh.node.N.inbox.logs).
 		Publish:    []string{"mesh.node." + node + ".>", answerInboxes},
 		Subscribe:  []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
 		MaxPayload: memberMaxPayload,
-	}
+	}, archiveReadPermissions())
 }
 
 // brokerKeys reads the broker's keys from the identity store.
@@ -246,6 +345,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"join (a connection without credentials, in the join account)", joinUser().Permissions},
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
+		{"archive writes (added to the module user of the build seat's holder)", builderArchivePermissions()},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}

@@ -8,8 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"mesh-controller/app/builder"
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -359,7 +361,27 @@ func modulePermissions(m inventory.Manifest, node string) broker.Permissions {
 	for _, s := range m.Consumes {
 		p.Subscribe = append(p.Subscribe, "mesh.module."+s)
 	}
+	if canBuild(m) {
+		p = mergePermissions(p, builderPermissions(node))
+	}
 	return p
+}
+
+// canBuild says a manifest can fill the build seat: its module's user is a
+// builder's, scoped to build work.
+func canBuild(m inventory.Manifest) bool {
+	return slices.ContainsFunc(m.Seats, func(s inventory.Seat) bool { return s.Seat == buildSeat })
+}
+
+// builderPermissions are a builder's on node: take the asks addressed to
+// its node and be told to kill one, report lines and outcomes (the
+// outcome is a request: its answer comes to the builder's own inbox,
+// beneath its node's), and write archives.
+func builderPermissions(node string) broker.Permissions {
+	return mergePermissions(broker.Permissions{
+		Publish:   []string{protocol.BuildProgress, protocol.BuildResult},
+		Subscribe: []string{protocol.BuildAskSubject(node), protocol.BuildKillSubject(node), builder.BuilderInbox(node) + ".>"},
+	}, builderArchivePermissions())
 }
 
 // SettingsRequest sets or clears one settings layer.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
 	"filippo.io/age"
@@ -74,15 +75,18 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			return trustOf(ctx, st.Identity, sv.keys)
 		},
-		Join:    sv.join,
-		CatchUp: c.catchUp,
+		Join:           sv.join,
+		CatchUp:        c.catchUp,
+		TakeIn:         c.TakeIn,
+		Connected:      EnsureArchiveBucket,
+		DispatchBuilds: c.DispatchBuilds,
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
 			return r.Open, err
 		},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
-		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log,
+		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery,
 		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {

@@ -64,6 +64,9 @@ type Options struct {
 	Listen string
 	// Broker is an external NATS URL; empty starts the embedded broker.
 	Broker string
+	// BrokerStore is where the embedded broker keeps JetStream's files (the
+	// archives bucket); empty leaves JetStream off.
+	BrokerStore string
 	// DataDir is said in the ready line.
 	DataDir string
 	// Ready is called once the daemon serves, with where its broker is.
@@ -153,7 +156,21 @@ type UseCases struct {
 	// SelfCheck judges the mesh; lines are its raisings and clearings. It
 	// returns the conditions it left open.
 	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) (open []health.Condition, err error)
+	// TakeIn records a builder's outcome (and registers what it built); the
+	// line says what came of it. Nil: builds are not served.
+	TakeIn func(ctx context.Context, outcome []byte, reply string) (line string, err error)
+	// Connected is told the daemon's connection once it is made (the
+	// archives bucket is made there).
+	Connected func(ctx context.Context, nc *nats.Conn) error
+	// DispatchBuilds offers waiting asks to builders and expires the late.
+	DispatchBuilds func(ctx context.Context, nc *nats.Conn) (lines []string, err error)
 }
+
+// BuildKickSubject is where a person's command says an ask is waiting.
+const BuildKickSubject = "mesh.control.build"
+
+// DispatchEvery is how often the build queue is looked at without a kick.
+const DispatchEvery = 5 * time.Second
 
 // Admitted is what admitting a host made.
 type Admitted struct {
@@ -223,7 +240,9 @@ type daemon struct {
 
 	keys   hostKeys
 	events chan event
-	joins  chan queuedJoin
+	// buildKick asks the dispatcher for a round.
+	buildKick chan struct{}
+	joins     chan queuedJoin
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -282,8 +301,9 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	}
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queuedJoin, joinQueue),
-		limits: limiter{buckets: map[[2]string]*bucket{}},
-		beats:  map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
+		buildKick: make(chan struct{}, 1),
+		limits:    limiter{buckets: map[[2]string]*bucket{}},
+		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
 		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
 		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
 
@@ -331,6 +351,15 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		defer close(joinsDone)
 		d.joinWorker(ctx)
 	}()
+	if u.DispatchBuilds != nil {
+		dctx, stopDispatch := context.WithCancel(ctx)
+		dispatched := make(chan struct{})
+		go func() {
+			defer close(dispatched)
+			d.dispatcher(dctx)
+		}()
+		defer func() { stopDispatch(); <-dispatched }()
+	}
 	d.catchUp(ctx, true, "")
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
@@ -358,7 +387,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		if err != nil {
 			return stop, err
 		}
-		srv, err := broker.Start(d.o.Listen, trust)
+		srv, err := broker.StartWith(broker.Config{Listen: d.o.Listen, Trust: trust, StoreDir: d.o.BrokerStore})
 		if err != nil {
 			return stop, err
 		}
@@ -399,6 +428,16 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
+	if d.u.Connected != nil {
+		if err := d.u.Connected(ctx, d.nc); err != nil {
+			if d.o.Broker == "" {
+				return stop, err
+			}
+			// An external broker may have no JetStream: builds cannot
+			// store archives there, and the rest of the mesh serves.
+			d.logf("%v", err)
+		}
+	}
 	return stop, nil
 }
 

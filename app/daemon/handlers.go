@@ -75,6 +75,10 @@ func (d *daemon) subscribe() error {
 		protocol.NodeWildcard(protocol.BackupReport):   d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
+	if d.u.TakeIn != nil {
+		subs[protocol.BuildResult] = d.onBuildResult
+		subs[BuildKickSubject] = func(*nats.Msg) { d.kickBuilds() }
+	}
 	for subject, h := range subs {
 		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
 			return fmt.Errorf("subscribe %s: %w", subject, err)
@@ -523,4 +527,52 @@ func (l *limiter) allow(node, what string, now time.Time) bool {
 	}
 	bk.tokens--
 	return true
+}
+
+// onBuildResult records a builder's outcome, whoever waits for it, and
+// answers the builder once it is recorded (it reports again until then).
+func (d *daemon) onBuildResult(m *nats.Msg) {
+	line, err := d.u.TakeIn(context.Background(), m.Data, m.Reply)
+	reply := protocol.OKReply{OK: err == nil}
+	if err != nil {
+		reply.Error = err.Error()
+		d.logf("a build outcome not taken in: %v", err)
+	} else {
+		d.logf("%s (taken in by serve)", line)
+	}
+	if m.Reply != "" {
+		b, _ := json.Marshal(reply)
+		_ = m.Respond(b)
+	}
+	d.kickBuilds()
+}
+
+// kickBuilds asks the dispatcher for a round soon.
+func (d *daemon) kickBuilds() {
+	select {
+	case d.buildKick <- struct{}{}:
+	default:
+	}
+}
+
+// dispatcher offers the build queue to builders every DispatchEvery and
+// when kicked, off the daemon's loop: asking a builder waits for its answer.
+func (d *daemon) dispatcher(ctx context.Context) {
+	tick := time.NewTicker(DispatchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-d.buildKick:
+		}
+		lines, err := d.u.DispatchBuilds(ctx, d.nc)
+		for _, l := range lines {
+			d.logf("%s", l)
+		}
+		if err != nil && ctx.Err() == nil {
+			d.logf("the build queue: %v", err)
+		}
+	}
 }

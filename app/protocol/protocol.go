@@ -346,3 +346,37 @@ func Canonical(v any) ([]byte, error) {
 	}
 	return bytes.TrimRight(out.Bytes(), "\n"), nil
 }
+
+// Build subjects (protocol.md, "Builders and tools"). Only the holders of
+// the build seat may take asks and report on them; the controller asks.
+const (
+	// BuildProgress carries a build's log lines as they are written.
+	BuildProgress = "mesh.build.progress"
+	// BuildResult carries a build's outcome (a request: the controller
+	// answers once it has recorded it).
+	BuildResult = "mesh.build.result"
+)
+
+// BuildAskSubject is where the controller asks the builder on node to
+// build (a request, answered at once with BuildTaken).
+func BuildAskSubject(node string) string { return "mesh.build.ask." + node }
+
+// BuildKillSubject is where the controller ends a build on node.
+func BuildKillSubject(node string) string { return "mesh.build.kill." + node }
+
+// BuildTaken is a builder's answer to an ask.
+type BuildTaken struct {
+	Taken bool   `json:"taken"`
+	Why   string `json:"why,omitempty"`
+}
+
+// BuildLine is one line of a build's log.
+type BuildLine struct {
+	ID   string `json:"id"`
+	Line string `json:"line"`
+}
+
+// BuildKill ends a build.
+type BuildKill struct {
+	ID string `json:"id"`
+}

@@ -35,6 +35,9 @@ type Program struct {
 	// Done, if set, is called once the command has run, to close what Bind
 	// opened (the stores a process opens once).
 	Done func()
+	// RunBare runs a program given no arguments (its flags come from its
+	// environment, as a module's do) rather than showing its help.
+	RunBare bool
 }
 
 // exit carries an exit status out of kong through a panic, because kong
@@ -59,7 +62,7 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
 		return 1
 	}
-	if len(args) == 0 {
+	if len(args) == 0 && !p.RunBare {
 		args = []string{"--help"}
 	}
 	kctx, err := parser.Parse(args)

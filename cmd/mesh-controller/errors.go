@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"mesh-controller/app"
+	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -70,6 +71,14 @@ func hint(err error) string {
 		return "check it is the input you meant, or make it smaller"
 	case errors.Is(err, app.ErrNotAnObject):
 		return "write the body as one JSON object, e.g. {\"modules\": []}"
+	case errors.Is(err, app.ErrNoBuilder):
+		return "assign a module that can fill it (the builder, run by mesh-builder) to a node; the ask waits for it"
+	case errors.Is(err, app.ErrBuildFailed):
+		return "see its log with 'mesh-controller builds --json', mend the source and build again"
+	case errors.Is(err, builds.ErrNotFound), errors.Is(err, builds.ErrBadID):
+		return "see 'mesh-controller queue' and 'mesh-controller builds' for the ids"
+	case errors.Is(err, builds.ErrEnded), errors.Is(err, builds.ErrInFlight):
+		return "see 'mesh-controller queue'"
 	case errors.Is(err, app.ErrNotConnected):
 		return "start its host ('mesh-host run'), or see 'mesh-controller node show NODE'"
 	case errors.Is(err, app.ErrNoSuchTool):

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"mesh-controller/app"
+	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -79,6 +80,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"retire"}},
 		{args: []string{"cleanup"}},
 		{args: []string{"data"}},
+		{args: []string{"builds"}},
+		{args: []string{"queue"}},
 		// Last: it changes the mesh (a node kept for it alone goes).
 		{args: []string{"node", "remove", "spare", "--and-unassign", "--why", "the json test"}},
 	}
@@ -187,6 +190,22 @@ func populate(t *testing.T, dir, examples string) {
 		t.Fatal(err)
 	}
 	nkey, err := user.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Builds: one failed with the manifest's problems, one waiting.
+	bs := st.Builds
+	failed, err := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(long), Repository: "https://git.example/paperless", Ref: "main"}, long)
+	if err == nil {
+		_, err = bs.Take(ctx, failed.ID, "db1/builder", long)
+	}
+	if err == nil {
+		_, err = bs.Finish(ctx, failed.ID, builds.Outcome{Failed: true, Module: "paperless", Commit: strings.Repeat("c", 40), Why: "mesh.json does not stand",
+			Problems: []string{"version: missing"}, LogTail: []string{"cloning"}}, now)
+	}
+	if err == nil {
+		_, err = bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: "https://git.example/smtp-relay"}, now)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

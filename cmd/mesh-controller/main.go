@@ -46,6 +46,11 @@ type CLI struct {
 	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
 	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
 	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
+	Build      BuildCmd      `cmd:"" help:"Have a holder of the build seat build a repository; wait for the outcome and register what it built."`
+	Builds     BuildsCmd     `cmd:"" help:"What has been built lately, and what came of it."`
+	Queue      QueueCmd      `cmd:"" help:"Every ask in the build queue: waiting, in flight (where, for how long), dead."`
+	Cancel     CancelCmd     `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
+	Clear      ClearCmd      `cmd:"" help:"Cancel every waiting build ask (--dead: and the dead); never one in flight (a hand act: --why)."`
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`

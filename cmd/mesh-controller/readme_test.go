@@ -57,7 +57,7 @@ func TestREADME_Walkthrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	// make build, as the README asks first.
-	for _, c := range []string{"mesh-controller", "mesh-host"} {
+	for _, c := range []string{"mesh-controller", "mesh-host", "mesh-builder"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
 		build.Dir = repo
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")

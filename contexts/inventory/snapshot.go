@@ -40,13 +40,13 @@ func (n NodeState) Behind() bool {
 // Snapshot is everything plans are computed from, read in one transaction
 // so that every plan sees the same mesh.
 type Snapshot struct {
-	Nodes       map[string]NodeState
-	NodeNames   []string
-	Manifests   map[string]map[string]Manifest // module -> version -> manifest
+	Nodes     map[string]NodeState
+	NodeNames []string
+	Manifests map[string]map[string]Manifest // module -> version -> manifest
 	// Archives are the built versions' archives, by module@version.
-	Archives map[string]Archive
-	Current     map[string]string              // module -> current version
-	Assignments []Assignment                   // by node, then module
+	Archives    map[string]Archive
+	Current     map[string]string // module -> current version
+	Assignments []Assignment      // by node, then module
 	// Settings are the layers: module -> node ("" for the mesh layer) -> body.
 	Settings map[string]map[string]json.RawMessage
 	// Seats are the seat holders, bindings, pins, consumers and cleanups.

@@ -338,3 +338,126 @@ func rawPublish(t *testing.T, url, subject string, size int) string {
 		}
 	}
 }
+
+func startJetStream(t *testing.T, k Keys, dir string) *Server {
+	t.Helper()
+	tr, err := k.Trust(testJoin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := StartWith(Config{Listen: "127.0.0.1:0", Trust: tr, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// With a store directory the mesh account has JetStream, in files only and
+// bounded; it survives the account's update (a revocation) and a restart;
+// a second server on the same store is refused. Without one, as before, no
+// account has it.
+func TestServer_JetStream(t *testing.T) {
+	k := newKeys(t)
+	all := Permissions{Publish: []string{">"}, Subscribe: []string{">"}}
+	t.Run("off without a store directory", func(t *testing.T) {
+		s := startServer(t, k)
+		userJWT, seed, _ := k.NewUser("controller", all)
+		nc, _ := connectUser(t, s, userJWT, seed)
+		js, _ := nc.JetStream()
+		if _, err := js.AccountInfo(nats.MaxWait(2 * time.Second)); err == nil {
+			t.Fatal("JetStream answered without a store directory")
+		}
+	})
+	dir := t.TempDir()
+	s := startJetStream(t, k, dir)
+	userJWT, seed, _ := k.NewUser("controller", all)
+	nc, _ := connectUser(t, s, userJWT, seed)
+	js, _ := nc.JetStream()
+	info, err := js.AccountInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Limits.MaxStore != MaxStore || info.Limits.MaxMemory != 0 || info.Limits.MaxStreams != maxStreams ||
+		info.Limits.MaxConsumers != maxConsumers || !info.Limits.MaxBytesRequired {
+		t.Fatalf("limits %+v", info.Limits)
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "M", Subjects: []string{"m.>"}, Storage: nats.MemoryStorage, MaxBytes: 1 << 20}); err == nil {
+		t.Fatal("a stream in memory was made")
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "U", Subjects: []string{"u.>"}, Storage: nats.FileStorage}); err == nil {
+		t.Fatal("a stream without max bytes was made")
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "F", Subjects: []string{"f.>"}, Storage: nats.FileStorage, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish("f.1", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := k.Trust(testJoin, map[string]time.Time{"UAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA": time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateAccount(tr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish("f.2", []byte("after the update")); err != nil {
+		t.Fatalf("after the account's update: %v", err)
+	}
+	if second, err := StartWith(Config{Listen: "127.0.0.1:0", Trust: tr, StoreDir: dir}); !errors.Is(err, ErrStoreInUse) {
+		if second != nil {
+			second.Shutdown()
+		}
+		t.Fatalf("a second server on the same store: %v", err)
+	}
+	nc.Close()
+	s.Shutdown()
+
+	s = startJetStream(t, k, dir)
+	nc, _ = connectUser(t, s, userJWT, seed)
+	js, _ = nc.JetStream()
+	m, err := js.GetLastMsg("F", "f.1")
+	if err != nil || string(m.Data) != "kept" {
+		t.Fatalf("after a restart: %v", err)
+	}
+}
+
+// Whoever may use the JetStream API chooses where the server answers (the
+// request's reply subject) and where a push consumer delivers: the server
+// checks neither against the user's permissions. So a user allowed only a
+// stream's info, and one allowed only to make a consumer, make the server
+// publish onto a subject they may not publish to themselves: what reads a
+// mesh subject must not trust a message for the subject it came on
+// (app/broker.go).
+func TestServer_JetStreamAnswersAnywhere(t *testing.T) {
+	k := newKeys(t)
+	s := startJetStream(t, k, t.TempDir())
+	ctlJWT, ctlSeed, _ := k.NewUser("controller", Permissions{Publish: []string{">"}, Subscribe: []string{">"}})
+	ctl, _ := connectUser(t, s, ctlJWT, ctlSeed)
+	js, _ := ctl.JetStream()
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "S", Subjects: []string{"s.>"}, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish("s.1", []byte("stored bytes")); err != nil {
+		t.Fatal(err)
+	}
+	alerts, _ := ctl.SubscribeSync("mesh.alert")
+	ctl.Flush()
+
+	userJWT, seed, _ := k.NewUser("reader", Permissions{
+		Publish:   []string{"$JS.API.STREAM.INFO.S", "$JS.API.CONSUMER.CREATE.S.*.s.>"},
+		Subscribe: []string{"_INBOX.reader.>"}})
+	nc, e := connectUser(t, s, userJWT, seed)
+	nc.PublishRequest("$JS.API.STREAM.INFO.S", "mesh.alert", nil)
+	if m, err := alerts.NextMsg(5 * time.Second); err != nil || !strings.Contains(string(m.Data), "stream_info_response") {
+		t.Fatalf("the server no longer answers onto any reply subject (%v): the note in app/broker.go may go", err)
+	}
+	req, _ := json.Marshal(map[string]any{"stream_name": "S", "config": map[string]any{"name": "c1", "deliver_subject": "mesh.alert",
+		"filter_subject": "s.1", "ack_policy": "none"}})
+	nc.Publish("$JS.API.CONSUMER.CREATE.S.c1.s.1", req)
+	if m, err := alerts.NextMsg(5 * time.Second); err != nil || string(m.Data) != "stored bytes" {
+		t.Fatalf("the server no longer delivers onto any deliver subject (%v): the note in app/broker.go may go", err)
+	}
+	nc.Publish("mesh.alert", []byte("itself"))
+	e.refused(t, "mesh.alert")
+}

@@ -1,0 +1,226 @@
+package app
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"mesh-controller/app/archive"
+	"mesh-controller/app/protocol"
+)
+
+// Module archives are kept in the broker's JetStream object store, bucket
+// protocol.ArchiveBucket, each named by its sha256 in hex (app/archive):
+// builders write them, hosts and the controller read them, streamed in
+// chunks on both sides, never held whole.
+
+// ArchiveBucketMaxBytes bounds the archives bucket (16 GiB): under the mesh
+// account's JetStream bound (broker.MaxStore), leaving room for its other
+// streams. Once it is full a put is refused; nothing is let go to make room.
+const ArchiveBucketMaxBytes int64 = 16 << 30
+
+// archiveChunkBytes is the size of an archive's chunks, each one message:
+// nats.go's own default, well under a builder's largest message.
+const archiveChunkBytes = 128 << 10
+
+// ErrArchiveNotFound means the bucket holds no archive of that digest.
+var ErrArchiveNotFound = errors.New("archive not found: build the module again")
+
+// ErrArchiveMismatch means the bucket holds an object under a digest whose
+// own record (its meta) names other bytes: PutArchive never stores one,
+// nor puts over one; GetArchive refuses it; the controller may let it go.
+var ErrArchiveMismatch = errors.New("the object stored under that digest records other bytes")
+
+// EnsureArchiveBucket makes the archives bucket if the broker has none, in
+// files, bounded by ArchiveBucketMaxBytes (a put past it is refused, never
+// the oldest archives dropped); one that exists is left as it is. serve
+// calls it once it is connected.
+//
+// The bucket is nats.go's object store layout with one difference: its
+// stream answers no direct get, so anyone may only read a stored message
+// as a JetStream API answer (JSON, the message in base64), never have the
+// server publish its raw bytes onto a subject the asker chose (app/broker.go).
+func EnsureArchiveBucket(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("make the archives bucket: %w", err)
+	}
+	b := protocol.ArchiveBucket
+	// Looked up first: making it again, even alike, would be refused, its
+	// bound counted twice against the account's.
+	if _, err := js.ObjectStore(ctx, b); err == nil {
+		return nil
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("the archives bucket %s: %w", b, err)
+	}
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        archiveStream,
+		Description: "module archives, each named by its sha256",
+		Subjects:    []string{archiveChunks + ">", archiveMeta + ">"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    1,
+		MaxBytes:    ArchiveBucketMaxBytes,
+		// A chunk and its headers; a meta is far smaller.
+		MaxMsgSize: archiveChunkBytes + 4<<10,
+		Discard:    jetstream.DiscardNew,
+		// A meta replaces the one before it (nats.go publishes each with a
+		// rollup header).
+		AllowRollup: true,
+		AllowDirect: false,
+	})
+	if err != nil {
+		return fmt.Errorf("make the archives bucket %s: %w", b, err)
+	}
+	return nil
+}
+
+// archiveStore is the archives bucket over nc.
+func archiveStore(ctx context.Context, nc *nats.Conn) (jetstream.ObjectStore, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	store, err := js.ObjectStore(ctx, protocol.ArchiveBucket)
+	if err != nil {
+		return nil, fmt.Errorf("the archives bucket %s: %w", protocol.ArchiveBucket, err)
+	}
+	return store, nil
+}
+
+// objectDigest is the sha256 (hex) of an object as its meta records it
+// (nats.go's "SHA-256=<base64url>"), "" if it records none.
+func objectDigest(info *jetstream.ObjectInfo) string {
+	sum, err := jetstream.DecodeObjectDigest(info.Digest)
+	if err != nil || len(sum) != sha256.Size {
+		return ""
+	}
+	return hex.EncodeToString(sum)
+}
+
+// PutArchive stores r under digest (the sha256 of its bytes, 64 lowercase
+// hex), streamed a chunk at a time. If the bucket holds that archive
+// already it does nothing and reads nothing from r: the same name is the
+// same bytes. Bytes that do not have that digest, or more than
+// protocol.MaxArchiveBytes of them, are refused before the archive is
+// named (archive.ErrDigest, archive.ErrTooLarge); the chunks sent until
+// then are left for the collection, since a builder may not purge.
+// ErrArchiveMismatch if an object of that name is there that records other
+// bytes.
+func PutArchive(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) error {
+	if !archive.IsDigest(digest) {
+		return fmt.Errorf("put archive %q: %w", digest, errNotDigest)
+	}
+	store, err := archiveStore(ctx, nc)
+	if err != nil {
+		return fmt.Errorf("put archive %s: %w", digest, err)
+	}
+	info, err := store.GetInfo(ctx, digest)
+	switch {
+	case err == nil && objectDigest(info) == digest:
+		return nil
+	case err == nil:
+		return fmt.Errorf("put archive %s: %w", digest, ErrArchiveMismatch)
+	case !errors.Is(err, jetstream.ErrObjectNotFound):
+		return fmt.Errorf("put archive %s: look for it: %w", digest, err)
+	}
+	// On a refusal nats.go purges the chunks it sent, after waiting for
+	// them to be stored: which a builder may not do, so it would wait for
+	// the broker's answer until ctx ends. Ending the put's own context as
+	// the refusal is made returns at once instead.
+	putCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	v := &verifying{r: r, h: sha256.New(), want: digest, left: protocol.MaxArchiveBytes, refused: cancel}
+	_, err = store.Put(putCtx, jetstream.ObjectMeta{Name: digest,
+		Opts: &jetstream.ObjectMetaOptions{ChunkSize: archiveChunkBytes}}, v)
+	if v.err != nil {
+		err = v.err
+	}
+	if err != nil {
+		return fmt.Errorf("put archive %s: %w", digest, err)
+	}
+	return nil
+}
+
+// errNotDigest refuses a name that is not a sha256 in lowercase hex.
+var errNotDigest = errors.New("not a sha256 in lowercase hex: archives are named by their digest")
+
+// verifying passes r's bytes on while hashing them, and ends with an error
+// instead of io.EOF if they are more than left or their sha256 is not
+// want: nats.go's Put then returns without writing the object's meta, so
+// no archive is ever named by a digest its bytes do not have.
+type verifying struct {
+	r       io.Reader
+	h       hash.Hash
+	want    string
+	left    int64
+	refused func()
+	err     error
+}
+
+func (v *verifying) Read(p []byte) (int, error) {
+	n, err := v.r.Read(p)
+	v.h.Write(p[:n])
+	v.left -= int64(n)
+	switch {
+	case v.left < 0:
+		v.err = fmt.Errorf("more than %d bytes: %w", int64(protocol.MaxArchiveBytes), archive.ErrTooLarge)
+	case err == io.EOF:
+		if got := hex.EncodeToString(v.h.Sum(nil)); got != v.want {
+			v.err = fmt.Errorf("the bytes have sha256 %s: %w", got, archive.ErrDigest)
+		}
+	case err != nil:
+		v.err = fmt.Errorf("read the archive: %w", err)
+	}
+	if v.err != nil {
+		v.refused()
+		return n, v.err
+	}
+	return n, err
+}
+
+// GetArchive streams the archive named digest into w and returns how many
+// bytes it wrote. nats.go checks the bytes against the sha256 the object's
+// meta records, which must be digest itself (ErrArchiveMismatch); the
+// caller verifies them against the digest all the same, as it writes them
+// (archive.Receive), before it uses them. ErrArchiveNotFound if there is
+// none; archive.ErrTooLarge, before a byte is written, if it is larger
+// than protocol.MaxArchiveBytes.
+func GetArchive(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64, error) {
+	if !archive.IsDigest(digest) {
+		return 0, fmt.Errorf("get archive %q: %w", digest, errNotDigest)
+	}
+	store, err := archiveStore(ctx, nc)
+	if err != nil {
+		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+	}
+	obj, err := store.Get(ctx, digest)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, fmt.Errorf("get archive %s: %w", digest, ErrArchiveNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+	}
+	defer obj.Close()
+	info, err := obj.Info()
+	if err != nil {
+		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+	}
+	if objectDigest(info) != digest {
+		return 0, fmt.Errorf("get archive %s: %w", digest, ErrArchiveMismatch)
+	}
+	if info.Size > protocol.MaxArchiveBytes {
+		return 0, fmt.Errorf("get archive %s: %d bytes: %w", digest, info.Size, archive.ErrTooLarge)
+	}
+	n, err := io.Copy(w, io.LimitReader(obj, protocol.MaxArchiveBytes))
+	if err != nil {
+		return n, fmt.Errorf("get archive %s: %w", digest, err)
+	}
+	return n, nil
+}

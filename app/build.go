@@ -1,0 +1,370 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/builder"
+	"mesh-controller/app/daemon"
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/builds"
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/inventory"
+)
+
+// BuildKickSubject is where a person's command tells the serving
+// controller that an ask is waiting: it asks a builder at once rather than
+// at its next round.
+const BuildKickSubject = daemon.BuildKickSubject
+
+// Bounds of the build queue. An ask nobody takes within askWaitBound is
+// dead; one taken and not answered within its try's bound goes back to
+// waiting, and is dead after maxBuildTries.
+const (
+	askWaitBound   = 15 * time.Minute
+	maxBuildTries  = 3
+	buildTryMargin = 5 * time.Minute
+)
+
+// buildSeat is the seat whose holders build.
+const buildSeat = "build"
+
+// ErrNoBuilder means no module holds the build seat.
+var ErrNoBuilder = errors.New("no module holds the build seat")
+
+// ErrBuildFailed means a build ended without a registered version; the
+// error says why.
+var ErrBuildFailed = errors.New("the build did not register a version")
+
+// builders are the holders of the build seat, as node/module, that are not
+// paused.
+func builders(snap *inventory.Snapshot, paused []builds.Pause) []inventory.Holder {
+	var out []inventory.Holder
+	for _, h := range snap.Seats.Holders[snap.Seats.SeatName(buildSeat)] {
+		if _, ok := builds.PausedFor(paused, h.Node); !ok {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// DispatchBuilds is the serving controller's round of the build queue: asks
+// in flight past their bound go back to waiting (dead after their tries),
+// asks nobody took for too long die, and each waiting ask is offered to the
+// unpaused holders of the build seat in turn until one takes it. It
+// returns a line for each thing it did.
+func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]string, error) {
+	st, snap, err := c.storesAndSnapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	bs, now := st.Builds, c.Now()
+	var lines []string
+	requeued, dead, err := bs.ExpireInFlight(ctx, inventory.DefaultBuildTimeout+buildTryMargin, maxBuildTries, now)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range requeued {
+		lines = append(lines, fmt.Sprintf("build %s: no outcome from %s in time; asked again", a.ID, a.Builder))
+	}
+	for _, a := range dead {
+		lines = append(lines, fmt.Sprintf("build %s: dead after %d tries", a.ID, a.Tries))
+	}
+	died, err := bs.ExpireWaiting(ctx, askWaitBound, now)
+	if err != nil {
+		return lines, err
+	}
+	for _, a := range died {
+		lines = append(lines, fmt.Sprintf("build %s: no builder took it within %s: dead", a.ID, askWaitBound))
+	}
+	waiting, err := bs.Waiting(ctx, 50)
+	if err != nil || len(waiting) == 0 {
+		return lines, err
+	}
+	paused, err := bs.Paused(ctx)
+	if err != nil {
+		return lines, err
+	}
+	hs := builders(snap, paused)
+	for _, a := range waiting {
+		for _, h := range hs {
+			body, _ := json.Marshal(builder.Ask{ID: a.ID, Repository: a.Repository, Ref: a.Ref, DryRun: a.DryRun})
+			m, err := nc.RequestWithContext(timeoutCtx(ctx, protocol.AnswerTimeout), protocol.BuildAskSubject(h.Node), body)
+			if err != nil {
+				continue // not running, or not answering: the next holder
+			}
+			var t protocol.BuildTaken
+			if json.Unmarshal(m.Data, &t) != nil || !t.Taken {
+				continue
+			}
+			if _, err := bs.Take(ctx, a.ID, h.String(), c.Now()); err != nil {
+				lines = append(lines, fmt.Sprintf("build %s: taken by %s but not recorded: %v", a.ID, h, err))
+				continue
+			}
+			lines = append(lines, fmt.Sprintf("build %s: taken by %s", a.ID, h))
+			break
+		}
+	}
+	return lines, nil
+}
+
+// TakeIn records a builder's outcome and, for a build that succeeded and is
+// not a dry run, registers the version it built with its archive (as module
+// add does, with source, commit and build): the daemon calls it for every
+// outcome, whoever waits. A version older than the module's current one is
+// recorded and not registered (superseded).
+//
+// Only a builder's own connection can have sent it: the answer it asks for
+// goes to the inbox beneath the node of the builder that took the ask (or,
+// for one no builder holds now, of a holder of the build seat). Whoever may
+// use the broker's JetStream API can make the server publish stored bytes
+// on any subject, mesh.build.result included, but never with such a reply.
+func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (string, error) {
+	var o builder.Outcome
+	if err := json.Unmarshal(data, &o); err != nil {
+		return "", fmt.Errorf("an outcome that is not JSON: %w", err)
+	}
+	st, snap, err := c.storesAndSnapshot(ctx)
+	if err != nil {
+		return "", err
+	}
+	asked, err := st.Builds.Get(ctx, o.ID)
+	if err != nil {
+		return "", err
+	}
+	if !fromBuilder(reply, asked, snap) {
+		return "", fmt.Errorf("%w: an outcome for %s that no builder's connection sent", ErrNotFromBuilder, o.ID)
+	}
+	now := c.Now()
+	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, Version: o.Version,
+		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: o.Why, Problems: o.Problems, LogTail: o.LogTail, Manifest: o.Manifest}, now)
+	if err != nil {
+		return "", err
+	}
+	if o.DurationMS > 0 && o.Module != "" {
+		_ = st.Health.RecordDurations(ctx, []health.Duration{{Kind: "build", Subject: o.Module, MS: o.DurationMS, At: now}})
+	}
+	if a.State != builds.Done || a.DryRun {
+		return fmt.Sprintf("build %s of %s: %s %s", a.ID, a.Repository, a.State, a.Why), nil
+	}
+	m, problems := inventory.ParseManifest(o.Manifest)
+	if len(problems) > 0 {
+		_, err := st.Builds.MarkSuperseded(ctx, a.ID, "its manifest does not stand: "+problems[0].String())
+		return "", err
+	}
+	if cur, ok := snap.Current[m.Module]; ok && inventory.CompareVersions(m.Version, cur) < 0 {
+		_, err := st.Builds.MarkSuperseded(ctx, a.ID, fmt.Sprintf("%s %s is older than the registered %s", m.Module, m.Version, cur))
+		return fmt.Sprintf("build %s: superseded: %s %s is older than %s", a.ID, m.Module, m.Version, cur), err
+	}
+	canon, err := protocol.Canonical(m)
+	if err != nil {
+		return "", err
+	}
+	if _, err := st.Inventory.AddBuilt(ctx, m, canon, inventory.Origin{Source: a.Repository, Commit: o.Commit, BuildID: a.ID,
+		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes}}, now); err != nil {
+		_, merr := st.Builds.MarkSuperseded(ctx, a.ID, err.Error())
+		return fmt.Sprintf("build %s: not registered: %v", a.ID, err), merr
+	}
+	if _, err := st.Builds.MarkRegistered(ctx, a.ID); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("build %s: %s %s registered from %s at %s", a.ID, m.Module, m.Version, a.Repository, short(o.Commit)), nil
+}
+
+// ErrNotFromBuilder means a build outcome did not come from a builder.
+var ErrNotFromBuilder = errors.New("refused")
+
+// fromBuilder says reply is beneath the inbox of the builder that took the
+// ask, or, for an ask no builder holds, of a holder of the build seat.
+func fromBuilder(reply string, a builds.Ask, snap *inventory.Snapshot) bool {
+	under := func(node string) bool { return node != "" && strings.HasPrefix(reply, builder.BuilderInbox(node)+".") }
+	if node, _, _ := strings.Cut(a.Builder, "/"); node != "" && a.State == builds.InFlight {
+		return under(node)
+	}
+	for _, h := range snap.Seats.Holders[snap.Seats.SeatName(buildSeat)] {
+		if under(h.Node) {
+			return true
+		}
+	}
+	return false
+}
+
+func short(commit string) string {
+	if len(commit) > 12 {
+		return commit[:12]
+	}
+	return commit
+}
+
+// BuildRequest asks for a build.
+type BuildRequest struct {
+	Repository, Ref string
+	// NoWait returns once the ask is queued.
+	NoWait bool
+	// Progress is told each step and each line of the build's log.
+	Progress func(string)
+}
+
+// Build queues an ask, tells the serving controller, and (unless NoWait)
+// follows it — waiting, taken by a builder, its log, its outcome — until
+// it ends: nil only when a version was registered.
+func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, error) {
+	if strings.TrimSpace(r.Repository) == "" || strings.HasPrefix(r.Repository, "-") || strings.HasPrefix(r.Ref, "-") {
+		return builds.Ask{}, fmt.Errorf("%w: give a repository URL or path, and a ref that is not an option", builds.ErrNoRepository)
+	}
+	if r.Progress == nil {
+		r.Progress = func(string) {}
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	now := c.Now()
+	a, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: r.Repository, Ref: r.Ref}, now)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	r.Progress(fmt.Sprintf("%s: waiting for a builder (%s%s)", a.ID, a.Repository, map[bool]string{true: " at " + a.Ref, false: ""}[a.Ref != ""]))
+	if snap, err := st.Inventory.Snapshot(ctx); err == nil && len(snap.Seats.Holders[snap.Seats.SeatName(buildSeat)]) == 0 {
+		if r.NoWait {
+			r.Progress("no module holds the build seat yet: the ask waits until one does")
+			return a, nil
+		}
+		return a, fmt.Errorf("%s is queued, and %w", a.ID, ErrNoBuilder)
+	}
+	nc, err := c.dialBroker(ctx, st.Identity)
+	if err != nil {
+		if r.NoWait {
+			return a, nil // a controller asks a builder when it serves
+		}
+		return a, fmt.Errorf("%s is queued, and %w", a.ID, err)
+	}
+	defer nc.Close()
+	lines := make(chan string, 256)
+	if !r.NoWait {
+		sub, err := nc.Subscribe(protocol.BuildProgress, func(m *nats.Msg) {
+			var l protocol.BuildLine
+			if json.Unmarshal(m.Data, &l) == nil && l.ID == a.ID {
+				select {
+				case lines <- l.Line:
+				default: // a slow terminal drops lines, never the build
+				}
+			}
+		})
+		if err != nil {
+			return a, err
+		}
+		defer sub.Unsubscribe()
+	}
+	_ = nc.Publish(BuildKickSubject, []byte(a.ID))
+	_ = nc.FlushTimeout(protocol.AnswerTimeout)
+	if r.NoWait {
+		return a, nil
+	}
+	state := a.State
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return a, fmt.Errorf("%s goes on without you: see 'mesh-controller builds'", a.ID)
+		case l := <-lines:
+			r.Progress("  | " + l)
+			continue
+		case <-tick.C:
+		}
+		if a, err = st.Builds.Get(ctx, a.ID); err != nil {
+			return a, err
+		}
+		if a.State != state {
+			state = a.State
+			if a.State == builds.InFlight {
+				r.Progress(fmt.Sprintf("%s: taken by %s, building", a.ID, a.Builder))
+			}
+		}
+		if a.State.Open() && a.State != builds.Dead || a.State == builds.Done && !a.Registered && a.Why == "" {
+			continue
+		}
+		for len(lines) > 0 {
+			r.Progress("  | " + <-lines)
+		}
+		if a.Registered {
+			return a, nil
+		}
+		why := a.Why
+		if a.Details != nil && len(a.Details.Problems) > 0 {
+			why += ": " + strings.Join(a.Details.Problems, "; ")
+		}
+		return a, fmt.Errorf("%w: %s %s: %s", ErrBuildFailed, a.ID, a.State, why)
+	}
+}
+
+// BuildsList is what builds shows: the latest asks, newest first.
+func (c *Controller) BuildsList(ctx context.Context, module string) ([]builds.Ask, error) {
+	if module != "" {
+		if err := CheckName(module); err != nil {
+			return nil, err
+		}
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st.Builds.List(ctx, builds.Filter{Module: module})
+}
+
+// BuildQueue is what queue shows: asks waiting, in flight and dead.
+func (c *Controller) BuildQueue(ctx context.Context) ([]builds.Ask, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st.Builds.Queue(ctx)
+}
+
+// errBuildWhy: every by-hand act on the build queue is recorded with why.
+var errBuildWhy = fmt.Errorf("a by-hand act on the build queue is recorded with why: %w", health.ErrNoWhy)
+
+// BuildCancel drops a waiting or dead ask (never one in flight: kill ends
+// that), recorded as a hand act.
+func (c *Controller) BuildCancel(ctx context.Context, id, why string) (builds.Ask, error) {
+	if strings.TrimSpace(why) == "" {
+		return builds.Ask{}, errBuildWhy
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	a, err := st.Builds.Cancel(ctx, id, c.Now())
+	if err != nil {
+		return a, err
+	}
+	return a, c.recordHand(ctx, fmt.Sprintf("cancel build %s (%s)", a.ID, a.Repository), why, "build", "")
+}
+
+// BuildClear cancels every waiting ask, and the dead ones with dead; never
+// one in flight. It is recorded as a hand act when it cancelled any.
+func (c *Controller) BuildClear(ctx context.Context, dead bool, why string) (int, error) {
+	if strings.TrimSpace(why) == "" {
+		return 0, errBuildWhy
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := st.Builds.Clear(ctx, dead, c.Now())
+	if err != nil || n == 0 {
+		return n, err
+	}
+	what := "waiting"
+	if dead {
+		what = "waiting and dead"
+	}
+	return n, c.recordHand(ctx, fmt.Sprintf("clear the build queue: %s cancelled (%s)", Plural(n, "ask"), what), why, "build", "")
+}

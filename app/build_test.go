@@ -1,0 +1,240 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/builds"
+)
+
+var (
+	builderOnce sync.Once
+	builderBin  string
+	builderErr  error
+)
+
+// buildBuilder builds mesh-builder once per test binary.
+func buildBuilder(t testing.TB) string {
+	t.Helper()
+	builderOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mesh-builder-")
+		if err != nil {
+			builderErr = err
+			return
+		}
+		builderBin = filepath.Join(dir, "mesh-builder")
+		if out, err := exec.Command("go", "build", "-o", builderBin, "../cmd/mesh-builder").CombinedOutput(); err != nil {
+			builderErr = errors.New(string(out))
+		}
+	})
+	if builderErr != nil {
+		t.Fatalf("build mesh-builder: %v", builderErr)
+	}
+	return builderBin
+}
+
+// git runs git in dir, failing the test when it fails.
+func git(t testing.TB, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+}
+
+// greeterRepo makes a local bare git repository holding a small Go program
+// (no dependencies) that listens on port and a mesh.json that builds it
+// with go build, with the build cache this test's go uses, so that a build
+// costs seconds, not a standard library compiled afresh.
+func greeterRepo(t testing.TB, version string, port int) string {
+	t.Helper()
+	base := t.TempDir()
+	bare, work := filepath.Join(base, "greeter.git"), filepath.Join(base, "work")
+	git(t, base, "init", "-q", "--bare", "-b", "main", bare)
+	git(t, base, "init", "-q", "-b", "main", work)
+	cache, err := exec.Command("go", "env", "GOCACHE").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"go.mod": "module greeter\n\ngo 1.22\n",
+		"main.go": `package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ln, err := net.Listen("tcp", "127.0.0.1:` + fmt.Sprint(port) + `")
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("greeter ` + version + ` listening on", ln.Addr())
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "hello from greeter ` + version + `")
+			c.Close()
+		}
+	}()
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM)
+	<-stop
+}
+`,
+		"mesh.json": `{"module": "greeter", "version": "` + version + `",
+  "build": {"command": ["go", "build", "-o", "bin/greeter", "."], "outputs": ["bin/"], "timeout": "5m",
+            "env": {"CGO_ENABLED": "0", "GOCACHE": "` + strings.TrimSpace(string(cache)) + `", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}},
+  "run": {"command": ["bin/greeter"], "ready": {"port": "http"}},
+  "ports": [{"name": "http", "port": ` + fmt.Sprint(port) + `}]}
+`,
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(work, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	git(t, work, "add", ".")
+	git(t, work, "commit", "-q", "-m", "greeter "+version)
+	git(t, work, "push", "-q", bare, "main")
+	return bare
+}
+
+// builderOn joins a host that runs mesh-builder as the builder module,
+// holding the build seat, and waits until it is ready.
+func (m *testMesh) builderOn(t testing.TB, node string) *testHost {
+	t.Helper()
+	bin := buildBuilder(t)
+	h := m.join(node)
+	m.addModule(writeManifest(t, `{"module": "builder", "version": "1.0.0", "run": {"command": ["`+bin+`"], "ready": {"after": "300ms"}},
+		"seats": [{"seat": "build", "delivers": "builds of module sources", "replicated": true}],
+		"data": [{"name": "work", "path": "/var/lib/builder/work", "precious": "rebuildable"}]}`))
+	if _, err := m.c.Assign(context.Background(), node, []string{"builder"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the builder ready on "+node, func() bool { return m.moduleState(node, "builder").State == protocol.StateReady })
+	return h
+}
+
+// The loop closed: a repository built by a real builder module on a real
+// host (git clone, go build, an archive through the broker's object store),
+// the version registered with its commit and archive, assigned to another
+// host, which fetches the archive, verifies it, unpacks it and runs the
+// built program until it is ready.
+func TestBuild_SourceToRunningModule(t *testing.T) {
+	m := newTestMesh(t)
+	m.builderOn(t, "b1")
+	web1 := m.join("web1")
+	_, portText, _ := strings.Cut(freeAddr(t), ":")
+	var port int
+	fmt.Sscan(portText, &port)
+	repo := greeterRepo(t, "1.0.0", port)
+	ctx := context.Background()
+
+	var progress []string
+	a, err := m.c.Build(ctx, BuildRequest{Repository: repo, Progress: func(l string) { progress = append(progress, l) }})
+	if err != nil {
+		t.Fatalf("build: %v\n%s\n%s", err, strings.Join(progress, "\n"), m.logs.String())
+	}
+	if a.State != builds.Done || !a.Registered || a.Module != "greeter" || a.Version != "1.0.0" || len(a.Commit) != 40 || a.Digest == "" {
+		t.Fatalf("the build: %+v", a)
+	}
+	if joined := strings.Join(progress, "\n"); !strings.Contains(joined, "taken by b1/builder") {
+		t.Errorf("progress did not say who took it:\n%s", joined)
+	}
+	snap, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := snap.Inventory.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := inv.Archives["greeter@1.0.0"]; got.Digest != a.Digest || got.Bytes != a.Bytes {
+		t.Fatalf("the registered version's archive %+v, the build's %s %d", got, a.Digest, a.Bytes)
+	}
+
+	m.assign(t, "web1", "greeter")
+	waitFor(t, "greeter ready on web1", func() bool { return m.moduleState("web1", "greeter").State == protocol.StateReady })
+	ran := filepath.Join(web1.root, protocol.ModulesDir, "greeter", "1.0.0", "bin", "greeter")
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatalf("the built program is not where its archive was unpacked: %v", err)
+	}
+	if ds, _ := m.c.Durations(ctx, "build", 1); len(ds) != 1 || ds[0].Subject != "greeter" {
+		t.Errorf("build durations: %+v", ds)
+	}
+}
+
+// A repository that cannot be built is an outcome with why, not a registered
+// version: a ref that does not exist, a checkout whose mesh.json does not
+// stand (every problem listed).
+func TestBuild_Failures(t *testing.T) {
+	m := newTestMesh(t)
+	m.builderOn(t, "b1")
+	repo := greeterRepo(t, "1.0.0", 1)
+	ctx := context.Background()
+	_, err := m.c.Build(ctx, BuildRequest{Repository: repo, Ref: "no-such-branch"})
+	if !errors.Is(err, ErrBuildFailed) || !strings.Contains(err.Error(), "no-such-branch") {
+		t.Fatalf("a ref that does not exist: %v", err)
+	}
+	_, err = m.c.Build(ctx, BuildRequest{Repository: filepath.Join(t.TempDir(), "nowhere.git")})
+	if !errors.Is(err, ErrBuildFailed) {
+		t.Fatalf("a repository that is not there: %v", err)
+	}
+	as, err := m.c.BuildsList(ctx, "")
+	if err != nil || len(as) != 2 || as[0].State != builds.Failed || as[1].State != builds.Failed {
+		t.Fatalf("builds: %+v %v", as, err)
+	}
+}
+
+// An outcome that no builder's connection sent (here the controller's own
+// user, as anything that can make the broker publish on mesh.build.result
+// would) is refused: nothing is recorded, nothing registered.
+func TestBuild_ForgedOutcomeRefused(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	a, err := m.c.Build(ctx, BuildRequest{Repository: "https://git.example/greeter", NoWait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := m.controllerConn(t)
+	forged := fmt.Sprintf(`{"id": %q, "repository": "https://git.example/greeter", "on": "b1", "module": "greeter", "version": "9.9.9",
+		"manifest": {"module": "greeter", "version": "9.9.9"}, "digest": %q, "bytes": 10, "duration_ms": 1}`, a.ID, strings.Repeat("a", 64))
+	reply, err := nc.Request(protocol.BuildResult, []byte(forged), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(reply.Data), `"ok":false`) || !strings.Contains(string(reply.Data), "no builder") {
+		t.Fatalf("answer %s", reply.Data)
+	}
+	got, err := m.c.BuildsList(ctx, "")
+	if err != nil || len(got) != 1 || got[0].State != builds.Waiting {
+		t.Fatalf("builds after a forged outcome: %+v %v", got, err)
+	}
+	if _, err := m.c.stores(ctx); err == nil {
+		st, _ := m.c.stores(ctx)
+		snap, _ := st.Inventory.Snapshot(ctx)
+		if _, ok := snap.Current["greeter"]; ok {
+			t.Fatal("a forged outcome registered a module")
+		}
+	}
+}

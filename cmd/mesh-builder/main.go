@@ -1,0 +1,50 @@
+// Command mesh-builder is the reference builder: a module a host runs (the
+// builder module's run.command) that takes the build asks addressed to its
+// node, builds them with git and the manifest's build section, stores each
+// archive in the broker's object store and reports the outcome. Run as a
+// module it needs no arguments: its environment says everything.
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+
+	"github.com/alecthomas/kong"
+
+	"mesh-controller/app/builder"
+	"mesh-controller/cmd/clirun"
+)
+
+// CLI is mesh-builder's command line: flags only, each defaulting to what
+// a host gives a module.
+type CLI struct {
+	Broker string `env:"MESH_BROKER" required:"" help:"The broker's URL (a host sets MESH_BROKER)."`
+	Creds  string `env:"MESH_BROKER_CREDS" required:"" type:"existingfile" help:"Its broker user's .creds file (a host sets MESH_BROKER_CREDS)."`
+	Node   string `env:"MESH_NODE" required:"" help:"The node it runs on: it takes the asks addressed there."`
+	Work   string `env:"MESH_DATA_WORK" required:"" type:"existingdir" help:"Its work directory, one fresh subdirectory per build (the builder module's work data set)."`
+}
+
+// Env is what Run is given.
+type Env struct {
+	Ctx    context.Context
+	Stderr io.Writer
+}
+
+// Run serves until SIGINT or SIGTERM.
+func (c *CLI) Run(env *Env) error {
+	return builder.Serve(env.Ctx, builder.ServeOptions{Broker: c.Broker, Creds: c.Creds, Node: c.Node, WorkDir: c.Work,
+		Put: builder.PutArchive, Log: env.Stderr})
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var cli CLI
+	return clirun.Program{
+		Name:    "mesh-builder",
+		Options: []kong.Option{kong.Description("The reference builder, run by a host as the builder module: takes build asks, builds, stores archives.")},
+		Bind:    func(ctx context.Context) any { return &Env{Ctx: ctx, Stderr: stderr} },
+		RunBare: true,
+	}.Run(&cli, args, stdout, stderr)
+}
