@@ -208,7 +208,7 @@ func TestArchives_Child(t *testing.T) {
 	defer cancel()
 	digest := os.Getenv("MESH_TEST_DIGEST")
 	// Warm up (the connection, the bucket's lookup) before measuring.
-	if _, err := archiveStore(ctx, nc); err != nil {
+	if _, err := archive.Bucket(ctx, nc); err != nil {
 		f.Err = err.Error()
 		return
 	}
@@ -239,12 +239,12 @@ func TestArchives_Child(t *testing.T) {
 	case "put":
 		var file *os.File
 		if file, err = os.Open(os.Getenv("MESH_TEST_PATH")); err == nil {
-			err = PutArchive(ctx, nc, digest, file)
+			err = archive.Put(ctx, nc, digest, file)
 			file.Close()
 		}
 	case "get":
 		h := sha256.New()
-		f.Bytes, err = GetArchive(ctx, nc, digest, h)
+		f.Bytes, err = archive.Get(ctx, nc, digest, h)
 		f.Digest = hex.EncodeToString(h.Sum(nil))
 	}
 	f.TookMS = float64(time.Since(start).Microseconds()) / 1000
@@ -307,19 +307,19 @@ func TestArchives_PutAndGet(t *testing.T) {
 	defer cancel()
 	m := newArchiveMesh(t)
 	ctl, _ := m.controller(t)
-	if err := EnsureArchiveBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureArchiveBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl); err != nil {
 		t.Fatalf("again: %v", err)
 	}
-	if ArchiveBucketMaxBytes >= broker.MaxStore {
-		t.Fatalf("the bucket's bound %d leaves no room under the account's %d", ArchiveBucketMaxBytes, broker.MaxStore)
+	if archive.BucketMaxBytes >= broker.MaxStore {
+		t.Fatalf("the bucket's bound %d leaves no room under the account's %d", archive.BucketMaxBytes, broker.MaxStore)
 	}
 	js, _ := jetstream.New(ctl)
 	if s, err := js.Stream(ctx, archiveStream); err != nil {
 		t.Fatal(err)
-	} else if c := s.CachedInfo().Config; c.Storage != jetstream.FileStorage || c.MaxBytes != ArchiveBucketMaxBytes ||
+	} else if c := s.CachedInfo().Config; c.Storage != jetstream.FileStorage || c.MaxBytes != archive.BucketMaxBytes ||
 		c.Discard != jetstream.DiscardNew || c.AllowDirect || c.DenyPurge {
 		t.Fatalf("the bucket's stream: %+v", c)
 	}
@@ -351,14 +351,14 @@ func TestArchives_PutAndGet(t *testing.T) {
 
 	t.Run("the controller reads it", func(t *testing.T) {
 		h := sha256.New()
-		if n, err := GetArchive(ctx, ctl, digest, h); err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != digest {
+		if n, err := archive.Get(ctx, ctl, digest, h); err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != digest {
 			t.Fatalf("%d bytes: %v", n, err)
 		}
 	})
 	t.Run("received and verified as a host does", func(t *testing.T) {
 		pr, pw := io.Pipe()
 		go func() {
-			_, err := GetArchive(ctx, host, digest, pw)
+			_, err := archive.Get(ctx, host, digest, pw)
 			pw.CloseWithError(err)
 		}()
 		file, n, err := archive.Receive(pr, t.TempDir(), digest, protocol.MaxArchiveBytes)
@@ -368,21 +368,21 @@ func TestArchives_PutAndGet(t *testing.T) {
 		os.Remove(file)
 	})
 	t.Run("put again, nothing is read", func(t *testing.T) {
-		if err := PutArchive(ctx, builder, digest, readsNothing{t}); err != nil {
+		if err := archive.Put(ctx, builder, digest, readsNothing{t}); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("bytes that are not the digest are not named by it", func(t *testing.T) {
 		other := strings.Repeat("ab", 32)
 		start := time.Now()
-		err := PutArchive(ctx, builder, other, bytes.NewReader(make([]byte, 300<<10)))
+		err := archive.Put(ctx, builder, other, bytes.NewReader(make([]byte, 300<<10)))
 		if !errors.Is(err, archive.ErrDigest) {
 			t.Fatalf("put: %v", err)
 		}
 		if took := time.Since(start); took > 2*time.Second {
 			t.Errorf("the refusal took %v", took)
 		}
-		if _, err := GetArchive(ctx, host, other, io.Discard); !errors.Is(err, ErrArchiveNotFound) {
+		if _, err := archive.Get(ctx, host, other, io.Discard); !errors.Is(err, archive.ErrNotStored) {
 			t.Fatalf("get: %v", err)
 		}
 		// The chunks sent are left: the builder may not purge them, and
@@ -395,10 +395,10 @@ func TestArchives_PutAndGet(t *testing.T) {
 	})
 	t.Run("names that are not a digest", func(t *testing.T) {
 		for _, name := range []string{"", "x", strings.ToUpper(digest), digest + "0", "../" + digest[3:]} {
-			if err := PutArchive(ctx, builder, name, strings.NewReader("x")); !errors.Is(err, errNotDigest) {
+			if err := archive.Put(ctx, builder, name, strings.NewReader("x")); !errors.Is(err, archive.ErrNotDigest) {
 				t.Errorf("put %q: %v", name, err)
 			}
-			if _, err := GetArchive(ctx, host, name, io.Discard); !errors.Is(err, errNotDigest) {
+			if _, err := archive.Get(ctx, host, name, io.Discard); !errors.Is(err, archive.ErrNotDigest) {
 				t.Errorf("get %q: %v", name, err)
 			}
 		}
@@ -411,10 +411,10 @@ func TestArchives_PutAndGet(t *testing.T) {
 		if _, err := store.PutBytes(ctx, other, []byte("not those bytes")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := GetArchive(ctx, host, other, io.Discard); !errors.Is(err, ErrArchiveMismatch) {
+		if _, err := archive.Get(ctx, host, other, io.Discard); !errors.Is(err, archive.ErrMismatch) {
 			t.Fatalf("get: %v", err)
 		}
-		if err := PutArchive(ctx, builder, other, readsNothing{t}); !errors.Is(err, ErrArchiveMismatch) {
+		if err := archive.Put(ctx, builder, other, readsNothing{t}); !errors.Is(err, archive.ErrMismatch) {
 			t.Fatalf("put: %v", err)
 		}
 	})
@@ -433,14 +433,14 @@ func TestArchives_Permissions(t *testing.T) {
 	ctx := context.Background()
 	m := newArchiveMesh(t)
 	ctl, _ := m.controller(t)
-	if err := EnsureArchiveBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl); err != nil {
 		t.Fatal(err)
 	}
 	builder, _ := m.builder(t, "build1")
 	content := bytes.Repeat([]byte("archive "), 40<<10) // three chunks
 	sum := sha256.Sum256(content)
 	digest := hex.EncodeToString(sum[:])
-	if err := PutArchive(ctx, builder, digest, bytes.NewReader(content)); err != nil {
+	if err := archive.Put(ctx, builder, digest, bytes.NewReader(content)); err != nil {
 		t.Fatal(err)
 	}
 	metaSubject := archiveMeta + base64.URLEncoding.EncodeToString([]byte(digest)) // as nats.go names it
@@ -463,7 +463,7 @@ func TestArchives_Permissions(t *testing.T) {
 		t.Helper()
 		host, _ := m.host(t, "web2")
 		h := sha256.New()
-		if _, err := GetArchive(ctx, host, digest, h); err != nil || hex.EncodeToString(h.Sum(nil)) != digest {
+		if _, err := archive.Get(ctx, host, digest, h); err != nil || hex.EncodeToString(h.Sum(nil)) != digest {
 			t.Fatalf("the archive is no longer whole: %v", err)
 		}
 	}
@@ -475,7 +475,7 @@ func TestArchives_Permissions(t *testing.T) {
 		}
 		refused(t, v, "Publish", archiveChunks)
 		raw := strings.Repeat("ef", 32)
-		if err := PutArchive(short(t), host, raw, strings.NewReader("x")); err == nil {
+		if err := archive.Put(short(t), host, raw, strings.NewReader("x")); err == nil {
 			t.Fatal("a host put an archive")
 		}
 		refused(t, v, "Publish", archiveChunks)
@@ -534,10 +534,10 @@ func TestArchives_Permissions(t *testing.T) {
 		}
 		refused(t, v, "Publish", "$JS.API.STREAM.PURGE."+archiveStream)
 		host, _ := m.host(t, "web2")
-		if _, err := GetArchive(ctx, host, digest, io.Discard); !errors.Is(err, ErrArchiveNotFound) {
+		if _, err := archive.Get(ctx, host, digest, io.Discard); !errors.Is(err, archive.ErrNotStored) {
 			t.Fatalf("the mark was not taken (%v): the note above may go", err)
 		}
-		if err := PutArchive(ctx, builder, digest, bytes.NewReader(content)); err != nil {
+		if err := archive.Put(ctx, builder, digest, bytes.NewReader(content)); err != nil {
 			t.Fatal(err)
 		}
 		stillThere(t)
@@ -556,7 +556,7 @@ func TestArchives_Permissions(t *testing.T) {
 				t.Fatal("it looked the bucket up")
 			}
 			refused(t, v, "", "")
-			if _, err := GetArchive(short(t), nc, digest, io.Discard); err == nil {
+			if _, err := archive.Get(short(t), nc, digest, io.Discard); err == nil {
 				t.Fatal("it read an archive")
 			}
 			refused(t, v, "", "")

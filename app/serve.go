@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -78,7 +79,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Join:           sv.join,
 		CatchUp:        c.catchUp,
 		TakeIn:         c.TakeIn,
-		Connected:      EnsureArchiveBucket,
+		Connected:      archive.EnsureBucket,
 		DispatchBuilds: c.DispatchBuilds,
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 )
 
@@ -171,27 +171,15 @@ func respond(m *nats.Msg, v any) {
 }
 
 // PutArchive stores an archive file in the broker's object store under its
-// digest; one stored already (the same bytes, by their name) is left as
-// it is, so a builder never needs to purge or overwrite.
+// digest (archive.Put: one stored already is left as it is, and the bytes
+// are checked against the digest as they go).
 func PutArchive(ctx context.Context, nc *nats.Conn, digest, file string) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	store, err := js.ObjectStore(ctx, protocol.ArchiveBucket)
-	if err != nil {
-		return fmt.Errorf("the archive store: %w", err)
-	}
-	if _, err := store.GetInfo(ctx, digest); err == nil {
-		return nil
-	}
 	f, err := os.Open(file)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	_, err = store.Put(ctx, jetstream.ObjectMeta{Name: digest}, f)
-	return err
+	return archive.Put(ctx, nc, digest, f)
 }
 
 // BuilderInbox is the inbox prefix of the builder on node: beneath the

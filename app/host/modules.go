@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
@@ -309,26 +309,20 @@ func (r *Runner) fetcher(nc *nats.Conn) fetcher {
 	return func(a protocol.Archive) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), archiveFetchTimeout(a.Bytes))
 		defer cancel()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return "", err
-		}
-		store, err := js.ObjectStore(ctx, protocol.ArchiveBucket)
-		if err != nil {
-			return "", fmt.Errorf("the archive store: %w", err)
-		}
-		obj, err := store.Get(ctx, a.Digest)
-		if err != nil {
-			return "", fmt.Errorf("fetch %s: %w", a.Digest, err)
-		}
-		defer obj.Close()
 		tmp := filepath.Join(r.State.Dir, "archives")
 		if err := os.MkdirAll(tmp, 0o700); err != nil {
 			return "", err
 		}
-		file, size, err := archive.Receive(obj, tmp, a.Digest, protocol.MaxArchiveBytes)
+		// Streamed from the broker into a file, hashed on the way.
+		pr, pw := io.Pipe()
+		go func() {
+			_, err := archive.Get(ctx, nc, a.Digest, pw)
+			pw.CloseWithError(err)
+		}()
+		file, size, err := archive.Receive(pr, tmp, a.Digest, protocol.MaxArchiveBytes)
+		pr.Close()
 		if err != nil {
-			return "", err
+			return "", fmt.Errorf("fetch %s: %w", a.Digest, err)
 		}
 		if size != a.Bytes {
 			os.Remove(file)

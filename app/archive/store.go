@@ -1,4 +1,4 @@
-package app
+package archive
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 )
 
@@ -21,25 +20,25 @@ import (
 // builders write them, hosts and the controller read them, streamed in
 // chunks on both sides, never held whole.
 
-// ArchiveBucketMaxBytes bounds the archives bucket (16 GiB): under the mesh
+// BucketMaxBytes bounds the archives bucket (16 GiB): under the mesh
 // account's JetStream bound (broker.MaxStore), leaving room for its other
 // streams. Once it is full a put is refused; nothing is let go to make room.
-const ArchiveBucketMaxBytes int64 = 16 << 30
+const BucketMaxBytes int64 = 16 << 30
 
-// archiveChunkBytes is the size of an archive's chunks, each one message:
+// chunkBytes is the size of an archive's chunks, each one message:
 // nats.go's own default, well under a builder's largest message.
-const archiveChunkBytes = 128 << 10
+const chunkBytes = 128 << 10
 
-// ErrArchiveNotFound means the bucket holds no archive of that digest.
-var ErrArchiveNotFound = errors.New("archive not found: build the module again")
+// ErrNotStored means the bucket holds no archive of that digest.
+var ErrNotStored = errors.New("archive not found: build the module again")
 
-// ErrArchiveMismatch means the bucket holds an object under a digest whose
-// own record (its meta) names other bytes: PutArchive never stores one,
-// nor puts over one; GetArchive refuses it; the controller may let it go.
-var ErrArchiveMismatch = errors.New("the object stored under that digest records other bytes")
+// ErrMismatch means the bucket holds an object under a digest whose
+// own record (its meta) names other bytes: Put never stores one,
+// nor puts over one; Get refuses it; the controller may let it go.
+var ErrMismatch = errors.New("the object stored under that digest records other bytes")
 
-// EnsureArchiveBucket makes the archives bucket if the broker has none, in
-// files, bounded by ArchiveBucketMaxBytes (a put past it is refused, never
+// EnsureBucket makes the archives bucket if the broker has none, in
+// files, bounded by BucketMaxBytes (a put past it is refused, never
 // the oldest archives dropped); one that exists is left as it is. serve
 // calls it once it is connected.
 //
@@ -47,7 +46,7 @@ var ErrArchiveMismatch = errors.New("the object stored under that digest records
 // stream answers no direct get, so anyone may only read a stored message
 // as a JetStream API answer (JSON, the message in base64), never have the
 // server publish its raw bytes onto a subject the asker chose (app/broker.go).
-func EnsureArchiveBucket(ctx context.Context, nc *nats.Conn) error {
+func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("make the archives bucket: %w", err)
@@ -61,14 +60,14 @@ func EnsureArchiveBucket(ctx context.Context, nc *nats.Conn) error {
 		return fmt.Errorf("the archives bucket %s: %w", b, err)
 	}
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:        archiveStream,
+		Name:        "OBJ_" + protocol.ArchiveBucket,
 		Description: "module archives, each named by its sha256",
-		Subjects:    []string{archiveChunks + ">", archiveMeta + ">"},
+		Subjects:    []string{"$O." + protocol.ArchiveBucket + ".C.>", "$O." + protocol.ArchiveBucket + ".M.>"},
 		Storage:     jetstream.FileStorage,
 		Replicas:    1,
-		MaxBytes:    ArchiveBucketMaxBytes,
+		MaxBytes:    BucketMaxBytes,
 		// A chunk and its headers; a meta is far smaller.
-		MaxMsgSize: archiveChunkBytes + 4<<10,
+		MaxMsgSize: chunkBytes + 4<<10,
 		Discard:    jetstream.DiscardNew,
 		// A meta replaces the one before it (nats.go publishes each with a
 		// rollup header).
@@ -82,7 +81,8 @@ func EnsureArchiveBucket(ctx context.Context, nc *nats.Conn) error {
 }
 
 // archiveStore is the archives bucket over nc.
-func archiveStore(ctx context.Context, nc *nats.Conn) (jetstream.ObjectStore, error) {
+// Bucket opens the archives bucket.
+func Bucket(ctx context.Context, nc *nats.Conn) (jetstream.ObjectStore, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -104,20 +104,20 @@ func objectDigest(info *jetstream.ObjectInfo) string {
 	return hex.EncodeToString(sum)
 }
 
-// PutArchive stores r under digest (the sha256 of its bytes, 64 lowercase
+// Put stores r under digest (the sha256 of its bytes, 64 lowercase
 // hex), streamed a chunk at a time. If the bucket holds that archive
 // already it does nothing and reads nothing from r: the same name is the
 // same bytes. Bytes that do not have that digest, or more than
 // protocol.MaxArchiveBytes of them, are refused before the archive is
-// named (archive.ErrDigest, archive.ErrTooLarge); the chunks sent until
+// named (ErrDigest, ErrTooLarge); the chunks sent until
 // then are left for the collection, since a builder may not purge.
-// ErrArchiveMismatch if an object of that name is there that records other
+// ErrMismatch if an object of that name is there that records other
 // bytes.
-func PutArchive(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) error {
-	if !archive.IsDigest(digest) {
-		return fmt.Errorf("put archive %q: %w", digest, errNotDigest)
+func Put(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) error {
+	if !IsDigest(digest) {
+		return fmt.Errorf("put archive %q: %w", digest, ErrNotDigest)
 	}
-	store, err := archiveStore(ctx, nc)
+	store, err := Bucket(ctx, nc)
 	if err != nil {
 		return fmt.Errorf("put archive %s: %w", digest, err)
 	}
@@ -126,7 +126,7 @@ func PutArchive(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) 
 	case err == nil && objectDigest(info) == digest:
 		return nil
 	case err == nil:
-		return fmt.Errorf("put archive %s: %w", digest, ErrArchiveMismatch)
+		return fmt.Errorf("put archive %s: %w", digest, ErrMismatch)
 	case !errors.Is(err, jetstream.ErrObjectNotFound):
 		return fmt.Errorf("put archive %s: look for it: %w", digest, err)
 	}
@@ -138,7 +138,7 @@ func PutArchive(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) 
 	defer cancel()
 	v := &verifying{r: r, h: sha256.New(), want: digest, left: protocol.MaxArchiveBytes, refused: cancel}
 	_, err = store.Put(putCtx, jetstream.ObjectMeta{Name: digest,
-		Opts: &jetstream.ObjectMetaOptions{ChunkSize: archiveChunkBytes}}, v)
+		Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunkBytes}}, v)
 	if v.err != nil {
 		err = v.err
 	}
@@ -148,8 +148,8 @@ func PutArchive(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) 
 	return nil
 }
 
-// errNotDigest refuses a name that is not a sha256 in lowercase hex.
-var errNotDigest = errors.New("not a sha256 in lowercase hex: archives are named by their digest")
+// ErrNotDigest refuses a name that is not a sha256 in lowercase hex.
+var ErrNotDigest = errors.New("not a sha256 in lowercase hex: archives are named by their digest")
 
 // verifying passes r's bytes on while hashing them, and ends with an error
 // instead of io.EOF if they are more than left or their sha256 is not
@@ -170,10 +170,10 @@ func (v *verifying) Read(p []byte) (int, error) {
 	v.left -= int64(n)
 	switch {
 	case v.left < 0:
-		v.err = fmt.Errorf("more than %d bytes: %w", int64(protocol.MaxArchiveBytes), archive.ErrTooLarge)
+		v.err = fmt.Errorf("more than %d bytes: %w", int64(protocol.MaxArchiveBytes), ErrTooLarge)
 	case err == io.EOF:
 		if got := hex.EncodeToString(v.h.Sum(nil)); got != v.want {
-			v.err = fmt.Errorf("the bytes have sha256 %s: %w", got, archive.ErrDigest)
+			v.err = fmt.Errorf("the bytes have sha256 %s: %w", got, ErrDigest)
 		}
 	case err != nil:
 		v.err = fmt.Errorf("read the archive: %w", err)
@@ -185,24 +185,24 @@ func (v *verifying) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// GetArchive streams the archive named digest into w and returns how many
+// Get streams the archive named digest into w and returns how many
 // bytes it wrote. nats.go checks the bytes against the sha256 the object's
-// meta records, which must be digest itself (ErrArchiveMismatch); the
+// meta records, which must be digest itself (ErrMismatch); the
 // caller verifies them against the digest all the same, as it writes them
-// (archive.Receive), before it uses them. ErrArchiveNotFound if there is
-// none; archive.ErrTooLarge, before a byte is written, if it is larger
+// (Receive), before it uses them. ErrNotStored if there is
+// none; ErrTooLarge, before a byte is written, if it is larger
 // than protocol.MaxArchiveBytes.
-func GetArchive(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64, error) {
-	if !archive.IsDigest(digest) {
-		return 0, fmt.Errorf("get archive %q: %w", digest, errNotDigest)
+func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64, error) {
+	if !IsDigest(digest) {
+		return 0, fmt.Errorf("get archive %q: %w", digest, ErrNotDigest)
 	}
-	store, err := archiveStore(ctx, nc)
+	store, err := Bucket(ctx, nc)
 	if err != nil {
 		return 0, fmt.Errorf("get archive %s: %w", digest, err)
 	}
 	obj, err := store.Get(ctx, digest)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return 0, fmt.Errorf("get archive %s: %w", digest, ErrArchiveNotFound)
+		return 0, fmt.Errorf("get archive %s: %w", digest, ErrNotStored)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("get archive %s: %w", digest, err)
@@ -213,10 +213,10 @@ func GetArchive(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) 
 		return 0, fmt.Errorf("get archive %s: %w", digest, err)
 	}
 	if objectDigest(info) != digest {
-		return 0, fmt.Errorf("get archive %s: %w", digest, ErrArchiveMismatch)
+		return 0, fmt.Errorf("get archive %s: %w", digest, ErrMismatch)
 	}
 	if info.Size > protocol.MaxArchiveBytes {
-		return 0, fmt.Errorf("get archive %s: %d bytes: %w", digest, info.Size, archive.ErrTooLarge)
+		return 0, fmt.Errorf("get archive %s: %d bytes: %w", digest, info.Size, ErrTooLarge)
 	}
 	n, err := io.Copy(w, io.LimitReader(obj, protocol.MaxArchiveBytes))
 	if err != nil {
