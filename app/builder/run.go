@@ -3,13 +3,12 @@ package builder
 import (
 	"context"
 	"errors"
+	"mesh-controller/app/spawn"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -34,35 +33,6 @@ type ran struct {
 	strays   int              // processes of its group still alive past groupGoneBound
 }
 
-// The spawner starts every child from one OS thread that never exits:
-// Pdeathsig fires when the thread that forked a child ends, not the
-// process, and Go ends the threads of goroutines that exit while locked.
-var spawner struct {
-	once sync.Once
-	reqs chan spawnReq
-}
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// spawn starts cmd on the spawner's thread.
-func spawn(cmd *exec.Cmd) error {
-	spawner.once.Do(func() {
-		spawner.reqs = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked, never returns: see spawner
-			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawner.reqs <- spawnReq{cmd: cmd, done: done}
-	return <-done
-}
-
 // runGroup runs cmd as the leader of a new session and so of its own
 // process group (no controlling terminal: nothing it starts can prompt),
 // and kills the whole group with SIGKILL when the leader exits, at the
@@ -72,7 +42,7 @@ func spawn(cmd *exec.Cmd) error {
 func runGroup(ctx context.Context, timeout time.Duration, cmd *exec.Cmd) ran {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = ioDelay
-	if err := spawn(cmd); err != nil {
+	if err := spawn.Start(cmd); err != nil {
 		return ran{err: err}
 	}
 	pgid := cmd.Process.Pid

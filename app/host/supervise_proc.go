@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"mesh-controller/app/spawn"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -31,35 +30,6 @@ type run struct {
 	logR    *os.File      // read end of its output pipe
 	copied  chan struct{} // closed once its output is all in the log
 	pidFile string
-}
-
-// The spawner starts every child from one OS thread that never exits:
-// Pdeathsig fires when the thread that forked a child ends, not the
-// process, and Go ends threads of goroutines that exit while locked.
-var spawner struct {
-	once sync.Once
-	reqs chan spawnReq
-}
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// spawn starts cmd on the spawner's thread.
-func spawn(cmd *exec.Cmd) error {
-	spawner.once.Do(func() {
-		spawner.reqs = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked, never returns: see spawner
-			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawner.reqs <- spawnReq{cmd: cmd, done: done}
-	return <-done
 }
 
 // childAttr is how every child starts: its own process group, killed if
@@ -141,7 +111,7 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 	if cgfd >= 0 {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgfd
 	}
-	err = spawn(cmd)
+	err = spawn.Start(cmd)
 	if cgfd >= 0 {
 		unix.Close(cgfd)
 		if err != nil && cloneIntoCgroupRefused(err) {
@@ -150,7 +120,7 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 			s.disableCgroups()
 			cg = ""
 			cmd = &exec.Cmd{Path: path, Args: spec.Command, Env: env, Dir: spec.Dir, Stdout: pw, Stderr: pw, SysProcAttr: childAttr(cred)}
-			err = spawn(cmd)
+			err = spawn.Start(cmd)
 		}
 	}
 	pw.Close()

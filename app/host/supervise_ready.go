@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/spawn"
 )
 
 // How ready checks poll while a module starts; none runs once it is ready.
@@ -111,7 +112,7 @@ func tryReadyCommand(stop <-chan struct{}, spec ModuleSpec, command []string, cr
 		env = []string{}
 	}
 	cmd := &exec.Cmd{Path: path, Args: command, Env: env, Dir: spec.Dir, SysProcAttr: childAttr(cred)}
-	if spawn(cmd) != nil {
+	if spawn.Start(cmd) != nil {
 		return false
 	}
 	done := make(chan error, 1)
