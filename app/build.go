@@ -15,7 +15,9 @@ import (
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/embedded/broker"
 )
 
 // BuildKickSubject is where a person's command tells the serving
@@ -205,6 +207,9 @@ func short(commit string) string {
 // BuildRequest asks for a build.
 type BuildRequest struct {
 	Repository, Ref string
+	// Module and AgainOf are known for a rebuild: the module asked for, and
+	// the build asked again.
+	Module, AgainOf string
 	// NoWait returns once the ask is queued.
 	NoWait bool
 	// Progress is told each step and each line of the build's log.
@@ -226,7 +231,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 		return builds.Ask{}, err
 	}
 	now := c.Now()
-	a, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: r.Repository, Ref: r.Ref}, now)
+	a, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: r.Repository, Ref: r.Ref, Module: r.Module, AgainOf: r.AgainOf}, now)
 	if err != nil {
 		return builds.Ask{}, err
 	}
@@ -367,4 +372,156 @@ func (c *Controller) BuildClear(ctx context.Context, dead bool, why string) (int
 		what = "waiting and dead"
 	}
 	return n, c.recordHand(ctx, fmt.Sprintf("clear the build queue: %s cancelled (%s)", Plural(n, "ask"), what), why, "build", "")
+}
+
+// ErrNoSource means a module names no source to build it from.
+var ErrNoSource = errors.New("names no source")
+
+// Rebuild asks again: a module's source (its default branch), or a build's
+// repository and ref, under a new id; then as Build.
+func (c *Controller) Rebuild(ctx context.Context, target string, r BuildRequest) (builds.Ask, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	if strings.HasPrefix(target, "b-") {
+		old, err := st.Builds.Get(ctx, target)
+		if err != nil {
+			return builds.Ask{}, err
+		}
+		r.Repository, r.Ref, r.Module, r.AgainOf = old.Repository, old.Ref, old.Module, old.ID
+		return c.Build(ctx, r)
+	}
+	if err := CheckName(target); err != nil {
+		return builds.Ask{}, err
+	}
+	m, err := st.Inventory.Module(ctx, target)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	if m.Source == "" {
+		return builds.Ask{}, fmt.Errorf("module %s %w to build it from", target, ErrNoSource)
+	}
+	r.Repository, r.Module = m.Source, target
+	return c.Build(ctx, r)
+}
+
+// BuildKill ends a build where it runs (its builder kills its process
+// group) and records it killed by hand.
+func (c *Controller) BuildKill(ctx context.Context, id, why string) (a builds.Ask, told bool, err error) {
+	if strings.TrimSpace(why) == "" {
+		return builds.Ask{}, false, errBuildWhy
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Ask{}, false, err
+	}
+	if a, err = st.Builds.Kill(ctx, id, c.Now()); err != nil {
+		return a, false, err
+	}
+	if err := c.recordHand(ctx, fmt.Sprintf("kill build %s on %s (%s)", a.ID, a.Builder, a.Repository), why, "build", ""); err != nil {
+		return a, false, err
+	}
+	node, _, _ := strings.Cut(a.Builder, "/")
+	if nc, err := c.dialBroker(ctx, st.Identity); err == nil {
+		defer nc.Close()
+		body, _ := json.Marshal(protocol.BuildKill{ID: a.ID})
+		told = nc.Publish(protocol.BuildKillSubject(node), body) == nil && nc.FlushTimeout(protocol.AnswerTimeout) == nil
+	}
+	return a, told, nil
+}
+
+// BuildPause stops the build seat's holder on a node (every holder with
+// node "") from being offered new asks, recorded as a hand act; what it
+// builds now goes on.
+func (c *Controller) BuildPause(ctx context.Context, node, why string) (builds.Pause, bool, error) {
+	if strings.TrimSpace(why) == "" {
+		return builds.Pause{}, false, errBuildWhy
+	}
+	holder := builds.Every
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Pause{}, false, err
+	}
+	if node != "" {
+		if err := CheckName(node); err != nil {
+			return builds.Pause{}, false, err
+		}
+		if _, err := st.Inventory.Node(ctx, node); err != nil {
+			return builds.Pause{}, false, err
+		}
+		holder = node
+	}
+	p, added, err := st.Builds.Pause(ctx, holder, why, c.Now())
+	if err != nil || !added {
+		return p, added, err
+	}
+	what := "every builder"
+	if node != "" {
+		what = "the builder on " + node
+	}
+	return p, added, c.recordHand(ctx, "pause "+what, why, "build", "")
+}
+
+// BuildResume lets a paused builder (every one with node "") take asks again.
+func (c *Controller) BuildResume(ctx context.Context, node string) ([]builds.Pause, error) {
+	holder := builds.Every
+	if node != "" {
+		if err := CheckName(node); err != nil {
+			return nil, err
+		}
+		holder = node
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := st.Builds.Resume(ctx, holder)
+	if err == nil {
+		c.kickBuilds(ctx, st)
+	}
+	return ps, err
+}
+
+// kickBuilds tells a serving controller to offer the queue now.
+func (c *Controller) kickBuilds(ctx context.Context, st *Stores) {
+	if nc, err := c.dialBroker(ctx, st.Identity); err == nil {
+		_ = nc.Publish(BuildKickSubject, []byte("{}"))
+		_ = nc.FlushTimeout(protocol.AnswerTimeout)
+		nc.Close()
+	}
+}
+
+// BuilderIssue makes a broker user for a build machine on node whose host
+// is not the reference host (or to replace the builder module's own): it
+// may take the asks addressed to node, report, and write archives, nothing
+// else. It returns a .creds document.
+func (c *Controller) BuilderIssue(ctx context.Context, node string) (string, error) {
+	if err := CheckName(node); err != nil {
+		return "", err
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return "", err
+	}
+	if _, err := st.Inventory.Node(ctx, node); err != nil {
+		return "", err
+	}
+	keys, err := brokerKeys(ctx, st.Identity)
+	if err != nil {
+		return "", err
+	}
+	userJWT, seed, err := keys.NewUser("builder on "+node, mergePermissions(broker.Permissions{Publish: []string{answerInboxes}, MaxPayload: memberMaxPayload}, builderPermissions(node)))
+	if err != nil {
+		return "", err
+	}
+	pub, err := broker.PublicOfSeed(seed)
+	if err != nil {
+		return "", err
+	}
+	// Kept, so that removing the node revokes it.
+	if err := st.Identity.RecordIssuedUser(ctx, identity.IssuedUser{Pub: pub, Kind: "builder", Node: node}, c.Now()); err != nil {
+		return "", err
+	}
+	return broker.Creds(userJWT, seed)
 }

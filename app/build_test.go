@@ -238,3 +238,48 @@ func TestBuild_ForgedOutcomeRefused(t *testing.T) {
 		}
 	}
 }
+
+// kill ends a build where it runs: its builder kills its process group,
+// the ask is recorded killed by hand, and the outcome the builder then sends
+// is refused as ended.
+func TestBuild_KilledByHand(t *testing.T) {
+	m := newTestMesh(t)
+	m.builderOn(t, "b1")
+	base := t.TempDir()
+	bare, work := filepath.Join(base, "slow.git"), filepath.Join(base, "work")
+	git(t, base, "init", "-q", "--bare", "-b", "main", bare)
+	git(t, base, "init", "-q", "-b", "main", work)
+	os.WriteFile(filepath.Join(work, "mesh.json"), []byte(`{"module": "slow", "version": "1.0.0",
+		"build": {"command": ["sleep", "4321"], "outputs": ["bin/"]}}`), 0o644)
+	git(t, work, "add", ".")
+	git(t, work, "commit", "-q", "-m", "slow")
+	git(t, work, "push", "-q", bare, "main")
+	ctx := context.Background()
+	a, err := m.c.Build(ctx, BuildRequest{Repository: bare, NoWait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the build in flight", func() bool {
+		got, err := m.c.stores(ctx)
+		if err != nil {
+			return false
+		}
+		cur, err := got.Builds.Get(ctx, a.ID)
+		return err == nil && cur.State == builds.InFlight
+	})
+	sleepers := func() int {
+		out, _ := exec.Command("pgrep", "-f", "^sleep 4321$").Output()
+		return len(strings.Fields(string(out)))
+	}
+	waitFor(t, "the build command running", func() bool { return sleepers() > 0 })
+	k, told, err := m.c.BuildKill(ctx, a.ID, "it hangs")
+	if err != nil || !told || k.State != builds.Killed {
+		t.Fatalf("kill: %+v told %v: %v", k, told, err)
+	}
+	waitFor(t, "the build's processes gone", func() bool { return sleepers() == 0 })
+	waitFor(t, "the builder's outcome refused as ended", func() bool { return strings.Contains(m.logs.String(), "a build outcome not taken in") })
+	st, _ := m.c.stores(ctx)
+	if got, _ := st.Builds.Get(ctx, a.ID); got.State != builds.Killed || got.Why != "killed by hand" {
+		t.Fatalf("after the kill: %+v", got)
+	}
+}

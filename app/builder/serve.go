@@ -155,6 +155,12 @@ func report(ctx context.Context, nc *nats.Conn, o Outcome, logf func(string, ...
 				logf("%s: reported %s", o.ID, map[bool]string{true: "failed: " + o.Why, false: "built " + o.Module + " " + o.Version}[o.Failed])
 				return
 			}
+			if ok.Error != "" {
+				// Heard and refused (killed or cancelled by hand, say):
+				// reporting it again would change nothing.
+				logf("%s: the controller refused the outcome: %s", o.ID, ok.Error)
+				return
+			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			logf("%s: the outcome could not be reported: %v", o.ID, err)

@@ -139,3 +139,109 @@ func (c *ClearCmd) Run(env *Env) error {
 	fmt.Fprintf(env.Stdout, "%s cancelled; none in flight is touched\n", app.Plural(n, "ask"))
 	return nil
 }
+
+// RebuildCmd is rebuild.
+type RebuildCmd struct {
+	Target string `arg:"" help:"A module (its source is asked again) or a build's id (its repository and ref)."`
+	NoWait bool   `help:"Queue the ask and return."`
+}
+
+// Run asks again and follows the ask as build does.
+func (c *RebuildCmd) Run(env *Env) error {
+	a, err := env.App.Rebuild(env.Ctx, c.Target, app.BuildRequest{NoWait: c.NoWait, Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
+	if err != nil {
+		return err
+	}
+	if c.NoWait {
+		fmt.Fprintf(env.Stdout, "%s queued\n", a.ID)
+		return nil
+	}
+	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, shortCommit(a.Commit), a.ID)
+	return nil
+}
+
+// KillCmd is kill.
+type KillCmd struct {
+	ID  string `arg:"" help:"The build in flight (b-…)."`
+	Why string `required:"" help:"Why, for the hand-act log."`
+}
+
+// Run ends the build where it runs.
+func (c *KillCmd) Run(env *Env) error {
+	a, told, err := env.App.BuildKill(env.Ctx, c.ID, c.Why)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s killed (it ran on %s)\n", a.ID, a.Builder)
+	if !told {
+		fmt.Fprintf(env.Stderr, "its builder could not be told now (no controller serving): its outcome, if it comes, is refused as ended\n")
+	}
+	return nil
+}
+
+// PauseCmd is pause.
+type PauseCmd struct {
+	Node Name   `arg:"" optional:"" help:"The node whose builder takes nothing new; every builder if none."`
+	Why  string `required:"" help:"Why, for the hand-act log."`
+}
+
+// Run pauses.
+func (c *PauseCmd) Run(env *Env) error {
+	p, added, err := env.App.BuildPause(env.Ctx, string(c.Node), c.Why)
+	if err != nil {
+		return err
+	}
+	who := "every builder"
+	if c.Node != "" {
+		who = "the builder on " + string(c.Node)
+	}
+	if !added {
+		fmt.Fprintf(env.Stdout, "%s was paused already (since %s: %s)\n", who, p.Since.Format(timeShown), p.Why)
+		return nil
+	}
+	fmt.Fprintf(env.Stdout, "%s takes nothing new; a build in flight goes on\n", who)
+	fmt.Fprintf(env.Stderr, "undo with 'mesh-controller resume%s'\n", map[bool]string{true: " " + string(c.Node), false: ""}[c.Node != ""])
+	return nil
+}
+
+// ResumeCmd is resume.
+type ResumeCmd struct {
+	Node Name `arg:"" optional:"" help:"The node whose builder takes asks again; every builder if none."`
+}
+
+// Run resumes.
+func (c *ResumeCmd) Run(env *Env) error {
+	ps, err := env.App.BuildResume(env.Ctx, string(c.Node))
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		who := "every builder"
+		if p.Holder != builds.Every {
+			who = "the builder on " + p.Holder
+		}
+		fmt.Fprintf(env.Stdout, "%s takes asks again (paused since %s)\n", who, p.Since.Format(timeShown))
+	}
+	return nil
+}
+
+// BuilderCmd groups builder commands.
+type BuilderCmd struct {
+	Issue BuilderIssueCmd `cmd:"" help:"A broker user for a build machine on a node, scoped to build work; prints a .creds document."`
+}
+
+// BuilderIssueCmd is builder issue.
+type BuilderIssueCmd struct {
+	Node Name `arg:"" help:"The node the build machine is."`
+}
+
+// Run prints the .creds document.
+func (c *BuilderIssueCmd) Run(env *Env) error {
+	creds, err := env.App.BuilderIssue(env.Ctx, string(c.Node))
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(env.Stdout, creds)
+	fmt.Fprintf(env.Stderr, "a builder's broker user on %s: it holds a private key, keep it as a secret (0600); run 'mesh-builder --creds FILE --node %s' with it\n", c.Node, c.Node)
+	return nil
+}

@@ -51,6 +51,11 @@ type CLI struct {
 	Queue      QueueCmd      `cmd:"" help:"Every ask in the build queue: waiting, in flight (where, for how long), dead."`
 	Cancel     CancelCmd     `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
 	Clear      ClearCmd      `cmd:"" help:"Cancel every waiting build ask (--dead: and the dead); never one in flight (a hand act: --why)."`
+	Rebuild    RebuildCmd    `cmd:"" help:"Ask a module's source again, or a build's repository and ref, under a new id."`
+	Kill       KillCmd       `cmd:"" help:"End a build where it runs; recorded killed by hand (--why)."`
+	Pause      PauseCmd      `cmd:"" help:"The build seat's holder on a node (or every holder) takes nothing new (a hand act: --why)."`
+	Resume     ResumeCmd     `cmd:"" help:"A paused builder (or every one) takes asks again."`
+	Builder    BuilderCmd    `cmd:"" help:"Build machines' broker users (issue)."`
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
