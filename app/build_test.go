@@ -151,7 +151,9 @@ func TestBuild_SourceToRunningModule(t *testing.T) {
 	ctx := context.Background()
 
 	var progress []string
+	asked := time.Now()
 	a, err := m.c.Build(ctx, BuildRequest{Repository: repo, Progress: func(l string) { progress = append(progress, l) }})
+	t.Logf("ask -> registered: %s (git clone, go build with a warm cache, archive stored)", time.Since(asked).Round(time.Millisecond))
 	if err != nil {
 		t.Fatalf("build: %v\n%s\n%s", err, strings.Join(progress, "\n"), m.logs.String())
 	}
@@ -281,5 +283,62 @@ func TestBuild_KilledByHand(t *testing.T) {
 	st, _ := m.c.stores(ctx)
 	if got, _ := st.Builds.Get(ctx, a.ID); got.State != builds.Killed || got.Why != "killed by hand" {
 		t.Fatalf("after the kill: %+v", got)
+	}
+}
+
+// The build conditions: asks waiting with no builder, an ask dead, a build
+// stuck in flight past its bound, a module whose latest build failed; each
+// cleared when what raised it is gone.
+func TestBuild_Conditions(t *testing.T) {
+	c, st := migrated(t)
+	ctx := context.Background()
+	now := c.Now()
+	bs := st.Builds
+	open := func() map[string]bool {
+		t.Helper()
+		if _, err := c.SelfCheck(ctx, CheckOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cs, err := c.Conditions(ctx, ConditionFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, cd := range cs {
+			if strings.HasPrefix(cd.Kind, "build.") {
+				out[cd.Key] = true
+			}
+		}
+		return out
+	}
+	waiting, _ := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: "https://git.example/a"}, now)
+	dead, _ := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now.Add(-time.Hour)), Repository: "https://git.example/b"}, now.Add(-time.Hour))
+	if _, err := bs.ExpireWaiting(ctx, 30*time.Minute, now); err != nil {
+		t.Fatal(err)
+	}
+	stuck, _ := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now.Add(-3 * time.Hour)), Repository: "https://git.example/c", Module: "c"}, now.Add(-3*time.Hour))
+	if _, err := bs.Take(ctx, stuck.ID, "b1/builder", now.Add(-2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	failed, _ := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now.Add(-time.Minute)), Repository: "https://git.example/d"}, now.Add(-time.Minute))
+	bs.Take(ctx, failed.ID, "b1/builder", now.Add(-time.Minute))
+	if _, err := bs.Finish(ctx, failed.ID, builds.Outcome{Failed: true, Module: "d", Why: "exit status 2"}, now); err != nil {
+		t.Fatal(err)
+	}
+	got := open()
+	for _, key := range []string{"build.no-builder", "build.dead/" + dead.ID, "build.stuck/" + stuck.ID, "build.failed/d"} {
+		if !got[key] {
+			t.Errorf("%s not raised; open: %v", key, got)
+		}
+	}
+	// What raised them goes: each is cleared.
+	bs.Cancel(ctx, waiting.ID, now)
+	bs.Cancel(ctx, dead.ID, now)
+	bs.Kill(ctx, stuck.ID, now)
+	again, _ := bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: "https://git.example/d"}, now)
+	bs.Take(ctx, again.ID, "b1/builder", now)
+	bs.Finish(ctx, again.ID, builds.Outcome{Module: "d", Version: "1.0.1", Commit: strings.Repeat("e", 40)}, now)
+	if got := open(); len(got) != 0 {
+		t.Fatalf("still open: %v", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"syscall"
 	"time"
 
@@ -157,6 +158,25 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	fail("health", "read dropped messages", err)
 	in.moduleStates, err = hs.ModuleStates(ctx, "")
 	fail("health", "read module states", err)
+	if bs := st.Builds; bs != nil {
+		in.queue, err = bs.Queue(ctx)
+		fail("builds", "read the build queue", err)
+		in.latestBuilds, err = bs.LatestByModule(ctx)
+		fail("builds", "read the latest builds", err)
+		in.pausedBuilders, err = bs.Paused(ctx)
+		fail("builds", "read paused builders", err)
+		ds, err := hs.Durations(ctx, "build", now.Add(-30*24*time.Hour))
+		fail("health", "read build durations", err)
+		in.buildP99 = map[string]time.Duration{}
+		byModule := map[string][]float64{}
+		for _, d := range ds {
+			byModule[d.Subject] = append(byModule[d.Subject], d.MS)
+		}
+		for mod, ms := range byModule {
+			sort.Float64s(ms)
+			in.buildP99[mod] = time.Duration(percentile(ms, 0.99) * float64(time.Millisecond))
+		}
+	}
 	in.brake, err = hs.Brake(ctx)
 	fail("health", "read the brake", err)
 	in.handActFor = map[string]bool{}

@@ -9,6 +9,7 @@ import (
 
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -53,7 +54,14 @@ type checkInputs struct {
 	drops       []health.Drop
 	// moduleStates are the supervised modules as their hosts report them.
 	moduleStates []health.ModuleState
-	reuses       []identity.TokenReuse
+	// queue is the open build asks, latestBuilds each module's latest
+	// ended build, pausedBuilders the pauses, buildP99 each module's p99
+	// build duration (30 days).
+	queue          []builds.Ask
+	latestBuilds   []builds.Ask
+	pausedBuilders []builds.Pause
+	buildP99       map[string]time.Duration
+	reuses         []identity.TokenReuse
 	// refusals are the joins refused within joinRefusedWindow.
 	refusals    []health.JoinRefusals
 	brake       health.Brake
@@ -242,6 +250,67 @@ var rules = []rule{
 		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
 			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
 			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
+	}},
+	{kind: "build.failed", needs: []string{"builds"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, a := range in.latestBuilds {
+			if a.State != builds.Failed || a.Module == "" {
+				continue
+			}
+			out = append(out, health.Condition{Key: "build.failed/" + a.Module, Kind: "build.failed", Scope: "module", Module: a.Module, Severity: health.Warning,
+				Summary:  fmt.Sprintf("the latest build of %s failed: %s", a.Module, a.Why),
+				Evidence: map[string]any{"build": a.ID, "repository": a.Repository, "ref": a.Ref, "commit": a.Commit, "builder": a.Builder, "why": a.Why}})
+		}
+		return out
+	}},
+	{kind: "build.dead", needs: []string{"builds"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, a := range in.queue {
+			if a.State != builds.Dead {
+				continue
+			}
+			out = append(out, health.Condition{Key: "build.dead/" + a.ID, Kind: "build.dead", Scope: "mesh", Module: a.Module, Severity: health.Warning,
+				Summary:  fmt.Sprintf("build %s of %s found no builder that answered: %s", a.ID, a.Repository, a.Why),
+				Evidence: map[string]any{"build": a.ID, "repository": a.Repository, "tries": a.Tries, "why": a.Why}})
+		}
+		return out
+	}},
+	{kind: "build.no-builder", needs: []string{"builds", "inventory"}, eval: func(in *checkInputs) []health.Condition {
+		waiting := 0
+		for _, a := range in.queue {
+			if a.State == builds.Waiting {
+				waiting++
+			}
+		}
+		if waiting == 0 || len(builders(in.snap, in.pausedBuilders)) > 0 {
+			return nil
+		}
+		why := "no module holds the build seat"
+		if len(in.snap.Seats.Holders[in.snap.Seats.SeatName(buildSeat)]) > 0 {
+			why = "every holder of the build seat is paused"
+		}
+		return []health.Condition{{Key: "build.no-builder", Kind: "build.no-builder", Scope: "mesh", Severity: health.Warning,
+			Summary:  fmt.Sprintf("%s waiting and %s", Plural(waiting, "build ask"), why),
+			Evidence: map[string]any{"waiting": waiting, "why": why}}}
+	}},
+	{kind: "build.stuck", needs: []string{"builds"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, a := range in.queue {
+			if a.State != builds.InFlight || a.TakenAt == nil {
+				continue
+			}
+			bound := time.Hour
+			if p99, ok := in.buildP99[a.Module]; ok && p99 > 0 {
+				bound = 3 * p99
+			}
+			if in.now.Sub(*a.TakenAt) <= bound {
+				continue
+			}
+			out = append(out, health.Condition{Key: "build.stuck/" + a.ID, Kind: "build.stuck", Scope: "mesh", Module: a.Module, Severity: health.Warning,
+				Summary:  fmt.Sprintf("build %s has been in flight on %s for %s (bound %s)", a.ID, a.Builder, in.now.Sub(*a.TakenAt).Round(time.Second), bound),
+				Evidence: map[string]any{"build": a.ID, "builder": a.Builder, "taken_at": a.TakenAt.UTC().Format(time.RFC3339), "bound_s": bound.Seconds()}})
+		}
+		return out
 	}},
 	{kind: "module.crash-looping", needs: []string{"inventory", "health"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition
