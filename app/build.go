@@ -253,9 +253,10 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 	defer nc.Close()
 	lines := make(chan string, 256)
 	if !r.NoWait {
+		id := a.ID // the handler runs beside the loop below, which reads a afresh
 		sub, err := nc.Subscribe(protocol.BuildProgress, func(m *nats.Msg) {
 			var l protocol.BuildLine
-			if json.Unmarshal(m.Data, &l) == nil && l.ID == a.ID {
+			if json.Unmarshal(m.Data, &l) == nil && l.ID == id {
 				select {
 				case lines <- l.Line:
 				default: // a slow terminal drops lines, never the build
