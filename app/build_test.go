@@ -342,3 +342,58 @@ func TestBuild_Conditions(t *testing.T) {
 		t.Fatalf("still open: %v", got)
 	}
 }
+
+// The re-ask healer: an ask no builder answered is asked again once, under
+// a new id, and build.dead is cleared while the new ask waits.
+func TestBuild_DeadAskedAgainOnce(t *testing.T) {
+	m := newTestMesh(t)
+	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond})
+	ctx := context.Background()
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	then := m.c.Now().Add(-time.Hour)
+	dead, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(then), Repository: "https://git.example/a"}, then)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Builds.ExpireWaiting(ctx, time.Minute, m.c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var again builds.Ask
+	waitFor(t, "the dead ask asked again", func() bool {
+		q, err := st.Builds.Queue(ctx)
+		if err != nil {
+			return false
+		}
+		for _, a := range q {
+			if a.AgainOf == dead.ID {
+				again = a
+				return true
+			}
+		}
+		return false
+	})
+	if again.State != builds.Waiting || again.Repository != dead.Repository {
+		t.Fatalf("asked again: %+v", again)
+	}
+	waitFor(t, "build.dead cleared", func() bool { return !m.open(t, "build.dead/"+dead.ID) })
+	// Once: through several more self-checks, the healer does not ask it a
+	// second time.
+	since := time.Now()
+	waitFor(t, "more self-checks", func() bool {
+		v, err := st.Health.LastVerdict(ctx)
+		return err == nil && v.At.After(since.Add(300*time.Millisecond))
+	})
+	q, _ := st.Builds.Queue(ctx)
+	n := 0
+	for _, a := range q {
+		if a.AgainOf == dead.ID {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d asks again of %s, want 1", n, dead.ID)
+	}
+}

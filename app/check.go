@@ -165,6 +165,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 		fail("builds", "read the latest builds", err)
 		in.pausedBuilders, err = bs.Paused(ctx)
 		fail("builds", "read paused builders", err)
+		in.askedAgain, err = bs.AskedAgain(ctx)
+		fail("builds", "read the asks asked again", err)
 		ds, err := hs.Durations(ctx, "build", now.Add(-30*24*time.Hour))
 		fail("health", "read build durations", err)
 		in.buildP99 = map[string]time.Duration{}

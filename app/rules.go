@@ -60,6 +60,7 @@ type checkInputs struct {
 	queue          []builds.Ask
 	latestBuilds   []builds.Ask
 	pausedBuilders []builds.Pause
+	askedAgain     map[string]builds.State
 	buildP99       map[string]time.Duration
 	reuses         []identity.TokenReuse
 	// refusals are the joins refused within joinRefusedWindow.
@@ -267,6 +268,11 @@ var rules = []rule{
 		var out []health.Condition
 		for _, a := range in.queue {
 			if a.State != builds.Dead {
+				continue
+			}
+			// Asked again and waiting, building or built: no longer a
+			// person's to mend.
+			if again := in.askedAgain[a.ID]; again == builds.Waiting || again == builds.InFlight || again == builds.Done {
 				continue
 			}
 			out = append(out, health.Condition{Key: "build.dead/" + a.ID, Kind: "build.dead", Scope: "mesh", Module: a.Module, Severity: health.Warning,

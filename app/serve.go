@@ -76,9 +76,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			return trustOf(ctx, st.Identity, sv.keys)
 		},
-		Join:           sv.join,
-		CatchUp:        c.catchUp,
-		TakeIn:         c.TakeIn,
+		Join:    sv.join,
+		CatchUp: c.catchUp,
+		TakeIn:  c.TakeIn,
+		ReAsk: func(ctx context.Context, id string) error {
+			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})
+			return err
+		},
 		Connected:      archive.EnsureBucket,
 		DispatchBuilds: c.DispatchBuilds,
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {

@@ -162,6 +162,8 @@ type UseCases struct {
 	// Connected is told the daemon's connection once it is made (the
 	// archives bucket is made there).
 	Connected func(ctx context.Context, nc *nats.Conn) error
+	// ReAsk asks a dead build again under a new id (the re-ask healer).
+	ReAsk func(ctx context.Context, id string) error
 	// DispatchBuilds offers waiting asks to builders and expires the late.
 	DispatchBuilds func(ctx context.Context, nc *nats.Conn) (lines []string, err error)
 }

@@ -43,6 +43,19 @@ var Healers = []Healer{
 	{Name: "retry-apply", Kind: "node.apply-failed", What: "re-send a declaration a node failed to apply, once per declaration, in case the failure passed",
 		detail: func(c health.Condition) string { return fmt.Sprintf("declaration %v", c.Evidence["serial"]) },
 		act:    resendLatest},
+	{Name: "re-ask", Kind: "build.dead", What: "ask a build no builder answered again, once, under a new id",
+		detail: func(c health.Condition) string { return fmt.Sprintf("build %v", c.Evidence["build"]) },
+		act: func(ctx context.Context, d *daemon, c health.Condition) error {
+			if d.u.ReAsk == nil {
+				return fmt.Errorf("builds are not served here")
+			}
+			id, _ := c.Evidence["build"].(string)
+			if err := d.u.ReAsk(ctx, id); err != nil {
+				return err
+			}
+			d.kickBuilds()
+			return nil
+		}},
 }
 
 func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {

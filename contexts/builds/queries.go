@@ -198,3 +198,23 @@ func scanAsk(sc interface{ Scan(...any) error }) (Ask, error) {
 	}
 	return a, nil
 }
+
+// AskedAgain gives, for each ask asked again (rebuild, replay, the re-ask
+// healer), the state of its newest ask again.
+func (s *Store) AskedAgain(ctx context.Context) (map[string]State, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT again_of, state FROM asks WHERE again_of != '' ORDER BY asked_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]State{}
+	for rows.Next() {
+		var of string
+		var st State
+		if err := rows.Scan(&of, &st); err != nil {
+			return nil, err
+		}
+		out[of] = st // the newest wins
+	}
+	return out, rows.Err()
+}
