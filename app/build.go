@@ -160,7 +160,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 		_, err := st.Builds.MarkSuperseded(ctx, a.ID, "its manifest does not stand: "+problems[0].String())
 		return "", err
 	}
-	if cur, ok := snap.Current[m.Module]; ok && inventory.CompareVersions(m.Version, cur) < 0 {
+	if cur, ok := snap.Current[m.Module]; ok && inventory.CompareVersions(m.Version, cur) < 0 && !a.AllowOlder {
 		_, err := st.Builds.MarkSuperseded(ctx, a.ID, fmt.Sprintf("%s %s is older than the registered %s", m.Module, m.Version, cur))
 		return fmt.Sprintf("build %s: superseded: %s %s is older than %s", a.ID, m.Module, m.Version, cur), err
 	}
@@ -210,6 +210,9 @@ type BuildRequest struct {
 	// Module and AgainOf are known for a rebuild: the module asked for, and
 	// the build asked again.
 	Module, AgainOf string
+	// DryRun is looked at, never taken in; AllowOlder may register a version
+	// older than the current one.
+	DryRun, AllowOlder bool
 	// NoWait returns once the ask is queued.
 	NoWait bool
 	// Progress is told each step and each line of the build's log.
@@ -231,7 +234,8 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 		return builds.Ask{}, err
 	}
 	now := c.Now()
-	a, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: r.Repository, Ref: r.Ref, Module: r.Module, AgainOf: r.AgainOf}, now)
+	a, err := st.Builds.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: r.Repository, Ref: r.Ref, Module: r.Module, AgainOf: r.AgainOf,
+		DryRun: r.DryRun, AllowOlder: r.AllowOlder}, now)
 	if err != nil {
 		return builds.Ask{}, err
 	}
@@ -294,13 +298,13 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 				r.Progress(fmt.Sprintf("%s: taken by %s, building", a.ID, a.Builder))
 			}
 		}
-		if a.State.Open() && a.State != builds.Dead || a.State == builds.Done && !a.Registered && a.Why == "" {
+		if a.State.Open() && a.State != builds.Dead || a.State == builds.Done && !a.Registered && a.Why == "" && !a.DryRun {
 			continue
 		}
 		for len(lines) > 0 {
 			r.Progress("  | " + <-lines)
 		}
-		if a.Registered {
+		if a.Registered || a.DryRun && a.State == builds.Done {
 			return a, nil
 		}
 		why := a.Why
@@ -525,4 +529,38 @@ func (c *Controller) BuilderIssue(ctx context.Context, node string) (string, err
 		return "", err
 	}
 	return broker.Creds(userJWT, seed)
+}
+
+// ErrNoCommit means a build recorded no commit to replay.
+var ErrNoCommit = errors.New("recorded no commit to build again")
+
+// Replay builds a build's commit again: a dry run (built and looked at,
+// never registered) unless register; with older, a version older than the
+// current one may be registered. A registering replay is a hand act.
+func (c *Controller) Replay(ctx context.Context, id string, register, older bool, why string, r BuildRequest) (builds.Ask, error) {
+	if older && !register {
+		return builds.Ask{}, errors.New("--older goes with --register")
+	}
+	if register && strings.TrimSpace(why) == "" {
+		return builds.Ask{}, errBuildWhy
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	old, err := st.Builds.Get(ctx, id)
+	if err != nil {
+		return builds.Ask{}, err
+	}
+	if old.Commit == "" {
+		return builds.Ask{}, fmt.Errorf("build %s %w: replay one that got as far as its checkout", id, ErrNoCommit)
+	}
+	if register {
+		if err := c.recordHand(ctx, fmt.Sprintf("replay build %s (%s at %s) to register it%s", id, old.Repository, short(old.Commit),
+			map[bool]string{true: ", older allowed", false: ""}[older]), why, "build", ""); err != nil {
+			return builds.Ask{}, err
+		}
+	}
+	r.Repository, r.Ref, r.Module, r.AgainOf, r.DryRun, r.AllowOlder = old.Repository, old.Commit, old.Module, old.ID, !register, older
+	return c.Build(ctx, r)
 }

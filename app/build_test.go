@@ -397,3 +397,39 @@ func TestBuild_DeadAskedAgainOnce(t *testing.T) {
 		t.Fatalf("%d asks again of %s, want 1", n, dead.ID)
 	}
 }
+
+// replay builds a build's commit again: a dry run is looked at and never
+// taken in; --register of a version older than the current is superseded,
+// unless --older.
+func TestBuild_Replay(t *testing.T) {
+	m := newTestMesh(t)
+	m.builderOn(t, "b1")
+	ctx := context.Background()
+	repo := greeterRepo(t, "1.0.0", 1)
+	first, err := m.c.Build(ctx, BuildRequest{Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry, err := m.c.Replay(ctx, first.ID, false, false, "", BuildRequest{})
+	if err != nil || !dry.DryRun || dry.Registered || dry.Commit != first.Commit || dry.Digest == "" {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	// 1.0.1 from a second commit becomes current.
+	work := filepath.Join(t.TempDir(), "work")
+	git(t, filepath.Dir(work), "clone", "-q", repo, work)
+	b, _ := os.ReadFile(filepath.Join(work, "mesh.json"))
+	os.WriteFile(filepath.Join(work, "mesh.json"), []byte(strings.Replace(string(b), `"1.0.0"`, `"1.0.1"`, 1)), 0o644)
+	git(t, work, "commit", "-q", "-am", "1.0.1")
+	git(t, work, "push", "-q", "origin", "main")
+	if _, err := m.c.Build(ctx, BuildRequest{Repository: repo}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.c.Replay(ctx, first.ID, true, false, "roll back", BuildRequest{})
+	if !errors.Is(err, ErrBuildFailed) || !strings.Contains(err.Error(), "superseded") || !strings.Contains(err.Error(), "older than the registered 1.0.1") {
+		t.Fatalf("an older version without --older: %v", err)
+	}
+	back, err := m.c.Replay(ctx, first.ID, true, true, "roll back", BuildRequest{})
+	if err != nil || !back.Registered || back.Version != "1.0.0" {
+		t.Fatalf("with --older: %+v %v", back, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/builds"
 )
 
@@ -243,5 +244,39 @@ func (c *BuilderIssueCmd) Run(env *Env) error {
 	}
 	fmt.Fprint(env.Stdout, creds)
 	fmt.Fprintf(env.Stderr, "a builder's broker user on %s: it holds a private key, keep it as a secret (0600); run 'mesh-builder --creds FILE --node %s' with it\n", c.Node, c.Node)
+	return nil
+}
+
+// ReplayCmd is replay.
+type ReplayCmd struct {
+	ID       string `arg:"" help:"The build whose commit is built again (b-…)."`
+	Register bool   `help:"Register what it builds (a hand act: --why); without it, a dry run, looked at and never taken in."`
+	Older    bool   `help:"With --register: allow a version older than the module's current one."`
+	Why      string `help:"Why, for the hand-act log (with --register)."`
+	NoWait   bool   `help:"Queue the ask and return."`
+}
+
+// Run builds the commit again.
+func (c *ReplayCmd) Run(env *Env) error {
+	if c.Older && !c.Register {
+		return clirun.UsageError{Msg: "--older goes with --register"}
+	}
+	if c.Register && c.Why == "" {
+		return clirun.UsageError{Msg: "--register is a hand act: add --why"}
+	}
+	a, err := env.App.Replay(env.Ctx, c.ID, c.Register, c.Older, c.Why, app.BuildRequest{NoWait: c.NoWait,
+		Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
+	if err != nil {
+		return err
+	}
+	switch {
+	case c.NoWait:
+		fmt.Fprintf(env.Stdout, "%s queued (%s)\n", a.ID, map[bool]string{true: "to register", false: "a dry run"}[c.Register])
+	case a.DryRun:
+		fmt.Fprintf(env.Stdout, "%s: a dry run of %s at %s built %s %s (archive %s, %s); looked at, not registered\n", a.ID, a.Repository,
+			shortCommit(a.Commit), a.Module, a.Version, shortCommit(a.Digest), app.Plural(a.Bytes, "byte"))
+	default:
+		fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, shortCommit(a.Commit), a.ID)
+	}
 	return nil
 }

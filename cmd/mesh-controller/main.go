@@ -52,6 +52,7 @@ type CLI struct {
 	Cancel     CancelCmd     `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
 	Clear      ClearCmd      `cmd:"" help:"Cancel every waiting build ask (--dead: and the dead); never one in flight (a hand act: --why)."`
 	Rebuild    RebuildCmd    `cmd:"" help:"Ask a module's source again, or a build's repository and ref, under a new id."`
+	Replay     ReplayCmd     `cmd:"" help:"Build a build's commit again: a dry run, or --register (--older) it (a hand act)."`
 	Kill       KillCmd       `cmd:"" help:"End a build where it runs; recorded killed by hand (--why)."`
 	Pause      PauseCmd      `cmd:"" help:"The build seat's holder on a node (or every holder) takes nothing new (a hand act: --why)."`
 	Resume     ResumeCmd     `cmd:"" help:"A paused builder (or every one) takes asks again."`

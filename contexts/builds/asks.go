@@ -35,8 +35,8 @@ func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (Ask, error) 
 		} else if !errors.Is(err, ErrNotFound) {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO asks (id, repository, ref, module, dry_run, plan_id, again_of, state, asked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			a.ID, a.Repository, a.Ref, a.Module, a.DryRun, a.Plan, a.AgainOf, Waiting, sqlite.FormatTime(now)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO asks (id, repository, ref, module, dry_run, plan_id, again_of, allow_older, state, asked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			a.ID, a.Repository, a.Ref, a.Module, a.DryRun, a.Plan, a.AgainOf, a.AllowOlder, Waiting, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
 		var err error

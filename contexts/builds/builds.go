@@ -108,6 +108,9 @@ type Ask struct {
 	// AgainOf is the ask this one asks again (rebuild, replay, a dead ask
 	// re-asked), "" for a first ask.
 	AgainOf string `json:"again_of"`
+	// AllowOlder lets it register a version older than the current one
+	// (replay --register --older).
+	AllowOlder bool `json:"allow_older"`
 	State   State  `json:"state"`
 	// Builder is the node/module that last took the ask.
 	Builder string    `json:"builder"`

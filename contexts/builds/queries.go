@@ -22,7 +22,7 @@ type Filter struct {
 }
 
 // askColumns are an ask's columns in the order scanAsk reads them.
-const askColumns = `id, repository, ref, module, dry_run, plan_id, again_of, state, builder, asked_at, taken_at, finished_at,
+const askColumns = `id, repository, ref, module, dry_run, plan_id, again_of, allow_older, state, builder, asked_at, taken_at, finished_at,
 	tries, last_try_at, late, source_commit, version, digest, bytes, duration_ms, why, registered`
 
 // The reads whose speed the benchmark measures and whose query plans the
@@ -178,7 +178,7 @@ func scanAsk(sc interface{ Scan(...any) error }) (Ask, error) {
 	var a Ask
 	var state, asked string
 	var taken, finished, lastTry sql.NullString
-	if err := sc.Scan(&a.ID, &a.Repository, &a.Ref, &a.Module, &a.DryRun, &a.Plan, &a.AgainOf, &state, &a.Builder, &asked, &taken, &finished,
+	if err := sc.Scan(&a.ID, &a.Repository, &a.Ref, &a.Module, &a.DryRun, &a.Plan, &a.AgainOf, &a.AllowOlder, &state, &a.Builder, &asked, &taken, &finished,
 		&a.Tries, &lastTry, &a.Late, &a.Commit, &a.Version, &a.Digest, &a.Bytes, &a.DurationMS, &a.Why, &a.Registered); err != nil {
 		return Ask{}, err
 	}
