@@ -110,8 +110,8 @@ type Ask struct {
 	AgainOf string `json:"again_of"`
 	// AllowOlder lets it register a version older than the current one
 	// (replay --register --older).
-	AllowOlder bool `json:"allow_older"`
-	State   State  `json:"state"`
+	AllowOlder bool  `json:"allow_older"`
+	State      State `json:"state"`
 	// Builder is the node/module that last took the ask.
 	Builder string    `json:"builder"`
 	AskedAt time.Time `json:"asked_at"`
