@@ -28,7 +28,9 @@ run: build
 	$(BIN)/mesh-controller migrate
 	$(BIN)/mesh-controller serve
 
-# demo: a controller and two hosts in a temporary dir, node list, then all stopped.
+# demo: a controller and two hosts in a temporary dir: modules planned and run (hello asked, killed,
+# restarted, logged, stopped), a Go program built from a local git repository by the builder module
+# and run on the other host, health and the board; then all stopped.
 demo: build
 	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
 	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
@@ -72,6 +74,20 @@ demo: build
 	for i in $$(seq 100); do state >/dev/null || break; sleep 0.1; done; \
 	if state >/dev/null; then echo "hello was not stopped"; exit 1; fi; \
 	echo "unassigned: stopped (no process left: $$(pgrep -f $$dir/web1/root/etc/mesh/modules/hello/bin/hello || echo none)); its data kept: starts = $$(cat $$dir/web1/root/var/lib/hello/starts)"; \
+	echo; echo "a build: web2 runs the example builder module (mesh-builder), which builds a Go program from a local git repository; web1 runs what it built:"; \
+	mkdir -p $$dir/web2/root/etc/mesh/modules/builder/bin && cp $(BIN)/mesh-builder $$dir/web2/root/etc/mesh/modules/builder/bin/builder; \
+	$$mc module add $$ex/builder.json >/dev/null 2>&1; $$mc assign web2 builder >/dev/null 2>&1; \
+	for i in $$(seq 100); do $$mc node show web2 | grep -q '^  builder .* ready ' && break; sleep 0.1; done; \
+	g=$$dir/greeter; mkdir -p $$g && git -C $$g init -q -b main; \
+	printf 'package main\n\nimport ("fmt"; "net"; "os"; "os/signal"; "syscall")\n\nfunc main() {\n\tln, err := net.Listen("tcp", "127.0.0.1:18490")\n\tif err != nil { fmt.Println(err); os.Exit(1) }\n\tfmt.Println("greeter listening on", ln.Addr())\n\tgo func() { for { c, err := ln.Accept(); if err != nil { return }; fmt.Fprintln(c, "hello from a built module"); c.Close() } }()\n\tstop := make(chan os.Signal, 1); signal.Notify(stop, syscall.SIGTERM); <-stop\n}\n' > $$g/main.go; \
+	printf 'module greeter\n\ngo 1.22\n' > $$g/go.mod; \
+	printf '{"module": "greeter", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/greeter", "."], "outputs": ["bin/"], "timeout": "5m", "env": {"CGO_ENABLED": "0", "GOCACHE": "%s", "GOTOOLCHAIN": "local"}}, "run": {"command": ["bin/greeter"], "ready": {"port": "http"}}, "ports": [{"name": "http", "port": 18490}]}\n' "$$($(GO) env GOCACHE)" > $$g/mesh.json; \
+	git -C $$g add . && git -C $$g -c user.name=demo -c user.email=demo@example commit -q -m "greeter 1.0.0"; \
+	$$mc build $$g 2>&1 | grep -v '^  |' | sed 's/^/  /'; \
+	$$mc assign web1 greeter >/dev/null 2>&1; \
+	for i in $$(seq 100); do $$mc node show web1 | grep -q '^  greeter .* ready ' && break; sleep 0.1; done; \
+	$$mc node show web1 | grep '^  greeter .* ready ' | tr -s ' ' || { echo "greeter is not ready on web1"; tail -20 $$dir/web1.log; exit 1; }; \
+	echo "  it runs from $$(ls -d $$dir/web1/root/etc/mesh/modules/greeter/1.0.0) and answers: $$(curl -s --max-time 2 telnet://127.0.0.1:18490 </dev/null || true)"; \
 	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
 	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
 	kill $$pid_web1; : > $$dir/web2/root/srv; \
