@@ -3,11 +3,10 @@ package builder
 import (
 	"context"
 	"errors"
-	"mesh-controller/app/spawn"
+	"mesh-controller/app/process"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,13 +41,13 @@ type ran struct {
 func runGroup(ctx context.Context, timeout time.Duration, cmd *exec.Cmd) ran {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = ioDelay
-	if err := spawn.Start(cmd); err != nil {
+	if err := process.Start(cmd); err != nil {
 		return ran{err: err}
 	}
 	pgid := cmd.Process.Pid
 	exited := make(chan struct{})
 	go func() {
-		waitExit(pgid)
+		process.WaitExit(pgid)
 		close(exited)
 	}()
 	var deadline <-chan time.Time
@@ -75,18 +74,6 @@ func runGroup(ctx context.Context, timeout time.Duration, cmd *exec.Cmd) ran {
 	return r
 }
 
-// waitExit returns once pid, a child of ours, has exited, without reaping
-// it (WNOWAIT).
-func waitExit(pid int) {
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if !errors.Is(err, unix.EINTR) {
-			return
-		}
-	}
-}
-
 // waitGroupGone kills the group until no live process is in it, and
 // returns how many are still alive when the bound passes (0: all gone).
 // Zombies are not counted: they are dead, waiting for their parent (init
@@ -97,46 +84,12 @@ func waitGroupGone(pgid int, bound time.Duration) int {
 		if err := unix.Kill(-pgid, unix.SIGKILL); errors.Is(err, unix.ESRCH) {
 			return 0
 		}
-		n := len(groupMembers(pgid))
+		n := len(process.GroupMembers(pgid, 0))
 		if n == 0 || time.Now().After(deadline) {
 			return n
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// groupMembers lists the live (not zombie) processes whose process group
-// is pgid, from /proc.
-func groupMembers(pgid int) []int {
-	des, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, de := range des {
-		pid, err := strconv.Atoi(de.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", de.Name(), "stat"))
-		if err != nil {
-			continue // gone since the listing
-		}
-		// pid (comm) state ppid pgrp …; comm may hold spaces and parens.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // lookPath finds a command's program: absolute as given, relative to dir

@@ -1,16 +1,14 @@
 package host
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"mesh-controller/app/spawn"
+	"mesh-controller/app/process"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -111,7 +109,7 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 	if cgfd >= 0 {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgfd
 	}
-	err = spawn.Start(cmd)
+	err = process.Start(cmd)
 	if cgfd >= 0 {
 		unix.Close(cgfd)
 		if err != nil && cloneIntoCgroupRefused(err) {
@@ -120,7 +118,7 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 			s.disableCgroups()
 			cg = ""
 			cmd = &exec.Cmd{Path: path, Args: spec.Command, Env: env, Dir: spec.Dir, Stdout: pw, Stderr: pw, SysProcAttr: childAttr(cred)}
-			err = spawn.Start(cmd)
+			err = process.Start(cmd)
 		}
 	}
 	pw.Close()
@@ -133,7 +131,7 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 		pidFile: filepath.Join(s.pidFileDir(), spec.Module+".pid")}
 	// Read before anything waits on it: the leader cannot be reaped yet,
 	// so its stat is there even if it has exited already.
-	ticks, _ := startTicks(r.pid)
+	ticks, _ := process.StartTicks(r.pid)
 	if err := writePidFile(r.pidFile, pidFile{Pid: r.pid, Pgid: r.pid, StartTicks: ticks, BootID: bootID(), Cgroup: cg}); err != nil {
 		s.logf("module %s: %v", spec.Module, err)
 	}
@@ -152,40 +150,10 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 		}
 	}()
 	go func() {
-		waitExit(r.pid)
+		process.WaitExit(r.pid)
 		close(r.exited)
 	}()
 	return r, nil
-}
-
-// waitExit returns once pid, a child of the host, has exited, without
-// reaping it: the leader stays a zombie, so its pid (the group's id) cannot
-// be reused before the rest of its group is killed. It waits on a pidfd in
-// Go's poller, so a quiet module holds no thread; a kernel before 5.10
-// falls back to a blocking waitid.
-func waitExit(pid int) {
-	if fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK); err == nil {
-		f := os.NewFile(uintptr(fd), "pidfd")
-		defer f.Close()
-		if rc, err := f.SyscallConn(); err == nil {
-			var exited bool
-			err := rc.Read(func(fd uintptr) bool {
-				var info unix.Siginfo
-				err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG, nil)
-				for err == unix.EINTR {
-					err = unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG, nil)
-				}
-				exited = err != nil || info.Signo != 0 // an error: nothing left to wait for
-				return exited
-			})
-			if err == nil && exited {
-				return
-			}
-		}
-	}
-	var info unix.Siginfo
-	for unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
-	}
 }
 
 // reap ends a run whose leader has exited: the rest of its group is killed,
@@ -242,70 +210,12 @@ func (s *Supervisor) stopRun(m *supervised, r *run) string {
 	return exit
 }
 
-// procStat is what the supervisor reads of /proc/<pid>/stat.
-type procStat struct {
-	state byte
-	pgid  int
-	start uint64 // field 22, clock ticks after boot
-}
-
-// readStat reads /proc/<pid>/stat; comm may hold spaces and parentheses, so
-// fields are counted after its last ')'.
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return procStat{}, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 > len(b) {
-		return procStat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
-	}
-	f := strings.Fields(string(b[i+2:])) // f[0] is field 3
-	if len(f) < 20 {
-		return procStat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
-	}
-	pgid, err1 := strconv.Atoi(f[2])
-	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil || len(f[0]) != 1 {
-		return procStat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
-	}
-	return procStat{state: f[0][0], pgid: pgid, start: start}, nil
-}
-
-// startTicks is when pid started, in clock ticks after boot.
-func startTicks(pid int) (uint64, error) {
-	st, err := readStat(pid)
-	return st.start, err
-}
-
-// groupMembers lists the living processes of a process group that started
-// at or after minStart; zombies are dead and not listed.
-func groupMembers(pgid int, minStart uint64) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := readStat(pid)
-		if err != nil || st.pgid != pgid || st.start < minStart || st.state == 'Z' || st.state == 'X' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
 // waitGroupGone waits up to d for a process group to have no living member.
 // It scans /proc, so it is used only while stopping.
 func waitGroupGone(pgid int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
-		if len(groupMembers(pgid, 0)) == 0 {
+		if len(process.GroupMembers(pgid, 0)) == 0 {
 			return true
 		}
 		if time.Now().After(deadline) {
@@ -320,8 +230,8 @@ func waitGone(pids []int, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for _, pid := range pids {
 		for {
-			st, err := readStat(pid)
-			if err != nil || st.state == 'Z' || st.state == 'X' || time.Now().After(deadline) {
+			st, err := process.ReadStat(pid)
+			if err != nil || st.Dead() || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -406,9 +316,9 @@ func (s *Supervisor) Sweep() []string {
 			os.Remove(file)
 			continue
 		}
-		if leader, err := readStat(p.Pgid); err != nil || leader.start == p.StartTicks {
+		if leader, err := process.ReadStat(p.Pgid); err != nil || leader.Start == p.StartTicks {
 			var ended []int
-			for _, pid := range groupMembers(p.Pgid, p.StartTicks) {
+			for _, pid := range process.GroupMembers(p.Pgid, p.StartTicks) {
 				if killIfStill(pid, p.Pgid, p.StartTicks) {
 					ended = append(ended, pid)
 					lines = append(lines, fmt.Sprintf("ended pid %d of module %s, left by a previous run of the host", pid, module))
@@ -438,8 +348,8 @@ func killIfStill(pid, pgid int, minStart uint64) bool {
 	defer unix.Close(fd)
 	// Checked after opening: if pid was reused since, the pidfd names the
 	// process that was there at open, and signalling it fails harmlessly.
-	st, err := readStat(pid)
-	if err != nil || st.pgid != pgid || st.start < minStart {
+	st, err := process.ReadStat(pid)
+	if err != nil || st.Pgid != pgid || st.Start < minStart {
 		return false
 	}
 	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil

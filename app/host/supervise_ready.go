@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
-	"mesh-controller/app/spawn"
 )
 
 // How ready checks poll while a module starts; none runs once it is ready.
@@ -112,7 +112,7 @@ func tryReadyCommand(stop <-chan struct{}, spec ModuleSpec, command []string, cr
 		env = []string{}
 	}
 	cmd := &exec.Cmd{Path: path, Args: command, Env: env, Dir: spec.Dir, SysProcAttr: childAttr(cred)}
-	if spawn.Start(cmd) != nil {
+	if process.Start(cmd) != nil {
 		return false
 	}
 	done := make(chan error, 1)
@@ -153,7 +153,7 @@ func listensIn(port, pgid int) bool {
 	if len(inodes) == 0 {
 		return false
 	}
-	for _, pid := range groupMembers(pgid, 0) {
+	for _, pid := range process.GroupMembers(pgid, 0) {
 		fds := "/proc/" + strconv.Itoa(pid) + "/fd"
 		entries, err := os.ReadDir(fds)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
 )
 
@@ -135,8 +136,8 @@ func waitState(t *testing.T, s *Supervisor, module, want string) protocol.Module
 
 // alive reports whether pid is a living process (a zombie is dead).
 func alive(pid int) bool {
-	st, err := readStat(pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
+	st, err := process.ReadStat(pid)
+	return err == nil && !st.Dead()
 }
 
 func waitDead(t *testing.T, pids ...int) {
@@ -575,7 +576,7 @@ func TestSupervisor_ApplyFingerprint(t *testing.T) {
 	if second.Pid == first.Pid || second.Serial != 3 {
 		t.Fatalf("after a changed Apply %+v, before %+v", second, first)
 	}
-	if left := groupMembers(first.Pid, 0); len(left) > 0 {
+	if left := process.GroupMembers(first.Pid, 0); len(left) > 0 {
 		t.Fatalf("processes %v of the old run remain", left)
 	}
 }
@@ -598,7 +599,7 @@ func TestSupervisor_ApplyRemoves(t *testing.T) {
 	if err := json.Unmarshal(b, &p); err != nil {
 		t.Fatal(err)
 	}
-	ticks, _ := startTicks(st.Pid)
+	ticks, _ := process.StartTicks(st.Pid)
 	if p.Pid != st.Pid || p.Pgid != st.Pid || p.StartTicks != ticks || p.StartTicks == 0 {
 		t.Fatalf("pid file %+v, process %d started at %d", p, st.Pid, ticks)
 	}
@@ -610,7 +611,7 @@ func TestSupervisor_ApplyRemoves(t *testing.T) {
 		}
 		return nil
 	})
-	if left := groupMembers(st.Pid, 0); len(left) > 0 || alive(child) {
+	if left := process.GroupMembers(st.Pid, 0); len(left) > 0 || alive(child) {
 		t.Fatalf("processes %v of its group remain", left)
 	}
 	if _, err := os.Stat(pf); !os.IsNotExist(err) {
@@ -633,12 +634,12 @@ func TestSupervisor_StopAll(t *testing.T) {
 	s.Apply(specs)
 	pa := waitState(t, s, "a", protocol.StateReady).Pid
 	pb := waitState(t, s, "b", protocol.StateReady).Pid
-	if len(groupMembers(pa, 0)) != 3 {
-		t.Fatalf("group of a: %v, want 3 processes", groupMembers(pa, 0))
+	if len(process.GroupMembers(pa, 0)) != 3 {
+		t.Fatalf("group of a: %v, want 3 processes", process.GroupMembers(pa, 0))
 	}
 	s.StopAll()
 	for _, pid := range []int{pa, pb} {
-		if left := groupMembers(pid, 0); len(left) > 0 {
+		if left := process.GroupMembers(pid, 0); len(left) > 0 {
 			t.Fatalf("processes %v remain after StopAll", left)
 		}
 	}
@@ -992,7 +993,7 @@ func TestSweep_SparesUnrelated(t *testing.T) {
 	}
 	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
 	pid := other.Process.Pid
-	ticks, err := startTicks(pid)
+	ticks, err := process.StartTicks(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1006,7 +1007,7 @@ func TestSweep_SparesUnrelated(t *testing.T) {
 	}
 	orphan, _ := strconv.Atoi(strings.TrimSpace(string(outb)))
 	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) })
-	orphanTicks, err := startTicks(orphan)
+	orphanTicks, err := process.StartTicks(orphan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1165,7 +1166,7 @@ func TestSupervisor_Concurrent(t *testing.T) {
 	}
 	for _, p := range pids {
 		pid, _ := strconv.Atoi(p)
-		if left := groupMembers(pid, 0); len(left) > 0 {
+		if left := process.GroupMembers(pid, 0); len(left) > 0 {
 			t.Fatalf("processes %v of run %d remain after StopAll", left, pid)
 		}
 	}
