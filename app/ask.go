@@ -80,7 +80,9 @@ func (c *Controller) Logs(ctx context.Context, node, module string, lines int, f
 		if !first {
 			wait = 3 * protocol.LogsKeepalive // a following host sends at least this often
 		}
-		m, err := sub.NextMsgWithContext(timeoutCtx(ctx, wait))
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := sub.NextMsgWithContext(wctx)
+		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil // Ctrl-C: following ends
@@ -114,14 +116,6 @@ func (c *Controller) Logs(ctx context.Context, node, module string, lines int, f
 			return nil
 		}
 	}
-}
-
-// timeoutCtx is ctx bounded by d; its cancel is left to the timeout, which
-// is short, so that a loop need not keep each one.
-func timeoutCtx(ctx context.Context, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(ctx, d)
-	time.AfterFunc(d, cancel)
-	return c
 }
 
 // AskRequest is a tool asked of a module.

@@ -62,7 +62,7 @@ func builders(snap *inventory.Snapshot, paused []builds.Pause) []inventory.Holde
 // unpaused holders of the build seat in turn until one takes it. It
 // returns a line for each thing it did.
 func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]string, error) {
-	st, snap, err := c.storesAndSnapshot(ctx)
+	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +89,12 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 	if err != nil || len(waiting) == 0 {
 		return lines, err
 	}
+	// The mesh is read only when an ask waits: this runs every few
+	// seconds, and a snapshot of thousands of nodes is not free.
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		return lines, err
+	}
 	paused, err := bs.Paused(ctx)
 	if err != nil {
 		return lines, err
@@ -97,7 +103,7 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 	for _, a := range waiting {
 		for _, h := range hs {
 			body, _ := json.Marshal(builder.Ask{ID: a.ID, Repository: a.Repository, Ref: a.Ref, DryRun: a.DryRun})
-			m, err := nc.RequestWithContext(timeoutCtx(ctx, protocol.AnswerTimeout), protocol.BuildAskSubject(h.Node), body)
+			m, err := nc.Request(protocol.BuildAskSubject(h.Node), body, protocol.AnswerTimeout)
 			if err != nil {
 				continue // not running, or not answering: the next holder
 			}
@@ -176,7 +182,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 	if _, err := st.Builds.MarkRegistered(ctx, a.ID); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("build %s: %s %s registered from %s at %s", a.ID, m.Module, m.Version, a.Repository, short(o.Commit)), nil
+	return fmt.Sprintf("build %s: %s %s registered from %s at %s", a.ID, m.Module, m.Version, a.Repository, ShortID(o.Commit)), nil
 }
 
 // ErrNotFromBuilder means a build outcome did not come from a builder.
@@ -197,7 +203,8 @@ func fromBuilder(reply string, a builds.Ask, snap *inventory.Snapshot) bool {
 	return false
 }
 
-func short(commit string) string {
+// ShortID is a commit or a digest as shown: its first 12 characters.
+func ShortID(commit string) string {
 	if len(commit) > 12 {
 		return commit[:12]
 	}
@@ -556,7 +563,7 @@ func (c *Controller) Replay(ctx context.Context, id string, register, older bool
 		return builds.Ask{}, fmt.Errorf("build %s %w: replay one that got as far as its checkout", id, ErrNoCommit)
 	}
 	if register {
-		if err := c.recordHand(ctx, fmt.Sprintf("replay build %s (%s at %s) to register it%s", id, old.Repository, short(old.Commit),
+		if err := c.recordHand(ctx, fmt.Sprintf("replay build %s (%s at %s) to register it%s", id, old.Repository, ShortID(old.Commit),
 			map[bool]string{true: ", older allowed", false: ""}[older]), why, "build", ""); err != nil {
 			return builds.Ask{}, err
 		}

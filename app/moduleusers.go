@@ -49,10 +49,9 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 	if err != nil {
 		return nil, err
 	}
-	recipients, err := hostRecipients(ctx, st.Identity)
-	if err != nil {
-		return nil, err
-	}
+	// Every host's recipient is read only once a user must be made: the
+	// catch-up calls this every few seconds, and most times nothing is.
+	var recipients map[string]string
 	wanted := map[string]bool{}
 	var made, kept []identity.ModuleUser
 	var revoke []string
@@ -72,6 +71,11 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 			old.Version = a.Version
 			kept = append(kept, old)
 			continue
+		}
+		if recipients == nil {
+			if recipients, err = hostRecipients(ctx, st.Identity); err != nil {
+				return nil, err
+			}
 		}
 		rcpt := recipients[a.Node]
 		if rcpt == "" {

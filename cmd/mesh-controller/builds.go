@@ -30,17 +30,10 @@ func (c *BuildCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stderr, "a serving controller asks a builder for it; see 'mesh-controller queue' and 'mesh-controller builds'\n")
 		return nil
 	}
-	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s, archive %s, %s)\n", a.Module, a.Version, a.Repository, shortCommit(a.Commit),
-		a.ID, shortCommit(a.Digest), app.Plural(a.Bytes, "byte"))
+	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s, archive %s, %s)\n", a.Module, a.Version, a.Repository, app.ShortID(a.Commit),
+		a.ID, app.ShortID(a.Digest), app.Plural(a.Bytes, "byte"))
 	fmt.Fprintf(env.Stderr, "next: put it on a node with 'mesh-controller assign NODE %s', or roll it out with 'mesh-controller upgrade %s roll-out'\n", a.Module, a.Module)
 	return nil
-}
-
-func shortCommit(s string) string {
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
 }
 
 // BuildsCmd is builds.
@@ -97,7 +90,7 @@ func printAsks(env *Env, as []builds.Ask, none string) error {
 	for _, a := range as {
 		result := a.Why
 		if a.Version != "" {
-			result = strings.TrimSpace(fmt.Sprintf("%s %s at %s%s %s", a.Module, a.Version, shortCommit(a.Commit),
+			result = strings.TrimSpace(fmt.Sprintf("%s %s at %s%s %s", a.Module, a.Version, app.ShortID(a.Commit),
 				map[bool]string{true: ", registered", false: ""}[a.Registered], a.Why))
 		}
 		builder := a.Builder
@@ -157,7 +150,7 @@ func (c *RebuildCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "%s queued\n", a.ID)
 		return nil
 	}
-	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, shortCommit(a.Commit), a.ID)
+	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, app.ShortID(a.Commit), a.ID)
 	return nil
 }
 
@@ -274,9 +267,9 @@ func (c *ReplayCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "%s queued (%s)\n", a.ID, map[bool]string{true: "to register", false: "a dry run"}[c.Register])
 	case a.DryRun:
 		fmt.Fprintf(env.Stdout, "%s: a dry run of %s at %s built %s %s (archive %s, %s); looked at, not registered\n", a.ID, a.Repository,
-			shortCommit(a.Commit), a.Module, a.Version, shortCommit(a.Digest), app.Plural(a.Bytes, "byte"))
+			app.ShortID(a.Commit), a.Module, a.Version, app.ShortID(a.Digest), app.Plural(a.Bytes, "byte"))
 	default:
-		fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, shortCommit(a.Commit), a.ID)
+		fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s)\n", a.Module, a.Version, a.Repository, app.ShortID(a.Commit), a.ID)
 	}
 	return nil
 }
