@@ -150,7 +150,8 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 		return "", fmt.Errorf("%w: an outcome for %s that no builder's connection sent", ErrNotFromBuilder, o.ID)
 	}
 	now := c.Now()
-	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, Version: o.Version,
+	commitAt, _ := time.Parse(time.RFC3339, o.CommitAt) // unknown when the builder did not say
+	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, CommitAt: commitAt, Version: o.Version,
 		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: o.Why, Problems: o.Problems, LogTail: o.LogTail, Manifest: o.Manifest}, now)
 	if err != nil {
 		return "", err
@@ -170,19 +171,63 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 		_, err := st.Builds.MarkSuperseded(ctx, a.ID, fmt.Sprintf("%s %s is older than the registered %s", m.Module, m.Version, cur))
 		return fmt.Sprintf("build %s: superseded: %s %s is older than %s", a.ID, m.Module, m.Version, cur), err
 	}
+	if why, err := c.newerBuildOfVersion(ctx, st, a, m); err != nil || why != "" {
+		if err != nil {
+			return "", err
+		}
+		_, err := st.Builds.MarkSuperseded(ctx, a.ID, why)
+		return fmt.Sprintf("build %s: superseded: %s", a.ID, why), err
+	}
 	canon, err := protocol.Canonical(m)
 	if err != nil {
 		return "", err
 	}
-	if _, err := st.Inventory.AddBuilt(ctx, m, canon, inventory.Origin{Source: a.Repository, Commit: o.Commit, BuildID: a.ID,
-		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes}}, now); err != nil {
+	added, err := st.Inventory.AddBuilt(ctx, m, canon, inventory.Origin{Source: a.Repository, Commit: o.Commit, BuildID: a.ID,
+		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes}}, now)
+	if err != nil {
 		_, merr := st.Builds.MarkSuperseded(ctx, a.ID, err.Error())
 		return fmt.Sprintf("build %s: not registered: %v", a.ID, err), merr
 	}
 	if _, err := st.Builds.MarkRegistered(ctx, a.ID); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("build %s: %s %s registered from %s at %s", a.ID, m.Module, m.Version, a.Repository, ShortID(o.Commit)), nil
+	again := ""
+	if added.Rebuilt {
+		again = ", its archive replaced (push --behind sends it to the nodes that run it)"
+	}
+	return fmt.Sprintf("build %s: %s %s registered from %s at %s%s", a.ID, m.Module, m.Version, a.Repository, ShortID(o.Commit), again), nil
+}
+
+// newerBuildOfVersion says why a build of a version the mesh registered
+// already from another build must not replace it: that build's commit is
+// newer ("" when this one may: a newer or the same commit, built again).
+// Two builds of one module at once are both recorded; the newer commit
+// wins whatever order they finish in.
+func (c *Controller) newerBuildOfVersion(ctx context.Context, st *Stores, a builds.Ask, m inventory.Manifest) (string, error) {
+	if a.AllowOlder || a.CommitAt == nil {
+		return "", nil
+	}
+	vs, err := st.Inventory.BuiltVersions(ctx, m.Module)
+	if err != nil {
+		return "", err
+	}
+	for _, v := range vs {
+		if v.Version != m.Version || v.BuildID == "" || v.BuildID == a.ID {
+			continue
+		}
+		held, err := st.Builds.Get(ctx, v.BuildID)
+		if errors.Is(err, builds.ErrNotFound) {
+			return "", nil // its build is no longer recorded: nothing to judge by
+		}
+		if err != nil {
+			return "", err
+		}
+		if held.CommitAt != nil && a.CommitAt.Before(*held.CommitAt) {
+			return fmt.Sprintf("%s %s is registered from a newer commit (%s, build %s) than %s", m.Module, m.Version,
+				ShortID(held.Commit), held.ID, ShortID(a.Commit)), nil
+		}
+	}
+	return "", nil
 }
 
 // ErrNotFromBuilder means a build outcome did not come from a builder.

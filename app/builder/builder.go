@@ -47,9 +47,11 @@ type Outcome struct {
 	Repository string `json:"repository"`
 	Ref        string `json:"ref,omitempty"`
 	Commit     string `json:"commit,omitempty"`
-	On         string `json:"on"` // the builder's node
-	DryRun     bool   `json:"dry_run,omitempty"`
-	Failed     bool   `json:"failed,omitempty"`
+	// CommitAt is the commit's committer time, RFC 3339.
+	CommitAt string `json:"commit_at,omitempty"`
+	On       string `json:"on"` // the builder's node
+	DryRun   bool   `json:"dry_run,omitempty"`
+	Failed   bool   `json:"failed,omitempty"`
 	// Why says, in one line, why a failed build failed.
 	Why string `json:"why,omitempty"`
 	// Problems are the manifest's problems, every one, when it is invalid
@@ -177,6 +179,13 @@ func (b *Builder) build(ctx context.Context, a Ask, dir string, o *Outcome, lg *
 		return err
 	}
 	o.Commit = commit
+	// When it was committed: of two builds of one version, the newer
+	// commit wins. Not knowing it fails nothing.
+	if at, err := b.git(ctx, time.Now().Add(time.Minute), lg, src, "show", "-s", "--format=%cI", commit); err == nil {
+		if t, err := time.Parse(time.RFC3339, strings.TrimSpace(at)); err == nil {
+			o.CommitAt = t.UTC().Format(time.RFC3339)
+		}
+	}
 
 	m, err := readManifest(src, o)
 	if err != nil {

@@ -129,11 +129,14 @@ type Ask struct {
 	// that had it in flight.
 	Late bool `json:"late"`
 
-	Commit     string  `json:"commit"`
-	Version    string  `json:"version"`
-	Digest     string  `json:"digest"`
-	Bytes      int64   `json:"bytes"`
-	DurationMS float64 `json:"duration_ms"`
+	Commit string `json:"commit"`
+	// CommitAt is when its commit was made (the committer's time), nil
+	// when the builder did not say.
+	CommitAt   *time.Time `json:"commit_at"`
+	Version    string     `json:"version"`
+	Digest     string     `json:"digest"`
+	Bytes      int64      `json:"bytes"`
+	DurationMS float64    `json:"duration_ms"`
 	// Why is one line: why it failed, was superseded, cancelled, killed
 	// or died.
 	Why        string `json:"why"`
@@ -161,8 +164,10 @@ type Outcome struct {
 	// On is the builder that built it (node/module); "" keeps the taker.
 	On string
 	// Module is the built manifest's module; "" keeps the ask's.
-	Module     string
-	Commit     string
+	Module string
+	Commit string
+	// CommitAt is the commit's committer time; zero when not known.
+	CommitAt   time.Time
 	Version    string
 	Digest     string
 	Bytes      int64

@@ -53,6 +53,9 @@ type Added struct {
 	Current bool
 	// Previous is the current version before, "" for a new module.
 	Previous string
+	// Rebuilt is true when the version was registered already with the
+	// same manifest and now holds another archive.
+	Rebuilt bool
 }
 
 // AddModule registers a manifest's version, kept as canon: the manifest as
@@ -77,7 +80,9 @@ type Archive struct {
 }
 
 // AddBuilt registers a module version as AddModule does, with where it came
-// from. A version registered already with the same manifest is left as it
+// from. A version registered already with the same manifest and another
+// archive takes the new archive, commit and build (Rebuilt); whether that
+// build is newer is the caller's to judge. Otherwise such a version is left as it
 // was (its archive too): a version's contents never change.
 func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin, now time.Time) (Added, error) {
 	source := o.Source
@@ -98,12 +103,20 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 			return err
 		}
 		a.Previous = current
-		var existing string
-		err = tx.QueryRowContext(ctx, `SELECT manifest FROM module_versions WHERE module = ? AND version = ?`, m.Module, m.Version).Scan(&existing)
+		var existing, digest string
+		err = tx.QueryRowContext(ctx, `SELECT manifest, archive_digest FROM module_versions WHERE module = ? AND version = ?`, m.Module, m.Version).Scan(&existing, &digest)
 		switch {
 		case err == nil && existing == string(canon):
 			a.Current = current == m.Version
-			return nil
+			if o.Archive.Digest == "" || o.Archive.Digest == digest {
+				return nil
+			}
+			// Built again (its bases moved, or a newer commit of the same
+			// version): the version runs from the new archive.
+			a.Rebuilt = true
+			_, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?
+				WHERE module = ? AND version = ?`, source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, m.Module, m.Version)
+			return err
 		case err == nil:
 			return fmt.Errorf("%s %s %w", m.Module, m.Version, ErrVersionConflict)
 		case !errors.Is(err, sql.ErrNoRows):
@@ -247,4 +260,59 @@ func (s *Store) ModuleHoldings(ctx context.Context, name string) (Holdings, erro
 		return Holdings{}, fmt.Errorf("module %s %w", name, ErrModuleNotFound)
 	}
 	return holdings(ctx, tx, name)
+}
+
+// BuiltVersion is a registered module version that holds an archive.
+type BuiltVersion struct {
+	Module, Version, Commit, BuildID string
+	Archive                          Archive
+	// Current says it is its module's current version; Previous, the
+	// highest version below the current one.
+	Current, Previous bool
+	AddedAt           time.Time
+}
+
+// BuiltVersions returns the registered versions that hold an archive, of
+// one module or (module "") of every module, by module and version.
+func (s *Store) BuiltVersions(ctx context.Context, module string) ([]BuiltVersion, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.added_at, m.current_version
+		FROM module_versions v JOIN modules m ON m.name = v.module WHERE (? = '' OR v.module = ?) ORDER BY v.module`, module, module)
+	if err != nil {
+		return nil, fmt.Errorf("read built versions: %w", err)
+	}
+	defer rows.Close()
+	var all []BuiltVersion
+	for rows.Next() {
+		var b BuiltVersion
+		var added, current string
+		if err := rows.Scan(&b.Module, &b.Version, &b.Commit, &b.BuildID, &b.Archive.Digest, &b.Archive.Bytes, &added, &current); err != nil {
+			return nil, err
+		}
+		if b.AddedAt, err = sqlite.ParseTime(added); err != nil {
+			return nil, err
+		}
+		b.Current = b.Version == current
+		all = append(all, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Versions compare as versions, not as text; the previous version of
+	// a module is the highest below its current one, archive or not.
+	sort.SliceStable(all, func(i, j int) bool {
+		if all[i].Module != all[j].Module {
+			return all[i].Module < all[j].Module
+		}
+		return CompareVersions(all[i].Version, all[j].Version) < 0
+	})
+	out := []BuiltVersion{}
+	for i, b := range all {
+		if i+1 < len(all) && all[i+1].Module == b.Module && all[i+1].Current {
+			b.Previous = true
+		}
+		if b.Archive.Digest != "" {
+			out = append(out, b)
+		}
+	}
+	return out, nil
 }

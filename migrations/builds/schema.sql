@@ -29,7 +29,7 @@ CREATE TABLE asks (
     bytes         INTEGER NOT NULL DEFAULT 0,
     duration_ms   REAL NOT NULL DEFAULT 0,
     why           TEXT NOT NULL DEFAULT '',
-    registered    INTEGER NOT NULL DEFAULT 0 CHECK (registered IN (0, 1)), allow_older INTEGER NOT NULL DEFAULT 0,
+    registered    INTEGER NOT NULL DEFAULT 0 CHECK (registered IN (0, 1)), allow_older INTEGER NOT NULL DEFAULT 0, commit_at TEXT NOT NULL DEFAULT '',
     -- Only an open ask has no end; an ask in flight was taken; a dry run is
     -- never taken in.
     CHECK ((finished_at IS NULL) = (state IN ('waiting', 'in-flight'))),
@@ -47,6 +47,33 @@ CREATE TABLE paused_builders (
     since  TEXT NOT NULL,
     why    TEXT NOT NULL DEFAULT ''
 ) STRICT;
+CREATE TABLE plan_steps (
+    plan       TEXT NOT NULL REFERENCES plans (id) ON DELETE CASCADE,
+    position   INTEGER NOT NULL CHECK (position >= 0),
+    module     TEXT NOT NULL CHECK (module <> ''),
+    repository TEXT NOT NULL CHECK (repository <> ''),
+    ref        TEXT NOT NULL DEFAULT '',
+    -- bases: the modules of this plan it waits for, a JSON array.
+    bases      TEXT NOT NULL DEFAULT '[]',
+    state      TEXT NOT NULL CHECK (state IN ('waiting', 'asked', 'done', 'failed', 'stopped')),
+    ask        TEXT NOT NULL DEFAULT '',
+    why        TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (plan, position),
+    UNIQUE (plan, module),
+    CHECK (state IN ('waiting', 'stopped') OR ask <> '')
+) STRICT;
+CREATE TABLE plans (
+    id        TEXT PRIMARY KEY,                 -- p-<unix-millis>-<random>
+    kind      TEXT NOT NULL CHECK (kind IN ('behind', 'on')),
+    -- base is the module a plan 'on' rebuilds the dependants of.
+    base      TEXT NOT NULL DEFAULT '',
+    state     TEXT NOT NULL CHECK (state IN ('running', 'done', 'failed', 'stopped', 'closed')),
+    made_at   TEXT NOT NULL,
+    ended_at  TEXT,
+    -- why a person stopped or closed it.
+    why       TEXT NOT NULL DEFAULT '',
+    CHECK ((ended_at IS NULL) = (state = 'running'))
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
@@ -56,3 +83,5 @@ CREATE TABLE schema_migrations (
 CREATE INDEX asks_asked ON asks (asked_at, id);
 CREATE INDEX asks_module ON asks (module, asked_at, id);
 CREATE INDEX asks_state ON asks (state, asked_at, id);
+CREATE INDEX plans_made ON plans (made_at, id);
+CREATE INDEX plans_state ON plans (state, made_at, id);
