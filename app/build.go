@@ -58,7 +58,8 @@ func builders(snap *inventory.Snapshot, paused []builds.Pause) []inventory.Holde
 
 // DispatchBuilds is the serving controller's round of the build queue: asks
 // in flight past their bound go back to waiting (dead after their tries),
-// asks nobody took for too long die, and each waiting ask is offered to the
+// asks nobody took for too long die, build plans are carried on (a step
+// whose bases are built is asked), and each waiting ask is offered to the
 // unpaused holders of the build seat in turn until one takes it. It
 // returns a line for each thing it did.
 func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]string, error) {
@@ -84,6 +85,12 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 	}
 	for _, a := range died {
 		lines = append(lines, fmt.Sprintf("build %s: no builder took it within %s: dead", a.ID, askWaitBound))
+	}
+	// Plans next: a step whose base was just built is asked in this round.
+	advanced, err := bs.AdvancePlans(ctx, now)
+	lines = append(lines, advanced...)
+	if err != nil {
+		return lines, err
 	}
 	waiting, err := bs.Waiting(ctx, 50)
 	if err != nil || len(waiting) == 0 {

@@ -33,6 +33,9 @@ type ServeOptions struct {
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the
 	// daemon's defaults (daemon.Default…).
 	LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery time.Duration
+	// SweepEvery is how often the archives are swept and the builds
+	// record pruned; zero means once a day.
+	SweepEvery time.Duration
 	// Counters, if set, counts what the daemon absorbed and dropped.
 	Counters *Counters
 	// Bounds are the self-check's; nil means the defaults.
@@ -85,6 +88,10 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		},
 		Connected:      archive.EnsureBucket,
 		DispatchBuilds: c.DispatchBuilds,
+		Sweep: func(ctx context.Context, nc *nats.Conn) (string, error) {
+			r, err := c.Sweep(ctx, nc)
+			return r.String(), err
+		},
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
 			return r.Open, err
@@ -92,7 +99,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
-		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery,
+		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
 			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)

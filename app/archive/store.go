@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -223,4 +226,107 @@ func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64,
 		return n, fmt.Errorf("get archive %s: %w", digest, err)
 	}
 	return n, nil
+}
+
+// Stored is an archive the bucket holds.
+type Stored struct {
+	Digest string
+	Bytes  int64
+	// StoredAt is when its put ended.
+	StoredAt time.Time
+}
+
+// Leftover is what a put that never ended left in the bucket: chunks no
+// archive names (a builder may not purge them; the controller's sweep
+// does).
+type Leftover struct {
+	// Subject holds the chunks.
+	Subject string
+	Chunks  uint64
+	// LastAt is when its last chunk was stored.
+	LastAt time.Time
+}
+
+// List returns every archive the bucket holds, by digest, and the
+// leftovers of puts that never ended.
+func List(ctx context.Context, nc *nats.Conn) ([]Stored, []Leftover, error) {
+	store, err := Bucket(ctx, nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	infos, err := store.List(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil, fmt.Errorf("list archives: %w", err)
+	}
+	named := map[string]bool{}
+	out := []Stored{}
+	for _, info := range infos {
+		named[chunkSubject(info.NUID)] = true
+		out = append(out, Stored{Digest: info.Name, Bytes: int64(info.Size), StoredAt: info.ModTime.UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Digest < out[j].Digest })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list archives: %w", err)
+	}
+	si, err := stream.Info(ctx, jetstream.WithSubjectFilter(chunkSubject(">")))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list archives' chunks: %w", err)
+	}
+	var left []Leftover
+	for subj, n := range si.State.Subjects {
+		if named[subj] {
+			continue
+		}
+		l := Leftover{Subject: subj, Chunks: n}
+		// A put under way looks the same: its last chunk says how recent.
+		if m, err := stream.GetLastMsgForSubject(ctx, subj); err == nil {
+			l.LastAt = m.Time.UTC()
+		}
+		left = append(left, l)
+	}
+	sort.Slice(left, func(i, j int) bool { return left[i].Subject < left[j].Subject })
+	return out, left, nil
+}
+
+// chunkSubject is where nats.go's object store keeps an object's chunks.
+func chunkSubject(nuid string) string { return "$O." + protocol.ArchiveBucket + ".C." + nuid }
+
+// Delete removes an archive from the bucket: its chunks go, a small
+// marker that it was deleted stays (nats.go's object store).
+func Delete(ctx context.Context, nc *nats.Conn, digest string) error {
+	if !IsDigest(digest) {
+		return fmt.Errorf("delete archive %q: %w", digest, ErrNotDigest)
+	}
+	store, err := Bucket(ctx, nc)
+	if err != nil {
+		return err
+	}
+	if err := store.Delete(ctx, digest); err != nil {
+		return fmt.Errorf("delete archive %s: %w", digest, err)
+	}
+	return nil
+}
+
+// PurgeLeftover removes the chunks of a put that never ended.
+func PurgeLeftover(ctx context.Context, nc *nats.Conn, subject string) error {
+	if !strings.HasPrefix(subject, chunkSubject("")) {
+		return fmt.Errorf("purge %q: not a chunk subject of the archives bucket", subject)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
+	if err != nil {
+		return err
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		return fmt.Errorf("purge %s: %w", subject, err)
+	}
+	return nil
 }

@@ -42,6 +42,8 @@ const (
 	DefaultCatchUpEvery = 5 * time.Second
 	// DefaultCheckEvery is how often the self-check runs.
 	DefaultCheckEvery = 30 * time.Second
+	// DefaultSweepEvery is how often the archives are swept: once a day.
+	DefaultSweepEvery = 24 * time.Hour
 	// aggregateEvery is how often heartbeat intervals are added to the
 	// hourly aggregates (each write reads and merges a row per node).
 	aggregateEvery = time.Minute
@@ -75,6 +77,10 @@ type Options struct {
 	Log io.Writer
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the default.
 	LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery time.Duration
+	// SweepEvery is how often the sweep runs (zero: DefaultSweepEvery);
+	// the first runs a minute after the daemon serves, or sooner if the
+	// interval is shorter.
+	SweepEvery time.Duration
 	// Counters, if set, counts what the daemon absorbed and dropped.
 	Counters *Counters
 	// Healers are when the brake engages; zero means the defaults.
@@ -166,6 +172,9 @@ type UseCases struct {
 	ReAsk func(ctx context.Context, id string) error
 	// DispatchBuilds offers waiting asks to builders and expires the late.
 	DispatchBuilds func(ctx context.Context, nc *nats.Conn) (lines []string, err error)
+	// Sweep lets go the archives nobody needs and prunes the builds
+	// record, every SweepEvery, off the loop; the line says what went.
+	Sweep func(ctx context.Context, nc *nats.Conn) (line string, err error)
 }
 
 // BuildKickSubject is where a person's command says an ask is waiting.
@@ -285,6 +294,9 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	}
 	if o.CatchUpEvery == 0 {
 		o.CatchUpEvery = DefaultCatchUpEvery
+	}
+	if o.SweepEvery == 0 {
+		o.SweepEvery = DefaultSweepEvery
 	}
 	if o.CheckEvery == 0 {
 		o.CheckEvery = DefaultCheckEvery

@@ -557,15 +557,32 @@ func (d *daemon) kickBuilds() {
 
 // dispatcher offers the build queue to builders every DispatchEvery and
 // when kicked, off the daemon's loop: asking a builder waits for its answer.
+//
+// It runs the sweep too, when it is due: the sweep reads the object store
+// and the stores, which the loop must not wait for.
 func (d *daemon) dispatcher(ctx context.Context) {
 	tick := time.NewTicker(DispatchEvery)
 	defer tick.Stop()
+	sweep := time.NewTimer(min(time.Minute, d.o.SweepEvery))
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-d.buildKick:
+		case <-sweep.C:
+			sweep.Reset(d.o.SweepEvery)
+			if d.u.Sweep == nil {
+				continue
+			}
+			line, err := d.u.Sweep(ctx, d.nc)
+			if err != nil && ctx.Err() == nil {
+				d.logf("the sweep: %v", err)
+			} else if line != "" {
+				d.logf("%s", line)
+			}
+			continue
 		}
 		lines, err := d.u.DispatchBuilds(ctx, d.nc)
 		for _, l := range lines {

@@ -13,15 +13,42 @@ import (
 
 // BuildCmd is build.
 type BuildCmd struct {
-	Repository string `arg:"" help:"The module's source: a git repository URL or path, with mesh.json at its root."`
+	Repository string `arg:"" optional:"" help:"The module's source: a git repository URL or path, with mesh.json at its root."`
 	Ref        string `help:"A branch, tag or commit (default: the repository's default branch)."`
-	NoWait     bool   `help:"Queue the ask and return; 'mesh-controller builds' shows what came of it."`
+	Behind     bool   `help:"Build every module the mesh holds older than its source ('module moved'), bases first: a build plan."`
+	On         string `placeholder:"MODULE" help:"Rebuild every module that stands on this one, bases first: a build plan."`
+	NoWait     bool   `help:"Queue the ask (or make the plan) and return; 'mesh-controller builds' and 'mesh-controller plans' show what came of it."`
 }
 
-// Run queues the ask and follows it.
+// Run queues the ask and follows it, or makes a plan and follows that.
 func (c *BuildCmd) Run(env *Env) error {
-	a, err := env.App.Build(env.Ctx, app.BuildRequest{Repository: c.Repository, Ref: c.Ref, NoWait: c.NoWait,
-		Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
+	switch n := countTrue(c.Repository != "", c.Behind, c.On != ""); {
+	case n != 1:
+		return clirun.UsageError{Msg: "give a repository, --behind, or --on MODULE: one of them"}
+	case c.Ref != "" && c.Repository == "":
+		return clirun.UsageError{Msg: "--ref goes with a repository: a plan builds each module at the commit it says"}
+	}
+	progress := func(line string) { fmt.Fprintln(env.Stderr, line) }
+	if c.Repository == "" {
+		p, err := env.App.BuildPlan(env.Ctx, app.PlanRequest{Behind: c.Behind, On: c.On, NoWait: c.NoWait, Progress: progress})
+		if err != nil {
+			return err
+		}
+		switch {
+		case len(p.Steps) == 0 && c.Behind:
+			fmt.Fprintln(env.Stdout, "every module is as new as its source: nothing to build ('mesh-controller module moved MODULE COMMIT' records that a source moved)")
+		case len(p.Steps) == 0:
+			fmt.Fprintf(env.Stdout, "no module stands on %s: nothing to build\n", c.On)
+		case c.NoWait:
+			fmt.Fprintf(env.Stdout, "plan %s made: %s\n", p.ID, app.Plural(len(p.Steps), "build"))
+			fmt.Fprintln(env.Stderr, "a serving controller asks for each build once its bases are built; see 'mesh-controller plans'")
+		default:
+			fmt.Fprintf(env.Stdout, "plan %s done: %s built and registered\n", p.ID, app.Plural(len(p.Steps), "module"))
+			fmt.Fprintln(env.Stderr, "next: send the new versions with 'mesh-controller upgrade MODULE roll-out', or rebuilt archives with 'mesh-controller push --behind'")
+		}
+		return nil
+	}
+	a, err := env.App.Build(env.Ctx, app.BuildRequest{Repository: c.Repository, Ref: c.Ref, NoWait: c.NoWait, Progress: progress})
 	if err != nil {
 		return err
 	}
@@ -33,6 +60,156 @@ func (c *BuildCmd) Run(env *Env) error {
 	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s, archive %s, %s)\n", a.Module, a.Version, a.Repository, app.ShortID(a.Commit),
 		a.ID, app.ShortID(a.Digest), app.Plural(a.Bytes, "byte"))
 	fmt.Fprintf(env.Stderr, "next: put it on a node with 'mesh-controller assign NODE %s', or roll it out with 'mesh-controller upgrade %s roll-out'\n", a.Module, a.Module)
+	return nil
+}
+
+// countTrue counts the true ones.
+func countTrue(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// PlansCmd is plans.
+type PlansCmd struct {
+	List  PlansListCmd  `cmd:"" default:"withargs" hidden:"" help:"Build plans and their steps."`
+	Retry PlansRetryCmd `cmd:"" help:"Ask a failed plan's failed builds again and carry the plan on."`
+	Stop  PlansStopCmd  `cmd:"" help:"End a running plan by hand (a hand act: --why)."`
+	Close PlansCloseCmd `cmd:"" help:"End a failed plan by hand, not to be retried (a hand act: --why)."`
+}
+
+// PlansListCmd is plans.
+type PlansListCmd struct {
+	JSON bool `name:"json" help:"Print one JSON array."`
+}
+
+// Run lists the running and failed plans, then the latest ended.
+func (c *PlansListCmd) Run(env *Env) error {
+	ps, err := env.App.BuildPlans(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, ps)
+	}
+	if len(ps) == 0 {
+		fmt.Fprintln(env.Stderr, "no build plans: 'mesh-controller build --behind' or 'mesh-controller build --on MODULE' makes one")
+		return nil
+	}
+	for _, p := range ps {
+		printPlan(env, p)
+	}
+	return nil
+}
+
+// printPlan prints a plan's line and one line per step.
+func printPlan(env *Env, p builds.Plan) {
+	what := "modules behind their source"
+	if p.Kind == builds.KindOn {
+		what = "modules standing on " + p.Base
+	}
+	line := fmt.Sprintf("%s  %s  %s, made %s", p.ID, p.State, what, p.MadeAt.Format(timeShown))
+	if p.Why != "" {
+		line += ": " + p.Why
+	}
+	fmt.Fprintln(env.Stdout, line)
+	for _, s := range p.Steps {
+		fmt.Fprintln(env.Stdout, app.StepLine(s))
+	}
+}
+
+// PlansRetryCmd is plans retry.
+type PlansRetryCmd struct {
+	ID string `arg:"" help:"The plan's id (p-…)."`
+}
+
+// Run asks the failed builds again.
+func (c *PlansRetryCmd) Run(env *Env) error {
+	p, err := env.App.PlanRetry(env.Ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	printPlan(env, p)
+	fmt.Fprintf(env.Stderr, "a serving controller asks for each build; follow it with 'mesh-controller plans'\n")
+	return nil
+}
+
+// PlansStopCmd is plans stop.
+type PlansStopCmd struct {
+	ID  string `arg:"" help:"The plan's id (p-…)."`
+	Why string `required:"" help:"Why, for the hand-act log."`
+}
+
+// Run ends a running plan.
+func (c *PlansStopCmd) Run(env *Env) error {
+	p, inFlight, err := env.App.PlanStop(env.Ctx, c.ID, c.Why)
+	if err != nil {
+		return err
+	}
+	printPlan(env, p)
+	for _, id := range inFlight {
+		fmt.Fprintf(env.Stderr, "%s was in flight: it is taken in when it ends ('mesh-controller kill %s --why ...' ends it now)\n", id, id)
+	}
+	return nil
+}
+
+// PlansCloseCmd is plans close.
+type PlansCloseCmd struct {
+	ID  string `arg:"" help:"The plan's id (p-…)."`
+	Why string `required:"" help:"Why, for the hand-act log."`
+}
+
+// Run ends a failed plan.
+func (c *PlansCloseCmd) Run(env *Env) error {
+	p, err := env.App.PlanClose(env.Ctx, c.ID, c.Why)
+	if err != nil {
+		return err
+	}
+	printPlan(env, p)
+	return nil
+}
+
+// CollectionCmd is collection.
+type CollectionCmd struct {
+	JSON bool `name:"json" help:"Print one JSON object."`
+}
+
+// Run lists the kept archives and what the sweep may let go.
+func (c *CollectionCmd) Run(env *Env) error {
+	col, err := env.App.Collection(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, col)
+	}
+	if len(col.Archives) == 0 && len(col.Leftovers) == 0 {
+		fmt.Fprintln(env.Stderr, "no archives are kept: a build keeps one")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ARCHIVE\tBYTES\tSTORED\tHELD BY\tRUN ON\tSWEEP")
+	for _, k := range col.Archives {
+		sweep := "kept: " + k.Why
+		if k.MayGo {
+			sweep = "may go: " + k.Why
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", app.ShortID(k.Digest), k.Bytes, k.StoredAt.Format(timeShown),
+			dash(strings.Join(k.Held, " ")), dash(strings.Join(k.RunOn, " ")), sweep)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, l := range col.Leftovers {
+		fmt.Fprintf(env.Stdout, "leftover of a put that never ended: %s, %s, last %s%s\n", l.Subject, app.Plural(int(l.Chunks), "chunk"),
+			l.LastAt.Format(timeShown), map[bool]string{true: ": may go", false: ""}[l.MayGo])
+	}
+	fmt.Fprintf(env.Stdout, "%s kept, %s may go (unheld, run nowhere, older than %s, never a current or previous version); serve sweeps once a day\n",
+		app.Plural(col.Bytes, "byte"), app.Plural(col.MayGoBytes, "byte"), time.Duration(col.CollectAfterHours*float64(time.Hour)))
 	return nil
 }
 

@@ -75,6 +75,16 @@ func hint(err error) string {
 		return "assign a module that can fill it (the builder, run by mesh-builder) to a node; the ask waits for it"
 	case errors.Is(err, app.ErrBuildFailed):
 		return "see its log with 'mesh-controller builds --json', mend the source and build again"
+	case errors.Is(err, app.ErrStandsOnCycle):
+		return "remove one of those stands_on, register the manifest, and build again"
+	case errors.Is(err, app.ErrPlanFailed):
+		return "see why with 'mesh-controller plans' and 'mesh-controller builds MODULE', mend it, then 'mesh-controller plans retry ID' (or close it)"
+	case errors.Is(err, app.ErrPlanProblems):
+		return "mend each, then make the plan again"
+	case errors.Is(err, builds.ErrPlanNotFound):
+		return "see 'mesh-controller plans' for the ids"
+	case errors.Is(err, builds.ErrPlanNotRunning), errors.Is(err, builds.ErrPlanNotFailed):
+		return "see where it stands with 'mesh-controller plans': a running plan is stopped, a failed one retried or closed"
 	case errors.Is(err, builds.ErrNotFound), errors.Is(err, builds.ErrBadID):
 		return "see 'mesh-controller queue' and 'mesh-controller builds' for the ids"
 	case errors.Is(err, builds.ErrEnded), errors.Is(err, builds.ErrInFlight):

@@ -82,6 +82,7 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"data"}},
 		{args: []string{"builds"}},
 		{args: []string{"queue"}},
+		{args: []string{"plans"}},
 		// Last: it changes the mesh (a node kept for it alone goes).
 		{args: []string{"node", "remove", "spare", "--and-unassign", "--why", "the json test"}},
 	}
@@ -100,6 +101,9 @@ func TestJSON_SnakeCase(t *testing.T) {
 		listings[i].command = kctx.Selected().Path()
 		ran[listings[i].command] = true
 	}
+	// collection reads the serving controller's broker: its document's
+	// keys are checked where a controller serves (app, TestCollection_…).
+	ran["collection"] = true
 	for _, path := range jsonCommands(parser.Model.Node) {
 		if !ran[path] {
 			t.Errorf("%s offers --json but this test does not run it: add it to the listings", path)
@@ -205,6 +209,11 @@ func populate(t *testing.T, dir, examples string) {
 	}
 	if err == nil {
 		_, err = bs.Enqueue(ctx, builds.Ask{ID: builds.NewID(now), Repository: "https://git.example/smtp-relay"}, now)
+	}
+	if err == nil {
+		_, err = bs.MakePlan(ctx, builds.Plan{Kind: builds.KindOn, Base: "postgres", Steps: []builds.Step{
+			{Module: "paperless", Repository: "https://git.example/paperless", Ref: strings.Repeat("c", 40)},
+			{Module: "backup", Repository: "https://git.example/backup", Bases: []string{"paperless"}}}}, now)
 	}
 	if err != nil {
 		t.Fatal(err)

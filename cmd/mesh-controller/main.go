@@ -46,7 +46,7 @@ type CLI struct {
 	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
 	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
 	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
-	Build      BuildCmd      `cmd:"" help:"Have a holder of the build seat build a repository; wait for the outcome and register what it built."`
+	Build      BuildCmd      `cmd:"" help:"Have a holder of the build seat build a repository (or --behind, --on: a plan); wait for the outcome and register what it built."`
 	Builds     BuildsCmd     `cmd:"" help:"What has been built lately, and what came of it."`
 	Queue      QueueCmd      `cmd:"" help:"Every ask in the build queue: waiting, in flight (where, for how long), dead."`
 	Cancel     CancelCmd     `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
@@ -57,6 +57,8 @@ type CLI struct {
 	Pause      PauseCmd      `cmd:"" help:"The build seat's holder on a node (or every holder) takes nothing new (a hand act: --why)."`
 	Resume     ResumeCmd     `cmd:"" help:"A paused builder (or every one) takes asks again."`
 	Builder    BuilderCmd    `cmd:"" help:"Build machines' broker users (issue)."`
+	Plans      PlansCmd      `cmd:"" help:"Build plans and their steps (retry, stop, close)."`
+	Collection CollectionCmd `cmd:"" help:"Kept archives, held and not held by any registered manifest, and what the sweep may let go."`
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
