@@ -213,7 +213,9 @@ func TestBuildPlan_BehindFailureRetryClose(t *testing.T) {
 		t.Fatalf("close: %+v %v", c, err)
 	}
 	acts, _ := st.Health.HandActs(ctx, time.Time{})
-	if !slices.ContainsFunc(acts, func(a health.HandAct) bool { return strings.Contains(a.What, "close build plan "+p.ID) && a.Why == "base 1.1.0 is abandoned" }) {
+	if !slices.ContainsFunc(acts, func(a health.HandAct) bool {
+		return strings.Contains(a.What, "close build plan "+p.ID) && a.Why == "base 1.1.0 is abandoned"
+	}) {
 		t.Errorf("the close is not a hand act: %+v", acts)
 	}
 
