@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/builder"
 	"mesh-controller/app/host"
 	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
@@ -181,4 +184,178 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 	if s := m.moduleState("b1", "builder"); s.State != protocol.StateBackingOff || alive(builderPid) {
 		t.Fatalf("the builder came back during the test: %+v", s)
 	}
+}
+
+// The build queue across restarts of the serving controller. Asks queued
+// while no module holds the build seat wait; a builder takes the oldest,
+// whose build waits on a gate the test opens. The controller restarts
+// while it builds: the new one finds the same queue (the build in flight
+// on the same builder, its try not given up; the others waiting), the
+// builder comes back through the new broker still busy with it, and the
+// outcome it sends once the gate opens is taken in by the new controller
+// and the version registered. The asks that waited are then taken; one
+// (a dry run: no archive to store) ends while no controller serves at
+// all, and the outcome its builder sends then is taken in by the
+// controller started after.
+func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	gated := func(module string) (repo, gate string) {
+		gate = filepath.Join(t.TempDir(), "gate")
+		return scriptRepo(t, module, "while [ ! -e '"+gate+"' ]; do sleep 0.05; done; mkdir -p bin && echo "+module+" > bin/x"), gate
+	}
+	first, gate1 := gated("gated")
+	last, gate2 := gated("later")
+	quick := scriptRepo(t, "quick", "mkdir -p bin && echo quick > bin/x")
+
+	var asks []builds.Ask
+	for _, r := range []BuildRequest{{Repository: first}, {Repository: quick}, {Repository: last, DryRun: true}} {
+		r.NoWait = true
+		a, err := m.c.Build(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.State != builds.Waiting {
+			t.Fatalf("queued with no builder: %+v", a)
+		}
+		asks = append(asks, a)
+		if len(asks) == 1 {
+			// Asks asked within one millisecond go in the order of their
+			// ids: the gated one is to be the oldest.
+			waitFor(t, "a millisecond after the first ask", func() bool { return m.c.Now().Truncate(time.Millisecond).After(a.AskedAt) })
+		}
+	}
+
+	// A builder: the oldest ask is its; the others wait (it is busy).
+	b1 := m.builderOn(t, "b1")
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.c.kickBuilds(ctx, st)
+	waitFor(t, "the gated build in flight on b1", func() bool {
+		got := m.ask(t, asks[0].ID)
+		return got.State == builds.InFlight && got.Builder == "b1/builder"
+	})
+	taken := *m.ask(t, asks[0].ID).TakenAt
+
+	m.restartWith(ServeOptions{})
+	if got := m.ask(t, asks[0].ID); got.State != builds.InFlight || got.Builder != "b1/builder" || !got.TakenAt.Equal(taken) || got.Tries != 0 {
+		t.Fatalf("the build in flight after the restart: %+v", got)
+	}
+	for _, a := range asks[1:] {
+		if got := m.ask(t, a.ID); got.State != builds.Waiting || got.Tries != 0 {
+			t.Fatalf("a waiting ask after the restart: %+v", got)
+		}
+	}
+	// The builder is back, through the new controller's broker, still busy
+	// with the same build: a probe ask is answered so.
+	nc := m.controllerConn(t)
+	probe, _ := json.Marshal(builder.Ask{ID: "b-probe", Repository: quick})
+	waitFor(t, "the builder to answer through the new controller's broker", func() bool {
+		reply, err := nc.Request(protocol.BuildAskSubject("b1"), probe, time.Second)
+		if err != nil {
+			return false
+		}
+		var bt protocol.BuildTaken
+		if json.Unmarshal(reply.Data, &bt) != nil || bt.Taken || bt.Why != "busy with "+asks[0].ID {
+			t.Fatalf("the builder's answer after the restart: %s", reply.Data)
+		}
+		return true
+	})
+
+	// The build ends now: its archive and outcome go to the new controller.
+	if err := os.WriteFile(gate1, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := m.waitEnded(t, asks[0].ID, nc)
+	if done.State != builds.Done || !done.Registered || done.Late || done.Module != "gated" || done.Version != "1.0.0" || done.Digest == "" {
+		t.Fatalf("the build across the restart: %+v\n%s", done, m.logs.String())
+	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur := snap.Current["gated"]; cur != "1.0.0" {
+		t.Fatalf("gated's current version %q, want 1.0.0", cur)
+	}
+	if got := snap.Archives["gated@1.0.0"]; got.Digest != done.Digest {
+		t.Fatalf("gated 1.0.0's archive %+v, the build's %s", got, done.Digest)
+	}
+	if mod, err := st.Inventory.Module(ctx, "gated"); err != nil || mod.Source != first {
+		t.Fatalf("gated's module: %+v %v", mod, err)
+	}
+	// The daemon says so once the stores hold it.
+	registered := "build " + asks[0].ID + ": gated 1.0.0 registered from"
+	waitFor(t, "the daemon to say: "+registered, func() bool { return strings.Contains(m.logs.String(), registered) })
+
+	// The asks that waited through the restart are taken in turn (these
+	// two were asked within a millisecond or not: either may go first).
+	// The dry run waits on its gate.
+	kick := m.kicker(nc)
+	waitFor(t, "the dry run in flight on b1", func() bool { kick(); return m.ask(t, asks[2].ID).State == builds.InFlight })
+	// No controller serves when it ends: the builder's work dir for it is
+	// removed as Build returns, and the outcome is sent next.
+	m.stop()
+	work := filepath.Join(b1.root, "var/lib/builder/work", "build-"+asks[2].ID+"-*")
+	if dirs, _ := filepath.Glob(work); len(dirs) != 1 {
+		t.Fatalf("the dry run's work dir: %v", dirs)
+	}
+	if err := os.WriteFile(gate2, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the dry run ended on b1", func() bool { dirs, _ := filepath.Glob(work); return len(dirs) == 0 })
+	if got := m.ask(t, asks[2].ID); got.State != builds.InFlight {
+		t.Fatalf("the dry run's outcome recorded with no controller serving: %+v", got)
+	}
+	m.start()
+	nc = m.controllerConn(t)
+	if got := m.waitEnded(t, asks[2].ID, nc); got.State != builds.Done || !got.DryRun || got.Registered || got.Late || got.Module != "later" || got.Digest == "" {
+		t.Fatalf("the dry run across the restart: %+v\n%s", got, m.logs.String())
+	}
+	waitFor(t, "the daemon to say it took the dry run in", func() bool {
+		l := m.logLine("build " + asks[2].ID + " of ")
+		return strings.Contains(l, ": done") && strings.Contains(l, "(taken in by serve)")
+	})
+	if got := m.waitEnded(t, asks[1].ID, nc); got.State != builds.Done || !got.Registered || got.Module != "quick" || got.Builder != "b1/builder" {
+		t.Fatalf("the quick build: %+v", got)
+	}
+}
+
+// kicker returns a func that kicks the dispatcher over nc, at most every
+// 200ms however often it is called: an ask offered while its builder was
+// still busy waits otherwise for the next round (daemon.DispatchEvery).
+func (m *testMesh) kicker(nc *nats.Conn) func() {
+	var kicked time.Time
+	return func() {
+		if time.Since(kicked) > 200*time.Millisecond {
+			nc.Publish(BuildKickSubject, []byte("{}"))
+			kicked = time.Now()
+		}
+	}
+}
+
+// logLine is the daemon's first log line holding s, "" if none.
+func (m *testMesh) logLine(s string) string {
+	for _, l := range strings.Split(m.logs.String(), "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
+}
+
+// waitEnded waits until an ask is no longer waiting or in flight, nor done
+// and waiting for its registration, kicking the dispatcher over nc, and
+// returns it.
+func (m *testMesh) waitEnded(t *testing.T, id string, nc *nats.Conn) builds.Ask {
+	t.Helper()
+	var a builds.Ask
+	kick := m.kicker(nc)
+	waitFor(t, "build "+id+" to end", func() bool {
+		kick()
+		a = m.ask(t, id)
+		return a.State != builds.Waiting && a.State != builds.InFlight && (a.State != builds.Done || a.Registered || a.DryRun || a.Why != "")
+	})
+	return a
 }
