@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -133,10 +134,31 @@ func build(ctx context.Context, b *Builder, a Ask, nc *nats.Conn, o ServeOptions
 	if out.Failed || out.DryRun || o.Put == nil {
 		return out
 	}
-	if err := o.Put(ctx, nc, out.Digest, file); err != nil {
+	if err := putPatiently(ctx, func() error { return o.Put(ctx, nc, out.Digest, file) }); err != nil {
 		out.Failed, out.Why = true, "store the archive: "+err.Error()
 	}
 	return out
+}
+
+// putPatiently stores an archive, trying again for a minute while the
+// broker cannot take it (a controller starting again, say): a build that
+// succeeded is not failed by a broker that was away for a few seconds.
+// What can never be stored (bytes not of their digest, too many, another
+// object under that name, a file gone) is not tried again.
+func putPatiently(ctx context.Context, put func() error) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := put()
+		if err == nil || errors.Is(err, archive.ErrDigest) || errors.Is(err, archive.ErrTooLarge) || errors.Is(err, archive.ErrMismatch) ||
+			errors.Is(err, archive.ErrNotDigest) || errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // report sends an outcome until the controller says it recorded it (it may

@@ -80,9 +80,10 @@ type Archive struct {
 }
 
 // AddBuilt registers a module version as AddModule does, with where it came
-// from. A version registered already with the same manifest and another
-// archive takes the new archive, commit and build (Rebuilt); whether that
-// build is newer is the caller's to judge. Otherwise such a version is left as it
+// from. A version registered already with the same manifest, built again
+// (another archive or commit), takes the new archive, commit and build
+// (Rebuilt when the archive changed); whether that build is newer is the
+// caller's to judge. Otherwise such a version is left as it
 // was (its archive too): a version's contents never change.
 func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin, now time.Time) (Added, error) {
 	source := o.Source
@@ -103,17 +104,19 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 			return err
 		}
 		a.Previous = current
-		var existing, digest string
-		err = tx.QueryRowContext(ctx, `SELECT manifest, archive_digest FROM module_versions WHERE module = ? AND version = ?`, m.Module, m.Version).Scan(&existing, &digest)
+		var existing, digest, commit string
+		err = tx.QueryRowContext(ctx, `SELECT manifest, archive_digest, commit_id FROM module_versions WHERE module = ? AND version = ?`,
+			m.Module, m.Version).Scan(&existing, &digest, &commit)
 		switch {
 		case err == nil && existing == string(canon):
 			a.Current = current == m.Version
-			if o.Archive.Digest == "" || o.Archive.Digest == digest {
+			if o.Archive.Digest == "" || o.Archive.Digest == digest && o.Commit == commit {
 				return nil
 			}
 			// Built again (its bases moved, or a newer commit of the same
-			// version): the version runs from the new archive.
-			a.Rebuilt = true
+			// version): the version runs from the new archive, and is
+			// known built from that commit (it is no longer behind it).
+			a.Rebuilt = o.Archive.Digest != digest
 			_, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?
 				WHERE module = ? AND version = ?`, source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, m.Module, m.Version)
 			return err
