@@ -42,8 +42,10 @@ func (m *testMesh) withClock() *testClock {
 	return clk
 }
 
-// builderWith is builderOn with the host's supervisor given: a test that
-// kills the builder keeps it from being restarted behind its back.
+// builderWith joins a host that runs mesh-builder as the builder module,
+// holding the build seat, whose runner uses sup if given (a test that
+// kills the builder keeps it from being restarted behind its back), and
+// waits until it is ready.
 func (m *testMesh) builderWith(t testing.TB, node string, sup *host.Supervisor) *testHost {
 	t.Helper()
 	bin := buildBuilder(t)

@@ -123,16 +123,7 @@ func main() {
 // holding the build seat, and waits until it is ready.
 func (m *testMesh) builderOn(t testing.TB, node string) *testHost {
 	t.Helper()
-	bin := buildBuilder(t)
-	h := m.join(node)
-	m.addModule(writeManifest(t, `{"module": "builder", "version": "1.0.0", "run": {"command": ["`+bin+`"], "ready": {"after": "300ms"}},
-		"seats": [{"seat": "build", "delivers": "builds of module sources", "replicated": true}],
-		"data": [{"name": "work", "path": "/var/lib/builder/work", "precious": "rebuildable"}]}`))
-	if _, err := m.c.Assign(context.Background(), node, []string{"builder"}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the builder ready on "+node, func() bool { return m.moduleState(node, "builder").State == protocol.StateReady })
-	return h
+	return m.builderWith(t, node, nil)
 }
 
 // The loop closed: a repository built by a real builder module on a real

@@ -189,19 +189,26 @@ func (s *Store) Clear(ctx context.Context, includeDead bool, now time.Time) (int
 	if includeDead {
 		query = `UPDATE asks SET state = 'cancelled', finished_at = ?, why = 'cleared by hand' WHERE state IN ('waiting', 'dead')`
 	}
+	n, err := s.execCount(ctx, query, sqlite.FormatTime(now))
+	if err != nil {
+		return 0, fmt.Errorf("clear the build queue: %w", err)
+	}
+	return n, nil
+}
+
+// execCount runs one statement in its own transaction and says how many
+// rows it changed.
+func (s *Store) execCount(ctx context.Context, query string, args ...any) (int, error) {
 	var n int64
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, query, sqlite.FormatTime(now))
+		res, err := tx.ExecContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
 		n, err = res.RowsAffected()
 		return err
 	})
-	if err != nil {
-		return 0, fmt.Errorf("clear the build queue: %w", err)
-	}
-	return int(n), nil
+	return int(n), err
 }
 
 // Kill records that an ask in flight was ended by hand where it runs: it

@@ -236,8 +236,7 @@ func advance(ctx context.Context, tx *sql.Tx, id string, now time.Time) ([]strin
 				break
 			}
 			a := Ask{ID: NewID(now), Repository: st.Repository, Ref: st.Ref, Module: st.Module, Plan: id}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO asks (id, repository, ref, module, plan_id, state, asked_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-				a.ID, a.Repository, a.Ref, a.Module, a.Plan, Waiting, sqlite.FormatTime(now)); err != nil {
+			if err := insertAsk(ctx, tx, a, now); err != nil {
 				return lines, err
 			}
 			if err := set(i, StepAsked, a.ID, ""); err != nil {
@@ -281,23 +280,15 @@ func followAgain(ctx context.Context, q sqlite.Querier, id string) (Ask, error) 
 // their bases again, and runs the plan on. Any plan but a failed one is
 // ErrPlanNotFailed.
 func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (Plan, error) {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		p, err := readPlan(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if p.State != PlanFailed {
-			return fmt.Errorf("plan %s %w (it is %s)", id, ErrPlanNotFailed, p.State)
-		}
+	return s.planAct(ctx, "retry", id, PlanFailed, ErrPlanNotFailed, func(tx *sql.Tx, p Plan) error {
 		for i, st := range p.Steps {
 			switch st.State {
 			case StepFailed:
-				ask := NewID(now)
-				if _, err := tx.ExecContext(ctx, `INSERT INTO asks (id, repository, ref, module, plan_id, again_of, state, asked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-					ask, st.Repository, st.Ref, st.Module, id, st.Ask, Waiting, sqlite.FormatTime(now)); err != nil {
+				a := Ask{ID: NewID(now), Repository: st.Repository, Ref: st.Ref, Module: st.Module, Plan: id, AgainOf: st.Ask}
+				if err := insertAsk(ctx, tx, a, now); err != nil {
 					return err
 				}
-				if _, err := tx.ExecContext(ctx, `UPDATE plan_steps SET state = 'asked', ask = ?, why = '' WHERE plan = ? AND position = ?`, ask, id, i); err != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE plan_steps SET state = 'asked', ask = ?, why = '' WHERE plan = ? AND position = ?`, a.ID, id, i); err != nil {
 					return err
 				}
 			case StepStopped:
@@ -306,13 +297,9 @@ func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (Plan, 
 				}
 			}
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE plans SET state = 'running', ended_at = NULL WHERE id = ?`, id)
+		_, err := tx.ExecContext(ctx, `UPDATE plans SET state = 'running', ended_at = NULL WHERE id = ?`, id)
 		return err
 	})
-	if err != nil {
-		return Plan{}, fmt.Errorf("retry build plan: %w", err)
-	}
-	return s.Plan(ctx, id)
 }
 
 // StopPlan ends a running plan by hand: steps not yet asked are stopped,
@@ -322,14 +309,7 @@ func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (Plan, 
 // ErrPlanNotRunning.
 func (s *Store) StopPlan(ctx context.Context, id, why string, now time.Time) (Plan, []string, error) {
 	var inFlight []string
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		p, err := readPlan(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if p.State != PlanRunning {
-			return fmt.Errorf("plan %s %w (it is %s)", id, ErrPlanNotRunning, p.State)
-		}
+	p, err := s.planAct(ctx, "stop", id, PlanRunning, ErrPlanNotRunning, func(tx *sql.Tx, p Plan) error {
 		stamp := sqlite.FormatTime(now)
 		for i, st := range p.Steps {
 			stepWhy := "stopped by hand"
@@ -357,34 +337,46 @@ func (s *Store) StopPlan(ctx context.Context, id, why string, now time.Time) (Pl
 				return err
 			}
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE plans SET state = 'stopped', ended_at = ?, why = ? WHERE id = ?`, stamp, oneLine(why, MaxWhyBytes), id)
+		_, err := tx.ExecContext(ctx, `UPDATE plans SET state = 'stopped', ended_at = ?, why = ? WHERE id = ?`, stamp, oneLine(why, MaxWhyBytes), id)
 		return err
 	})
-	if err != nil {
-		return Plan{}, nil, fmt.Errorf("stop build plan: %w", err)
-	}
-	p, err := s.Plan(ctx, id)
 	return p, inFlight, err
 }
 
 // ClosePlan ends a failed plan by hand, not to be retried. Any plan but a
 // failed one is ErrPlanNotFailed.
 func (s *Store) ClosePlan(ctx context.Context, id, why string, now time.Time) (Plan, error) {
+	return s.planAct(ctx, "close", id, PlanFailed, ErrPlanNotFailed, func(tx *sql.Tx, _ Plan) error {
+		_, err := tx.ExecContext(ctx, `UPDATE plans SET state = 'closed', ended_at = ?, why = ? WHERE id = ?`, sqlite.FormatTime(now), oneLine(why, MaxWhyBytes), id)
+		return err
+	})
+}
+
+// planAct runs fn on plan id inside one transaction, once the plan is in
+// state want (else the sentinel, saying where it stands), and returns the
+// plan as it is after.
+func (s *Store) planAct(ctx context.Context, doing, id string, want PlanState, sentinel error, fn func(tx *sql.Tx, p Plan) error) (Plan, error) {
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		p, err := readPlan(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		if p.State != PlanFailed {
-			return fmt.Errorf("plan %s %w (it is %s)", id, ErrPlanNotFailed, p.State)
+		if p.State != want {
+			return fmt.Errorf("plan %s %w (it is %s)", id, sentinel, p.State)
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE plans SET state = 'closed', ended_at = ?, why = ? WHERE id = ?`, sqlite.FormatTime(now), oneLine(why, MaxWhyBytes), id)
-		return err
+		return fn(tx, p)
 	})
 	if err != nil {
-		return Plan{}, fmt.Errorf("close build plan: %w", err)
+		return Plan{}, fmt.Errorf("%s build plan: %w", doing, err)
 	}
 	return s.Plan(ctx, id)
+}
+
+// insertAsk asks for a plan step's build, waiting from now.
+func insertAsk(ctx context.Context, tx *sql.Tx, a Ask, now time.Time) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO asks (id, repository, ref, module, plan_id, again_of, state, asked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		a.ID, a.Repository, a.Ref, a.Module, a.Plan, a.AgainOf, Waiting, sqlite.FormatTime(now))
+	return err
 }
 
 // Plan returns one plan with its steps, or ErrPlanNotFound.
@@ -430,21 +422,13 @@ func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
 // keep that ended before olderThan, and returns how many went. Running and
 // failed plans are never deleted: they wait for a person.
 func (s *Store) PrunePlans(ctx context.Context, keep int, olderThan time.Time) (int, error) {
-	var n int64
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM plans WHERE id IN (
-			SELECT id FROM plans WHERE state IN ('done', 'stopped', 'closed') AND ended_at < ?
-			ORDER BY made_at DESC, id DESC LIMIT -1 OFFSET ?)`, sqlite.FormatTime(olderThan), max(keep, 0))
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
-	})
+	n, err := s.execCount(ctx, `DELETE FROM plans WHERE id IN (
+		SELECT id FROM plans WHERE state IN ('done', 'stopped', 'closed') AND ended_at < ?
+		ORDER BY made_at DESC, id DESC LIMIT -1 OFFSET ?)`, sqlite.FormatTime(olderThan), max(keep, 0))
 	if err != nil {
 		return 0, fmt.Errorf("prune build plans: %w", err)
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // readPlan reads a plan and its steps.

@@ -2,7 +2,6 @@ package builds
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -50,19 +49,11 @@ func (s *Store) Prune(ctx context.Context, keep int, olderThan time.Time) (int, 
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		var n int64
-		err := s.db.Write(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, pruneQuery, keep, before, pruneBatch)
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
-			return err
-		})
+		n, err := s.execCount(ctx, pruneQuery, keep, before, pruneBatch)
 		if err != nil {
 			return total, fmt.Errorf("prune builds: %w", err)
 		}
-		total += int(n)
+		total += n
 		if n < pruneBatch {
 			return total, nil
 		}
