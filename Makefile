@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules run demo test tools lint bench soak fuzz clean
+.PHONY: build modules run demo test tools lint bench soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -136,6 +136,14 @@ bench:
 # one host's cost a day at 10-second beats (MESH_SOAK_HOSTS, _MINUTES, _BEAT).
 soak:
 	MESH_SOAK=1 $(GO) test -count=1 -timeout 60m -run TestSoak -v ./app/loadbench/
+
+# measure-archives: a 50 MiB archive of incompressible bytes built by the
+# builder module and rolled out together to 20 real hosts: the time until
+# every host has it, and the controller's and hosts' peak RSS (about a
+# minute; not part of make test). MESH_MEASURE_MB and MESH_MEASURE_HOSTS
+# change the size and the count.
+measure-archives: build
+	scripts/measure-archive-fanout
 
 clean:
 	rm -rf $(BIN)
