@@ -104,22 +104,22 @@ const (
 )
 
 // archiveReadPermissions are what reading an archive by name takes
-// (ObjectStore GetInfo and Get), merged into a host's permissions: the
-// bucket's stream info (looking the bucket up), the last message of a meta
-// subject (the object's meta: its size, digest and chunks' subject; the
-// body of a message get names the subject), an ordered consumer of one
-// object's chunks, created filtered to a chunk subject, and deleted when the
-// fetch ends, and answers to its flow control. The consumer delivers into
-// the user's own inbox (nats.go makes the deliver subject with the
-// connection's inbox prefix): a host's is _INBOX.<node>.>, already its own.
-// Nothing here writes to the bucket, deletes an object or purges.
+// (archive.Get), merged into a host's permissions: the bucket's stream
+// info (looking the bucket up), the last message of a meta subject (the
+// object's meta: its size, digest and chunks' subject; the body of a
+// message get names the subject), a pull consumer of one object's chunks,
+// created filtered to a chunk subject, pulled from a batch at a time, and
+// deleted when the fetch ends. The batches come to the user's own inbox
+// (a host's is _INBOX.<node>.>, already its own). A consumer's name is
+// random, so another host cannot guess it to pull from it. Nothing here
+// writes to the bucket, deletes an object or purges.
 func archiveReadPermissions() broker.Permissions {
 	return broker.Permissions{Publish: []string{
 		jsAPI + "STREAM.INFO." + archiveStream,
 		jsAPI + "STREAM.MSG.GET." + archiveStream,
 		jsAPI + "CONSUMER.CREATE." + archiveStream + ".*." + archiveChunks + "*",
+		jsAPI + "CONSUMER.MSG.NEXT." + archiveStream + ".*",
 		jsAPI + "CONSUMER.DELETE." + archiveStream + ".*",
-		"$JS.FC." + archiveStream + ".>",
 	}}
 }
 

@@ -28,6 +28,10 @@ import (
 // streams. Once it is full a put is refused; nothing is let go to make room.
 const BucketMaxBytes int64 = 16 << 30
 
+// putInFlight bounds the chunks of a put sent and not yet acknowledged
+// (32 MiB: a quarter of the stream's ingest queue).
+const putInFlight = 256
+
 // chunkBytes is the size of an archive's chunks, each one message:
 // nats.go's own default, well under a builder's largest message.
 const chunkBytes = 128 << 10
@@ -83,10 +87,9 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 	return nil
 }
 
-// archiveStore is the archives bucket over nc.
 // Bucket opens the archives bucket.
-func Bucket(ctx context.Context, nc *nats.Conn) (jetstream.ObjectStore, error) {
-	js, err := jetstream.New(nc)
+func Bucket(ctx context.Context, nc *nats.Conn, opts ...jetstream.JetStreamOpt) (jetstream.ObjectStore, error) {
+	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +123,10 @@ func Put(ctx context.Context, nc *nats.Conn, digest string, r io.Reader) error {
 	if !IsDigest(digest) {
 		return fmt.Errorf("put archive %q: %w", digest, ErrNotDigest)
 	}
-	store, err := Bucket(ctx, nc)
+	// Chunks are published without waiting for each acknowledgement, but
+	// no more than putInFlight at once: nats.go allows 4,000 (500 MiB),
+	// past the stream's ingest queue, which refuses the put with 429.
+	store, err := Bucket(ctx, nc, jetstream.WithPublishAsyncMaxPending(putInFlight))
 	if err != nil {
 		return fmt.Errorf("put archive %s: %w", digest, err)
 	}
@@ -189,44 +195,122 @@ func (v *verifying) Read(p []byte) (int, error) {
 }
 
 // Get streams the archive named digest into w and returns how many
-// bytes it wrote. nats.go checks the bytes against the sha256 the object's
-// meta records, which must be digest itself (ErrMismatch); the
-// caller verifies them against the digest all the same, as it writes them
-// (Receive), before it uses them. ErrNotStored if there is
-// none; ErrTooLarge, before a byte is written, if it is larger
-// than protocol.MaxArchiveBytes.
+// bytes it wrote. The object's meta must record digest as its sha256
+// (ErrMismatch), and the bytes must have it and the meta's size (ErrDigest,
+// once they are written: the caller verifies them again as it writes them,
+// with Receive, before it uses them). ErrNotStored if there is none;
+// ErrTooLarge, before a byte is written, if it is larger than
+// protocol.MaxArchiveBytes.
+//
+// The chunks are pulled a bounded batch at a time (getBatch) from a
+// consumer of this fetch's own, never pushed: nats.go's own object Get
+// subscribes a push consumer that the broker keeps up to 32 MiB in flight
+// for, per fetch, so a roll-out to many hosts at once held hundreds of MiB
+// in the controller (README, "How fast").
 func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64, error) {
 	if !IsDigest(digest) {
 		return 0, fmt.Errorf("get archive %q: %w", digest, ErrNotDigest)
 	}
+	fail := func(err error) error { return fmt.Errorf("get archive %s: %w", digest, err) }
 	store, err := Bucket(ctx, nc)
 	if err != nil {
-		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+		return 0, fail(err)
 	}
-	obj, err := store.Get(ctx, digest)
+	info, err := store.GetInfo(ctx, digest)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return 0, fmt.Errorf("get archive %s: %w", digest, ErrNotStored)
+		return 0, fail(ErrNotStored)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+		return 0, fail(err)
 	}
-	defer obj.Close()
-	info, err := obj.Info()
+	if objectDigest(info) != digest || info.NUID == "" {
+		return 0, fail(ErrMismatch)
+	}
+	size := int64(info.Size)
+	if size > protocol.MaxArchiveBytes {
+		return 0, fail(fmt.Errorf("%d bytes: %w", size, ErrTooLarge))
+	}
+	if size == 0 {
+		return 0, nil
+	}
+	js, err := jetstream.New(nc)
 	if err != nil {
-		return 0, fmt.Errorf("get archive %s: %w", digest, err)
+		return 0, fail(err)
 	}
-	if objectDigest(info) != digest {
-		return 0, fmt.Errorf("get archive %s: %w", digest, ErrMismatch)
-	}
-	if info.Size > protocol.MaxArchiveBytes {
-		return 0, fmt.Errorf("get archive %s: %d bytes: %w", digest, info.Size, ErrTooLarge)
-	}
-	n, err := io.Copy(w, io.LimitReader(obj, protocol.MaxArchiveBytes))
+	stream := "OBJ_" + protocol.ArchiveBucket
+	cons, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		FilterSubject: chunkSubject(info.NUID),
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckNonePolicy,
+		// Gone by itself if this host goes away mid-fetch.
+		InactiveThreshold: time.Minute,
+		MemoryStorage:     true,
+	})
 	if err != nil {
-		return n, fmt.Errorf("get archive %s: %w", digest, err)
+		return 0, fail(err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), protocol.AnswerTimeout)
+		_ = js.DeleteConsumer(dctx, stream, cons.CachedInfo().Name)
+		cancel()
+	}()
+	h := sha256.New()
+	var n int64
+	var next uint64 = 1 // the consumer's sequence of the chunk expected next
+	chunks := uint64(info.Chunks)
+	for n < size {
+		if err := ctx.Err(); err != nil {
+			return n, fail(err)
+		}
+		// Exactly the chunks left, up to a batch: a pull that asks for
+		// more than there are waits for its expiry.
+		want := min(getBatch, max(chunks+1-next, 1))
+		batch, err := cons.Fetch(int(want), jetstream.FetchMaxWait(getBatchWait))
+		if err != nil {
+			return n, fail(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				return n, fail(err)
+			}
+			// No acknowledgements: a chunk lost on the way is a gap in
+			// the consumer's sequence, and the fetch is refused whole.
+			if meta.Sequence.Consumer != next {
+				return n, fail(fmt.Errorf("chunk %d arrived where %d was due: fetch it again", meta.Sequence.Consumer, next))
+			}
+			next++
+			data := m.Data()
+			if n+int64(len(data)) > size {
+				return n, fail(fmt.Errorf("more bytes than the %d its meta records: %w", size, ErrDigest))
+			}
+			if _, err := w.Write(data); err != nil {
+				return n, fail(err)
+			}
+			h.Write(data)
+			n += int64(len(data))
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return n, fail(err)
+		}
+		if got == 0 {
+			return n, fail(fmt.Errorf("no chunk came within %s after %d of %d bytes", getBatchWait, n, size))
+		}
+	}
+	if hex.EncodeToString(h.Sum(nil)) != digest {
+		return n, fail(ErrDigest)
 	}
 	return n, nil
 }
+
+// A fetch pulls at most getBatch chunks at a time (2 MiB), waiting up to
+// getBatchWait for each batch.
+const (
+	getBatch     = 16
+	getBatchWait = 30 * time.Second
+)
 
 // Stored is an archive the bucket holds.
 type Stored struct {
