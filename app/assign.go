@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,34 +33,71 @@ type Assigned struct {
 // Assign puts modules on a node, judged together: all or nothing, and every
 // problem listed. Then the affected nodes are sent their declarations.
 func (c *Controller) Assign(ctx context.Context, node string, modules []string) (Assigned, error) {
-	what := "assign " + node + " " + strings.Join(modules, " ")
-	var problems []string
-	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
+	r, err := c.AssignMany(ctx, ManyRequest{Nodes: []string{node}, Modules: modules})
+	if len(r.Nodes) == 0 {
 		return Assigned{}, err
+	}
+	out := r.Nodes[0]
+	out.Pushed = r.Pushed
+	return out, err
+}
+
+// ManyRequest names the nodes and modules of an act on many nodes at once.
+type ManyRequest struct {
+	Nodes, Modules []string
+	// Progress, if set, is told how far the act is: a stage ("judged",
+	// "declared") and how many of how many nodes.
+	Progress func(stage string, done, total int)
+}
+
+// AssignedMany is what assign --nodes did: each node's modules, and every
+// declaration sent.
+type AssignedMany struct {
+	Nodes  []Assigned `json:"nodes"`
+	Pushed []Pushed   `json:"pushed"`
+}
+
+// AssignMany puts the same modules on every node named, judged together
+// exactly as Assign judges one node: all or nothing, every problem listed
+// (each naming its node), then one write to each store and one declaration
+// to each node affected.
+func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
+	what := "assign " + strings.Join(r.Modules, " ") + " to " + nodesSaid(r.Nodes)
+	if len(r.Nodes) == 1 {
+		what = "assign " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
+	}
+	if err := CheckNames(append(slices.Clone(r.Nodes), r.Modules...)...); err != nil {
+		return AssignedMany{}, err
+	}
+	progress := r.Progress
+	if progress == nil {
+		progress = func(string, int, int) {}
 	}
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
-		return Assigned{}, err
+		return AssignedMany{}, err
 	}
 	inv, sec := st.Inventory, st.Secrets
-	if _, ok := snap.Nodes[node]; !ok {
-		return Assigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	var problems []string
+	if dup := namedTwice(r.Nodes); len(dup) > 0 {
+		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
 	}
-	factList, _, err := inv.Facts(ctx, node)
-	if err != nil {
-		return Assigned{}, err
+	var missing []string
+	for _, node := range r.Nodes {
+		if _, ok := snap.Nodes[node]; !ok {
+			missing = append(missing, node)
+		}
 	}
-	facts := map[string]inventory.Fact{}
-	for _, f := range factList {
-		facts[f.Name] = f
+	if len(missing) > 0 {
+		if len(r.Nodes) == 1 {
+			return AssignedMany{}, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
+		}
+		problems = append(problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), listSaid(missing)))
 	}
-	here := map[string]inventory.Manifest{} // what the node will run
-	for _, a := range snap.AssignmentsOf(node) {
-		here[a.Module] = snap.Manifests[a.Module][a.Version]
-	}
+	// What every node is given: the modules named, each registered, once.
 	var adding []inventory.Manifest
 	seen := map[string]bool{}
-	for _, name := range modules {
+	for _, name := range r.Modules {
 		switch {
 		case seen[name]:
 			problems = append(problems, name+" is named twice")
@@ -69,27 +107,97 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 			continue
 		}
 		seen[name] = true
-		if _, ok := here[name]; ok {
-			problems = append(problems, fmt.Sprintf("%s is already on %s", name, node))
-			continue
-		}
 		adding = append(adding, snap.Manifests[name][snap.Current[name]])
 	}
-	out := Assigned{Node: node}
-	bumps := []string{node}
+	if _, err := sec.OperatorKey(ctx); errors.Is(err, secrets.ErrNoOperatorKey) {
+		problems = append(problems, secretsNeedKey(adding)...)
+	} else if err != nil {
+		return AssignedMany{}, err
+	}
+	out := AssignedMany{Nodes: []Assigned{}}
+	var as []inventory.Assignment
+	var bumps []string
+	now := c.Now()
+	for i, node := range r.Nodes {
+		if _, ok := snap.Nodes[node]; !ok {
+			continue
+		}
+		one, ps, err := c.judgeAssign(ctx, inv, snap, node, adding)
+		if err != nil {
+			return AssignedMany{}, err
+		}
+		problems = append(problems, ps...)
+		out.Nodes = append(out.Nodes, one.Assigned)
+		bumps = append(bumps, one.bumps...)
+		for _, am := range one.Modules {
+			as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: now, Unverified: am.Unverified})
+		}
+		progress("judged", i+1, len(r.Nodes))
+	}
+	if err := refuse(what, sameOnce(problems)); err != nil {
+		return AssignedMany{}, err
+	}
+	// The mesh as it will be, judged and planned in memory from this one
+	// snapshot: seats taken, bindings chosen, declarations deliverable.
+	after := snap.Clone()
+	after.Assign(as...)
+	// An unheld seat is taken by the first assignment that can fill it.
+	seats := after.TakeUnheldSeats(as)
+	// The backup seat's holders carry a line for every precious data set.
+	ch := withBindings(after, inventory.Change{Assign: as, Seats: seats}, append(bumps, after.HolderNodes("backup")...)...)
+	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
+		return AssignedMany{}, err
+	}
+	out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "assign", progress)
+	return out, err
+}
+
+// judgedAssign is one node's part of an assign: what it is given, and the
+// nodes whose plans name it.
+type judgedAssign struct {
+	Assigned
+	bumps []string
+}
+
+// judgeAssign judges the modules adding on one node of snap: what its
+// host reported (requirements), what it runs already (twice, ports), what
+// the modules need. Each problem names the node.
+func (c *Controller) judgeAssign(ctx context.Context, inv *inventory.Store, snap *inventory.Snapshot, node string, adding []inventory.Manifest) (judgedAssign, []string, error) {
+	var problems []string
+	factList, _, err := inv.Facts(ctx, node)
+	if err != nil {
+		return judgedAssign{}, nil, err
+	}
+	facts := map[string]inventory.Fact{}
+	for _, f := range factList {
+		facts[f.Name] = f
+	}
+	here := map[string]inventory.Manifest{} // what the node will run
+	for _, a := range snap.AssignmentsOf(node) {
+		here[a.Module] = snap.Manifests[a.Module][a.Version]
+	}
+	out := judgedAssign{Assigned: Assigned{Node: node, Modules: []AssignedModule{}}, bumps: []string{node}}
+	var given []inventory.Manifest
 	for _, m := range adding {
+		if _, ok := here[m.Module]; ok {
+			problems = append(problems, fmt.Sprintf("%s is already on %s", m.Module, node))
+			continue
+		}
+		given = append(given, m)
+	}
+	for _, m := range given {
 		am := AssignedModule{Module: m.Module, Version: m.Version, Unverified: []string{}, Unmet: []string{}}
 		ps, unverified := inventory.JudgeRequirements(m, node, facts)
 		problems = append(problems, ps...)
 		am.Unverified = append(am.Unverified, unverified...)
 		for _, need := range m.Needs {
 			inCommand := false
-			for _, other := range adding {
+			for _, other := range given {
 				inCommand = inCommand || inventory.Provides(other, need.Provision)
 			}
 			providers := snap.ProvidersOf(need.Provision)
 			for _, p := range providers {
-				bumps = append(bumps, p.Node) // its plan's reasons name this consumer
+				out.bumps = append(out.bumps, p.Node) // its plan's reasons name this consumer
 			}
 			if len(providers) == 0 && !inCommand {
 				if need.Optional {
@@ -102,32 +210,36 @@ func (c *Controller) Assign(ctx context.Context, node string, modules []string) 
 		out.Modules = append(out.Modules, am)
 	}
 	// Ports: two modules on one node may not claim the same port.
-	problems = append(problems, inventory.PortClashes(node, here, adding)...)
-	if _, err := sec.OperatorKey(ctx); errors.Is(err, secrets.ErrNoOperatorKey) {
-		problems = append(problems, secretsNeedKey(adding)...)
-	} else if err != nil {
-		return Assigned{}, err
+	problems = append(problems, inventory.PortClashes(node, here, given)...)
+	return out, problems, nil
+}
+
+// namedTwice are the names given more than once, each once, in order.
+func namedTwice(names []string) []string {
+	seen, twice := map[string]int{}, []string{}
+	for _, n := range names {
+		seen[n]++
+		if seen[n] == 2 {
+			twice = append(twice, n)
+		}
 	}
-	if err := refuse(what, problems); err != nil {
-		return Assigned{}, err
+	return twice
+}
+
+// nodesSaid names the nodes of an act: all of a few, or how many.
+func nodesSaid(nodes []string) string {
+	if len(nodes) <= 5 {
+		return strings.Join(nodes, " ")
 	}
-	var as []inventory.Assignment
-	for _, am := range out.Modules {
-		as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: c.Now(), Unverified: am.Unverified})
+	return Plural(len(nodes), "node")
+}
+
+// listSaid names up to ten, then says how many more.
+func listSaid(names []string) string {
+	if len(names) <= 10 {
+		return strings.Join(names, ", ")
 	}
-	// The mesh as it will be, judged and planned in memory from this one
-	// snapshot: seats taken, bindings chosen, declarations deliverable.
-	after := snap.Clone()
-	after.Assign(as...)
-	// An unheld seat is taken by the first assignment that can fill it.
-	seats := after.TakeUnheldSeats(as)
-	// The backup seat's holders carry a line for every precious data set.
-	ch := withBindings(after, inventory.Change{Assign: as, Seats: seats}, append(bumps, after.HolderNodes("backup")...)...)
-	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
-		return Assigned{}, err
-	}
-	out.Pushed, err = c.commitAct(ctx, st, after, ch, "assign")
-	return out, err
+	return strings.Join(names[:10], ", ") + fmt.Sprintf(" and %d more", len(names)-10)
 }
 
 // undeliverable says which of these nodes' plans, on the mesh as it would
@@ -172,62 +284,134 @@ type Unassigned struct {
 // rebuildable data is dropped, and that is said; per-consumer data kept for
 // them by providers is retired on the provider.
 func (c *Controller) Unassign(ctx context.Context, node string, modules []string) (Unassigned, error) {
-	what := "unassign " + node + " " + strings.Join(modules, " ")
-	if err := CheckNames(append([]string{node}, modules...)...); err != nil {
+	r, err := c.UnassignMany(ctx, ManyRequest{Nodes: []string{node}, Modules: modules})
+	if len(r.Nodes) == 0 {
 		return Unassigned{}, err
+	}
+	out := r.Nodes[0]
+	out.Pushed = r.Pushed
+	return out, err
+}
+
+// UnassignedMany is what unassign --nodes did: each node's part, and every
+// declaration sent.
+type UnassignedMany struct {
+	Nodes  []Unassigned `json:"nodes"`
+	Pushed []Pushed     `json:"pushed"`
+}
+
+// UnassignMany takes the same modules off every node named, judged together
+// exactly as Unassign judges one node (all or nothing, every problem
+// listed; a provision whose every provider leaves is judged as one), then
+// one write to each store and one declaration to each node affected.
+func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
+	what := "unassign " + strings.Join(r.Modules, " ") + " from " + nodesSaid(r.Nodes)
+	if len(r.Nodes) == 1 {
+		what = "unassign " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
+	}
+	if err := CheckNames(append(slices.Clone(r.Nodes), r.Modules...)...); err != nil {
+		return UnassignedMany{}, err
+	}
+	progress := r.Progress
+	if progress == nil {
+		progress = func(string, int, int) {}
 	}
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
-		return Unassigned{}, err
+		return UnassignedMany{}, err
 	}
-	if _, ok := snap.Nodes[node]; !ok {
-		return Unassigned{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	var problems, missing []string
+	if dup := namedTwice(r.Nodes); len(dup) > 0 {
+		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
 	}
-	here := map[string]inventory.Assignment{}
-	for _, a := range snap.AssignmentsOf(node) {
-		here[a.Module] = a
+	if dup := namedTwice(r.Modules); len(dup) > 0 {
+		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
 	}
-	leaving := map[string]bool{}
-	var problems []string
-	for _, m := range modules {
-		if _, ok := here[m]; !ok {
-			problems = append(problems, fmt.Sprintf("%s is not on %s", m, node))
+	for _, node := range r.Nodes {
+		if _, ok := snap.Nodes[node]; !ok {
+			missing = append(missing, node)
 		}
-		leaving[m] = true
+	}
+	if len(missing) > 0 {
+		if len(r.Nodes) == 1 {
+			return UnassignedMany{}, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
+		}
+		problems = append(problems, fmt.Sprintf("%s not known: %s", Plural(len(missing), "node"), listSaid(missing)))
+	}
+	out := UnassignedMany{Nodes: []Unassigned{}}
+	ch := inventory.Change{}
+	bumps := []string{}
+	now := c.Now()
+	why := "unassigned from %s on " + now.UTC().Format("2006-01-02")
+	for i, node := range r.Nodes {
+		if _, ok := snap.Nodes[node]; !ok {
+			continue
+		}
+		here := map[string]inventory.Assignment{}
+		for _, a := range snap.AssignmentsOf(node) {
+			here[a.Module] = a
+		}
+		one := Unassigned{Node: node, Modules: r.Modules, Retirements: []inventory.Retirement{}}
+		for _, m := range r.Modules {
+			a, ok := here[m]
+			if !ok {
+				problems = append(problems, fmt.Sprintf("%s is not on %s", m, node))
+				continue
+			}
+			ch.Unassign = append(ch.Unassign, inventory.Holder{Node: node, Module: m})
+			for _, d := range snap.Manifests[m][a.Version].Data {
+				state := "retired"
+				if d.Precious == inventory.Rebuildable {
+					state = "dropped"
+				}
+				one.Retirements = append(one.Retirements, inventory.Retirement{Node: node, Module: m, DataSet: d.Name, Path: d.Path,
+					Precious: d.Precious, State: state, RetiredAt: now, Why: fmt.Sprintf(why, node)})
+			}
+		}
+		ch.Retirements = append(ch.Retirements, one.Retirements...)
+		out.Nodes = append(out.Nodes, one)
+		bumps = append(bumps, node)
+		progress("judged", i+1, len(r.Nodes))
 	}
 	// A provider may not leave a consumer that still needs it with no other provider.
-	problems = append(problems, snap.LastProvider(node, modules)...)
-	if err := refuse(what, problems); err != nil {
-		return Unassigned{}, err
+	problems = append(problems, snap.LastProviders(bumps, r.Modules)...)
+	if err := refuse(what, sameOnce(problems)); err != nil {
+		return UnassignedMany{}, err
 	}
-	out := Unassigned{Node: node, Modules: modules, Retirements: []inventory.Retirement{}}
-	why := "unassigned from " + node + " on " + c.Now().UTC().Format("2006-01-02")
-	ch := inventory.Change{}
-	for _, m := range modules {
-		a := here[m]
-		ch.Unassign = append(ch.Unassign, inventory.Holder{Node: node, Module: m})
-		for _, d := range snap.Manifests[m][a.Version].Data {
-			state := "retired"
-			if d.Precious == inventory.Rebuildable {
-				state = "dropped"
-			}
-			out.Retirements = append(out.Retirements, inventory.Retirement{Node: node, Module: m, DataSet: d.Name, Path: d.Path,
-				Precious: d.Precious, State: state, RetiredAt: c.Now(), Why: why})
-		}
-	}
-	ch.Retirements = out.Retirements
 	// The mesh as it will be: their consumers' providers keep what they kept
 	// for them, and those consumers now wait for a person to retire them.
 	after := snap.Clone()
 	after.Unassign(ch.Unassign...)
-	ch = withBindings(after, ch, append([]string{node}, after.HolderNodes("backup")...)...)
-	for _, cs := range after.Seats.Consumers {
-		if cs.State == "waiting" && consumerOf(cs.Consumer, node, modules) {
-			out.Waiting = append(out.Waiting, cs)
+	ch = withBindings(after, ch, append(bumps, after.HolderNodes("backup")...)...)
+	for i := range out.Nodes {
+		for _, cs := range after.Seats.Consumers {
+			if cs.State == "waiting" && consumerOf(cs.Consumer, out.Nodes[i].Node, r.Modules) {
+				out.Nodes[i].Waiting = append(out.Nodes[i].Waiting, cs)
+			}
 		}
 	}
-	out.Pushed, err = c.commitAct(ctx, st, after, ch, "unassign")
+	out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "unassign", progress)
 	return out, err
+}
+
+// sameOnce keeps each problem once, saying how many times it was found
+// when more than once: a problem that does not name its node is the same
+// on every node of a many-node act.
+func sameOnce(problems []string) []string {
+	count := map[string]int{}
+	var out []string
+	for _, p := range problems {
+		if count[p] == 0 {
+			out = append(out, p)
+		}
+		count[p]++
+	}
+	for i, p := range out {
+		if n := count[p]; n > 1 {
+			out[i] = fmt.Sprintf("%s (%d times)", p, n)
+		}
+	}
+	return out
 }
 
 func consumerOf(consumer, node string, modules []string) bool {

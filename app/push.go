@@ -39,6 +39,8 @@ type declarer struct {
 	nc      *nats.Conn
 	notSent string
 	now     func() time.Time
+	// progress, if set, is told how many nodes were planned and sent.
+	progress func(stage string, done, total int)
 }
 
 // declare computes, signs and keeps each node's plan as its next
@@ -64,7 +66,12 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
 	var at []int
-	for _, node := range nodes {
+	tell := d.progress
+	if tell == nil {
+		tell = func(string, int, int) {}
+	}
+	for i, node := range nodes {
+		tell("planned", i, len(nodes))
 		p := Pushed{Node: node}
 		np, err := pl.Plan(node)
 		switch {
@@ -88,7 +95,9 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 		return out
 	}
+	tell("signed and kept", len(decls), len(decls))
 	for k, decl := range decls {
+		tell("sent", k, len(decls))
 		p := &out[at[k]]
 		p.Serial = decl.Serial
 		if d.nc == nil {
@@ -160,13 +169,19 @@ func (c *Controller) declarePlans(ctx context.Context, st *Stores, snap *invento
 	if err != nil {
 		return nil, err
 	}
+	return d.declareVia(ctx, c, st, snap, nodes), nil
+}
+
+// declareVia declares over a connection of its own to the broker, dialled
+// once for every node (none answering: kept for serve, and said).
+func (d *declarer) declareVia(ctx context.Context, c *Controller, st *Stores, snap *inventory.Snapshot, nodes []string) []Pushed {
 	if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
 		d.notSent = err.Error()
 	} else {
 		defer nc.Close()
 		d.nc = nc
 	}
-	return d.declare(ctx, snap, nodes), nil
+	return d.declare(ctx, snap, nodes)
 }
 
 // newDeclarer reads the signing key once for every declaration it makes;
@@ -188,6 +203,8 @@ type PushRequest struct {
 	Behind bool
 	// Why, if given, records the push as a hand act.
 	Why string
+	// Progress, if set, is told how far the declarations are.
+	Progress func(stage string, done, total int)
 }
 
 // Push signs and sends nodes their declarations built from their plans.
@@ -240,10 +257,20 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 				return nil, err
 			}
 			// Their plans moved: declarations are made from the mesh as written.
-			return c.sendPlans(ctx, st, nodes)
+			if snap, err = inv.Snapshot(ctx); err != nil {
+				return nil, err
+			}
 		}
 	}
-	return c.declarePlans(ctx, st, snap, nodes)
+	if len(nodes) == 0 {
+		return nil, nil
+	}
+	d, err := c.newDeclarer(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	d.progress = r.Progress
+	return d.declareVia(ctx, c, st, snap, nodes), nil
 }
 
 // PlanView is one node's plan as plan shows it.

@@ -341,6 +341,13 @@ func withBindings(after *inventory.Snapshot, ch inventory.Change, bumps ...strin
 // process stopped between those writes leaves the act whole once serve
 // catches up, or not done.
 func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
+	return c.commitActProgress(ctx, st, after, ch, act, nil)
+}
+
+// commitActProgress is commitAct telling progress how far the declarations
+// are (nil: nobody).
+func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
+	progress func(stage string, done, total int)) ([]Pushed, error) {
 	fault(act + ":before-inventory")
 	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
 		return nil, err
@@ -350,7 +357,19 @@ func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory
 		return nil, err
 	}
 	fault(act + ":after-secrets")
-	return c.sendPlans(ctx, st, ch.Bump)
+	if len(ch.Bump) == 0 {
+		return nil, nil
+	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, err := c.newDeclarer(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	d.progress = progress
+	return d.declareVia(ctx, c, st, snap, ch.Bump), nil
 }
 
 // Unpin puts the choice back to the mesh; a binding whose provider keeps

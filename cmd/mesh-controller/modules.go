@@ -235,19 +235,34 @@ func (c *SettingsClearCmd) Run(env *Env) error {
 // printPushed says, per node, whether its new declaration was sent.
 func printPushed(env *Env, pushed []app.Pushed) {
 	var later []string
+	sent, kept := 0, 0
+	many := len(pushed) > 20 // a line per node of thousands says nothing
 	for _, p := range pushed {
 		switch {
 		case p.Problem != "":
 			fmt.Fprintf(env.Stderr, "%s: not declared: %s\n", p.Node, p.Problem)
 		case p.Sent:
-			fmt.Fprintf(env.Stdout, "%s: declaration %d sent\n", p.Node, p.Serial)
+			sent++
+			if !many {
+				fmt.Fprintf(env.Stdout, "%s: declaration %d sent\n", p.Node, p.Serial)
+			}
 		default:
-			fmt.Fprintf(env.Stdout, "%s: declaration %d kept, not sent\n", p.Node, p.Serial)
+			kept++
+			if !many {
+				fmt.Fprintf(env.Stdout, "%s: declaration %d kept, not sent\n", p.Node, p.Serial)
+			}
 			later = append(later, p.Node)
 		}
 	}
+	if many {
+		fmt.Fprintf(env.Stdout, "declarations: %d sent, %d kept and not sent\n", sent, kept)
+	}
 	if len(later) > 0 {
-		fmt.Fprintf(env.Stderr, "%s will be sent theirs when 'mesh-controller serve' runs (%s)\n", strings.Join(later, ", "), pushedWhy(pushed))
+		who := strings.Join(later, ", ")
+		if len(later) > 20 {
+			who = app.Plural(len(later), "node")
+		}
+		fmt.Fprintf(env.Stderr, "%s will be sent theirs when 'mesh-controller serve' runs (%s)\n", who, pushedWhy(pushed))
 	}
 }
 
@@ -262,27 +277,67 @@ func pushedWhy(pushed []app.Pushed) string {
 
 // AssignCmd is assign.
 type AssignCmd struct {
-	Node    Name   `arg:"" help:"The node."`
-	Modules []Name `arg:"" name:"module" help:"Modules to put on it, judged together."`
+	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to put on it, judged together."`
+	Nodes   string `placeholder:"FILE|-" help:"Put the modules on every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
 // Run assigns.
 func (c *AssignCmd) Run(env *Env) error {
-	r, err := env.App.Assign(env.Ctx, string(c.Node), names(c.Modules))
+	nodes, modules, err := manyArgs(c.Node, c.Modules, c.Nodes)
 	if err != nil {
 		return err
 	}
-	for _, m := range r.Modules {
-		fmt.Fprintf(env.Stdout, "%s %s assigned to %s\n", m.Module, m.Version, r.Node)
-		if len(m.Unverified) > 0 {
-			fmt.Fprintf(env.Stderr, "%s: not verified yet (%s has not reported those facts): %s\n", m.Module, r.Node, strings.Join(m.Unverified, ", "))
-		}
-		if len(m.Unmet) > 0 {
-			fmt.Fprintf(env.Stderr, "%s: optional %s not provided by anything in the mesh\n", m.Module, strings.Join(m.Unmet, ", "))
+	p := newProgress(env, "assign")
+	r, err := env.App.AssignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
+	p.done()
+	if err != nil {
+		return err
+	}
+	if len(r.Nodes) > 20 {
+		fmt.Fprintf(env.Stdout, "%s assigned to %d nodes\n", strings.Join(modules, " "), len(r.Nodes))
+	}
+	for _, a := range r.Nodes {
+		for _, m := range a.Modules {
+			if len(r.Nodes) <= 20 {
+				fmt.Fprintf(env.Stdout, "%s %s assigned to %s\n", m.Module, m.Version, a.Node)
+			}
+			if len(m.Unverified) > 0 {
+				fmt.Fprintf(env.Stderr, "%s: not verified yet (%s has not reported those facts): %s\n", m.Module, a.Node, strings.Join(m.Unverified, ", "))
+			}
+			if len(m.Unmet) > 0 {
+				fmt.Fprintf(env.Stderr, "%s: optional %s not provided by anything in the mesh\n", m.Module, strings.Join(m.Unmet, ", "))
+			}
 		}
 	}
 	printPushed(env, r.Pushed)
 	return nil
+}
+
+// manyArgs are the nodes and modules of assign and unassign: NODE MODULE…,
+// or --nodes FILE MODULE… (the first argument is then a module).
+func manyArgs(first Name, rest []Name, file string) (nodes, modules []string, err error) {
+	args := names(rest)
+	if first != "" {
+		args = append([]string{string(first)}, args...)
+	}
+	if file != "" {
+		if len(args) == 0 {
+			return nil, nil, clirun.UsageError{Msg: "give the modules after --nodes FILE"}
+		}
+		nodes, err := readNodes(file)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(nodes) == 0 {
+			return nil, nil, fmt.Errorf("%s names no node: give one node name a line", file)
+		}
+		return nodes, args, nil
+	}
+	if len(args) < 2 {
+		return nil, nil, clirun.UsageError{Msg: "give a node and its modules, or --nodes FILE and the modules"}
+	}
+	return args[:1], args[1:], nil
 }
 
 func names(ns []Name) []string {
@@ -295,17 +350,26 @@ func names(ns []Name) []string {
 
 // UnassignCmd is unassign.
 type UnassignCmd struct {
-	Node    Name   `arg:"" help:"The node."`
-	Modules []Name `arg:"" name:"module" help:"Modules to take off it."`
+	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to take off it."`
+	Nodes   string `placeholder:"FILE|-" help:"Take the modules off every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
 // Run unassigns, and says what happened to each data set.
 func (c *UnassignCmd) Run(env *Env) error {
-	r, err := env.App.Unassign(env.Ctx, string(c.Node), names(c.Modules))
+	nodes, modules, err := manyArgs(c.Node, c.Modules, c.Nodes)
 	if err != nil {
 		return err
 	}
-	printUnassigned(env, r)
+	p := newProgress(env, "unassign")
+	r, err := env.App.UnassignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
+	p.done()
+	if err != nil {
+		return err
+	}
+	for _, u := range r.Nodes {
+		printUnassigned(env, u)
+	}
 	printPushed(env, r.Pushed)
 	return nil
 }
@@ -388,14 +452,23 @@ func (c *PlanCmd) Run(env *Env) error {
 
 // PushCmd is push.
 type PushCmd struct {
-	Node   Name   `arg:"" optional:"" help:"The node; every node if none."`
-	Behind bool   `help:"Only nodes whose declaration is behind their plan, or not yet applied."`
+	Node   Name   `arg:"" optional:"" help:"The node."`
+	All    bool   `help:"Every node."`
+	Behind bool   `help:"Only nodes whose declaration is behind their plan, or not yet applied (of every node, or of the one named)."`
 	Why    string `help:"Record this push as a hand act, with why."`
 }
 
 // Run pushes.
 func (c *PushCmd) Run(env *Env) error {
-	pushed, err := env.App.Push(env.Ctx, app.PushRequest{Node: string(c.Node), Behind: c.Behind, Why: c.Why})
+	switch {
+	case c.Node != "" && c.All:
+		return clirun.UsageError{Msg: "give a node or --all, not both"}
+	case c.Node == "" && !c.All && !c.Behind:
+		return clirun.UsageError{Msg: "give a node, --all for every node, or --behind for those behind"}
+	}
+	p := newProgress(env, "push")
+	pushed, err := env.App.Push(env.Ctx, app.PushRequest{Node: string(c.Node), Behind: c.Behind, Why: c.Why, Progress: p.tell})
+	p.done()
 	if err != nil {
 		return err
 	}

@@ -216,29 +216,48 @@ func PortClashes(node string, here map[string]Manifest, adding []Manifest) []str
 // LastProvider says, for modules leaving a node, every consumer that would
 // be left needing a provision no one else provides.
 func (s *Snapshot) LastProvider(node string, leaving []string) []string {
-	gone := func(a Assignment) bool { return a.Node == node && slices.Contains(leaving, a.Module) }
+	return s.LastProviders([]string{node}, leaving)
+}
+
+// LastProviders is LastProvider for the same modules leaving several nodes
+// at once: a provision whose every provider leaves is judged as one.
+func (s *Snapshot) LastProviders(nodes []string, leaving []string) []string {
+	set := map[string]bool{}
+	for _, n := range nodes {
+		set[n] = true
+	}
+	gone := func(a Assignment) bool { return set[a.Node] && slices.Contains(leaving, a.Module) }
 	var problems []string
-	for _, m := range leaving {
-		v := s.VersionOn(node, m)
-		if v == "" {
+	for _, node := range nodes {
+		for _, m := range leaving {
+			problems = append(problems, s.lastOf(node, m, gone)...)
+		}
+	}
+	return problems
+}
+
+// lastOf judges module m leaving node, whatever else gone says leaves.
+func (s *Snapshot) lastOf(node, m string, gone func(Assignment) bool) []string {
+	v := s.VersionOn(node, m)
+	if v == "" {
+		return nil
+	}
+	var problems []string
+	for _, prov := range s.Manifests[m][v].Provides {
+		others := slices.ContainsFunc(s.Assignments, func(b Assignment) bool {
+			return !gone(b) && Provides(s.Manifests[b.Module][b.Version], prov.Provision)
+		})
+		if others {
 			continue
 		}
-		for _, prov := range s.Manifests[m][v].Provides {
-			others := slices.ContainsFunc(s.Assignments, func(b Assignment) bool {
-				return !gone(b) && Provides(s.Manifests[b.Module][b.Version], prov.Provision)
-			})
-			if others {
+		for _, b := range s.Assignments {
+			if gone(b) {
 				continue
 			}
-			for _, b := range s.Assignments {
-				if gone(b) {
-					continue
-				}
-				for _, need := range s.Manifests[b.Module][b.Version].Needs {
-					if need.Provision == prov.Provision && !need.Optional {
-						problems = append(problems, fmt.Sprintf("%s/%s needs %s, which only %s/%s provides: unassign %s first, or assign another provider",
-							b.Node, b.Module, prov.Provision, node, m, b.Module))
-					}
+			for _, need := range s.Manifests[b.Module][b.Version].Needs {
+				if need.Provision == prov.Provision && !need.Optional {
+					problems = append(problems, fmt.Sprintf("%s/%s needs %s, which only %s/%s provides: unassign %s first, or assign another provider",
+						b.Node, b.Module, prov.Provision, node, m, b.Module))
 				}
 			}
 		}
