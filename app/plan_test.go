@@ -170,7 +170,7 @@ func BenchmarkDeclare1000(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := &declarer{inv: inv, sec: st.Secrets, key: key, now: time.Now, notSent: "benchmark"}
+	d := &declarer{inv: inv, sec: st.Secrets, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		snap, err := inv.Snapshot(ctx)
@@ -183,4 +183,43 @@ func BenchmarkDeclare1000(b *testing.B) {
 			}
 		}
 	}
+}
+
+// BenchmarkDeclare10000 is a change that touches every node of a mesh of
+// 10,000 (a roll-out --together, a mesh-wide setting): every plan made,
+// signed and kept in one push, not sent; it reports the parts.
+//
+//	go test -run '^$' -bench Declare10000 -benchtime 3x ./app/
+func BenchmarkDeclare10000(b *testing.B) {
+	c := plannedMesh(b, 10000, 1, 40)
+	ctx := context.Background()
+	st, err := c.stores(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
+	var sum DeclareTimes
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		snap, err := st.Inventory.Snapshot(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range d.declare(ctx, snap, snap.NodeNames) {
+			if p.Problem != "" {
+				b.Fatal(p.Problem)
+			}
+		}
+		sum.Plan += d.took.Plan
+		sum.Sign += d.took.Sign
+		sum.Store += d.took.Store
+	}
+	n := float64(b.N)
+	b.ReportMetric(sum.Plan.Seconds()*1000/n, "plan-ms")
+	b.ReportMetric(sum.Sign.Seconds()*1000/n, "sign-ms")
+	b.ReportMetric(sum.Store.Seconds()*1000/n, "store-ms")
 }

@@ -41,6 +41,18 @@ type declarer struct {
 	now     func() time.Time
 	// progress, if set, is told how many nodes were planned and sent.
 	progress func(stage string, done, total int)
+	// hs, if set, keeps how long the last declare's parts took (durations
+	// of kind "declare"); took says it too.
+	hs   *health.Store
+	took DeclareTimes
+}
+
+// DeclareTimes is how long declaring to many nodes took, part by part:
+// computing their plans, signing, keeping them (one transaction), and
+// publishing them.
+type DeclareTimes struct {
+	Nodes                    int
+	Plan, Sign, Store, Send time.Duration
 }
 
 // declare computes, signs and keeps each node's plan as its next
@@ -70,6 +82,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	if tell == nil {
 		tell = func(string, int, int) {}
 	}
+	planStart := time.Now()
 	for i, node := range nodes {
 		tell("planned", i, len(nodes))
 		p := Pushed{Node: node}
@@ -88,7 +101,9 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: np.PlanVersion, Sign: d.signer(body)})
 		at = append(at, len(out)-1)
 	}
-	decls, err := d.inv.SaveDeclarations(ctx, reqs, d.now())
+	d.took = DeclareTimes{Nodes: len(reqs), Plan: time.Since(planStart)}
+	decls, saved, err := d.inv.SaveDeclarationsTimed(ctx, reqs, d.now())
+	d.took.Sign, d.took.Store = saved.Sign, saved.Store
 	if err != nil {
 		for _, i := range at {
 			out[i].Problem = err.Error()
@@ -96,6 +111,8 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		return out
 	}
 	tell("signed and kept", len(decls), len(decls))
+	sendStart := time.Now()
+	defer func() { d.took.Send = time.Since(sendStart); d.keepTimes(ctx) }()
 	for k, decl := range decls {
 		tell("sent", k, len(decls))
 		p := &out[at[k]]
@@ -118,6 +135,24 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 	}
 	return out
+}
+
+// keepTimes keeps how long the parts of a declare to many nodes took, as
+// durations of kind "declare" ('durations --kind declare'): a declare to
+// fewer than 100 nodes is a person's act on a few, not worth a row.
+func (d *declarer) keepTimes(ctx context.Context) {
+	if d.hs == nil || d.took.Nodes < 100 {
+		return
+	}
+	now, t := d.now(), d.took
+	var ds []health.Duration
+	for _, part := range []struct {
+		name string
+		took time.Duration
+	}{{"plan", t.Plan}, {"sign", t.Sign}, {"store", t.Store}, {"send", t.Send}} {
+		ds = append(ds, health.Duration{Kind: "declare", Subject: part.name, MS: float64(part.took.Microseconds()) / 1000, At: now})
+	}
+	_ = d.hs.RecordDurations(ctx, ds) // a measurement lost fails no declaration
 }
 
 // signer numbers and signs a declaration once the store gives it its serial.
@@ -191,7 +226,7 @@ func (c *Controller) newDeclarer(ctx context.Context, st *Stores) (*declarer, er
 	if err != nil {
 		return nil, err
 	}
-	return &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, now: c.Now}, nil
+	return &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, hs: st.Health, key: key, now: c.Now}, nil
 }
 
 // PushRequest asks for declarations to be sent.
