@@ -51,7 +51,7 @@ type declarer struct {
 // computing their plans, signing, keeping them (one transaction), and
 // publishing them.
 type DeclareTimes struct {
-	Nodes                    int
+	Nodes                   int
 	Plan, Sign, Store, Send time.Duration
 }
 
