@@ -334,7 +334,7 @@ func (c *HandActsCmd) Run(env *Env) error {
 
 // DurationsCmd is durations.
 type DurationsCmd struct {
-	Kind string `enum:",apply,heartbeat,tier,build,start" default:"" help:"Only this kind: apply, heartbeat, tier, build or start (a module declared → ready, per node/module)."`
+	Kind string `enum:",apply,heartbeat,tier,build,start,declare" default:"" help:"Only this kind: apply, heartbeat, tier, build, start (a module declared → ready, per node/module) or declare (the parts of a declare to 100 nodes or more: plan, sign, store, send)."`
 	Days int    `default:"7" help:"How many days back."`
 	JSON bool   `name:"json" help:"Print one JSON array."`
 }

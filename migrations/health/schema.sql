@@ -40,7 +40,7 @@ CREATE TABLE dropped_messages (
 ) STRICT;
 CREATE TABLE "durations" (
     id      INTEGER PRIMARY KEY,
-    kind    TEXT NOT NULL CHECK (kind IN ('apply', 'heartbeat', 'tier', 'build', 'start')),
+    kind    TEXT NOT NULL CHECK (kind IN ('apply', 'heartbeat', 'tier', 'build', 'start', 'declare')),
     subject TEXT NOT NULL,
     name    TEXT NOT NULL DEFAULT '',
     ms      REAL NOT NULL,
