@@ -191,6 +191,9 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	if err := sim.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A scenario that fails part way leaves no simulator behind (it would
+	// beat on, and hold whatever it inherited).
+	t.Cleanup(func() { sim.Process.Kill(); sim.Wait() })
 	// Wait until every host beats, then measure a steady window.
 	deadline := time.Now().Add(joinWait)
 	for time.Now().Before(deadline) {
