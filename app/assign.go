@@ -114,6 +114,14 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 	} else if err != nil {
 		return AssignedMany{}, err
 	}
+	facts, err := inv.FactsOf(ctx, r.Nodes)
+	if err != nil {
+		return AssignedMany{}, err
+	}
+	onNode := map[string][]inventory.Assignment{} // one pass, not one a node
+	for _, a := range snap.Assignments {
+		onNode[a.Node] = append(onNode[a.Node], a)
+	}
 	out := AssignedMany{Nodes: []Assigned{}}
 	var as []inventory.Assignment
 	var bumps []string
@@ -122,10 +130,7 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 		if _, ok := snap.Nodes[node]; !ok {
 			continue
 		}
-		one, ps, err := c.judgeAssign(ctx, inv, snap, node, adding)
-		if err != nil {
-			return AssignedMany{}, err
-		}
+		one, ps := judgeAssign(snap, node, facts[node], onNode[node], adding)
 		problems = append(problems, ps...)
 		out.Nodes = append(out.Nodes, one.Assigned)
 		bumps = append(bumps, one.bumps...)
@@ -160,20 +165,16 @@ type judgedAssign struct {
 }
 
 // judgeAssign judges the modules adding on one node of snap: what its
-// host reported (requirements), what it runs already (twice, ports), what
-// the modules need. Each problem names the node.
-func (c *Controller) judgeAssign(ctx context.Context, inv *inventory.Store, snap *inventory.Snapshot, node string, adding []inventory.Manifest) (judgedAssign, []string, error) {
+// host reported (its facts: requirements), what it runs already (onNode:
+// twice, ports), what the modules need. Each problem names the node.
+func judgeAssign(snap *inventory.Snapshot, node string, factList []inventory.Fact, onNode []inventory.Assignment, adding []inventory.Manifest) (judgedAssign, []string) {
 	var problems []string
-	factList, _, err := inv.Facts(ctx, node)
-	if err != nil {
-		return judgedAssign{}, nil, err
-	}
 	facts := map[string]inventory.Fact{}
 	for _, f := range factList {
 		facts[f.Name] = f
 	}
 	here := map[string]inventory.Manifest{} // what the node will run
-	for _, a := range snap.AssignmentsOf(node) {
+	for _, a := range onNode {
 		here[a.Module] = snap.Manifests[a.Module][a.Version]
 	}
 	out := judgedAssign{Assigned: Assigned{Node: node, Modules: []AssignedModule{}}, bumps: []string{node}}
@@ -211,7 +212,7 @@ func (c *Controller) judgeAssign(ctx context.Context, inv *inventory.Store, snap
 	}
 	// Ports: two modules on one node may not claim the same port.
 	problems = append(problems, inventory.PortClashes(node, here, given)...)
-	return out, problems, nil
+	return out, problems
 }
 
 // namedTwice are the names given more than once, each once, in order.
@@ -338,6 +339,10 @@ func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (Unassigne
 		}
 		problems = append(problems, fmt.Sprintf("%s not known: %s", Plural(len(missing), "node"), listSaid(missing)))
 	}
+	onNode := map[string][]inventory.Assignment{} // one pass, not one a node
+	for _, a := range snap.Assignments {
+		onNode[a.Node] = append(onNode[a.Node], a)
+	}
 	out := UnassignedMany{Nodes: []Unassigned{}}
 	ch := inventory.Change{}
 	bumps := []string{}
@@ -348,7 +353,7 @@ func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (Unassigne
 			continue
 		}
 		here := map[string]inventory.Assignment{}
-		for _, a := range snap.AssignmentsOf(node) {
+		for _, a := range onNode[node] {
 			here[a.Module] = a
 		}
 		one := Unassigned{Node: node, Modules: r.Modules, Retirements: []inventory.Retirement{}}

@@ -121,3 +121,29 @@ func TestMany_DeclareTimesKept(t *testing.T) {
 		t.Fatalf("declare parts: %v", parts)
 	}
 }
+
+// BenchmarkAssignMany10000 puts one module on every node of a mesh of
+// 10,000 in one act (judged, recorded, declared, not sent).
+//
+//	go test -run '^$' -bench AssignMany10000 -benchtime 1x ./app/
+func BenchmarkAssignMany10000(b *testing.B) {
+	c := plannedMesh(b, 10000, 1, 40)
+	ctx := context.Background()
+	st, _ := c.stores(ctx)
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		module := fmt.Sprintf("extra%d", i)
+		b.StopTimer()
+		if _, err := c.ModuleAdd(ctx, writeManifest(b, `{"module": "`+module+`", "version": "1.0.0"}`), ""); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := c.AssignMany(ctx, ManyRequest{Nodes: snap.NodeNames, Modules: []string{module}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

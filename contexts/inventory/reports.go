@@ -141,6 +141,32 @@ func (s *Store) Facts(ctx context.Context, node string) ([]Fact, []Found, error)
 	return facts, found, rows.Err()
 }
 
+// FactsOf returns the facts of many nodes at once, by node (a node with
+// none has no entry), in a few queries rather than one a node.
+func (s *Store) FactsOf(ctx context.Context, nodes []string) (map[string][]Fact, error) {
+	out := map[string][]Fact{}
+	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+		rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, name, value, why FROM node_facts WHERE node IN (`+marks+`) ORDER BY node, name`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var node string
+			var f Fact
+			if err := rows.Scan(&node, &f.Name, &f.Value, &f.Why); err != nil {
+				return err
+			}
+			out[node] = append(out[node], f)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read facts: %w", err)
+	}
+	return out, nil
+}
+
 // RecordOutcome keeps a node's latest apply outcome; a successful apply also
 // moves its applied serial.
 func (s *Store) RecordOutcome(ctx context.Context, node string, o Outcome) error {
