@@ -77,7 +77,7 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 		Current: map[string]string{}, Settings: map[string]map[string]json.RawMessage{}}
 	err = each(ctx, tx, `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied,
 		n.last_heard, coalesce(n.heartbeat_interval_s, 0)
-		FROM nodes n LEFT JOIN declarations d ON d.node = n.name ORDER BY n.name`, func(r *sql.Rows) error {
+		FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name ORDER BY n.name`, func(r *sql.Rows) error {
 		var n NodeState
 		var mode string
 		var heard sql.NullString
