@@ -127,9 +127,11 @@ lint:
 
 # bench: the in-process benchmarks, then the controller under load with
 # 1,000 and 10,000 simulated hosts (several minutes; not part of make test).
+# Each scenario's controller leaves its CPU and heap profiles and its log
+# in bench-profiles/ (go tool pprof reads them).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
-	MESH_BENCH=1 $(GO) test -count=1 -timeout 60m -run TestLoad -v ./app/loadbench/
+	MESH_BENCH=1 MESH_BENCH_PROFILES=$(CURDIR)/bench-profiles $(GO) test -count=1 -timeout 60m -run TestLoad -v ./app/loadbench/
 
 # soak: 1,000 simulated hosts beating every second for 5 minutes against the
 # real binaries; prints what the stores grew by, per beat and per table, and

@@ -26,26 +26,44 @@ type Signal struct {
 
 // signals computes every signal's age against its bound from the inventory.
 func signals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bounds, now time.Time) []Signal {
-	out := []Signal{}
-	add := func(kind, subject string, last *time.Time, bound time.Duration) {
-		s := Signal{Name: kind + "/" + subject, Kind: kind, Subject: subject, Last: last, BoundS: bound.Seconds(), Quiet: true}
-		if last != nil {
-			age := now.Sub(*last)
-			s.AgeS, s.Quiet = age.Seconds(), age > bound
-		}
-		out = append(out, s)
-	}
+	nodes := make([]inventory.NodeState, 0, len(snap.NodeNames))
 	for _, name := range snap.NodeNames {
-		n := snap.Nodes[name]
+		nodes = append(nodes, snap.Nodes[name])
+	}
+	return append(nodeSignals(nodes, data, b, now), backupSignals(snap, data, now)...)
+}
+
+// signal is one signal's age against its bound.
+func signal(kind, subject string, last *time.Time, bound time.Duration, now time.Time) Signal {
+	s := Signal{Name: kind + "/" + subject, Kind: kind, Subject: subject, Last: last, BoundS: bound.Seconds(), Quiet: true}
+	if last != nil {
+		age := now.Sub(*last)
+		s.AgeS, s.Quiet = age.Seconds(), age > bound
+	}
+	return s
+}
+
+// nodeSignals are the heartbeat and data signals of the joined nodes among
+// nodes, in their order.
+func nodeSignals(nodes []inventory.NodeState, data map[string][]inventory.DataSet, b Bounds, now time.Time) []Signal {
+	out := []Signal{}
+	for _, n := range nodes {
 		if !n.Joined {
 			continue
 		}
-		add("heartbeat", n.Name, n.LastHeard, b.heartbeat(n.Name, n.HeartbeatIntervalS))
+		out = append(out, signal("heartbeat", n.Name, n.LastHeard, b.heartbeat(n.Name, n.HeartbeatIntervalS), now))
 		if sets := data[n.Name]; len(sets) > 0 {
 			last := sets[0].ReportedAt
-			add("data", n.Name, &last, b.DataReport)
+			out = append(out, signal("data", n.Name, &last, b.DataReport, now))
 		}
 	}
+	return out
+}
+
+// backupSignals are the backup signals of every assigned data set that is
+// not rebuildable.
+func backupSignals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, now time.Time) []Signal {
+	out := []Signal{}
 	for _, a := range snap.Assignments {
 		for _, d := range snap.Manifests[a.Module][a.Version].Data {
 			if d.Precious == inventory.Rebuildable {
@@ -55,14 +73,14 @@ func signals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, b Bo
 			if r := reportedSet(data[a.Node], a.Module, d.Name); r != nil {
 				last = r.LastBackup
 			}
-			add("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*plan.BackupCadence(d))
+			out = append(out, signal("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*plan.BackupCadence(d), now))
 		}
 	}
 	return out
 }
 
 // readSignals reads what signals are computed from (a snapshot and the data
-// reports), and only that: status reads it on every call.
+// reports), and only that: doctor signals reads it on every call.
 func (c *Controller) readSignals(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Signal, error) {
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
@@ -95,7 +113,11 @@ type StatusView struct {
 }
 
 // Status reads the stores afresh: open conditions (as the last self-check
-// found them), signals past their bound, nodes and modules out of date.
+// found them), signals past their bound, nodes and modules out of date. Of
+// the nodes it reads only those the store finds near or past a bound
+// (inventory's NodesToJudge) and judges each as the self-check's signals
+// do: the same answer as judging every node, without reading every node of
+// a well mesh (BenchmarkStatus10000).
 func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -113,11 +135,21 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 	if last, err := hs.LastVerdict(ctx); err == nil {
 		v.Checked = &last.At
 	}
-	snap, sigs, err := c.readSignals(ctx, inv)
+	now, b := c.Now(), DefaultBounds()
+	judged, err := inv.NodesToJudge(ctx, inventory.Watch{Now: now, HeartbeatFactor: b.HeartbeatFactor,
+		DefaultInterval: protocol.DefaultHeartbeat, DataReport: b.DataReport})
 	if err != nil {
 		return v, err
 	}
-	for _, s := range sigs {
+	snap, err := inv.SnapshotWithoutNodes(ctx)
+	if err != nil {
+		return v, err
+	}
+	data, err := inv.AllDataSets(ctx)
+	if err != nil {
+		return v, err
+	}
+	for _, s := range append(nodeSignals(judged, data, b, now), backupSignals(snap, data, now)...) {
 		if s.Quiet {
 			v.Quiet = append(v.Quiet, s)
 		}
@@ -127,8 +159,7 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 			v.NotReady = append(v.NotReady, m)
 		}
 	}
-	for _, name := range snap.NodeNames {
-		n := snap.Nodes[name]
+	for _, n := range judged {
 		switch {
 		case n.PlanVersion > n.DeclaredPlanVersion:
 			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name, Why: "its declaration is older than its plan"})

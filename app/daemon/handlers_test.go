@@ -17,7 +17,7 @@ import (
 // then be used for nothing.
 func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
 	admitted := make(chan string, 2)
-	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queuedJoin, 2), events: make(chan event, 4),
+	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queuedJoin, 2), events: make(chan *event, 4),
 		u: UseCases{Now: time.Now, Join: func(_ context.Context, r protocol.JoinRequest, _ []string) (Admitted, error) {
 			admitted <- r.Node
 			return Admitted{}, &Refusal{Reason: "unknown token", Err: io.EOF}

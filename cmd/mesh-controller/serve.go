@@ -2,9 +2,13 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
 	"mesh-controller/app"
@@ -17,11 +21,12 @@ type ServeCmd struct {
 	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
 	CatchUpEvery        time.Duration `default:"5s" help:"How often nodes behind their plan are declared, and what an act stopped half-way left undone is done."`
 	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
-	MemoryLimitMiB      int64         `name:"memory-limit" default:"400" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Keeps 10,000 connections under 512 MiB."`
+	MemoryLimitMiB      int64         `name:"memory-limit" default:"700" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Below what the mesh keeps, the collector never stops: 10,000 hosts keep about 500 MiB, and took 150 % of a core under 400 MiB, 25 % under 700."`
 	BackupEvery         time.Duration `placeholder:"D" help:"Back every store up this often (1s or more), sealed to the operator key, into --backup-dir."`
 	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
 	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
 	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
+	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
@@ -36,6 +41,18 @@ func (c *ServeCmd) Run(env *Env) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if c.HeapProfile != "" {
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+		go func() {
+			for range usr1 {
+				if err := writeHeapProfile(c.HeapProfile, env.Stderr); err != nil {
+					fmt.Fprintf(env.Stderr, "heap profile: %v\n", err)
+				}
+			}
+		}()
 	}
 	switch {
 	case c.BackupEvery == 0 && c.BackupDir != "":
@@ -64,6 +81,33 @@ func (c *ServeCmd) Run(env *Env) error {
 			}
 		},
 	})
+}
+
+// writeHeapProfile writes the heap profile to path, through a temporary
+// file so that a reader never sees half of one, and logs the runtime's own
+// account of the memory: the heap profile does not count goroutine stacks.
+func writeHeapProfile(path string, log io.Writer) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // the profile's in-use figures are as of the last collection
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	fmt.Fprintf(log, "heap profile written to %s: heap in use %d MiB, goroutine stacks %d MiB, other runtime %d MiB, from the OS %d MiB, %d goroutines\n",
+		path, m.HeapInuse>>20, m.StackInuse>>20, (m.MSpanInuse+m.MCacheInuse+m.BuckHashSys+m.GCSys+m.OtherSys)>>20, m.Sys>>20, runtime.NumGoroutine())
+	return nil
 }
 
 // BrokerCmd groups broker commands.

@@ -102,7 +102,7 @@ const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, co
 	n.plan_version, coalesce(d.plan_version, 0),
 	(SELECT count(*) FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL)`
 
-const nodesFrom = ` FROM nodes n LEFT JOIN declarations d ON d.node = n.name`
+const nodesFrom = ` FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name`
 
 func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var n Node

@@ -66,8 +66,40 @@ func (s *Snapshot) VersionOn(node, module string) string {
 	return s.versions[Holder{Node: node, Module: module}]
 }
 
+// nodeStateQuery reads NodeStates (scanNodeState) of the nodes a WHERE
+// clause appended to it selects, by name.
+const nodeStateQuery = `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied,
+	n.last_heard, coalesce(n.heartbeat_interval_s, 0)
+	FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name`
+
+func scanNodeState(r *sql.Rows) (NodeState, error) {
+	var n NodeState
+	var mode string
+	var heard sql.NullString
+	if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied, &heard, &n.HeartbeatIntervalS); err != nil {
+		return NodeState{}, err
+	}
+	var err error
+	if n.LastHeard, err = sqlite.ParseNullTime(heard); err != nil {
+		return NodeState{}, err
+	}
+	n.Mode = Mode(mode)
+	return n, nil
+}
+
 // Snapshot reads the mesh for planning.
 func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
+	return s.snapshot(ctx, true)
+}
+
+// SnapshotWithoutNodes reads the mesh as Snapshot does but for the nodes
+// (Nodes and NodeNames are empty): for status, which reads only the nodes
+// it must judge (NodesToJudge), not every node of a large mesh.
+func (s *Store) SnapshotWithoutNodes(ctx context.Context) (*Snapshot, error) {
+	return s.snapshot(ctx, false)
+}
+
+func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error) {
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -75,26 +107,19 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 	defer tx.Rollback()
 	snap := &Snapshot{Nodes: map[string]NodeState{}, Manifests: map[string]map[string]Manifest{},
 		Current: map[string]string{}, Settings: map[string]map[string]json.RawMessage{}}
-	err = each(ctx, tx, `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied,
-		n.last_heard, coalesce(n.heartbeat_interval_s, 0)
-		FROM nodes n LEFT JOIN declarations d ON d.node = n.name ORDER BY n.name`, func(r *sql.Rows) error {
-		var n NodeState
-		var mode string
-		var heard sql.NullString
-		if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied, &heard, &n.HeartbeatIntervalS); err != nil {
-			return err
+	if withNodes {
+		err = each(ctx, tx, nodeStateQuery+` ORDER BY n.name`, func(r *sql.Rows) error {
+			n, err := scanNodeState(r)
+			if err != nil {
+				return err
+			}
+			snap.Nodes[n.Name] = n
+			snap.NodeNames = append(snap.NodeNames, n.Name)
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		var err error
-		if n.LastHeard, err = sqlite.ParseNullTime(heard); err != nil {
-			return err
-		}
-		n.Mode = Mode(mode)
-		snap.Nodes[n.Name] = n
-		snap.NodeNames = append(snap.NodeNames, n.Name)
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	err = each(ctx, tx, `SELECT module, version, manifest, archive_digest, archive_bytes FROM module_versions`, func(r *sql.Rows) error {
 		var module, version, body string
@@ -138,7 +163,7 @@ func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
 		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified, &a.Pending); err != nil {
 			return err
 		}
-		if a.Pending != "" {
+		if a.Pending != "" && withNodes {
 			n := snap.Nodes[a.Node]
 			n.Pending++
 			snap.Nodes[a.Node] = n
@@ -211,4 +236,49 @@ func (s *Snapshot) NodesRunning(module string) []string {
 		}
 	}
 	return out
+}
+
+// Watch are the bounds NodesToJudge looks for nodes past.
+type Watch struct {
+	// Now is when the ages are measured to.
+	Now time.Time
+	// HeartbeatFactor times a node's heartbeat interval (DefaultInterval
+	// when it has said none) is its silence bound.
+	HeartbeatFactor float64
+	DefaultInterval time.Duration
+	// DataReport is how old a node's data report may grow.
+	DataReport time.Duration
+}
+
+// NodesToJudge returns, by name, the nodes status must look at: the joined
+// nodes not heard within their silence bound, or with a data set reported
+// longer ago than w.DataReport, each less a second, and the nodes whose
+// plan is undelivered (NodeState.Undelivered). It is a superset of what
+// is past a bound (the caller judges each node exactly, as it would have
+// judged every node) that a well mesh keeps empty, however large.
+func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) {
+	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	now := sqlite.FormatTime(w.Now)
+	var out []NodeState
+	err = each(ctx, tx, nodeStateQuery+`
+		WHERE n.plan_version > coalesce(d.plan_version, 0) OR n.serial_applied < coalesce(d.serial, 0)
+		OR n.joined_at IS NOT NULL AND (n.last_heard IS NULL
+			OR (julianday(?1) - julianday(n.last_heard)) * 86400 > ?2 * CASE WHEN n.heartbeat_interval_s > 0 THEN n.heartbeat_interval_s ELSE ?3 END - 1
+			OR EXISTS (SELECT 1 FROM node_data_sets s WHERE s.node = n.name AND (julianday(?1) - julianday(s.reported_at)) * 86400 > ?4 - 1))
+		ORDER BY n.name`, func(r *sql.Rows) error {
+		n, err := scanNodeState(r)
+		if err != nil {
+			return err
+		}
+		out = append(out, n)
+		return nil
+	}, now, w.HeartbeatFactor, w.DefaultInterval.Seconds(), w.DataReport.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("read the nodes to judge: %w", err)
+	}
+	return out, nil
 }

@@ -161,4 +161,5 @@ CREATE TABLE settings_layers (
     PRIMARY KEY (module, node)
 ) STRICT;
 CREATE INDEX assignments_module ON assignments (module);
+CREATE INDEX declarations_versions ON declarations (node, serial, plan_version);
 CREATE INDEX retirements_node ON retirements (node, module);
