@@ -6,6 +6,7 @@ package loadbench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -55,6 +56,8 @@ type controller struct {
 	data string
 	cmd  *exec.Cmd
 	url  string
+	// listen is where serve's broker listens; empty picks a free port.
+	listen string
 }
 
 func (c *controller) run(args ...string) (string, time.Duration) {
@@ -69,7 +72,7 @@ func (c *controller) run(args ...string) (string, time.Duration) {
 
 func (c *controller) serve() time.Duration {
 	c.t.Helper()
-	c.cmd = exec.Command(c.bin, "--data", c.data, "serve", "--listen", "127.0.0.1:0")
+	c.cmd = exec.Command(c.bin, "--data", c.data, "serve", "--listen", cmp.Or(c.listen, "127.0.0.1:0"))
 	out, _ := c.cmd.StdoutPipe()
 	c.cmd.Stderr = nil
 	start := time.Now()
@@ -164,6 +167,7 @@ func TestLoad(t *testing.T) {
 	}{{1000, 10 * time.Second, true}, {1000, time.Second, false}, {10000, 10 * time.Second, false}} {
 		scenario(t, mc, mh, s.hosts, s.interval, s.fanout, natsRate)
 	}
+	restartUnderLoad(t, mc, mh, 10000)
 	fmt.Println()
 }
 
