@@ -148,10 +148,11 @@ type UseCases struct {
 	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
-	// Join admits a host presenting a token; urls are where hosts dial. It
-	// returns what it made, a *Refusal saying why it refused, or another
-	// error when it could not decide.
-	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (Admitted, error)
+	// Join admits hosts presenting tokens, each judged alone; urls are
+	// where hosts dial. Each result is what admitting one made, a *Refusal
+	// saying why it refused, or another error when it could not decide;
+	// out[i] is rs[i]'s.
+	Join func(ctx context.Context, rs []protocol.JoinRequest, urls []string) (out []JoinResult)
 	// CatchUp makes the secrets the mesh makes that can be made now (made
 	// counts the nodes they were made for), declares every node whose plan
 	// moved past its declaration and, at start, sends nodes the latest
@@ -192,6 +193,13 @@ type Admitted struct {
 	// Revoked counts the node's earlier host users the join revoked: the
 	// daemon closes their connections.
 	Revoked int
+}
+
+// JoinResult is what became of one join: what admitting it made, or Err:
+// a *Refusal, or another error when it could not be decided.
+type JoinResult struct {
+	Admitted
+	Err error
 }
 
 // Refusal is why a join was refused. Reason is a short phrase that stays the

@@ -325,34 +325,85 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	d.respondTo(m, node, EnvelopeOf(*decl))
 }
 
-// joinWorker admits hosts one at a time, off the heartbeat path.
+// joinWorker admits hosts off the heartbeat path, in batches of what is
+// waiting (up to joinBatch): a rack powered on at once is admitted a batch
+// per write, not a write per machine.
 func (d *daemon) joinWorker(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case j := <-d.joins:
-			if time.Since(j.at) > joinStale {
-				d.answerBusy(j.m)
-				continue
+			batch := []queuedJoin{j}
+		more:
+			for len(batch) < joinBatch {
+				select {
+				case j := <-d.joins:
+					batch = append(batch, j)
+				default:
+					break more
+				}
 			}
-			d.onJoin(ctx, j.m)
+			fresh := batch[:0]
+			for _, j := range batch {
+				if time.Since(j.at) > joinStale {
+					d.answerBusy(j.m)
+					continue
+				}
+				fresh = append(fresh, j)
+			}
+			if len(fresh) > 0 {
+				d.onJoins(ctx, fresh)
+			}
 		}
 	}
 }
 
-func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
-	source := sourceOf(m)
-	var r protocol.JoinRequest
-	var a Admitted
-	err := json.Unmarshal(m.Data, &r)
-	if err != nil {
-		err = &Refusal{Reason: "malformed request", Err: err}
-	} else {
-		a, err = d.u.Join(ctx, r, []string{d.url})
+// joinBatch is how many waiting joins are admitted together.
+const joinBatch = 128
+
+// onJoins judges a batch of joins and answers each.
+func (d *daemon) onJoins(ctx context.Context, batch []queuedJoin) {
+	reqs := make([]protocol.JoinRequest, len(batch))
+	results := make([]JoinResult, len(batch))
+	var asks []protocol.JoinRequest
+	var asked []int
+	for i, j := range batch {
+		if err := json.Unmarshal(j.m.Data, &reqs[i]); err != nil {
+			results[i].Err = &Refusal{Reason: "malformed request", Err: err}
+			continue
+		}
+		asks = append(asks, reqs[i])
+		asked = append(asked, i)
 	}
-	var refusal *Refusal
+	if len(asks) > 0 {
+		for k, r := range d.u.Join(ctx, asks, []string{d.url}) {
+			results[asked[k]] = r
+		}
+	}
+	revoked := 0
+	var rejoined []string
+	for i, j := range batch {
+		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
+			revoked += results[i].Revoked
+			rejoined = append(rejoined, reqs[i].Node)
+		}
+	}
 	switch {
+	// The machines that were these nodes before are not them any more:
+	// their users no longer connect, nor hear the nodes' declarations.
+	case len(rejoined) == 1:
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", rejoined[0], revoked))
+	case len(rejoined) > 1:
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: their earlier host users revoked (%d)", strings.Join(rejoined, ", "), revoked))
+	}
+}
+
+// answerJoin answers one judged join and says whether it was admitted.
+func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
+	source := sourceOf(m)
+	var refusal *Refusal
+	switch err := res.Err; {
 	case errors.As(err, &refusal):
 		// The log and join.refused keep the reason; the asker is told only
 		// that it was refused.
@@ -364,20 +415,15 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 			d.kick()
 		}
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
-		return
+		return false
 	case err != nil:
 		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
-		return
+		return false
 	}
-	d.keys.set(r.Node, a.HostKey)
+	d.keys.set(r.Node, res.HostKey)
 	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
-	d.respondTo(m, "", a.Reply)
-	if a.Revoked > 0 {
-		// The machine that was this node before is not it any more: its
-		// user no longer connects, nor hears the node's declarations.
-		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", r.Node, a.Revoked))
-	}
+	d.respondTo(m, "", res.Reply)
 	// A node joining with something assigned waited for secrets sealed to
 	// it: the loop's catch-up makes them. Most nodes join with nothing
 	// assigned, and are counted here rather than on the loop, which absorbs
@@ -390,6 +436,7 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 	if n > 0 || err != nil {
 		d.handOver(event{kind: evJoined, node: r.Node})
 	}
+	return true
 }
 
 // refusalLog bounds how many refused joins from one source are logged a

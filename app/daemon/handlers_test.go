@@ -18,9 +18,13 @@ import (
 func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
 	admitted := make(chan string, 2)
 	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queuedJoin, 2), events: make(chan event, 4),
-		u: UseCases{Now: time.Now, Join: func(_ context.Context, r protocol.JoinRequest, _ []string) (Admitted, error) {
-			admitted <- r.Node
-			return Admitted{}, &Refusal{Reason: "unknown token", Err: io.EOF}
+		u: UseCases{Now: time.Now, Join: func(_ context.Context, rs []protocol.JoinRequest, _ []string) []JoinResult {
+			out := make([]JoinResult, len(rs))
+			for i, r := range rs {
+				admitted <- r.Node
+				out[i].Err = &Refusal{Reason: "unknown token", Err: io.EOF}
+			}
+			return out
 		}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
