@@ -74,7 +74,8 @@ func (c *controller) serve() time.Duration {
 	c.t.Helper()
 	c.cmd = exec.Command(c.bin, "--data", c.data, "serve", "--listen", cmp.Or(c.listen, "127.0.0.1:0"))
 	out, _ := c.cmd.StdoutPipe()
-	c.cmd.Stderr = nil
+	var stderr bytes.Buffer
+	c.cmd.Stderr = &stderr
 	start := time.Now()
 	if err := c.cmd.Start(); err != nil {
 		c.t.Fatal(err)
@@ -90,7 +91,8 @@ func (c *controller) serve() time.Duration {
 			return time.Since(start)
 		}
 	}
-	c.t.Fatal("serve ended before ready")
+	c.cmd.Wait()
+	c.t.Fatalf("serve ended before ready: %s", stderr.String())
 	return 0
 }
 

@@ -91,7 +91,7 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 	defer sim.Process.Kill()
 	d, n := until(2*time.Minute, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`)
 	add(fmt.Sprintf("joins: %d hosts joining at once, all joined", hosts), measured(d, n), "goal ≤ 15 s (mesh-host simulate, same two cores)")
-	until(time.Minute, `SELECT count(*) FROM nodes WHERE last_heard IS NOT NULL`)
+	until(time.Minute, `SELECT count(*) FROM nodes WHERE heartbeat_interval_s IS NOT NULL`)
 
 	for _, away := range []time.Duration{0, 20 * time.Second} {
 		c.stop()
