@@ -261,7 +261,10 @@ type daemon struct {
 	events chan event
 	// buildKick asks the dispatcher for a round.
 	buildKick chan struct{}
-	joins     chan queuedJoin
+	joins     chan queued
+	// asks are hosts' asks for their latest declaration, waiting for the
+	// ask workers.
+	asks chan queued
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -322,7 +325,8 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		o.Counters = &Counters{}
 	}
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queuedJoin, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan event, eventQueue), joins: make(chan queued, joinQueue),
+		asks:      make(chan queued, askQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
@@ -368,10 +372,17 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	if err := st.Identity.RenewLease(ctx, holder, u.Now().Add(o.LeaseTTL), d.url); err != nil {
 		return fmt.Errorf("renew the lease: %w", err)
 	}
+	// The join worker and the ask workers answer until ctx ends; the loop
+	// waits for them as it stops.
 	joinsDone := make(chan struct{})
+	var workers sync.WaitGroup
+	workers.Go(func() { d.joinWorker(ctx) })
+	for range askWorkers {
+		workers.Go(func() { d.askWorker(ctx) })
+	}
 	go func() {
-		defer close(joinsDone)
-		d.joinWorker(ctx)
+		workers.Wait()
+		close(joinsDone)
 	}()
 	if u.DispatchBuilds != nil {
 		dctx, stopDispatch := context.WithCancel(ctx)

@@ -43,8 +43,8 @@ const (
 	joinQueue = 2048
 )
 
-// queuedJoin is a join request and when it arrived.
-type queuedJoin struct {
+// queued is a request (a join, an ask) and when it arrived.
+type queued struct {
 	m  *nats.Msg
 	at time.Time
 }
@@ -67,12 +67,20 @@ const RevokedSubject = "mesh.control.revoked"
 
 func (d *daemon) subscribe() error {
 	subs := map[string]nats.MsgHandler{
-		protocol.NodeWildcard(protocol.Heartbeat):      d.onHeartbeat,
-		protocol.NodeWildcard(protocol.FactsReport):    d.onFacts,
-		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
-		protocol.NodeWildcard(protocol.DataReport):     d.onData,
-		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
-		protocol.NodeWildcard(protocol.BackupReport):   d.onBackup,
+		protocol.NodeWildcard(protocol.Heartbeat):   d.onHeartbeat,
+		protocol.NodeWildcard(protocol.FactsReport): d.onFacts,
+		protocol.NodeWildcard(protocol.Applied):     d.onApplied,
+		protocol.NodeWildcard(protocol.DataReport):  d.onData,
+		// Asks wait in a bounded queue for the ask workers: ten thousand
+		// hosts back at once ask together (see askStale).
+		protocol.NodeWildcard(protocol.DeclarationAsk): func(m *nats.Msg) {
+			select {
+			case d.asks <- queued{m: m, at: time.Now()}:
+			default:
+				d.o.Counters.Dropped.Add(1) // its host asks again
+			}
+		},
+		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
 	if d.u.TakeIn != nil {
@@ -92,7 +100,7 @@ func (d *daemon) subscribe() error {
 	// the connection they arrive on.
 	sub, err := d.jc.QueueSubscribe(protocol.JoinSubject, "controller", func(m *nats.Msg) {
 		select {
-		case d.joins <- queuedJoin{m: m, at: time.Now()}:
+		case d.joins <- queued{m: m, at: time.Now()}:
 		default:
 			d.answerBusy(m)
 		}
@@ -307,6 +315,35 @@ func (d *daemon) onBackup(m *nats.Msg) {
 	d.kick()
 }
 
+// How hosts' asks for their latest declaration wait. A host waits
+// protocol.AnswerTimeout for its answer and then asks again: an ask that
+// waited in the queue longer than askStale is not answered (its answer
+// would likely reach no one, and answering it would delay the asks still
+// waited for), so that ten thousand hosts back at once cannot keep the
+// workers answering asks nobody waits for. askWorkers answer at once, each
+// a signature check and a read.
+const (
+	askStale   = protocol.AnswerTimeout * 3 / 5
+	askQueue   = 1 << 15
+	askWorkers = 4
+)
+
+// askWorker answers asks for the latest declaration until ctx ends.
+func (d *daemon) askWorker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-d.asks:
+			if time.Since(a.at) > askStale {
+				d.o.Counters.Dropped.Add(1) // its host asks again
+				continue
+			}
+			d.onDeclarationAsk(a.m)
+		}
+	}
+}
+
 func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	var ask protocol.DeclarationAskBody
 	node, ok := d.verify(m, protocol.DeclarationAsk, &ask)
@@ -334,7 +371,7 @@ func (d *daemon) joinWorker(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case j := <-d.joins:
-			batch := []queuedJoin{j}
+			batch := []queued{j}
 		more:
 			for len(batch) < joinBatch {
 				select {
@@ -363,7 +400,7 @@ func (d *daemon) joinWorker(ctx context.Context) {
 const joinBatch = 128
 
 // onJoins judges a batch of joins and answers each.
-func (d *daemon) onJoins(ctx context.Context, batch []queuedJoin) {
+func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	reqs := make([]protocol.JoinRequest, len(batch))
 	results := make([]JoinResult, len(batch))
 	var asks []protocol.JoinRequest
