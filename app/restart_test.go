@@ -159,19 +159,8 @@ func TestMesh_ExternalBrokerAway(t *testing.T) {
 	const hosts = 50
 	c, st := migrated(t)
 	ctx := context.Background()
-	keys, err := brokerKeys(ctx, st.Identity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	trust, err := keys.Trust(joinUser(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	addr := freeAddr(t)
-	external, err := broker.Start(addr, trust)
-	if err != nil {
-		t.Fatal(err)
-	}
+	external, trust := externalBroker(t, st, addr)
 	c.Broker = external.ClientURL()
 	m := &testMesh{t: t, c: c, listen: "unused:0", logs: &syncBuffer{}, opts: ServeOptions{CatchUpEvery: 100 * time.Millisecond}}
 	m.start()
@@ -192,7 +181,8 @@ func TestMesh_ExternalBrokerAway(t *testing.T) {
 	checkFor(t, 30*time.Second, declared)
 	t.Logf("every node declared anew %s after the broker went away", time.Since(away).Round(time.Millisecond))
 	back := time.Now()
-	if external, err = broker.Start(addr, trust); err != nil {
+	external, err := broker.Start(addr, trust)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(external.Shutdown)

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -26,17 +25,11 @@ type ServeCmd struct {
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
 func (c *ServeCmd) Run(env *Env) error {
-	if c.CPUProfile != "" {
-		f, err := os.OpenFile(c.CPUProfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	switch {
 	case c.BackupEvery == 0 && c.BackupDir != "":
 		return clirun.UsageError{Msg: "--backup-dir goes with --backup-every"}

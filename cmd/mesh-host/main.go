@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -57,17 +56,11 @@ func (c *SimulateCmd) Run(env *Env) error {
 		ctx, cancel = context.WithTimeout(ctx, c.For)
 		defer cancel()
 	}
-	if c.CPUProfile != "" {
-		f, err := os.OpenFile(c.CPUProfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	out := env.Stderr
 	s, err := host.Simulate(ctx, host.SimOptions{Broker: c.Broker, TokensFile: c.Tokens, Heartbeat: c.Heartbeat,
 		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Joins: c.Joins, Out: out})
