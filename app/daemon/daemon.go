@@ -55,6 +55,11 @@ const (
 	drainTimeout = 5 * time.Second
 	// brokerTimeout bounds a round trip to the broker (a flush, an answer).
 	brokerTimeout = protocol.AnswerTimeout
+	// inProcessTimeout bounds one try of the daemon's connection to its
+	// embedded broker, and inProcessTries how many are made (a second
+	// more between each), while hosts crowd in.
+	inProcessTimeout = 10 * time.Second
+	inProcessTries   = 6
 	// eventQueue is how many events may wait for the loop; past it an event
 	// is dropped and counted rather than blocking a message handler.
 	eventQueue = 1 << 16
@@ -444,14 +449,31 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 				}
 				d.logf("broker (%s): %s: %v", name, subject, err)
 			})}
-		if inProcess != nil {
-			opts = append(opts, inProcess)
+		if inProcess == nil {
+			nc, err := nats.Connect(d.url, opts...)
+			if err != nil {
+				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+			}
+			return nc, nil
 		}
-		nc, err := nats.Connect(d.url, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+		// The embedded broker is up, but ten thousand hosts coming back
+		// the moment it listens can keep it from taking this connection
+		// within its handshake's time: it is tried again, patiently.
+		opts = append(opts, inProcess, nats.Timeout(inProcessTimeout))
+		for attempt := 1; ; attempt++ {
+			nc, err := nats.Connect(d.url, opts...)
+			if err == nil {
+				return nc, nil
+			}
+			if attempt == inProcessTries || ctx.Err() != nil {
+				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+			}
+			d.logf("connect to the embedded broker (%s): %v; trying again", name, err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(attempt) * time.Second):
+			}
 		}
-		return nc, nil
 	}
 	if d.nc, err = dial("mesh-controller", d.u.ControllerUser); err != nil {
 		return stop, err
