@@ -406,6 +406,10 @@ func StartWith(c Config) (*Server, error) {
 		NoLog:            true,
 		NoSigs:           true,
 		MaxPayload:       8 << 20,
+		// Ten thousand hosts coming back at once are authenticated in
+		// turn (a signature check each): one whose CONNECT waits past the
+		// default 2 s is closed, and its retry adds to the crowd.
+		AuthTimeout: AuthTimeout.Seconds(),
 	}
 	var store *os.File
 	if c.StoreDir != "" {
@@ -514,6 +518,10 @@ func (s *Server) Shutdown() {
 		s.store.Close()
 	}
 }
+
+// AuthTimeout is how long the broker waits for a new connection to
+// present its credentials before closing it.
+const AuthTimeout = 10 * time.Second
 
 // ErrStoreInUse means another server (in this process or another) runs on
 // the store directory: two would corrupt it, and nats-server itself does
