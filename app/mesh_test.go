@@ -421,12 +421,12 @@ func TestDeclare_RecordsTheHandAct(t *testing.T) {
 	}
 }
 
-// With --broker the controller uses an existing NATS that trusts its
-// operator (configured as broker show --broker prints), instead of embedding one.
-func TestMesh_ExternalBroker(t *testing.T) {
-	c, st := migrated(t)
-	ctx := context.Background()
-	keys, err := brokerKeys(ctx, st.Identity)
+// externalBroker starts a broker apart from any controller, listening on
+// addr and trusting st's operator, as 'broker show --broker' configures
+// one; trust starts it again.
+func externalBroker(t testing.TB, st *Stores, addr string) (*broker.Server, broker.Trust) {
+	t.Helper()
+	keys, err := brokerKeys(context.Background(), st.Identity)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,10 +434,18 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	external, err := broker.Start(freeAddr(t), trust)
+	external, err := broker.Start(addr, trust)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return external, trust
+}
+
+// With --broker the controller uses an existing NATS that trusts its
+// operator (configured as broker show --broker prints), instead of embedding one.
+func TestMesh_ExternalBroker(t *testing.T) {
+	c, st := migrated(t)
+	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()
 	c.Broker = external.ClientURL()
 

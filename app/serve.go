@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	"filippo.io/age"
@@ -79,7 +81,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			return trustOf(ctx, st.Identity, sv.keys)
 		},
-		Join:    sv.join,
+		Join:    sv.joinMany,
 		CatchUp: c.catchUp,
 		TakeIn:  c.TakeIn,
 		ReAsk: func(ctx context.Context, id string) error {
@@ -145,36 +147,96 @@ func (c *Controller) serving(ctx context.Context) (*serving, error) {
 // the node, so an unknown node and an unknown token are refused alike, and
 // by the same read.
 func (sv *serving) join(ctx context.Context, r protocol.JoinRequest, urls []string) (daemon.Admitted, error) {
-	refuse := func(reason string, err error) (daemon.Admitted, error) {
-		return daemon.Admitted{}, &daemon.Refusal{Reason: reason, Err: err}
+	out := sv.joinMany(ctx, []protocol.JoinRequest{r}, urls)
+	return out[0].Admitted, out[0].Err
+}
+
+// joinMany admits many hosts, each exactly as join admits one: a rack
+// powered on at once is kept in one write per store, and its grants are
+// signed and sealed on every core. out[i] is rs[i]'s.
+func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls []string) []daemon.JoinResult {
+	out := make([]daemon.JoinResult, len(rs))
+	refuse := func(i int, reason string, err error) {
+		out[i].Err = &daemon.Refusal{Reason: reason, Err: err}
 	}
-	if err := CheckNodeName(r.Node); err != nil {
-		return refuse("bad node name", err)
+	hostKeys := make([]ed25519.PublicKey, len(rs))
+	var asks []identity.HostJoin
+	var asked []int
+	for i, r := range rs {
+		if err := CheckNodeName(r.Node); err != nil {
+			refuse(i, "bad node name", err)
+			continue
+		}
+		hostKey, err := base64.StdEncoding.DecodeString(r.HostKey)
+		if err != nil || len(hostKey) != ed25519.PublicKeySize {
+			refuse(i, "malformed request", errors.New("host_key is not an ed25519 public key in base64"))
+			continue
+		}
+		if _, err := age.ParseX25519Recipient(r.AgeRecipient); err != nil {
+			refuse(i, "malformed request", fmt.Errorf("age_recipient: %w", err))
+			continue
+		}
+		if !nkeys.IsValidPublicUserKey(r.NKey) {
+			refuse(i, "malformed request", errors.New("nkey is not a user's public nkey"))
+			continue
+		}
+		hostKeys[i] = hostKey
+		asks = append(asks, identity.HostJoin{Token: r.Token, Host: identity.Host{Node: r.Node, HostKey: hostKey,
+			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion}})
+		asked = append(asked, i)
 	}
-	hostKey, err := base64.StdEncoding.DecodeString(r.HostKey)
-	if err != nil || len(hostKey) != ed25519.PublicKeySize {
-		return refuse("malformed request", errors.New("host_key is not an ed25519 public key in base64"))
-	}
-	if _, err := age.ParseX25519Recipient(r.AgeRecipient); err != nil {
-		return refuse("malformed request", fmt.Errorf("age_recipient: %w", err))
-	}
-	if !nkeys.IsValidPublicUserKey(r.NKey) {
-		return refuse("malformed request", errors.New("nkey is not a user's public nkey"))
+	if len(asks) == 0 {
+		return out
 	}
 	st, now := sv.st, sv.c.Now()
-	revoked, err := st.Identity.Join(ctx, r.Token, identity.Host{Node: r.Node, HostKey: hostKey, AgeRecipient: r.AgeRecipient,
-		NKey: r.NKey, HostVersion: r.HostVersion}, now)
-	if err != nil {
-		for sentinel, reason := range tokenRefusals {
-			if errors.Is(err, sentinel) {
-				return refuse(reason, err)
+	var joined []int
+	var nodes []string
+	for k, j := range st.Identity.JoinMany(ctx, asks, now) {
+		i := asked[k]
+		if j.Err != nil {
+			out[i].Err = j.Err
+			for sentinel, reason := range tokenRefusals {
+				if errors.Is(j.Err, sentinel) {
+					refuse(i, reason, j.Err)
+				}
 			}
+			continue
 		}
-		return daemon.Admitted{}, err
+		out[i].Revoked = j.Revoked
+		joined = append(joined, i)
+		nodes = append(nodes, rs[i].Node)
 	}
-	if err := st.Inventory.MarkJoined(ctx, r.Node, now); err != nil {
-		return daemon.Admitted{}, err
+	if len(joined) == 0 {
+		return out
 	}
+	if err := st.Inventory.MarkJoinedMany(ctx, nodes, now); err != nil {
+		for _, i := range joined {
+			out[i].Err = err
+		}
+		return out
+	}
+	// Signing a broker user and sealing with age cost most of a join:
+	// each grant is made on its own, on every core.
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(joined)) {
+		wg.Go(func() {
+			for i := range work {
+				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls)
+			}
+		})
+	}
+	for _, i := range joined {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return out
+}
+
+// grant signs a joined host's broker user and seals what it is given to
+// its age recipient.
+func (sv *serving) grant(r protocol.JoinRequest, hostKey ed25519.PublicKey, revoked int, urls []string) (daemon.Admitted, error) {
 	userJWT, err := sv.keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
 	if err != nil {
 		return daemon.Admitted{}, fmt.Errorf("sign the host's broker user: %w", err)

@@ -55,6 +55,11 @@ const (
 	drainTimeout = 5 * time.Second
 	// brokerTimeout bounds a round trip to the broker (a flush, an answer).
 	brokerTimeout = protocol.AnswerTimeout
+	// inProcessTimeout bounds one try of the daemon's connection to its
+	// embedded broker, and inProcessTries how many are made (a second
+	// more between each), while hosts crowd in.
+	inProcessTimeout = 10 * time.Second
+	inProcessTries   = 6
 	// eventQueue is how many events may wait for the loop; past it an event
 	// is dropped and counted rather than blocking a message handler. The
 	// queue holds pointers: a queue of events themselves (about 250 bytes
@@ -153,10 +158,11 @@ type UseCases struct {
 	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
-	// Join admits a host presenting a token; urls are where hosts dial. It
-	// returns what it made, a *Refusal saying why it refused, or another
-	// error when it could not decide.
-	Join func(ctx context.Context, r protocol.JoinRequest, urls []string) (Admitted, error)
+	// Join admits hosts presenting tokens, each judged alone; urls are
+	// where hosts dial. Each result is what admitting one made, a *Refusal
+	// saying why it refused, or another error when it could not decide;
+	// out[i] is rs[i]'s.
+	Join func(ctx context.Context, rs []protocol.JoinRequest, urls []string) (out []JoinResult)
 	// CatchUp makes the secrets the mesh makes that can be made now (made
 	// counts the nodes they were made for), declares every node whose plan
 	// moved past its declaration and, at start, sends nodes the latest
@@ -197,6 +203,13 @@ type Admitted struct {
 	// Revoked counts the node's earlier host users the join revoked: the
 	// daemon closes their connections.
 	Revoked int
+}
+
+// JoinResult is what became of one join: what admitting it made, or Err:
+// a *Refusal, or another error when it could not be decided.
+type JoinResult struct {
+	Admitted
+	Err error
 }
 
 // Refusal is why a join was refused. Reason is a short phrase that stays the
@@ -258,7 +271,10 @@ type daemon struct {
 	events chan *event
 	// buildKick asks the dispatcher for a round.
 	buildKick chan struct{}
-	joins     chan queuedJoin
+	joins     chan queued
+	// asks are hosts' asks for their latest declaration, waiting for the
+	// ask workers.
+	asks chan queued
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -319,7 +335,8 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		o.Counters = &Counters{}
 	}
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queuedJoin, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
+		asks:      make(chan queued, askQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
@@ -365,10 +382,17 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	if err := st.Identity.RenewLease(ctx, holder, u.Now().Add(o.LeaseTTL), d.url); err != nil {
 		return fmt.Errorf("renew the lease: %w", err)
 	}
+	// The join worker and the ask workers answer until ctx ends; the loop
+	// waits for them as it stops.
 	joinsDone := make(chan struct{})
+	var workers sync.WaitGroup
+	workers.Go(func() { d.joinWorker(ctx) })
+	for range askWorkers {
+		workers.Go(func() { d.askWorker(ctx) })
+	}
 	go func() {
-		defer close(joinsDone)
-		d.joinWorker(ctx)
+		workers.Wait()
+		close(joinsDone)
 	}()
 	if u.DispatchBuilds != nil {
 		dctx, stopDispatch := context.WithCancel(ctx)
@@ -430,14 +454,31 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 				}
 				d.logf("broker (%s): %s: %v", name, subject, err)
 			})}
-		if inProcess != nil {
-			opts = append(opts, inProcess)
+		if inProcess == nil {
+			nc, err := nats.Connect(d.url, opts...)
+			if err != nil {
+				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+			}
+			return nc, nil
 		}
-		nc, err := nats.Connect(d.url, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+		// The embedded broker is up, but ten thousand hosts coming back
+		// the moment it listens can keep it from taking this connection
+		// within its handshake's time: it is tried again, patiently.
+		opts = append(opts, inProcess, nats.Timeout(inProcessTimeout))
+		for attempt := 1; ; attempt++ {
+			nc, err := nats.Connect(d.url, opts...)
+			if err == nil {
+				return nc, nil
+			}
+			if attempt == inProcessTries || ctx.Err() != nil {
+				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
+			}
+			d.logf("connect to the embedded broker (%s): %v; trying again", name, err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(attempt) * time.Second):
+			}
 		}
-		return nc, nil
 	}
 	if d.nc, err = dial("mesh-controller", d.u.ControllerUser); err != nil {
 		return stop, err

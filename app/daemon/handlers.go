@@ -43,8 +43,8 @@ const (
 	joinQueue = 2048
 )
 
-// queuedJoin is a join request and when it arrived.
-type queuedJoin struct {
+// queued is a request (a join, an ask) and when it arrived.
+type queued struct {
 	m  *nats.Msg
 	at time.Time
 }
@@ -67,12 +67,20 @@ const RevokedSubject = "mesh.control.revoked"
 
 func (d *daemon) subscribe() error {
 	subs := map[string]nats.MsgHandler{
-		protocol.NodeWildcard(protocol.Heartbeat):      d.onHeartbeat,
-		protocol.NodeWildcard(protocol.FactsReport):    d.onFacts,
-		protocol.NodeWildcard(protocol.Applied):        d.onApplied,
-		protocol.NodeWildcard(protocol.DataReport):     d.onData,
-		protocol.NodeWildcard(protocol.DeclarationAsk): d.onDeclarationAsk,
-		protocol.NodeWildcard(protocol.BackupReport):   d.onBackup,
+		protocol.NodeWildcard(protocol.Heartbeat):   d.onHeartbeat,
+		protocol.NodeWildcard(protocol.FactsReport): d.onFacts,
+		protocol.NodeWildcard(protocol.Applied):     d.onApplied,
+		protocol.NodeWildcard(protocol.DataReport):  d.onData,
+		// Asks wait in a bounded queue for the ask workers: ten thousand
+		// hosts back at once ask together (see askStale).
+		protocol.NodeWildcard(protocol.DeclarationAsk): func(m *nats.Msg) {
+			select {
+			case d.asks <- queued{m: m, at: time.Now()}:
+			default:
+				d.o.Counters.Dropped.Add(1) // its host asks again
+			}
+		},
+		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
 	if d.u.TakeIn != nil {
@@ -92,7 +100,7 @@ func (d *daemon) subscribe() error {
 	// the connection they arrive on.
 	sub, err := d.jc.QueueSubscribe(protocol.JoinSubject, "controller", func(m *nats.Msg) {
 		select {
-		case d.joins <- queuedJoin{m: m, at: time.Now()}:
+		case d.joins <- queued{m: m, at: time.Now()}:
 		default:
 			d.answerBusy(m)
 		}
@@ -307,6 +315,35 @@ func (d *daemon) onBackup(m *nats.Msg) {
 	d.kick()
 }
 
+// How hosts' asks for their latest declaration wait. A host waits
+// protocol.AnswerTimeout for its answer and then asks again: an ask that
+// waited in the queue longer than askStale is not answered (its answer
+// would likely reach no one, and answering it would delay the asks still
+// waited for), so that ten thousand hosts back at once cannot keep the
+// workers answering asks nobody waits for. askWorkers answer at once, each
+// a signature check and a read.
+const (
+	askStale   = protocol.AnswerTimeout * 3 / 5
+	askQueue   = 1 << 15
+	askWorkers = 4
+)
+
+// askWorker answers asks for the latest declaration until ctx ends.
+func (d *daemon) askWorker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-d.asks:
+			if time.Since(a.at) > askStale {
+				d.o.Counters.Dropped.Add(1) // its host asks again
+				continue
+			}
+			d.onDeclarationAsk(a.m)
+		}
+	}
+}
+
 func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	var ask protocol.DeclarationAskBody
 	node, ok := d.verify(m, protocol.DeclarationAsk, &ask)
@@ -325,34 +362,85 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	d.respondTo(m, node, EnvelopeOf(*decl))
 }
 
-// joinWorker admits hosts one at a time, off the heartbeat path.
+// joinWorker admits hosts off the heartbeat path, in batches of what is
+// waiting (up to joinBatch): a rack powered on at once is admitted a batch
+// per write, not a write per machine.
 func (d *daemon) joinWorker(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case j := <-d.joins:
-			if time.Since(j.at) > joinStale {
-				d.answerBusy(j.m)
-				continue
+			batch := []queued{j}
+		more:
+			for len(batch) < joinBatch {
+				select {
+				case j := <-d.joins:
+					batch = append(batch, j)
+				default:
+					break more
+				}
 			}
-			d.onJoin(ctx, j.m)
+			fresh := batch[:0]
+			for _, j := range batch {
+				if time.Since(j.at) > joinStale {
+					d.answerBusy(j.m)
+					continue
+				}
+				fresh = append(fresh, j)
+			}
+			if len(fresh) > 0 {
+				d.onJoins(ctx, fresh)
+			}
 		}
 	}
 }
 
-func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
-	source := sourceOf(m)
-	var r protocol.JoinRequest
-	var a Admitted
-	err := json.Unmarshal(m.Data, &r)
-	if err != nil {
-		err = &Refusal{Reason: "malformed request", Err: err}
-	} else {
-		a, err = d.u.Join(ctx, r, []string{d.url})
+// joinBatch is how many waiting joins are admitted together.
+const joinBatch = 128
+
+// onJoins judges a batch of joins and answers each.
+func (d *daemon) onJoins(ctx context.Context, batch []queued) {
+	reqs := make([]protocol.JoinRequest, len(batch))
+	results := make([]JoinResult, len(batch))
+	var asks []protocol.JoinRequest
+	var asked []int
+	for i, j := range batch {
+		if err := json.Unmarshal(j.m.Data, &reqs[i]); err != nil {
+			results[i].Err = &Refusal{Reason: "malformed request", Err: err}
+			continue
+		}
+		asks = append(asks, reqs[i])
+		asked = append(asked, i)
 	}
-	var refusal *Refusal
+	if len(asks) > 0 {
+		for k, r := range d.u.Join(ctx, asks, []string{d.url}) {
+			results[asked[k]] = r
+		}
+	}
+	revoked := 0
+	var rejoined []string
+	for i, j := range batch {
+		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
+			revoked += results[i].Revoked
+			rejoined = append(rejoined, reqs[i].Node)
+		}
+	}
 	switch {
+	// The machines that were these nodes before are not them any more:
+	// their users no longer connect, nor hear the nodes' declarations.
+	case len(rejoined) == 1:
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", rejoined[0], revoked))
+	case len(rejoined) > 1:
+		d.disconnectRevoked(fmt.Sprintf("%s re-joined: their earlier host users revoked (%d)", strings.Join(rejoined, ", "), revoked))
+	}
+}
+
+// answerJoin answers one judged join and says whether it was admitted.
+func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
+	source := sourceOf(m)
+	var refusal *Refusal
+	switch err := res.Err; {
 	case errors.As(err, &refusal):
 		// The log and join.refused keep the reason; the asker is told only
 		// that it was refused.
@@ -364,20 +452,15 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 			d.kick()
 		}
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
-		return
+		return false
 	case err != nil:
 		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
-		return
+		return false
 	}
-	d.keys.set(r.Node, a.HostKey)
+	d.keys.set(r.Node, res.HostKey)
 	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
-	d.respondTo(m, "", a.Reply)
-	if a.Revoked > 0 {
-		// The machine that was this node before is not it any more: its
-		// user no longer connects, nor hears the node's declarations.
-		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", r.Node, a.Revoked))
-	}
+	d.respondTo(m, "", res.Reply)
 	// A node joining with something assigned waited for secrets sealed to
 	// it: the loop's catch-up makes them. Most nodes join with nothing
 	// assigned, and are counted here rather than on the loop, which absorbs
@@ -390,6 +473,7 @@ func (d *daemon) onJoin(ctx context.Context, m *nats.Msg) {
 	if n > 0 || err != nil {
 		d.handOver(event{kind: evJoined, node: r.Node})
 	}
+	return true
 }
 
 // refusalLog bounds how many refused joins from one source are logged a

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/ed25519"
 	"io"
 	"testing"
 	"time"
@@ -17,16 +18,20 @@ import (
 // then be used for nothing.
 func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
 	admitted := make(chan string, 2)
-	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queuedJoin, 2), events: make(chan *event, 4),
-		u: UseCases{Now: time.Now, Join: func(_ context.Context, r protocol.JoinRequest, _ []string) (Admitted, error) {
-			admitted <- r.Node
-			return Admitted{}, &Refusal{Reason: "unknown token", Err: io.EOF}
+	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, joins: make(chan queued, 2), events: make(chan *event, 4),
+		u: UseCases{Now: time.Now, Join: func(_ context.Context, rs []protocol.JoinRequest, _ []string) []JoinResult {
+			out := make([]JoinResult, len(rs))
+			for i, r := range rs {
+				admitted <- r.Node
+				out[i].Err = &Refusal{Reason: "unknown token", Err: io.EOF}
+			}
+			return out
 		}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.joinWorker(ctx); close(done) }()
 	ask := func(node string, waited time.Duration) {
-		d.joins <- queuedJoin{m: &nats.Msg{Subject: protocol.JoinSubject, Reply: "_R_.x.y", Data: []byte(`{"node":"` + node + `"}`)}, at: time.Now().Add(-waited)}
+		d.joins <- queued{m: &nats.Msg{Subject: protocol.JoinSubject, Reply: "_R_.x.y", Data: []byte(`{"node":"` + node + `"}`)}, at: time.Now().Add(-waited)}
 	}
 	ask("stale", joinStale+time.Second)
 	ask("fresh", 0)
@@ -77,5 +82,34 @@ func TestRefusalLog(t *testing.T) {
 	}
 	if logged != refusalsLogged || !l.allow("192.0.2.2", now) || !l.allow("192.0.2.1", now.Add(time.Minute)) {
 		t.Fatalf("logged %d of 100 in a minute", logged)
+	}
+}
+
+// An ask for the latest declaration that waited longer than askStale is
+// not answered: its host has asked again, or soon will.
+func TestAskWorker_StaleAskIsNotAnswered(t *testing.T) {
+	d := &daemon{o: Options{Counters: &Counters{}}, log: io.Discard, asks: make(chan queued, 2), events: make(chan *event, 4),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, limits: limiter{buckets: map[[2]string]*bucket{}}, u: UseCases{Now: time.Now}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.askWorker(ctx); close(done) }()
+	ask := func(node string, waited time.Duration) {
+		d.asks <- queued{m: &nats.Msg{Subject: protocol.NodeSubject(node, protocol.DeclarationAsk), Reply: "x"}, at: time.Now().Add(-waited)}
+	}
+	ask("stale", askStale+time.Second)
+	ask("fresh", 0)
+	select {
+	case ev := <-d.events:
+		// The fresh one is judged (and dropped: no host joined as it).
+		if ev.kind != evDrop || ev.node != "fresh" {
+			t.Fatalf("judged %+v", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fresh ask was not taken")
+	}
+	cancel()
+	<-done
+	if n := d.o.Counters.Dropped.Load(); n != 2 {
+		t.Fatalf("%d dropped, want the stale one and the unknown sender", n)
 	}
 }

@@ -102,8 +102,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	nc, err := nats.Connect(strings.Join(r.State.BrokerURLs, ","), append(opts,
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true),
+	nc, err := nats.Connect(strings.Join(r.State.BrokerURLs, ","), append(append(opts, reconnecting()...),
 		nats.ConnectHandler(onConnect), nats.ReconnectHandler(onConnect),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -140,6 +139,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer beat.Stop()
 	data := time.NewTicker(r.DataEvery)
 	defer data.Stop()
+	var asks asking
+	defer asks.end()
 	for {
 		select {
 		case <-ctx.Done():
@@ -147,7 +148,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-connected:
 			r.logf("connected to %s", nc.ConnectedUrl())
 			r.publish(nc, protocol.FactsReport, Facts(r.Root))
-			go r.askLatest(ctx, nc, envelopes)
+			// Heard at once, not a heartbeat interval later.
+			soon.Reset(beatSoon)
+			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes) })
 		case dl := <-envelopes:
 			r.applyOne(nc, dl)
 		case <-changed:
@@ -217,36 +220,30 @@ func (r *Runner) publish(nc *nats.Conn, what string, body any) {
 }
 
 // askLatest asks the controller for this node's latest declaration, as a
-// host does whenever it (re)connects: what was declared while it was away
-// arrives now.
+// host does whenever it (re)connects, until it is answered: what was
+// declared while it was away arrives now.
 func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- delivery) {
 	r.mu.Lock()
 	serial := r.last.Serial
 	r.mu.Unlock()
-	req, err := protocol.Sign(r.State.HostKey, protocol.DeclarationAskBody{SerialApplied: serial})
+	first := true
+	env, err := askLatest(ctx, nc, r.State, serial, func(err error) {
+		if first {
+			r.logf("ask for the latest declaration: %v; asking again", err)
+			first = false
+		}
+	})
 	if err != nil {
+		if ctx.Err() == nil {
+			r.logf("ask for the latest declaration: %v", err)
+		}
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
-	defer cancel()
-	m, err := nc.RequestWithContext(rctx, protocol.NodeSubject(r.State.Node, protocol.DeclarationAsk), req)
-	if err != nil {
-		r.logf("ask for the latest declaration: %v", err)
-		return
-	}
-	var probe struct {
-		None bool `json:"none"`
-	}
-	if json.Unmarshal(m.Data, &probe) == nil && probe.None {
-		return
-	}
-	var env protocol.Envelope
-	if err := json.Unmarshal(m.Data, &env); err != nil {
-		r.logf("the latest declaration is not JSON: %v", err)
+	if env == nil {
 		return
 	}
 	select {
-	case envelopes <- delivery{env: env, asked: true}:
+	case envelopes <- delivery{env: *env, asked: true}:
 	case <-ctx.Done():
 	}
 }

@@ -32,6 +32,10 @@ type SimOptions struct {
 	// Joins is how many joins are in flight at once.
 	Joins int
 	Out   io.Writer
+
+	// facts are what every simulated host reports on connecting: this
+	// machine's, read once.
+	facts protocol.FactsBody
 }
 
 // SimStats count what the simulated hosts did.
@@ -44,6 +48,13 @@ type SimStats struct {
 	Declarations int64 `json:"declarations"`
 	Applied      int64 `json:"applied"`
 	Refused      int64 `json:"refused"`
+	// Reconnects counts the connections made again after one was lost;
+	// AsksUnanswered, the asks for the latest declaration asked again.
+	Reconnects     int64 `json:"reconnects"`
+	AsksUnanswered int64 `json:"asks_unanswered"`
+	// GaveUp counts the hosts whose connection closed for good before the
+	// simulation ended: none should.
+	GaveUp int64 `json:"gave_up"`
 	// Serials is the latest serial each host applied, for a fan-out measure.
 	Serials map[string]int64 `json:"-"`
 }
@@ -91,6 +102,7 @@ func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
+	o.facts = Facts(os.TempDir())
 	var st simCounters
 	st.hosts = len(tokens)
 	var wg sync.WaitGroup
@@ -141,17 +153,20 @@ func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
 type simCounters struct {
 	hosts                                                              int
 	joined, joinFailed, beating, beats, declarations, applied, refused atomic.Int64
+	reconnects, asksUnanswered, gaveUp                                 atomic.Int64
 }
 
 func (c *simCounters) stats() SimStats {
 	return SimStats{Hosts: c.hosts, Joined: c.joined.Load(), JoinFailed: c.joinFailed.Load(), Beating: c.beating.Load(), BeatsSent: c.beats.Load(),
-		Declarations: c.declarations.Load(), Applied: c.applied.Load(), Refused: c.refused.Load()}
+		Declarations: c.declarations.Load(), Applied: c.applied.Load(), Refused: c.refused.Load(),
+		Reconnects: c.reconnects.Load(), AsksUnanswered: c.asksUnanswered.Load(), GaveUp: c.gaveUp.Load()}
 }
 
 func (c *simCounters) line() string {
 	s := c.stats()
-	return fmt.Sprintf("%s hosts %d joined %d (failed %d) beating %d beats sent %d declarations %d applied %d refused %d",
-		time.Now().UTC().Format(time.RFC3339), s.Hosts, s.Joined, s.JoinFailed, s.Beating, s.BeatsSent, s.Declarations, s.Applied, s.Refused)
+	return fmt.Sprintf("%s hosts %d joined %d (failed %d) beating %d beats sent %d declarations %d applied %d refused %d reconnects %d asks unanswered %d gave up %d",
+		time.Now().UTC().Format(time.RFC3339), s.Hosts, s.Joined, s.JoinFailed, s.Beating, s.BeatsSent, s.Declarations, s.Applied, s.Refused,
+		s.Reconnects, s.AsksUnanswered, s.GaveUp)
 }
 
 // joinMemory joins like Join, keeping the state in memory only.
@@ -159,14 +174,32 @@ func joinMemory(ctx context.Context, broker, node, token string) (*State, error)
 	return join(ctx, JoinOptions{Broker: broker, Token: token, Node: node}, false)
 }
 
-// simHost is one simulated host at work until ctx ends.
+// simHost is one simulated host at work until ctx ends. It comes back as
+// a real host does when its broker or controller goes away: the same
+// reconnection, and on each connection its facts, a beat and an ask for
+// its latest declaration until it is answered.
 func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appliedSerial func(int64)) {
 	opts, err := s.ConnectOptions()
 	if err != nil {
 		return
 	}
-	nc, err := nats.Connect(strings.Join(s.BrokerURLs, ","), append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))...)
+	connected := make(chan struct{}, 1)
+	onConnect := func(*nats.Conn) {
+		select {
+		case connected <- struct{}{}:
+		default:
+		}
+	}
+	nc, err := nats.Connect(strings.Join(s.BrokerURLs, ","), append(append(opts, reconnecting()...),
+		nats.ConnectHandler(onConnect),
+		nats.ReconnectHandler(func(*nats.Conn) { st.reconnects.Add(1); onConnect(nil) }),
+		nats.ClosedHandler(func(*nats.Conn) {
+			if ctx.Err() == nil {
+				st.gaveUp.Add(1)
+			}
+		}))...)
 	if err != nil {
+		st.gaveUp.Add(1)
 		return
 	}
 	defer nc.Close()
@@ -182,6 +215,7 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 		mu.Lock()
 		defer mu.Unlock()
 		report := protocol.AppliedBody{Serial: d.Serial, OK: true}
+		var data protocol.DataBody
 		switch {
 		case err != nil:
 			report = protocol.AppliedBody{OK: false, Error: "refused: " + err.Error()}
@@ -193,10 +227,14 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 			}
 			last = d.Serial
 			modules = modules[:0]
+			data.Sets = []protocol.DataSet{}
 			for _, m := range d.Modules {
 				if m.Run != nil {
 					modules = append(modules, protocol.ModuleState{Module: m.Module, Version: m.Version, State: protocol.StateReady,
 						Serial: d.Serial, DeclaredAt: d.IssuedAt, Since: time.Now().UTC()})
+				}
+				for _, ds := range m.Data {
+					data.Sets = append(data.Sets, protocol.DataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious})
 				}
 			}
 			report.Modules = modules
@@ -208,11 +246,15 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 		if _, err := nc.Request(protocol.NodeSubject(s.Node, protocol.Applied), b, 30*time.Second); err != nil {
 			return
 		}
-		if report.OK {
-			st.applied.Add(1)
-			appliedSerial(d.Serial)
-		} else {
+		if !report.OK {
 			st.refused.Add(1)
+			return
+		}
+		st.applied.Add(1)
+		appliedSerial(d.Serial)
+		// As a real host does after each apply.
+		if b, err := protocol.Sign(s.HostKey, data); err == nil {
+			nc.Publish(protocol.NodeSubject(s.Node, protocol.DataReport), b)
 		}
 	}
 	if _, err := nc.Subscribe(protocol.DeclarationInbox(s.Node), func(m *nats.Msg) {
@@ -223,26 +265,9 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	}); err != nil {
 		return
 	}
-	if req, err := protocol.Sign(s.HostKey, protocol.DeclarationAskBody{}); err == nil {
-		if m, err := nc.Request(protocol.NodeSubject(s.Node, protocol.DeclarationAsk), req, 30*time.Second); err == nil {
-			var env protocol.Envelope
-			if json.Unmarshal(m.Data, &env) == nil && env.Declaration != "" {
-				go apply(env)
-			}
-		}
-	}
-	// Beats start at a random point of the interval, as real hosts do.
-	n, _ := rand.Int(rand.Reader, big.NewInt(int64(o.Heartbeat)))
-	select {
-	case <-time.After(time.Duration(n.Int64())):
-	case <-ctx.Done():
-		return
-	}
 	started := time.Now()
-	beat := time.NewTicker(o.Heartbeat)
-	defer beat.Stop()
 	first := true
-	for {
+	beat := func() {
 		mu.Lock()
 		serial, ms := last, slices.Clone(modules)
 		mu.Unlock()
@@ -255,8 +280,32 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 				first = false
 			}
 		}
+	}
+	// Beats go on at a random point of the interval, as real hosts' do.
+	n, _ := rand.Int(rand.Reader, big.NewInt(int64(o.Heartbeat)))
+	next := time.NewTimer(time.Duration(n.Int64()))
+	defer next.Stop()
+	var asks asking
+	defer asks.end()
+	for {
 		select {
-		case <-beat.C:
+		case <-connected:
+			if b, err := protocol.Sign(s.HostKey, o.facts); err == nil {
+				nc.Publish(protocol.NodeSubject(s.Node, protocol.FactsReport), b)
+			}
+			beat()
+			mu.Lock()
+			serial := last
+			mu.Unlock()
+			asks.start(ctx, func(ctx context.Context) {
+				env, err := askLatest(ctx, nc, s, serial, func(error) { st.asksUnanswered.Add(1) })
+				if err == nil && env != nil {
+					apply(*env)
+				}
+			})
+		case <-next.C:
+			beat()
+			next.Reset(o.Heartbeat)
 		case <-ctx.Done():
 			nc.Flush()
 			return

@@ -6,10 +6,12 @@ package loadbench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +60,8 @@ type controller struct {
 	// profile, if set, is where serve writes its CPU profile, its heap
 	// profile (on SIGUSR1) and its log: path + .cpu.pprof, .heap.pprof, .log.
 	profile string
+	// listen is where serve's broker listens; empty picks a free port.
+	listen string
 }
 
 func (c *controller) run(args ...string) (string, time.Duration) {
@@ -72,7 +76,7 @@ func (c *controller) run(args ...string) (string, time.Duration) {
 
 func (c *controller) serve() time.Duration {
 	c.t.Helper()
-	args := []string{"--data", c.data, "serve", "--listen", "127.0.0.1:0"}
+	args := []string{"--data", c.data, "serve", "--listen", cmp.Or(c.listen, "127.0.0.1:0")}
 	if c.profile != "" {
 		for _, ext := range []string{".cpu.pprof", ".heap.pprof", ".log"} {
 			os.Remove(c.profile + ext) // serve refuses to overwrite a CPU profile
@@ -81,11 +85,12 @@ func (c *controller) serve() time.Duration {
 	}
 	c.cmd = exec.Command(c.bin, args...)
 	out, _ := c.cmd.StdoutPipe()
-	c.cmd.Stderr = nil
+	var stderr bytes.Buffer
+	c.cmd.Stderr = &stderr
 	if c.profile != "" {
 		if f, err := os.Create(c.profile + ".log"); err == nil {
 			defer f.Close() // the child holds its own copy
-			c.cmd.Stderr = f
+			c.cmd.Stderr = io.MultiWriter(f, &stderr)
 		}
 	}
 	start := time.Now()
@@ -103,7 +108,8 @@ func (c *controller) serve() time.Duration {
 			return time.Since(start)
 		}
 	}
-	c.t.Fatal("serve ended before ready")
+	c.cmd.Wait()
+	c.t.Fatalf("serve ended before ready: %s", stderr.String())
 	return 0
 }
 
@@ -204,6 +210,7 @@ func TestLoad(t *testing.T) {
 	if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
 		fmt.Printf("\nprofiles of each scenario's controller (go tool pprof FILE): %s\n", dir)
 	}
+	restartUnderLoad(t, mc, mh, 10000)
 	fmt.Println()
 }
 

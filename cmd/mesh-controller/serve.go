@@ -31,17 +31,11 @@ type ServeCmd struct {
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
 func (c *ServeCmd) Run(env *Env) error {
-	if c.CPUProfile != "" {
-		f, err := os.OpenFile(c.CPUProfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	if c.HeapProfile != "" {
 		usr1 := make(chan os.Signal, 1)
 		signal.Notify(usr1, syscall.SIGUSR1)

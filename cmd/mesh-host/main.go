@@ -42,6 +42,10 @@ type SimulateCmd struct {
 	For       time.Duration `help:"Stop after this long (default: until SIGINT or SIGTERM)."`
 	Report    time.Duration `default:"5s" help:"How often to print how many hosts are joined, beating and applied."`
 	JSON      bool          `name:"json" help:"Print the summary as one JSON object at the end."`
+	Joins     int           `default:"32" help:"How many joins are in flight at once."`
+	// CPUProfile measures where the simulator's own time goes: it shares
+	// the machine with the controller it loads.
+	CPUProfile string `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the simulator to FILE until it stops (go tool pprof reads it)."`
 }
 
 // Run simulates until stopped.
@@ -52,9 +56,14 @@ func (c *SimulateCmd) Run(env *Env) error {
 		ctx, cancel = context.WithTimeout(ctx, c.For)
 		defer cancel()
 	}
+	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	out := env.Stderr
 	s, err := host.Simulate(ctx, host.SimOptions{Broker: c.Broker, TokensFile: c.Tokens, Heartbeat: c.Heartbeat,
-		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Out: out})
+		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Joins: c.Joins, Out: out})
 	if err != nil {
 		return err
 	}

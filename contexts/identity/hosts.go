@@ -42,52 +42,107 @@ type Host struct {
 // A token presented again after its use is refused and remembered
 // (reused_count), so that a condition can be raised for it.
 func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (revoked int, err error) {
+	out := s.JoinMany(ctx, []HostJoin{{Token: token, Host: h}}, now)
+	return out[0].Revoked, out[0].Err
+}
+
+// HostJoin is one host presenting a token for its node.
+type HostJoin struct {
+	Token string
+	Host  Host
+}
+
+// Joined is what became of one HostJoin: the earlier host users of its node
+// it revoked, or why it was refused (an Err… value) or failed.
+type Joined struct {
+	Revoked int
+	Err     error
+}
+
+// JoinMany admits many hosts as Join admits one, each judged alone and
+// exactly as Join judges it, in one transaction: a rack of machines joining
+// at once is a write per batch, not one per machine. Each join stands or
+// falls alone (a savepoint each); two in one batch presenting one token are
+// judged in order, and the second is refused as used. out[i] is joins[i]'s.
+func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) []Joined {
+	out := make([]Joined, len(joins))
 	// A refusal that changes nothing is decided by a read, without the
 	// writer: a flood of wrong tokens does not hold up this store's writes.
-	if refusal, err := checkToken(ctx, s.db.Reader, token, h.Node, now); err != nil {
-		return 0, fmt.Errorf("join %s: %w", h.Node, err)
-	} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
-		return 0, refusal
+	var pending []int
+	for i, j := range joins {
+		if refusal, err := checkToken(ctx, s.db.Reader, j.Token, j.Host.Node, now); err != nil {
+			out[i].Err = fmt.Errorf("join %s: %w", j.Host.Node, err)
+		} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
+			out[i].Err = refusal
+		} else {
+			pending = append(pending, i)
+		}
 	}
-	var refusal error
-	err = s.db.Write(ctx, func(tx *sql.Tx) error {
-		var err error
-		if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
-			if errors.Is(refusal, ErrTokenUsed) {
-				_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
-					sqlite.FormatTime(now), hashToken(token))
+	if len(pending) == 0 {
+		return out
+	}
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, i := range pending {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT host_join`); err != nil {
+				return err
 			}
-			return err
+			revoked, refusal, err := joinOne(ctx, tx, joins[i].Token, joins[i].Host, now)
+			if err != nil {
+				// This join alone is undone; the others stand.
+				if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO host_join`); rerr != nil {
+					return rerr
+				}
+				out[i].Err = fmt.Errorf("join %s: %w", joins[i].Host.Node, err)
+			} else if refusal != nil {
+				out[i].Err = refusal
+			} else {
+				out[i].Revoked = revoked
+			}
+			if _, err := tx.ExecContext(ctx, `RELEASE host_join`); err != nil {
+				return err
+			}
 		}
-		var issued int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE pub = ?`, h.NKey).Scan(&issued); err != nil {
-			return err
-		}
-		if issued > 0 {
-			refusal = ErrNKeyUsed
-			return nil
-		}
-		if revoked, err = revokeNodeUsers(ctx, tx, []string{h.Node}, "host", now); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?)`,
-			h.NKey, h.Node, sqlite.FormatTime(now))
-		return err
+		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("join %s: %w", h.Node, err)
+		for _, i := range pending {
+			out[i] = Joined{Err: fmt.Errorf("join %s: %w", joins[i].Host.Node, err)}
+		}
 	}
-	if refusal != nil {
-		return 0, refusal
+	return out
+}
+
+// joinOne is one join within tx: refused (and a used token's reuse
+// remembered), or the token marked used, the host's keys kept, its broker
+// user recorded and its node's earlier host users revoked.
+func joinOne(ctx context.Context, tx *sql.Tx, token string, h Host, now time.Time) (revoked int, refusal, err error) {
+	if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
+		if errors.Is(refusal, ErrTokenUsed) {
+			_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
+				sqlite.FormatTime(now), hashToken(token))
+		}
+		return 0, refusal, err
 	}
-	return revoked, nil
+	var issued int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE pub = ?`, h.NKey).Scan(&issued); err != nil {
+		return 0, nil, err
+	}
+	if issued > 0 {
+		return 0, ErrNKeyUsed, nil
+	}
+	if revoked, err = revokeNodeUsers(ctx, tx, []string{h.Node}, "host", now); err != nil {
+		return 0, nil, err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
+		return 0, nil, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
+		return 0, nil, err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?)`,
+		h.NKey, h.Node, sqlite.FormatTime(now))
+	return revoked, nil, err
 }
 
 // checkToken says why a token does not admit node now (an Err… value), or

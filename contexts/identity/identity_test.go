@@ -148,3 +148,45 @@ func TestStore_JoinRevokesEarlierHosts(t *testing.T) {
 		}
 	})
 }
+
+// A batch of joins is judged one by one, in order, each exactly as Join
+// judges it: a token presented twice is refused the second time, an nkey
+// never admitted twice, and a refusal leaves the others standing.
+func TestStore_JoinMany(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	tokens := map[string]string{}
+	for _, node := range []string{"web1", "web2"} {
+		tok, _, _, err := s.IssueToken(ctx, node, time.Hour, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[node] = tok
+	}
+	ask := func(node, token, nkey string) HostJoin {
+		return HostJoin{Token: token, Host: Host{Node: node, HostKey: make([]byte, 32), AgeRecipient: "age1x", NKey: nkey, HostVersion: "test"}}
+	}
+	out := s.JoinMany(ctx, []HostJoin{
+		ask("web1", tokens["web1"], "UA"),
+		ask("web1", tokens["web1"], "UB"),
+		ask("web2", tokens["web2"], "UA"),
+		ask("web3", "not-a-token", "UD"),
+		ask("web2", tokens["web2"], "UC"),
+	}, now)
+	for i, want := range []error{nil, ErrTokenUsed, ErrNKeyUsed, ErrTokenUnknown, nil} {
+		if !errors.Is(out[i].Err, want) || (want == nil && out[i].Err != nil) {
+			t.Errorf("join %d: got %v, want %v", i, out[i].Err, want)
+		}
+	}
+	hs, err := s.Hosts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 2 || hs[0].NKey != "UA" || hs[1].NKey != "UC" {
+		t.Fatalf("hosts: %+v", hs)
+	}
+	if _, err := s.Join(ctx, tokens["web2"], ask("web2", "", "UE").Host, now); !errors.Is(err, ErrTokenUsed) {
+		t.Fatalf("web2's token after the batch: %v", err)
+	}
+}

@@ -55,12 +55,25 @@ type DataSet struct {
 
 // MarkJoined records that the node's host joined.
 func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) error {
-	_, err := s.db.Writer.ExecContext(ctx, `UPDATE nodes SET joined_at = ?, last_heard = ? WHERE name = ?`,
-		sqlite.FormatTime(now), sqlite.FormatTime(now), node)
-	if err != nil {
-		return fmt.Errorf("mark %s joined: %w", node, err)
-	}
-	return nil
+	return s.MarkJoinedMany(ctx, []string{node}, now)
+}
+
+// MarkJoinedMany records that the nodes' hosts joined, in one transaction.
+func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Time) error {
+	at := sqlite.FormatTime(now)
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET joined_at = ?, last_heard = ? WHERE name = ?`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, node := range nodes {
+			if _, err := stmt.ExecContext(ctx, at, at, node); err != nil {
+				return fmt.Errorf("mark %s joined: %w", node, err)
+			}
+		}
+		return nil
+	})
 }
 
 // RecordBeats writes many heartbeats in one transaction: each node's row is

@@ -416,6 +416,10 @@ func StartWith(c Config) (*Server, error) {
 		// (by default the last 10,000, about 8 MiB after 10,000 joins).
 		NoSublistCache:   true,
 		MaxClosedClients: 1,
+		// Ten thousand hosts coming back at once are authenticated in
+		// turn (a signature check each): one whose CONNECT waits past the
+		// default 2 s is closed, and its retry adds to the crowd.
+		AuthTimeout: AuthTimeout.Seconds(),
 	}
 	var store *os.File
 	if c.StoreDir != "" {
@@ -524,6 +528,10 @@ func (s *Server) Shutdown() {
 		s.store.Close()
 	}
 }
+
+// AuthTimeout is how long the broker waits for a new connection to
+// present its credentials before closing it.
+const AuthTimeout = 10 * time.Second
 
 // ErrStoreInUse means another server (in this process or another) runs on
 // the store directory: two would corrupt it, and nats-server itself does
