@@ -89,7 +89,10 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 		t.Fatal(err)
 	}
 	defer sim.Process.Kill()
-	d, n := until(2*time.Minute, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`)
+	// Each phase is given twice to four times its goal, no more: make
+	// bench stays under fifteen minutes, and a row says how many came in
+	// time when not all did.
+	d, n := until(90*time.Second, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`)
 	add(fmt.Sprintf("joins: %d hosts joining at once, all joined", hosts), measured(d, n), "goal ≤ 15 s (mesh-host simulate, same two cores)")
 	until(time.Minute, `SELECT count(*) FROM nodes WHERE heartbeat_interval_s IS NOT NULL`)
 
@@ -107,7 +110,7 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 		time.Sleep(away) // the measured outage itself
 		start := time.Now()
 		c.serve()
-		d, n := until(2*time.Minute, `SELECT count(*) FROM nodes n JOIN declarations d ON d.node = n.name
+		d, n := until(time.Minute, `SELECT count(*) FROM nodes n JOIN declarations d ON d.node = n.name
 			WHERE d.plan_version = n.plan_version AND n.serial_applied >= d.serial AND n.last_heard >= ?`, sqlite.FormatTime(start))
 		what := "serve restarted"
 		if away > 0 {
