@@ -62,38 +62,12 @@ type AssignedMany struct {
 // (each naming its node), then one write to each store and one declaration
 // to each node affected.
 func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
-	what := "assign " + strings.Join(r.Modules, " ") + " to " + nodesSaid(r.Nodes)
-	if len(r.Nodes) == 1 {
-		what = "assign " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
-	}
-	if err := CheckNames(append(slices.Clone(r.Nodes), r.Modules...)...); err != nil {
-		return AssignedMany{}, err
-	}
-	progress := r.Progress
-	if progress == nil {
-		progress = func(string, int, int) {}
-	}
-	st, snap, err := c.storesAndSnapshot(ctx)
+	ms, err := c.startMany(ctx, "assign", "to", r)
 	if err != nil {
 		return AssignedMany{}, err
 	}
+	what, st, snap, problems, onNode, progress := ms.what, ms.st, ms.snap, ms.problems, ms.onNode, ms.progress
 	inv, sec := st.Inventory, st.Secrets
-	var problems []string
-	if dup := namedTwice(r.Nodes); len(dup) > 0 {
-		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
-	}
-	var missing []string
-	for _, node := range r.Nodes {
-		if _, ok := snap.Nodes[node]; !ok {
-			missing = append(missing, node)
-		}
-	}
-	if len(missing) > 0 {
-		if len(r.Nodes) == 1 {
-			return AssignedMany{}, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
-		}
-		problems = append(problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), listSaid(missing)))
-	}
 	// What every node is given: the modules named, each registered, once.
 	var adding []inventory.Manifest
 	seen := map[string]bool{}
@@ -117,10 +91,6 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 	facts, err := inv.FactsOf(ctx, r.Nodes)
 	if err != nil {
 		return AssignedMany{}, err
-	}
-	onNode := map[string][]inventory.Assignment{} // one pass, not one a node
-	for _, a := range snap.Assignments {
-		onNode[a.Node] = append(onNode[a.Node], a)
 	}
 	out := AssignedMany{Nodes: []Assigned{}}
 	var as []inventory.Assignment
@@ -155,6 +125,58 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 	}
 	out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "assign", progress)
 	return out, err
+}
+
+// manyStart is what an act on many nodes begins with: what it is called in
+// a refusal, the stores and the mesh as read once, the problems with the
+// nodes named (twice, not known), each node's assignments, and progress.
+type manyStart struct {
+	what     string
+	st       *Stores
+	snap     *inventory.Snapshot
+	problems []string
+	onNode   map[string][]inventory.Assignment
+	progress func(stage string, done, total int)
+}
+
+// startMany begins verb (assign, unassign) on the nodes of r. One node not
+// known is an error, as for one node's act; several are a problem listed
+// with the others.
+func (c *Controller) startMany(ctx context.Context, verb, prep string, r ManyRequest) (manyStart, error) {
+	ms := manyStart{what: verb + " " + strings.Join(r.Modules, " ") + " " + prep + " " + nodesSaid(r.Nodes), progress: r.Progress}
+	if len(r.Nodes) == 1 {
+		ms.what = verb + " " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
+	}
+	if ms.progress == nil {
+		ms.progress = func(string, int, int) {}
+	}
+	if err := CheckNames(append(slices.Clone(r.Nodes), r.Modules...)...); err != nil {
+		return ms, err
+	}
+	var err error
+	if ms.st, ms.snap, err = c.storesAndSnapshot(ctx); err != nil {
+		return ms, err
+	}
+	if dup := namedTwice(r.Nodes); len(dup) > 0 {
+		ms.problems = append(ms.problems, "named twice: "+strings.Join(dup, ", "))
+	}
+	var missing []string
+	for _, node := range r.Nodes {
+		if _, ok := ms.snap.Nodes[node]; !ok {
+			missing = append(missing, node)
+		}
+	}
+	if len(missing) > 0 {
+		if len(r.Nodes) == 1 {
+			return ms, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
+		}
+		ms.problems = append(ms.problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), listSaid(missing)))
+	}
+	ms.onNode = map[string][]inventory.Assignment{} // one pass, not one a node
+	for _, a := range ms.snap.Assignments {
+		ms.onNode[a.Node] = append(ms.onNode[a.Node], a)
+	}
+	return ms, nil
 }
 
 // judgedAssign is one node's part of an assign: what it is given, and the
@@ -306,42 +328,13 @@ type UnassignedMany struct {
 // listed; a provision whose every provider leaves is judged as one), then
 // one write to each store and one declaration to each node affected.
 func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
-	what := "unassign " + strings.Join(r.Modules, " ") + " from " + nodesSaid(r.Nodes)
-	if len(r.Nodes) == 1 {
-		what = "unassign " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
-	}
-	if err := CheckNames(append(slices.Clone(r.Nodes), r.Modules...)...); err != nil {
-		return UnassignedMany{}, err
-	}
-	progress := r.Progress
-	if progress == nil {
-		progress = func(string, int, int) {}
-	}
-	st, snap, err := c.storesAndSnapshot(ctx)
+	ms, err := c.startMany(ctx, "unassign", "from", r)
 	if err != nil {
 		return UnassignedMany{}, err
 	}
-	var problems, missing []string
-	if dup := namedTwice(r.Nodes); len(dup) > 0 {
-		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
-	}
+	what, st, snap, problems, onNode, progress := ms.what, ms.st, ms.snap, ms.problems, ms.onNode, ms.progress
 	if dup := namedTwice(r.Modules); len(dup) > 0 {
 		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
-	}
-	for _, node := range r.Nodes {
-		if _, ok := snap.Nodes[node]; !ok {
-			missing = append(missing, node)
-		}
-	}
-	if len(missing) > 0 {
-		if len(r.Nodes) == 1 {
-			return UnassignedMany{}, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
-		}
-		problems = append(problems, fmt.Sprintf("%s not known: %s", Plural(len(missing), "node"), listSaid(missing)))
-	}
-	onNode := map[string][]inventory.Assignment{} // one pass, not one a node
-	for _, a := range snap.Assignments {
-		onNode[a.Node] = append(onNode[a.Node], a)
 	}
 	out := UnassignedMany{Nodes: []Unassigned{}}
 	ch := inventory.Change{}
