@@ -11,7 +11,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,9 +87,12 @@ func (c *controller) serve() time.Duration {
 	var stderr bytes.Buffer
 	c.cmd.Stderr = &stderr
 	if c.profile != "" {
+		// A file, not a writer copied through a pipe: the child keeps
+		// writing to it after this returns (a closed pipe on its stderr
+		// would kill it).
 		if f, err := os.Create(c.profile + ".log"); err == nil {
 			defer f.Close() // the child holds its own copy
-			c.cmd.Stderr = io.MultiWriter(f, &stderr)
+			c.cmd.Stderr = f
 		}
 	}
 	start := time.Now()
@@ -109,6 +111,10 @@ func (c *controller) serve() time.Duration {
 		}
 	}
 	c.cmd.Wait()
+	if c.profile != "" {
+		b, _ := os.ReadFile(c.profile + ".log")
+		stderr.Write(b)
+	}
 	c.t.Fatalf("serve ended before ready: %s", stderr.String())
 	return 0
 }
