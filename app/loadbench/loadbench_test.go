@@ -65,12 +65,19 @@ type controller struct {
 
 func (c *controller) run(args ...string) (string, time.Duration) {
 	c.t.Helper()
-	start := time.Now()
-	out, err := exec.Command(c.bin, append([]string{"--data", c.data}, args...)...).Output()
+	out, took, err := c.try(args...)
 	if err != nil {
 		c.t.Fatalf("%v: %v", args, err)
 	}
-	return string(out), time.Since(start)
+	return out, took
+}
+
+// try runs a command whose failure is a measured outcome (a roll-out that
+// did not hear every host within its wait), not the bench's.
+func (c *controller) try(args ...string) (string, time.Duration, error) {
+	start := time.Now()
+	out, err := exec.Command(c.bin, append([]string{"--data", c.data}, args...)...).Output()
+	return string(out), time.Since(start), err
 }
 
 func (c *controller) serve() time.Duration {
@@ -399,8 +406,11 @@ func fanOut(t *testing.T, c *controller, hosts int) {
 	row("fan-out: assign --nodes, one module on every node", took, applied(start), "goal: 1,000 nodes ≤ 2 s including the push")
 	c.run("module", "add", manifest("2.0.0"))
 	start = time.Now()
-	_, took = c.run("upgrade", "fan", "roll-out", "--together", "--wait", "1m")
-	row("fan-out: roll-out --together", took, applied(start), "goal: all applied ≤ 1.5 s p99")
+	goal := "goal: all applied ≤ 1.5 s p99"
+	if _, took, err = c.try("upgrade", "fan", "roll-out", "--together", "--wait", "1m"); err != nil {
+		goal += "; the roll-out said: " + err.Error()
+	}
+	row("fan-out: roll-out --together", took, applied(start), goal)
 	add("fan-out: roll-out --together, the controller's parts (max of the acts so far)", parts(), "durations --kind declare")
 	settings := filepath.Join(c.data, "settings.json")
 	os.WriteFile(settings, []byte(`{"workers": 4}`), 0o600)
