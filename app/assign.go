@@ -170,7 +170,7 @@ func (c *Controller) startMany(ctx context.Context, verb, prep string, r ManyReq
 		if len(r.Nodes) == 1 {
 			return ms, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
 		}
-		ms.problems = append(ms.problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), listSaid(missing)))
+		ms.problems = append(ms.problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), nameList(missing)))
 	}
 	ms.onNode = map[string][]inventory.Assignment{} // one pass, not one a node
 	for _, a := range ms.snap.Assignments {
@@ -255,14 +255,6 @@ func nodesSaid(nodes []string) string {
 		return strings.Join(nodes, " ")
 	}
 	return Plural(len(nodes), "node")
-}
-
-// listSaid names up to ten, then says how many more.
-func listSaid(names []string) string {
-	if len(names) <= 10 {
-		return strings.Join(names, ", ")
-	}
-	return strings.Join(names[:10], ", ") + fmt.Sprintf(" and %d more", len(names)-10)
 }
 
 // undeliverable says which of these nodes' plans, on the mesh as it would

@@ -48,12 +48,24 @@ var ErrBuildFailed = errors.New("the build did not register a version")
 // paused.
 func builders(snap *inventory.Snapshot, paused []builds.Pause) []inventory.Holder {
 	var out []inventory.Holder
-	for _, h := range snap.Seats.Holders[snap.Seats.SeatName(buildSeat)] {
+	for _, h := range buildSeatHolders(snap) {
 		if _, ok := builds.PausedFor(paused, h.Node); !ok {
 			out = append(out, h)
 		}
 	}
 	return out
+}
+
+// buildSeatHolders are the holders of the build seat, paused or not.
+func buildSeatHolders(snap *inventory.Snapshot) []inventory.Holder {
+	return snap.Seats.Holders[snap.Seats.SeatName(buildSeat)]
+}
+
+// noBuildSeatHolder says no module holds the build seat, so an ask (or a
+// plan's) can only wait; a mesh that cannot be read is not said to lack one.
+func (c *Controller) noBuildSeatHolder(ctx context.Context, st *Stores) bool {
+	snap, err := st.Inventory.Snapshot(ctx)
+	return err == nil && len(buildSeatHolders(snap)) == 0
 }
 
 // DispatchBuilds is the serving controller's round of the build queue: asks
@@ -247,7 +259,7 @@ func fromBuilder(reply string, a builds.Ask, snap *inventory.Snapshot) bool {
 	if node, _, _ := strings.Cut(a.Builder, "/"); node != "" && a.State == builds.InFlight {
 		return under(node)
 	}
-	for _, h := range snap.Seats.Holders[snap.Seats.SeatName(buildSeat)] {
+	for _, h := range buildSeatHolders(snap) {
 		if under(h.Node) {
 			return true
 		}
@@ -299,7 +311,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 		return builds.Ask{}, err
 	}
 	r.Progress(fmt.Sprintf("%s: waiting for a builder (%s%s)", a.ID, a.Repository, map[bool]string{true: " at " + a.Ref, false: ""}[a.Ref != ""]))
-	if snap, err := st.Inventory.Snapshot(ctx); err == nil && len(snap.Seats.Holders[snap.Seats.SeatName(buildSeat)]) == 0 {
+	if c.noBuildSeatHolder(ctx, st) {
 		if r.NoWait {
 			r.Progress("no module holds the build seat yet: the ask waits until one does")
 			return a, nil

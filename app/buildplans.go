@@ -98,7 +98,7 @@ func (c *Controller) BuildPlan(ctx context.Context, r PlanRequest) (builds.Plan,
 	for _, s := range p.Steps {
 		r.Progress(StepLine(s))
 	}
-	if snap, err := st.Inventory.Snapshot(ctx); err == nil && len(snap.Seats.Holders[snap.Seats.SeatName(buildSeat)]) == 0 {
+	if c.noBuildSeatHolder(ctx, st) {
 		if r.NoWait {
 			r.Progress("no module holds the build seat yet: the plan's builds wait until one does")
 			return p, nil
@@ -335,7 +335,7 @@ func (c *Controller) PlanStop(ctx context.Context, id, why string) (builds.Plan,
 	if err != nil {
 		return p, nil, err
 	}
-	return p, inFlight, c.recordHand(ctx, fmt.Sprintf("stop build plan %s (%s)", p.ID, planWhat(p)), why, "build", "")
+	return p, inFlight, c.recordHand(ctx, fmt.Sprintf("stop build plan %s (%s)", p.ID, PlanWhat(p)), why, "build", "")
 }
 
 // PlanClose ends a failed plan by hand, not to be retried (a hand act).
@@ -351,11 +351,12 @@ func (c *Controller) PlanClose(ctx context.Context, id, why string) (builds.Plan
 	if err != nil {
 		return p, err
 	}
-	return p, c.recordHand(ctx, fmt.Sprintf("close build plan %s (%s)", p.ID, planWhat(p)), why, "build", "")
+	return p, c.recordHand(ctx, fmt.Sprintf("close build plan %s (%s)", p.ID, PlanWhat(p)), why, "build", "")
 }
 
-// planWhat says what a plan builds: "behind their source" or "standing on X".
-func planWhat(p builds.Plan) string {
+// PlanWhat says what a plan builds: "modules behind their source" or
+// "modules standing on X".
+func PlanWhat(p builds.Plan) string {
 	if p.Kind == builds.KindOn {
 		return "modules standing on " + p.Base
 	}

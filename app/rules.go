@@ -292,7 +292,7 @@ var rules = []rule{
 			return nil
 		}
 		why := "no module holds the build seat"
-		if len(in.snap.Seats.Holders[in.snap.Seats.SeatName(buildSeat)]) > 0 {
+		if len(buildSeatHolders(in.snap)) > 0 {
 			why = "every holder of the build seat is paused"
 		}
 		return []health.Condition{{Key: "build.no-builder", Kind: "build.no-builder", Scope: "mesh", Severity: health.Warning,

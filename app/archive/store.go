@@ -67,7 +67,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 		return fmt.Errorf("the archives bucket %s: %w", b, err)
 	}
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:        "OBJ_" + protocol.ArchiveBucket,
+		Name:        streamName,
 		Description: "module archives, each named by its sha256",
 		Subjects:    []string{"$O." + protocol.ArchiveBucket + ".C.>", "$O." + protocol.ArchiveBucket + ".M.>"},
 		Storage:     jetstream.FileStorage,
@@ -89,16 +89,27 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 
 // Bucket opens the archives bucket.
 func Bucket(ctx context.Context, nc *nats.Conn, opts ...jetstream.JetStreamOpt) (jetstream.ObjectStore, error) {
+	_, store, err := bucket(ctx, nc, opts...)
+	return store, err
+}
+
+// bucket opens the archives bucket, with the JetStream context it opened
+// it through (for what the object store does not do: consumers, the
+// stream's chunk subjects).
+func bucket(ctx context.Context, nc *nats.Conn, opts ...jetstream.JetStreamOpt) (jetstream.JetStream, jetstream.ObjectStore, error) {
 	js, err := jetstream.New(nc, opts...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	store, err := js.ObjectStore(ctx, protocol.ArchiveBucket)
 	if err != nil {
-		return nil, fmt.Errorf("the archives bucket %s: %w", protocol.ArchiveBucket, err)
+		return nil, nil, fmt.Errorf("the archives bucket %s: %w", protocol.ArchiveBucket, err)
 	}
-	return store, nil
+	return js, store, nil
 }
+
+// streamName is the stream nats.go keeps the archives bucket in.
+const streamName = "OBJ_" + protocol.ArchiveBucket
 
 // objectDigest is the sha256 (hex) of an object as its meta records it
 // (nats.go's "SHA-256=<base64url>"), "" if it records none.
@@ -212,7 +223,7 @@ func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64,
 		return 0, fmt.Errorf("get archive %q: %w", digest, ErrNotDigest)
 	}
 	fail := func(err error) error { return fmt.Errorf("get archive %s: %w", digest, err) }
-	store, err := Bucket(ctx, nc)
+	js, store, err := bucket(ctx, nc)
 	if err != nil {
 		return 0, fail(err)
 	}
@@ -233,12 +244,7 @@ func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64,
 	if size == 0 {
 		return 0, nil
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, fail(err)
-	}
-	stream := "OBJ_" + protocol.ArchiveBucket
-	cons, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+	cons, err := js.CreateConsumer(ctx, streamName, jetstream.ConsumerConfig{
 		FilterSubject: chunkSubject(info.NUID),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckNonePolicy,
@@ -251,7 +257,7 @@ func Get(ctx context.Context, nc *nats.Conn, digest string, w io.Writer) (int64,
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), protocol.AnswerTimeout)
-		_ = js.DeleteConsumer(dctx, stream, cons.CachedInfo().Name)
+		_ = js.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
 		cancel()
 	}()
 	h := sha256.New()
@@ -334,7 +340,7 @@ type Leftover struct {
 // List returns every archive the bucket holds, by digest, and the
 // leftovers of puts that never ended.
 func List(ctx context.Context, nc *nats.Conn) ([]Stored, []Leftover, error) {
-	store, err := Bucket(ctx, nc)
+	js, store, err := bucket(ctx, nc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -349,11 +355,7 @@ func List(ctx context.Context, nc *nats.Conn) ([]Stored, []Leftover, error) {
 		out = append(out, Stored{Digest: info.Name, Bytes: int64(info.Size), StoredAt: info.ModTime.UTC()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Digest < out[j].Digest })
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, nil, err
-	}
-	stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
+	stream, err := js.Stream(ctx, streamName)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list archives: %w", err)
 	}
@@ -405,7 +407,7 @@ func PurgeLeftover(ctx context.Context, nc *nats.Conn, subject string) error {
 	if err != nil {
 		return err
 	}
-	stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
+	stream, err := js.Stream(ctx, streamName)
 	if err != nil {
 		return err
 	}

@@ -108,11 +108,7 @@ func (c *PlansListCmd) Run(env *Env) error {
 
 // printPlan prints a plan's line and one line per step.
 func printPlan(env *Env, p builds.Plan) {
-	what := "modules behind their source"
-	if p.Kind == builds.KindOn {
-		what = "modules standing on " + p.Base
-	}
-	line := fmt.Sprintf("%s  %s  %s, made %s", p.ID, p.State, what, p.MadeAt.Format(timeShown))
+	line := fmt.Sprintf("%s  %s  %s, made %s", p.ID, p.State, app.PlanWhat(p), p.MadeAt.Format(timeShown))
 	if p.Why != "" {
 		line += ": " + p.Why
 	}

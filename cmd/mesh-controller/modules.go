@@ -232,11 +232,15 @@ func (c *SettingsClearCmd) Run(env *Env) error {
 	return nil
 }
 
+// manyLines is how many nodes an act's output lists a line each; beyond
+// it, the act is summed up (a line per node of thousands says nothing).
+const manyLines = 20
+
 // printPushed says, per node, whether its new declaration was sent.
 func printPushed(env *Env, pushed []app.Pushed) {
 	var later []string
 	sent, kept := 0, 0
-	many := len(pushed) > 20 // a line per node of thousands says nothing
+	many := len(pushed) > manyLines
 	for _, p := range pushed {
 		switch {
 		case p.Problem != "":
@@ -259,7 +263,7 @@ func printPushed(env *Env, pushed []app.Pushed) {
 	}
 	if len(later) > 0 {
 		who := strings.Join(later, ", ")
-		if len(later) > 20 {
+		if len(later) > manyLines {
 			who = app.Plural(len(later), "node")
 		}
 		fmt.Fprintf(env.Stderr, "%s will be sent theirs when 'mesh-controller serve' runs (%s)\n", who, pushedWhy(pushed))
@@ -294,7 +298,7 @@ func (c *AssignCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if len(r.Nodes) > 20 {
+	if len(r.Nodes) > manyLines {
 		fmt.Fprintf(env.Stdout, "%s assigned to %d nodes\n", strings.Join(modules, " "), len(r.Nodes))
 	}
 	for _, a := range r.Nodes {

@@ -49,7 +49,7 @@ func (c *NodeRemoveCmd) Run(env *Env) error {
 		return printJSON(env.Stdout, r)
 	}
 	for _, n := range r.Nodes {
-		if n.Unassigned == nil && len(n.Kept) == 0 && len(n.SeatsEmptied) == 0 && len(r.Nodes) > 20 {
+		if n.Unassigned == nil && len(n.Kept) == 0 && len(n.SeatsEmptied) == 0 && len(r.Nodes) > manyLines {
 			continue // a load test's nodes: the summary names them
 		}
 		fmt.Fprintf(env.Stdout, "node %s removed\n", n.Name)
@@ -69,7 +69,7 @@ func (c *NodeRemoveCmd) Run(env *Env) error {
 				what, cl.State, dash(cl.Precious), size(cl.Bytes))
 		}
 	}
-	if len(r.Nodes) > 20 {
+	if len(r.Nodes) > manyLines {
 		fmt.Fprintf(env.Stdout, "removed %d nodes\n", len(r.Nodes))
 	}
 	for _, d := range r.Cancelled {
