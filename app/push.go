@@ -27,6 +27,9 @@ type Pushed struct {
 	NotSent string `json:"not_sent,omitempty"`
 	// Problem says why no declaration was made: the plan cannot stand.
 	Problem string `json:"problem,omitempty"`
+	// Declared says another act had declared this plan already (a declarer
+	// asked for nodes still behind only): Serial is that act's.
+	Declared bool `json:"already_declared,omitempty"`
 }
 
 // declarer makes declarations from plans and sends them.
@@ -45,6 +48,9 @@ type declarer struct {
 	// of kind "declare"); took says it too.
 	hs   *health.Store
 	took DeclareTimes
+	// ifBehind declares only nodes whose latest declaration is still
+	// behind the plan read (the catch-up, beside acts that declare).
+	ifBehind bool
 }
 
 // DeclareTimes is how long declaring to many nodes took, part by part:
@@ -98,7 +104,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 			continue
 		}
 		body := np.Body
-		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: np.PlanVersion, Sign: d.signer(body)})
+		reqs = append(reqs, inventory.DeclarationRequest{Node: node, PlanVersion: np.PlanVersion, Sign: d.signer(body), IfBehind: d.ifBehind})
 		at = append(at, len(out)-1)
 	}
 	d.took = DeclareTimes{Nodes: len(reqs), Plan: time.Since(planStart)}
@@ -117,6 +123,10 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		tell("sent", k, len(decls))
 		p := &out[at[k]]
 		p.Serial = decl.Serial
+		if decl.Declared {
+			p.Declared = true
+			continue
+		}
 		if d.nc == nil {
 			p.NotSent = d.notSent
 		} else if err := daemon.PublishDeclaration(d.nc, decl); err != nil {

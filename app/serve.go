@@ -21,6 +21,7 @@ import (
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
+	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/broker"
 )
 
@@ -268,6 +269,12 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (ou
 	if err != nil {
 		return nil, 0, err
 	}
+	return c.catchUpFrom(ctx, nc, st, snap, start)
+}
+
+// catchUpFrom is catchUp from a snapshot already read: an act may have
+// declared since.
+func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
 	// What an act stopped between stores left undone, and what a node that
 	// joined waited for: the secrets the mesh makes for what is assigned
 	// (moving those nodes' plans), then the nodes behind their plan are
@@ -304,8 +311,14 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (ou
 	if err != nil {
 		return out, made, err
 	}
-	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now}
+	// An act may be declaring these very nodes now (it moved their plans
+	// before this snapshot, and keeps its declarations after): only those
+	// still behind when the serials are read are declared here.
+	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
 	for _, p := range dec.declare(ctx, snap, ahead) {
+		if p.Declared {
+			continue
+		}
 		out = append(out, daemon.Declared{Node: p.Node, Serial: p.Serial, Sent: p.Sent, NotSent: p.NotSent, Problem: p.Problem})
 	}
 	return out, made, nil

@@ -23,6 +23,10 @@ type Declaration struct {
 	Key       string
 	// PlanVersion is the node's plan version it was made from (0 for a hand-written one).
 	PlanVersion int64
+	// Declared says the request asked only for a node still behind
+	// (DeclarationRequest.IfBehind) and another act had already declared
+	// this plan: nothing was made, and Serial is that act's.
+	Declared bool
 }
 
 // CurrentPlan asks SaveDeclaration to record the node's plan version as it is.
@@ -49,6 +53,11 @@ type DeclarationRequest struct {
 	Node        string
 	PlanVersion int64
 	Sign        Signer
+	// IfBehind makes nothing when the node's latest declaration already
+	// carries this plan version or a later one (and its host is not ahead of
+	// it): the catch-up reads the plan an act has just moved, and must not
+	// declare to every node a second time what the act is declaring.
+	IfBehind bool
 }
 
 // SaveDeclarations numbers, signs and keeps many nodes' next declarations in
@@ -79,10 +88,10 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 		for i, r := range reqs {
 			names[i] = r.Node
 		}
-		type serials struct{ planVersion, last, applied int64 }
+		type serials struct{ planVersion, last, applied, declaredPlan int64 }
 		known := make(map[string]serials, len(reqs))
 		err := sqlite.InChunks(names, func(marks string, args []any) error {
-			rows, err := tx.QueryContext(ctx, `SELECT n.name, n.plan_version, coalesce(d.serial, 0), n.serial_applied FROM nodes n
+			rows, err := tx.QueryContext(ctx, `SELECT n.name, n.plan_version, coalesce(d.serial, 0), n.serial_applied, coalesce(d.plan_version, 0) FROM nodes n
 				LEFT JOIN declarations d ON d.node = n.name WHERE n.name IN (`+marks+`)`, args...)
 			if err != nil {
 				return err
@@ -91,7 +100,7 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 			for rows.Next() {
 				var name string
 				var sv serials
-				if err := rows.Scan(&name, &sv.planVersion, &sv.last, &sv.applied); err != nil {
+				if err := rows.Scan(&name, &sv.planVersion, &sv.last, &sv.applied, &sv.declaredPlan); err != nil {
 					return err
 				}
 				known[name] = sv
@@ -102,11 +111,18 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 			return err
 		}
 		issued := now.UTC().Truncate(time.Second)
+		// made are the requests that make a declaration, in order.
+		made := make([]int, 0, len(reqs))
 		for i, r := range reqs {
 			sv, ok := known[r.Node]
 			if !ok {
 				return fmt.Errorf("node %s %w", r.Node, ErrNodeNotFound)
 			}
+			if r.IfBehind && r.PlanVersion != CurrentPlan && sv.declaredPlan >= r.PlanVersion && sv.last >= sv.applied {
+				out[i] = Declaration{Node: r.Node, Serial: sv.last, PlanVersion: sv.declaredPlan, Declared: true}
+				continue
+			}
+			made = append(made, i)
 			d := Declaration{Node: r.Node, IssuedAt: issued, PlanVersion: r.PlanVersion}
 			// Above what the host applied too: after a restore from a backup,
 			// a host may have applied serials this store never saw, and it
@@ -118,7 +134,7 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 			out[i] = d
 		}
 		signStart := time.Now()
-		if err := signAll(reqs, out); err != nil {
+		if err := signAll(reqs, out, made); err != nil {
 			return err
 		}
 		times.Sign = time.Since(signStart)
@@ -128,7 +144,8 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 		}
 		defer stmt.Close()
 		at := sqlite.FormatTime(issued)
-		for _, d := range out {
+		for _, i := range made {
+			d := out[i]
 			if _, err := stmt.ExecContext(ctx, d.Node, d.Serial, at, d.Body, d.Signature, d.Key, d.PlanVersion); err != nil {
 				return err
 			}
@@ -148,15 +165,16 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 // signAll has each request's signer make its declaration's body and
 // signature, on as many goroutines as there are cores: ed25519 signing is
 // the costly part of declaring to thousands of nodes at once.
-func signAll(reqs []DeclarationRequest, out []Declaration) error {
-	workers := min(runtime.GOMAXPROCS(0), max(len(reqs)/64, 1))
+func signAll(reqs []DeclarationRequest, out []Declaration, made []int) error {
+	workers := min(runtime.GOMAXPROCS(0), max(len(made)/64, 1))
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < len(reqs); i += workers {
+			for k := w; k < len(made); k += workers {
+				i := made[k]
 				d := &out[i]
 				var err error
 				if d.Body, d.Signature, d.Key, err = reqs[i].Sign(d.Serial, d.IssuedAt); err != nil {

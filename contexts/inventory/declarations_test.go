@@ -1,0 +1,60 @@
+package inventory
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestSaveDeclarations_IfBehind: a request for nodes still behind makes
+// nothing for a node whose latest declaration already carries the plan
+// version asked (another act declared it), and declares the others: a
+// later plan, or a host that applied more than the store ever made.
+func TestSaveDeclarations_IfBehind(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	for _, n := range []string{"a", "b", "c"} {
+		if _, err := s.AddNode(ctx, n, Converged, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signs := 0
+	sign := func(serial int64, _ time.Time) (string, string, string, error) {
+		signs++
+		return "{}", "sig", "key", nil
+	}
+	first := []DeclarationRequest{{Node: "a", PlanVersion: 3, Sign: sign}, {Node: "b", PlanVersion: 3, Sign: sign}, {Node: "c", PlanVersion: 3, Sign: sign}}
+	if _, err := s.SaveDeclarations(ctx, first, now); err != nil {
+		t.Fatal(err)
+	}
+	// c's host applied serial 7, which this store never made (a restore).
+	if err := s.RecordOutcome(ctx, "c", Outcome{Serial: 7, OK: true, At: now}); err != nil {
+		t.Fatal(err)
+	}
+	signs = 0
+	again := []DeclarationRequest{
+		{Node: "a", PlanVersion: 3, Sign: sign, IfBehind: true}, // declared already
+		{Node: "b", PlanVersion: 4, Sign: sign, IfBehind: true}, // its plan moved on
+		{Node: "c", PlanVersion: 3, Sign: sign, IfBehind: true}, // its host is ahead
+	}
+	ds, err := s.SaveDeclarations(ctx, again, now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ds[0].Declared || ds[0].Serial != 1 {
+		t.Errorf("a: got %+v, want nothing made and serial 1 said", ds[0])
+	}
+	if ds[1].Declared || ds[1].Serial != 2 || ds[1].PlanVersion != 4 {
+		t.Errorf("b: got %+v, want serial 2 at plan 4", ds[1])
+	}
+	if ds[2].Declared || ds[2].Serial != 8 {
+		t.Errorf("c: got %+v, want serial 8, above what its host applied", ds[2])
+	}
+	if signs != 2 {
+		t.Errorf("%d signed, want 2: nothing is signed for a node declared already", signs)
+	}
+	if d, err := s.LatestDeclaration(ctx, "a"); err != nil || d.Serial != 1 {
+		t.Errorf("a's latest: %+v, %v; want serial 1 kept", d, err)
+	}
+}
