@@ -275,6 +275,9 @@ type daemon struct {
 	// asks are hosts' asks for their latest declaration, waiting for the
 	// ask workers.
 	asks chan queued
+	// applied are hosts' verified apply reports, waiting for the outcome
+	// writer to keep them, many to a transaction.
+	applied chan applied
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -337,6 +340,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	d := &daemon{st: st, u: u, o: o, log: o.Log,
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
+		applied:   make(chan applied, appliedQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
@@ -390,6 +394,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	for range askWorkers {
 		workers.Go(func() { d.askWorker(ctx) })
 	}
+	workers.Go(func() { d.outcomeWriter(ctx) })
 	go func() {
 		workers.Wait()
 		close(joinsDone)

@@ -221,6 +221,23 @@ func clip(s string) string {
 	return s
 }
 
+// applied is one host's verified apply report, waiting to be kept.
+type applied struct {
+	m    *nats.Msg
+	node string
+	body protocol.AppliedBody
+	at   time.Time
+}
+
+// How apply reports wait for the outcome writer: a roll-out to ten
+// thousand nodes is answered by ten thousand reports within a second or
+// two, each an update of its node; kept one transaction each they took
+// ten seconds, kept up to appliedBatch at once they take a few commits.
+const (
+	appliedQueue = 1 << 14
+	appliedBatch = 1024
+)
+
 func (d *daemon) onApplied(m *nats.Msg) {
 	var a protocol.AppliedBody
 	node, ok := d.verify(m, protocol.Applied, &a)
@@ -232,27 +249,75 @@ func (d *daemon) onApplied(m *nats.Msg) {
 		d.respondTo(m, node, protocol.OKReply{Error: "too many tiers"})
 		return
 	}
-	now := d.u.Now()
-	err := d.st.Inventory.RecordOutcome(context.Background(), node, inventory.Outcome{Serial: a.Serial, OK: a.OK, Error: clip(a.Error), TotalMS: a.TotalMS, At: now})
-	if err != nil {
-		d.logf("record the apply outcome of %s: %v", node, err)
-		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
+	select {
+	case d.applied <- applied{m: m, node: node, body: a, at: d.u.Now()}:
+	default:
+		// Past the queue's bound the host is told, and reports again.
+		d.o.Counters.Dropped.Add(1)
+		d.respondTo(m, node, protocol.OKReply{Error: "not recorded: the controller is busy"})
+	}
+}
+
+// outcomeWriter keeps apply reports until ctx ends: whatever waits is taken
+// together (up to appliedBatch), kept in one transaction, then answered,
+// so the hosts hear "recorded" only once it is.
+func (d *daemon) outcomeWriter(ctx context.Context) {
+	batch := make([]applied, 0, appliedBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-d.applied:
+			batch = append(batch[:0], a)
+		}
+	more:
+		for len(batch) < appliedBatch {
+			select {
+			case a := <-d.applied:
+				batch = append(batch, a)
+			default:
+				break more
+			}
+		}
+		d.keepOutcomes(ctx, batch)
+	}
+}
+
+// keepOutcomes keeps a batch of apply reports in one transaction, hands
+// their durations and module states to the loop, and answers each host.
+func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
+	outcomes := make([]inventory.NodeOutcome, len(batch))
+	for i, a := range batch {
+		outcomes[i] = inventory.NodeOutcome{Node: a.node, Outcome: inventory.Outcome{Serial: a.body.Serial, OK: a.body.OK, Error: clip(a.body.Error), TotalMS: a.body.TotalMS, At: a.at}}
+	}
+	if err := d.st.Inventory.RecordOutcomes(ctx, outcomes); err != nil {
+		d.logf("record the apply outcomes of %d nodes: %v", len(batch), err)
+		for _, a := range batch {
+			d.respondTo(a.m, a.node, protocol.OKReply{Error: "not recorded"})
+		}
 		return
 	}
-	d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
-	if a.Modules != nil {
-		d.handOver(event{kind: evModules, node: node, at: now, modules: a.Modules})
+	failed := false
+	for _, x := range batch {
+		a, node, now := x.body, x.node, x.at
+		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
+		if a.Modules != nil {
+			d.handOver(event{kind: evModules, node: node, at: now, modules: a.Modules})
+		}
+		for _, t := range a.Tiers {
+			d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})
+		}
+		if a.OK {
+			d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
+		} else {
+			d.logf("%s refused or failed declaration %d: %s", node, a.Serial, clip(a.Error))
+			failed = true
+		}
+		d.respondTo(x.m, node, protocol.OKReply{OK: true})
 	}
-	for _, t := range a.Tiers {
-		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})
-	}
-	if a.OK {
-		d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
-	} else {
-		d.logf("%s refused or failed declaration %d: %s", node, a.Serial, clip(a.Error))
+	if failed {
 		d.kick()
 	}
-	d.respondTo(m, node, protocol.OKReply{OK: true})
 }
 
 func (d *daemon) onData(m *nats.Msg) {

@@ -183,13 +183,36 @@ func (s *Store) FactsOf(ctx context.Context, nodes []string) (map[string][]Fact,
 // RecordOutcome keeps a node's latest apply outcome; a successful apply also
 // moves its applied serial.
 func (s *Store) RecordOutcome(ctx context.Context, node string, o Outcome) error {
-	_, err := s.db.Writer.ExecContext(ctx, `UPDATE nodes SET applied_serial = ?, applied_ok = ?, applied_error = ?, applied_ms = ?, applied_at = ?, last_heard = ?,
-		serial_applied = CASE WHEN ? THEN max(serial_applied, ?) ELSE serial_applied END WHERE name = ?`,
-		o.Serial, o.OK, o.Error, o.TotalMS, sqlite.FormatTime(o.At), sqlite.FormatTime(o.At), o.OK, o.Serial, node)
-	if err != nil {
+	if err := s.RecordOutcomes(ctx, []NodeOutcome{{Node: node, Outcome: o}}); err != nil {
 		return fmt.Errorf("record apply outcome of %s: %w", node, err)
 	}
 	return nil
+}
+
+// NodeOutcome is one node's apply outcome, as a host reported it.
+type NodeOutcome struct {
+	Node string
+	Outcome
+}
+
+// RecordOutcomes keeps many nodes' apply outcomes in one transaction: ten
+// thousand hosts reporting one roll-out are a few writes, not ten thousand.
+func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) error {
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET applied_serial = ?, applied_ok = ?, applied_error = ?, applied_ms = ?, applied_at = ?, last_heard = ?,
+			serial_applied = CASE WHEN ? AND serial_applied < ? THEN ? ELSE serial_applied END WHERE name = ?`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, o := range outcomes {
+			at := sqlite.FormatTime(o.At)
+			if _, err := stmt.ExecContext(ctx, o.Serial, o.OK, o.Error, o.TotalMS, at, at, o.OK, o.Serial, o.Serial, o.Node); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // RecordDataSets replaces a node's reported data sets.
