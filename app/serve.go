@@ -264,7 +264,16 @@ var tokenRefusals = map[error]string{
 // behind its plan (changed while no broker was reachable); at start it also
 // resends their latest to nodes that have not applied it. made counts the
 // nodes it made secrets for.
-func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start bool) (out []daemon.Declared, made int, err error) {
+func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []daemon.Declared, made int, err error) {
+	if !thorough {
+		st, err := c.stores(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		if ahead, err := st.Inventory.AnyAhead(ctx); err != nil || !ahead {
+			return nil, 0, err
+		}
+	}
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, 0, err

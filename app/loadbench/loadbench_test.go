@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -77,7 +78,14 @@ func (c *controller) run(args ...string) (string, time.Duration) {
 func (c *controller) try(args ...string) (string, time.Duration, error) {
 	start := time.Now()
 	out, err := exec.Command(c.bin, append([]string{"--data", c.data}, args...)...).Output()
-	return string(out), time.Since(start), err
+	took := time.Since(start)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		// What the command said, not only how it exited: its last line.
+		lines := strings.Split(strings.TrimSpace(string(ee.Stderr)), "\n")
+		err = fmt.Errorf("%w: %s", err, lines[len(lines)-1])
+	}
+	return string(out), took, err
 }
 
 func (c *controller) serve() time.Duration {

@@ -211,6 +211,19 @@ func (s *Store) Behind(ctx context.Context) ([]string, error) {
 	return sqlite.Strings(ctx, s.db.Reader, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
 }
 
+// AnyAhead says whether any node's plan moved past its latest declaration,
+// or its host applied a serial above it (a store restored from a backup):
+// what the catch-up declares. One query, however many nodes.
+func (s *Store) AnyAhead(ctx context.Context) (bool, error) {
+	var any bool
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM nodes n LEFT JOIN declarations d ON d.node = n.name
+		WHERE n.plan_version > coalesce(d.plan_version, 0) OR n.serial_applied > coalesce(d.serial, 0))`).Scan(&any)
+	if err != nil {
+		return false, fmt.Errorf("read whether any node is ahead of its declaration: %w", err)
+	}
+	return any, nil
+}
+
 // DeclaredAt returns when each node's latest declaration was issued, in one query.
 func (s *Store) DeclaredAt(ctx context.Context) (map[string]time.Time, error) {
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, issued_at FROM declarations`)

@@ -58,3 +58,33 @@ func TestSaveDeclarations_IfBehind(t *testing.T) {
 		t.Errorf("a's latest: %+v, %v; want serial 1 kept", d, err)
 	}
 }
+
+// TestAnyAhead: the catch-up's one question is true exactly when a node's
+// plan moved past its latest declaration or its host applied above it.
+func TestAnyAhead(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	ahead := func(want bool, when string) {
+		t.Helper()
+		if got, err := s.AnyAhead(ctx); err != nil || got != want {
+			t.Fatalf("%s: AnyAhead %v, %v; want %v", when, got, err, want)
+		}
+	}
+	ahead(false, "no nodes")
+	s.AddNode(ctx, "a", Converged, now)
+	ahead(false, "a node with no plan and no declaration")
+	if err := s.Apply(ctx, Change{Bump: []string{"a"}}, now); err != nil {
+		t.Fatal(err)
+	}
+	ahead(true, "its plan moved")
+	sign := func(int64, time.Time) (string, string, string, error) { return "{}", "s", "k", nil }
+	if _, err := s.SaveDeclaration(ctx, "a", CurrentPlan, sign, now); err != nil {
+		t.Fatal(err)
+	}
+	ahead(false, "declared")
+	if err := s.RecordOutcome(ctx, "a", Outcome{Serial: 5, OK: true, At: now}); err != nil {
+		t.Fatal(err)
+	}
+	ahead(true, "its host applied a serial this store never made")
+}
