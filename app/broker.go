@@ -294,6 +294,8 @@ type BrokerView struct {
 	Users        []UserView `json:"users"`
 	// Trust is set for an external broker: its configuration.
 	Trust *ExternalTrust `json:"trust,omitempty"`
+	// Controllers says which controller serves and which stand by.
+	Controllers ControllersView `json:"controllers"`
 }
 
 // DefaultListen is where serve's embedded broker listens unless told otherwise.
@@ -316,6 +318,9 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	v.Account, _ = keys.Account.PublicKey()
 	v.JoinAccount, _ = keys.Join.PublicKey()
 	v.AdmitAccount, _ = keys.Admit.PublicKey()
+	if v.Controllers, err = controllersOf(ctx, ids, c.Now()); err != nil {
+		return BrokerView{}, err
+	}
 	// Serving means ready: the lease names the broker only once it answers.
 	if l, err := ids.Lease(ctx); err == nil && l != nil && l.ExpiresAt.After(c.Now()) && l.BrokerURL != "" {
 		v.Serving = true

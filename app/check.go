@@ -128,6 +128,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 			}
 			probe("lease", err, "held by this process")
 		}
+		cv, err := controllersOf(ctx, ids, now)
+		probe("controllers", err, cv.String())
 		probe("broker", c.probeBroker(ctx, ids, o.NC), "answers a round trip")
 		in.reuses, err = ids.TokenReuses(ctx)
 		fail("identity", "read reused tokens", err)

@@ -31,6 +31,9 @@ type ServeOptions struct {
 	Listen string
 	// Ready is called once the daemon serves, with where its broker is.
 	Ready func(Ready)
+	// Standing is called when this controller stands by (with --broker
+	// only), naming the live lease it waits for.
+	Standing func(identity.Lease)
 	// Log receives the daemon's log lines.
 	Log io.Writer
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the
@@ -101,7 +104,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
-		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
+		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
+		RaiseFences: st.raiseFences,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
@@ -112,6 +116,21 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			return []daemon.Job{{Name: "backup", Due: backups.due, Run: backups.run, Stop: backups.stop}}, nil
 		},
 	})
+}
+
+// fencedContexts are the contexts whose stores keep a fence (licences has
+// no store of its own yet).
+var fencedContexts = []string{"inventory", "identity", "secrets", "builds", "health"}
+
+// raiseFences raises every store's fence to a new lease generation: from
+// then on each refuses a write carrying an older one.
+func (st *Stores) raiseFences(ctx context.Context, generation int64) error {
+	for _, name := range fencedContexts {
+		if err := st.DB(name).RaiseFence(ctx, generation); err != nil {
+			return fmt.Errorf("%s store: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // serving is what a serving controller reads once when it starts: its

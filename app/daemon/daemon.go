@@ -29,13 +29,17 @@ import (
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/broker"
+	"mesh-controller/embedded/sqlite"
 )
 
 // The daemon's intervals and timeouts, named once.
 const (
 	// DefaultLeaseTTL is how long the lease lasts unrenewed; it is renewed
-	// at a third of it.
-	DefaultLeaseTTL = 15 * time.Second
+	// at a third of it. A standby takes over within it (and its poll) of
+	// the serving controller's death: the bound is 15 s.
+	DefaultLeaseTTL = 10 * time.Second
+	// standbyPoll is how often a standby reads the lease, at most.
+	standbyPoll = 500 * time.Millisecond
 	// DefaultFlushEvery is how often absorbed heartbeats are written.
 	DefaultFlushEvery = time.Second
 	// DefaultCatchUpEvery is how often nodes behind their plan are declared.
@@ -83,6 +87,14 @@ type Options struct {
 	DataDir string
 	// Ready is called once the daemon serves, with where its broker is.
 	Ready func(Ready)
+	// Standing is called when this controller stands by (only with an
+	// external Broker: an embedded one cannot be shared), naming the live
+	// lease it waits for, and again whenever its holder changes.
+	Standing func(identity.Lease)
+	// RaiseFences raises every store's fence to a new lease generation
+	// (the identity store's is raised with the lease itself) before this
+	// controller serves, so that a deposed one's writes are refused.
+	RaiseFences func(ctx context.Context, generation int64) error
 	// Log receives the daemon's log lines.
 	Log io.Writer
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the default.
@@ -259,13 +271,18 @@ type event struct {
 	modules []protocol.ModuleState
 }
 
-// daemon is one serving controller.
+// daemon is one serving controller, for one term of the lease.
 type daemon struct {
-	st   Stores
-	u    UseCases
-	o    Options
-	log  io.Writer
-	logm sync.Mutex
+	*logger
+	st Stores
+	u  UseCases
+	o  Options
+	// bg is the background context of the handlers' writes: it carries the
+	// lease generation, so that the stores' fences refuse them once this
+	// controller is deposed.
+	bg context.Context
+	// lost hears, from any write, that the fence refused it.
+	lost chan error
 
 	nc  *nats.Conn // hosts' reports and requests
 	jc  *nats.Conn // joins, in the admit account: a flood of them cannot close nc
@@ -310,6 +327,10 @@ type daemon struct {
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
+// With an external broker a controller that finds the lease held stands
+// by instead of failing, and takes over when the lease lapses; one that
+// loses the lease (paused past it, say) stops writing, says why, and
+// stands by again.
 func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	defer func() {
 		// Stopped while starting: a clean stop, not a failure.
@@ -344,20 +365,87 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	if o.Counters == nil {
 		o.Counters = &Counters{}
 	}
-	d := &daemon{st: st, u: u, o: o, log: o.Log,
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
-		asks:      make(chan queued, askQueue),
-		applied:   make(chan applied, appliedQueue),
-		buildKick: make(chan struct{}, 1),
-		limits:    limiter{buckets: map[[2]string]*bucket{}},
-		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
-		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
-		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
+	lg := &logger{w: o.Log}
+	for {
+		// Each term of the lease has its own holder id.
+		holder := randomID()
+		if o.Broker != "" {
+			if err := standBy(ctx, st.Identity, u.Now, o, holder, lg); err != nil {
+				return err
+			}
+		}
+		err := serve(ctx, st, u, o, holder, lg)
+		if o.Broker == "" || ctx.Err() != nil {
+			return err
+		}
+		switch {
+		case errors.Is(err, identity.ErrLeaseHeld):
+			// Taken by another in the moment since the lease was read.
+		case errors.Is(err, identity.ErrLeaseLost):
+			lg.logf("deposed: %v; this controller stopped writing and stands by", err)
+		default:
+			return err
+		}
+	}
+}
 
-	holder := randomID()
+// standBy waits until no live lease is held, reading it every standbyPoll;
+// meanwhile it keeps this controller recorded as standing by. It returns
+// nil when the lease may be taken, ctx's error when ctx ends first.
+func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o Options, holder string, lg *logger) error {
+	hostname, _ := os.Hostname()
+	since := now()
+	var waited identity.Lease
+	var heard time.Time
+	defer func() {
+		if err := ids.LeaveStandby(context.Background(), holder, now()); err != nil {
+			lg.logf("standby: forget this controller as standing by: %v", err)
+		}
+	}()
+	poll := time.NewTicker(min(standbyPoll, o.LeaseTTL/4))
+	defer poll.Stop()
+	for {
+		t := now()
+		l, err := ids.Lease(ctx)
+		if err != nil && ctx.Err() == nil {
+			lg.logf("standby: read the lease: %v", err)
+		}
+		if err == nil {
+			if l == nil || !l.ExpiresAt.After(t) {
+				return nil
+			}
+			if l.Holder != waited.Holder {
+				waited = *l
+				lg.logf("standing by: pid %d on %s serves (generation %d) until %s", l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339))
+				if o.Standing != nil {
+					o.Standing(*l)
+				}
+			}
+			if t.Sub(heard) >= o.LeaseTTL/3 {
+				sb := identity.Standby{Holder: holder, PID: os.Getpid(), Host: hostname, Since: since, ExpiresAt: t.Add(o.LeaseTTL)}
+				if err := ids.StandBy(ctx, sb); err != nil && ctx.Err() == nil {
+					lg.logf("standby: record this controller as standing by: %v", err)
+				} else {
+					heard = t
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-poll.C:
+		}
+	}
+}
+
+// serve is one term of the lease: it takes the lease (a new generation),
+// raises every store's fence to it, and serves until ctx ends or the lease
+// is lost.
+func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string, lg *logger) (err error) {
 	hostname, _ := os.Hostname()
 	now := u.Now()
-	if err := st.Identity.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname, ExpiresAt: now.Add(o.LeaseTTL)}, now); err != nil {
+	lease, err := st.Identity.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname, ExpiresAt: now.Add(o.LeaseTTL)}, now)
+	if err != nil {
 		return err
 	}
 	defer func() {
@@ -366,6 +454,22 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 			err = fmt.Errorf("give the lease back: %w", rerr)
 		}
 	}()
+	if o.RaiseFences != nil {
+		if err := o.RaiseFences(ctx, lease.Generation); err != nil {
+			return fmt.Errorf("raise the stores' fences to generation %d: %w", lease.Generation, err)
+		}
+	}
+	// From here every write the daemon makes carries its generation.
+	ctx = sqlite.WithFence(ctx, lease.Generation)
+	d := &daemon{logger: lg, st: st, u: u, o: o, bg: sqlite.WithFence(context.Background(), lease.Generation), lost: make(chan error, 1),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
+		asks:      make(chan queued, askQueue),
+		applied:   make(chan applied, appliedQueue),
+		buildKick: make(chan struct{}, 1),
+		limits:    limiter{buckets: map[[2]string]*bucket{}},
+		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
+		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
+		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
 
 	var jobs []Job
 	if o.Prepare != nil {
@@ -416,6 +520,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		defer func() { stopDispatch(); <-dispatched }()
 	}
 	d.catchUp(ctx, true, "")
+	d.logf("serving: lease generation %d", lease.Generation)
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
@@ -558,6 +663,9 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 		case <-ctx.Done():
 			d.stop(joinsDone)
 			return nil
+		case err := <-d.lost:
+			d.stop(joinsDone)
+			return err
 		case ev := <-d.events:
 			if d.absorb(ctx, *ev) && !settling {
 				settling = true
@@ -582,7 +690,11 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 				if ctx.Err() != nil {
 					continue
 				}
-				return fmt.Errorf("renew the lease: %w", err)
+				err = fmt.Errorf("renew the lease: %w", err)
+				if d.deposed(err) {
+					continue
+				}
+				return err
 			}
 		}
 	}
@@ -592,7 +704,7 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 // drain, bounded by drainTimeout), absorbs what they handed over, and
 // writes it all.
 func (d *daemon) stop(joinsDone <-chan struct{}) {
-	ctx := context.Background()
+	ctx := d.bg
 	for _, nc := range []*nats.Conn{d.jc, d.nc} {
 		closed := make(chan struct{})
 		nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
@@ -667,10 +779,30 @@ func (d *daemon) handOver(ev event) {
 // kick asks for a self-check soon.
 func (d *daemon) kick() { d.handOver(event{kind: evKick}) }
 
-func (d *daemon) logf(format string, args ...any) {
-	d.logm.Lock()
-	defer d.logm.Unlock()
-	fmt.Fprintf(d.log, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+// logger writes the daemon's log lines, one at a time.
+type logger struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *logger) logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+}
+
+// deposed tells the loop, if err is a store's fence refusing a write, that
+// this controller lost the lease: it stops serving (and writing) at once.
+// It says whether err was that.
+func (d *daemon) deposed(err error) bool {
+	if !errors.Is(err, identity.ErrLeaseLost) {
+		return false
+	}
+	select {
+	case d.lost <- err:
+	default:
+	}
+	return true
 }
 
 // flush writes the absorbed heartbeats in one transaction, and the
@@ -683,11 +815,13 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 		d.beats = make(map[string]inventory.Beat, len(batch))
 		if err := d.st.Inventory.RecordBeats(ctx, batch); err != nil {
+			d.deposed(err)
 			d.logf("record %d heartbeats: %v", len(batch), err)
 		}
 	}
 	if len(d.modulesDue) > 0 {
 		if err := d.st.Health.RecordModuleStates(ctx, d.modulesDue); err != nil {
+			d.deposed(err)
 			d.logf("record the module states of %d nodes: %v", len(d.modulesDue), err)
 			for node := range d.modulesDue {
 				delete(d.moduleStates, node) // written again with the next report
@@ -697,6 +831,7 @@ func (d *daemon) flush(ctx context.Context) {
 	}
 	if len(d.durations) > 0 {
 		if err := d.st.Health.RecordDurations(ctx, d.durations); err != nil {
+			d.deposed(err)
 			d.logf("record %d durations: %v", len(d.durations), err)
 		}
 		d.durations = nil
@@ -704,12 +839,14 @@ func (d *daemon) flush(ctx context.Context) {
 	now := d.u.Now()
 	for k, n := range d.drops {
 		if err := d.st.Health.CountDrops(ctx, k[0], k[1], n, now); err != nil {
+			d.deposed(err)
 			d.logf("count messages dropped from %s: %v", k[0], err)
 		}
 	}
 	clear(d.drops)
 	for k, n := range d.refusals {
 		if err := d.st.Health.CountJoinRefusals(ctx, k[0], k[1], n, now); err != nil {
+			d.deposed(err)
 			d.logf("count joins refused from %s: %v", k[0], err)
 		}
 	}
@@ -723,6 +860,7 @@ func (d *daemon) aggregate(ctx context.Context) {
 		return
 	}
 	if err := d.st.Health.RecordHeartbeats(ctx, d.intervals); err != nil {
+		d.deposed(err)
 		d.logf("record heartbeat intervals of %d nodes: %v", len(d.intervals), err)
 		return
 	}
@@ -747,6 +885,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 		d.logf("%s: %d secrets made and sealed", joined, made)
 	}
 	if err != nil {
+		d.deposed(err)
 		if ctx.Err() == nil {
 			d.logf("catch up: %v", err)
 		}
@@ -772,6 +911,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 func (d *daemon) selfCheck(ctx context.Context, holder string) {
 	open, err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
 	if err != nil {
+		d.deposed(err)
 		if ctx.Err() == nil {
 			d.logf("self-check: %v", err)
 		}
@@ -784,7 +924,7 @@ func (d *daemon) selfCheck(ctx context.Context, holder string) {
 			return
 		}
 	}
-	if err := d.heal(ctx, open); err != nil && ctx.Err() == nil {
+	if err := d.heal(ctx, open); err != nil && ctx.Err() == nil && !d.deposed(err) {
 		d.logf("healers: %v", err)
 	}
 }

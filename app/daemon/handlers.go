@@ -208,7 +208,7 @@ func (d *daemon) onFacts(m *nats.Msg) {
 	for _, x := range f.Found {
 		found = append(found, inventory.Found{Kind: clip(x.Kind), Name: clip(x.Name), Detail: clip(x.Detail)})
 	}
-	if err := d.st.Inventory.RecordFacts(context.Background(), node, facts, found, d.u.Now()); err != nil {
+	if err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now()); err != nil {
 		d.logf("record the facts of %s: %v", node, err)
 	}
 }
@@ -291,6 +291,7 @@ func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
 		outcomes[i] = inventory.NodeOutcome{Node: a.node, Outcome: inventory.Outcome{Serial: a.body.Serial, OK: a.body.OK, Error: clip(a.body.Error), TotalMS: a.body.TotalMS, At: a.at}}
 	}
 	if err := d.st.Inventory.RecordOutcomes(ctx, outcomes); err != nil {
+		d.deposed(err)
 		d.logf("record the apply outcomes of %d nodes: %v", len(batch), err)
 		for _, a := range batch {
 			d.respondTo(a.m, a.node, protocol.OKReply{Error: "not recorded"})
@@ -330,7 +331,7 @@ func (d *daemon) onData(m *nats.Msg) {
 		d.refuse(m, node, fmt.Sprintf("%d data sets and %d deletions, over %d", len(b.Sets), len(b.Deleted), maxDataSets))
 		return
 	}
-	ctx := context.Background()
+	ctx := d.bg
 	sets := make([]inventory.DataSet, 0, len(b.Sets))
 	for _, s := range b.Sets {
 		sets = append(sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
@@ -358,7 +359,7 @@ func (d *daemon) onBackup(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	ctx := context.Background()
+	ctx := d.bg
 	holds, err := d.st.Inventory.HoldsSeat(ctx, node, "backup")
 	if err != nil {
 		d.logf("who holds the backup seat: %v", err)
@@ -415,7 +416,7 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	decl, err := d.st.Inventory.LatestDeclaration(context.Background(), node)
+	decl, err := d.st.Inventory.LatestDeclaration(d.bg, node)
 	if err != nil {
 		d.logf("read the declaration of %s: %v", node, err)
 		return
@@ -595,7 +596,7 @@ func (d *daemon) disconnectRevoked(what string) {
 		d.logf("%s: reload the external broker's account JWT ('mesh-controller broker show --broker URL')", what)
 		return
 	}
-	trust, err := d.u.Trust(context.Background())
+	trust, err := d.u.Trust(d.bg)
 	if err == nil {
 		err = d.srv.UpdateAccount(trust)
 	}
@@ -681,7 +682,7 @@ func (l *limiter) allow(node, what string, now time.Time) bool {
 // onBuildResult records a builder's outcome, whoever waits for it, and
 // answers the builder once it is recorded (it reports again until then).
 func (d *daemon) onBuildResult(m *nats.Msg) {
-	line, err := d.u.TakeIn(context.Background(), m.Data, m.Reply)
+	line, err := d.u.TakeIn(d.bg, m.Data, m.Reply)
 	reply := protocol.OKReply{OK: err == nil}
 	if err != nil {
 		reply.Error = err.Error()

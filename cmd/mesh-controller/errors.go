@@ -61,8 +61,10 @@ func hint(err error) string {
 		return "choose another name ('mesh-controller node list' shows those taken)"
 	case errors.Is(err, inventory.ErrNodeNotFound):
 		return "add it with 'mesh-controller node add', or see 'mesh-controller node list'"
+	case errors.Is(err, identity.ErrLeaseLost):
+		return "another controller took the lease over while this one was paused or cut off, and this one stopped writing; start it again to stand by (with --broker)"
 	case errors.Is(err, identity.ErrLeaseHeld):
-		return "stop that controller first (SIGINT or SIGTERM gives the lease back), or wait until its lease expires"
+		return "stop that controller first (SIGINT or SIGTERM gives the lease back), or wait until its lease expires; to stand by for it, serve with --broker on a NATS server both reach (an embedded broker cannot be shared)"
 	case errors.Is(err, identity.ErrNoBrokerKeys):
 		return "run 'mesh-controller migrate' to make them"
 	case errors.Is(err, health.ErrNoWhy):

@@ -210,6 +210,10 @@ func printVerdict(env *Env, v health.Verdict, asJSON bool) error {
 	}
 	fmt.Fprintf(env.Stdout, "self-check at %s: %s; %s (%d raised, %d changed, %d cleared) in %.1f ms\n",
 		v.At.Format(timeShown), state, app.Plural(v.Open, "open condition"), v.Raised, v.Changed, v.Cleared, v.TookMS)
+	// Which controller serves is said as it is now, not as at the check.
+	if cv, err := env.App.Controllers(env.Ctx); err == nil {
+		fmt.Fprintf(env.Stdout, "  now: %s\n", cv)
+	}
 	for _, p := range v.Probes {
 		mark := "ok  "
 		if !p.OK {

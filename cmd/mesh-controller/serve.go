@@ -13,12 +13,14 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/cmd/clirun"
+	"mesh-controller/contexts/identity"
 )
 
 // ServeCmd is serve.
 type ServeCmd struct {
 	Listen              string        `default:"${listen}" placeholder:"ADDR" help:"Where the embedded broker listens (port 0 picks a free one)."`
 	CheckEvery          time.Duration `default:"30s" help:"How often the self-check runs (it also runs after events that matter)."`
+	Lease               time.Duration `default:"10s" help:"How long the lease lasts unrenewed (renewed every third of it): a controller standing by takes over within it of this one's death."`
 	CatchUpEvery        time.Duration `default:"5s" help:"How often nodes behind their plan are declared, and what an act stopped half-way left undone is done."`
 	BoundsFromDurations bool          `help:"Set each node's silence bound from its measured heartbeat intervals (3 x p99), never below the default."`
 	MemoryLimitMiB      int64         `name:"memory-limit" default:"700" placeholder:"MiB" help:"The runtime's soft memory limit in MiB (0: none; GOMEMLIMIT wins). Below what the mesh keeps, the collector never stops: 10,000 hosts keep about 500 MiB, and took 150 % of a core under 400 MiB, 25 % under 700."`
@@ -57,10 +59,13 @@ func (c *ServeCmd) Run(env *Env) error {
 		return clirun.UsageError{Msg: "give --backup-every a second or more"}
 	case c.BackupKeep < 1:
 		return clirun.UsageError{Msg: "give --backup-keep 1 or more"}
+	case c.Lease < time.Second:
+		return clirun.UsageError{Msg: "give --lease a second or more"}
 	}
 	return env.App.Serve(env.Ctx, app.ServeOptions{
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
+		LeaseTTL:            c.Lease,
 		CheckEvery:          c.CheckEvery,
 		CatchUpEvery:        c.CatchUpEvery,
 		BoundsFromDurations: c.BoundsFromDurations,
@@ -70,11 +75,21 @@ func (c *ServeCmd) Run(env *Env) error {
 		BackupKeep:          c.BackupKeep,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
-			if f, ok := env.Stdout.(*os.File); ok {
-				f.Sync()
-			}
+			syncOut(env)
+		},
+		Standing: func(l identity.Lease) {
+			fmt.Fprintf(env.Stdout, "standby: pid %d on %s serves (lease generation %d) until %s; taking over when its lease lapses\n",
+				l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339))
+			syncOut(env)
 		},
 	})
+}
+
+// syncOut flushes a line a script waits for.
+func syncOut(env *Env) {
+	if f, ok := env.Stdout.(*os.File); ok {
+		f.Sync()
+	}
 }
 
 // writeHeapProfile writes the heap profile to path, through a temporary
@@ -132,6 +147,7 @@ func (c *BrokerShowCmd) Run(env *Env) error {
 		state += "; external broker"
 	}
 	fmt.Fprintf(w, "urls      %s  (%s)\n", strings.Join(v.URLs, ", "), state)
+	fmt.Fprintf(w, "serving   %s\n", v.Controllers)
 	fmt.Fprintf(w, "operator  %s\naccount   %s\njoin      %s\nadmit     %s\n\nusers:\n", v.Operator, v.Account, v.JoinAccount, v.AdmitAccount)
 	for _, u := range v.Users {
 		fmt.Fprintf(w, "  %s\n    publish    %s\n    subscribe  %s\n", u.User, strings.Join(u.Publish, " "), strings.Join(u.Subscribe, " "))

@@ -129,11 +129,14 @@ type HealerAct struct {
 	At        time.Time `json:"at"`
 }
 
-// RecordHealerAct keeps a healer's act.
+// RecordHealerAct keeps a healer's act, in a write the serving
+// controller's fence guards: a deposed controller's healer does not act twice.
 func (s *Store) RecordHealerAct(ctx context.Context, a HealerAct) error {
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO healer_acts (healer, subject, condition, detail, outcome, at) VALUES (?, ?, ?, ?, ?, ?)`,
-		a.Healer, a.Subject, a.Condition, a.Detail, a.Outcome, sqlite.FormatTime(a.At))
-	return err
+	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO healer_acts (healer, subject, condition, detail, outcome, at) VALUES (?, ?, ?, ?, ?, ?)`,
+			a.Healer, a.Subject, a.Condition, a.Detail, a.Outcome, sqlite.FormatTime(a.At))
+		return err
+	})
 }
 
 // HealerActs returns the acts since a time, newest first.

@@ -65,3 +65,35 @@ func TestStore_AddNode(t *testing.T) {
 		}
 	})
 }
+
+// A declaration made under a lease generation the store's fence has passed
+// (a deposed controller's) is refused by the store: no serial is issued, and
+// the next one, made by the new holder, is one above the last.
+func TestStore_DeclarationFenced(t *testing.T) {
+	s, db := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	if _, err := s.AddNode(ctx, "web1", Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	sign := func(serial int64, _ time.Time) (string, string, string, error) { return "{}", "sig", "key", nil }
+	old := sqlite.WithFence(ctx, 1)
+	if d, err := s.SaveDeclaration(old, "web1", 0, sign, now); err != nil || d.Serial != 1 {
+		t.Fatalf("serial %d, %v", d.Serial, err)
+	}
+	if err := db.RaiseFence(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SaveDeclaration(old, "web1", 0, sign, now); !errors.Is(err, sqlite.ErrLeaseLost) {
+		t.Fatalf("the deposed controller's declaration: %v", err)
+	}
+	if d, err := s.SaveDeclaration(sqlite.WithFence(ctx, 2), "web1", 0, sign, now); err != nil || d.Serial != 2 {
+		t.Fatalf("the new holder's declaration: serial %d, %v", d.Serial, err)
+	}
+	if err := db.RaiseFence(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := db.Fence(ctx); err != nil || g != 2 {
+		t.Fatalf("the fence was lowered to %d (%v)", g, err)
+	}
+}

@@ -123,10 +123,15 @@ func (db *DB) Close() error {
 }
 
 // Write runs fn in one immediate write transaction: committed if fn returns
-// nil, rolled back otherwise.
+// nil, rolled back otherwise. A write whose ctx carries a lease generation
+// (WithFence) is refused first if the store's fence is above it.
 func (db *DB) Write(ctx context.Context, fn func(*sql.Tx) error) error {
 	tx, err := db.Writer.BeginTx(ctx, nil)
 	if err != nil {
+		return err
+	}
+	if err := checkFence(ctx, tx); err != nil {
+		tx.Rollback()
 		return err
 	}
 	if err := fn(tx); err != nil {

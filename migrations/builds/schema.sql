@@ -36,6 +36,10 @@ CREATE TABLE asks (
     CHECK (state <> 'in-flight' OR taken_at IS NOT NULL),
     CHECK (registered = 0 OR (state = 'done' AND dry_run = 0))
 ) STRICT;
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
 CREATE TABLE outcome_details (
     id       TEXT PRIMARY KEY REFERENCES asks (id) ON DELETE CASCADE,
     problems TEXT NOT NULL DEFAULT '[]',

@@ -46,6 +46,10 @@ CREATE TABLE "durations" (
     ms      REAL NOT NULL,
     at      TEXT NOT NULL
 ) STRICT;
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
 CREATE TABLE hand_acts (
     id        INTEGER PRIMARY KEY,
     at        TEXT NOT NULL,

@@ -3,6 +3,10 @@ CREATE TABLE broker_keys (
     seed       BLOB NOT NULL,
     created_at TEXT NOT NULL
 ) STRICT;
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
 CREATE TABLE hosts (
     node          TEXT PRIMARY KEY,
     host_key      BLOB NOT NULL CHECK (length(host_key) = 32),
@@ -35,7 +39,7 @@ CREATE TABLE lease (
     taken_at   TEXT NOT NULL,
     expires_at TEXT NOT NULL,
     broker_url TEXT NOT NULL DEFAULT ''
-) STRICT;
+, generation INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
@@ -47,6 +51,13 @@ CREATE TABLE signing_keys (
     public_key  BLOB NOT NULL CHECK (length(public_key) = 32),
     private_key BLOB NOT NULL CHECK (length(private_key) = 64),
     created_at  TEXT NOT NULL
+) STRICT;
+CREATE TABLE standbys (
+    holder     TEXT PRIMARY KEY,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    since      TEXT NOT NULL,
+    expires_at TEXT NOT NULL
 ) STRICT;
 CREATE INDEX issued_users_module ON issued_users (module);
 CREATE INDEX issued_users_node ON issued_users (node, kind);

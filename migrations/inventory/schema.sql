@@ -53,6 +53,10 @@ CREATE TABLE deletions (
     why       TEXT NOT NULL,
     done_at   TEXT
 ) STRICT;
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
 CREATE TABLE module_versions (
     module    TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
     version   TEXT NOT NULL,

@@ -1,3 +1,7 @@
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
 CREATE TABLE operator_keys (
     id          INTEGER PRIMARY KEY,
     recipient   TEXT NOT NULL UNIQUE CHECK (recipient GLOB 'age1*'),

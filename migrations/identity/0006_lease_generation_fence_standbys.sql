@@ -1,0 +1,22 @@
+-- Fencing for a standby controller. Each takeover of the lease bumps its
+-- generation; fence keeps the highest generation ever issued (it outlives
+-- the lease row, which is deleted when the lease is given back), and is
+-- this store's own fence: a write made by a deposed controller, carrying
+-- an older generation, is refused in the same transaction.
+ALTER TABLE lease ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+
+CREATE TABLE fence (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+) STRICT;
+INSERT INTO fence (id, generation) VALUES (1, 0);
+
+-- Controllers standing by, each heard until expires_at (renewed as it
+-- polls the lease), so that broker show and doctor say who would take over.
+CREATE TABLE standbys (
+    holder     TEXT PRIMARY KEY,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    since      TEXT NOT NULL,
+    expires_at TEXT NOT NULL
+) STRICT;
