@@ -105,9 +105,8 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
-		RaiseFences: st.raiseFences,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
-		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit,
+		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
 			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)
 			if err != nil || backups == nil {
