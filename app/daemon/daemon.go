@@ -459,8 +459,10 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 			return fmt.Errorf("raise the stores' fences to generation %d: %w", lease.Generation, err)
 		}
 	}
-	// From here every write the daemon makes carries its generation.
-	ctx = sqlite.WithFence(ctx, lease.Generation)
+	// From here every write the daemon makes carries its generation; the
+	// term ends, its workers with it, when ctx ends or the lease is lost.
+	ctx, end := context.WithCancel(sqlite.WithFence(ctx, lease.Generation))
+	defer end()
 	d := &daemon{logger: lg, st: st, u: u, o: o, bg: sqlite.WithFence(context.Background(), lease.Generation), lost: make(chan error, 1),
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
@@ -524,7 +526,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
-	return d.loop(ctx, holder, joinsDone, jobs)
+	return d.loop(ctx, end, holder, joinsDone, jobs)
 }
 
 // connect starts the embedded broker (or dials the external one) and makes
@@ -621,8 +623,9 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 // ErrBrokerUnreachable means no broker answered.
 var ErrBrokerUnreachable = errors.New("the broker cannot be reached")
 
-// loop owns the daemon's state until ctx ends.
-func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struct{}, jobs []Job) error {
+// loop owns the daemon's state until ctx ends or the lease is lost; end
+// ends the term's context, so that a deposed controller's workers stop.
+func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string, joinsDone <-chan struct{}, jobs []Job) error {
 	o := d.o
 	flush := time.NewTicker(o.FlushEvery)
 	defer flush.Stop()
@@ -661,10 +664,11 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 	for {
 		select {
 		case <-ctx.Done():
-			d.stop(joinsDone)
+			d.stop(joinsDone, false)
 			return nil
 		case err := <-d.lost:
-			d.stop(joinsDone)
+			end()
+			d.stop(joinsDone, true)
 			return err
 		case ev := <-d.events:
 			if d.absorb(ctx, *ev) && !settling {
@@ -702,8 +706,9 @@ func (d *daemon) loop(ctx context.Context, holder string, joinsDone <-chan struc
 
 // stop lets the handlers finish what was already delivered (the clients'
 // drain, bounded by drainTimeout), absorbs what they handed over, and
-// writes it all.
-func (d *daemon) stop(joinsDone <-chan struct{}) {
+// writes it all; a deposed controller writes nothing, the fences would
+// refuse it.
+func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 	ctx := d.bg
 	for _, nc := range []*nats.Conn{d.jc, d.nc} {
 		closed := make(chan struct{})
@@ -726,6 +731,10 @@ func (d *daemon) stop(joinsDone <-chan struct{}) {
 		default:
 		}
 		break
+	}
+	if deposed {
+		d.logf("stopped serving: deposed")
+		return
 	}
 	d.flush(ctx)
 	d.aggregate(ctx)

@@ -209,6 +209,7 @@ func (d *daemon) onFacts(m *nats.Msg) {
 		found = append(found, inventory.Found{Kind: clip(x.Kind), Name: clip(x.Name), Detail: clip(x.Detail)})
 	}
 	if err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now()); err != nil {
+		d.deposed(err)
 		d.logf("record the facts of %s: %v", node, err)
 	}
 }
@@ -337,6 +338,7 @@ func (d *daemon) onData(m *nats.Msg) {
 		sets = append(sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
 	}
 	if err := d.st.Inventory.RecordDataSets(ctx, node, sets, d.u.Now()); err != nil {
+		d.deposed(err)
 		d.logf("record the data sets of %s: %v", node, err)
 	}
 	if len(b.Deleted) > 0 {
@@ -345,6 +347,7 @@ func (d *daemon) onData(m *nats.Msg) {
 			done = append(done, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
 		}
 		if err := d.st.Inventory.DeletionsDone(ctx, node, done, d.u.Now()); err != nil {
+			d.deposed(err)
 			d.logf("record deletions on %s: %v", node, err)
 		}
 		d.kick()
@@ -372,6 +375,7 @@ func (d *daemon) onBackup(m *nats.Msg) {
 		return
 	}
 	if err := d.st.Inventory.RecordBackup(ctx, b.Node, b.Module, b.Data, b.At); err != nil {
+		d.deposed(err)
 		d.logf("record a backup of %s/%s/%s: %v", clip(b.Node), clip(b.Module), clip(b.Data), err)
 		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
 		return
@@ -520,6 +524,7 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
 		return false
 	case err != nil:
+		d.deposed(err)
 		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
 		return false
@@ -739,6 +744,7 @@ func (d *daemon) dispatcher(ctx context.Context) {
 			d.logf("%s", l)
 		}
 		if err != nil && ctx.Err() == nil {
+			d.deposed(err)
 			d.logf("the build queue: %v", err)
 		}
 	}

@@ -86,6 +86,11 @@ func TestServe_SIGTERMGivesTheLeaseBack(t *testing.T) {
 	if want := fmt.Sprintf("another controller holds the lease: pid %d on ", first.Process.Pid); !strings.Contains(string(out), want) {
 		t.Fatalf("second serve did not name the first (%q): %s", want, out)
 	}
+	// With the embedded broker a second serve cannot stand by: the
+	// broker is the first one's, in its process. It is told so, in one line.
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "to stand by for it, serve with --broker") {
+		t.Fatalf("second serve's refusal is not one line saying how to stand by: %s", out)
+	}
 
 	if err := first.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -199,7 +199,7 @@ func (s *Store) Brake(ctx context.Context) (Brake, error) {
 
 // EngageBrake stops every healer until a person releases the brake.
 func (s *Store) EngageBrake(ctx context.Context, why string, now time.Time) error {
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT OR REPLACE INTO brake (id, engaged_at, why) VALUES (1, ?, ?)`, sqlite.FormatTime(now), why)
+	_, err := s.db.Exec(ctx, `INSERT OR REPLACE INTO brake (id, engaged_at, why) VALUES (1, ?, ?)`, sqlite.FormatTime(now), why)
 	return err
 }
 
@@ -208,7 +208,7 @@ var ErrBrakeNotEngaged = errors.New("the healers' brake is not engaged")
 
 // ReleaseBrake lets the healers act again.
 func (s *Store) ReleaseBrake(ctx context.Context, who, why string, now time.Time) error {
-	res, err := s.db.Writer.ExecContext(ctx, `UPDATE brake SET released_at = ?, released_by = ?, release_why = ? WHERE id = 1 AND released_at IS NULL`,
+	res, err := s.db.Exec(ctx, `UPDATE brake SET released_at = ?, released_by = ?, release_why = ? WHERE id = 1 AND released_at IS NULL`,
 		sqlite.FormatTime(now), who, why)
 	if err != nil {
 		return fmt.Errorf("release the brake: %w", err)

@@ -130,7 +130,7 @@ func (s *Store) HandActs(ctx context.Context, since time.Time) ([]HandAct, error
 
 // CountDrops adds n dropped messages for a claimed node and reason.
 func (s *Store) CountDrops(ctx context.Context, node, reason string, n int64, now time.Time) error {
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
+	_, err := s.db.Exec(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (node, reason) DO UPDATE SET count = count + excluded.count, last_at = excluded.last_at`,
 		node, reason, n, sqlite.FormatTime(now), sqlite.FormatTime(now))
 	if err != nil {

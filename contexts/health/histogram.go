@@ -178,7 +178,7 @@ func (s *Store) prune(ctx context.Context, batch int, ps ...prune) (int, error) 
 			if err := ctx.Err(); err != nil {
 				return total, err
 			}
-			res, err := s.db.Writer.ExecContext(ctx, p.query, p.before, batch)
+			res, err := s.db.Exec(ctx, p.query, p.before, batch)
 			if err != nil {
 				return total, fmt.Errorf("prune: %w", err)
 			}

@@ -100,7 +100,7 @@ func (s *Store) RenewLease(ctx context.Context, holder string, expires time.Time
 
 // ReleaseLease gives the lease back, if holder still has it.
 func (s *Store) ReleaseLease(ctx context.Context, holder string) error {
-	_, err := s.db.Writer.ExecContext(ctx, `DELETE FROM lease WHERE id = 1 AND holder = ?`, holder)
+	_, err := s.db.Exec(ctx, `DELETE FROM lease WHERE id = 1 AND holder = ?`, holder)
 	return err
 }
 

@@ -20,7 +20,7 @@ type IssuedUser struct {
 
 // RecordIssuedUser keeps a user issued, so it can be revoked later.
 func (s *Store) RecordIssuedUser(ctx context.Context, u IssuedUser, now time.Time) error {
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at) VALUES (?, ?, ?, ?, ?)`,
+	_, err := s.db.Exec(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at) VALUES (?, ?, ?, ?, ?)`,
 		u.Pub, u.Kind, u.Node, u.Module, sqlite.FormatTime(now))
 	if err != nil {
 		return fmt.Errorf("record issued user: %w", err)
@@ -31,7 +31,7 @@ func (s *Store) RecordIssuedUser(ctx context.Context, u IssuedUser, now time.Tim
 // RevokeModuleUsers revokes every live user issued for a module, returning
 // how many.
 func (s *Store) RevokeModuleUsers(ctx context.Context, module string, now time.Time) (int, error) {
-	res, err := s.db.Writer.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE module = ? AND revoked_at IS NULL`,
+	res, err := s.db.Exec(ctx, `UPDATE issued_users SET revoked_at = ? WHERE module = ? AND revoked_at IS NULL`,
 		sqlite.FormatTime(now), module)
 	if err != nil {
 		return 0, fmt.Errorf("revoke users of %s: %w", module, err)

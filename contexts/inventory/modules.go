@@ -192,7 +192,7 @@ func (s *Store) Module(ctx context.Context, name string) (Module, error) {
 
 // MarkMoved records that the module's source has a commit newer than the mesh built.
 func (s *Store) MarkMoved(ctx context.Context, name, commit string) error {
-	res, err := s.db.Writer.ExecContext(ctx, `UPDATE modules SET moved_commit = ? WHERE name = ?`, commit, name)
+	res, err := s.db.Exec(ctx, `UPDATE modules SET moved_commit = ? WHERE name = ?`, commit, name)
 	if err != nil {
 		return fmt.Errorf("record %s moved: %w", name, err)
 	}

@@ -358,7 +358,7 @@ func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion,
 
 // RecordBackup keeps that the backup seat's holder backed up a data set.
 func (s *Store) RecordBackup(ctx context.Context, node, module, name string, at time.Time) error {
-	_, err := s.db.Writer.ExecContext(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
+	_, err := s.db.Exec(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
 		ON CONFLICT (node, module, name) DO UPDATE SET last_backup = max(last_backup, excluded.last_backup)`, node, module, name, sqlite.FormatTime(at))
 	return err
 }

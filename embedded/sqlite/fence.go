@@ -83,3 +83,15 @@ func (db *DB) Fence(ctx context.Context) (int64, error) {
 	err := db.Reader.QueryRowContext(ctx, `SELECT generation FROM fence WHERE id = 1`).Scan(&g)
 	return g, err
 }
+
+// Exec runs one statement in its own write transaction, so that it is
+// fenced as Write is.
+func (db *DB) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	var res sql.Result
+	err := db.Write(ctx, func(tx *sql.Tx) error {
+		var err error
+		res, err = tx.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
+}
