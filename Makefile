@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules run demo test tools lint bench soak measure-archives fuzz clean
+.PHONY: build modules run demo demo-ha test tools lint bench soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -99,6 +99,53 @@ demo: build
 	board=$$(sed -n 's/^board: //p' $$dir/board.out); echo "the board at $$board shows:"; \
 	curl -s $$board | grep -o '<h2>[^<]*</h2>' | sed 's/<[^>]*>//g; s/^/  /'; \
 	echo; echo "demo done: stopping the hosts and the controller"
+
+
+# demo-ha: a failover on one laptop. An external broker (nats-server, built from the module in
+# go.mod, configured as 'broker show --broker' prints), two controllers serving from the same
+# stores (SQLite here; MESH_STORE_* URLs once the stores are on PostgreSQL), a host running the
+# example module. The serving controller is killed with kill -9: the standby takes over within
+# the lease bound, and the host's module keeps running (same pid). Fails when a step fails.
+demo-ha: build
+	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
+	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
+	fail() { echo "demo-ha: $$*" >&2; for f in $$dir/*.log; do echo "--- $$f" >&2; tail -15 $$f >&2; done; exit 1; }; \
+	waitline() { for i in $$(seq $$3); do grep -q "$$2" $$1 && return 0; sleep 0.1; done; return 1; }; \
+	$(GO) build -o $$dir/nats-server github.com/nats-io/nats-server/v2; \
+	$$mc migrate >/dev/null 2>&1; \
+	echo "an external broker: nats-server, trusting this mesh's operator (mesh-controller broker show --broker ...)"; \
+	{ echo 'listen: 127.0.0.1:-1'; $$mc broker show --broker nats://127.0.0.1:4222 | sed -n '/^operator: /,$$p'; } > $$dir/nats.conf; \
+	$$dir/nats-server -c $$dir/nats.conf >$$dir/nats.log 2>&1 & pids="$$pids $$!"; \
+	waitline $$dir/nats.log 'Listening for client connections on' 100 || fail "nats-server did not start"; \
+	url=nats://$$(sed -n 's/.*Listening for client connections on \([0-9.:]*\).*/\1/p' $$dir/nats.log | head -1); echo "  listening at $$url"; \
+	$$mc --broker $$url serve >$$dir/a.log 2>&1 & a=$$!; pids="$$pids $$a"; \
+	waitline $$dir/a.log '^ready' 100 || fail "the first controller is not ready"; \
+	$$mc --broker $$url serve >$$dir/b.log 2>&1 & b=$$!; pids="$$pids $$b"; \
+	waitline $$dir/b.log '^standby:' 100 || fail "the second controller does not stand by"; \
+	echo "controller A (pid $$a): $$(grep '^ready' $$dir/a.log)"; echo "controller B (pid $$b): $$(grep '^standby:' $$dir/b.log)"; \
+	$$mc --broker $$url broker show | grep '^serving' | sed 's/^/  /'; \
+	echo; echo "a host, web1, running the example module hello:"; \
+	tok=$$($$mc token issue --new web1 2>/dev/null); \
+	$$mh join --broker $$url --token $$tok --node web1 --state $$dir/web1/state 2>/dev/null; \
+	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
+	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
+	$$mc module add app/host/testdata/hello/mesh.json >/dev/null 2>&1; $$mc --broker $$url assign web1 hello >/dev/null 2>&1; \
+	state() { $$mc node show web1 | grep '^  hello ' | tr -s ' '; }; \
+	for i in $$(seq 150); do state | grep -q ' ready ' && break; sleep 0.1; done; \
+	state | grep -q ' ready ' || fail "hello is not ready on web1"; echo " $$(state)"; \
+	pid=$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p'); \
+	echo; echo "kill -9 $$a (controller A, serving):"; kill -9 $$a; start=$$(date +%s%N); \
+	waitline $$dir/b.log '^ready' 160 || fail "the standby did not take over within 16 s"; \
+	echo "  controller B serves $$(( ($$(date +%s%N) - start) / 1000000 )) ms after the kill: $$(grep '^ready' $$dir/b.log)"; \
+	$$mc --broker $$url broker show | grep '^serving' | sed 's/^/  /'; \
+	echo; echo "the host kept its module running (pid $$pid), and applies what is declared after the failover:"; \
+	kill -0 $$pid || fail "hello (pid $$pid) is gone"; \
+	$$mc --broker $$url push web1 --why "the demo declares after the failover" | sed 's/^/  /'; \
+	for i in $$(seq 100); do [ -n "$$($$mc node list --json | grep '"behind": false')" ] && break; sleep 0.1; done; \
+	[ -n "$$($$mc node list --json | grep '"behind": false')" ] || fail "web1 did not apply its declaration"; \
+	echo " $$(state)"; [ "$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p')" = "$$pid" ] || fail "hello's pid changed"; \
+	$$mc node list | sed 's/^/  /'; \
+	echo; echo "demo-ha done: stopping the host, the controller and the broker"
 
 # make test needs a few programs besides Go: Debian's chromium (the board is
 # tested in a real browser), sqlite3 (a test opens the stores beside a

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 )
@@ -114,7 +116,7 @@ func startServeProc(t *testing.T, name, data, broker string, args ...string) *se
 			p.cmd.Process.Kill()
 			<-p.done
 		}
-		if t.Failed() || os.Getenv("DEBUGSB") != "" {
+		if t.Failed() {
 			t.Logf("%s (pid %d) said:\n%s", p.name, p.pid(), p.text())
 		}
 	})
@@ -338,7 +340,9 @@ func failoverRuns(t *testing.T) int {
 // declares the nodes whose plan moved while no one served, and no serial
 // is issued twice. Each run kills the one serving then and starts a new
 // standby; the time from kill -9 to the standby's first declaration sent is
-// logged, with the p50 over MESH_FAILOVER_RUNS runs.
+// logged, with the p50 over MESH_FAILOVER_RUNS runs. It is the lease left
+// at the kill (the kill lands anywhere in the renew cycle), the standby's
+// poll, and its start.
 func TestStandby_Kill9UnderHosts(t *testing.T) {
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
@@ -383,6 +387,19 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 			before[node] = m.node(node).SerialApplied
 		}
 
+		// The kill lands at a random point of the renew cycle, as a real
+		// death does: when the lease has between two thirds of its length
+		// and all of it left (it is renewed every third), a point drawn
+		// uniformly.
+		ttl := daemon.DefaultLeaseTTL
+		left := ttl*2/3 + rand.N(ttl/3)
+		checkFor(t, ttl, func() error {
+			l, err := st.Identity.Lease(ctx)
+			if err == nil && (l == nil || time.Until(l.ExpiresAt) > left) {
+				err = fmt.Errorf("the lease has more than %s left: %+v", left, l)
+			}
+			return err
+		})
 		if err := serving.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
