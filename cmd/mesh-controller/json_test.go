@@ -222,6 +222,8 @@ func populate(t *testing.T, dir, examples string) {
 	_, joinErr := st.Identity.Join(ctx, web2Token, identity.Host{Node: "web2", HostKey: hostKey, AgeRecipient: operatorKey, NKey: nkey, HostVersion: "test"}, now)
 	steps := []error{
 		joinErr,
+		// a controller standing by, heard until an hour from now
+		st.Identity.StandBy(ctx, identity.Standby{Holder: "standby", PID: 4242, Host: "other", Since: now, ExpiresAt: time.Now().Add(time.Hour)}),
 		inv.MarkJoined(ctx, "web2", now),
 		inv.MarkJoined(ctx, "db1", long),
 		inv.RecordBeats(ctx, []inventory.Beat{{Node: "db1", HeardAt: long, IntervalS: 15, SerialApplied: 1, UptimeS: 60}}),
