@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,31 +15,8 @@ import (
 	"mesh-controller/contexts/builds"
 )
 
-var (
-	builderOnce sync.Once
-	builderBin  string
-	builderErr  error
-)
-
 // buildBuilder builds mesh-builder once per test binary.
-func buildBuilder(t testing.TB) string {
-	t.Helper()
-	builderOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mesh-builder-")
-		if err != nil {
-			builderErr = err
-			return
-		}
-		builderBin = filepath.Join(dir, "mesh-builder")
-		if out, err := exec.Command("go", "build", "-o", builderBin, "../cmd/mesh-builder").CombinedOutput(); err != nil {
-			builderErr = errors.New(string(out))
-		}
-	})
-	if builderErr != nil {
-		t.Fatalf("build mesh-builder: %v", builderErr)
-	}
-	return builderBin
-}
+func buildBuilder(t testing.TB) string { return buildProgram(t, "mesh-builder", "../cmd/mesh-builder") }
 
 // git runs git in dir, failing the test when it fails.
 func git(t testing.TB, dir string, args ...string) {

@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,32 +42,8 @@ func helloOnFreePort(t testing.TB) string {
 	return writeManifest(t, strings.ReplaceAll(string(b), "18480", port))
 }
 
-var (
-	helloOnce sync.Once
-	helloBin  string
-	helloErr  error
-)
-
 // buildHello builds the example module once per test binary.
-func buildHello(t testing.TB) string {
-	t.Helper()
-	helloOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "hello-module-")
-		if err != nil {
-			helloErr = err
-			return
-		}
-		helloBin = filepath.Join(dir, "hello")
-		out, err := exec.Command("go", "build", "-o", helloBin, "./host/testdata/hello").CombinedOutput()
-		if err != nil {
-			helloErr = errors.New(string(out))
-		}
-	})
-	if helloErr != nil {
-		t.Fatalf("build the example module: %v", helloErr)
-	}
-	return helloBin
-}
+func buildHello(t testing.TB) string { return buildProgram(t, "hello", "./host/testdata/hello") }
 
 // install puts a program where a module's run.command finds it: what its
 // host already has (a module built by the mesh arrives as an archive).

@@ -25,33 +25,38 @@ import (
 	"mesh-controller/contexts/health"
 )
 
-var (
-	controllerOnce sync.Once
-	controllerBin  string
-	controllerErr  error
-)
+// programs are the programs the tests built, by package: each is built once
+// per test binary.
+var programs sync.Map // package → func() (string, error)
 
-// buildController builds mesh-controller once per test binary: the standby
-// tests kill and pause real serve processes.
-func buildController(t testing.TB) string {
+// buildProgram builds the Go program in pkg (relative to app/), static as
+// it ships, once per test binary, and returns its path.
+func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
-	controllerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mesh-controller-")
+	build, _ := programs.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
+		dir, err := os.MkdirTemp("", name+"-")
 		if err != nil {
-			controllerErr = err
-			return
+			return "", err
 		}
-		controllerBin = filepath.Join(dir, "mesh-controller")
-		cmd := exec.Command("go", "build", "-o", controllerBin, "../cmd/mesh-controller")
+		bin := filepath.Join(dir, name)
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			controllerErr = errors.New(string(out))
+			return "", errors.New(string(out))
 		}
-	})
-	if controllerErr != nil {
-		t.Fatalf("build mesh-controller: %v", controllerErr)
+		return bin, nil
+	}))
+	bin, err := build.(func() (string, error))()
+	if err != nil {
+		t.Fatalf("build %s: %v", name, err)
 	}
-	return controllerBin
+	return bin
+}
+
+// buildController builds mesh-controller: the standby tests kill and pause
+// real serve processes.
+func buildController(t testing.TB) string {
+	return buildProgram(t, "mesh-controller", "../cmd/mesh-controller")
 }
 
 // outLine is a line a serve process wrote, and when the test read it.
