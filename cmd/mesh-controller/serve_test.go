@@ -98,7 +98,7 @@ func TestServe_SIGTERMGivesTheLeaseBack(t *testing.T) {
 	if err := first.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v\n%s", err, firstErr.String())
 	}
-	third, _ := startServe(t, bin, data) // refused for 15s if the lease had not been given back
+	third, _ := startServe(t, bin, data) // refused for the lease (10 s) if it had not been given back
 	third.Process.Signal(syscall.SIGTERM)
 	if err := third.Wait(); err != nil {
 		t.Fatal(err)
