@@ -325,7 +325,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	}
 	switch {
 	case v.External:
-		v.URLs = []string{c.Broker}
+		v.URLs = daemon.SplitURLs(c.Broker)
 		trust, err := trustOf(ctx, ids, keys)
 		if err != nil {
 			return BrokerView{}, err
@@ -350,4 +350,28 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}
 	return v, nil
+}
+
+// BrokerConfigRequest says which server of a cluster a configuration is for.
+type BrokerConfigRequest = broker.ClusterNode
+
+// BrokerConfig is the nats-server configuration of one server of the
+// broker cluster a grown mesh uses instead of the embedded broker
+// (serve --broker with every server's URL): it trusts this controller's
+// operator, preloads the mesh's accounts into a full resolver the
+// controller then keeps current, and runs JetStream for the archives.
+func (c *Controller) BrokerConfig(ctx context.Context, n BrokerConfigRequest) (string, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return "", err
+	}
+	keys, err := brokerKeys(ctx, st.Identity)
+	if err != nil {
+		return "", err
+	}
+	trust, err := trustOf(ctx, st.Identity, keys)
+	if err != nil {
+		return "", err
+	}
+	return broker.ServerConfig(trust, n), nil
 }

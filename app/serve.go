@@ -82,6 +82,12 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		Trust: func(ctx context.Context) (broker.Trust, error) {
 			return trustOf(ctx, st.Identity, sv.keys)
 		},
+		// The system account's key is kept with the operator's: the
+		// controller signs its own user there, to push account JWTs to an
+		// external broker's resolver.
+		SystemUser: func(context.Context) (string, []byte, error) {
+			return sv.keys.NewSystemUser("controller system")
+		},
 		Join:    sv.joinMany,
 		CatchUp: c.catchUp,
 		TakeIn:  c.TakeIn,

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,7 +75,8 @@ const (
 type Options struct {
 	// Listen is the embedded broker's address (host:port; port 0 picks one).
 	Listen string
-	// Broker is an external NATS URL; empty starts the embedded broker.
+	// Broker is an external NATS: its servers' URLs, separated by commas
+	// (a cluster's every server); empty starts the embedded broker.
 	Broker string
 	// BrokerStore is where the embedded broker keeps JetStream's files (the
 	// archives bucket); empty leaves JetStream off.
@@ -161,6 +163,10 @@ type UseCases struct {
 	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
+	// SystemUser signs a fresh user of the system account for the
+	// daemon's connection that pushes account JWTs to an external
+	// broker's resolver. Nil: they are not pushed.
+	SystemUser func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Join admits hosts presenting tokens, each judged alone; urls are
 	// where hosts dial. Each result is what admitting one made, a *Refusal
 	// saying why it refused, or another error when it could not decide;
@@ -182,8 +188,10 @@ type UseCases struct {
 	// line says what came of it. Nil: builds are not served.
 	TakeIn func(ctx context.Context, outcome []byte, reply string) (line string, err error)
 	// Connected is told the daemon's connection once it is made (the
-	// archives bucket is made there).
-	Connected func(ctx context.Context, nc *nats.Conn) error
+	// archives bucket is made there), and how many copies the broker can
+	// keep of what it stores: 3 on a JetStream cluster of three servers or
+	// more, else 1.
+	Connected func(ctx context.Context, nc *nats.Conn, replicas int) error
 	// ReAsk asks a dead build again under a new id (the re-ask healer).
 	ReAsk func(ctx context.Context, id string) error
 	// DispatchBuilds offers waiting asks to builders and expires the late.
@@ -267,10 +275,16 @@ type daemon struct {
 	log  io.Writer
 	logm sync.Mutex
 
-	nc  *nats.Conn // hosts' reports and requests
-	jc  *nats.Conn // joins, in the admit account: a flood of them cannot close nc
-	url string
-	srv *broker.Server // nil with an external broker
+	nc *nats.Conn // hosts' reports and requests
+	jc *nats.Conn // joins, in the admit account: a flood of them cannot close nc
+	// sc is the system account's, which pushes account JWTs to an external
+	// broker's resolver; nil with the embedded broker.
+	sc *nats.Conn
+	// url is where the broker is, as nats.go dials it (a cluster's servers
+	// separated by commas), and urls each server's: what hosts are given.
+	url  string
+	urls []string
+	srv  *broker.Server // nil with an external broker
 
 	keys   hostKeys
 	events chan *event
@@ -447,10 +461,11 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			return stop, err
 		}
 		undo = append(undo, srv.Shutdown)
-		d.srv, d.url = srv, srv.ClientURL()
+		d.srv, d.url, d.urls = srv, srv.ClientURL(), []string{srv.ClientURL()}
 		inProcess = srv.InProcess()
 	} else {
-		d.url = d.o.Broker
+		d.urls = SplitURLs(d.o.Broker)
+		d.url = strings.Join(d.urls, ",")
 	}
 	dial := func(name string, user func(context.Context) (string, []byte, error)) (*nats.Conn, error) {
 		userJWT, seed, err := user(ctx)
@@ -467,6 +482,8 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 				d.logf("broker (%s): %s: %v", name, subject, err)
 			})}
 		if inProcess == nil {
+			// nats.go dials the servers of a list in turn until one
+			// answers, and fails over to the others when it is lost.
 			nc, err := nats.Connect(d.url, opts...)
 			if err != nil {
 				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
@@ -500,8 +517,23 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
+	replicas := 1
+	if d.srv == nil && d.u.SystemUser != nil {
+		if d.sc, err = dial("mesh-controller system", d.u.SystemUser); err != nil {
+			return stop, err
+		}
+		undo = append(undo, d.sc.Close)
+		// Revocations recorded while no controller served reach the
+		// broker now.
+		d.pushAccount("serve started")
+		if n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout); err != nil {
+			d.logf("ask the broker's servers about JetStream: %v", err)
+		} else if n >= 3 {
+			replicas = 3
+		}
+	}
 	if d.u.Connected != nil {
-		if err := d.u.Connected(ctx, d.nc); err != nil {
+		if err := d.u.Connected(ctx, d.nc, replicas); err != nil {
 			if d.o.Broker == "" {
 				return stop, err
 			}
@@ -511,6 +543,18 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		}
 	}
 	return stop, nil
+}
+
+// SplitURLs is each URL of a comma-separated list, spaces trimmed and
+// empty ones dropped.
+func SplitURLs(list string) []string {
+	var urls []string
+	for u := range strings.SplitSeq(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
 }
 
 // ErrBrokerUnreachable means no broker answered.

@@ -405,7 +405,7 @@ func StartWith(c Config) (*Server, error) {
 		DefaultSentinel:  t.Sentinel,
 		NoLog:            true,
 		NoSigs:           true,
-		MaxPayload:       8 << 20,
+		MaxPayload:       maxPayload,
 		// Memory per connection (BenchmarkBrokerConnection in app/ measures
 		// it; at 10,000 hosts it is most of the controller's): no cache of
 		// subject lookups per account and per user's publish permissions,
@@ -432,7 +432,7 @@ func StartWith(c Config) (*Server, error) {
 		// No account may keep streams in memory (the mesh account's bound
 		// is 0); an ordered consumer keeps its own small state there,
 		// uncounted.
-		opts.JetStreamMaxMemory = 64 << 20
+		opts.JetStreamMaxMemory = maxMemory
 		// Every write is on disk before it is acknowledged (lessons.md: by
 		// default JetStream syncs every 2 minutes, and acknowledged writes
 		// were lost): an archive a declaration names must survive a power
@@ -528,6 +528,15 @@ func (s *Server) Shutdown() {
 		s.store.Close()
 	}
 }
+
+// maxPayload is the largest message the broker takes (a user's own bound
+// may be lower), and maxMemory what JetStream may keep in memory: no
+// account may keep streams there, but an ordered consumer keeps its own
+// small state there, uncounted.
+const (
+	maxPayload = 8 << 20
+	maxMemory  = 64 << 20
+)
 
 // AuthTimeout is how long the broker waits for a new connection to
 // present its credentials before closing it.
