@@ -47,7 +47,7 @@ func newArchiveMesh(t *testing.T) *archiveMesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust, err := trustOf(ctx, st.Identity, keys)
+	trust, err := trustOf(ctx, st.Identity, keys, false)
 	if err != nil {
 		t.Fatal(err)
 	}

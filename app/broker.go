@@ -200,11 +200,15 @@ func brokerKeys(ctx context.Context, ids *identity.Store) (broker.Keys, error) {
 }
 
 // trustOf is what a broker must hold to trust this controller, with every
-// revoked user revoked in the account.
-func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys) (broker.Trust, error) {
+// revoked user revoked in the account: the embedded broker, or an external
+// one (a cluster).
+func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys, external bool) (broker.Trust, error) {
 	revoked, err := ids.Revoked(ctx)
 	if err != nil {
 		return broker.Trust{}, err
+	}
+	if external {
+		return keys.ClusterTrust(joinUser(), revoked)
 	}
 	return keys.Trust(joinUser(), revoked)
 }
@@ -326,7 +330,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	switch {
 	case v.External:
 		v.URLs = daemon.SplitURLs(c.Broker)
-		trust, err := trustOf(ctx, ids, keys)
+		trust, err := trustOf(ctx, ids, keys, true)
 		if err != nil {
 			return BrokerView{}, err
 		}
@@ -369,7 +373,7 @@ func (c *Controller) BrokerConfig(ctx context.Context, n BrokerConfigRequest) (s
 	if err != nil {
 		return "", err
 	}
-	trust, err := trustOf(ctx, st.Identity, keys)
+	trust, err := trustOf(ctx, st.Identity, keys, true)
 	if err != nil {
 		return "", err
 	}

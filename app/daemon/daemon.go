@@ -517,7 +517,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
-	replicas := 1
+	replicas, jetStream := 1, d.srv != nil
 	if d.srv == nil && d.u.SystemUser != nil {
 		if d.sc, err = dial("mesh-controller system", d.u.SystemUser); err != nil {
 			return stop, err
@@ -526,11 +526,14 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		// Revocations recorded while no controller served reach the
 		// broker now.
 		d.pushAccount("serve started")
-		if n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout); err != nil {
+		n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout)
+		if err != nil {
 			d.logf("ask the broker's servers about JetStream: %v", err)
-		} else if n >= 3 {
+		}
+		if n >= 3 {
 			replicas = 3
 		}
+		jetStream = n > 0
 	}
 	if d.u.Connected != nil {
 		if err := d.u.Connected(ctx, d.nc, replicas); err != nil {
@@ -540,9 +543,36 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			// An external broker may have no JetStream: builds cannot
 			// store archives there, and the rest of the mesh serves.
 			d.logf("%v", err)
+			if jetStream {
+				// A cluster choosing its leader, or one server of three
+				// away (three copies need three servers): tried again
+				// until it can be done.
+				go d.connectedLater(ctx, replicas)
+			}
 		}
 	}
 	return stop, nil
+}
+
+// connectedRetry is how often Connected is tried again on an external
+// broker's JetStream until it succeeds.
+const connectedRetry = 2 * time.Second
+
+// connectedLater tries Connected again until it succeeds or ctx ends.
+func (d *daemon) connectedLater(ctx context.Context, replicas int) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(connectedRetry):
+		}
+		if err := d.u.Connected(ctx, d.nc, replicas); err == nil {
+			d.logf("the broker's JetStream answers: the archives bucket is ready")
+			return
+		} else if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // SplitURLs is each URL of a comma-separated list, spaces trimmed and

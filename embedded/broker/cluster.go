@@ -62,8 +62,9 @@ func ServerConfig(t Trust, n ClusterNode) string {
 	fmt.Fprintf(&b, "# a connection without credentials lands in the join account\n")
 	fmt.Fprintf(&b, "default_sentinel: %s\n", q(t.Sentinel))
 	fmt.Fprintf(&b, "\n# the controller pushes account updates (revoked users) to this resolver;\n")
-	fmt.Fprintf(&b, "# the servers pass them to each other\n")
-	fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n  interval: \"2m\"\n  timeout: \"5s\"\n}\n", q(n.Dir+"/jwt"))
+	fmt.Fprintf(&b, "# the servers compare what they hold every 5 s, so one that was away\n")
+	fmt.Fprintf(&b, "# takes what it missed when it is back\n")
+	fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n  interval: \"5s\"\n  timeout: \"5s\"\n}\n", q(n.Dir+"/jwt"))
 	fmt.Fprintf(&b, "resolver_preload: {\n")
 	preload := t.Preload()
 	for _, pub := range slices.Sorted(maps.Keys(preload)) {

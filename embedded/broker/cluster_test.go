@@ -89,7 +89,7 @@ func startCluster(t *testing.T, tr Trust) []string {
 // then refused by each.
 func TestServerConfig_Cluster(t *testing.T) {
 	k := newKeys(t)
-	tr, err := k.Trust(testJoin, nil)
+	tr, err := k.ClusterTrust(testJoin, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestServerConfig_Cluster(t *testing.T) {
 
 	kp, _ := nkeys.FromSeed(seed)
 	pub, _ := kp.PublicKey()
-	revoked, err := k.Trust(testJoin, map[string]time.Time{pub: time.Now()})
+	revoked, err := k.ClusterTrust(testJoin, map[string]time.Time{pub: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestPushAccount_NoResolver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	tr, _ := k.Trust(testJoin, nil)
+	tr, _ := k.ClusterTrust(testJoin, nil)
 	if _, err := PushAccount(sc, tr, 2*time.Second); !errors.Is(err, ErrNoResolver) {
 		t.Fatalf("pushed to a broker without a full resolver: %v", err)
 	}

@@ -1,0 +1,179 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/embedded/broker/clustertest"
+)
+
+// natsCluster runs three nats-server processes configured as 'broker show
+// --config' prints for c, and points c at them.
+func natsCluster(t *testing.T, c *Controller) *clustertest.Cluster {
+	t.Helper()
+	cl := clustertest.Start(t, 3, func(n BrokerConfigRequest) (string, error) {
+		return c.BrokerConfig(context.Background(), n)
+	})
+	c.Broker = cl.URLs()
+	return cl
+}
+
+// clusterMesh is a controller serving through a NATS cluster of three.
+func clusterMesh(t *testing.T) (*testMesh, *clustertest.Cluster) {
+	t.Helper()
+	c, _ := migrated(t)
+	cl := natsCluster(t, c)
+	m := &testMesh{t: t, c: c, listen: "unused:0", logs: &syncBuffer{}, opts: ServeOptions{CatchUpEvery: 200 * time.Millisecond}}
+	m.start()
+	t.Cleanup(m.stop)
+	return m, cl
+}
+
+// carryOn declares each host anew and waits until every host was heard after since and applied
+// a declaration sent after it.
+func (m *testMesh) carryOn(t *testing.T, what string, hosts ...*testHost) {
+	t.Helper()
+	since := time.Now()
+	for _, h := range hosts {
+		d := m.declare(h.name, moduleBody("after-"+strings.ReplaceAll(what, " ", "-"), "/srv/"+h.name))
+		checkFor(t, 20*time.Second, func() error {
+			n := m.node(h.name)
+			if n.SerialApplied < d.Serial || n.LastHeard == nil || !n.LastHeard.After(since) {
+				return fmt.Errorf("%s %s: applied %d of %d, last heard %s", what, h.name, n.SerialApplied, d.Serial, n.LastHeard)
+			}
+			return nil
+		})
+	}
+}
+
+// TestMesh_Cluster serves a mesh through a NATS cluster of three
+// nats-server processes configured as broker show --config prints: hosts
+// are given every server's URL; the archives bucket keeps three copies;
+// the server the controller is on, then one a host is on, is killed with
+// SIGKILL and the controller and hosts carry on through the other two; a
+// removed node's host is refused by every server, the one that was away
+// when it was removed included, without anyone reloading anything.
+func TestMesh_Cluster(t *testing.T) {
+	m, cl := clusterMesh(t)
+	if got := strings.Split(m.url, ","); len(got) != 3 {
+		t.Fatalf("serving on %s, want the three servers", m.url)
+	}
+	hosts := []*testHost{m.join("web1"), m.join("web2"), m.join("web3")}
+	want := strings.Split(cl.URLs(), ",")
+	for _, h := range hosts {
+		if !slices.Equal(h.state.BrokerURLs, want) {
+			t.Fatalf("%s was given %v, want every server's %v", h.name, h.state.BrokerURLs, want)
+		}
+	}
+	m.carryOn(t, "joined", hosts...)
+
+	ctx := context.Background()
+	archiveCopies(t, m, 3)
+
+	// The server the controller is on.
+	killed := cl.Holding("mesh-controller")
+	if killed < 0 {
+		t.Fatal("the controller is on no server")
+	}
+	onIt := hostsOn(cl, killed, hosts)
+	cl.Kill(killed)
+	m.carryOn(t, "server "+cl.Servers[killed].Name+" killed", hosts...)
+	t.Logf("killed %s, the controller's server (hosts on it: %v)", cl.Servers[killed].Name, onIt)
+	cl.Restart(killed)
+
+	// A server a host is on, if none was on the controller's.
+	if len(onIt) == 0 {
+		i := cl.Holding("mesh-host web1")
+		cl.Kill(i)
+		m.carryOn(t, "server "+cl.Servers[i].Name+" of web1 killed", hosts...)
+		cl.Restart(i)
+	}
+
+	// web2 removed while one server is away: every server refuses it,
+	// the one away too once it is back.
+	away := cl.Holding("mesh-host web2")
+	cl.Kill(away)
+	m.carryOn(t, "server of web2 killed", hosts[0], hosts[2])
+	if _, err := m.c.NodeRemove(ctx, NodeRemoveRequest{Names: []string{"web2"}, Why: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	hosts[1].stop() // refused from now on, it would try again and again
+	cl.Restart(away)
+	opts, err := hosts[1].state.ConnectOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range cl.Servers {
+		checkFor(t, 10*time.Second, func() error {
+			c, err := nats.Connect(s.URL, append(opts, nats.NoReconnect())...)
+			if err == nil {
+				c.Close()
+				return fmt.Errorf("%s let the removed web2 connect", s.Name)
+			}
+			return nil
+		})
+	}
+	if !strings.Contains(m.logs.String(), "the mesh account's JWT taken by") {
+		t.Errorf("no push said in the log:\n%s", m.logs.String())
+	}
+}
+
+// archiveCopies waits until the archives bucket keeps want copies.
+func archiveCopies(t *testing.T, m *testMesh, want int) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := m.c.dialBroker(ctx, st.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	checkFor(t, 20*time.Second, func() error {
+		stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
+		if err == nil && stream.CachedInfo().Config.Replicas != want {
+			err = fmt.Errorf("the archives bucket keeps %d copies, want %d", stream.CachedInfo().Config.Replicas, want)
+		}
+		return err
+	})
+}
+
+// hostsOn are the hosts connected to server i now.
+func hostsOn(cl *clustertest.Cluster, i int, hosts []*testHost) []string {
+	var on []string
+	clients := cl.Clients(i)
+	for _, h := range hosts {
+		if slices.Contains(clients, "mesh-host "+h.name) {
+			on = append(on, h.name)
+		}
+	}
+	return on
+}
+
+// serve given every server of a cluster of which one is away when it
+// starts serves through the others, and hosts join and apply.
+func TestMesh_ClusterServerAwayAtStart(t *testing.T) {
+	c, _ := migrated(t)
+	cl := natsCluster(t, c)
+	cl.Kill(0)
+	m := &testMesh{t: t, c: c, listen: "unused:0", logs: &syncBuffer{}, opts: ServeOptions{CatchUpEvery: 200 * time.Millisecond}}
+	m.start()
+	t.Cleanup(m.stop)
+	h := m.join("web1")
+	m.carryOn(t, "one server away at start", h)
+	// Three copies of the archives need the third server: the bucket is
+	// made once it is back.
+	cl.Restart(0)
+	archiveCopies(t, m, 3)
+}
