@@ -26,7 +26,9 @@ import (
 //	                                   + archive writes, for the build seat's holder (below)
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
 //	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
-//	system   (the server's own)
+//	system   controller (an external  $SYS.REQ.CLAIMS.UPDATE          _INBOX.>                           the server's
+//	         broker only)              $SYS.REQ.SERVER.PING.JSZ
+//	         (and the server's own)
 //
 // Archives (protocol.md, "Added in the second round") are kept in the mesh
 // account's JetStream object store, bucket mesh-archives (stream
@@ -350,6 +352,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
 		{"archive writes (added to the module user of the build seat's holder)", builderArchivePermissions()},
+		{"controller pushing account JWTs (in the system account, with an external broker)", broker.SystemPermissions()},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}

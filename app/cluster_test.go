@@ -130,16 +130,7 @@ func TestMesh_Cluster(t *testing.T) {
 func archiveCopies(t *testing.T, m *testMesh, want int) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := m.c.stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := m.c.dialBroker(ctx, st.Identity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, _ := jetstream.New(m.controllerConn(t))
 	checkFor(t, 20*time.Second, func() error {
 		stream, err := js.Stream(ctx, "OBJ_"+protocol.ArchiveBucket)
 		if err == nil && stream.CachedInfo().Config.Replicas != want {

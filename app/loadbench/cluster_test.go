@@ -1,10 +1,8 @@
 package loadbench
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -12,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/app"
 	"mesh-controller/embedded/broker"
 	"mesh-controller/embedded/broker/clustertest"
 	"mesh-controller/embedded/sqlite"
@@ -28,13 +25,7 @@ import (
 //
 //	MESH_BENCH=1 go test -count=1 -run TestClusterServerKilled -v ./app/loadbench/
 func TestClusterServerKilled(t *testing.T) {
-	if os.Getenv("MESH_BENCH") == "" {
-		t.Skip("the load measurement runs with MESH_BENCH=1")
-	}
-	hosts, err := strconv.Atoi(cmp.Or(os.Getenv("MESH_BENCH_HOSTS"), "1000"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	hosts := benchHosts(t, 1000)
 	dir := t.TempDir()
 	mc, mh := build(t, dir, "./cmd/mesh-controller", "mesh-controller"), build(t, dir, "./cmd/mesh-host", "mesh-host")
 	c := newController(t, mc)
@@ -50,28 +41,9 @@ func TestClusterServerKilled(t *testing.T) {
 	tokens := filepath.Join(c.data, "tokens.txt")
 	c.run("token", "issue", "--new", "k", "--count", strconv.Itoa(hosts), "--out", tokens)
 	ctx := context.Background()
-	a := app.New(c.data)
-	defer a.Close()
-	st, err := a.Stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openStores(t, c.data)
 	until := func(within time.Duration, want int, query string, args ...any) (time.Duration, int) {
-		start, n := time.Now(), 0
-		for time.Since(start) < within {
-			st.DB("inventory").Reader.QueryRow(query, args...).Scan(&n)
-			if n >= want {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return time.Since(start), n
-	}
-	measured := func(d time.Duration, n, want int) string {
-		if n < want {
-			return fmt.Sprintf("%d of %d in %s", n, want, d.Round(time.Second))
-		}
-		return d.Round(100 * time.Millisecond).String()
+		return untilCount(st, within, want, query, args...)
 	}
 	sim := exec.Command(mh, "simulate", "--broker", c.url, "--tokens", tokens, "--heartbeat", "10s", "--report", "1h", "--json")
 	if err := sim.Start(); err != nil {
