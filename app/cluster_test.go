@@ -86,7 +86,7 @@ func TestMesh_Cluster(t *testing.T) {
 	onIt := hostsOn(cl, killed, hosts)
 	cl.Kill(killed)
 	m.carryOn(t, "server "+cl.Servers[killed].Name+" killed", hosts...)
-	t.Logf("killed %s, the controller's server (hosts on it: %v)", cl.Servers[killed].Name, onIt)
+	t.Logf("killed %s, the controller's server (hosts on it: %v)\n%s", cl.Servers[killed].Name, onIt, m.logs)
 	cl.Restart(killed)
 
 	// A server a host is on, if none was on the controller's.

@@ -480,6 +480,14 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 					subject = sub.Subject
 				}
 				d.logf("broker (%s): %s: %v", name, subject, err)
+			}),
+			// Said, so that a broker server lost (one of a cluster's) shows
+			// in the log with where the connection went on.
+			nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+				d.logf("broker (%s): connection lost: %v", name, err)
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) {
+				d.logf("broker (%s): connected again, to %s", name, nc.ConnectedUrlRedacted())
 			})}
 		if inProcess == nil {
 			// nats.go dials the servers of a list in turn until one

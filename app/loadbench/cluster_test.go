@@ -3,6 +3,7 @@ package loadbench
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -35,6 +36,7 @@ func TestClusterServerKilled(t *testing.T) {
 		return out, nil
 	})
 	c.broker = cl.URLs()
+	c.profile = filepath.Join(dir, "serve")
 	c.serve()
 	defer c.stop()
 
@@ -81,4 +83,12 @@ func TestClusterServerKilled(t *testing.T) {
 		WHERE d.plan_version = n.plan_version AND n.serial_applied >= d.serial AND n.last_heard >= ?`, sqlite.FormatTime(changed))
 	add(fmt.Sprintf("then a change to all %d nodes: all applied", hosts), measured(d, n, hosts), "through the two servers left (catch-up every 5 s)")
 	fmt.Println()
+	if log, err := os.ReadFile(c.profile + ".log"); err == nil {
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, "broker (") {
+				fmt.Println("  serve: " + line)
+			}
+		}
+	}
+	fmt.Printf("  killed at %s\n", at.UTC().Format(time.RFC3339Nano))
 }
