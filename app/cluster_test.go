@@ -89,11 +89,12 @@ func TestMesh_Cluster(t *testing.T) {
 	if killed < 0 {
 		t.Fatal("the controller is on no server")
 	}
-	onIt := hostsOn(cl, killed, hosts)
-	var simOn []string
-	for _, name := range cl.Clients(killed) {
-		if node, ok := strings.CutPrefix(name, "mesh-host sim"); ok {
-			simOn = append(simOn, "'sim"+node+"'")
+	var onIt, simOn []string
+	for _, node := range cl.Hosts(killed) {
+		if strings.HasPrefix(node, "sim") {
+			simOn = append(simOn, "'"+node+"'")
+		} else {
+			onIt = append(onIt, node)
 		}
 	}
 	at := time.Now()
@@ -159,18 +160,6 @@ func archiveCopies(t *testing.T, m *testMesh, want int) {
 		}
 		return err
 	})
-}
-
-// hostsOn are the hosts connected to server i now.
-func hostsOn(cl *clustertest.Cluster, i int, hosts []*testHost) []string {
-	var on []string
-	clients := cl.Clients(i)
-	for _, h := range hosts {
-		if slices.Contains(clients, "mesh-host "+h.name) {
-			on = append(on, h.name)
-		}
-	}
-	return on
 }
 
 // serve given every server of a cluster of which one is away when it

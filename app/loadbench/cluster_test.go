@@ -58,10 +58,8 @@ func TestClusterServerKilled(t *testing.T) {
 
 	killed := cl.Holding("mesh-controller")
 	var on []string
-	for _, name := range cl.Clients(killed) {
-		if node, ok := strings.CutPrefix(name, "mesh-host "); ok {
-			on = append(on, "'"+node+"'")
-		}
+	for _, node := range cl.Hosts(killed) {
+		on = append(on, "'"+node+"'")
 	}
 	fmt.Printf("\na broker server of three killed under %d simulated hosts (%d of them on it, and the controller):\n\n", hosts, len(on))
 	at := time.Now()

@@ -200,6 +200,19 @@ func (c *Cluster) Clients(i int) []string {
 	return names
 }
 
+// Hosts are the nodes whose hosts are connected to server i now, by their
+// connections' names (mesh-host NODE).
+func (c *Cluster) Hosts(i int) []string {
+	c.t.Helper()
+	var nodes []string
+	for _, name := range c.Clients(i) {
+		if node, ok := strings.CutPrefix(name, "mesh-host "); ok {
+			nodes = append(nodes, node)
+		}
+	}
+	return nodes
+}
+
 // Holding is the index of the server a client of that name is connected
 // to, -1 if none.
 func (c *Cluster) Holding(name string) int {
