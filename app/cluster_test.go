@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/broker/clustertest"
 	"mesh-controller/embedded/sqlite"
@@ -177,4 +179,34 @@ func TestMesh_ClusterServerAwayAtStart(t *testing.T) {
 	// made once it is back.
 	cl.Restart(0)
 	archiveCopies(t, m, 3)
+}
+
+// A host asking to join while no controller answers joins yet (one about
+// to serve, or its connection moving to another server of a cluster) asks
+// again, and joins once one does.
+func TestMesh_JoinBeforeServe(t *testing.T) {
+	c, st := migrated(t)
+	external, _ := externalBroker(t, st, freeAddr(t))
+	defer external.Shutdown()
+	c.Broker = external.ClientURL()
+	tok, err := c.TokenIssue(context.Background(), TokenRequest{Node: "web1", New: true, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := make(chan error, 1)
+	go func() {
+		_, err := host.Join(context.Background(), host.JoinOptions{Broker: c.Broker, Token: tok.Token, Node: "web1", State: filepath.Join(t.TempDir(), "state")})
+		joined <- err
+	}()
+	m := &testMesh{t: t, c: c, listen: "unused:0", logs: &syncBuffer{}}
+	m.start()
+	defer m.stop()
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatalf("join asked before serve: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("join asked before serve: not done after 30s")
+	}
 }
