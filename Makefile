@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules run demo demo-ha test tools lint bench soak measure-archives fuzz clean
+.PHONY: build modules nats-server run demo demo-ha test tools lint bench soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -22,6 +22,13 @@ build: modules
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-host ./cmd/mesh-host
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-builder ./cmd/mesh-builder
+
+# nats-server is the NATS server of the version go.mod names, built from
+# its module: what a broker cluster's servers run ('mesh-controller broker
+# show --config' prints their configuration), and what make test runs a
+# cluster of on loopback.
+nats-server: modules
+	$(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 # run migrates the default data dir (or $MESH_DATA) and serves until Ctrl-C.
 run: build
@@ -155,10 +162,10 @@ demo-ha: build
 # the system is changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git
 
-test: tools
-	MESH_TEST_TOOLS=1 $(GO) test -count=1 -timeout 12m ./...
+test: tools nats-server
+	MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
 	@echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"
-	CGO_ENABLED=1 MESH_TEST_TOOLS=1 $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
+	CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \

@@ -47,7 +47,7 @@ func newArchiveMesh(t *testing.T) *archiveMesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust, err := trustOf(ctx, st.Identity, keys)
+	trust, err := trustOf(ctx, st.Identity, keys, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,10 +307,10 @@ func TestArchives_PutAndGet(t *testing.T) {
 	defer cancel()
 	m := newArchiveMesh(t)
 	ctl, _ := m.controller(t)
-	if err := archive.EnsureBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := archive.EnsureBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl, 1); err != nil {
 		t.Fatalf("again: %v", err)
 	}
 	if archive.BucketMaxBytes >= broker.MaxStore {
@@ -433,7 +433,7 @@ func TestArchives_Permissions(t *testing.T) {
 	ctx := context.Background()
 	m := newArchiveMesh(t)
 	ctl, _ := m.controller(t)
-	if err := archive.EnsureBucket(ctx, ctl); err != nil {
+	if err := archive.EnsureBucket(ctx, ctl, 1); err != nil {
 		t.Fatal(err)
 	}
 	builder, _ := m.builder(t, "build1")

@@ -26,7 +26,9 @@ import (
 //	                                   + archive writes, for the build seat's holder (below)
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
 //	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
-//	system   (the server's own)
+//	system   controller (an external  $SYS.REQ.CLAIMS.UPDATE          _INBOX.>                           the server's
+//	         broker only)              $SYS.REQ.SERVER.PING.JSZ
+//	         (and the server's own)
 //
 // Archives (protocol.md, "Added in the second round") are kept in the mesh
 // account's JetStream object store, bucket mesh-archives (stream
@@ -200,11 +202,15 @@ func brokerKeys(ctx context.Context, ids *identity.Store) (broker.Keys, error) {
 }
 
 // trustOf is what a broker must hold to trust this controller, with every
-// revoked user revoked in the account.
-func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys) (broker.Trust, error) {
+// revoked user revoked in the account: the embedded broker, or an external
+// one (a cluster).
+func trustOf(ctx context.Context, ids *identity.Store, keys broker.Keys, external bool) (broker.Trust, error) {
 	revoked, err := ids.Revoked(ctx)
 	if err != nil {
 		return broker.Trust{}, err
+	}
+	if external {
+		return keys.ClusterTrust(joinUser(), revoked)
 	}
 	return keys.Trust(joinUser(), revoked)
 }
@@ -330,8 +336,8 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 	}
 	switch {
 	case v.External:
-		v.URLs = []string{c.Broker}
-		trust, err := trustOf(ctx, ids, keys)
+		v.URLs = daemon.SplitURLs(c.Broker)
+		trust, err := trustOf(ctx, ids, keys, true)
 		if err != nil {
 			return BrokerView{}, err
 		}
@@ -351,8 +357,33 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
 		{"archive writes (added to the module user of the build seat's holder)", builderArchivePermissions()},
+		{"controller pushing account JWTs (in the system account, with an external broker)", broker.SystemPermissions()},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})
 	}
 	return v, nil
+}
+
+// BrokerConfigRequest says which server of a cluster a configuration is for.
+type BrokerConfigRequest = broker.ClusterNode
+
+// BrokerConfig is the nats-server configuration of one server of the
+// broker cluster a grown mesh uses instead of the embedded broker
+// (serve --broker with every server's URL): it trusts this controller's
+// operator, preloads the mesh's accounts into a full resolver the
+// controller then keeps current, and runs JetStream for the archives.
+func (c *Controller) BrokerConfig(ctx context.Context, n BrokerConfigRequest) (string, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return "", err
+	}
+	keys, err := brokerKeys(ctx, st.Identity)
+	if err != nil {
+		return "", err
+	}
+	trust, err := trustOf(ctx, st.Identity, keys, true)
+	if err != nil {
+		return "", err
+	}
+	return broker.ServerConfig(trust, n), nil
 }

@@ -458,4 +458,9 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	m.join("web1")
 	m.declare("web1", moduleBody("one", "/srv/one"))
 	waitFor(t, "web1 to apply through the external broker", func() bool { return m.node("web1").SerialApplied == 1 })
+	// A broker without a full resolver cannot be given revocations by the
+	// controller: the log says what a person must do.
+	if !strings.Contains(m.logs.String(), "no broker server took the account JWT: give the broker a full resolver") {
+		t.Errorf("the log does not say the broker takes no pushed JWT:\n%s", m.logs)
+	}
 }

@@ -35,6 +35,12 @@ func checkFor(t testing.TB, within time.Duration, check func() error) {
 // until the test ends; stop ends them and returns what they did.
 func simulated(t *testing.T, m *testMesh, hosts int) (stop func() host.SimStats) {
 	t.Helper()
+	return simulatedEvery(t, m, hosts, time.Second)
+}
+
+// simulatedEvery is simulated, the hosts beating every beat.
+func simulatedEvery(t *testing.T, m *testMesh, hosts int, beat time.Duration) (stop func() host.SimStats) {
+	t.Helper()
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if _, err := m.c.TokenIssueMany(context.Background(), "sim", hosts, false, time.Hour, tokens); err != nil {
 		t.Fatal(err)
@@ -42,7 +48,7 @@ func simulated(t *testing.T, m *testMesh, hosts int) (stop func() host.SimStats)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan host.SimStats, 1)
 	go func() {
-		s, err := host.Simulate(ctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Out: io.Discard})
+		s, err := host.Simulate(ctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: beat, Out: io.Discard})
 		if err != nil {
 			t.Error(err)
 		}

@@ -83,7 +83,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			return sv.keys.NewAdmitter("controller joins", admitPermissions())
 		},
 		Trust: func(ctx context.Context) (broker.Trust, error) {
-			return trustOf(ctx, st.Identity, sv.keys)
+			return trustOf(ctx, st.Identity, sv.keys, c.Broker != "")
+		},
+		// The system account's key is kept with the operator's: the
+		// controller signs its own user there, to push account JWTs to an
+		// external broker's resolver.
+		SystemUser: func(context.Context) (string, []byte, error) {
+			return sv.keys.NewSystemUser("controller system")
 		},
 		Join:    sv.joinMany,
 		CatchUp: c.catchUp,

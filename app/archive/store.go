@@ -46,14 +46,17 @@ var ErrMismatch = errors.New("the object stored under that digest records other 
 
 // EnsureBucket makes the archives bucket if the broker has none, in
 // files, bounded by BucketMaxBytes (a put past it is refused, never
-// the oldest archives dropped); one that exists is left as it is. serve
-// calls it once it is connected.
+// the oldest archives dropped), each archive kept by replicas servers of
+// the broker (3 on a cluster, so that one server lost loses nothing; 1 on
+// the embedded broker); one that exists is left as it is, but for being
+// given more copies when the broker has grown into a cluster. serve calls
+// it once it is connected.
 //
 // The bucket is nats.go's object store layout with one difference: its
 // stream answers no direct get, so anyone may only read a stored message
 // as a JetStream API answer (JSON, the message in base64), never have the
 // server publish its raw bytes onto a subject the asker chose (app/broker.go).
-func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
+func EnsureBucket(ctx context.Context, nc *nats.Conn, replicas int) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("make the archives bucket: %w", err)
@@ -62,7 +65,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 	// Looked up first: making it again, even alike, would be refused, its
 	// bound counted twice against the account's.
 	if _, err := js.ObjectStore(ctx, b); err == nil {
-		return nil
+		return moreReplicas(ctx, js, replicas)
 	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return fmt.Errorf("the archives bucket %s: %w", b, err)
 	}
@@ -71,7 +74,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 		Description: "module archives, each named by its sha256",
 		Subjects:    []string{"$O." + protocol.ArchiveBucket + ".C.>", "$O." + protocol.ArchiveBucket + ".M.>"},
 		Storage:     jetstream.FileStorage,
-		Replicas:    1,
+		Replicas:    replicas,
 		MaxBytes:    BucketMaxBytes,
 		// A chunk and its headers; a meta is far smaller.
 		MaxMsgSize: chunkBytes + 4<<10,
@@ -83,6 +86,25 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn) error {
 	})
 	if err != nil {
 		return fmt.Errorf("make the archives bucket %s: %w", b, err)
+	}
+	return nil
+}
+
+// moreReplicas gives the archives bucket replicas copies if it has fewer
+// (a bucket made on one server, the broker since grown into a cluster):
+// the servers copy what it holds to the new ones themselves.
+func moreReplicas(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	stream, err := js.Stream(ctx, streamName)
+	if err != nil {
+		return fmt.Errorf("the archives bucket %s: %w", protocol.ArchiveBucket, err)
+	}
+	cfg := stream.CachedInfo().Config
+	if cfg.Replicas >= replicas {
+		return nil
+	}
+	cfg.Replicas = replicas
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("give the archives bucket %s %d copies: %w", protocol.ArchiveBucket, replicas, err)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,7 +79,8 @@ const (
 type Options struct {
 	// Listen is the embedded broker's address (host:port; port 0 picks one).
 	Listen string
-	// Broker is an external NATS URL; empty starts the embedded broker.
+	// Broker is an external NATS: its servers' URLs, separated by commas
+	// (a cluster's every server); empty starts the embedded broker.
 	Broker string
 	// BrokerStore is where the embedded broker keeps JetStream's files (the
 	// archives bucket); empty leaves JetStream off.
@@ -173,6 +175,10 @@ type UseCases struct {
 	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Trust is what the embedded broker holds, revoked users included.
 	Trust func(ctx context.Context) (broker.Trust, error)
+	// SystemUser signs a fresh user of the system account for the
+	// daemon's connection that pushes account JWTs to an external
+	// broker's resolver. Nil: they are not pushed.
+	SystemUser func(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Join admits hosts presenting tokens, each judged alone; urls are
 	// where hosts dial. Each result is what admitting one made, a *Refusal
 	// saying why it refused, or another error when it could not decide;
@@ -194,8 +200,10 @@ type UseCases struct {
 	// line says what came of it. Nil: builds are not served.
 	TakeIn func(ctx context.Context, outcome []byte, reply string) (line string, err error)
 	// Connected is told the daemon's connection once it is made (the
-	// archives bucket is made there).
-	Connected func(ctx context.Context, nc *nats.Conn) error
+	// archives bucket is made there), and how many copies the broker can
+	// keep of what it stores: 3 on a JetStream cluster of three servers or
+	// more, else 1.
+	Connected func(ctx context.Context, nc *nats.Conn, replicas int) error
 	// ReAsk asks a dead build again under a new id (the re-ask healer).
 	ReAsk func(ctx context.Context, id string) error
 	// DispatchBuilds offers waiting asks to builders and expires the late.
@@ -284,10 +292,16 @@ type daemon struct {
 	// lost hears, from any write, that the fence refused it.
 	lost chan error
 
-	nc  *nats.Conn // hosts' reports and requests
-	jc  *nats.Conn // joins, in the admit account: a flood of them cannot close nc
-	url string
-	srv *broker.Server // nil with an external broker
+	nc *nats.Conn // hosts' reports and requests
+	jc *nats.Conn // joins, in the admit account: a flood of them cannot close nc
+	// sc is the system account's, which pushes account JWTs to an external
+	// broker's resolver; nil with the embedded broker.
+	sc *nats.Conn
+	// url is where the broker is, as nats.go dials it (a cluster's servers
+	// separated by commas), and urls each server's: what hosts are given.
+	url  string
+	urls []string
+	srv  *broker.Server // nil with an external broker
 
 	keys   hostKeys
 	events chan *event
@@ -554,10 +568,11 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			return stop, err
 		}
 		undo = append(undo, srv.Shutdown)
-		d.srv, d.url = srv, srv.ClientURL()
+		d.srv, d.url, d.urls = srv, srv.ClientURL(), []string{srv.ClientURL()}
 		inProcess = srv.InProcess()
 	} else {
-		d.url = d.o.Broker
+		d.urls = SplitURLs(d.o.Broker)
+		d.url = strings.Join(d.urls, ",")
 	}
 	dial := func(name string, user func(context.Context) (string, []byte, error)) (*nats.Conn, error) {
 		userJWT, seed, err := user(ctx)
@@ -572,8 +587,18 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 					subject = sub.Subject
 				}
 				d.logf("broker (%s): %s: %v", name, subject, err)
+			}),
+			// Said, so that a broker server lost (one of a cluster's) shows
+			// in the log with where the connection went on.
+			nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+				d.logf("broker (%s): connection lost: %v", name, err)
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) {
+				d.logf("broker (%s): connected again, to %s", name, nc.ConnectedUrlRedacted())
 			})}
 		if inProcess == nil {
+			// nats.go dials the servers of a list in turn until one
+			// answers, and fails over to the others when it is lost.
 			nc, err := nats.Connect(d.url, opts...)
 			if err != nil {
 				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
@@ -607,17 +632,74 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
+	replicas, jetStream := 1, d.srv != nil
+	if d.srv == nil && d.u.SystemUser != nil {
+		if d.sc, err = dial("mesh-controller system", d.u.SystemUser); err != nil {
+			return stop, err
+		}
+		undo = append(undo, d.sc.Close)
+		// Revocations recorded while no controller served reach the
+		// broker now.
+		d.pushAccount("serve started")
+		n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout)
+		if err != nil {
+			d.logf("ask the broker's servers about JetStream: %v", err)
+		}
+		if n >= 3 {
+			replicas = 3
+		}
+		jetStream = n > 0
+	}
 	if d.u.Connected != nil {
-		if err := d.u.Connected(ctx, d.nc); err != nil {
+		if err := d.u.Connected(ctx, d.nc, replicas); err != nil {
 			if d.o.Broker == "" {
 				return stop, err
 			}
 			// An external broker may have no JetStream: builds cannot
 			// store archives there, and the rest of the mesh serves.
 			d.logf("%v", err)
+			if jetStream {
+				// A cluster choosing its leader, or one server of three
+				// away (three copies need three servers): tried again
+				// until it can be done.
+				go d.connectedLater(ctx, replicas)
+			}
 		}
 	}
 	return stop, nil
+}
+
+// connectedRetry is how often Connected is tried again on an external
+// broker's JetStream until it succeeds.
+const connectedRetry = 2 * time.Second
+
+// connectedLater tries Connected again until it succeeds or ctx ends.
+func (d *daemon) connectedLater(ctx context.Context, replicas int) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(connectedRetry):
+		}
+		if err := d.u.Connected(ctx, d.nc, replicas); err == nil {
+			d.logf("the broker's JetStream answers: the archives bucket is ready")
+			return
+		} else if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// SplitURLs is each URL of a comma-separated list, spaces trimmed and
+// empty ones dropped.
+func SplitURLs(list string) []string {
+	var urls []string
+	for u := range strings.SplitSeq(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
 }
 
 // ErrBrokerUnreachable means no broker answered.

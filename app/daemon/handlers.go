@@ -484,7 +484,7 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 		asked = append(asked, i)
 	}
 	if len(asks) > 0 {
-		for k, r := range d.u.Join(ctx, asks, []string{d.url}) {
+		for k, r := range d.u.Join(ctx, asks, d.urls) {
 			results[asked[k]] = r
 		}
 	}
@@ -593,12 +593,13 @@ func sourceOf(m *nats.Msg) string {
 // user, which disconnects them.
 func (d *daemon) onRevoked(*nats.Msg) { d.disconnectRevoked("users were revoked") }
 
-// disconnectRevoked gives the embedded broker an account JWT revoking every
-// revoked user: the server closes their connections and refuses them from
-// then on. An external broker must be given it by its operator.
+// disconnectRevoked gives the broker an account JWT revoking every revoked
+// user: the server closes their connections and refuses them from then
+// on. The embedded broker is given it directly, an external one through
+// its resolver (pushAccount).
 func (d *daemon) disconnectRevoked(what string) {
 	if d.srv == nil {
-		d.logf("%s: reload the external broker's account JWT ('mesh-controller broker show --broker URL')", what)
+		d.pushAccount(what)
 		return
 	}
 	trust, err := d.u.Trust(d.bg)
@@ -610,6 +611,29 @@ func (d *daemon) disconnectRevoked(what string) {
 		return
 	}
 	d.logf("%s: revoked users disconnected", what)
+}
+
+// pushAccount gives an external broker's servers the mesh account's JWT,
+// through the full resolver each keeps it in (broker show --config): a
+// server away now takes it from the others when it comes back, and serve
+// pushes it again when it starts. A broker without one must be given it
+// by a person, and the log says so.
+func (d *daemon) pushAccount(what string) {
+	if d.sc == nil {
+		d.logf("%s: give the external broker the mesh account's JWT ('mesh-controller broker show --broker URL')", what)
+		return
+	}
+	trust, err := d.u.Trust(context.Background())
+	if err != nil {
+		d.logf("%s: revoke: %v", what, err)
+		return
+	}
+	n, err := broker.PushAccount(d.sc, trust, brokerTimeout)
+	if err != nil {
+		d.logf("%s: push the mesh account's JWT to the broker: %v", what, err)
+		return
+	}
+	d.logf("%s: the mesh account's JWT taken by %d broker servers, revoked users disconnected", what, n)
 }
 
 // EnvelopeOf is a kept declaration as sent to its host.

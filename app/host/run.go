@@ -66,7 +66,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.last, err = loadApplied(r.State.Dir); err != nil {
 		return fmt.Errorf("read %s: %w", fileApplied, err)
 	}
+	// changed asks for a beat soon: a module's state changed, or the
+	// controller answered an ask after a (re)connection.
 	changed := make(chan struct{}, 1)
+	beatAgain := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
 	r.sup = r.Supervisor
 	if r.sup == nil {
 		r.sup = &Supervisor{}
@@ -75,12 +83,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sup.LogDir = filepath.Join(r.Root, "var", "log", "mesh")
 	r.sup.Users = r.ModuleUsers && os.Geteuid() == 0
 	r.sup.Logf = r.logf
-	r.sup.OnChange = func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
+	r.sup.OnChange = beatAgain
 	// What a previous life left running is ended, then what was last
 	// declared runs again, before the controller is heard.
 	for _, line := range r.sup.Sweep() {
@@ -150,7 +153,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.publish(nc, protocol.FactsReport, Facts(r.Root))
 			// Heard at once, not a heartbeat interval later.
 			soon.Reset(beatSoon)
-			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes) })
+			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes, beatAgain) })
 		case dl := <-envelopes:
 			r.applyOne(nc, dl)
 		case <-changed:
@@ -221,8 +224,11 @@ func (r *Runner) publish(nc *nats.Conn, what string, body any) {
 
 // askLatest asks the controller for this node's latest declaration, as a
 // host does whenever it (re)connects, until it is answered: what was
-// declared while it was away arrives now.
-func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- delivery) {
+// declared while it was away arrives now. answered is told when it is:
+// the host beats again then, as the beat it sent on connecting may have
+// been lost (the controller's own connection coming back too, after a
+// broker server of a cluster was lost).
+func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- delivery, answered func()) {
 	r.mu.Lock()
 	serial := r.last.Serial
 	r.mu.Unlock()
@@ -239,6 +245,7 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 		}
 		return
 	}
+	answered()
 	if env == nil {
 		return
 	}

@@ -287,8 +287,13 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	defer next.Stop()
 	var asks asking
 	defer asks.end()
+	// answered asks for a beat: the controller answered the ask made on
+	// connecting, and may have lost the beat sent then (as a real host).
+	answered := make(chan struct{}, 1)
 	for {
 		select {
+		case <-answered:
+			beat()
 		case <-connected:
 			if b, err := protocol.Sign(s.HostKey, o.facts); err == nil {
 				nc.Publish(protocol.NodeSubject(s.Node, protocol.FactsReport), b)
@@ -299,6 +304,12 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 			mu.Unlock()
 			asks.start(ctx, func(ctx context.Context) {
 				env, err := askLatest(ctx, nc, s, serial, func(error) { st.asksUnanswered.Add(1) })
+				if err == nil {
+					select {
+					case answered <- struct{}{}:
+					default:
+					}
+				}
 				if err == nil && env != nil {
 					apply(*env)
 				}

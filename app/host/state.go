@@ -143,6 +143,12 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 const (
 	joinWithin = time.Minute
 	askWithin  = protocol.JoinAnswerWithin + time.Second
+	// noRespondersFor is how long a join is asked again while the broker
+	// says no one answers joins: the controller's connection moving to
+	// another server of a cluster, or a server wiring the join account
+	// to the controller's for the first connections at once. Past it, no
+	// controller serves, and the join says so.
+	noRespondersFor = 10 * time.Second
 )
 
 // errNoAnswer means a join request was not answered within askWithin: the
@@ -153,12 +159,18 @@ var errNoAnswer = errors.New("no answer")
 // askToJoin asks the controller to join as the join user, and asks again a
 // moment later while the broker has no room for another connection without
 // credentials, or the controller answers that it is busy or not at all: a
-// rack of machines joining at once is admitted in turns.
+// rack of machines joining at once is admitted in turns. While the broker
+// says no one answers, it asks again for noRespondersFor.
 func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
+	var noResponders time.Time
 	for {
 		reply, err := askOnce(ctx, o, req)
+		if errors.Is(err, nats.ErrNoResponders) && noResponders.IsZero() {
+			noResponders = time.Now()
+		}
 		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || errors.Is(err, errNoAnswer) ||
-			(err == nil && reply.Error == protocol.JoinBusy)
+			(err == nil && reply.Error == protocol.JoinBusy) ||
+			(errors.Is(err, nats.ErrNoResponders) && time.Since(noResponders) < noRespondersFor)
 		if !busy {
 			return reply, err
 		}

@@ -62,6 +62,8 @@ type controller struct {
 	profile string
 	// listen is where serve's broker listens; empty picks a free port.
 	listen string
+	// broker, if set, is serve's --broker: an external broker's URLs.
+	broker string
 }
 
 func (c *controller) run(args ...string) (string, time.Duration) {
@@ -91,6 +93,9 @@ func (c *controller) try(args ...string) (string, time.Duration, error) {
 func (c *controller) serve() time.Duration {
 	c.t.Helper()
 	args := []string{"--data", c.data, "serve", "--listen", cmp.Or(c.listen, "127.0.0.1:0")}
+	if c.broker != "" {
+		args = append(args, "--broker", c.broker)
+	}
 	if c.profile != "" {
 		for _, ext := range []string{".cpu.pprof", ".heap.pprof", ".log"} {
 			os.Remove(c.profile + ext) // serve refuses to overwrite a CPU profile

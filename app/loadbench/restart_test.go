@@ -22,13 +22,7 @@ import (
 // within TestLoad: MESH_BENCH=1 go test -run TestRestartUnderLoad -v
 // ./app/loadbench/ (MESH_BENCH_HOSTS hosts, 10,000 by default).
 func TestRestartUnderLoad(t *testing.T) {
-	if os.Getenv("MESH_BENCH") == "" {
-		t.Skip("the load measurement runs from 'make bench' (MESH_BENCH=1)")
-	}
-	hosts, err := strconv.Atoi(cmp.Or(os.Getenv("MESH_BENCH_HOSTS"), "10000"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	hosts := benchHosts(t, 10000)
 	dir := t.TempDir()
 	restartUnderLoad(t, build(t, dir, "./cmd/mesh-controller", "mesh-controller"), build(t, dir, "./cmd/mesh-host", "mesh-host"), hosts)
 }
@@ -49,38 +43,12 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 	}()
 	tokens := filepath.Join(c.data, "tokens.txt")
 	c.run("token", "issue", "--new", "r", "--count", strconv.Itoa(hosts), "--out", tokens)
-	// One handle on the stores for this process, as a process opens each
-	// store once.
 	ctx := context.Background()
-	a := app.New(c.data)
-	defer a.Close()
-	st, err := a.Stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := func(query string, args ...any) int {
-		var n int
-		st.DB("inventory").Reader.QueryRow(query, args...).Scan(&n)
-		return n
-	}
-	// until polls count until it reaches every host, or within runs out:
-	// it returns how long it took and how many it reached.
+	st := openStores(t, c.data)
 	until := func(within time.Duration, query string, args ...any) (time.Duration, int) {
-		start, n := time.Now(), 0
-		for time.Since(start) < within {
-			if n = count(query, args...); n >= hosts {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		return time.Since(start), n
+		return untilCount(st, within, hosts, query, args...)
 	}
-	measured := func(d time.Duration, n int) string {
-		if n < hosts {
-			return fmt.Sprintf("%d of %d in %s", n, hosts, d.Round(time.Second))
-		}
-		return d.Round(100 * time.Millisecond).String()
-	}
+	measured := func(d time.Duration, n int) string { return measured(d, n, hosts) }
 
 	sim := exec.Command(mh, "simulate", "--broker", c.url, "--tokens", tokens, "--heartbeat", "10s", "--report", "1h", "--json")
 	var simOut bytes.Buffer
@@ -126,6 +94,53 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 	}
 	json.Unmarshal(simOut.Bytes(), &stats)
 	add(fmt.Sprintf("restarts under %d hosts: hosts that gave up", hosts), strconv.FormatInt(stats.GaveUp, 10), "goal 0")
+}
+
+// benchHosts is MESH_BENCH_HOSTS, or def; the test is skipped without
+// MESH_BENCH.
+func benchHosts(t *testing.T, def int) int {
+	if os.Getenv("MESH_BENCH") == "" {
+		t.Skip("the load measurement runs with MESH_BENCH=1 ('make bench')")
+	}
+	hosts, err := strconv.Atoi(cmp.Or(os.Getenv("MESH_BENCH_HOSTS"), strconv.Itoa(def)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hosts
+}
+
+// openStores is one handle on the stores in data for this process, as a
+// process opens each store once; closed when the test ends.
+func openStores(t *testing.T, data string) *app.Stores {
+	a := app.New(data)
+	t.Cleanup(func() { a.Close() })
+	st, err := a.Stores(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// untilCount polls query, a count of nodes, until it reaches want or
+// within runs out: it returns how long it took and how many it reached.
+func untilCount(st *app.Stores, within time.Duration, want int, query string, args ...any) (time.Duration, int) {
+	start, n := time.Now(), 0
+	for time.Since(start) < within {
+		st.DB("inventory").Reader.QueryRow(query, args...).Scan(&n)
+		if n >= want {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start), n
+}
+
+// measured is how long it took, or how many of want came within it.
+func measured(d time.Duration, n, want int) string {
+	if n < want {
+		return fmt.Sprintf("%d of %d in %s", n, want, d.Round(time.Second))
+	}
+	return d.Round(100 * time.Millisecond).String()
 }
 
 // freeAddr is a loopback address no one listens on, so that serve can be

@@ -21,7 +21,7 @@ var version string
 // Globals are the flags every command takes.
 type Globals struct {
 	Data   string `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
-	Broker string `name:"broker" env:"MESH_BROKER" placeholder:"URL" help:"An external NATS (nats://…) instead of the serving controller's embedded broker."`
+	Broker string `name:"broker" env:"MESH_BROKER" placeholder:"URL" help:"An external NATS instead of the serving controller's embedded broker: a cluster's servers, separated by commas (nats://a:4222,nats://b:4222,…; see 'broker show --config')."`
 }
 
 // CLI is every command mesh-controller has. A command that is not built is not here.

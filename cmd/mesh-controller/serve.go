@@ -127,10 +127,30 @@ type BrokerCmd struct {
 // BrokerShowCmd is broker show.
 type BrokerShowCmd struct {
 	JSON bool `name:"json" help:"Print one JSON object."`
+	// Config and the flags after it print a cluster server's configuration.
+	Config        bool   `help:"Print the nats-server configuration of one server of a broker cluster (serve --broker with every server's URL): the controller keeps its resolver's account JWTs current."`
+	Name          string `placeholder:"NAME" help:"With --config: the server's name, unique in the cluster."`
+	Listen        string `placeholder:"ADDR" help:"With --config: where its clients dial (default 0.0.0.0:4222)."`
+	ClusterListen string `placeholder:"ADDR" help:"With --config: where the other servers route to (default 0.0.0.0:6222)."`
+	Routes        string `placeholder:"URLS" help:"With --config: every server's route URL, separated by commas (nats-route://host:6222,…)."`
+	Dir           string `placeholder:"DIR" help:"With --config: where the server keeps the account JWTs and JetStream's files (default /var/lib/nats)."`
 }
+
+// Placeholders of a cluster server's configuration, for what broker show
+// --config is not told.
+const (
+	configName   = "NAME-OF-THIS-SERVER"
+	configRoutes = "nats-route://SERVER-A:6222,nats-route://SERVER-B:6222,nats-route://SERVER-C:6222"
+)
 
 // Run shows the broker.
 func (c *BrokerShowCmd) Run(env *Env) error {
+	if c.Config {
+		return c.printConfig(env)
+	}
+	if c.Name != "" || c.Listen != "" || c.ClusterListen != "" || c.Routes != "" || c.Dir != "" {
+		return clirun.UsageError{Msg: "--name, --listen, --cluster-listen, --routes and --dir go with --config"}
+	}
 	v, err := env.App.BrokerShow(env.Ctx)
 	if err != nil {
 		return err
@@ -162,6 +182,32 @@ func (c *BrokerShowCmd) Run(env *Env) error {
 			fmt.Fprintf(w, "  %s: %s\n", acc, jwt)
 		}
 		fmt.Fprintf(w, "}\ndefault_sentinel: %s\n", t.DefaultSentinel)
+		fmt.Fprintf(w, "\nWith a full resolver instead, the controller gives the servers revocations itself: 'mesh-controller broker show --config'.\n")
 	}
 	return nil
+}
+
+// printConfig prints a cluster server's configuration; what it is not told
+// is a placeholder or a default.
+func (c *BrokerShowCmd) printConfig(env *Env) error {
+	if c.JSON {
+		return clirun.UsageError{Msg: "--config prints a nats-server configuration, not JSON"}
+	}
+	n := app.BrokerConfigRequest{Name: c.Name, Listen: c.Listen, ClusterListen: c.ClusterListen, Dir: c.Dir}
+	routes := c.Routes
+	for _, d := range []struct {
+		v   *string
+		def string
+	}{{&n.Name, configName}, {&n.Listen, "0.0.0.0:4222"}, {&n.ClusterListen, "0.0.0.0:6222"}, {&routes, configRoutes}, {&n.Dir, "/var/lib/nats"}} {
+		if *d.v == "" {
+			*d.v = d.def
+		}
+	}
+	n.Routes = strings.Split(routes, ",")
+	conf, err := env.App.BrokerConfig(env.Ctx, n)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(env.Stdout, conf)
+	return err
 }

@@ -114,7 +114,7 @@ type Env struct {
 
 // JoinCmd is mesh-host join.
 type JoinCmd struct {
-	Broker string `required:"" placeholder:"URL" help:"The broker to dial (see 'mesh-controller broker show')."`
+	Broker string `required:"" placeholder:"URL" help:"The broker to dial (see 'mesh-controller broker show'); a cluster's servers separated by commas. The controller's answer gives every server, which the host dials from then on."`
 	Token  string `required:"" help:"The one-time token from 'mesh-controller token issue'."`
 	Node   string `required:"" help:"The node's name, as recorded by the controller."`
 	State  string `required:"" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700)."`

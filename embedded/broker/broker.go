@@ -233,8 +233,24 @@ type JoinUser struct {
 const ClientInfoHdr = server.ClientInfoHdr
 
 // Trust signs the operator and account JWTs and the sentinel join user;
-// the mesh account's JWT revokes the revoked users.
+// the mesh account's JWT revokes the revoked users. It is the embedded
+// broker's: one server, keeping one copy of each stream.
 func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) {
+	return k.trust(join, revoked, jwt.JetStreamTieredLimits{})
+}
+
+// ClusterTrust is Trust for a broker of its own (serve --broker): its
+// mesh account may keep streams of one copy and of three (a cluster's),
+// each tier bounded as the embedded broker's one tier is, per server. A
+// server not clustered counts both tiers together: its max_file_store
+// must then be twice MaxStore, or its JetStream off.
+func (k Keys) ClusterTrust(join JoinUser, revoked map[string]time.Time) (Trust, error) {
+	return k.trust(join, revoked, jwt.JetStreamTieredLimits{"R1": meshJetStream, "R3": meshJetStream})
+}
+
+// trust is Trust, with the mesh account's JetStream limits given per tier
+// when tiers has any; else for all tiers together (meshJetStream).
+func (k Keys) trust(join JoinUser, revoked map[string]time.Time, tiers jwt.JetStreamTieredLimits) (Trust, error) {
 	opPub, _ := k.Operator.PublicKey()
 	accPub, _ := k.Account.PublicKey()
 	sysPub, _ := k.System.PublicKey()
@@ -249,7 +265,11 @@ func (k Keys) Trust(join JoinUser, revoked map[string]time.Time) (Trust, error) 
 	}
 	ac := jwt.NewAccountClaims(accPub)
 	ac.Name = "mesh"
-	ac.Limits.JetStreamLimits = meshJetStream
+	if len(tiers) > 0 {
+		ac.Limits.JetStreamTieredLimits = tiers
+	} else {
+		ac.Limits.JetStreamLimits = meshJetStream
+	}
 	for pub, at := range revoked {
 		ac.RevokeAt(pub, at)
 	}
@@ -317,7 +337,7 @@ const (
 	// (Config.StoreDir) rather than its default, three quarters of the
 	// disk's free space, under which the account would not be enabled at
 	// all on a smaller disk: the data dir's disk must have it to spare.
-	// An external broker's max_file_store must be at least this.
+	// A cluster server's max_file_store must be at least this (ClusterTrust).
 	MaxStore int64 = 20 << 30
 	// maxStreams bounds the account's streams: the archives bucket, and
 	// room for a few more the controller may add.
@@ -330,7 +350,9 @@ const (
 )
 
 // meshJetStream are the mesh account's JetStream limits: files only (no
-// memory streams), bounded.
+// memory streams), bounded. On a cluster they are given per tier
+// (ClusterTrust): a bound for all tiers counts every copy of a stream, and
+// a 16 GiB bucket kept three times would pass it.
 var meshJetStream = jwt.JetStreamLimits{DiskStorage: MaxStore, MemoryStorage: 0, Streams: maxStreams,
 	Consumer: maxConsumers, MaxBytesRequired: true}
 
@@ -405,7 +427,7 @@ func StartWith(c Config) (*Server, error) {
 		DefaultSentinel:  t.Sentinel,
 		NoLog:            true,
 		NoSigs:           true,
-		MaxPayload:       8 << 20,
+		MaxPayload:       maxPayload,
 		// Memory per connection (BenchmarkBrokerConnection in app/ measures
 		// it; at 10,000 hosts it is most of the controller's): no cache of
 		// subject lookups per account and per user's publish permissions,
@@ -432,7 +454,7 @@ func StartWith(c Config) (*Server, error) {
 		// No account may keep streams in memory (the mesh account's bound
 		// is 0); an ordered consumer keeps its own small state there,
 		// uncounted.
-		opts.JetStreamMaxMemory = 64 << 20
+		opts.JetStreamMaxMemory = maxMemory
 		// Every write is on disk before it is acknowledged (lessons.md: by
 		// default JetStream syncs every 2 minutes, and acknowledged writes
 		// were lost): an archive a declaration names must survive a power
@@ -528,6 +550,15 @@ func (s *Server) Shutdown() {
 		s.store.Close()
 	}
 }
+
+// maxPayload is the largest message the broker takes (a user's own bound
+// may be lower), and maxMemory what JetStream may keep in memory: no
+// account may keep streams there, but an ordered consumer keeps its own
+// small state there, uncounted.
+const (
+	maxPayload = 8 << 20
+	maxMemory  = 64 << 20
+)
 
 // AuthTimeout is how long the broker waits for a new connection to
 // present its credentials before closing it.
