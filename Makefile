@@ -108,51 +108,60 @@ demo: build
 	echo; echo "demo done: stopping the hosts and the controller"
 
 
-# demo-ha: a failover on one laptop. An external broker (nats-server, built from the module in
-# go.mod, configured as 'broker show --broker' prints), two controllers serving from the same
-# stores (SQLite here; MESH_STORE_* URLs once the stores are on PostgreSQL), a host running the
-# example module. The serving controller is killed with kill -9: the standby takes over within
-# the lease bound, and the host's module keeps running (same pid). Fails when a step fails.
-demo-ha: build
-	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
+# demo-ha: a failover on one laptop. A broker cluster of three nats-server processes (built from
+# the module in go.mod, each configured as 'broker show --config' prints), two controllers serving
+# from the same stores (SQLite files here; every context's MESH_STORE_<CONTEXT> a postgres:// URL
+# when the controllers are on two machines), a host running the example module. One server of the
+# three is killed, then the serving controller with kill -9: the standby takes over within the
+# lease bound, and the host's module keeps running (same pid). Fails when a step fails.
+demo-ha: build nats-server
+	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; ns=$(BIN)/nats-server; \
 	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
 	fail() { echo "demo-ha: $$*" >&2; for f in $$dir/*.log; do echo "--- $$f" >&2; tail -15 $$f >&2; done; exit 1; }; \
 	waitline() { for i in $$(seq $$3); do grep -q "$$2" $$1 && return 0; sleep 0.1; done; return 1; }; \
-	$(GO) build -o $$dir/nats-server github.com/nats-io/nats-server/v2; \
 	$$mc migrate >/dev/null 2>&1; \
-	echo "an external broker: nats-server, trusting this mesh's operator (mesh-controller broker show --broker ...)"; \
-	{ echo 'listen: 127.0.0.1:-1'; $$mc broker show --broker nats://127.0.0.1:4222 | sed -n '/^operator: /,$$p'; } > $$dir/nats.conf; \
-	$$dir/nats-server -c $$dir/nats.conf >$$dir/nats.log 2>&1 & pids="$$pids $$!"; \
-	waitline $$dir/nats.log 'Listening for client connections on' 100 || fail "nats-server did not start"; \
-	url=nats://$$(sed -n 's/.*Listening for client connections on \([0-9.:]*\).*/\1/p' $$dir/nats.log | head -1); echo "  listening at $$url"; \
-	$$mc --broker $$url serve >$$dir/a.log 2>&1 & a=$$!; pids="$$pids $$a"; \
-	waitline $$dir/a.log '^ready' 100 || fail "the first controller is not ready"; \
-	$$mc --broker $$url serve >$$dir/b.log 2>&1 & b=$$!; pids="$$pids $$b"; \
+	base=$$(( 20000 + $$$$ % 20000 )); routes=""; urls=""; \
+	for i in 1 2 3; do routes="$$routes$${routes:+,}nats-route://127.0.0.1:$$((base + 10 + i))"; urls="$$urls$${urls:+,}nats://127.0.0.1:$$((base + i))"; done; \
+	echo "a broker cluster: three nats-server processes, each configured by mesh-controller broker show --config"; \
+	for i in 1 2 3; do \
+		$$mc broker show --config --name nats$$i --listen 127.0.0.1:$$((base + i)) --cluster-listen 127.0.0.1:$$((base + 10 + i)) \
+			--routes $$routes --dir $$dir/nats$$i > $$dir/nats$$i.conf; \
+		$$ns -c $$dir/nats$$i.conf >$$dir/nats$$i.log 2>&1 & pids="$$pids $$!"; eval "nats$$i=$$!"; \
+	done; \
+	for i in 1 2 3; do waitline $$dir/nats$$i.log 'Server is ready' 150 || fail "nats$$i did not start"; done; \
+	echo "  $$urls"; export MESH_BROKER=$$urls; \
+	$$mc serve >$$dir/a.log 2>&1 & a=$$!; pids="$$pids $$a"; \
+	waitline $$dir/a.log '^ready' 150 || fail "the first controller is not ready"; \
+	$$mc serve >$$dir/b.log 2>&1 & b=$$!; pids="$$pids $$b"; \
 	waitline $$dir/b.log '^standby:' 100 || fail "the second controller does not stand by"; \
 	echo "controller A (pid $$a): $$(grep '^ready' $$dir/a.log)"; echo "controller B (pid $$b): $$(grep '^standby:' $$dir/b.log)"; \
-	$$mc --broker $$url broker show | grep '^serving' | sed 's/^/  /'; \
+	$$mc broker show | grep '^serving' | sed 's/^/  /'; \
 	echo; echo "a host, web1, running the example module hello:"; \
 	tok=$$($$mc token issue --new web1 2>/dev/null); \
-	$$mh join --broker $$url --token $$tok --node web1 --state $$dir/web1/state 2>/dev/null; \
+	$$mh join --broker $$urls --token $$tok --node web1 --state $$dir/web1/state 2>/dev/null; \
 	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
 	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
-	$$mc module add app/host/testdata/hello/mesh.json >/dev/null 2>&1; $$mc --broker $$url assign web1 hello >/dev/null 2>&1; \
+	$$mc module add app/host/testdata/hello/mesh.json >/dev/null 2>&1; $$mc assign web1 hello >/dev/null 2>&1; \
 	state() { $$mc node show web1 | grep '^  hello ' | tr -s ' '; }; \
 	for i in $$(seq 150); do state | grep -q ' ready ' && break; sleep 0.1; done; \
 	state | grep -q ' ready ' || fail "hello is not ready on web1"; echo " $$(state)"; \
 	pid=$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p'); \
+	echo; echo "kill -9 $$nats1 (nats1, one server of three): the controllers and web1 go on through the other two"; kill -9 $$nats1; \
+	heard() { $$mc node show web1 --json | sed -n 's/.*"last_heard": "\([^"]*\)".*/\1/p' | head -1; }; \
+	was=$$(heard); for i in $$(seq 100); do [ "$$(heard)" != "$$was" ] && break; sleep 0.1; done; \
+	[ "$$(heard)" != "$$was" ] || fail "web1 was not heard after nats1 went"; echo "  web1 heard at $$(heard)"; \
 	echo; echo "kill -9 $$a (controller A, serving):"; kill -9 $$a; start=$$(date +%s%N); \
 	waitline $$dir/b.log '^ready' 160 || fail "the standby did not take over within 16 s"; \
 	echo "  controller B serves $$(( ($$(date +%s%N) - start) / 1000000 )) ms after the kill: $$(grep '^ready' $$dir/b.log)"; \
-	$$mc --broker $$url broker show | grep '^serving' | sed 's/^/  /'; \
+	$$mc broker show | grep '^serving' | sed 's/^/  /'; \
 	echo; echo "the host kept its module running (pid $$pid), and applies what is declared after the failover:"; \
 	kill -0 $$pid || fail "hello (pid $$pid) is gone"; \
-	$$mc --broker $$url push web1 --why "the demo declares after the failover" | sed 's/^/  /'; \
+	$$mc push web1 --why "the demo declares after the failover" | sed 's/^/  /'; \
 	for i in $$(seq 100); do [ -n "$$($$mc node list --json | grep '"behind": false')" ] && break; sleep 0.1; done; \
 	[ -n "$$($$mc node list --json | grep '"behind": false')" ] || fail "web1 did not apply its declaration"; \
 	echo " $$(state)"; [ "$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p')" = "$$pid" ] || fail "hello's pid changed"; \
 	$$mc node list | sed 's/^/  /'; \
-	echo; echo "demo-ha done: stopping the host, the controller and the broker"
+	echo; echo "demo-ha done: stopping the host, the controller and the broker cluster"
 
 # make test needs a few programs besides Go: Debian's chromium (the board is
 # tested in a real browser), sqlite3 (a test opens the stores beside a
