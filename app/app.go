@@ -112,7 +112,7 @@ type StoreError struct {
 }
 
 func (e *StoreError) Error() string {
-	return fmt.Sprintf("%s store %s: %v", e.Location.Context, e.Location.DSN, e.Err)
+	return fmt.Sprintf("%s store %s: %v", e.Location.Context, e.Location.Shown(), e.Err)
 }
 
 // Unwrap returns the cause.

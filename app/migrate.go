@@ -105,7 +105,7 @@ func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Loc
 	if err != nil {
 		return Migrated{}, &StoreError{Location: loc, Err: err}
 	}
-	m := Migrated{Context: name, Store: loc.DSN, From: from, To: to, Known: len(ms)}
+	m := Migrated{Context: name, Store: loc.Shown(), From: from, To: to, Known: len(ms)}
 	if name != "identity" {
 		return m, nil
 	}

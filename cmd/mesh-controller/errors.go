@@ -19,7 +19,7 @@ func storeVar(se *app.StoreError) string {
 		return "the store"
 	}
 	if se.Location.From == "data dir" {
-		return se.Location.DSN
+		return se.Location.Shown()
 	}
 	return se.Location.Var
 }

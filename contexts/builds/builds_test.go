@@ -707,6 +707,16 @@ func TestStore_QueryPlans(t *testing.T) {
 		"list states":    `SELECT ` + askColumns + ` FROM asks WHERE state IN ('failed') ORDER BY asked_at DESC, id DESC LIMIT 50`,
 		"expire waiting": `SELECT ` + askColumns + ` FROM asks WHERE state = 'waiting' AND coalesce(last_try_at, asked_at) < '' ORDER BY asked_at, id`,
 	} {
+		if s.db.Postgres {
+			// PostgreSQL plans by its statistics, which an empty table
+			// has none of: that each query is PostgreSQL's too is checked.
+			rows, err := s.db.Reader.QueryContext(ctx, `EXPLAIN `+q, placeholders(q)...)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			rows.Close()
+			continue
+		}
 		rows, err := s.db.Reader.QueryContext(ctx, `EXPLAIN QUERY PLAN `+q, placeholders(q)...)
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -402,8 +403,8 @@ func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
 	ids, err := sqlite.Strings(ctx, s.db.Reader, `SELECT id FROM (
 		SELECT id, made_at, 0 AS rank FROM plans WHERE state IN ('running', 'failed')
 		UNION ALL
-		SELECT id, made_at, 1 FROM (SELECT id, made_at FROM plans WHERE state NOT IN ('running', 'failed') ORDER BY made_at DESC, id DESC LIMIT ?)
-	) ORDER BY rank, made_at DESC, id DESC`, limit)
+		SELECT id, made_at, 1 FROM (SELECT id, made_at FROM plans WHERE state NOT IN ('running', 'failed') ORDER BY made_at DESC, id DESC LIMIT ?) AS ended
+	) AS listed ORDER BY rank, made_at DESC, id DESC`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list build plans: %w", err)
 	}
@@ -424,7 +425,7 @@ func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
 func (s *Store) PrunePlans(ctx context.Context, keep int, olderThan time.Time) (int, error) {
 	n, err := s.execCount(ctx, `DELETE FROM plans WHERE id IN (
 		SELECT id FROM plans WHERE state IN ('done', 'stopped', 'closed') AND ended_at < ?
-		ORDER BY made_at DESC, id DESC LIMIT -1 OFFSET ?)`, sqlite.FormatTime(olderThan), max(keep, 0))
+		ORDER BY made_at DESC, id DESC LIMIT ? OFFSET ?)`, sqlite.FormatTime(olderThan), int64(math.MaxInt64), max(keep, 0))
 	if err != nil {
 		return 0, fmt.Errorf("prune build plans: %w", err)
 	}

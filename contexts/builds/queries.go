@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 
 	"mesh-controller/embedded/sqlite"
@@ -38,8 +39,8 @@ const (
 	// latestQuery is the latest counted build of each module: one probe
 	// of asks_module, newest first, per module (whose distinct names are
 	// read from the same index).
-	latestQuery = `SELECT ` + askColumns + ` FROM asks WHERE rowid IN (
-		SELECT (SELECT b.rowid FROM asks b WHERE b.module = m.module AND ` + counted + ` ORDER BY b.asked_at DESC, b.id DESC LIMIT 1)
+	latestQuery = `SELECT ` + askColumns + ` FROM asks WHERE id IN (
+		SELECT (SELECT b.id FROM asks b WHERE b.module = m.module AND ` + counted + ` ORDER BY b.asked_at DESC, b.id DESC LIMIT 1)
 		FROM (SELECT DISTINCT module FROM asks WHERE module <> '') m
 	) ORDER BY module`
 )
@@ -76,7 +77,10 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Ask, error) {
 		limit = DefaultListLimit
 	}
 	query += ` ORDER BY asked_at DESC, id DESC LIMIT ?`
-	args = append(args, limit) // SQLite reads a negative limit as none
+	if limit < 0 {
+		limit = math.MaxInt64 // none: a negative limit is SQLite's alone
+	}
+	args = append(args, limit)
 	out, err := queryAsks(ctx, s.db.Reader, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list builds: %w", err)
@@ -88,7 +92,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Ask, error) {
 // asked first: the order they are offered to builders.
 func (s *Store) Waiting(ctx context.Context, limit int) ([]Ask, error) {
 	if limit <= 0 {
-		limit = -1
+		limit = math.MaxInt64
 	}
 	out, err := queryAsks(ctx, s.db.Reader, waitingQuery, limit)
 	if err != nil {

@@ -199,7 +199,7 @@ func (s *Store) Brake(ctx context.Context) (Brake, error) {
 
 // EngageBrake stops every healer until a person releases the brake.
 func (s *Store) EngageBrake(ctx context.Context, why string, now time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT OR REPLACE INTO brake (id, engaged_at, why) VALUES (1, ?, ?)`, sqlite.FormatTime(now), why)
+	_, err := s.db.Exec(ctx, `INSERT INTO brake (id, engaged_at, why) VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET engaged_at = excluded.engaged_at, why = excluded.why, released_at = NULL, released_by = NULL, release_why = NULL`, sqlite.FormatTime(now), why)
 	return err
 }
 

@@ -94,12 +94,11 @@ func needWhy(acts []HandAct) error {
 func insertHandActs(ctx context.Context, tx *sql.Tx, acts []HandAct) ([]HandAct, error) {
 	out := make([]HandAct, len(acts))
 	for i, a := range acts {
-		res, err := tx.ExecContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?)`,
-			sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition)
-		if err != nil {
+		// RETURNING, not LastInsertId: PostgreSQL's driver has no last id.
+		if err := tx.QueryRowContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?) RETURNING id`,
+			sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition).Scan(&a.ID); err != nil {
 			return nil, err
 		}
-		a.ID, _ = res.LastInsertId()
 		out[i] = a
 	}
 	return out, nil
@@ -131,7 +130,7 @@ func (s *Store) HandActs(ctx context.Context, since time.Time) ([]HandAct, error
 // CountDrops adds n dropped messages for a claimed node and reason.
 func (s *Store) CountDrops(ctx context.Context, node, reason string, n int64, now time.Time) error {
 	_, err := s.db.Exec(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT (node, reason) DO UPDATE SET count = count + excluded.count, last_at = excluded.last_at`,
+		ON CONFLICT (node, reason) DO UPDATE SET count = dropped_messages.count + excluded.count, last_at = excluded.last_at`,
 		node, reason, n, sqlite.FormatTime(now), sqlite.FormatTime(now))
 	if err != nil {
 		return fmt.Errorf("count dropped messages: %w", err)

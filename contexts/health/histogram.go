@@ -117,7 +117,7 @@ func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) 
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO heartbeat_hours (node, hour, count, sum_ms, max_ms, buckets) VALUES (?, ?, ?, ?, ?, ?)`,
+			if _, err := tx.ExecContext(ctx, `INSERT INTO heartbeat_hours (node, hour, count, sum_ms, max_ms, buckets) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node, hour) DO UPDATE SET count = excluded.count, sum_ms = excluded.sum_ms, max_ms = excluded.max_ms, buckets = excluded.buckets`,
 				k.Node, hour, stored.Count, stored.SumMS, stored.MaxMS, string(b)); err != nil {
 				return err
 			}
@@ -158,8 +158,8 @@ func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]His
 func (s *Store) PruneMeasurements(ctx context.Context, before, heartbeatsBefore time.Time, batch int) (int, error) {
 	return s.prune(ctx, batch,
 		prune{`DELETE FROM durations WHERE id IN (SELECT id FROM durations WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
-		prune{`DELETE FROM heartbeat_hours WHERE rowid IN (SELECT rowid FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(heartbeatsBefore)},
-		prune{`DELETE FROM join_refusals WHERE rowid IN (SELECT rowid FROM join_refusals WHERE minute < ? LIMIT ?)`, sqlite.FormatTime(before.UTC().Truncate(time.Minute))})
+		prune{`DELETE FROM heartbeat_hours WHERE (node, hour) IN (SELECT node, hour FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(heartbeatsBefore)},
+		prune{`DELETE FROM join_refusals WHERE (source, reason, minute) IN (SELECT source, reason, minute FROM join_refusals WHERE minute < ? LIMIT ?)`, sqlite.FormatTime(before.UTC().Truncate(time.Minute))})
 }
 
 // PruneHistory: see PruneMeasurements.

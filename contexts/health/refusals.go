@@ -22,7 +22,7 @@ type JoinRefusals struct {
 // minute of now.
 func (s *Store) CountJoinRefusals(ctx context.Context, source, reason string, n int64, now time.Time) error {
 	_, err := s.db.Exec(ctx, `INSERT INTO join_refusals (source, reason, minute, count, last_at) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT (source, reason, minute) DO UPDATE SET count = count + excluded.count, last_at = excluded.last_at`,
+		ON CONFLICT (source, reason, minute) DO UPDATE SET count = join_refusals.count + excluded.count, last_at = excluded.last_at`,
 		source, reason, sqlite.FormatTime(now.UTC().Truncate(time.Minute)), n, sqlite.FormatTime(now))
 	if err != nil {
 		return fmt.Errorf("count refused joins: %w", err)

@@ -34,7 +34,7 @@ func (s *Store) EnsureBrokerKeys(ctx context.Context, makeSeeds func() (BrokerSe
 			return err
 		}
 		for role, seed := range map[string][]byte{"operator": seeds.Operator, "account": seeds.Account, "system": seeds.System} {
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO broker_keys (role, seed, created_at) VALUES (?, ?, ?)`,
+			if _, err := tx.ExecContext(ctx, `INSERT INTO broker_keys (role, seed, created_at) VALUES (?, ?, ?) ON CONFLICT (role) DO UPDATE SET seed = excluded.seed, created_at = excluded.created_at`,
 				role, seed, sqlite.FormatTime(now)); err != nil {
 				return err
 			}

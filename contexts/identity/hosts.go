@@ -136,7 +136,7 @@ func joinOne(ctx context.Context, tx *sql.Tx, token string, h Host, now time.Tim
 	if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
 		return 0, nil, err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET host_key = excluded.host_key, age_recipient = excluded.age_recipient, nkey = excluded.nkey, host_version = excluded.host_version, joined_at = excluded.joined_at`,
 		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
 		return 0, nil, err
 	}

@@ -178,7 +178,7 @@ func (s *Store) IssueToken(ctx context.Context, node string, ttl time.Duration, 
 // Tokens returns every token issued for node, newest first.
 func (s *Store) Tokens(ctx context.Context, node string) ([]Token, error) {
 	rows, err := s.db.Reader.QueryContext(ctx,
-		`SELECT node, issued_at, expires_at, used_at, revoked_at FROM join_tokens WHERE node = ? ORDER BY issued_at DESC, rowid DESC`, node)
+		`SELECT node, issued_at, expires_at, used_at, revoked_at FROM join_tokens WHERE node = ? ORDER BY issued_at DESC, hash DESC`, node)
 	if err != nil {
 		return nil, fmt.Errorf("list tokens of %s: %w", node, err)
 	}

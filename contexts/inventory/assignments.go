@@ -80,7 +80,7 @@ func nonNil(s []string) []string {
 // SetSettings keeps a settings layer; the plans of the bump nodes move.
 func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO settings_layers (module, node, body, set_at) VALUES (?, ?, ?, ?)`,
+		if _, err := tx.ExecContext(ctx, `INSERT INTO settings_layers (module, node, body, set_at) VALUES (?, ?, ?, ?) ON CONFLICT (module, node) DO UPDATE SET body = excluded.body, set_at = excluded.set_at`,
 			l.Module, l.Node, string(l.Body), sqlite.FormatTime(l.SetAt)); err != nil {
 			return err
 		}

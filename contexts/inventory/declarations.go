@@ -138,7 +138,7 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 			return err
 		}
 		times.Sign = time.Since(signStart)
-		stmt, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO declarations (node, serial, issued_at, body, signature, key, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO declarations (node, serial, issued_at, body, signature, key, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET serial = excluded.serial, issued_at = excluded.issued_at, body = excluded.body, signature = excluded.signature, key = excluded.key, plan_version = excluded.plan_version`)
 		if err != nil {
 			return err
 		}

@@ -150,7 +150,7 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 // Modules returns every registered module, by name, with its current manifest.
 func (s *Store) Modules(ctx context.Context) ([]Module, error) {
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT m.name, m.current_version, m.source, m.moved_commit, m.added_at, v.commit_id, v.manifest,
-		(SELECT group_concat(version, ' ') FROM module_versions WHERE module = m.name)
+		(SELECT string_agg(version, ' ') FROM module_versions WHERE module = m.name)
 		FROM modules m JOIN module_versions v ON v.module = m.name AND v.version = m.current_version ORDER BY m.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)

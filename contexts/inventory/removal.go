@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -75,7 +76,7 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 					SELECT d.last_backup AS t FROM node_data_sets d
 						WHERE d.node = retirements.node AND d.module = retirements.module AND d.name = retirements.data_set
 					UNION ALL SELECT b.last_backup FROM backups b
-						WHERE b.node = retirements.node AND b.module = retirements.module AND b.name = retirements.data_set))
+						WHERE b.node = retirements.node AND b.module = retirements.module AND b.name = retirements.data_set) AS heard)
 				WHERE node IN (`+marks+`) AND consumer = '' AND state IN ('retired', 'dropped') AND node_removed_at IS NULL`,
 				append([]any{at}, args...)...)
 			if err != nil {
@@ -105,8 +106,10 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 					return err
 				}
 			}
+			// new_holder is node/module: a LIKE per node, the same on both engines.
+			holders := strings.TrimSuffix(strings.Repeat(`new_holder LIKE ? || '/%' OR `, len(args)), " OR ")
 			if _, err := tx.ExecContext(ctx, `UPDATE replacements SET resolved_at = ?
-				WHERE resolved_at IS NULL AND substr(new_holder, 1, instr(new_holder, '/') - 1) IN (`+marks+`)`, append([]any{at}, args...)...); err != nil {
+				WHERE resolved_at IS NULL AND (`+holders+`)`, append([]any{at}, args...)...); err != nil {
 				return err
 			}
 			// Their facts, found, data reports, declarations and own pins go

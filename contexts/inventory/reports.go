@@ -85,7 +85,8 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 		return nil
 	}
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?, heartbeat_interval_s = ?, serial_applied = max(serial_applied, ?), uptime_s = ? WHERE name = ?`)
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?1, heartbeat_interval_s = ?2,
+			serial_applied = CASE WHEN serial_applied > ?3 THEN serial_applied ELSE ?3 END, uptime_s = ?4 WHERE name = ?5`)
 		if err != nil {
 			return err
 		}
@@ -108,12 +109,12 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 			}
 		}
 		for _, f := range facts {
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?)`, node, f.Name, f.Value, f.Why); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?) ON CONFLICT (node, name) DO UPDATE SET value = excluded.value, why = excluded.why`, node, f.Name, f.Value, f.Why); err != nil {
 				return err
 			}
 		}
 		for _, f := range found {
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_found (node, kind, name, detail) VALUES (?, ?, ?, ?)`, node, f.Kind, f.Name, f.Detail); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO node_found (node, kind, name, detail) VALUES (?, ?, ?, ?) ON CONFLICT (node, kind, name) DO UPDATE SET detail = excluded.detail`, node, f.Kind, f.Name, f.Detail); err != nil {
 				return err
 			}
 		}
@@ -200,7 +201,7 @@ type NodeOutcome struct {
 func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET applied_serial = ?, applied_ok = ?, applied_error = ?, applied_ms = ?, applied_at = ?, last_heard = ?,
-			serial_applied = CASE WHEN ? AND serial_applied < ? THEN ? ELSE serial_applied END WHERE name = ?`)
+			serial_applied = CASE WHEN ? = 1 AND serial_applied < ? THEN ? ELSE serial_applied END WHERE name = ?`)
 		if err != nil {
 			return err
 		}
@@ -226,7 +227,7 @@ func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet,
 			if d.LastBackup != nil {
 				backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			if _, err := tx.ExecContext(ctx, `INSERT INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET path = excluded.path, bytes = excluded.bytes, precious = excluded.precious, last_backup = excluded.last_backup, reported_at = excluded.reported_at`,
 				node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, sqlite.FormatTime(now)); err != nil {
 				return err
 			}

@@ -202,7 +202,7 @@ type SeatChange struct {
 func changeSeats(ctx context.Context, tx *sql.Tx, changes []SeatChange, now time.Time) error {
 	for _, c := range changes {
 		for _, h := range c.Add {
-			if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO seat_holders (seat, node, module, since) VALUES (?, ?, ?, ?)`,
+			if _, err := tx.ExecContext(ctx, `INSERT INTO seat_holders (seat, node, module, since) VALUES (?, ?, ?, ?) ON CONFLICT (seat, node, module) DO NOTHING`,
 				c.Seat, h.Node, h.Module, sqlite.FormatTime(now)); err != nil {
 				return err
 			}
@@ -239,7 +239,7 @@ func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []str
 		if _, err := tx.ExecContext(ctx, `DELETE FROM seat_aliases WHERE alias = ?`, to); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO seat_aliases (alias, seat) VALUES (?, ?)`, from, to); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO seat_aliases (alias, seat) VALUES (?, ?) ON CONFLICT (alias) DO UPDATE SET seat = excluded.seat`, from, to); err != nil {
 			return err
 		}
 		return bump(ctx, tx, bumpNodes)
@@ -284,7 +284,7 @@ func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM pins WHERE node = ? AND provision = ?`, p.Node, p.Provision)
 		return err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO pins (node, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?)`,
+	_, err := tx.ExecContext(ctx, `INSERT INTO pins (node, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?) ON CONFLICT (node, provision) DO UPDATE SET provider_node = excluded.provider_node, provider_module = excluded.provider_module, since = excluded.since`,
 		p.Node, p.Provision, p.Provider.Node, p.Provider.Module, sqlite.FormatTime(now))
 	return err
 }
@@ -359,7 +359,7 @@ func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion,
 // RecordBackup keeps that the backup seat's holder backed up a data set.
 func (s *Store) RecordBackup(ctx context.Context, node, module, name string, at time.Time) error {
 	_, err := s.db.Exec(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
-		ON CONFLICT (node, module, name) DO UPDATE SET last_backup = max(last_backup, excluded.last_backup)`, node, module, name, sqlite.FormatTime(at))
+		ON CONFLICT (node, module, name) DO UPDATE SET last_backup = CASE WHEN backups.last_backup > excluded.last_backup THEN backups.last_backup ELSE excluded.last_backup END`, node, module, name, sqlite.FormatTime(at))
 	return err
 }
 

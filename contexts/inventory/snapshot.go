@@ -267,8 +267,8 @@ func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) 
 	err = each(ctx, tx, nodeStateQuery+`
 		WHERE n.plan_version > coalesce(d.plan_version, 0) OR n.serial_applied < coalesce(d.serial, 0)
 		OR n.joined_at IS NOT NULL AND (n.last_heard IS NULL
-			OR (julianday(?1) - julianday(n.last_heard)) * 86400 > ?2 * CASE WHEN n.heartbeat_interval_s > 0 THEN n.heartbeat_interval_s ELSE ?3 END - 1
-			OR EXISTS (SELECT 1 FROM node_data_sets s WHERE s.node = n.name AND (julianday(?1) - julianday(s.reported_at)) * 86400 > ?4 - 1))
+			OR `+s.db.Seconds("?1", "n.last_heard")+` > ?2 * CASE WHEN n.heartbeat_interval_s > 0 THEN n.heartbeat_interval_s ELSE ?3 END - 1
+			OR EXISTS (SELECT 1 FROM node_data_sets s WHERE s.node = n.name AND `+s.db.Seconds("?1", "s.reported_at")+` > ?4 - 1))
 		ORDER BY n.name`, func(r *sql.Rows) error {
 		n, err := scanNodeState(r)
 		if err != nil {

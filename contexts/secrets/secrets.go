@@ -172,8 +172,8 @@ func (s *Store) KeepAll(ctx context.Context, ks []Keeping, now time.Time) ([]Cop
 			if c.Sealed, err = k.Seal(c.Version, key.Recipient); err != nil {
 				return fmt.Errorf("seal %s/%s/%s: %w", c.Node, c.Module, c.Name, err)
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sealed (node, module, name, version, made_by, node_recipient, operator_key, sealed, sealed_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.Node, c.Module, c.Name, c.Version, c.MadeBy, c.NodeRecipient, key.ID, c.Sealed, sqlite.FormatTime(now)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sealed (node, module, name, version, made_by, node_recipient, operator_key, sealed, sealed_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET version = excluded.version, made_by = excluded.made_by, node_recipient = excluded.node_recipient, operator_key = excluded.operator_key, sealed = excluded.sealed, sealed_at = excluded.sealed_at`, c.Node, c.Module, c.Name, c.Version, c.MadeBy, c.NodeRecipient, key.ID, c.Sealed, sqlite.FormatTime(now)); err != nil {
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at) VALUES (?, ?, ?, ?, ?, ?)`,

@@ -113,7 +113,7 @@ func checkCopy(ctx context.Context, path string) (Copied, error) {
 	if err := integrityCheck(ctx, r); err != nil {
 		return Copied{}, fmt.Errorf("%s: %w", path, err)
 	}
-	as, err := recordedMigrations(ctx, r)
+	as, err := recordedMigrations(ctx, r, false)
 	if err != nil {
 		return Copied{}, err
 	}
@@ -126,7 +126,13 @@ func checkCopy(ctx context.Context, path string) (Copied, error) {
 
 // Check runs SQLite's integrity check and foreign key check on the store: a
 // store that fails either is ErrIntegrity, with the first problems found.
+// A store on PostgreSQL is checked by its server (references are enforced
+// always, pages checksummed if the cluster was made so): it is only asked
+// to answer.
 func (db *DB) Check(ctx context.Context) error {
+	if db.Postgres {
+		return db.Reader.PingContext(ctx)
+	}
 	if err := integrityCheck(ctx, db.Reader); err != nil {
 		return err
 	}

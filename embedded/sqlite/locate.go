@@ -1,14 +1,43 @@
-// Package sqlite opens a context's SQLite store (pragmas, one writer, a reader
+// Package sqlite opens a context's store (pragmas, one writer, a reader
 // pool), resolves where that store is from its credential, and brings its schema
-// up to date from numbered, embedded migrations.
+// up to date from numbered, embedded migrations. A store is a SQLite file
+// unless its credential is a postgres:// URL: then the same DB type holds
+// pools on PostgreSQL (embedded/postgres), and this package says what
+// differs (Write's lock, the migrations' dialect, the schema's reading).
+// The DB type stays here, named for the engine every mesh starts on, so
+// that the contexts, which use it everywhere, did not change.
 package sqlite
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"mesh-controller/embedded/postgres"
 )
+
+// Shown is the DSN as output may show it: a PostgreSQL URL's password is
+// never printed.
+func (l Location) Shown() string {
+	if postgres.IsURL(l.DSN) {
+		return postgres.Redact(l.DSN)
+	}
+	return l.DSN
+}
+
+// MarshalJSON writes the location with its DSN as Shown: a listing's
+// --json never carries a password.
+func (l Location) MarshalJSON() ([]byte, error) {
+	type plain Location
+	p := plain(l)
+	p.DSN = l.Shown()
+	return json.Marshal(p)
+}
+
+// Postgres says the store is a PostgreSQL database, named by its URL.
+func (l Location) Postgres() bool { return postgres.IsURL(l.DSN) }
 
 // Location says where one context's store is and what said so.
 type Location struct {
@@ -59,9 +88,13 @@ func Locate(context, dataDir string, getenv func(string) string) (Location, erro
 }
 
 // FilePath is the file system path of the store, when the DSN names one
-// (a plain path, or a file: URI with a path); "" otherwise.
+// (a plain path, or a file: URI with a path); "" otherwise, as for a
+// PostgreSQL URL.
 func (l Location) FilePath() string {
 	dsn := l.DSN
+	if postgres.IsURL(dsn) {
+		return ""
+	}
 	if !strings.HasPrefix(dsn, "file:") {
 		return dsn
 	}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"mesh-controller/embedded/postgres"
 )
 
 var (
@@ -24,7 +26,7 @@ var (
 	ErrBehind = errors.New("the store's schema is behind this binary")
 )
 
-// Migration is one numbered SQL file.
+// Migration is one numbered SQL file, and its PostgreSQL twin.
 type Migration struct {
 	// Version is the file's number, counting from 1 without gaps.
 	Version int
@@ -34,28 +36,67 @@ type Migration struct {
 	SQL string
 	// Checksum is the SHA-256 of SQL, hex.
 	Checksum string
+	// Postgres is the twin file's content (NNNN_what.postgres.sql): the
+	// same schema in PostgreSQL's words, applied to a store on PostgreSQL
+	// in SQL's place.
+	Postgres string
+	// PostgresChecksum is the SHA-256 of Postgres, hex.
+	PostgresChecksum string
+}
+
+// PostgresSuffix ends the name of a migration's PostgreSQL twin.
+const PostgresSuffix = ".postgres.sql"
+
+// forEngine is the migration's SQL and checksum for a store on SQLite, or
+// on PostgreSQL.
+func (m Migration) forEngine(pg bool) (sql, checksum string) {
+	if pg {
+		return m.Postgres, m.PostgresChecksum
+	}
+	return m.SQL, m.Checksum
 }
 
 // LoadMigrations reads NNNN_name.sql files from fsys (other files are not
-// migrations) and checks they are numbered 1, 2, 3… without gaps or twins.
+// migrations), each with its twin NNNN_name.postgres.sql, and checks they
+// are numbered 1, 2, 3… without gaps or twins. Every migration must have
+// both: SQLite cannot be given PostgreSQL's types nor PostgreSQL SQLite's
+// STRICT tables and GLOB checks, and shipped files are never edited, so the
+// two dialects are written side by side rather than one translated at run time.
 func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 	names, err := fs.Glob(fsys, "[0-9]*.sql")
 	if err != nil {
 		return nil, err
 	}
+	read := func(name string) (string, string, error) {
+		b, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return "", "", err
+		}
+		sum := sha256.Sum256(b)
+		return string(b), hex.EncodeToString(sum[:]), nil
+	}
 	var ms []Migration
 	for _, name := range names {
+		if strings.HasSuffix(name, PostgresSuffix) {
+			if _, err := fs.Stat(fsys, strings.TrimSuffix(name, PostgresSuffix)+".sql"); err != nil {
+				return nil, fmt.Errorf("migration %s: no %s beside it", name, strings.TrimSuffix(name, PostgresSuffix)+".sql")
+			}
+			continue
+		}
 		num, _, ok := strings.Cut(name, "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v < 1 {
 			return nil, fmt.Errorf("migration %s: name it NNNN_what.sql", name)
 		}
-		b, err := fs.ReadFile(fsys, name)
-		if err != nil {
+		m := Migration{Version: v, Name: path.Base(name)}
+		if m.SQL, m.Checksum, err = read(name); err != nil {
 			return nil, err
 		}
-		sum := sha256.Sum256(b)
-		ms = append(ms, Migration{Version: v, Name: path.Base(name), SQL: string(b), Checksum: hex.EncodeToString(sum[:])})
+		twin := strings.TrimSuffix(name, ".sql") + PostgresSuffix
+		if m.Postgres, m.PostgresChecksum, err = read(twin); err != nil {
+			return nil, fmt.Errorf("migration %s: its PostgreSQL twin %s: %w", name, twin, err)
+		}
+		ms = append(ms, m)
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i, m := range ms {
@@ -101,10 +142,9 @@ func appliedMigrations(ctx context.Context, q interface {
 // recordedMigrations are the migrations a store records, in order: none
 // for a store never migrated, which has no table to record them in (reading
 // never makes one).
-func recordedMigrations(ctx context.Context, q *sql.DB) ([]applied, error) {
-	var n int
-	if err := q.QueryRowContext(ctx,
-		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
+func recordedMigrations(ctx context.Context, q *sql.DB, pg bool) ([]applied, error) {
+	n, err := tableCount(ctx, q, pg, "schema_migrations")
+	if err != nil {
 		return nil, openError(err)
 	}
 	if n == 0 {
@@ -113,9 +153,26 @@ func recordedMigrations(ctx context.Context, q *sql.DB) ([]applied, error) {
 	return appliedMigrations(ctx, q)
 }
 
+// tableCount is 1 if the store has a table of that name, 0 if not.
+func tableCount(ctx context.Context, q *sql.DB, pg bool, table string) (int, error) {
+	query := `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`
+	if pg {
+		query = `SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?`
+	}
+	var n int
+	err := q.QueryRowContext(ctx, query, table).Scan(&n)
+	return n, err
+}
+
+// HasTable says the store has a table of that name.
+func (db *DB) HasTable(ctx context.Context, table string) (bool, error) {
+	n, err := tableCount(ctx, db.Reader, db.Postgres, table)
+	return n > 0, err
+}
+
 // judge compares what the store has applied with what the binary knows.
 // It returns the store's version.
-func judge(as []applied, ms []Migration) (int, error) {
+func judge(as []applied, ms []Migration, pg bool) (int, error) {
 	version := 0
 	for _, a := range as {
 		if a.version > len(ms) {
@@ -123,7 +180,7 @@ func judge(as []applied, ms []Migration) (int, error) {
 				ErrSchemaNewer, as[len(as)-1].version, as[len(as)-1].name, len(ms))
 		}
 		m := ms[a.version-1]
-		if m.Checksum != a.checksum {
+		if _, sum := m.forEngine(pg); sum != a.checksum {
 			return 0, fmt.Errorf("%w: %s differs from the file applied as version %d", ErrMigrationChanged, m.Name, a.version)
 		}
 		version = a.version
@@ -135,11 +192,11 @@ func judge(as []applied, ms []Migration) (int, error) {
 // schema or a changed migration is an error; a schema behind ms is ErrBehind
 // (with the version still returned).
 func (db *DB) Version(ctx context.Context, ms []Migration) (int, error) {
-	as, err := recordedMigrations(ctx, db.Reader)
+	as, err := recordedMigrations(ctx, db.Reader, db.Postgres)
 	if err != nil {
 		return 0, err
 	}
-	v, err := judge(as, ms)
+	v, err := judge(as, ms, db.Postgres)
 	if err != nil {
 		return 0, err
 	}
@@ -152,16 +209,23 @@ func (db *DB) Version(ctx context.Context, ms []Migration) (int, error) {
 // Migrate applies the migrations the store lacks, each in its own
 // transaction, recording each with its checksum. It returns the version
 // before and after. The version is judged inside each transaction, so two
-// processes migrating at once apply each file once.
+// processes migrating at once apply each file once. On PostgreSQL each file
+// applied is its twin (Migration.Postgres), checksummed as such; a role
+// that may not make tables is postgres.ErrNoRights.
 func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from, to int, err error) {
-	if _, err := db.Writer.ExecContext(ctx, migrationsTable); err != nil {
-		return 0, 0, openError(err)
+	// Made inside a write: PostgreSQL's IF NOT EXISTS is not safe against
+	// a second process making the same table at the same moment.
+	if err := db.Write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, migrationsTable)
+		return err
+	}); err != nil {
+		return 0, 0, db.schemaError(err)
 	}
 	as, err := appliedMigrations(ctx, db.Writer)
 	if err != nil {
 		return 0, 0, err
 	}
-	if from, err = judge(as, ms); err != nil {
+	if from, err = judge(as, ms, db.Postgres); err != nil {
 		return 0, 0, err
 	}
 	to = from
@@ -171,15 +235,16 @@ func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from,
 			if err != nil {
 				return err
 			}
-			v, err := judge(as, ms)
+			v, err := judge(as, ms, db.Postgres)
 			if err != nil || v >= m.Version {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-				return fmt.Errorf("apply %s: %w", m.Name, err)
+			text, sum := m.forEngine(db.Postgres)
+			if _, err := tx.ExecContext(ctx, text); err != nil {
+				return fmt.Errorf("apply %s: %w", m.Name, db.schemaError(err))
 			}
 			_, err = tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ?)`,
-				m.Version, m.Name, m.Checksum, FormatTime(now))
+				m.Version, m.Name, sum, FormatTime(now))
 			return err
 		})
 		if err != nil {
@@ -187,14 +252,35 @@ func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from,
 		}
 		to = m.Version
 	}
-	if err := foreignKeyCheck(ctx, db.Writer); err != nil {
+	if err := db.foreignKeyCheck(ctx); err != nil {
 		return from, to, err
 	}
 	return from, to, nil
 }
 
-func foreignKeyCheck(ctx context.Context, w *sql.DB) error {
-	problem, err := foreignKeyProblem(ctx, w)
+// schemaError names a PostgreSQL role's lack of rights; on SQLite it is
+// openError.
+func (db *DB) schemaError(err error) error {
+	if db.Postgres {
+		t, _ := postgresTarget(db.Location.DSN)
+		return postgres.ConnectError(err, t)
+	}
+	return openError(err)
+}
+
+// postgresTarget is who and where a store's URL logs in.
+func postgresTarget(dsn string) (postgres.Target, error) {
+	_, t, err := postgres.Config(dsn)
+	return t, err
+}
+
+// foreignKeyCheck checks every reference after migrating; PostgreSQL
+// enforces them always, so it is SQLite's alone.
+func (db *DB) foreignKeyCheck(ctx context.Context) error {
+	if db.Postgres {
+		return nil
+	}
+	problem, err := foreignKeyProblem(ctx, db.Writer)
 	if err != nil || problem == "" {
 		return err
 	}
@@ -222,8 +308,12 @@ func foreignKeyProblem(ctx context.Context, q Querier) (string, error) {
 }
 
 // Schema is the store's schema as SQL, one statement per object in name
-// order, for comparison with a checked-in schema.sql.
+// order, for comparison with a checked-in schema.sql (schema.postgres.sql
+// on PostgreSQL, read from its catalogue: postgres.Schema).
 func (db *DB) Schema(ctx context.Context) (string, error) {
+	if db.Postgres {
+		return postgres.Schema(ctx, db.Reader)
+	}
 	rows, err := db.Reader.QueryContext(ctx,
 		`SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name`)
 	if err != nil {

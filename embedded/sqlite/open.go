@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"mesh-controller/embedded/postgres"
+
 	sqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -54,6 +56,12 @@ type DB struct {
 	Writer *sql.DB
 	// Reader is the pool for queries that change nothing.
 	Reader *sql.DB
+	// Postgres says the store is a PostgreSQL database (Location.DSN is
+	// its URL), not a SQLite file: the SQL the stores share is the same,
+	// what differs is asked of the DB (Write, Migrate, Schema, Check).
+	Postgres bool
+	// lockKey is the advisory lock a PostgreSQL store's writers take.
+	lockKey int64
 	// release gives the file back to the process's open files.
 	release func()
 }
@@ -63,7 +71,13 @@ type DB struct {
 // ErrNoStore, so that a read never leaves an empty store behind. A path that
 // is a symbolic link is ErrSymlink; a file this process has open already is
 // ErrOpenTwice (see open files below); an existing file is made 0600.
+//
+// A store whose DSN is a postgres:// URL opens on PostgreSQL (openPostgres);
+// create then makes nothing: databases and roles are a person's to make.
 func Open(ctx context.Context, loc Location, create bool) (db *DB, err error) {
+	if postgres.IsURL(loc.DSN) {
+		return openPostgres(ctx, loc)
+	}
 	if path := loc.FilePath(); path != "" {
 		var release func()
 		if release, err = claim(path, create); err != nil {
@@ -125,8 +139,19 @@ func (db *DB) Close() error {
 // Write runs fn in one immediate write transaction: committed if fn returns
 // nil, rolled back otherwise. A write whose ctx carries a lease generation
 // (WithFence) is refused first if the store's fence is above it.
+//
+// On PostgreSQL the transaction takes the context's advisory lock first, so
+// that writers follow one another exactly as SQLite's do (see
+// postgres.BeginWrite); a connection lost before the commit is said to be,
+// and nothing of fn's is kept.
 func (db *DB) Write(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := db.Writer.BeginTx(ctx, nil)
+	var tx *sql.Tx
+	var err error
+	if db.Postgres {
+		tx, err = postgres.BeginWrite(ctx, db.Writer, db.lockKey)
+	} else {
+		tx, err = db.Writer.BeginTx(ctx, nil)
+	}
 	if err != nil {
 		return err
 	}
@@ -139,6 +164,28 @@ func (db *DB) Write(ctx context.Context, fn func(*sql.Tx) error) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// openPostgres opens a store on PostgreSQL: a writer pool whose Write
+// transactions serialise on the context's advisory lock, and a reader pool.
+// Two writer connections let a single-statement write go on beside a Write
+// waiting on another process's lock, as SQLite's autocommit writes wait on
+// its busy timeout instead.
+func openPostgres(ctx context.Context, loc Location) (*DB, error) {
+	w, _, err := postgres.Open(ctx, loc.DSN)
+	if err != nil {
+		return nil, err
+	}
+	w.SetMaxOpenConns(2)
+	w.SetMaxIdleConns(2)
+	r, _, err := postgres.Open(ctx, loc.DSN)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(readers)
+	r.SetMaxIdleConns(readers)
+	return &DB{Location: loc, Writer: w, Reader: r, Postgres: true, lockKey: postgres.LockKey(loc.Context)}, nil
 }
 
 // writerParams are modernc's spelling of the pragmas (lessons.md: mattn-style

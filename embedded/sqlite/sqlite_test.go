@@ -176,10 +176,16 @@ func TestOpen_Files(t *testing.T) {
 	})
 }
 
+// migrationsFS holds files, each migration with a PostgreSQL twin of the
+// same text unless one is given.
 func migrationsFS(files map[string]string) fstest.MapFS {
 	m := fstest.MapFS{}
 	for k, v := range files {
 		m[k] = &fstest.MapFile{Data: []byte(v)}
+		twin := strings.TrimSuffix(k, ".sql") + PostgresSuffix
+		if _, given := files[twin]; !given && !strings.HasSuffix(k, PostgresSuffix) && k != "schema.sql" {
+			m[twin] = &fstest.MapFile{Data: []byte(v)}
+		}
 	}
 	return m
 }
@@ -201,98 +207,26 @@ func TestLoadMigrations(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-}
-
-func TestMigrate(t *testing.T) {
-	ctx := context.Background()
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	v1 := map[string]string{"0001_a.sql": "CREATE TABLE a (x INTEGER PRIMARY KEY);"}
-	v2 := map[string]string{"0001_a.sql": v1["0001_a.sql"], "0002_b.sql": "CREATE TABLE b (y INTEGER REFERENCES a(x)); INSERT INTO a VALUES (1);"}
-	load := func(files map[string]string) []Migration {
-		ms, err := LoadMigrations(migrationsFS(files))
-		if err != nil {
-			t.Fatal(err)
+	for name, fsys := range map[string]fstest.MapFS{
+		"no PostgreSQL twin": {"0001_a.sql": {}},
+		"a twin alone":       {"0001_a.sql": {}, "0001_a.postgres.sql": {}, "0002_b.postgres.sql": {}},
+	} {
+		if _, err := LoadMigrations(fsys); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
-		return ms
 	}
-	path := filepath.Join(t.TempDir(), "m.db")
-	db := open(t, path, true)
-
-	t.Run("fresh store is behind", func(t *testing.T) {
-		v, err := db.Version(ctx, load(v1))
-		if v != 0 || !errors.Is(err, ErrBehind) {
-			t.Fatalf("got %d, %v", v, err)
-		}
-	})
-	t.Run("in order, then idempotent", func(t *testing.T) {
-		from, to, err := db.Migrate(ctx, load(v1), now)
-		if err != nil || from != 0 || to != 1 {
-			t.Fatalf("got %d -> %d, %v", from, to, err)
-		}
-		from, to, err = db.Migrate(ctx, load(v2), now)
-		if err != nil || from != 1 || to != 2 {
-			t.Fatalf("got %d -> %d, %v", from, to, err)
-		}
-		from, to, err = db.Migrate(ctx, load(v2), now)
-		if err != nil || from != 2 || to != 2 {
-			t.Fatalf("second run: got %d -> %d, %v", from, to, err)
-		}
-		if v, err := db.Version(ctx, load(v2)); v != 2 || err != nil {
-			t.Fatalf("Version = %d, %v", v, err)
-		}
-		var n int
-		db.Reader.QueryRow(`SELECT count(*) FROM a`).Scan(&n)
-		if n != 1 {
-			t.Fatalf("migration 2 ran %d times", n)
-		}
-	})
-	t.Run("newer schema refused", func(t *testing.T) {
-		_, _, err := db.Migrate(ctx, load(v1), now)
-		if !errors.Is(err, ErrSchemaNewer) {
-			t.Fatalf("got %v", err)
-		}
-		if _, err := db.Version(ctx, load(v1)); !errors.Is(err, ErrSchemaNewer) {
-			t.Fatalf("Version: got %v", err)
-		}
-	})
-	t.Run("changed migration refused", func(t *testing.T) {
-		changed := load(map[string]string{"0001_a.sql": "CREATE TABLE a (x TEXT);", "0002_b.sql": v2["0002_b.sql"]})
-		if _, _, err := db.Migrate(ctx, changed, now); !errors.Is(err, ErrMigrationChanged) {
-			t.Fatalf("got %v", err)
-		}
-		if _, err := db.Version(ctx, changed); !errors.Is(err, ErrMigrationChanged) {
-			t.Fatalf("Version: got %v", err)
-		}
-	})
-	t.Run("a failing migration leaves nothing half-done", func(t *testing.T) {
-		bad := load(map[string]string{"0001_a.sql": v1["0001_a.sql"], "0002_b.sql": v2["0002_b.sql"],
-			"0003_c.sql": "CREATE TABLE c (z); INSERT INTO nowhere VALUES (1);"})
-		_, to, err := db.Migrate(ctx, bad, now)
-		if err == nil || to != 2 {
-			t.Fatalf("got to=%d, %v", to, err)
-		}
-		var n int
-		db.Reader.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'c'`).Scan(&n)
-		if n != 0 {
-			t.Fatal("table c outlived its failed migration")
-		}
-	})
-	t.Run("foreign keys checked after migrating", func(t *testing.T) {
-		db := open(t, filepath.Join(t.TempDir(), "fk.db"), true)
-		// foreign_keys is on, so the insert itself is refused: the dangling row cannot be made.
-		_, _, err := db.Migrate(ctx, load(map[string]string{"0001_a.sql": "CREATE TABLE p (id INTEGER PRIMARY KEY); CREATE TABLE c (p INTEGER REFERENCES p(id)); INSERT INTO c VALUES (7);"}), now)
-		if err == nil {
-			t.Fatal("a dangling reference was accepted")
-		}
-	})
+	ms, err = LoadMigrations(migrationsFS(map[string]string{"0001_a.sql": "CREATE TABLE a (x) STRICT;", "0001_a.postgres.sql": "CREATE TABLE a (x BIGINT);"}))
+	if err != nil || ms[0].Postgres != "CREATE TABLE a (x BIGINT);" || ms[0].PostgresChecksum == ms[0].Checksum {
+		t.Fatalf("twin: %+v, %v", ms, err)
+	}
 }
 
 // Two processes on one file is the normal case (the daemon and a person's
 // command): a writer in another process must wait out a held write
 // transaction within the busy timeout, not fail at once.
 func TestBusyTimeout_SecondProcess(t *testing.T) {
-	if os.Getenv("MESH_TEST_WRITER") != "" {
-		return
+	if os.Getenv("MESH_TEST_WRITER") != "" || os.Getenv("MESH_TEST_ENGINE") == "postgres" {
+		return // SQLite's own: run once, on the first pass
 	}
 	path := filepath.Join(t.TempDir(), "busy.db")
 	db := open(t, path, true)
@@ -346,7 +280,7 @@ func TestBusyTimeout_SecondProcess(t *testing.T) {
 // TestHelperWriter is the second process of TestBusyTimeout_SecondProcess.
 func TestHelperWriter(t *testing.T) {
 	path := os.Getenv("MESH_TEST_WRITER")
-	if path == "" {
+	if path == "" || os.Getenv("MESH_TEST_ENGINE") == "postgres" {
 		t.Skip("only run as the helper of TestBusyTimeout_SecondProcess")
 	}
 	db := open(t, path, false)

@@ -51,6 +51,16 @@ func parseFixed(s string) (time.Time, bool) {
 	return t, true
 }
 
+// Seconds is SQL for the seconds from the time earlier to the time later,
+// both SQL expressions of times as stores keep them: the one computation on
+// time that each engine spells its own way.
+func (db *DB) Seconds(later, earlier string) string {
+	if db.Postgres {
+		return "extract(epoch FROM (CAST(" + later + " AS timestamptz) - CAST(" + earlier + " AS timestamptz)))"
+	}
+	return "(julianday(" + later + ") - julianday(" + earlier + ")) * 86400"
+}
+
 // ParseNullTime reads a time that may be NULL; NULL is nil.
 func ParseNullTime(s sql.NullString) (*time.Time, error) {
 	if !s.Valid {
