@@ -166,18 +166,24 @@ demo-ha: build nats-server
 # make test needs a few programs besides Go: Debian's chromium (the board is
 # tested in a real browser), sqlite3 (a test opens the stores beside a
 # serving controller, as a person inspecting them would), jq and curl (the
-# README's walkthrough, run as a test, uses them). When missing and run as
-# root (as CI is), they are installed without recommends and nothing else on
-# the system is changed; otherwise one line says what to install.
+# README's walkthrough, run as a test, uses them), and postgresql (every
+# store test runs again on a real PostgreSQL: scripts/with-postgres starts
+# one as an unprivileged user in a temporary directory and stops it after,
+# whatever the tests' outcome). When missing and run as root (as CI is),
+# they are installed without recommends and nothing else on the system is
+# changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git
+# PostgreSQL's server programs are not on PATH: Debian keeps them by version.
+PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 
 test: tools nats-server
-	MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
+	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
 	@echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"
 	CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	[ -n "$(PG_INITDB)" ] || missing="$$missing postgresql"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing; install them (apt-get install --no-install-recommends$$missing) and run make test again"; exit 1; fi; \
 	echo "make test: installing Debian's$$missing for the tests (no recommends, nothing upgraded)"; \

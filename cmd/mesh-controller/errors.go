@@ -10,6 +10,7 @@ import (
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/contexts/secrets"
+	"mesh-controller/embedded/postgres"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -24,6 +25,36 @@ func storeVar(se *app.StoreError) string {
 	return se.Location.Var
 }
 
+// postgresHint says what to do about a store on PostgreSQL that cannot be
+// reached or used: the SQL a person runs as the server's superuser (or the
+// database's owner), with the URL's own names. migrate never makes
+// databases or roles: they are the person's, like the server.
+func postgresHint(err error, se *app.StoreError) string {
+	v := storeVar(se)
+	var pe *postgres.Error
+	errors.As(err, &pe)
+	var t postgres.Target
+	if pe != nil {
+		t = pe.Target
+	}
+	switch {
+	case errors.Is(err, postgres.ErrBadURL):
+		return fmt.Sprintf("write %s as postgres://USER:PASSWORD@HOST:PORT/DATABASE", v)
+	case errors.Is(err, postgres.ErrUnreachable):
+		return fmt.Sprintf("check the host and port in %s, and that PostgreSQL runs there and listens on them", v)
+	case errors.Is(err, postgres.ErrNoDatabase):
+		return fmt.Sprintf("create it as PostgreSQL's superuser: CREATE DATABASE %s OWNER %s; then run 'mesh-controller migrate'", t.Database, t.User)
+	case errors.Is(err, postgres.ErrNoRole):
+		return fmt.Sprintf("create the role as PostgreSQL's superuser: CREATE ROLE %s LOGIN PASSWORD '…'; and give it its database: ALTER DATABASE %s OWNER TO %s; (CREATE DATABASE %s OWNER %s; if it is missing too)",
+			t.User, t.Database, t.User, t.Database, t.User)
+	case errors.Is(err, postgres.ErrAuth):
+		return fmt.Sprintf("check the user and password in %s (PostgreSQL's log says why it refused)", v)
+	case errors.Is(err, postgres.ErrNoRights):
+		return fmt.Sprintf("let the role make its tables, as the database's owner: GRANT CREATE, USAGE ON SCHEMA public TO %s; (or make it the owner: ALTER DATABASE %s OWNER TO %s;)", t.User, t.Database, t.User)
+	}
+	return ""
+}
+
 // hint is the "what to do" half of an error line: the app says what went
 // wrong, the command line says what a person can do about it.
 func hint(err error) string {
@@ -33,6 +64,9 @@ func hint(err error) string {
 	var se *app.StoreError
 	isStore := errors.As(err, &se)
 	moved := isStore && se.Location.From != "data dir"
+	if h := postgresHint(err, se); h != "" {
+		return h
+	}
 	switch {
 	case errors.Is(err, sqlite.ErrNoStore), errors.Is(err, sqlite.ErrBehind):
 		if moved {

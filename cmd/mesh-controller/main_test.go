@@ -3,6 +3,10 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +21,9 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"mesh-controller/cmd/scriptcmds"
+	"mesh-controller/embedded/postgres"
 	"mesh-controller/embedded/sqlite"
+	"mesh-controller/embedded/sqlite/sqlitetest"
 )
 
 func TestMain(m *testing.M) {
@@ -43,12 +49,24 @@ func TestScripts(t *testing.T) {
 			e.Setenv("OPERATOR_KEY", "age1qw9z92zmyjj7ef5qdauyxtg2t7qeanlwt0wsencparm9fryhkdcqyh25r9")
 			return nil
 		},
+		// [postgres]: MESH_TEST_POSTGRES names a server to make databases
+		// on. Under CI its absence fails the scenario: nothing is skipped there.
+		Condition: func(cond string) (bool, error) {
+			if cond != "postgres" {
+				return false, fmt.Errorf("unknown condition %q", cond)
+			}
+			if os.Getenv(sqlitetest.PostgresVar) == "" && os.Getenv("CI") != "" {
+				return false, fmt.Errorf("%s is not set under CI: the PostgreSQL scenarios must run (make test starts it)", sqlitetest.PostgresVar)
+			}
+			return os.Getenv(sqlitetest.PostgresVar) != "", nil
+		},
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"sql":         cmdSQL,
 			"waitserving": cmdWaitServing,
 			"damage":      cmdDamage,
 			"waitfile":    cmdWaitFile,
 			"hostjoined":  cmdHostJoined,
+			"pg":          cmdPG,
 		}),
 	})
 }
@@ -59,7 +77,11 @@ func cmdSQL(ts *testscript.TestScript, neg bool, args []string) {
 	if len(args) != 2 {
 		ts.Fatalf("usage: sql FILE STATEMENT")
 	}
-	db, err := sqlite.Open(context.Background(), sqlite.Location{Context: "test", DSN: ts.MkAbs(args[0])}, true)
+	dsn := args[0]
+	if !postgres.IsURL(dsn) {
+		dsn = ts.MkAbs(dsn)
+	}
+	db, err := sqlite.Open(context.Background(), sqlite.Location{Context: "test", DSN: dsn}, true)
 	ts.Check(err)
 	defer db.Close()
 	_, err = db.Writer.Exec(args[1])
@@ -70,6 +92,88 @@ func cmdSQL(ts *testscript.TestScript, neg bool, args []string) {
 		return
 	}
 	ts.Check(err)
+}
+
+// cmdPG makes what a person makes on PostgreSQL before 'migrate', on the
+// test server (MESH_TEST_POSTGRES; the scenario is skipped without it, and
+// fails under CI); everything made is dropped when the scenario ends.
+// Names are made unique per scenario, since roles are the server's:
+//
+//	pg role R          CREATE ROLE (password pw-R); $ROLE_R is its name
+//	pg db D [R]        CREATE DATABASE owned by R (else the superuser); $PG_D
+//	                   is its URL, logging in as R; $DB_D its name
+//	pg url D R NAME    $PG_D is the URL of database NAME as role R (made by
+//	                   pg role, else R as it is), made or not
+func cmdPG(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: pg role R | pg db D [R] | pg url D R NAME")
+	}
+	admin := os.Getenv(sqlitetest.PostgresVar)
+	if admin == "" {
+		ts.Fatalf("%s is not set: begin the scenario with [!postgres] skip", sqlitetest.PostgresVar)
+	}
+	db, _, err := postgres.Open(context.Background(), admin)
+	ts.Check(err)
+	defer db.Close()
+	exec := func(stmt string) {
+		if _, err := db.Exec(stmt); err != nil {
+			ts.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	suffix := ts.Getenv("PG_SUFFIX")
+	if suffix == "" {
+		b := make([]byte, 4)
+		rand.Read(b)
+		suffix = hex.EncodeToString(b)
+		ts.Setenv("PG_SUFFIX", suffix)
+	}
+	u, err := url.Parse(admin)
+	ts.Check(err)
+	urlOf := func(role, name string) string {
+		v := *u
+		v.Path = "/" + name
+		if role != "" {
+			name := ts.Getenv("ROLE_" + role)
+			if name == "" {
+				name = role // a role never made
+			}
+			v.User = url.UserPassword(name, "pw-"+role)
+		}
+		return v.String()
+	}
+	switch args[0] {
+	case "role":
+		name := "r_" + args[1] + "_" + suffix
+		exec(`CREATE ROLE ` + name + ` LOGIN PASSWORD 'pw-` + args[1] + `'`)
+		ts.Defer(func() {
+			db2, _, _ := postgres.Open(context.Background(), admin)
+			db2.Exec(`DROP ROLE IF EXISTS ` + name)
+			db2.Close()
+		})
+		ts.Setenv("ROLE_"+args[1], name)
+	case "db":
+		name := "d_" + args[1] + "_" + suffix
+		owner, role := "", ""
+		if len(args) > 2 {
+			role = args[2]
+			owner = " OWNER " + ts.Getenv("ROLE_"+role)
+		}
+		exec(`CREATE DATABASE ` + name + owner + ` TEMPLATE template0`)
+		ts.Defer(func() {
+			db2, _, _ := postgres.Open(context.Background(), admin)
+			db2.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+			db2.Close()
+		})
+		ts.Setenv("DB_"+args[1], name)
+		ts.Setenv("PG_"+args[1], urlOf(role, name))
+	case "url":
+		if len(args) != 4 {
+			ts.Fatalf("usage: pg url D R NAME")
+		}
+		ts.Setenv("PG_"+args[1], urlOf(args[2], args[3]))
+	default:
+		ts.Fatalf("usage: pg role R | pg db D [R] | pg url D R NAME")
+	}
 }
 
 // cmdWaitServing waits (up to 20s) until a controller holds the lease of the

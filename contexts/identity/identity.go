@@ -269,11 +269,11 @@ func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Durati
 // HasSigningKey says whether a store (migrated or not, even empty) holds a
 // signing key; it reads only, so a store is judged before it is migrated.
 func HasSigningKey(ctx context.Context, db *sqlite.DB) (bool, error) {
-	var tables int
-	if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'signing_keys'`).Scan(&tables); err != nil {
+	has, err := db.HasTable(ctx, "signing_keys")
+	if err != nil {
 		return false, fmt.Errorf("look for the signing key: %w", err)
 	}
-	if tables == 0 {
+	if !has {
 		return false, nil
 	}
 	var keys int

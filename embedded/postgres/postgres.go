@@ -48,17 +48,15 @@ func IsURL(dsn string) bool {
 // listings: a password never leaves through output.
 func Redact(dsn string) string {
 	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		if err != nil && strings.Contains(dsn, "@") {
-			return "postgres://(a URL that does not parse)"
+	if err != nil {
+		return "postgres://(unparsable)"
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
 		}
-		return dsn
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	if q.Has("password") {
+	if q := u.Query(); q.Has("password") {
 		q.Set("password", "xxxxx")
 		u.RawQuery = q.Encode()
 	}
@@ -79,16 +77,29 @@ type Target struct {
 func Config(dsn string) (*pgx.ConnConfig, Target, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		var pe *pgconn.ParseConfigError
-		if errors.As(err, &pe) && pe.Unwrap() != nil {
-			return nil, Target{}, fmt.Errorf("%w: %v", ErrBadURL, pe.Unwrap())
-		}
-		return nil, Target{}, fmt.Errorf("%w: %v", ErrBadURL, err)
+		return nil, Target{}, fmt.Errorf("%w: %s", ErrBadURL, parseProblem(err))
 	}
 	if cfg.Database == "" {
 		return nil, Target{}, fmt.Errorf("%w: it names no database (postgres://USER@HOST/DATABASE)", ErrBadURL)
 	}
 	return cfg, Target{User: cfg.User, Database: cfg.Database, Host: cfg.Host}, nil
+}
+
+// parseProblem is what pgx found wrong with a URL, without the URL: pgx
+// hides its password as best it can, and an error that quotes the URL
+// (url.Parse's) is left out, so that none is ever printed.
+func parseProblem(err error) string {
+	msg := err.Error()
+	if _, after, ok := strings.Cut(msg, "`: "); ok {
+		msg = after
+	}
+	if i := strings.Index(msg, " ("); i >= 0 && strings.Contains(msg[i:], "://") {
+		msg = msg[:i]
+	}
+	if strings.Contains(msg, "://") || strings.Contains(msg, "@") {
+		return "check its form"
+	}
+	return msg
 }
 
 // Error is a failure to reach, log in to or use a store's database, with
