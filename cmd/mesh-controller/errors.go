@@ -68,6 +68,14 @@ func hint(err error) string {
 		return h
 	}
 	switch {
+	case errors.Is(err, app.ErrUnknownContext):
+		return "name one of those ('mesh-controller help' lists each context's store)"
+	case errors.Is(err, app.ErrCopyTarget):
+		return "give each context a store of its own to copy onto"
+	case errors.Is(err, sqlite.ErrNotEmpty):
+		return "copy onto an empty database (a copy never merges): name another, or drop and create this one again"
+	case errors.Is(err, sqlite.ErrCopyDiffers):
+		return "nothing was kept (the copy was rolled back); please report it"
 	case errors.Is(err, sqlite.ErrNoStore), errors.Is(err, sqlite.ErrBehind):
 		if moved {
 			return fmt.Sprintf("run 'mesh-controller migrate' first, or check %s", se.Location.Var)

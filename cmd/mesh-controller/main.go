@@ -82,6 +82,7 @@ type CLI struct {
 	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
 	Backup     BackupCmd     `cmd:"" help:"A consistent copy of every store, taken while serve runs, sealed with age to the operator key."`
 	Restore    RestoreCmd    `cmd:"" help:"A backup into a new or empty data dir (--data), opened with the operator key; integrity and schema checked."`
+	Store      StoreCmd      `cmd:"" help:"The stores as a whole: copy them onto PostgreSQL, or back."`
 }
 
 // Env is what every Run is given: the application and where to print.

@@ -3,11 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
+	"mesh-controller/embedded/postgres"
 )
 
 // MigrateCmd is migrate (and prepare).
@@ -110,4 +113,48 @@ func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t(from %s)\n", l.Context, l.Shown(), l.Var, l.From)
 	}
 	return tw.Flush()
+}
+
+// StoreCmd is store: the stores themselves, as a whole.
+type StoreCmd struct {
+	Copy StoreCopyCmd `cmd:"" help:"Copy contexts' stores onto others (SQLite to PostgreSQL, or back) while no controller serves; counts and digests compared."`
+}
+
+// StoreCopyCmd is store copy.
+type StoreCopyCmd struct {
+	To   []string `required:"" placeholder:"CONTEXT=URL" help:"A context and the store to copy it onto: a postgres:// URL (its database and role made by a person) or a SQLite path. Repeat for more contexts."`
+	JSON bool     `name:"json" help:"Print one JSON array."`
+}
+
+// Run copies each context named onto its target and says what to set next.
+func (c *StoreCopyCmd) Run(env *Env) error {
+	targets := map[string]string{}
+	for _, t := range c.To {
+		name, dsn, ok := strings.Cut(t, "=")
+		if !ok || name == "" {
+			return clirun.UsageError{Msg: fmt.Sprintf("--to %s: write it CONTEXT=URL, e.g. --to inventory=postgres://mesh_inventory@db.example/inventory", postgres.Redact(t))}
+		}
+		if _, twice := targets[name]; twice {
+			return clirun.UsageError{Msg: fmt.Sprintf("--to names %s twice: one target per context", name)}
+		}
+		targets[name] = dsn
+	}
+	done, err := env.App.StoreCopy(env.Ctx, targets)
+	if c.JSON && err == nil {
+		return printJSON(env.Stdout, done)
+	}
+	for _, cp := range done {
+		fmt.Fprintf(env.Stdout, "%s: copied %d rows from %s to %s\n", cp.Context, cp.Rows(), cp.From, cp.To)
+		for _, t := range cp.Tables {
+			fmt.Fprintf(env.Stdout, "  %-22s %8d rows  sha256 %s  (the same at both ends)\n", t.Table, t.Rows, t.Digest)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	for _, cp := range done {
+		fmt.Fprintf(env.Stderr, "next, for every mesh-controller that uses these stores: set %s=%s (with its password), or write that URL in a file only the controller reads and set %s_FILE to its path\n",
+			cp.Var, cp.To, cp.Var)
+	}
+	return nil
 }
