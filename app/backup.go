@@ -67,6 +67,20 @@ type BackupManifest struct {
 	Format int             `json:"format"`
 	MadeAt time.Time       `json:"made_at"`
 	Stores []BackedUpStore `json:"stores"`
+	// Elsewhere are the contexts whose store is on PostgreSQL: a backup
+	// holds no copy of them; each is its database's own to back up
+	// (pg_dump), beside this file.
+	Elsewhere []ElsewhereStore `json:"elsewhere,omitempty"`
+}
+
+// ElsewhereStore is a context whose store a backup skips: a database on
+// PostgreSQL, backed up by its own tools.
+type ElsewhereStore struct {
+	Context string `json:"context"`
+	// Store is its URL, as output may show it (no password).
+	Store string `json:"store"`
+	// Var is the variable that names it.
+	Var string `json:"variable"`
 }
 
 // BackedUpStore is one context's store in a backup.
@@ -94,7 +108,9 @@ type BackupMade struct {
 
 // Backup writes a consistent copy of every context's store, taken while
 // serve may be running, sealed to the operator key, to out (created 0600,
-// never overwritten, never left half-written).
+// never overwritten, never left half-written). A store on PostgreSQL is
+// skipped and listed as such (Manifest.Elsewhere): its database is backed
+// up by PostgreSQL's own tools, which a person runs beside this.
 func (c *Controller) Backup(ctx context.Context, out string) (BackupMade, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -137,6 +153,10 @@ func backupStores(ctx context.Context, dbs map[string]*sqlite.DB, out string, no
 	defer os.RemoveAll(tmp)
 	m := BackupManifest{Kind: backupKind, Format: backupFormat, MadeAt: now.UTC().Truncate(time.Second)}
 	for _, n := range names {
+		if dbs[n].Postgres {
+			m.Elsewhere = append(m.Elsewhere, ElsewhereStore{Context: n, Store: dbs[n].Location.Shown(), Var: sqlite.EnvVar(n)})
+			continue
+		}
 		cp, err := dbs[n].CopyInto(ctx, filepath.Join(tmp, n+".db"))
 		if err != nil {
 			return BackupMade{}, fmt.Errorf("copy the %s store: %w", n, err)

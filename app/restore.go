@@ -54,6 +54,12 @@ type Restored struct {
 	// Moved names the variables set now that move a context's store away
 	// from Dir: serve would read that store, not the restored one.
 	Moved []string
+	// Elsewhere are the contexts the backup skipped, as on PostgreSQL when
+	// it was made: their databases are restored by PostgreSQL's own tools.
+	Elsewhere []ElsewhereStore
+	// OnPostgres are the contexts whose variable names a PostgreSQL
+	// database now: nothing is restored into it here.
+	OnPostgres []ElsewhereStore
 }
 
 // RestoredStore is one context's store restored.
@@ -114,7 +120,7 @@ func (c *Controller) Restore(ctx context.Context, file, keyFile string) (Restore
 	if err != nil {
 		return Restored{}, err
 	}
-	r := Restored{Dir: dir, MadeAt: m.MadeAt}
+	r := Restored{Dir: dir, MadeAt: m.MadeAt, Elsewhere: m.Elsewhere}
 	for _, s := range m.Stores {
 		rs, err := checkRestored(ctx, &r, s, filepath.Join(stage, s.File))
 		if err != nil {
@@ -127,10 +133,15 @@ func (c *Controller) Restore(ctx context.Context, file, keyFile string) (Restore
 	}
 	done = true
 	for _, n := range Contexts {
-		if !slices.ContainsFunc(r.Stores, func(s RestoredStore) bool { return s.Context == n }) {
+		if !slices.ContainsFunc(r.Stores, func(s RestoredStore) bool { return s.Context == n }) &&
+			!slices.ContainsFunc(r.Elsewhere, func(s ElsewhereStore) bool { return s.Context == n }) {
 			r.Missing = append(r.Missing, n)
 		}
-		if loc, err := sqlite.Locate(n, dir, c.Getenv); err != nil || loc.From != "data dir" {
+		loc, err := sqlite.Locate(n, dir, c.Getenv)
+		switch {
+		case err == nil && loc.Postgres():
+			r.OnPostgres = append(r.OnPostgres, ElsewhereStore{Context: n, Store: loc.Shown(), Var: loc.Var})
+		case err != nil || loc.From != "data dir":
 			r.Moved = append(r.Moved, sqlite.EnvVar(n))
 		}
 	}

@@ -19,6 +19,10 @@ func (c *BackupCmd) Run(env *Env) error {
 	for _, s := range b.Manifest.Stores {
 		fmt.Fprintf(env.Stdout, "%-10s schema %d  %9d bytes  sha256 %s\n", s.Context, s.SchemaVersion, s.Bytes, s.SHA256)
 	}
+	for _, s := range b.Manifest.Elsewhere {
+		fmt.Fprintf(env.Stdout, "%-10s skipped: on PostgreSQL (%s), its database's own to back up: pg_dump --format=custom --file=%s.pgdump \"$%s\"\n",
+			s.Context, s.Store, s.Context, s.Var)
+	}
 	fmt.Fprintf(env.Stdout, "backup written to %s: %d bytes, sealed to the operator key %s, in %d ms\n",
 		b.File, b.Bytes, b.Recipient, b.Took.Milliseconds())
 	fmt.Fprintf(env.Stderr, "restore needs it and the operator key's private half: keep both off this machine, and apart; "+
@@ -66,6 +70,14 @@ func (c *RestoreCmd) Run(env *Env) error {
 	}
 	if r.Lease != nil {
 		fmt.Fprintf(w, "the lease held when the backup was made (pid %d on %s) is given back\n", r.Lease.PID, r.Lease.Host)
+	}
+	for _, s := range r.Elsewhere {
+		fmt.Fprintf(w, "  %-10s not in the backup: it was on PostgreSQL (%s); restore its database from its own dump: pg_restore --dbname=\"$%s\" %s.pgdump\n",
+			s.Context, s.Store, s.Var, s.Context)
+	}
+	for _, s := range r.OnPostgres {
+		fmt.Fprintf(w, "  %-10s skipped: %s names a database on PostgreSQL (%s): serve reads that, not a file here; restore it with PostgreSQL's own tools (pg_restore)\n",
+			s.Context, s.Var, s.Store)
 	}
 	if len(r.Moved) > 0 {
 		fmt.Fprintf(w, "note: %s set: serve would read the store it names, not the one restored here; unset it\n", strings.Join(r.Moved, ", "))
