@@ -83,6 +83,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"builds"}},
 		{args: []string{"queue"}},
 		{args: []string{"plans"}},
+		// A copy onto a new SQLite file: the same document as onto PostgreSQL.
+		{args: []string{"store", "copy", "--to", "builds=" + filepath.Join(dir, "copy", "builds.db")}},
 		// Last: it changes the mesh (a node kept for it alone goes).
 		{args: []string{"node", "remove", "spare", "--and-unassign", "--why", "the json test"}},
 	}

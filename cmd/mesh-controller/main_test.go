@@ -145,11 +145,7 @@ func cmdPG(ts *testscript.TestScript, neg bool, args []string) {
 	case "role":
 		name := "r_" + args[1] + "_" + suffix
 		exec(`CREATE ROLE ` + name + ` LOGIN PASSWORD 'pw-` + args[1] + `'`)
-		ts.Defer(func() {
-			db2, _, _ := postgres.Open(context.Background(), admin)
-			db2.Exec(`DROP ROLE IF EXISTS ` + name)
-			db2.Close()
-		})
+		ts.Defer(func() { dropLater(admin, `DROP ROLE IF EXISTS `+name) })
 		ts.Setenv("ROLE_"+args[1], name)
 	case "db":
 		name := "d_" + args[1] + "_" + suffix
@@ -159,11 +155,7 @@ func cmdPG(ts *testscript.TestScript, neg bool, args []string) {
 			owner = " OWNER " + ts.Getenv("ROLE_"+role)
 		}
 		exec(`CREATE DATABASE ` + name + owner + ` TEMPLATE template0`)
-		ts.Defer(func() {
-			db2, _, _ := postgres.Open(context.Background(), admin)
-			db2.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
-			db2.Close()
-		})
+		ts.Defer(func() { dropLater(admin, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
 		ts.Setenv("DB_"+args[1], name)
 		ts.Setenv("PG_"+args[1], urlOf(role, name))
 	case "url":
@@ -174,6 +166,17 @@ func cmdPG(ts *testscript.TestScript, neg bool, args []string) {
 	default:
 		ts.Fatalf("usage: pg role R | pg db D [R] | pg url D R NAME")
 	}
+}
+
+// dropLater drops what a scenario made, when it ends (through a connection
+// of its own: the one that made it is closed by then).
+func dropLater(admin, stmt string) {
+	db, _, err := postgres.Open(context.Background(), admin)
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	db.Exec(stmt)
 }
 
 // cmdWaitServing waits (up to 20s) until a controller holds the lease of the

@@ -107,7 +107,7 @@ func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
 		fmt.Fprintf(w, "\nStores: %v\n", err)
 		return nil
 	}
-	fmt.Fprintln(w, "\nStores (one SQLite file per context; the variable moves it, or names a file holding its path with _FILE):")
+	fmt.Fprintln(w, "\nStores (one SQLite file per context, or a postgres:// URL naming its database; the variable moves it, or names a file holding it with _FILE):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, l := range locs {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t(from %s)\n", l.Context, l.Shown(), l.Var, l.From)

@@ -195,11 +195,7 @@ func Digest(ctx context.Context, q Querier, t Table) (Count, error) {
 	}
 	type row struct{ key, sum []byte }
 	var all []row
-	vals := make([]any, len(t.Columns))
-	ptrs := make([]any, len(vals))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
+	vals, ptrs := scanTargets(len(t.Columns))
 	for rows.Next() {
 		if err := rows.Scan(ptrs...); err != nil {
 			return Count{}, err
@@ -288,11 +284,7 @@ func copyTable(ctx context.Context, src *DB, ins *sql.Stmt, t Table) (int64, err
 		return 0, err
 	}
 	defer rows.Close()
-	vals := make([]any, len(t.Columns))
-	ptrs := make([]any, len(vals))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
+	vals, ptrs := scanTargets(len(t.Columns))
 	var n int64
 	for rows.Next() {
 		if err := rows.Scan(ptrs...); err != nil {
@@ -304,4 +296,13 @@ func copyTable(ctx context.Context, src *DB, ins *sql.Stmt, t Table) (int64, err
 		n++
 	}
 	return n, rows.Err()
+}
+
+// scanTargets are a row's values and the pointers rows.Scan fills them through.
+func scanTargets(n int) (vals, ptrs []any) {
+	vals, ptrs = make([]any, n), make([]any, n)
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, ptrs
 }
