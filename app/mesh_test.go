@@ -97,10 +97,14 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-func newTestMesh(t testing.TB) *testMesh {
+func newTestMesh(t testing.TB) *testMesh { return newTestMeshEnv(t, nil) }
+
+// newTestMeshEnv is newTestMesh with the stores env names (MESH_STORE_…),
+// the rest in a temporary data dir.
+func newTestMeshEnv(t testing.TB, env map[string]string) *testMesh {
 	t.Helper()
 	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c.Getenv = func(k string) string { return env[k] }
 	if _, err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -259,7 +259,7 @@ func setBindings(ctx context.Context, tx *sql.Tx, bindings []Binding, now time.T
 	for _, b := range bindings {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO bindings (node, module, provision, provider_node, provider_module, since) VALUES (?, ?, ?, ?, ?, ?)
 			ON CONFLICT (node, module, provision) DO UPDATE SET provider_node = excluded.provider_node, provider_module = excluded.provider_module, since = excluded.since
-			WHERE provider_node <> excluded.provider_node OR provider_module <> excluded.provider_module`,
+			WHERE bindings.provider_node <> excluded.provider_node OR bindings.provider_module <> excluded.provider_module`,
 			b.Node, b.Module, b.Provision, b.Provider.Node, b.Provider.Module, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
@@ -271,7 +271,7 @@ func setConsumers(ctx context.Context, tx *sql.Tx, consumers []ConsumerChange, n
 	for _, c := range consumers {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO consumers (provider_node, provider_module, consumer, provision, state, since, why) VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (provider_node, provider_module, consumer, provision) DO UPDATE SET state = excluded.state, since = excluded.since, why = excluded.why
-			WHERE state <> excluded.state`,
+			WHERE consumers.state <> excluded.state`,
 			c.Provider.Node, c.Provider.Module, c.Consumer, c.Provision, c.State, sqlite.FormatTime(now), c.Why); err != nil {
 			return err
 		}

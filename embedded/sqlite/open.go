@@ -24,6 +24,9 @@ import (
 // or a person's command beside it) before giving up.
 const BusyTimeout = 10 * time.Second
 
+// pgIdle is how long a PostgreSQL connection may sit unused in a pool.
+const pgIdle = time.Minute
+
 // readers is the size of the reader pool.
 const readers = 4
 
@@ -185,6 +188,12 @@ func openPostgres(ctx context.Context, loc Location) (*DB, error) {
 	}
 	r.SetMaxOpenConns(readers)
 	r.SetMaxIdleConns(readers)
+	// A server's connections are counted (max_connections, 100 by
+	// default) across every controller and command on it: six stores' pools
+	// give back what they have not used for a while.
+	for _, p := range []*sql.DB{w, r} {
+		p.SetConnMaxIdleTime(pgIdle)
+	}
 	return &DB{Location: loc, Writer: w, Reader: r, Postgres: true, lockKey: postgres.LockKey(loc.Context)}, nil
 }
 

@@ -1,0 +1,59 @@
+package app
+
+import (
+	"context"
+	"testing"
+
+	"mesh-controller/embedded/sqlite"
+	"mesh-controller/embedded/sqlite/sqlitetest"
+)
+
+// The daemon and the commands on stores on PostgreSQL, every context in its
+// own database: hosts join, beat and report; modules are assigned, planned,
+// signed, sent and applied; a hand declaration, the self-check and the
+// listings read it all back. The same acts as on SQLite (TestMesh_…), so
+// that every store method the daemon uses runs on PostgreSQL too.
+func TestMesh_OnPostgres(t *testing.T) {
+	env := map[string]string{}
+	for _, name := range Contexts {
+		env[sqlite.EnvVar(name)] = sqlitetest.NewDatabase(t)
+	}
+	m := newTestMeshEnv(t, env)
+	ctx := context.Background()
+	for _, name := range Contexts {
+		if db := m.c.open.st.DB(name); db == nil || !db.Postgres {
+			t.Fatalf("the %s store is not on PostgreSQL", name)
+		}
+	}
+	m.join("web1")
+	m.join("db1")
+	for _, n := range []string{"paperless", "postgres", "smtp-relay"} {
+		m.addModule(example(n))
+	}
+	if _, err := m.c.Assign(ctx, "db1", []string{"postgres", "smtp-relay"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.Assign(ctx, "web1", []string{"paperless"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both hosts to apply their plans, beat and report", func() bool {
+		w, d := m.node("web1"), m.node("db1")
+		return !w.Behind && !d.Behind && w.SerialApplied > 0 && len(w.Facts) > 0 && w.HeartbeatS > 0
+	})
+	before := m.node("web1").SerialApplied
+	d := m.declare("web1", moduleBody("hello", "/srv/hello"))
+	if !d.Sent || d.Serial != before+1 {
+		t.Fatalf("declare: %+v after serial %d", d, before)
+	}
+	waitFor(t, "web1 to apply the hand declaration", func() bool { return m.node("web1").SerialApplied == d.Serial })
+	if _, err := m.c.SelfCheck(ctx, CheckOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := m.c.NodeList(ctx)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("node list: %+v, %v", list, err)
+	}
+	if _, err := m.c.Status(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
