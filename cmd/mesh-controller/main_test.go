@@ -50,13 +50,14 @@ func TestScripts(t *testing.T) {
 			return nil
 		},
 		// [postgres]: MESH_TEST_POSTGRES names a server to make databases
-		// on. Under CI its absence fails the scenario: nothing is skipped there.
+		// on. Under CI or make test its absence fails the scenario: nothing is
+		// skipped there.
 		Condition: func(cond string) (bool, error) {
 			if cond != "postgres" {
 				return false, fmt.Errorf("unknown condition %q", cond)
 			}
-			if os.Getenv(sqlitetest.PostgresVar) == "" && os.Getenv("CI") != "" {
-				return false, fmt.Errorf("%s is not set under CI: the PostgreSQL scenarios must run (make test starts it)", sqlitetest.PostgresVar)
+			if os.Getenv(sqlitetest.PostgresVar) == "" && sqlitetest.Required() {
+				return false, fmt.Errorf("%s is not set under CI or make test: the PostgreSQL scenarios must run (make test starts it)", sqlitetest.PostgresVar)
 			}
 			return os.Getenv(sqlitetest.PostgresVar) != "", nil
 		},

@@ -37,15 +37,19 @@ var engine = "sqlite"
 // Engine is the engine this run of the tests is on: "sqlite" or "postgres".
 func Engine() string { return engine }
 
+// Required says the PostgreSQL runs must not be skipped: under CI, and
+// under make test (MESH_TEST_TOOLS), which brings everything the tests need.
+func Required() bool { return os.Getenv("CI") != "" || os.Getenv("MESH_TEST_TOOLS") != "" }
+
 // Main runs a package's tests once on SQLite and, when PostgreSQL is there,
 // once more with every store on PostgreSQL; a package whose tests open
 // stores calls it from TestMain. Without MESH_TEST_POSTGRES the second run
-// is skipped, saying so, unless CI is set: then it fails, since CI must run
-// every store test on both engines.
+// is skipped, saying so (go test -v shows it), unless Required: then it
+// fails, since CI must run every store test on both engines.
 func Main(m *testing.M) int {
 	code := m.Run()
 	if os.Getenv(PostgresVar) == "" {
-		if os.Getenv("CI") != "" {
+		if Required() {
 			fmt.Fprintf(os.Stderr, "FAIL: the store tests on PostgreSQL cannot run: %s is not set (run them through make test, which starts PostgreSQL)\n", PostgresVar)
 			return 1
 		}
@@ -116,7 +120,7 @@ func AdminURL(t testing.TB) string {
 	t.Helper()
 	admin := os.Getenv(PostgresVar)
 	if admin == "" {
-		if os.Getenv("CI") != "" {
+		if Required() {
 			t.Fatalf("%s is not set: this test needs PostgreSQL (make test starts it)", PostgresVar)
 		}
 		t.Skipf("%s is not set: make test starts PostgreSQL", PostgresVar)
