@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"mesh-controller/embedded/postgres"
 	"mesh-controller/embedded/sqlite"
 	"mesh-controller/embedded/sqlite/sqlitetest"
 )
@@ -56,4 +57,47 @@ func TestMesh_OnPostgres(t *testing.T) {
 	if _, err := m.c.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// PostgreSQL restarted under a serving controller: while it is down a
+// declaration is refused, not half-kept; once it is back the same daemon,
+// through the same pools, declares again and the host applies it.
+func TestMesh_PostgresRestart(t *testing.T) {
+	srv := sqlitetest.NewServer(t)
+	admin, _, err := postgres.Open(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, name := range Contexts {
+		if _, err := admin.Exec(`CREATE DATABASE mesh_` + name); err != nil {
+			t.Fatal(err)
+		}
+		env[sqlite.EnvVar(name)] = sqlitetest.WithDatabase(t, srv.URL, "mesh_"+name)
+	}
+	admin.Close()
+	m := newTestMeshEnv(t, env)
+	m.join("web1")
+	first := m.declare("web1", moduleBody("hello", "/srv/hello"))
+	waitFor(t, "web1 to apply the first declaration", func() bool { return m.node("web1").SerialApplied == first.Serial })
+
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.c.Declare(context.Background(), DeclareRequest{Node: "web1", Body: []byte(moduleBody("hello", "/srv/other")), From: "test", Why: "while the server is down"}); err == nil {
+		t.Fatalf("a declaration was kept while PostgreSQL was down: %+v", d)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var d Declared
+	waitFor(t, "a declaration once PostgreSQL is back", func() bool {
+		var err error
+		d, err = m.c.Declare(context.Background(), DeclareRequest{Node: "web1", Body: []byte(moduleBody("hello", "/srv/again")), From: "test", Why: "the server is back"})
+		return err == nil
+	})
+	if d.Serial != first.Serial+1 {
+		t.Fatalf("serial %d after %d: the refused declaration left something behind", d.Serial, first.Serial)
+	}
+	waitFor(t, "web1 to apply it", func() bool { return m.node("web1").SerialApplied == d.Serial })
 }

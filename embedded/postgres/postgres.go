@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -124,7 +125,7 @@ func Open(ctx context.Context, dsn string) (*sql.DB, Target, error) {
 	if err != nil {
 		return nil, target, err
 	}
-	db := sql.OpenDB(connector{stdlib.GetConnector(*cfg)})
+	db := sql.OpenDB(connector{stdlib.GetConnector(*cfg, stdlib.OptionShouldPing(stale))})
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, target, ConnectError(err, target)
@@ -181,6 +182,20 @@ func BeginWrite(ctx context.Context, db *sql.DB, key int64) (*sql.Tx, error) {
 	}
 	return tx, nil
 }
+
+// pingIdle is how long a pooled connection may sit unused before it is
+// asked whether it still stands, before its next use.
+const pingIdle = 50 * time.Millisecond
+
+// stale says a connection must be pinged before it is used again: pgx's
+// default asks only after a second, and a server restarted faster than that
+// (pg_ctl restart takes a few hundred milliseconds) left every pooled
+// connection dead, each failing its next query once. A connection used
+// while the server was down failed then and was dropped; one idle across
+// the restart was idle longer than this, and is found dead by its ping and
+// replaced. Only a statement under way when the server went is lost, and
+// reported.
+func stale(_ context.Context, p stdlib.ShouldPingParams) bool { return p.IdleDuration > pingIdle }
 
 // connector hands out connections that rebind each query.
 type connector struct{ driver.Connector }
