@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -120,19 +122,36 @@ func (c *Controller) copyStore(ctx context.Context, src *sqlite.DB, name, dsn st
 		}
 		tables[i].Identity = d.Identity
 	}
+	// Empty means as the migrations leave it: some seed a row (a store's
+	// fence), which the copy replaces with the source's; any other row is
+	// someone's, and refused.
+	seeds, err := c.seededRows(ctx, name)
+	if err != nil {
+		return StoreCopied{}, err
+	}
+	var seeded []string
 	for _, t := range tables {
-		var n int64
-		if err := dst.Reader.QueryRowContext(ctx, `SELECT count(*) FROM `+t.Name).Scan(&n); err != nil {
+		got, err := sqlite.Digest(ctx, dst.Reader, t)
+		if err != nil {
 			return StoreCopied{}, &StoreError{Location: loc, Err: err}
 		}
-		if n > 0 {
-			return StoreCopied{}, &StoreError{Location: loc, Err: fmt.Errorf("%w: table %s has %d", sqlite.ErrNotEmpty, t.Name, n)}
+		switch {
+		case got.Rows == 0:
+		case got == seeds[t.Name]:
+			seeded = append(seeded, t.Name)
+		default:
+			return StoreCopied{}, &StoreError{Location: loc, Err: fmt.Errorf("%w: table %s has %d", sqlite.ErrNotEmpty, t.Name, got.Rows)}
 		}
 	}
 	// Compared before the commit, read back through the transaction that
 	// wrote them: a copy that differs is rolled back whole.
 	cp := StoreCopied{Context: name, From: src.Location.Shown(), To: loc.Shown(), Var: loc.Var}
 	err = dst.Write(ctx, func(tx *sql.Tx) error {
+		for _, t := range seeded {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+t); err != nil {
+				return err
+			}
+		}
 		if _, err := sqlite.CopyRows(ctx, src, tx, dst.Postgres, tables); err != nil {
 			return err
 		}
@@ -158,4 +177,34 @@ func (c *Controller) copyStore(ctx context.Context, src *sqlite.DB, name, dsn st
 		return StoreCopied{}, &StoreError{Location: loc, Err: err}
 	}
 	return cp, nil
+}
+
+// seededRows are the rows a context's migrations make in an empty store,
+// per table, counted and digested (the same on either engine): read from a
+// scratch SQLite store migrated for the purpose.
+func (c *Controller) seededRows(ctx context.Context, name string) (map[string]sqlite.Count, error) {
+	dir, err := os.MkdirTemp("", "mesh-seeds-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	db, err := sqlite.Open(ctx, sqlite.Location{Context: name, DSN: filepath.Join(dir, name+".db")}, true)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	if _, _, err := db.Migrate(ctx, migrationsOf()[name], c.Now()); err != nil {
+		return nil, err
+	}
+	tables, err := db.Tables(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]sqlite.Count{}
+	for _, t := range tables {
+		if out[t.Name], err = sqlite.Digest(ctx, db.Reader, t); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -171,9 +171,9 @@ func (db *DB) Write(ctx context.Context, fn func(*sql.Tx) error) error {
 
 // openPostgres opens a store on PostgreSQL: a writer pool whose Write
 // transactions serialise on the context's advisory lock, and a reader pool.
-// Two writer connections let a single-statement write go on beside a Write
-// waiting on another process's lock, as SQLite's autocommit writes wait on
-// its busy timeout instead.
+// The second writer connection lets a Write begin (and wait on the lock
+// at the server) while another holds the first: the order among this
+// process's writers is then the server's, as among processes.
 func openPostgres(ctx context.Context, loc Location) (*DB, error) {
 	w, _, err := postgres.Open(ctx, loc.DSN)
 	if err != nil {

@@ -24,6 +24,10 @@ CREATE TABLE asks (
     allow_older bigint NOT NULL DEFAULT 0,
     commit_at text NOT NULL DEFAULT ''::text
 );
+CREATE TABLE fence (
+    id bigint NOT NULL,
+    generation bigint NOT NULL
+);
 CREATE TABLE outcome_details (
     id text NOT NULL,
     problems text NOT NULL DEFAULT '[]'::text,
@@ -70,6 +74,8 @@ ALTER TABLE asks ADD CONSTRAINT asks_pkey PRIMARY KEY (id);
 ALTER TABLE asks ADD CONSTRAINT asks_registered_check CHECK ((registered = ANY (ARRAY[(0)::bigint, (1)::bigint])));
 ALTER TABLE asks ADD CONSTRAINT asks_repository_check CHECK ((repository <> ''::text));
 ALTER TABLE asks ADD CONSTRAINT asks_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'in-flight'::text, 'done'::text, 'failed'::text, 'dead'::text, 'superseded'::text, 'cancelled'::text, 'killed'::text])));
+ALTER TABLE fence ADD CONSTRAINT fence_id_check CHECK ((id = 1));
+ALTER TABLE fence ADD CONSTRAINT fence_pkey PRIMARY KEY (id);
 ALTER TABLE outcome_details ADD CONSTRAINT outcome_details_id_fkey FOREIGN KEY (id) REFERENCES asks(id) ON DELETE CASCADE;
 ALTER TABLE outcome_details ADD CONSTRAINT outcome_details_pkey PRIMARY KEY (id);
 ALTER TABLE paused_builders ADD CONSTRAINT paused_builders_holder_check CHECK ((holder <> ''::text));

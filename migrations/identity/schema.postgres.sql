@@ -3,6 +3,10 @@ CREATE TABLE broker_keys (
     seed bytea NOT NULL,
     created_at text NOT NULL
 );
+CREATE TABLE fence (
+    id bigint NOT NULL,
+    generation bigint NOT NULL
+);
 CREATE TABLE hosts (
     node text NOT NULL,
     host_key bytea NOT NULL,
@@ -38,7 +42,8 @@ CREATE TABLE lease (
     host text NOT NULL,
     taken_at text NOT NULL,
     expires_at text NOT NULL,
-    broker_url text NOT NULL DEFAULT ''::text
+    broker_url text NOT NULL DEFAULT ''::text,
+    generation bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE schema_migrations (
     version integer NOT NULL,
@@ -52,8 +57,17 @@ CREATE TABLE signing_keys (
     private_key bytea NOT NULL,
     created_at text NOT NULL
 );
+CREATE TABLE standbys (
+    holder text NOT NULL,
+    pid bigint NOT NULL,
+    host text NOT NULL,
+    since text NOT NULL,
+    expires_at text NOT NULL
+);
 ALTER TABLE broker_keys ADD CONSTRAINT broker_keys_pkey PRIMARY KEY (role);
 ALTER TABLE broker_keys ADD CONSTRAINT broker_keys_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'account'::text, 'system'::text])));
+ALTER TABLE fence ADD CONSTRAINT fence_id_check CHECK ((id = 1));
+ALTER TABLE fence ADD CONSTRAINT fence_pkey PRIMARY KEY (id);
 ALTER TABLE hosts ADD CONSTRAINT hosts_host_key_check CHECK ((length(host_key) = 32));
 ALTER TABLE hosts ADD CONSTRAINT hosts_pkey PRIMARY KEY (node);
 ALTER TABLE issued_users ADD CONSTRAINT issued_users_kind_check CHECK ((kind = ANY (ARRAY['module'::text, 'builder'::text, 'host'::text])));
@@ -65,6 +79,7 @@ ALTER TABLE schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY 
 ALTER TABLE signing_keys ADD CONSTRAINT signing_keys_pkey PRIMARY KEY (id);
 ALTER TABLE signing_keys ADD CONSTRAINT signing_keys_private_key_check CHECK ((length(private_key) = 64));
 ALTER TABLE signing_keys ADD CONSTRAINT signing_keys_public_key_check CHECK ((length(public_key) = 32));
+ALTER TABLE standbys ADD CONSTRAINT standbys_pkey PRIMARY KEY (holder);
 CREATE INDEX issued_users_module ON public.issued_users USING btree (module);
 CREATE INDEX issued_users_node ON public.issued_users USING btree (node, kind);
 CREATE INDEX join_tokens_node ON public.join_tokens USING btree (node, issued_at);

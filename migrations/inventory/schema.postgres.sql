@@ -49,6 +49,10 @@ CREATE TABLE deletions (
     why text NOT NULL,
     done_at text
 );
+CREATE TABLE fence (
+    id bigint NOT NULL,
+    generation bigint NOT NULL
+);
 CREATE TABLE module_versions (
     module text NOT NULL,
     version text NOT NULL,
@@ -172,6 +176,8 @@ ALTER TABLE declarations ADD CONSTRAINT declarations_pkey PRIMARY KEY (node);
 ALTER TABLE declarations ADD CONSTRAINT declarations_serial_check CHECK ((serial > 0));
 ALTER TABLE deletions ADD CONSTRAINT deletions_kind_check CHECK ((kind = ANY (ARRAY['data'::text, 'consumer'::text])));
 ALTER TABLE deletions ADD CONSTRAINT deletions_pkey PRIMARY KEY (id);
+ALTER TABLE fence ADD CONSTRAINT fence_id_check CHECK ((id = 1));
+ALTER TABLE fence ADD CONSTRAINT fence_pkey PRIMARY KEY (id);
 ALTER TABLE module_versions ADD CONSTRAINT module_versions_module_fkey FOREIGN KEY (module) REFERENCES modules(name) ON DELETE CASCADE;
 ALTER TABLE module_versions ADD CONSTRAINT module_versions_pkey PRIMARY KEY (module, version);
 ALTER TABLE modules ADD CONSTRAINT modules_name_check CHECK ((((length(name) >= 1) AND (length(name) <= 63)) AND (name ~ '^[a-z]'::text) AND (name !~ '[^a-z0-9-]'::text)));
