@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"mesh-controller/embedded/sqlite/sqlitetest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,18 +18,25 @@ import (
 // markers, in order.
 func walkthrough(t *testing.T, readme string) string {
 	t.Helper()
+	return readmeScript(t, readme, "<!-- walkthrough", "<!-- end of the walkthrough -->", 10)
+}
+
+// readmeScript is every ```sh block of the README between two markers, in
+// order; fewer than least blocks fails the test (a marker moved).
+func readmeScript(t *testing.T, readme, from, to string, least int) string {
+	t.Helper()
 	b, err := os.ReadFile(readme)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := bytes.Index(b, []byte("<!-- walkthrough"))
-	end := bytes.Index(b, []byte("<!-- end of the walkthrough -->"))
+	start := bytes.Index(b, []byte(from))
+	end := bytes.Index(b, []byte(to))
 	if start < 0 || end < start {
-		t.Fatal("the README has no walkthrough markers")
+		t.Fatalf("the README has no %q … %q markers", from, to)
 	}
 	blocks := regexp.MustCompile("(?ms)^```sh\n(.*?)^```\n").FindAllSubmatch(b[start:end], -1)
-	if len(blocks) < 10 {
-		t.Fatalf("the walkthrough has %d sh blocks", len(blocks))
+	if len(blocks) < least {
+		t.Fatalf("the README has %d sh blocks between %q and %q", len(blocks), from, to)
 	}
 	var script strings.Builder
 	for _, blk := range blocks {
@@ -95,5 +103,83 @@ func TestREADME_Walkthrough(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(repo, "data")); err == nil {
 		t.Error("the walkthrough wrote a data dir into the repository")
+	}
+}
+
+// TestREADME_Outgrowing runs the README's "Outgrowing one machine" block as a
+// person runs it: a mesh moved onto PostgreSQL with store copy, three NATS
+// servers configured by broker show --config, two controllers (one stands
+// by), a host; a server and the serving controller killed, and the standby
+// serving what the host applies. It needs the test PostgreSQL (make test
+// starts one) and nats-server (make test builds it); without them it is
+// skipped, and fails under CI.
+func TestREADME_Outgrowing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs a mesh on PostgreSQL and a NATS cluster")
+	}
+	required := os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != ""
+	need := func(what, how string) {
+		if required {
+			t.Fatalf("no %s: %s", what, how)
+		}
+		t.Skipf("no %s here; %s", what, how)
+	}
+	admin := os.Getenv(sqlitetest.PostgresVar)
+	if admin == "" {
+		need("PostgreSQL", "make test starts one")
+	}
+	if _, err := exec.LookPath("psql"); err != nil {
+		need("psql", "make test installs postgresql")
+	}
+	natsServer := os.Getenv("MESH_NATS_SERVER")
+	if natsServer == "" {
+		need("nats-server", "make test builds it (make nats-server)")
+	}
+	repo, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"mesh-controller", "mesh-host"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
+		build.Dir = repo
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	// The roles and databases the block makes are the server's: dropped after.
+	t.Cleanup(func() {
+		for _, c := range []string{"inventory", "identity", "secrets", "licences", "builds", "health"} {
+			exec.Command("psql", admin, "-q", "-c", "DROP DATABASE IF EXISTS mesh_"+c+" WITH (FORCE)", "-c", "DROP ROLE IF EXISTS mesh_"+c).Run()
+		}
+	})
+	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- outgrowing", "<!-- end of outgrowing -->", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = repo
+	tmp := t.TempDir()
+	// nats-server on PATH as make nats-server leaves it in bin/.
+	path := filepath.Dir(natsServer) + string(os.PathListSeparator) + os.Getenv("PATH")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "PATH="+path, "PGADMIN="+admin,
+		"MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if err != nil {
+		t.Fatalf("the README's outgrowing block stopped: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"(the same at both ends)", "stands by", "web1  converged  yes"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the block's output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "pw-inventory") {
+		t.Error("a store's password was printed")
 	}
 }
