@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules nats-server run demo demo-ha test tools lint bench soak measure-archives fuzz clean
+.PHONY: build modules nats-server run demo demo-ha test tools lint bench bench-postgres soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -201,6 +201,11 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	MESH_BENCH=1 MESH_BENCH_PROFILES=$(CURDIR)/bench-profiles $(GO) test -count=1 -timeout 60m -run TestLoad -v ./app/loadbench/
+
+# bench-postgres: make bench's load scenarios with every context's store on
+# a throw-away PostgreSQL (scripts/with-postgres; fsync off, as for the tests).
+bench-postgres: tools
+	scripts/with-postgres env MESH_BENCH=1 MESH_BENCH_POSTGRES=1 $(GO) test -count=1 -timeout 60m -run TestLoad -v ./app/loadbench/
 
 # soak: 1,000 simulated hosts beating every second for 5 minutes against the
 # real binaries; prints what the stores grew by, per beat and per table, and

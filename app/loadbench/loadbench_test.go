@@ -29,6 +29,7 @@ import (
 	"mesh-controller/app"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
+	"mesh-controller/embedded/sqlite/sqlitetest"
 )
 
 type row struct{ figure, value, beside string }
@@ -188,9 +189,20 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func newController(t *testing.T, bin string) *controller {
 	c := &controller{t: t, bin: bin, data: t.TempDir()}
+	if onPostgres() {
+		// Every context on a fresh database of the test PostgreSQL: the
+		// controller's commands and this process's reads follow the
+		// variables, as a person's would.
+		for _, ctx := range app.Contexts {
+			t.Setenv(sqlite.EnvVar(ctx), sqlitetest.NewDatabase(t))
+		}
+	}
 	c.run("migrate")
 	return c
 }
+
+// onPostgres is make bench-postgres: every scenario's stores on PostgreSQL.
+func onPostgres() bool { return os.Getenv("MESH_BENCH_POSTGRES") != "" }
 
 // TestLoad is 'make bench'.
 func TestLoad(t *testing.T) {
@@ -200,7 +212,11 @@ func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	mc := build(t, dir, "./cmd/mesh-controller", "mesh-controller")
 	mh := build(t, dir, "./cmd/mesh-host", "mesh-host")
-	fmt.Printf("\nmesh-controller under load, on this machine (%d cores):\n\n", runtimeCores())
+	on := "SQLite"
+	if onPostgres() {
+		on = "PostgreSQL (a local server, fsync off)"
+	}
+	fmt.Printf("\nmesh-controller under load, on this machine (%d cores), its stores on %s:\n\n", runtimeCores(), on)
 	fmt.Printf("  %-58s %-22s %s\n", "FIGURE", "VALUE", "BESIDE IT")
 
 	// Start to ready, and idle memory with no host: medians of five.
