@@ -3,8 +3,10 @@ package app
 import (
 	"context"
 	"fmt"
+	"mesh-controller/app/daemon"
 	"mesh-controller/contexts/inventory"
 	"testing"
+	"time"
 )
 
 // TestCatchUp_LeavesWhatAnActDeclares: the catch-up may read the mesh just
@@ -58,5 +60,47 @@ func TestCatchUp_LeavesWhatAnActDeclares(t *testing.T) {
 		if err != nil || d.Serial != 1 {
 			t.Fatalf("%s: latest %+v, %v; want the act's serial 1 alone", name, d, err)
 		}
+	}
+}
+
+// TestCatchUp_WaitsForAnActUnderWay: while a person's act is under way (its
+// command alive, its time not run out) the catch-up leaves the mesh to it —
+// it would otherwise make the act's broker users and secrets a second time
+// and declare every node twice; once the act's time has run out, the
+// catch-up declares the nodes it left behind.
+func TestCatchUp_WaitsForAnActUnderWay(t *testing.T) {
+	c := plannedMesh(t, 5, 1, 2)
+	ctx := context.Background()
+	st, err := c.Stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"n0", "n1", "n2", "n3", "n4"}
+	if err := st.Inventory.Apply(ctx, inventory.Change{Bump: names}, c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	c.Now = func() time.Time { return now }
+	if _, err := st.Inventory.BeginAct(ctx, "assign", now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	catchUp := func() []daemon.Declared {
+		t.Helper()
+		st, snap, err := c.storesAndSnapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := c.catchUpFrom(ctx, nil, st, snap, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if out := catchUp(); len(out) != 0 {
+		t.Fatalf("the catch-up declared %+v beside an act under way", out)
+	}
+	now = now.Add(2 * time.Minute) // the act's time ran out: its command died
+	if out := catchUp(); len(out) != len(names) {
+		t.Fatalf("the catch-up declared %d nodes after the act's time ran out, want %d: %+v", len(out), len(names), out)
 	}
 }

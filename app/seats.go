@@ -349,6 +349,13 @@ func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory
 func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
 	progress func(stage string, done, total int)) ([]Pushed, error) {
 	fault(act + ":before-inventory")
+	// Said before the first write and until declared, so that a serving
+	// controller's catch-up leaves these nodes to this act.
+	under, err := st.Inventory.BeginAct(ctx, act, c.Now().Add(actUnderWayFor))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Inventory.EndAct(context.WithoutCancel(ctx), under, c.Now())
 	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
 		return nil, err
 	}

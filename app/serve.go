@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -305,9 +306,39 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start, thorough
 	return c.catchUpFrom(ctx, nc, st, snap, start)
 }
 
+// actUnderWayFor bounds how long an act's command is taken to be declaring
+// (an act to 10,000 nodes declares in seconds): past it, or once its process
+// is gone from this machine, the catch-up completes what it left.
+const actUnderWayFor = 2 * time.Minute
+
+// actUnderWay says whether a person's act is under way: recorded, its time
+// not run out, and its process not known to be gone.
+func (c *Controller) actUnderWay(ctx context.Context, st *Stores) (bool, error) {
+	acts, err := st.Inventory.ActsUnderWay(ctx, c.Now())
+	if err != nil {
+		return false, err
+	}
+	host, _ := os.Hostname()
+	for _, a := range acts {
+		if !a.Gone(host) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // catchUpFrom is catchUp from a snapshot already read: an act may have
 // declared since.
 func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
+	if !start {
+		// A person's act is making its users and secrets and declaring its
+		// nodes: doing it beside it would make them twice (revoking the
+		// act's) and declare every node a second time. Its nodes are
+		// caught up once it ends, or once its command is gone.
+		if busy, err := c.actUnderWay(ctx, st); err != nil || busy {
+			return nil, 0, err
+		}
+	}
 	// What an act stopped between stores left undone, and what a node that
 	// joined waited for: the secrets the mesh makes for what is assigned
 	// (moving those nodes' plans), then the nodes behind their plan are

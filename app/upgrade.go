@@ -127,6 +127,11 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 		}
 	}()
 	move := func(steps []int) error {
+		under, err := inv.BeginAct(ctx, "roll-out", c.Now().Add(actUnderWayFor))
+		if err != nil {
+			return err
+		}
+		defer inv.EndAct(context.WithoutCancel(ctx), under, c.Now())
 		ch := inventory.Change{}
 		for _, i := range steps {
 			ch.Versions = append(ch.Versions, inventory.Assignment{Node: v.Steps[i].Node, Module: r.Module, Version: cur})

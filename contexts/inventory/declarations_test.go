@@ -2,6 +2,8 @@ package inventory
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -87,4 +89,43 @@ func TestAnyAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	ahead(true, "its host applied a serial this store never made")
+}
+
+// TestActUnderWay_Gone: an act whose command's process is gone from this
+// machine is under way no more; one alive, or on another machine, is.
+func TestActUnderWay_Gone(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	a, err := s.BeginAct(ctx, "assign", now.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acts, err := s.ActsUnderWay(ctx, now)
+	if err != nil || len(acts) != 1 || acts[0].ID != a.ID || acts[0].PID != os.Getpid() {
+		t.Fatalf("acts under way: %+v, %v; want this process's", acts, err)
+	}
+	if acts[0].Gone(a.Host) {
+		t.Error("this process's act is said gone")
+	}
+	ended := exec.Command("true")
+	if err := ended.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := ActUnderWay{PID: ended.Process.Pid, Host: a.Host}
+	if !dead.Gone(a.Host) {
+		t.Error("an act whose process ended is not said gone")
+	}
+	if dead.Gone("another-machine") {
+		t.Error("an act on another machine is said gone: its process cannot be seen from here")
+	}
+	if acts, _ := s.ActsUnderWay(ctx, now.Add(2*time.Minute)); len(acts) != 0 {
+		t.Errorf("an act past its time is under way: %+v", acts)
+	}
+	if err := s.EndAct(ctx, a, now); err != nil {
+		t.Fatal(err)
+	}
+	if acts, _ := s.ActsUnderWay(ctx, now); len(acts) != 0 {
+		t.Errorf("an ended act is under way: %+v", acts)
+	}
 }

@@ -1,3 +1,10 @@
+CREATE TABLE acts_under_way (
+    id text NOT NULL,
+    what text NOT NULL,
+    pid bigint NOT NULL,
+    host text NOT NULL,
+    until text NOT NULL
+);
 CREATE TABLE assignments (
     node text NOT NULL,
     module text NOT NULL,
@@ -163,6 +170,7 @@ CREATE TABLE settings_layers (
     body text NOT NULL,
     set_at text NOT NULL
 );
+ALTER TABLE acts_under_way ADD CONSTRAINT acts_under_way_pkey PRIMARY KEY (id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_module_version_fkey FOREIGN KEY (module, version) REFERENCES module_versions(module, version);
 ALTER TABLE assignments ADD CONSTRAINT assignments_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
 ALTER TABLE assignments ADD CONSTRAINT assignments_pkey PRIMARY KEY (node, module);

@@ -1,3 +1,10 @@
+CREATE TABLE acts_under_way (
+    id    TEXT PRIMARY KEY,
+    what  TEXT NOT NULL,
+    pid   INTEGER NOT NULL,
+    host  TEXT NOT NULL,
+    until TEXT NOT NULL
+) STRICT;
 CREATE TABLE assignments (
     node        TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     module      TEXT NOT NULL,
