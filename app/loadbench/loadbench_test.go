@@ -344,7 +344,12 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 // the first.
 func absorbedBeats(t *testing.T, data string) int64 {
 	ctx := context.Background()
-	db, err := sqlite.Open(ctx, sqlite.Location{Context: "health", DSN: filepath.Join(data, "health.db")}, false)
+	// Where the controller has it: its file, or a database its variable names.
+	loc, err := sqlite.Locate("health", data, os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sqlite.Open(ctx, loc, false)
 	if err != nil {
 		t.Fatal(err)
 	}
