@@ -713,8 +713,14 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 	defer flush.Stop()
 	aggregate := time.NewTicker(aggregateEvery)
 	defer aggregate.Stop()
-	renew := time.NewTicker(o.LeaseTTL / 3)
-	defer renew.Stop()
+	// The lease is renewed beside the loop, not by it: a loop busy for
+	// seconds (a catch-up or a self-check at 10,000 nodes) must not let the
+	// lease lapse under a controller that serves, nor let a standby take
+	// over from it.
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	defer stopRenew()
+	renewFailed := make(chan error, 1)
+	go d.renew(renewCtx, holder, renewFailed)
 	catchUp := time.NewTicker(o.CatchUpEvery)
 	defer catchUp.Stop()
 	check := time.NewTicker(o.CheckEvery)
@@ -771,17 +777,33 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 			d.selfCheck(ctx, holder)
 		case i := <-due:
 			jobs[i].Run(ctx)
-		case <-renew.C:
-			if err := d.st.Identity.RenewLease(ctx, holder, d.u.Now().Add(o.LeaseTTL), d.url); err != nil {
-				if ctx.Err() != nil {
-					continue
-				}
-				err = fmt.Errorf("renew the lease: %w", err)
-				if d.deposed(err) {
-					continue
-				}
-				return err
+		case err := <-renewFailed:
+			return err
+		}
+	}
+}
+
+// renew renews the lease every third of its length until ctx ends; a lease
+// taken over deposes this controller (d.lost), any other failure is sent on
+// failed, which ends serve.
+func (d *daemon) renew(ctx context.Context, holder string, failed chan<- error) {
+	t := time.NewTicker(d.o.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := d.st.Identity.RenewLease(ctx, holder, d.u.Now().Add(d.o.LeaseTTL), d.url); err != nil {
+			if ctx.Err() != nil {
+				return
 			}
+			err = fmt.Errorf("renew the lease: %w", err)
+			if !d.deposed(err) {
+				failed <- err
+			}
+			return
 		}
 	}
 }
