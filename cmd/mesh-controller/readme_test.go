@@ -74,30 +74,15 @@ func TestREADME_Walkthrough(t *testing.T) {
 		}
 	}
 	script := walkthrough(t, filepath.Join(repo, "README.md"))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
-	cmd.Dir = repo
-	tmp := t.TempDir()
 	// MESH_HOST_MODULE_USERS=false: as root, a host makes a system user
 	// per module; the test leaves the machine's users as it found them.
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
-	// Its own process group: whatever it started in the background is
-	// stopped with it, whatever happens.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	if cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	}
+	out, err := runScript(t, repo, script, 5*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
 	if err != nil {
-		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out.String())
+		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out)
 	}
 	// What a reader is told to expect, there.
 	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "node.silent/web1", "What is wrong", "node rack20 removed"} {
-		if !strings.Contains(out.String(), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("the walkthrough's output lacks %q", want)
 		}
 	}
@@ -154,32 +139,41 @@ func TestREADME_Outgrowing(t *testing.T) {
 		}
 	})
 	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- outgrowing", "<!-- end of outgrowing -->", 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// nats-server on PATH as make nats-server leaves it in bin/.
+	path := filepath.Dir(natsServer) + string(os.PathListSeparator) + os.Getenv("PATH")
+	out, err := runScript(t, repo, script, 3*time.Minute, "PATH="+path, "PGADMIN="+admin, "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	if err != nil {
+		t.Fatalf("the README's outgrowing block stopped: %v\n%s", err, out)
+	}
+	for _, want := range []string{"(the same at both ends)", "stands by", "web1  converged  yes"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the block's output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "pw-inventory") {
+		t.Error("a store's password was printed")
+	}
+}
+
+// runScript runs a README script in one bash (-euo pipefail) from the
+// repository's root, in a temporary dir and home of its own, with env added,
+// and returns what it printed. Its own process group: whatever it started in
+// the background is stopped with it, whatever happens.
+func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = repo
 	tmp := t.TempDir()
-	// nats-server on PATH as make nats-server leaves it in bin/.
-	path := filepath.Dir(natsServer) + string(os.PathListSeparator) + os.Getenv("PATH")
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home"), "PATH="+path, "PGADMIN="+admin,
-		"MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home")), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	if cmd.Process != nil {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	if err != nil {
-		t.Fatalf("the README's outgrowing block stopped: %v\n%s", err, out.String())
-	}
-	for _, want := range []string{"(the same at both ends)", "stands by", "web1  converged  yes"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("the block's output lacks %q:\n%s", want, out.String())
-		}
-	}
-	if strings.Contains(out.String(), "pw-inventory") {
-		t.Error("a store's password was printed")
-	}
+	return out.String(), err
 }
