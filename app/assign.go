@@ -10,6 +10,7 @@ import (
 
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/contexts/secrets"
 )
@@ -48,6 +49,20 @@ type ManyRequest struct {
 	// Progress, if set, is told how far the act is: a stage ("judged",
 	// "declared") and how many of how many nodes.
 	Progress func(stage string, done, total int)
+	// Actor, if set, is who asked from elsewhere than this machine's shell
+	// (the HTTP API's caller): the act is then kept as a hand act with that
+	// who, since who() would name only the user the server runs as.
+	Actor string
+}
+
+// recordActor keeps an act asked by an Actor as a hand act once it has
+// committed; an act without one is recorded as it always was (not at all).
+func (c *Controller) recordActor(ctx context.Context, st *Stores, r ManyRequest, what string) error {
+	if r.Actor == "" {
+		return nil
+	}
+	_, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: "asked through the HTTP API", Cause: "api", Who: r.Actor})
+	return err
 }
 
 // AssignedMany is what assign --nodes did: each node's modules, and every
@@ -123,8 +138,10 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 	if err := refuse(what, undeliverable(after, ch.Bump)); err != nil {
 		return AssignedMany{}, err
 	}
-	out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "assign", progress)
-	return out, err
+	if out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "assign", progress); err != nil {
+		return out, err
+	}
+	return out, c.recordActor(ctx, st, r, what)
 }
 
 // manyStart is what an act on many nodes begins with: what it is called in
@@ -380,8 +397,10 @@ func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (Unassigne
 			}
 		}
 	}
-	out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "unassign", progress)
-	return out, err
+	if out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "unassign", progress); err != nil {
+		return out, err
+	}
+	return out, c.recordActor(ctx, st, r, what)
 }
 
 // sameOnce keeps each problem once, saying how many times it was found

@@ -72,6 +72,7 @@ type CLI struct {
 	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
 	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build, start): count, p50, p90, p99, max."`
 	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
+	API        APICmd        `cmd:"" name:"api" help:"Assign, unassign and the read views over HTTP, to bearers of a token the OpenID Connect issuer (--issuer) signed."`
 	Seats      SeatsCmd      `cmd:"" help:"Every seat the mesh defines, what it delivers, and who holds it."`
 	Seat       SeatCmd       `cmd:"" help:"Hand a seat over (NAME --to NODE/MODULE), add a holder (--add), or rename it."`
 	Pin        PinCmd        `cmd:"" help:"Which provider a node's consumers get a provision from."`

@@ -1,0 +1,316 @@
+package app
+
+// The controller's HTTP API (the api command): the read views and the
+// assign and unassign acts of the commands, as JSON, to callers holding a
+// bearer token from an OpenID Connect issuer.
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/coreos/go-oidc/v3/oidc"
+
+	"mesh-controller/contexts/inventory"
+)
+
+// APIMaxBody bounds a request body: an assign naming every node of a large
+// mesh fits; anything beyond is refused before it is read whole.
+const APIMaxBody = 64 << 10
+
+//go:embed api/openapi.json
+var openapiFS embed.FS
+
+// APIOpenAPI is the API's OpenAPI 3 document, as served at /v1/openapi.json.
+var APIOpenAPI = func() []byte {
+	b, err := openapiFS.ReadFile("api/openapi.json")
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
+
+// APIAccess says which claim of a token names its groups, and which groups may
+// read and which may also write.
+type APIAccess struct {
+	GroupsClaim string
+	AdminGroup  string
+	ReadGroup   string
+}
+
+// TokenVerifier checks a raw token: issuer, audience, expiry and signature.
+// *oidc.IDTokenVerifier is one.
+type TokenVerifier interface {
+	Verify(ctx context.Context, raw string) (*oidc.IDToken, error)
+}
+
+// NewTokenVerifier reads the issuer's discovery document and verifies tokens
+// against its keys, fetched again when a token names a key not yet seen
+// (an issuer's key rotation).
+func NewTokenVerifier(ctx context.Context, issuer, audience string) (*oidc.IDTokenVerifier, error) {
+	p, err := oidc.NewProvider(ctx, issuer)
+	if err != nil {
+		return nil, err
+	}
+	return p.Verifier(&oidc.Config{ClientID: audience}), nil
+}
+
+// APIRoutes are the routes the API serves, as the mux patterns name them; the
+// OpenAPI document names the same (TestOpenAPIMatchesMux).
+var APIRoutes = []string{
+	"POST /v1/assign",
+	"POST /v1/unassign",
+	"GET /v1/status",
+	"GET /v1/nodes",
+	"GET /v1/nodes/{name}",
+	"GET /v1/plan/{node}",
+	"GET /v1/data",
+	"GET /v1/openapi.json",
+}
+
+type apiLevel int
+
+const (
+	apiReader apiLevel = iota + 1
+	apiAdmin
+)
+
+// APIHandler serves the API, each token checked by v.
+func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
+	s := &apiServer{ctrl: ctrl, v: v, a: a}
+	mux := http.NewServeMux()
+	handlers := map[string]http.HandlerFunc{
+		"POST /v1/assign":   s.need(apiAdmin, s.assign),
+		"POST /v1/unassign": s.need(apiAdmin, s.unassign),
+		"GET /v1/status": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+			apiReply(w)(ctrl.Status(r.Context()))
+		}),
+		"GET /v1/nodes": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+			apiReply(w)(ctrl.NodeList(r.Context()))
+		}),
+		"GET /v1/nodes/{name}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+			apiReply(w)(ctrl.NodeShow(r.Context(), r.PathValue("name")))
+		}),
+		"GET /v1/plan/{node}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+			v, err := ctrl.PlanShow(r.Context(), r.PathValue("node"))
+			if err != nil {
+				apiFail(w, err)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(append(v.JSON, '\n'))
+		}),
+		"GET /v1/data": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+			apiReply(w)(ctrl.Data(r.Context()))
+		}),
+		// The document is public: it says what may be asked, not what is.
+		"GET /v1/openapi.json": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(APIOpenAPI)
+		},
+	}
+	for _, route := range APIRoutes {
+		mux.HandleFunc(route, handlers[route])
+	}
+	// What no route takes is answered in JSON too: 405 with Allow when the
+	// path is served for another method, else 404.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			other := r.Clone(r.Context())
+			other.Method = m
+			if _, p := mux.Handler(other); p != "/" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			apiError(w, http.StatusMethodNotAllowed, r.Method+" "+r.URL.Path+" is not served; "+strings.Join(allow, " or ")+" is")
+			return
+		}
+		apiError(w, http.StatusNotFound, "no such route: "+r.Method+" "+r.URL.Path+"; see /v1/openapi.json")
+	})
+	return mux
+}
+
+type apiServer struct {
+	ctrl *Controller
+	v    TokenVerifier
+	a    APIAccess
+}
+
+// need verifies the request's bearer token and its groups before h runs;
+// h is given who the caller is, as the hand-act log keeps it.
+func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || raw == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer`)
+			apiError(w, http.StatusUnauthorized, "no bearer token; send Authorization: Bearer TOKEN from the issuer")
+			return
+		}
+		tok, err := s.v.Verify(r.Context(), raw)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+			apiError(w, http.StatusUnauthorized, "token refused: "+apiOneLine(err.Error()))
+			return
+		}
+		var claims map[string]any
+		if err := tok.Claims(&claims); err != nil {
+			apiError(w, http.StatusUnauthorized, "token refused: "+apiOneLine(err.Error()))
+			return
+		}
+		groups := claimStrings(claims[s.a.GroupsClaim])
+		have := apiLevel(0)
+		for _, g := range groups {
+			switch g {
+			case s.a.AdminGroup:
+				have = apiAdmin
+			case s.a.ReadGroup:
+				have = max(have, apiReader)
+			}
+		}
+		if have < l {
+			want := s.a.AdminGroup
+			if l == apiReader {
+				want = s.a.ReadGroup + " or " + s.a.AdminGroup
+			}
+			apiError(w, http.StatusForbidden, fmt.Sprintf("%s may not do this: the token's %q claim holds no %s", tok.Subject, s.a.GroupsClaim, want))
+			return
+		}
+		h(w, r, apiActor(tok.Subject, claims))
+	}
+}
+
+// apiActor is the caller as a hand act keeps it: the subject, and the email and
+// name when the token has them.
+func apiActor(sub string, claims map[string]any) string {
+	who := "api:" + sub
+	var more []string
+	for _, k := range []string{"email", "name"} {
+		if v, ok := claims[k].(string); ok && v != "" {
+			more = append(more, apiOneLine(v))
+		}
+	}
+	if len(more) > 0 {
+		who += " (" + strings.Join(more, ", ") + ")"
+	}
+	return who
+}
+
+// claimStrings reads a groups claim: a list of strings, or one string.
+func claimStrings(v any) []string {
+	switch v := v.(type) {
+	case string:
+		return []string{v}
+	case []any:
+		var out []string
+		for _, e := range v {
+			if s, ok := e.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// apiAct is the body of assign and unassign.
+type apiAct struct {
+	Node    string   `json:"node"`
+	Modules []string `json:"modules"`
+}
+
+func (s *apiServer) assign(w http.ResponseWriter, r *http.Request, who string) {
+	req, ok := readAPIAct(w, r)
+	if !ok {
+		return
+	}
+	apiReply(w)(s.ctrl.AssignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
+}
+
+func (s *apiServer) unassign(w http.ResponseWriter, r *http.Request, who string) {
+	req, ok := readAPIAct(w, r)
+	if !ok {
+		return
+	}
+	apiReply(w)(s.ctrl.UnassignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
+}
+
+// readAPIAct decodes a bounded body holding exactly one apiAct and
+// nothing else.
+func readAPIAct(w http.ResponseWriter, r *http.Request) (apiAct, bool) {
+	var req apiAct
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, APIMaxBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("more than one JSON value")
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", APIMaxBody))
+		return req, false
+	case err != nil:
+		apiError(w, http.StatusBadRequest, "body is not one JSON object {node, modules}: "+apiOneLine(err.Error()))
+		return req, false
+	case req.Node == "" || len(req.Modules) == 0:
+		apiError(w, http.StatusBadRequest, "give node and modules")
+		return req, false
+	}
+	return req, true
+}
+
+// apiReply writes v as the commands' --json print it, or the error.
+func apiReply(w http.ResponseWriter) func(any, error) {
+	return func(v any, err error) {
+		if err != nil {
+			apiFail(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(v)
+	}
+}
+
+// apiFail answers an error of the app with the status that says whose it is.
+func apiFail(w http.ResponseWriter, err error) {
+	var problems *ProblemsError
+	switch {
+	case errors.Is(err, inventory.ErrNodeNotFound), errors.Is(err, inventory.ErrModuleNotFound):
+		apiError(w, http.StatusNotFound, err.Error())
+	case errors.As(err, &problems):
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		json.NewEncoder(w).Encode(map[string]any{"error": apiOneLine(problems.Summary()), "problems": problems.Problems})
+	case errors.Is(err, ErrInvalidName):
+		apiError(w, http.StatusBadRequest, err.Error())
+	default:
+		apiError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func apiError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": apiOneLine(msg)})
+}
+
+func apiOneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// APIServer is the API's server around h: a client that sends half a
+// header, or a body slowly, is cut off rather than holding a connection.
+func APIServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+}
