@@ -92,7 +92,13 @@ func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 			apiReply(w)(ctrl.Status(r.Context()))
 		}),
 		"GET /v1/nodes": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			apiReply(w)(ctrl.NodeList(r.Context()))
+			nodes, err := ctrl.NodeList(r.Context())
+			if err != nil {
+				apiFail(w, err)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			WriteNodesJSON(w, nodes)
 		}),
 		"GET /v1/nodes/{name}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
 			apiReply(w)(ctrl.NodeShow(r.Context(), r.PathValue("name")))
@@ -276,10 +282,16 @@ func apiReply(w http.ResponseWriter) func(any, error) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(v)
+		WriteJSON(w, v)
 	}
+}
+
+// WriteJSON writes v as the commands' --json print it: indented by two
+// spaces, one document a line.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // apiFail answers an error of the app with the status that says whose it is.

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"os"
 
@@ -140,11 +139,7 @@ func kongOptions() []kong.Option {
 const timeShown = "2006-01-02 15:04:05Z"
 
 // printJSON prints v as one indented JSON document.
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
+func printJSON(w io.Writer, v any) error { return app.WriteJSON(w, v) }
 
 // Name is a name (node, module, seat…) checked while parsing, so an invalid
 // one is a usage error and no store is touched.

@@ -48,7 +48,7 @@ func (c *NodeListCmd) Run(env *Env) error {
 		return err
 	}
 	if c.JSON {
-		return printNodesJSON(env.Stdout, nodes)
+		return app.WriteNodesJSON(env.Stdout, nodes)
 	}
 	if len(nodes) == 0 {
 		fmt.Fprintln(env.Stderr, "no nodes yet; add one with 'mesh-controller node add NAME'")

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -7,28 +7,26 @@ import (
 	"math"
 	"testing"
 	"time"
-
-	"mesh-controller/app"
 )
 
 // nodeViews are nodes with every field exercised: times with and without
 // fractions and zones, a failed apply whose error needs escaping, floats
 // that encoding/json writes with an exponent.
-func nodeViews(n int) []app.NodeView {
+func nodeViews(n int) []NodeView {
 	at := time.Date(2026, 11, 30, 17, 4, 38, 848000000, time.UTC)
-	out := make([]app.NodeView, 0, n)
+	out := make([]NodeView, 0, n)
 	for i := 0; i < n; i++ {
 		heard := at.Add(time.Duration(i) * time.Millisecond)
-		v := app.NodeView{Name: fmt.Sprintf("h%d", i), Mode: "converged", Joined: i%3 != 0, CreatedAt: at.Add(-time.Hour),
+		v := NodeView{Name: fmt.Sprintf("h%d", i), Mode: "converged", Joined: i%3 != 0, CreatedAt: at.Add(-time.Hour),
 			SerialDeclared: int64(i), SerialApplied: int64(i / 2), Behind: i%2 == 1, HeartbeatS: 10}
 		if v.Joined {
 			v.JoinedAt, v.LastHeard = &at, &heard
 		}
 		switch i % 7 {
 		case 1:
-			v.LastApply = &app.ApplyView{Serial: 3, OK: true, TotalMS: 1.25, At: heard}
+			v.LastApply = &ApplyView{Serial: 3, OK: true, TotalMS: 1.25, At: heard}
 		case 2:
-			v.LastApply = &app.ApplyView{Serial: 4, Error: "write \"/srv/x\": <denied> & \\ \u2028 \x01 é \xff", TotalMS: 1e-7, At: heard.In(time.FixedZone("x", 3600))}
+			v.LastApply = &ApplyView{Serial: 4, Error: "write \"/srv/x\": <denied> & \\ \u2028 \x01 é \xff", TotalMS: 1e-7, At: heard.In(time.FixedZone("x", 3600))}
 		case 3:
 			v.HeartbeatS, v.Mode = 1e21, "adopted"
 		case 4:
@@ -41,15 +39,15 @@ func nodeViews(n int) []app.NodeView {
 	return out
 }
 
-// node list --json prints what printJSON would, byte for byte.
-func TestPrintNodesJSON(t *testing.T) {
+// node list --json and GET /v1/nodes write what WriteJSON would, byte for byte.
+func TestWriteNodesJSON(t *testing.T) {
 	for _, n := range []int{0, 1, 30} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			var want, got bytes.Buffer
-			if err := printJSON(&want, nodeViews(n)); err != nil {
+			if err := WriteJSON(&want, nodeViews(n)); err != nil {
 				t.Fatal(err)
 			}
-			if err := printNodesJSON(&got, nodeViews(n)); err != nil {
+			if err := WriteNodesJSON(&got, nodeViews(n)); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got.Bytes(), want.Bytes()) {
@@ -60,26 +58,26 @@ func TestPrintNodesJSON(t *testing.T) {
 	t.Run("not a number", func(t *testing.T) {
 		nodes := nodeViews(1)
 		nodes[0].HeartbeatS = math.NaN()
-		if err := printNodesJSON(io.Discard, nodes); err == nil {
+		if err := WriteNodesJSON(io.Discard, nodes); err == nil {
 			t.Fatal("NaN printed")
 		}
 	})
 }
 
-// BenchmarkPrintNodesJSON prints 10,000 nodes as node list --json does, and
-// as printJSON did (-bench 'PrintNodesJSON').
-func BenchmarkPrintNodesJSON(b *testing.B) {
+// BenchmarkWriteNodesJSON prints 10,000 nodes as node list --json does, and
+// as WriteJSON would (-bench 'WriteNodesJSON').
+func BenchmarkWriteNodesJSON(b *testing.B) {
 	nodes := nodeViews(10000)
 	b.Run("direct", func(b *testing.B) {
 		for b.Loop() {
-			if err := printNodesJSON(io.Discard, nodes); err != nil {
+			if err := WriteNodesJSON(io.Discard, nodes); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("encoding-json", func(b *testing.B) {
 		for b.Loop() {
-			if err := printJSON(io.Discard, nodes); err != nil {
+			if err := WriteJSON(io.Discard, nodes); err != nil {
 				b.Fatal(err)
 			}
 		}
