@@ -187,7 +187,7 @@ func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, 
 			if l == apiReader {
 				want = s.a.ReadGroup + " or " + s.a.AdminGroup
 			}
-			apiError(w, http.StatusForbidden, fmt.Sprintf("%s may not do this: the token's %q claim holds no %s", tok.Subject, s.a.GroupsClaim, want))
+			apiError(w, http.StatusForbidden, fmt.Sprintf("%s may not do this: the token's claim %s holds no %s", tok.Subject, s.a.GroupsClaim, want))
 			return
 		}
 		h(w, r, apiActor(tok.Subject, claims))

@@ -68,6 +68,10 @@ func TestScripts(t *testing.T) {
 			"waitfile":    cmdWaitFile,
 			"hostjoined":  cmdHostJoined,
 			"pg":          cmdPG,
+			"oidc":        cmdOIDC,
+			"tlscert":     cmdTLSCert,
+			"freeport":    cmdFreePort,
+			"apicall":     cmdAPICall,
 		}),
 	})
 }
