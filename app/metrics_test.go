@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"mesh-controller/app/host"
+	"mesh-controller/contexts/inventory"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -93,7 +95,7 @@ func waitMetric(t *testing.T, url, what string, ok func(scrape) bool) scrape {
 // controller's /metrics with real hosts.
 func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	m := newTestMesh(t)
-	url := m.restartWithMetrics(ServeOptions{CheckEvery: 50 * time.Millisecond, Bounds: &Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
+	url := m.restartWithMetrics(ServeOptions{CheckEvery: 50 * time.Millisecond, CatchUpEvery: 50 * time.Millisecond, Bounds: &Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
 	s0 := scrapeOf(t, url)
 	if s0.value("mesh_nodes", "state=joined") != 0 || s0.value("mesh_heartbeats_absorbed_total") != 0 {
 		t.Fatalf("a new mesh: joined %v, heartbeats %v", s0.value("mesh_nodes", "state=joined"), s0.value("mesh_heartbeats_absorbed_total"))
@@ -118,14 +120,29 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	m.declare("web1", `{"modules": []}`)
 	waitMetric(t, url, "web1's apply observed", func(s scrape) bool { return s.value("mesh_apply_duration_seconds") >= 1 })
 
-	// A heartbeat signed with another key than web1 joined with.
-	h.stop()
-	st, err := host.Load(h.state.Dir)
+	// web1's plan moved with no declaration made (an act stopped half-way):
+	// the catch-up declares it, and times its parts.
+	sent := scrapeOf(t, url).value("mesh_declarations_sent_total")
+	st, err := m.c.stores(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, st.HostKey, _ = newEd25519()
-	if err := publishSigned(connectAs(t, m.url, st), st, "heartbeat"); err != nil {
+	if err := st.Inventory.Apply(context.Background(), inventory.Change{Bump: []string{"web1"}}, m.c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, url, "the catch-up's declaration sent and timed", func(s scrape) bool {
+		return s.value("mesh_declarations_sent_total") > sent && s.value("mesh_declare_duration_seconds", "part=plan") >= 1 &&
+			s.value("mesh_declare_duration_seconds", "part=send") >= 1
+	})
+
+	// A heartbeat signed with another key than web1 joined with.
+	h.stop()
+	hs, err := host.Load(h.state.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs.HostKey, _ = newEd25519()
+	if err := publishSigned(connectAs(t, m.url, hs), hs, "heartbeat"); err != nil {
 		t.Fatal(err)
 	}
 	waitMetric(t, url, "the forged heartbeat dropped as a bad signature", func(s scrape) bool {

@@ -384,6 +384,8 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 			// be read asks for it, or the healers resend it.
 			if serial, err := daemon.SendLatest(ctx, st.Inventory, nc, name); err != nil && serial != 0 {
 				out = append(out, daemon.Declared{Node: name, Serial: serial, NotSent: err.Error()})
+			} else if err == nil && serial != 0 {
+				c.metrics.Declared(1)
 			}
 		}
 	}
