@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/sqlite"
 )
@@ -87,6 +88,10 @@ type Controller struct {
 	// Broker is an external NATS URL (--broker, MESH_BROKER); empty means the
 	// serving controller's embedded broker.
 	Broker string
+
+	// metrics, set while serving with --metrics, are told how long the
+	// catch-up's declares took.
+	metrics *metrics.Metrics
 
 	// open are the stores opened once by this process; a copy of the
 	// Controller (another clock, say) shares them.

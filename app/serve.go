@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -19,6 +20,7 @@ import (
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/daemon"
+	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -58,6 +60,9 @@ type ServeOptions struct {
 	BackupEvery time.Duration
 	BackupDir   string
 	BackupKeep  int
+	// Metrics, if set, is where /metrics is answered (serve --metrics);
+	// Serve closes it when it returns.
+	Metrics net.Listener
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -70,11 +75,25 @@ type Ready = daemon.Ready
 // this controller's use cases. It returns when ctx ends, having stopped the
 // broker and given the lease back.
 func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
+	if o.Metrics != nil {
+		defer o.Metrics.Close()
+	}
 	sv, err := c.serving(ctx)
 	if err != nil {
 		return err
 	}
 	st := sv.st
+	var m *metrics.Metrics
+	if o.Metrics != nil {
+		m = c.serveMetrics(ctx, st, o.Metrics, o.Log)
+		c.metrics = m
+		defer func() {
+			c.metrics = nil
+			for _, name := range fencedContexts {
+				st.DB(name).Observe = nil
+			}
+		}()
+	}
 	u := daemon.UseCases{
 		Now: c.Now,
 		ControllerUser: func(context.Context) (string, []byte, error) {
@@ -113,7 +132,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
-		Counters: o.Counters, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
+		Counters: o.Counters, Metrics: m, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
 			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)
 			if err != nil || backups == nil {
@@ -365,6 +384,8 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 			// be read asks for it, or the healers resend it.
 			if serial, err := daemon.SendLatest(ctx, st.Inventory, nc, name); err != nil && serial != 0 {
 				out = append(out, daemon.Declared{Node: name, Serial: serial, NotSent: err.Error()})
+			} else if err == nil && serial != 0 {
+				c.metrics.Declared(1)
 			}
 		}
 	}
@@ -379,6 +400,7 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 	// before this snapshot, and keeps its declarations after): only those
 	// still behind when the serials are read are declared here.
 	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
+	defer func() { observeDeclare(c.metrics, dec.took) }()
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		if p.Declared {
 			continue

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -107,6 +108,8 @@ type Options struct {
 	SweepEvery time.Duration
 	// Counters, if set, counts what the daemon absorbed and dropped.
 	Counters *Counters
+	// Metrics, if set, are moved as things happen (serve --metrics).
+	Metrics *metrics.Metrics
 	// Healers are when the brake engages; zero means the defaults.
 	Healers HealerLimits
 	// MemoryLimit is the Go runtime's soft memory limit (0 leaves the
@@ -569,6 +572,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		}
 		undo = append(undo, srv.Shutdown)
 		d.srv, d.url, d.urls = srv, srv.ClientURL(), []string{srv.ClientURL()}
+		d.o.Metrics.BrokerClients(srv.NumClients)
 		inProcess = srv.InProcess()
 	} else {
 		d.urls = SplitURLs(d.o.Broker)
@@ -886,6 +890,7 @@ func (d *daemon) handOver(ev event) {
 	case d.events <- &ev:
 	default:
 		d.o.Counters.Dropped.Add(1)
+		d.o.Metrics.Drop("events queue full")
 	}
 }
 
@@ -1012,6 +1017,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 				d.logf("%s: %s", p.Node, p.Problem)
 			}
 		case p.Sent:
+			d.o.Metrics.Declared(1)
 			delete(d.problems, p.Node)
 			d.logf("%s was behind its plan: sent declaration %d", p.Node, p.Serial)
 		default:

@@ -56,6 +56,7 @@ var busyReply, _ = json.Marshal(protocol.JoinReply{Error: protocol.JoinBusy})
 // answerBusy answers a join busy, through the admit account's service only.
 func (d *daemon) answerBusy(m *nats.Msg) {
 	d.o.Counters.Dropped.Add(1)
+	d.o.Metrics.Drop("join busy")
 	if strings.HasPrefix(m.Reply, joinReplyPrefix) {
 		m.Respond(busyReply)
 	}
@@ -78,6 +79,7 @@ func (d *daemon) subscribe() error {
 			case d.asks <- queued{m: m, at: time.Now()}:
 			default:
 				d.o.Counters.Dropped.Add(1) // its host asks again
+				d.o.Metrics.Drop("asks queue full")
 			}
 		},
 		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
@@ -136,6 +138,7 @@ func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 		return node, true
 	}
 	d.o.Counters.Dropped.Add(1)
+	d.o.Metrics.Drop(reason)
 	d.logf("dropped %s from %s: %s", m.Subject, node, reason)
 	d.handOver(event{kind: evDrop, node: node, reason: reason})
 	return node, false
@@ -145,6 +148,7 @@ func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 // counts it.
 func (d *daemon) refuse(m *nats.Msg, node, why string) {
 	d.o.Counters.Dropped.Add(1)
+	d.o.Metrics.Drop("too large")
 	d.logf("dropped %s from %s: %s", m.Subject, node, why)
 	d.handOver(event{kind: evDrop, node: node, reason: "too large"})
 }
@@ -171,6 +175,7 @@ func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
 	if !strings.HasPrefix(m.Reply, prefix) || len(m.Reply) == len(prefix) {
 		d.o.Counters.Dropped.Add(1)
 		reason := "answer outside its inbox"
+		d.o.Metrics.Drop(reason)
 		d.logf("not answering %s into %q: %s", m.Subject, m.Reply, reason)
 		if node != "" {
 			d.handOver(event{kind: evDrop, node: node, reason: reason})
@@ -187,6 +192,7 @@ func (d *daemon) onHeartbeat(m *nats.Msg) {
 		return
 	}
 	d.o.Counters.Beats.Add(1)
+	d.o.Metrics.Beat()
 	d.handOver(event{kind: evBeat, node: node, at: d.u.Now(), beat: hb})
 }
 
@@ -255,6 +261,7 @@ func (d *daemon) onApplied(m *nats.Msg) {
 	default:
 		// Past the queue's bound the host is told, and reports again.
 		d.o.Counters.Dropped.Add(1)
+		d.o.Metrics.Drop("applied queue full")
 		d.respondTo(m, node, protocol.OKReply{Error: "not recorded: the controller is busy"})
 	}
 }
@@ -303,6 +310,7 @@ func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
 	for _, x := range batch {
 		a, node, now := x.body, x.node, x.at
 		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
+		d.o.Metrics.Applied(a.TotalMS)
 		if a.Modules != nil {
 			d.handOver(event{kind: evModules, node: node, at: now, modules: a.Modules})
 		}
@@ -407,6 +415,7 @@ func (d *daemon) askWorker(ctx context.Context) {
 		case a := <-d.asks:
 			if time.Since(a.at) > askStale {
 				d.o.Counters.Dropped.Add(1) // its host asks again
+				d.o.Metrics.Drop("stale ask")
 				continue
 			}
 			d.onDeclarationAsk(a.m)
@@ -430,6 +439,7 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 		return
 	}
 	d.respondTo(m, node, EnvelopeOf(*decl))
+	d.o.Metrics.Declared(1)
 }
 
 // joinWorker admits hosts off the heartbeat path, in batches of what is

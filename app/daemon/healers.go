@@ -68,6 +68,7 @@ func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
 	case err != nil:
 		return fmt.Errorf("send %s its declaration: %w", c.Machine, err)
 	}
+	d.o.Metrics.Declared(1)
 	return d.nc.FlushTimeout(brokerTimeout)
 }
 
@@ -110,6 +111,7 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 				return fmt.Errorf("record healer %s's act on %s: %w", h.Name, c.Key, err)
 			}
 			d.logf("healer %s acted on %s (%s): %s", h.Name, c.Key, detail, outcome)
+			d.o.Metrics.HealerActed(h.Name, outcome != "done")
 			recent = append(recent, a)
 			done[h.Name+"|"+c.Key+"|"+detail] = true
 			if why := BrakeWhy(recent, limits, now); why != "" {
@@ -117,6 +119,7 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 					return fmt.Errorf("engage the brake (%s): %w", why, err)
 				}
 				d.logf("healers' brake engaged: %s", why)
+				d.o.Metrics.BrakeEngaged()
 				return nil
 			}
 		}

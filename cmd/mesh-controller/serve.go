@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/metrics"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/identity"
 )
@@ -28,6 +31,8 @@ type ServeCmd struct {
 	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
 	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
 	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
+	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public."`
+	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
@@ -61,8 +66,19 @@ func (c *ServeCmd) Run(env *Env) error {
 		return clirun.UsageError{Msg: "give --backup-keep 1 or more"}
 	case c.Lease < time.Second:
 		return clirun.UsageError{Msg: "give --lease a second or more"}
+	case c.MetricsPublic && c.Metrics == "":
+		return clirun.UsageError{Msg: "--metrics-public goes with --metrics"}
+	}
+	metricsAt, err := c.listenMetrics()
+	if err != nil {
+		return err
+	}
+	if metricsAt != nil {
+		fmt.Fprintf(env.Stdout, "metrics: http://%s/metrics\n", metricsAt.Addr())
+		syncOut(env)
 	}
 	return env.App.Serve(env.Ctx, app.ServeOptions{
+		Metrics:             metricsAt,
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
 		LeaseTTL:            c.Lease,
@@ -83,6 +99,24 @@ func (c *ServeCmd) Run(env *Env) error {
 			syncOut(env)
 		},
 	})
+}
+
+// listenMetrics opens --metrics's address, nil without it. A port taken
+// fails serve before it takes the lease, rather than serving unwatched.
+func (c *ServeCmd) listenMetrics() (net.Listener, error) {
+	if c.Metrics == "" {
+		return nil, nil
+	}
+	if err := metrics.CheckAddress(c.Metrics, c.MetricsPublic); errors.Is(err, metrics.ErrNotLoopback) {
+		return nil, clirun.UsageError{Msg: fmt.Sprintf("--metrics %s is not a loopback address: give 127.0.0.1:PORT, or add --metrics-public to let other machines read the metrics", c.Metrics)}
+	} else if err != nil {
+		return nil, clirun.UsageError{Msg: fmt.Sprintf("--metrics %s: %v: give host:port", c.Metrics, err)}
+	}
+	l, err := net.Listen("tcp", c.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics: %w; choose another --metrics address", err)
+	}
+	return l, nil
 }
 
 // syncOut flushes a line a script waits for.

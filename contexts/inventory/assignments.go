@@ -177,3 +177,11 @@ func (s *Store) AssignmentsOn(ctx context.Context, node string) ([]Assignment, e
 	}
 	return out, rows.Err()
 }
+
+// CountJoined counts the nodes that have joined (added nodes still waiting
+// for their host are not counted): one query, for a scrape at any size.
+func (s *Store) CountJoined(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`).Scan(&n)
+	return n, err
+}

@@ -63,6 +63,9 @@ type DB struct {
 	// its URL), not a SQLite file: the SQL the stores share is the same,
 	// what differs is asked of the DB (Write, Migrate, Schema, Check).
 	Postgres bool
+	// Observe, if set, is told how long each Write took (serve --metrics).
+	// Set it before the store is shared: it is read without a lock.
+	Observe func(time.Duration)
 	// lockKey is the advisory lock a PostgreSQL store's writers take.
 	lockKey int64
 	// release gives the file back to the process's open files.
@@ -148,6 +151,9 @@ func (db *DB) Close() error {
 // postgres.BeginWrite); a connection lost before the commit is said to be,
 // and nothing of fn's is kept.
 func (db *DB) Write(ctx context.Context, fn func(*sql.Tx) error) error {
+	if db.Observe != nil {
+		defer func(start time.Time) { db.Observe(time.Since(start)) }(time.Now())
+	}
 	var tx *sql.Tx
 	var err error
 	if db.Postgres {
@@ -347,4 +353,30 @@ func openError(err error) error {
 		}
 	}
 	return err
+}
+
+// Size is how many bytes the store takes: a SQLite file with its
+// write-ahead log, or a PostgreSQL store's database (one per context).
+func (db *DB) Size(ctx context.Context) (int64, error) {
+	if db.Postgres {
+		var n int64
+		err := db.Reader.QueryRowContext(ctx, `SELECT pg_database_size(current_database())`).Scan(&n)
+		return n, err
+	}
+	path := db.Location.FilePath()
+	if path == "" {
+		return 0, fmt.Errorf("%s store: no file to measure", db.Location.Context)
+	}
+	var n int64
+	for _, p := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) && p != path {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		n += fi.Size()
+	}
+	return n, nil
 }
