@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/alerthook"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/identity"
 )
@@ -28,6 +29,7 @@ type ServeCmd struct {
 	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
 	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
 	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
+	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
@@ -62,6 +64,11 @@ func (c *ServeCmd) Run(env *Env) error {
 	case c.Lease < time.Second:
 		return clirun.UsageError{Msg: "give --lease a second or more"}
 	}
+	if c.AlertWebhook != "" {
+		if _, err := alerthook.Parse(c.AlertWebhook); err != nil {
+			return clirun.UsageError{Msg: "--alert-webhook: " + err.Error() + "; give an http or https URL"}
+		}
+	}
 	return env.App.Serve(env.Ctx, app.ServeOptions{
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
@@ -73,6 +80,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		BackupEvery:         c.BackupEvery,
 		BackupDir:           c.BackupDir,
 		BackupKeep:          c.BackupKeep,
+		AlertWebhook:        c.AlertWebhook,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			syncOut(env)
