@@ -84,7 +84,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	// the daemon does) and stopped once the daemon has.
 	var hook *alerthook.Hook
 	var hookDone <-chan struct{}
-	notify := func([]byte) {}
+	var notify func([]byte) // nil: nothing marshalled for a hook
 	if o.AlertWebhook != "" {
 		if hook, err = alerthook.New(o.AlertWebhook, o.AlertHook); err != nil {
 			return fmt.Errorf("--alert-webhook: %w", err)
