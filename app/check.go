@@ -34,6 +34,10 @@ type CheckOptions struct {
 	NC *nats.Conn
 	// Log receives a line per raising and clearing.
 	Log func(string)
+	// Notify, if set, receives each raising and clearing mesh.alert carries,
+	// as the JSON of its body (protocol.Alert, unsigned): serve
+	// --alert-webhook posts it. It must not wait.
+	Notify func(body []byte)
 }
 
 // CheckResult is a self-check's verdict and what it changed.
@@ -310,6 +314,11 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 		if o.Log != nil {
 			o.Log(line)
 		}
+		if o.Notify != nil {
+			if b, err := json.Marshal(alertBody(ch)); err == nil {
+				o.Notify(b)
+			}
+		}
 		if o.NC == nil || signer == nil {
 			continue
 		}
@@ -333,17 +342,21 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 
 // sealAlert is a change as mesh.alert carries it (protocol.Alert).
 func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
-	// The change's own fields and the type, flat: health.Change has no
-	// MarshalJSON of its own, which embedding would promote (dropping Type).
-	body := struct {
-		health.Change
-		Type string `json:"type"`
-	}{ch, protocol.AlertType}
-	env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
+	env, err := protocol.SealBody(alertBody(ch), key.Sign, key.Fingerprint())
 	if err != nil {
 		return nil, err
 	}
 	return json.Marshal(env)
+}
+
+// alertBody is the body of a change's alert: the change's own fields and
+// the type, flat. health.Change has no MarshalJSON of its own, which
+// embedding would promote (dropping Type).
+func alertBody(ch health.Change) any {
+	return struct {
+		health.Change
+		Type string `json:"type"`
+	}{ch, protocol.AlertType}
 }
 
 // boundsFromDurations sets each node's heartbeat bound from its measured

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"mesh-controller/app/alerthook"
 	"mesh-controller/app/archive"
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/metrics"
@@ -63,6 +64,10 @@ type ServeOptions struct {
 	// Metrics, if set, is where /metrics is answered (serve --metrics);
 	// Serve closes it when it returns.
 	Metrics net.Listener
+	// AlertWebhook, if set, is a URL each raising and clearing is posted to
+	// (alerthook), bounded by AlertHook (zero: its defaults).
+	AlertWebhook string
+	AlertHook    alerthook.Options
 }
 
 // Counters count what a serving controller absorbed and dropped.
@@ -94,6 +99,24 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			}
 		}()
 	}
+	// The alert webhook is started under the lease (in Prepare, logging as
+	// the daemon does) and stopped once the daemon has.
+	var hook *alerthook.Hook
+	var hookDone <-chan struct{}
+	var notify func([]byte) // nil: nothing marshalled for a hook
+	if o.AlertWebhook != "" {
+		if hook, err = alerthook.New(o.AlertWebhook, o.AlertHook); err != nil {
+			return fmt.Errorf("--alert-webhook: %w", err)
+		}
+		notify = hook.Post
+	}
+	hookCtx, stopHook := context.WithCancel(ctx)
+	defer func() {
+		stopHook()
+		if hookDone != nil {
+			<-hookDone
+		}
+	}()
 	u := daemon.UseCases{
 		Now: c.Now,
 		ControllerUser: func(context.Context) (string, []byte, error) {
@@ -125,7 +148,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			return r.String(), err
 		},
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
-			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log})
+			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log, Notify: notify})
 			return r.Open, err
 		},
 	}
@@ -134,6 +157,10 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Metrics: m, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
 		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
+			if hook != nil && hookDone == nil {
+				hookDone = hook.Start(hookCtx, logf)
+				logf("alert webhook: posting each raising and clearing to %s", hook.Shown())
+			}
 			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)
 			if err != nil || backups == nil {
 				return nil, err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/alerthook"
 	"mesh-controller/app/metrics"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/identity"
@@ -33,6 +34,7 @@ type ServeCmd struct {
 	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
 	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public."`
 	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
+	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
@@ -69,6 +71,11 @@ func (c *ServeCmd) Run(env *Env) error {
 	case c.MetricsPublic && c.Metrics == "":
 		return clirun.UsageError{Msg: "--metrics-public goes with --metrics"}
 	}
+	if c.AlertWebhook != "" {
+		if _, err := alerthook.Parse(c.AlertWebhook); err != nil {
+			return clirun.UsageError{Msg: "--alert-webhook: " + err.Error() + "; give an http or https URL"}
+		}
+	}
 	metricsAt, err := c.listenMetrics()
 	if err != nil {
 		return err
@@ -89,6 +96,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		BackupEvery:         c.BackupEvery,
 		BackupDir:           c.BackupDir,
 		BackupKeep:          c.BackupKeep,
+		AlertWebhook:        c.AlertWebhook,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			syncOut(env)
