@@ -146,6 +146,6 @@ func TestAlertWebhook_HangingReceiverHoldsTheDaemonUpNot(t *testing.T) {
 	last := *m.node("web1").LastHeard
 	waitFor(t, "web1's heartbeats to be absorbed still", func() bool { return m.node("web1").LastHeard.After(last) })
 	waitFor(t, "the log to say alerts were dropped", func() bool {
-		return strings.Contains(m.logs.String(), "queue full (1 alerts waiting); alert dropped (2 dropped so far)")
+		return strings.Contains(m.logs.String(), " waiting=1 dropped_so_far=2")
 	})
 }

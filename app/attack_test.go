@@ -388,7 +388,7 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 			t.Fatalf("the refusal: %s", first)
 		}
 		for _, reason := range []string{"unknown token", "token of another node", "expired token", "replaced token", "used token", "bad node name", "malformed request"} {
-			if !strings.Contains(m.logs.String(), "refused: "+reason) {
+			if !strings.Contains(m.logs.String(), ` err="`+reason+`: `) {
 				t.Errorf("the log does not keep the reason %q", reason)
 			}
 		}
@@ -495,7 +495,7 @@ func TestAttack_RejoinedNodesOldCredentials(t *testing.T) {
 	if !otherNC.IsConnected() {
 		t.Fatal("web2's connection was closed")
 	}
-	if !strings.Contains(m.logs.String(), "web1 re-joined: its earlier host users revoked (1): revoked users disconnected") {
+	if !m.logs.logged("re-joined: its earlier host users revoked (1): revoked users disconnected", "node", "web1") {
 		t.Fatalf("the log does not say so:\n%s", m.logs.String())
 	}
 	// and it stays so across a restart of the controller
@@ -555,8 +555,8 @@ func TestAttack_AnonymousFlood(t *testing.T) {
 	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > 0 })
 	controllerConnLost := func() bool {
 		// The daemon's own connection to the mesh account logs as
-		// "broker (mesh-controller)"; the join connection as "… joins)".
-		return strings.Contains(m.logs.String(), "broker (mesh-controller):")
+		// connection=mesh-controller; the join connection as "… joins".
+		return strings.Contains(m.logs.String(), " connection=mesh-controller ")
 	}
 
 	t.Run("40 messages of 7 MB", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,7 +32,7 @@ type backupSchedule struct {
 	keep  int
 	st    *Stores
 	now   func() time.Time
-	logf  func(format string, args ...any)
+	log   *slog.Logger
 	timer *time.Timer
 }
 
@@ -40,7 +41,7 @@ type backupSchedule struct {
 // key, a directory it cannot make). The first backup is due one interval
 // after the newest already in the directory, so a daemon restarted often
 // neither skips backups nor crowds out the older ones.
-func scheduleBackups(ctx context.Context, o ServeOptions, st *Stores, now func() time.Time, logf func(string, ...any)) (*backupSchedule, error) {
+func scheduleBackups(ctx context.Context, o ServeOptions, st *Stores, now func() time.Time, log *slog.Logger) (*backupSchedule, error) {
 	if o.BackupEvery == 0 && o.BackupDir == "" {
 		return nil, nil
 	}
@@ -52,7 +53,7 @@ func scheduleBackups(ctx context.Context, o ServeOptions, st *Stores, now func()
 	case o.BackupKeep < 0:
 		return nil, fmt.Errorf("keep %d backups: give a number of 1 or more", o.BackupKeep)
 	}
-	s := &backupSchedule{dir: o.BackupDir, every: o.BackupEvery, keep: o.BackupKeep, st: st, now: now, logf: logf}
+	s := &backupSchedule{dir: o.BackupDir, every: o.BackupEvery, keep: o.BackupKeep, st: st, now: now, log: log}
 	if s.keep == 0 {
 		s.keep = DefaultBackupKeep
 	}
@@ -100,15 +101,15 @@ func (s *backupSchedule) run(ctx context.Context) {
 	made, err := backupStores(ctx, s.st.dbs, out, started)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.logf("backup failed: %v", err)
+			s.log.Error("backup failed", "err", err)
 		}
 		return
 	}
 	removed, err := s.prune(filepath.Base(out))
-	s.logf("backup written to %s (%d bytes, %d stores, %d ms); removed %d older (keeping %d)",
-		out, made.Bytes, len(made.Manifest.Stores), made.Took.Milliseconds(), len(removed), s.keep)
+	s.log.Info("backup written", "file", out, "bytes", made.Bytes, "stores", len(made.Manifest.Stores),
+		"ms", made.Took.Milliseconds(), "removed_older", len(removed), "keeping", s.keep)
 	if err != nil {
-		s.logf("backup: remove older backups: %v", err)
+		s.log.Error("backup: remove older backups", "err", err)
 	}
 }
 

@@ -132,12 +132,12 @@ func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
 	m.stop()
 	m.opts.BackupEvery, m.opts.BackupDir, m.opts.BackupKeep = time.Second, dir, 2
 	m.start()
-	waitFor(t, "four backups", func() bool { return strings.Count(m.logs.String(), "backup written to") >= 4 })
+	waitFor(t, "four backups", func() bool { return strings.Count(m.logs.String(), "msg=\"backup written\"") >= 4 })
 	m.stop()
 
 	var written []string
 	for _, line := range strings.Split(m.logs.String(), "\n") {
-		if _, rest, ok := strings.Cut(line, "backup written to "); ok {
+		if _, rest, ok := strings.Cut(line, "msg=\"backup written\" file="); ok {
 			written = append(written, strings.Fields(rest)[0])
 		}
 	}
@@ -167,7 +167,7 @@ func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a failed backup logged", func() bool { return strings.Contains(m.logs.String(), "backup failed: ") })
+	waitFor(t, "a failed backup logged", func() bool { return strings.Contains(m.logs.String(), "msg=\"backup failed\" err=") })
 }
 
 // The archive holds the signing key and the broker seeds, sealed: none of

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"syscall"
 	"time"
@@ -32,8 +33,11 @@ type CheckOptions struct {
 	Holder string
 	// NC is the serving controller's broker connection; nil dials the broker.
 	NC *nats.Conn
-	// Log receives a line per raising and clearing.
+	// Log, if set, receives a line per raising and clearing (doctor run).
 	Log func(string)
+	// Logger, if set, receives a record per raising and clearing instead,
+	// its condition key and severity as attributes (serve's log).
+	Logger *slog.Logger
 	// Notify, if set, receives each raising and clearing mesh.alert carries,
 	// as the JSON of its body (protocol.Alert, unsigned): serve
 	// --alert-webhook posts it. It must not wait.
@@ -310,9 +314,16 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {
 			continue
 		}
-		line := fmt.Sprintf("%s %s %s: %s", ch.Event, ch.Condition.Severity, ch.Condition.Key, ch.Condition.Summary)
-		if o.Log != nil {
-			o.Log(line)
+		switch {
+		case o.Logger != nil:
+			// Raised is a warning to whoever reads the log by level.
+			level := slog.LevelInfo
+			if ch.Event == "raised" {
+				level = slog.LevelWarn
+			}
+			o.Logger.Log(context.Background(), level, "alert "+ch.Event, "condition", ch.Condition.Key, "severity", ch.Condition.Severity, "summary", ch.Condition.Summary)
+		case o.Log != nil:
+			o.Log(fmt.Sprintf("%s %s %s: %s", ch.Event, ch.Condition.Severity, ch.Condition.Key, ch.Condition.Summary))
 		}
 		if o.Notify != nil {
 			if b, err := json.Marshal(alertBody(ch)); err == nil {
@@ -327,7 +338,10 @@ func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes 
 			err = o.NC.Publish(AlertSubject, b)
 		}
 		if err != nil {
-			if o.Log != nil {
+			switch {
+			case o.Logger != nil:
+				o.Logger.Error("alert not sent", "condition", ch.Condition.Key, "err", err)
+			case o.Log != nil:
 				o.Log(fmt.Sprintf("alert %s not sent: %v", ch.Condition.Key, err))
 			}
 			continue

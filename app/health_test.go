@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 			break
 		}
 	}
-	if !strings.Contains(m.logs.String(), "raised urgent node.silent/web1") {
+	if !regexp.MustCompile(`msg="alert raised" condition=node.silent/web1 severity=urgent summary="web1 not heard since `).MatchString(m.logs.String()) {
 		t.Fatalf("no message for the raising:\n%s", m.logs.String())
 	}
 	v, err := m.c.Status(context.Background())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"testing"
@@ -47,7 +48,7 @@ func BenchmarkMetricsScrape10000(b *testing.B) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.serveMetrics(sctx, st, l, io.Discard)
+	c.serveMetrics(sctx, st, l, slog.New(slog.DiscardHandler))
 	url := "http://" + l.Addr().String() + "/metrics"
 	s := scrapeOf(b, url)
 	if s.value("mesh_nodes", "state=joined") != 10000 || s.value("mesh_nodes", "state=silent") != 1000 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,8 +39,12 @@ type ServeOptions struct {
 	// Standing is called when this controller stands by (with --broker
 	// only), naming the live lease it waits for.
 	Standing func(identity.Lease)
-	// Log receives the daemon's log lines.
-	Log io.Writer
+	// Log receives the daemon's log (log/slog records), as LogFormat says:
+	// "text" (the default) or "json".
+	Log       io.Writer
+	LogFormat string
+	// Version is the binary's, said in the log's start line.
+	Version string
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the
 	// daemon's defaults (daemon.Default…).
 	LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery time.Duration
@@ -83,6 +88,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	if o.Metrics != nil {
 		defer o.Metrics.Close()
 	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	log, err := daemon.NewLogger(o.Log, o.LogFormat)
+	if err != nil {
+		return err
+	}
 	sv, err := c.serving(ctx)
 	if err != nil {
 		return err
@@ -90,7 +102,7 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	st := sv.st
 	var m *metrics.Metrics
 	if o.Metrics != nil {
-		m = c.serveMetrics(ctx, st, o.Metrics, o.Log)
+		m = c.serveMetrics(ctx, st, o.Metrics, log)
 		c.metrics = m
 		defer func() {
 			c.metrics = nil
@@ -147,27 +159,40 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			r, err := c.Sweep(ctx, nc)
 			return r.String(), err
 		},
-		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) ([]health.Condition, error) {
-			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Log: log, Notify: notify})
+		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
+			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Logger: log, Notify: notify})
 			return r.Open, err
 		},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
-		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: o.Log, BrokerStore: filepath.Join(c.DataDir, "broker"),
+		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: log, BrokerStore: filepath.Join(c.DataDir, "broker"),
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Metrics: m, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
-		Prepare: func(ctx context.Context, logf func(string, ...any)) ([]daemon.Job, error) {
+		Version: o.Version, Stores: st.shown(),
+		Prepare: func(ctx context.Context, log *slog.Logger) ([]daemon.Job, error) {
 			if hook != nil && hookDone == nil {
-				hookDone = hook.Start(hookCtx, logf)
-				logf("alert webhook: posting each raising and clearing to %s", hook.Shown())
+				hookDone = hook.Start(hookCtx, log)
+				log.Info("alert webhook: posting each raising and clearing", "url", hook.Shown())
 			}
-			backups, err := scheduleBackups(ctx, o, st, c.Now, logf)
+			backups, err := scheduleBackups(ctx, o, st, c.Now, log)
 			if err != nil || backups == nil {
 				return nil, err
 			}
 			return []daemon.Job{{Name: "backup", Due: backups.due, Run: backups.run, Stop: backups.stop}}, nil
 		},
 	})
+}
+
+// shown is each open store as the log's start line says it: its context
+// and location, a PostgreSQL URL without its password.
+func (st *Stores) shown() []daemon.StoreShown {
+	var out []daemon.StoreShown
+	for _, name := range Contexts {
+		if db := st.dbs[name]; db != nil {
+			out = append(out, daemon.StoreShown{Context: name, Location: db.Location.Shown()})
+		}
+	}
+	return out
 }
 
 // fencedContexts are the contexts whose stores keep a fence (licences has

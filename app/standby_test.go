@@ -185,7 +185,7 @@ const (
 	readyLine   = `^ready: broker nats://`
 	standbyLine = `^standby: pid \d+ on .* serves \(lease generation \d+\) until `
 	// sentLine is a catch-up's declaration sent: node, serial.
-	sentLine = `(\S+) was behind its plan: sent declaration (\d+)`
+	sentLine = `msg="behind its plan: declaration sent" node=(\S+) serial=(\d+)`
 )
 
 // sent is every node/serial a controller said it sent, in order.
@@ -301,11 +301,11 @@ func TestStandby_PausedPastLeaseIsFenced(t *testing.T) {
 	b.wait(t, 10*time.Second, readyLine, 0)
 	// While a is paused, web1's plan moves: b declares it.
 	bumpAll(t, m)
-	b.wait(t, 10*time.Second, `web1 was behind its plan: sent declaration 1\b`, 0)
+	b.wait(t, 10*time.Second, `msg="behind its plan: declaration sent" node=web1 serial=1\b`, 0)
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	line, _ := a.wait(t, 10*time.Second, `deposed: .*the lease was taken over: this controller's generation is 1, the store's fence 2; this controller stopped writing and stands by`, paused)
+	line, _ := a.wait(t, 10*time.Second, `msg="deposed: this controller stopped writing and stands by" err=".*the lease was taken over: this controller's generation is 1, the store's fence 2`, paused)
 	a.wait(t, 5*time.Second, standbyLine, paused)
 	t.Logf("a, resumed: %s", line.text)
 	if got := a.sent(); len(got) != 0 {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"sync/atomic"
@@ -44,7 +45,7 @@ type Hook struct {
 	o       Options
 	client  *http.Client
 	queue   chan []byte
-	logf    func(format string, args ...any)
+	log     *slog.Logger
 	dropped atomic.Int64
 }
 
@@ -101,7 +102,7 @@ func New(raw string, o Options) (*Hook, error) {
 		o.Timeout = DefaultTimeout
 	}
 	return &Hook{url: raw, shown: Redact(u), o: o, client: &http.Client{Timeout: o.Timeout},
-		queue: make(chan []byte, o.Queue), logf: func(string, ...any) {}}, nil
+		queue: make(chan []byte, o.Queue), log: slog.New(slog.DiscardHandler)}, nil
 }
 
 // Shown is the hook's URL as the log shows it (Redact).
@@ -117,14 +118,14 @@ func (h *Hook) Post(body []byte) {
 	case h.queue <- body:
 	default:
 		n := h.dropped.Add(1)
-		h.logf("alert webhook %s: queue full (%d alerts waiting); alert dropped (%d dropped so far)", h.shown, cap(h.queue), n)
+		h.log.Warn("alert webhook: queue full, alert dropped", "url", h.shown, "waiting", cap(h.queue), "dropped_so_far", n)
 	}
 }
 
-// Start posts what is queued, logging through logf, until ctx ends; done
-// is closed then. Call it before the first Post, so Post logs through logf too.
-func (h *Hook) Start(ctx context.Context, logf func(format string, args ...any)) (done <-chan struct{}) {
-	h.logf = logf
+// Start posts what is queued, logging to log, until ctx ends; done is
+// closed then. Call it before the first Post, so Post logs there too.
+func (h *Hook) Start(ctx context.Context, log *slog.Logger) (done <-chan struct{}) {
+	h.log = log
 	d := make(chan struct{})
 	go func() {
 		defer close(d)
@@ -161,7 +162,7 @@ func (h *Hook) deliver(ctx context.Context, body []byte) {
 		wait = min(2*wait, 30*time.Second)
 	}
 	if ctx.Err() == nil {
-		h.logf("alert webhook %s: alert not delivered after %d attempts: %v", h.shown, h.o.Attempts, err)
+		h.log.Warn("alert webhook: alert not delivered", "url", h.shown, "attempts", h.o.Attempts, "err", err)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -98,8 +98,13 @@ type Options struct {
 	// (the identity store's is raised with the lease itself) before this
 	// controller serves, so that a deposed one's writes are refused.
 	RaiseFences func(ctx context.Context, generation int64) error
-	// Log receives the daemon's log lines.
-	Log io.Writer
+	// Log receives the daemon's log (log/slog records); nil discards it.
+	Log *slog.Logger
+	// Version and Stores are said in the line the daemon logs as it begins
+	// serving: the binary's version and where each store is (shown with any
+	// password redacted).
+	Version string
+	Stores  []StoreShown
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the default.
 	LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery time.Duration
 	// SweepEvery is how often the sweep runs (zero: DefaultSweepEvery);
@@ -124,8 +129,8 @@ type Options struct {
 	// jobs it returns (a backup schedule, say) are run by the loop whenever
 	// they are due. It runs under the lease so that a second serve started
 	// by mistake touches nothing the holder owns. The jobs log through
-	// logf, as the daemon does.
-	Prepare func(ctx context.Context, logf func(format string, args ...any)) ([]Job, error)
+	// log, as the daemon does.
+	Prepare func(ctx context.Context, log *slog.Logger) ([]Job, error)
 }
 
 // Job is work the loop runs when it is due.
@@ -196,9 +201,9 @@ type UseCases struct {
 	// the store whether any node's plan moved past its declaration, and
 	// stops there when none did.
 	CatchUp func(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []Declared, made int, err error)
-	// SelfCheck judges the mesh; lines are its raisings and clearings. It
-	// returns the conditions it left open.
-	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log func(string)) (open []health.Condition, err error)
+	// SelfCheck judges the mesh, logging its raisings and clearings to
+	// log. It returns the conditions it left open.
+	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
 	// TakeIn records a builder's outcome (and registers what it built); the
 	// line says what came of it. Nil: builds are not served.
 	TakeIn func(ctx context.Context, outcome []byte, reply string) (line string, err error)
@@ -377,12 +382,12 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		debug.SetMemoryLimit(o.MemoryLimit)
 	}
 	if o.Log == nil {
-		o.Log = io.Discard
+		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if o.Counters == nil {
 		o.Counters = &Counters{}
 	}
-	lg := &logger{w: o.Log}
+	lg := &logger{log: o.Log}
 	for {
 		// Each term of the lease has its own holder id.
 		holder := randomID()
@@ -399,7 +404,7 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		case errors.Is(err, identity.ErrLeaseHeld):
 			// Taken by another in the moment since the lease was read.
 		case errors.Is(err, identity.ErrLeaseLost):
-			lg.logf("deposed: %v; this controller stopped writing and stands by", err)
+			lg.log.Warn("deposed: this controller stopped writing and stands by", "err", err)
 		default:
 			return err
 		}
@@ -416,7 +421,7 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 	var heard time.Time
 	defer func() {
 		if err := ids.LeaveStandby(context.Background(), holder, now()); err != nil {
-			lg.logf("standby: forget this controller as standing by: %v", err)
+			lg.log.Error("standby: forget this controller as standing by", "err", err)
 		}
 	}()
 	poll := time.NewTicker(min(standbyPoll, o.LeaseTTL/4))
@@ -425,7 +430,7 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 		t := now()
 		l, err := ids.Lease(ctx)
 		if err != nil && ctx.Err() == nil {
-			lg.logf("standby: read the lease: %v", err)
+			lg.log.Error("standby: read the lease", "err", err)
 		}
 		if err == nil {
 			if l == nil || !l.ExpiresAt.After(t) {
@@ -433,7 +438,7 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 			}
 			if l.Holder != waited.Holder {
 				waited = *l
-				lg.logf("standing by: pid %d on %s serves (generation %d) until %s", l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339))
+				lg.log.Info("standing by", "serving_pid", l.PID, "serving_host", l.Host, "generation", l.Generation, "until", l.ExpiresAt.UTC().Format(time.RFC3339))
 				if o.Standing != nil {
 					o.Standing(*l)
 				}
@@ -441,7 +446,7 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 			if t.Sub(heard) >= o.LeaseTTL/3 {
 				sb := identity.Standby{Holder: holder, PID: os.Getpid(), Host: hostname, Since: since, ExpiresAt: t.Add(o.LeaseTTL)}
 				if err := ids.StandBy(ctx, sb); err != nil && ctx.Err() == nil {
-					lg.logf("standby: record this controller as standing by: %v", err)
+					lg.log.Error("standby: record this controller as standing by", "err", err)
 				} else {
 					heard = t
 				}
@@ -492,7 +497,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 
 	var jobs []Job
 	if o.Prepare != nil {
-		if jobs, err = o.Prepare(ctx, d.logf); err != nil {
+		if jobs, err = o.Prepare(ctx, d.log); err != nil {
 			return err
 		}
 		defer func() {
@@ -539,7 +544,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		defer func() { stopDispatch(); <-dispatched }()
 	}
 	d.catchUp(ctx, true, "")
-	d.logf("serving: lease generation %d", lease.Generation)
+	d.logServing(lease.Generation)
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
@@ -590,15 +595,17 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 				if sub != nil {
 					subject = sub.Subject
 				}
-				d.logf("broker (%s): %s: %v", name, subject, err)
+				d.log.Warn("broker: asynchronous error", "connection", name, "subject", subject, "err", err)
 			}),
 			// Said, so that a broker server lost (one of a cluster's) shows
 			// in the log with where the connection went on.
 			nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
-				d.logf("broker (%s): connection lost: %v", name, err)
+				if err != nil { // nil: closed by the daemon as it stops
+					d.log.Warn("broker: connection lost", "connection", name, "err", err)
+				}
 			}),
 			nats.ReconnectHandler(func(nc *nats.Conn) {
-				d.logf("broker (%s): connected again, to %s", name, nc.ConnectedUrlRedacted())
+				d.log.Info("broker: connected again", "connection", name, "url", nc.ConnectedUrlRedacted())
 			})}
 		if inProcess == nil {
 			// nats.go dials the servers of a list in turn until one
@@ -621,7 +628,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			if attempt == inProcessTries || ctx.Err() != nil {
 				return nil, fmt.Errorf("%w at %s: %v", ErrBrokerUnreachable, d.url, err)
 			}
-			d.logf("connect to the embedded broker (%s): %v; trying again", name, err)
+			d.log.Warn("connect to the embedded broker: trying again", "connection", name, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Duration(attempt) * time.Second):
@@ -647,7 +654,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		d.pushAccount("serve started")
 		n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout)
 		if err != nil {
-			d.logf("ask the broker's servers about JetStream: %v", err)
+			d.log.Warn("ask the broker's servers about JetStream", "err", err)
 		}
 		if n >= 3 {
 			replicas = 3
@@ -661,7 +668,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			}
 			// An external broker may have no JetStream: builds cannot
 			// store archives there, and the rest of the mesh serves.
-			d.logf("%v", err)
+			d.log.Warn("the broker's JetStream", "err", err)
 			if jetStream {
 				// A cluster choosing its leader, or one server of three
 				// away (three copies need three servers): tried again
@@ -897,17 +904,15 @@ func (d *daemon) handOver(ev event) {
 // kick asks for a self-check soon.
 func (d *daemon) kick() { d.handOver(event{kind: evKick}) }
 
-// logger writes the daemon's log lines, one at a time.
+// logger writes the daemon's log through log/slog: a record a line, its
+// subject (node, module, condition key…) as attributes.
 type logger struct {
-	mu sync.Mutex
-	w  io.Writer
+	log *slog.Logger
 }
 
-func (l *logger) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
-}
+// logf logs a line of prose at level info, for what has no subject to
+// give as attributes.
+func (l *logger) logf(format string, args ...any) { l.log.Info(fmt.Sprintf(format, args...)) }
 
 // deposed tells the loop, if err is a store's fence refusing a write, that
 // this controller lost the lease: it stops serving (and writing) at once.
@@ -934,13 +939,13 @@ func (d *daemon) flush(ctx context.Context) {
 		d.beats = make(map[string]inventory.Beat, len(batch))
 		if err := d.st.Inventory.RecordBeats(ctx, batch); err != nil {
 			d.deposed(err)
-			d.logf("record %d heartbeats: %v", len(batch), err)
+			d.log.Error("record heartbeats", "count", len(batch), "err", err)
 		}
 	}
 	if len(d.modulesDue) > 0 {
 		if err := d.st.Health.RecordModuleStates(ctx, d.modulesDue); err != nil {
 			d.deposed(err)
-			d.logf("record the module states of %d nodes: %v", len(d.modulesDue), err)
+			d.log.Error("record module states", "nodes", len(d.modulesDue), "err", err)
 			for node := range d.modulesDue {
 				delete(d.moduleStates, node) // written again with the next report
 			}
@@ -950,7 +955,7 @@ func (d *daemon) flush(ctx context.Context) {
 	if len(d.durations) > 0 {
 		if err := d.st.Health.RecordDurations(ctx, d.durations); err != nil {
 			d.deposed(err)
-			d.logf("record %d durations: %v", len(d.durations), err)
+			d.log.Error("record durations", "count", len(d.durations), "err", err)
 		}
 		d.durations = nil
 	}
@@ -958,14 +963,14 @@ func (d *daemon) flush(ctx context.Context) {
 	for k, n := range d.drops {
 		if err := d.st.Health.CountDrops(ctx, k[0], k[1], n, now); err != nil {
 			d.deposed(err)
-			d.logf("count messages dropped from %s: %v", k[0], err)
+			d.log.Error("count messages dropped", "node", k[0], "err", err)
 		}
 	}
 	clear(d.drops)
 	for k, n := range d.refusals {
 		if err := d.st.Health.CountJoinRefusals(ctx, k[0], k[1], n, now); err != nil {
 			d.deposed(err)
-			d.logf("count joins refused from %s: %v", k[0], err)
+			d.log.Error("count joins refused", "source", k[0], "err", err)
 		}
 	}
 	clear(d.refusals)
@@ -979,7 +984,7 @@ func (d *daemon) aggregate(ctx context.Context) {
 	}
 	if err := d.st.Health.RecordHeartbeats(ctx, d.intervals); err != nil {
 		d.deposed(err)
-		d.logf("record heartbeat intervals of %d nodes: %v", len(d.intervals), err)
+		d.log.Error("record heartbeat intervals", "count", len(d.intervals), "err", err)
 		return
 	}
 	d.intervals = map[health.HourKey]health.Histogram{}
@@ -1000,12 +1005,12 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 	}
 	out, made, err := d.u.CatchUp(ctx, d.nc, start, thorough)
 	if joined != "" && made > 0 {
-		d.logf("%s: %d secrets made and sealed", joined, made)
+		d.log.Info("secrets made and sealed", "node", joined, "count", made)
 	}
 	if err != nil {
 		d.deposed(err)
 		if ctx.Err() == nil {
-			d.logf("catch up: %v", err)
+			d.log.Error("catch up", "err", err)
 		}
 		return
 	}
@@ -1014,37 +1019,37 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 		case p.Problem != "":
 			if d.problems[p.Node] != p.Problem {
 				d.problems[p.Node] = p.Problem
-				d.logf("%s: %s", p.Node, p.Problem)
+				d.log.Warn("not declared: "+p.Problem, "node", p.Node)
 			}
 		case p.Sent:
 			d.o.Metrics.Declared(1)
 			delete(d.problems, p.Node)
-			d.logf("%s was behind its plan: sent declaration %d", p.Node, p.Serial)
+			d.log.Info("behind its plan: declaration sent", "node", p.Node, "serial", p.Serial)
 		default:
-			d.logf("%s: declaration %d not sent: %s", p.Node, p.Serial, p.NotSent)
+			d.log.Warn("declaration not sent", "node", p.Node, "serial", p.Serial, "why", p.NotSent)
 		}
 	}
 }
 
 // selfCheck judges the mesh, then lets the healers act on what it left open.
 func (d *daemon) selfCheck(ctx context.Context, holder string) {
-	open, err := d.u.SelfCheck(ctx, d.nc, holder, func(line string) { d.logf("%s", line) })
+	open, err := d.u.SelfCheck(ctx, d.nc, holder, d.log)
 	if err != nil {
 		d.deposed(err)
 		if ctx.Err() == nil {
-			d.logf("self-check: %v", err)
+			d.log.Error("self-check", "err", err)
 		}
 		// A check that failed may not have read what is open: the healers
 		// act on it all the same, read here.
 		if open, err = d.st.Health.Conditions(ctx); err != nil {
 			if ctx.Err() == nil {
-				d.logf("healers: read the open conditions: %v", err)
+				d.log.Error("healers: read the open conditions", "err", err)
 			}
 			return
 		}
 	}
 	if err := d.heal(ctx, open); err != nil && ctx.Err() == nil && !d.deposed(err) {
-		d.logf("healers: %v", err)
+		d.log.Error("healers", "err", err)
 	}
 }
 
@@ -1095,6 +1100,6 @@ func (d *daemon) respond(m *nats.Msg, v any) {
 		err = m.Respond(b)
 	}
 	if err != nil {
-		d.logf("answer %s: %v", m.Subject, err)
+		d.log.Warn("answer", "subject", m.Subject, "err", err)
 	}
 }

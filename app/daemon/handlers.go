@@ -139,7 +139,7 @@ func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 	}
 	d.o.Counters.Dropped.Add(1)
 	d.o.Metrics.Drop(reason)
-	d.logf("dropped %s from %s: %s", m.Subject, node, reason)
+	d.log.Warn("dropped", "subject", m.Subject, "node", node, "reason", reason)
 	d.handOver(event{kind: evDrop, node: node, reason: reason})
 	return node, false
 }
@@ -149,7 +149,7 @@ func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 func (d *daemon) refuse(m *nats.Msg, node, why string) {
 	d.o.Counters.Dropped.Add(1)
 	d.o.Metrics.Drop("too large")
-	d.logf("dropped %s from %s: %s", m.Subject, node, why)
+	d.log.Warn("dropped", "subject", m.Subject, "node", node, "reason", why)
 	d.handOver(event{kind: evDrop, node: node, reason: "too large"})
 }
 
@@ -176,7 +176,7 @@ func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
 		d.o.Counters.Dropped.Add(1)
 		reason := "answer outside its inbox"
 		d.o.Metrics.Drop(reason)
-		d.logf("not answering %s into %q: %s", m.Subject, m.Reply, reason)
+		d.log.Warn("not answering", "subject", m.Subject, "reply", m.Reply, "node", node, "reason", reason)
 		if node != "" {
 			d.handOver(event{kind: evDrop, node: node, reason: reason})
 		}
@@ -216,7 +216,7 @@ func (d *daemon) onFacts(m *nats.Msg) {
 	}
 	if err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now()); err != nil {
 		d.deposed(err)
-		d.logf("record the facts of %s: %v", node, err)
+		d.log.Error("record facts", "node", node, "err", err)
 	}
 }
 
@@ -300,7 +300,7 @@ func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
 	}
 	if err := d.st.Inventory.RecordOutcomes(ctx, outcomes); err != nil {
 		d.deposed(err)
-		d.logf("record the apply outcomes of %d nodes: %v", len(batch), err)
+		d.log.Error("record apply outcomes", "nodes", len(batch), "err", err)
 		for _, a := range batch {
 			d.respondTo(a.m, a.node, protocol.OKReply{Error: "not recorded"})
 		}
@@ -318,9 +318,9 @@ func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
 			d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})
 		}
 		if a.OK {
-			d.logf("%s applied declaration %d in %.1f ms", node, a.Serial, a.TotalMS)
+			d.log.Info("applied declaration", "node", node, "serial", a.Serial, "ms", a.TotalMS)
 		} else {
-			d.logf("%s refused or failed declaration %d: %s", node, a.Serial, clip(a.Error))
+			d.log.Warn("declaration refused or failed", "node", node, "serial", a.Serial, "error", clip(a.Error))
 			failed = true
 		}
 		d.respondTo(x.m, node, protocol.OKReply{OK: true})
@@ -347,7 +347,7 @@ func (d *daemon) onData(m *nats.Msg) {
 	}
 	if err := d.st.Inventory.RecordDataSets(ctx, node, sets, d.u.Now()); err != nil {
 		d.deposed(err)
-		d.logf("record the data sets of %s: %v", node, err)
+		d.log.Error("record data sets", "node", node, "err", err)
 	}
 	if len(b.Deleted) > 0 {
 		done := make([]inventory.Deletion, 0, len(b.Deleted))
@@ -356,7 +356,7 @@ func (d *daemon) onData(m *nats.Msg) {
 		}
 		if err := d.st.Inventory.DeletionsDone(ctx, node, done, d.u.Now()); err != nil {
 			d.deposed(err)
-			d.logf("record deletions on %s: %v", node, err)
+			d.log.Error("record deletions", "node", node, "err", err)
 		}
 		d.kick()
 	}
@@ -373,22 +373,22 @@ func (d *daemon) onBackup(m *nats.Msg) {
 	ctx := d.bg
 	holds, err := d.st.Inventory.HoldsSeat(ctx, node, "backup")
 	if err != nil {
-		d.logf("who holds the backup seat: %v", err)
+		d.log.Error("who holds the backup seat", "err", err)
 		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
 		return
 	}
 	if !holds {
-		d.logf("backup of %s/%s/%s reported by %s, which does not hold the backup seat: ignored", clip(b.Node), clip(b.Module), clip(b.Data), node)
+		d.log.Warn("backup reported by a node not holding the backup seat: ignored", "node", clip(b.Node), "module", clip(b.Module), "data", clip(b.Data), "reported_by", node)
 		d.respondTo(m, node, protocol.OKReply{Error: node + " does not hold the backup seat"})
 		return
 	}
 	if err := d.st.Inventory.RecordBackup(ctx, b.Node, b.Module, b.Data, b.At); err != nil {
 		d.deposed(err)
-		d.logf("record a backup of %s/%s/%s: %v", clip(b.Node), clip(b.Module), clip(b.Data), err)
+		d.log.Error("record a backup", "node", clip(b.Node), "module", clip(b.Module), "data", clip(b.Data), "err", err)
 		d.respondTo(m, node, protocol.OKReply{Error: "not recorded"})
 		return
 	}
-	d.logf("backup of %s/%s/%s done at %s (reported by %s)", b.Node, b.Module, b.Data, b.At.UTC().Format(time.RFC3339), node)
+	d.log.Info("backup done", "node", b.Node, "module", b.Module, "data", b.Data, "at", b.At.UTC().Format(time.RFC3339), "reported_by", node)
 	d.respondTo(m, node, protocol.OKReply{OK: true})
 	d.kick()
 }
@@ -431,7 +431,7 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	}
 	decl, err := d.st.Inventory.LatestDeclaration(d.bg, node)
 	if err != nil {
-		d.logf("read the declaration of %s: %v", node, err)
+		d.log.Error("read the declaration", "node", node, "err", err)
 		return
 	}
 	if decl == nil {
@@ -510,9 +510,9 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	// The machines that were these nodes before are not them any more:
 	// their users no longer connect, nor hear the nodes' declarations.
 	case len(rejoined) == 1:
-		d.disconnectRevoked(fmt.Sprintf("%s re-joined: its earlier host users revoked (%d)", rejoined[0], revoked))
+		d.disconnectRevoked(fmt.Sprintf("re-joined: its earlier host users revoked (%d)", revoked), "node", rejoined[0])
 	case len(rejoined) > 1:
-		d.disconnectRevoked(fmt.Sprintf("%s re-joined: their earlier host users revoked (%d)", strings.Join(rejoined, ", "), revoked))
+		d.disconnectRevoked(fmt.Sprintf("re-joined: their earlier host users revoked (%d)", revoked), "nodes", strings.Join(rejoined, ","))
 	}
 }
 
@@ -525,7 +525,7 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 		// The log and join.refused keep the reason; the asker is told only
 		// that it was refused.
 		if d.refusalLog.allow(source, d.u.Now()) {
-			d.logf("join of %q from %s refused: %v", clip(r.Node), source, err)
+			d.log.Warn("join refused", "node", clip(r.Node), "source", source, "err", err)
 		}
 		d.handOver(event{kind: evRefused, source: source, reason: refusal.Reason})
 		if errors.Is(err, identity.ErrTokenUsed) {
@@ -535,12 +535,12 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 		return false
 	case err != nil:
 		d.deposed(err)
-		d.logf("join of %q from %s failed: %v", clip(r.Node), source, err)
+		d.log.Error("join failed", "node", clip(r.Node), "source", source, "err", err)
 		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
 		return false
 	}
 	d.keys.set(r.Node, res.HostKey)
-	d.logf("%s joined (host %s) from %s", r.Node, clip(r.HostVersion), source)
+	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "source", source)
 	d.respondTo(m, "", res.Reply)
 	// A node joining with something assigned waited for secrets sealed to
 	// it: the loop's catch-up makes them. Most nodes join with nothing
@@ -549,7 +549,7 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 	// out itself.
 	n, err := d.st.Inventory.CountAssignments(ctx, r.Node)
 	if err != nil && ctx.Err() == nil {
-		d.logf("after %s joined: count its assignments: %v", r.Node, err)
+		d.log.Error("after a join: count its assignments", "node", r.Node, "err", err)
 	}
 	if n > 0 || err != nil {
 		d.handOver(event{kind: evJoined, node: r.Node})
@@ -607,9 +607,9 @@ func (d *daemon) onRevoked(*nats.Msg) { d.disconnectRevoked("users were revoked"
 // user: the server closes their connections and refuses them from then
 // on. The embedded broker is given it directly, an external one through
 // its resolver (pushAccount).
-func (d *daemon) disconnectRevoked(what string) {
+func (d *daemon) disconnectRevoked(what string, attrs ...any) {
 	if d.srv == nil {
-		d.pushAccount(what)
+		d.pushAccount(what, attrs...)
 		return
 	}
 	trust, err := d.u.Trust(d.bg)
@@ -617,10 +617,10 @@ func (d *daemon) disconnectRevoked(what string) {
 		err = d.srv.UpdateAccount(trust)
 	}
 	if err != nil {
-		d.logf("%s: revoke: %v", what, err)
+		d.log.Error(what+": revoke", append(attrs, "err", err)...)
 		return
 	}
-	d.logf("%s: revoked users disconnected", what)
+	d.log.Info(what+": revoked users disconnected", attrs...)
 }
 
 // pushAccount gives an external broker's servers the mesh account's JWT,
@@ -628,22 +628,22 @@ func (d *daemon) disconnectRevoked(what string) {
 // server away now takes it from the others when it comes back, and serve
 // pushes it again when it starts. A broker without one must be given it
 // by a person, and the log says so.
-func (d *daemon) pushAccount(what string) {
+func (d *daemon) pushAccount(what string, attrs ...any) {
 	if d.sc == nil {
-		d.logf("%s: give the external broker the mesh account's JWT ('mesh-controller broker show --broker URL')", what)
+		d.log.Warn(what+": give the external broker the mesh account's JWT ('mesh-controller broker show --broker URL')", attrs...)
 		return
 	}
 	trust, err := d.u.Trust(context.Background())
 	if err != nil {
-		d.logf("%s: revoke: %v", what, err)
+		d.log.Error(what+": revoke", append(attrs, "err", err)...)
 		return
 	}
 	n, err := broker.PushAccount(d.sc, trust, brokerTimeout)
 	if err != nil {
-		d.logf("%s: push the mesh account's JWT to the broker: %v", what, err)
+		d.log.Error(what+": push the mesh account's JWT to the broker", append(attrs, "err", err)...)
 		return
 	}
-	d.logf("%s: the mesh account's JWT taken by %d broker servers, revoked users disconnected", what, n)
+	d.log.Info(what+": the mesh account's JWT taken by the broker's servers, revoked users disconnected", append(attrs, "servers", n)...)
 }
 
 // EnvelopeOf is a kept declaration as sent to its host.
@@ -725,7 +725,7 @@ func (d *daemon) onBuildResult(m *nats.Msg) {
 	reply := protocol.OKReply{OK: err == nil}
 	if err != nil {
 		reply.Error = err.Error()
-		d.logf("a build outcome not taken in: %v", err)
+		d.log.Error("a build outcome not taken in", "err", err)
 	} else {
 		d.logf("%s (taken in by serve)", line)
 	}
@@ -767,7 +767,7 @@ func (d *daemon) dispatcher(ctx context.Context) {
 			}
 			line, err := d.u.Sweep(ctx, d.nc)
 			if err != nil && ctx.Err() == nil {
-				d.logf("the sweep: %v", err)
+				d.log.Error("the sweep", "err", err)
 			} else if line != "" {
 				d.logf("%s", line)
 			}
@@ -779,7 +779,7 @@ func (d *daemon) dispatcher(ctx context.Context) {
 		}
 		if err != nil && ctx.Err() == nil {
 			d.deposed(err)
-			d.logf("the build queue: %v", err)
+			d.log.Error("the build queue", "err", err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // then be used for nothing.
 func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
 	admitted := make(chan string, 2)
-	d := &daemon{o: Options{Counters: &Counters{}}, logger: &logger{w: io.Discard}, joins: make(chan queued, 2), events: make(chan *event, 4),
+	d := &daemon{o: Options{Counters: &Counters{}}, logger: &logger{log: slog.New(slog.DiscardHandler)}, joins: make(chan queued, 2), events: make(chan *event, 4),
 		u: UseCases{Now: time.Now, Join: func(_ context.Context, rs []protocol.JoinRequest, _ []string) []JoinResult {
 			out := make([]JoinResult, len(rs))
 			for i, r := range rs {
@@ -88,7 +89,7 @@ func TestRefusalLog(t *testing.T) {
 // An ask for the latest declaration that waited longer than askStale is
 // not answered: its host has asked again, or soon will.
 func TestAskWorker_StaleAskIsNotAnswered(t *testing.T) {
-	d := &daemon{o: Options{Counters: &Counters{}}, logger: &logger{w: io.Discard}, asks: make(chan queued, 2), events: make(chan *event, 4),
+	d := &daemon{o: Options{Counters: &Counters{}}, logger: &logger{log: slog.New(slog.DiscardHandler)}, asks: make(chan queued, 2), events: make(chan *event, 4),
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, limits: limiter{buckets: map[[2]string]*bucket{}}, u: UseCases{Now: time.Now}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -110,7 +110,7 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 			if err := d.st.Health.RecordHealerAct(ctx, a); err != nil {
 				return fmt.Errorf("record healer %s's act on %s: %w", h.Name, c.Key, err)
 			}
-			d.logf("healer %s acted on %s (%s): %s", h.Name, c.Key, detail, outcome)
+			d.log.Info("healer acted", "healer", h.Name, "condition", c.Key, "detail", detail, "outcome", outcome)
 			d.o.Metrics.HealerActed(h.Name, outcome != "done")
 			recent = append(recent, a)
 			done[h.Name+"|"+c.Key+"|"+detail] = true
@@ -118,7 +118,7 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 				if err := d.st.Health.EngageBrake(ctx, why, now); err != nil {
 					return fmt.Errorf("engage the brake (%s): %w", why, err)
 				}
-				d.logf("healers' brake engaged: %s", why)
+				d.log.Warn("healers' brake engaged", "why", why)
 				d.o.Metrics.BrakeEngaged()
 				return nil
 			}

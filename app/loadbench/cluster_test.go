@@ -83,7 +83,7 @@ func TestClusterServerKilled(t *testing.T) {
 	fmt.Println()
 	if log, err := os.ReadFile(c.profile + ".log"); err == nil {
 		for _, line := range strings.Split(string(log), "\n") {
-			if strings.Contains(line, "broker (") {
+			if strings.Contains(line, `msg="broker: `) {
 				fmt.Println("  serve: " + line)
 			}
 		}

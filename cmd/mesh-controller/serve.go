@@ -35,6 +35,7 @@ type ServeCmd struct {
 	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public."`
 	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
 	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
+	LogFormat           string        `name:"log-format" enum:"text,json" default:"text" help:"How the daemon's log on stderr is written: text (key=value) or json (one object a line); each line carries its subject (node, module, condition) as attributes. The ready line stays plain on stdout."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
@@ -88,6 +89,8 @@ func (c *ServeCmd) Run(env *Env) error {
 		Metrics:             metricsAt,
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
+		LogFormat:           c.LogFormat,
+		Version:             version,
 		LeaseTTL:            c.Lease,
 		CheckEvery:          c.CheckEvery,
 		CatchUpEvery:        c.CatchUpEvery,
