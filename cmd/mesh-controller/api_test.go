@@ -38,12 +38,18 @@ func cmdOIDC(ts *testscript.TestScript, neg bool, args []string) {
 		if !ok {
 			ts.Fatalf("usage: oidc FILE=GROUP...")
 		}
-		now := time.Now()
-		tok, err := m.Keypair.SignJWT(jwt.MapClaims{"iss": m.Issuer(), "aud": "mesh-controller", "sub": "script", "email": "ops@example.org",
-			"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "groups": []string{group}})
+		tok, err := issuerToken(m, "script", group)
 		ts.Check(err)
 		ts.Check(os.WriteFile(ts.MkAbs(file), []byte(tok), 0o600))
 	}
+}
+
+// issuerToken is a token m signed for the api's default audience, an hour
+// long, for sub (email ops@example.org) in group.
+func issuerToken(m *mockoidc.MockOIDC, sub, group string) (string, error) {
+	now := time.Now()
+	return m.Keypair.SignJWT(jwt.MapClaims{"iss": m.Issuer(), "aud": "mesh-controller", "sub": sub, "email": "ops@example.org",
+		"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "groups": []string{group}})
 }
 
 // cmdTLSCert writes a self-signed certificate for 127.0.0.1 and its key:

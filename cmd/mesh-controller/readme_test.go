@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/oauth2-proxy/mockoidc"
 )
 
 // walkthrough is the README's walkthrough: every ```sh block between its
@@ -155,6 +157,67 @@ func TestREADME_Outgrowing(t *testing.T) {
 	}
 }
 
+// The README's "The HTTP API", "Metrics" and "The log, and alerts to a
+// person" run as a person runs them, against a real issuer (mockoidc) whose
+// tokens stand for the person's: one for mesh-admin, one for mesh-read.
+func TestREADME_Elsewhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs the README's block")
+	}
+	for _, tool := range []string{"bash", "jq", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
+				t.Fatalf("no %s: 'make test' installs it", tool)
+			}
+			t.Skipf("no %s here; 'make test' installs it", tool)
+		}
+	}
+	repo, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", "mesh-controller"), "./cmd/mesh-controller")
+	build.Dir = repo
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	issuer, err := mockoidc.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer issuer.Shutdown()
+	admin, err := issuerToken(issuer, "ci-deploy", "mesh-admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, err := issuerToken(issuer, "board", "mesh-read")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- elsewhere", "<!-- end of elsewhere -->", 3)
+	out, err := runScript(t, repo, script, 2*time.Minute, "ISSUER="+issuer.Issuer(), "TOKEN="+admin, "READ_TOKEN="+read, "MESH_DATA=", "MESH_BROKER=")
+	if err != nil {
+		t.Fatalf("the README's block stopped: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"/v1/assign\n", "/v1/openapi.json\n", // the routes
+		"\nweb1\n",                               // a read
+		`{"node":"web1","modules":["postgres"]}`, // an assign
+		`{"error":"board may not do this: the token's claim groups holds no mesh-admin"}`,
+		`api:ci-deploy (ops@example.org)`, // the hand-act
+		`mesh_nodes{state="joined"} 0`, `mesh_store_size_bytes{store="inventory"} `,
+		`{"msg":"serving","version":"development build","broker":"nats://127.0.0.1:`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the block's output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, admin) || strings.Contains(out, read) {
+		t.Error("a token was printed")
+	}
+}
+
 // runScript runs a README script in one bash (-euo pipefail) from the
 // repository's root, in a temporary dir and home of its own, with env added,
 // and returns what it printed. Its own process group: whatever it started in
@@ -169,11 +232,21 @@ func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...
 	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home")), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	// A file, not a pipe: what the script left running in the background
+	// may hold its output open, and must not keep Run from returning.
+	out, err := os.Create(filepath.Join(tmp, "script.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	err = cmd.Run()
 	if cmd.Process != nil {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	return out.String(), err
+	b, rerr := os.ReadFile(out.Name())
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	return string(b), err
 }
