@@ -54,27 +54,8 @@ func TestREADME_Walkthrough(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs the whole walkthrough")
 	}
-	for _, tool := range []string{"bash", "jq", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
-				t.Fatalf("no %s: 'make test' installs it", tool)
-			}
-			t.Skipf("no %s here; 'make test' installs it", tool)
-		}
-	}
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// make build, as the README asks first.
-	for _, c := range []string{"mesh-controller", "mesh-host", "mesh-builder"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
-		build.Dir = repo
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", c, err, out)
-		}
-	}
+	readmeTools(t, "bash", "jq", "curl")
+	repo := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder") // make build, as the README asks first
 	script := walkthrough(t, filepath.Join(repo, "README.md"))
 	// MESH_HOST_MODULE_USERS=false: as root, a host makes a system user
 	// per module; the test leaves the machine's users as it found them.
@@ -122,18 +103,7 @@ func TestREADME_Outgrowing(t *testing.T) {
 	if natsServer == "" {
 		need("nats-server", "make test builds it (make nats-server)")
 	}
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []string{"mesh-controller", "mesh-host"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
-		build.Dir = repo
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", c, err, out)
-		}
-	}
+	repo := buildForReadme(t, "mesh-controller", "mesh-host")
 	// The roles and databases the block makes are the server's: dropped after.
 	t.Cleanup(func() {
 		for _, c := range []string{"inventory", "identity", "secrets", "licences", "builds", "health"} {
@@ -164,24 +134,8 @@ func TestREADME_Elsewhere(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs the README's block")
 	}
-	for _, tool := range []string{"bash", "jq", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
-				t.Fatalf("no %s: 'make test' installs it", tool)
-			}
-			t.Skipf("no %s here; 'make test' installs it", tool)
-		}
-	}
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", "mesh-controller"), "./cmd/mesh-controller")
-	build.Dir = repo
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	readmeTools(t, "bash", "jq", "curl")
+	repo := buildForReadme(t, "mesh-controller")
 	issuer, err := mockoidc.Run()
 	if err != nil {
 		t.Fatal(err)
@@ -216,6 +170,39 @@ func TestREADME_Elsewhere(t *testing.T) {
 	if strings.Contains(out, admin) || strings.Contains(out, read) {
 		t.Error("a token was printed")
 	}
+}
+
+// readmeTools skips without the tools a README block runs, or fails under
+// make test and CI, which install them.
+func readmeTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
+				t.Fatalf("no %s: 'make test' installs it", tool)
+			}
+			t.Skipf("no %s here; 'make test' installs it", tool)
+		}
+	}
+}
+
+// buildForReadme builds each command into the repository's bin/, as make
+// build does, and returns the repository's root.
+func buildForReadme(t *testing.T, cmds ...string) string {
+	t.Helper()
+	repo, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cmds {
+		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
+		build.Dir = repo
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	return repo
 }
 
 // runScript runs a README script in one bash (-euo pipefail) from the
