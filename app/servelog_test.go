@@ -96,7 +96,9 @@ func TestServeLog_JSONWithSubjects(t *testing.T) {
 		b, _ := os.ReadFile(secret)
 		return string(b) == value && !m.node("web1").Behind
 	})
-	// An alert raised: db1 silent.
+	// An alert raised: db1 silent, once its heartbeat's interval is known
+	// (the bound is a multiple of it).
+	waitFor(t, "db1 to beat", func() bool { return m.node("db1").LastHeard != nil && m.node("db1").HeartbeatS > 0 })
 	db1.stop()
 	waitFor(t, "node.silent/db1 logged as raised", func() bool {
 		return strings.Contains(m.logs.String(), `"condition":"node.silent/db1"`)
