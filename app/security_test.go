@@ -158,15 +158,24 @@ func TestMesh_BrokerPermissions(t *testing.T) {
 func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	m := newTestMesh(t)
 	m.join("web1")
-	m.declare("web1", moduleBody("one", "/srv/one"))
-	m.declare("web1", moduleBody("two", "/srv/two"))
-	waitFor(t, "web1 to apply 2", func() bool { return m.node("web1").SerialApplied == 2 })
-
 	ctx := context.Background()
 	st, err := m.c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	latest := func() protocol.Envelope {
+		d, err := st.Inventory.LatestDeclaration(ctx, "web1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return daemon.EnvelopeOf(*d)
+	}
+	m.declare("web1", moduleBody("one", "/srv/one"))
+	env1 := latest()
+	m.declare("web1", moduleBody("two", "/srv/two"))
+	env2 := latest()
+	waitFor(t, "web1 to apply 2", func() bool { return m.node("web1").SerialApplied == 2 })
+
 	nc, err := m.c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		t.Fatal(err)
@@ -195,14 +204,22 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 		}
 	})
 	t.Run("a replayed serial", func(t *testing.T) {
-		// The genuine declaration 2 again, exactly as signed.
-		d, err := st.Inventory.LatestDeclaration(ctx, "web1")
-		if err != nil {
-			t.Fatal(err)
+		// The genuine declaration 2 again, exactly as signed, is the one
+		// applied (a healer re-sends it so): nothing to do, not reported;
+		// the genuine declaration 1, older, is refused and reported. The
+		// host takes them in order, so once 1's refusal is heard, 2's
+		// would have been.
+		for _, env := range []protocol.Envelope{env2, env1} {
+			b, _ := json.Marshal(env)
+			nc.Publish(protocol.DeclarationInbox("web1"), b)
 		}
-		b, _ := json.Marshal(daemon.EnvelopeOf(*d))
-		nc.Publish(protocol.DeclarationInbox("web1"), b)
-		waitFor(t, "web1 to refuse the replay", func() bool { return strings.Contains(lastError(), "serial 2 is not above the last applied 2") })
+		waitFor(t, "web1 to refuse the replay", func() bool { return strings.Contains(lastError(), "serial 1 is not above the last applied 2") })
+		if m.logs.logged("declaration refused or failed", "node", "web1", "serial", 2) {
+			t.Fatalf("the applied declaration again was reported as refused:\n%s", m.logs.String())
+		}
+		if m.node("web1").SerialApplied != 2 {
+			t.Fatal("a replay moved the applied serial")
+		}
 	})
 	t.Run("a genuine newer one still applies", func(t *testing.T) {
 		m.declare("web1", moduleBody("three", "/srv/three"))

@@ -18,6 +18,9 @@ import (
 // applied is what the host remembers of the last declaration it applied.
 type applied struct {
 	Serial int64 `json:"serial"`
+	// Signature is the controller's signature of the declaration applied:
+	// the same serial with the same signature is that declaration again.
+	Signature string `json:"signature,omitempty"`
 	// Files are the files it wrote, relative to the root; removed when a later
 	// declaration no longer declares them.
 	Files []string `json:"files"`
@@ -198,7 +201,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 	tier("archives", t)
 
 	t = time.Now()
-	next := applied{Serial: d.Serial, Runs: runRecords(d, raw.Modules, last.Runs)}
+	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs)}
 	var waiting []string
 	for i, m := range d.Modules {
 		// The sealed files are written below, opened with the host's own key.

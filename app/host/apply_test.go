@@ -66,8 +66,10 @@ func TestApply(t *testing.T) {
 
 // The answer to the ask made on connecting, when a push of the same
 // declaration or a newer one crossed it, is not applied or reported as a
-// refusal. Anything pushed, unsigned or for another node is left for apply
-// to refuse and report.
+// refusal; nor is the applied declaration pushed again exactly as signed
+// (a healer re-sending it while its report was on the way). Anything else
+// pushed, unsigned or for another node is left for apply to refuse and
+// report.
 func TestStale(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	_, other, _ := ed25519.GenerateKey(rand.Reader)
@@ -75,12 +77,14 @@ func TestStale(t *testing.T) {
 	decl := func(key ed25519.PrivateKey, serial int, node string) protocol.Envelope {
 		return sealed(t, key, map[string]any{"node": node, "serial": serial, "modules": []any{}})
 	}
+	last := applied{Serial: 3, Signature: decl(priv, 3, "web1").Signature}
 	for _, c := range []struct {
 		name  string
 		dl    delivery
 		stale bool
 	}{
-		{"the applied one, pushed again", delivery{env: decl(priv, 3, "web1")}, false},
+		{"the applied one, pushed again", delivery{env: decl(priv, 3, "web1")}, true},
+		{"another declaration of the applied serial, pushed", delivery{env: sealed(t, priv, map[string]any{"node": "web1", "serial": 3, "modules": []any{}, "issued_at": "2026-01-01T00:00:00Z"})}, false},
 		{"the applied one, asked for", delivery{env: decl(priv, 3, "web1"), asked: true}, true},
 		{"an older one, asked for", delivery{env: decl(priv, 2, "web1"), asked: true}, true},
 		{"an older one, pushed", delivery{env: decl(priv, 2, "web1")}, false},
@@ -88,7 +92,7 @@ func TestStale(t *testing.T) {
 		{"the applied serial, signed by another key", delivery{env: decl(other, 3, "web1"), asked: true}, false},
 		{"the applied serial, for another node", delivery{env: decl(priv, 3, "web2"), asked: true}, false},
 	} {
-		if got := stale(st, 3, c.dl) != ""; got != c.stale {
+		if got := stale(st, last, c.dl) != ""; got != c.stale {
 			t.Errorf("%s: stale %v, want %v", c.name, got, c.stale)
 		}
 	}

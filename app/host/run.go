@@ -40,6 +40,8 @@ type Runner struct {
 	mu   sync.Mutex
 	last applied
 	sup  *Supervisor
+	// beatAgain asks for a beat soon.
+	beatAgain func()
 }
 
 // beatSoon is how soon after a module's state changes the host beats, so
@@ -84,6 +86,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sup.Users = r.ModuleUsers && os.Geteuid() == 0
 	r.sup.Logf = r.logf
 	r.sup.OnChange = beatAgain
+	r.beatAgain = beatAgain
 	// What a previous life left running is ended, then what was last
 	// declared runs again, before the controller is heard.
 	for _, line := range r.sup.Sweep() {
@@ -262,22 +265,27 @@ type delivery struct {
 	asked bool
 }
 
-// stale says why a declaration this host asked for is not applied, or ""
-// if it is to be applied (or refused by apply). The answer to the ask made
-// on connecting can cross a push of the same declaration, or be overtaken
-// by a newer one, while in flight: it then says "nothing newer", which is
-// not a replay to refuse and report — a failed report would hide the good
-// apply on the controller. Anything pushed goes to apply, which refuses a
-// serial not above the last applied and reports it, as protocol.md says.
-func stale(st *State, last int64, dl delivery) string {
+// stale says why a declaration is not applied, or "" if it is to be
+// applied (or refused by apply). The answer to the ask made on connecting
+// can cross a push of the same declaration, or be overtaken by a newer
+// one, while in flight: it then says "nothing newer". A pushed declaration
+// can be the one applied already, exactly as signed: a healer re-sending
+// it while the report of its apply was on its way. Neither is a replay to
+// refuse and report — a failed report would hide the good apply on the
+// controller. Anything else goes to apply, which refuses a serial not above
+// the last applied and reports it.
+func stale(st *State, last applied, dl delivery) string {
+	d, err := dl.env.Verify(st.ControllerKey)
+	if err != nil || d.Node != st.Node || d.Serial > last.Serial {
+		return ""
+	}
+	if d.Serial == last.Serial && last.Signature != "" && dl.env.Signature == last.Signature {
+		return fmt.Sprintf("declaration %d again, exactly as applied: nothing to do", d.Serial)
+	}
 	if !dl.asked {
 		return ""
 	}
-	d, err := dl.env.Verify(st.ControllerKey)
-	if err != nil || d.Node != st.Node || d.Serial > last {
-		return ""
-	}
-	return fmt.Sprintf("the latest declaration, asked for, is %d; %d is applied already", d.Serial, last)
+	return fmt.Sprintf("the latest declaration, asked for, is %d; %d is applied already", d.Serial, last.Serial)
 }
 
 func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
@@ -286,9 +294,12 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		r.mu.Unlock()
 		return
 	}
-	if why := stale(r.State, r.last.Serial, dl); why != "" {
+	if why := stale(r.State, r.last, dl); why != "" {
 		r.mu.Unlock()
 		r.logf("%s", why)
+		// The controller hears the applied serial with the next beat, sent
+		// soon: whoever re-sent it thought this host behind.
+		r.beatAgain()
 		return
 	}
 	report, next := apply(r.State, r.Root, r.last, dl.env, r.userIDs(), r.fetcher(nc))
