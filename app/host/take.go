@@ -9,10 +9,6 @@ import (
 	"mesh-controller/app/protocol"
 )
 
-// TakeGrace is how long a process a cutover stops has between SIGTERM and
-// SIGKILL.
-var TakeGrace = 10 * time.Second
-
 // cutover does each declared cutover not done before (done: their
 // digests): stop and disable its units, stop its processes, each only if
 // its pid still runs the command the person was shown. It returns the
@@ -38,7 +34,7 @@ func cutover(takes []protocol.DeclaredTake, done []string) ([]string, error) {
 }
 
 // stopProcess ends pid if it still runs command: SIGTERM, then SIGKILL
-// after TakeGrace. A pid gone, or running something else now, is left
+// after protocol.TakeGrace. A pid gone, or running something else now, is left
 // alone: it is not what the person approved stopping.
 func stopProcess(p protocol.TakeProcess) error {
 	if !running(p.Pid, p.Command) {
@@ -47,7 +43,7 @@ func stopProcess(p protocol.TakeProcess) error {
 	if err := syscall.Kill(p.Pid, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("stop pid %d (%s): %w", p.Pid, p.Command, err)
 	}
-	if gone(p, TakeGrace) {
+	if gone(p, protocol.TakeGrace) {
 		return nil
 	}
 	if err := syscall.Kill(p.Pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {

@@ -228,6 +228,10 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			pm.Data = append(pm.Data, protocol.DeclaredData{Name: d.Name, Path: d.Path, Precious: d.Precious})
 		}
 		why := []string{"assigned by a person on " + a.AssignedAt.Format("2006-01-02")}
+		if tk := a.Taken; tk != nil {
+			why = []string{takenReason(tk)}
+			p.Body.Taken = append(p.Body.Taken, protocol.DeclaredTake{Digest: tk.Digest, Module: a.Module, Units: tk.Units, Processes: tk.Processes})
+		}
 		if len(pm.WaitingFor) > 0 {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
 		}
@@ -413,4 +417,14 @@ func mergeInto(dst, src map[string]any) {
 		}
 		dst[k] = sv
 	}
+}
+
+// takenReason says that a module was taken onto an adopted node, when, and
+// from what.
+func takenReason(tk *inventory.Take) string {
+	from := "nothing running there"
+	if len(tk.From) > 0 {
+		from = strings.Join(tk.From, "; ")
+	}
+	return fmt.Sprintf("taken by a person on %s (preview %s) from: %s", tk.At.UTC().Format("2006-01-02"), tk.Digest, from)
 }

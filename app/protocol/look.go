@@ -1,5 +1,7 @@
 package protocol
 
+import "time"
+
 // LookInbox is the last tokens of the subject the controller asks a host
 // for a live look on (mesh.node.N.inbox.look): what runs on the machine now
 // beside what a module declares, for take. Only controller users may
@@ -79,6 +81,10 @@ type LookData struct {
 	// not read): Bytes is then at least that.
 	Partial bool `json:"partial,omitempty"`
 }
+
+// TakeGrace is how long a process a cutover stops has between SIGTERM and
+// SIGKILL.
+const TakeGrace = 10 * time.Second
 
 // DeclaredTake is the cutover of a module taken onto an adopted node, as a
 // person approved it (take --yes): before its host starts the module for
