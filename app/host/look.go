@@ -57,7 +57,7 @@ func Look(root string, ask protocol.LookAsk) protocol.LookAnswer {
 	holders := socketHolders()
 	for _, s := range listeningSockets() {
 		name, ok := wanted[s.port]
-		if !ok {
+		if !ok || len(a.Ports) == protocol.MaxLookSockets {
 			continue
 		}
 		hs := holders[s.inode]

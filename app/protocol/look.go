@@ -20,6 +20,9 @@ const (
 	// MaxLookHolders bounds the holders named for one port, and the
 	// processes named for a module's name.
 	MaxLookHolders = 16
+	// MaxLookSockets bounds the sockets an answer names: with the other
+	// bounds, an answer stays well under a host's largest message (1 MiB).
+	MaxLookSockets = 256
 )
 
 // LookAsk is what a module declares, as the controller asks a host to look
