@@ -206,7 +206,9 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 	if err != nil {
 		return fail(d.Serial, "cutover: %v", err)
 	}
-	tier("cutover", t)
+	if len(d.Taken) > 0 {
+		tier("cutover", t)
+	}
 
 	t = time.Now()
 	next := applied{Serial: d.Serial, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken}
