@@ -3,31 +3,24 @@ package host
 import (
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 
+	"mesh-controller/app/host/holdtest"
 	"mesh-controller/app/protocol"
 )
 
 // holdInChild starts sleep holding ln's socket (inherited), and closes the
 // test's own copies: the child is then the socket's only holder.
-func holdInChild(t *testing.T, ln *net.TCPListener) *exec.Cmd {
+func holdInChild(t *testing.T, ln *net.TCPListener) *holdtest.Holder {
 	t.Helper()
-	f, err := ln.File()
+	h, err := holdtest.Hold(ln)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sleep", "300")
-	cmd.ExtraFiles = []*os.File{f}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	f.Close()
-	ln.Close()
-	return cmd
+	t.Cleanup(h.Stop)
+	return h
 }
 
 func listenTCP(t *testing.T, addr string) (*net.TCPListener, int) {
@@ -65,8 +58,8 @@ func TestFacts_ListenersAndHolders(t *testing.T) {
 		return protocol.Found{}
 	}
 	got := find("tcp/"+strconv.Itoa(tcpPort), "127.0.0.1")
-	if got.Pid != child.Process.Pid || got.Command != "sleep" {
-		t.Errorf("tcp/%d held by pid %d (%s), want the child %d (sleep): %+v", tcpPort, got.Pid, got.Command, child.Process.Pid, got)
+	if got.Pid != child.Pid() || got.Command != "sleep" {
+		t.Errorf("tcp/%d held by pid %d (%s), want the child %d (sleep): %+v", tcpPort, got.Pid, got.Command, child.Pid(), got)
 	}
 	self := commandOf(os.Getpid())
 	if got := find("udp/"+strconv.Itoa(udpPort), "127.0.0.1"); got.Pid != os.Getpid() || got.Command != self {
@@ -109,8 +102,8 @@ func TestLook_PortsDataAndNamesake(t *testing.T) {
 	a := Look(root, protocol.LookAsk{Module: "sleep", Ports: []protocol.Port{{Name: "http", Port: port}},
 		Data: []protocol.DeclaredData{{Name: "state", Path: "/var/lib/sleep"}, {Name: "linked", Path: "/var/lib/linked/x"}, {Name: "none", Path: "/var/lib/none"}}})
 	if len(a.Ports) != 1 || a.Ports[0].Proto != "tcp" || a.Ports[0].Name != "http" || len(a.Ports[0].Holders) != 1 ||
-		a.Ports[0].Holders[0].Pid != child.Process.Pid || a.Ports[0].Holders[0].Command != "sleep" {
-		t.Errorf("ports: %+v, want tcp/%d held by %d (sleep)", a.Ports, port, child.Process.Pid)
+		a.Ports[0].Holders[0].Pid != child.Pid() || a.Ports[0].Holders[0].Command != "sleep" {
+		t.Errorf("ports: %+v, want tcp/%d held by %d (sleep)", a.Ports, port, child.Pid())
 	}
 	want := []protocol.LookData{
 		{Name: "state", Path: "/var/lib/sleep", Exists: true, Dir: true, Bytes: 123, Entries: 4},
@@ -127,10 +120,10 @@ func TestLook_PortsDataAndNamesake(t *testing.T) {
 	}
 	found := false
 	for _, p := range a.Processes {
-		found = found || p.Pid == child.Process.Pid
+		found = found || p.Pid == child.Pid()
 	}
 	if !found {
-		t.Errorf("processes named sleep: %+v, want the child %d among them", a.Processes, child.Process.Pid)
+		t.Errorf("processes named sleep: %+v, want the child %d among them", a.Processes, child.Pid())
 	}
 }
 
@@ -139,19 +132,17 @@ func TestLook_PortsDataAndNamesake(t *testing.T) {
 func TestCutover_StopsOnlyWhatWasApproved(t *testing.T) {
 	ln, _ := listenTCP(t, "127.0.0.1:0")
 	child := holdInChild(t, ln)
-	exited := make(chan struct{})
-	go func() { _, _ = child.Process.Wait(); close(exited) }()
-	done, err := cutover([]protocol.DeclaredTake{{Digest: "d1", Module: "x", Processes: []protocol.TakeProcess{{Pid: child.Process.Pid, Command: "not-sleep"}}}}, nil)
+	done, err := cutover([]protocol.DeclaredTake{{Digest: "d1", Module: "x", Processes: []protocol.TakeProcess{{Pid: child.Pid(), Command: "not-sleep"}}}}, nil)
 	if err != nil || len(done) != 1 {
 		t.Fatalf("cutover: %v %v", done, err)
 	}
-	if !running(child.Process.Pid, "sleep") {
+	if !running(child.Pid(), "sleep") {
 		t.Fatal("a pid running another command than approved was stopped")
 	}
-	if _, err := cutover([]protocol.DeclaredTake{{Digest: "d2", Module: "x", Processes: []protocol.TakeProcess{{Pid: child.Process.Pid, Command: "sleep"}}}}, nil); err != nil {
+	if _, err := cutover([]protocol.DeclaredTake{{Digest: "d2", Module: "x", Processes: []protocol.TakeProcess{{Pid: child.Pid(), Command: "sleep"}}}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
+	<-child.Exited()
 	if _, err := cutover([]protocol.DeclaredTake{{Digest: "d2", Module: "x", Units: []string{"never-run.service"}}}, []string{"d2"}); err != nil {
 		t.Fatalf("a cutover done before was done again: %v", err)
 	}

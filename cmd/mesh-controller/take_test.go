@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +13,7 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/app/host"
+	"mesh-controller/app/host/holdtest"
 )
 
 // cmdHostRun joins a real host with the token in TOKEN-FILE through the
@@ -63,33 +62,16 @@ func cmdHoldPort(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	key := holderKey{ts, args[0]}
 	if old, ok := holders.Load(key); ok {
-		stop := old.(func())
-		stop()
+		old.(*holdtest.Holder).Stop()
 	}
-	var ln net.Listener
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ln, err = net.Listen("tcp", "127.0.0.1:"+args[0]); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	h, err := holdtest.Listen("127.0.0.1:"+args[0], 10*time.Second)
 	ts.Check(err)
-	f, err := ln.(*net.TCPListener).File()
-	ts.Check(err)
-	cmd := exec.Command("sleep", "600")
-	cmd.ExtraFiles = []*os.File{f}
-	ts.Check(cmd.Start())
-	f.Close()
-	ln.Close()
-	ts.Setenv("HOLDER_PID", fmt.Sprint(cmd.Process.Pid))
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop := func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	}
-	holders.Store(key, stop)
-	ts.Defer(stop)
+	ts.Setenv("HOLDER_PID", fmt.Sprint(h.Pid()))
+	holders.Store(key, h)
+	ts.Defer(func() {
+		h.Stop()
+		holders.Delete(key)
+	})
 }
 
 // holders are the holdport holders running, by scenario and port.
