@@ -45,7 +45,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	}
 	// The example under a name of its own: processes named hello (other
 	// tests' on this machine) would be named in the preview too.
-	manifest := strings.ReplaceAll(strings.Replace(string(b), `"module": "hello"`, `"module": "greeter"`, 1), "18480", port)
+	manifest := strings.ReplaceAll(strings.Replace(string(b), `"module": "hello"`, `"module": "takenhello"`, 1), "18480", port)
 	m.addModule(writeManifest(t, manifest))
 	adopted := func(name string) *testHost {
 		return m.joinToken(name, TokenRequest{Node: name, New: true, Adopted: true, TTL: time.Hour}, nil)
@@ -54,7 +54,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	old := holdPort(t, port)
 
 	// A stale digest: the holder restarted between the preview and --yes.
-	p, _, err := m.c.Take(ctx, TakeRequest{Node: "db2", Module: "greeter"})
+	p, _, err := m.c.Take(ctx, TakeRequest{Node: "db2", Module: "takenhello"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	}
 	old.Stop()
 	now := holdPort(t, port)
-	_, taken, err := m.c.Take(ctx, TakeRequest{Node: "db2", Module: "greeter", Yes: p.Digest})
+	_, taken, err := m.c.Take(ctx, TakeRequest{Node: "db2", Module: "takenhello", Yes: p.Digest})
 	want := fmt.Sprintf("tcp/%s on 127.0.0.1 was held by pid %d (sleep), now held by pid %d (sleep)", port, old.Pid(), now.Pid())
 	if !errors.Is(err, ErrTakeChanged) || !strings.Contains(err.Error(), want) || taken != nil {
 		t.Fatalf("take --yes with a stale digest: %v, want %v naming %q", err, ErrTakeChanged, want)
@@ -76,12 +76,12 @@ func TestTake_AdoptedNode(t *testing.T) {
 	if err := os.Symlink(t.TempDir(), filepath.Join(db3.root, "var", "lib", "hello")); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := m.c.Take(ctx, TakeRequest{Node: "db3", Module: "greeter"}); !errors.Is(err, ErrTakeSymlink) || !strings.Contains(err.Error(), "/var/lib/hello") {
+	if _, _, err := m.c.Take(ctx, TakeRequest{Node: "db3", Module: "takenhello"}); !errors.Is(err, ErrTakeSymlink) || !strings.Contains(err.Error(), "/var/lib/hello") {
 		t.Fatalf("take with a symlinked data path: %v, want %v naming /var/lib/hello", err, ErrTakeSymlink)
 	}
 
 	// The take itself: the holder named, stopped; the data kept.
-	db1.install(t, "greeter", "bin/hello", buildHello(t))
+	db1.install(t, "takenhello", "bin/hello", buildHello(t))
 	data := filepath.Join(db1.root, "var", "lib", "hello")
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(data, "kept-from-before"), []byte("twelve bytes"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, _, err = m.c.Take(ctx, TakeRequest{Node: "db1", Module: "greeter"})
+	p, _, err = m.c.Take(ctx, TakeRequest{Node: "db1", Module: "takenhello"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,11 +99,11 @@ func TestTake_AdoptedNode(t *testing.T) {
 	if len(p.Look.Data) != 1 || !p.Look.Data[0].Dir || p.Look.Data[0].Bytes != 12 {
 		t.Fatalf("the preview's data: %+v, want /var/lib/hello, 12 bytes", p.Look.Data)
 	}
-	again, _, err := m.c.Take(ctx, TakeRequest{Node: "db1", Module: "greeter"})
+	again, _, err := m.c.Take(ctx, TakeRequest{Node: "db1", Module: "takenhello"})
 	if err != nil || again.Digest != p.Digest {
 		t.Fatalf("the same machine previewed again: digest %s, was %s (%v): %q", again.Digest, p.Digest, err, changes(p, again))
 	}
-	_, taken, err = m.c.Take(ctx, TakeRequest{Node: "db1", Module: "greeter", Yes: p.Digest})
+	_, taken, err = m.c.Take(ctx, TakeRequest{Node: "db1", Module: "takenhello", Yes: p.Digest})
 	if err != nil || taken == nil {
 		t.Fatalf("take --yes %s: %v", p.Digest, err)
 	}
@@ -112,7 +112,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	case <-time.After(protocol.TakeGrace + 5*time.Second):
 		t.Fatalf("the holder (pid %d) still runs after the cutover", now.Pid())
 	}
-	waitFor(t, "greeter ready on db1", func() bool { return m.moduleState("db1", "greeter").State == protocol.StateReady })
+	waitFor(t, "takenhello ready on db1", func() bool { return m.moduleState("db1", "takenhello").State == protocol.StateReady })
 	if b, err := os.ReadFile(filepath.Join(data, "kept-from-before")); err != nil || string(b) != "twelve bytes" {
 		t.Fatalf("the data from before the take: %q, %v", b, err)
 	}
@@ -120,9 +120,9 @@ func TestTake_AdoptedNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reasons := strings.Join(pv.Plan.Reasons["greeter"], "\n")
+	reasons := strings.Join(pv.Plan.Reasons["takenhello"], "\n")
 	if !strings.Contains(reasons, "taken by a person") || !strings.Contains(reasons, fmt.Sprintf("pid %d (sleep)", now.Pid())) {
-		t.Errorf("plan's reasons for greeter: %q, want it taken from pid %d (sleep)", reasons, now.Pid())
+		t.Errorf("plan's reasons for takenhello: %q, want it taken from pid %d (sleep)", reasons, now.Pid())
 	}
 	acts, err := m.c.HandActs(ctx, 1)
 	if err != nil {
@@ -130,13 +130,13 @@ func TestTake_AdoptedNode(t *testing.T) {
 	}
 	found := false
 	for _, a := range acts.Acts {
-		found = found || (a.What == "take db1 greeter" && a.Cause == "take" && strings.Contains(a.Why, p.Digest))
+		found = found || (a.What == "take db1 takenhello" && a.Cause == "take" && strings.Contains(a.Why, p.Digest))
 	}
 	if !found {
 		t.Errorf("no hand act for the take in %+v", acts.Acts)
 	}
 	// Taken once: the same module again is refused as on the node.
-	if _, _, err := m.c.Take(ctx, TakeRequest{Node: "db1", Module: "greeter"}); !errors.Is(err, ErrAlreadyOnNode) {
+	if _, _, err := m.c.Take(ctx, TakeRequest{Node: "db1", Module: "takenhello"}); !errors.Is(err, ErrAlreadyOnNode) {
 		t.Errorf("take of a module on the node already: %v", err)
 	}
 }
