@@ -143,7 +143,10 @@ func (c *Controller) Take(ctx context.Context, r TakeRequest) (TakePreview, *Tak
 		}
 		return p, nil, fmt.Errorf("nothing taken: %w: %s; its digest is now %s", ErrTakeChanged, strings.Join(changes(old, p), "; "), p.Digest)
 	}
-	tk := &inventory.Take{Digest: p.Digest, At: c.Now(), From: p.From, Units: p.Stop.Units, Processes: p.Stop.Processes}
+	tk := &inventory.Take{Digest: p.Digest, At: c.Now(), From: p.From, Units: p.Stop.Units}
+	for _, pr := range p.Stop.Processes {
+		tk.Processes = append(tk.Processes, inventory.TakeProcess{Pid: pr.Pid, Command: pr.Command})
+	}
 	what := "take " + r.Node + " " + r.Module
 	out, err := c.AssignMany(ctx, ManyRequest{Nodes: []string{r.Node}, Modules: []string{r.Module}, Taken: tk})
 	if err != nil {
@@ -249,6 +252,12 @@ func (p *TakePreview) finish() {
 	for _, pr := range p.Stop.Processes {
 		p.Cutover = append(p.Cutover, fmt.Sprintf("stop pid %d (%s): SIGTERM, then SIGKILL after %s, only while pid %d still runs %s",
 			pr.Pid, pr.Command, protocol.TakeGrace, pr.Pid, pr.Command))
+	}
+	for _, s := range p.Look.Ports {
+		if len(s.Holders) == 0 {
+			p.Cutover = append(p.Cutover, fmt.Sprintf("leave %s/%d on %s alone: its holder is not visible to the host (another user's, as non-root), so the module may not get it",
+				s.Proto, s.Port, s.Address))
+		}
 	}
 	var paths []string
 	for _, d := range p.Look.Data {

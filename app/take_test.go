@@ -2,10 +2,12 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +109,13 @@ func TestTake_AdoptedNode(t *testing.T) {
 	if err != nil || taken == nil {
 		t.Fatalf("take --yes %s: %v", p.Digest, err)
 	}
+	b, err = json.Marshal(taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad := notSnakeCase(b); len(bad) > 0 {
+		t.Errorf("take --json keys not snake_case: %v", bad)
+	}
 	select {
 	case <-now.Exited():
 	case <-time.After(protocol.TakeGrace + 5*time.Second):
@@ -140,3 +149,33 @@ func TestTake_AdoptedNode(t *testing.T) {
 		t.Errorf("take of a module on the node already: %v", err)
 	}
 }
+
+// notSnakeCase are the keys of a JSON document that are not snake_case
+// (house rule 8).
+func notSnakeCase(doc []byte) []string {
+	var v any
+	if err := json.Unmarshal(doc, &v); err != nil {
+		return []string{err.Error()}
+	}
+	var bad []string
+	var walk func(any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if !snakeKey.MatchString(k) {
+					bad = append(bad, k)
+				}
+				walk(e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		}
+	}
+	walk(v)
+	return bad
+}
+
+var snakeKey = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)

@@ -230,7 +230,11 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		why := []string{"assigned by a person on " + a.AssignedAt.Format("2006-01-02")}
 		if tk := a.Taken; tk != nil {
 			why = []string{takenReason(tk)}
-			p.Body.Taken = append(p.Body.Taken, protocol.DeclaredTake{Digest: tk.Digest, Module: a.Module, Units: tk.Units, Processes: tk.Processes})
+			dt := protocol.DeclaredTake{Digest: tk.Digest, Module: a.Module, Units: tk.Units}
+			for _, pr := range tk.Processes {
+				dt.Processes = append(dt.Processes, protocol.TakeProcess{Pid: pr.Pid, Command: pr.Command})
+			}
+			p.Body.Taken = append(p.Body.Taken, dt)
 		}
 		if len(pm.WaitingFor) > 0 {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))

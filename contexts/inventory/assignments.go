@@ -7,7 +7,6 @@ import (
 	"errors"
 	"time"
 
-	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -36,11 +35,18 @@ type Assignment struct {
 // person approved (the preview's digest, the units and processes to stop)
 // and what ran there before, as the preview said it.
 type Take struct {
-	Digest    string                 `json:"digest"`
-	At        time.Time              `json:"at"`
-	From      []string               `json:"from"`
-	Units     []string               `json:"units,omitempty"`
-	Processes []protocol.TakeProcess `json:"processes,omitempty"`
+	Digest    string        `json:"digest"`
+	At        time.Time     `json:"at"`
+	From      []string      `json:"from"`
+	Units     []string      `json:"units,omitempty"`
+	Processes []TakeProcess `json:"processes,omitempty"`
+}
+
+// TakeProcess is one process a take's cutover stops: only while its pid
+// still runs that command.
+type TakeProcess struct {
+	Pid     int    `json:"pid"`
+	Command string `json:"command"`
 }
 
 // SettingsLayer is the mesh's (Node "") or one node's settings for a module.
