@@ -53,6 +53,9 @@ type ManyRequest struct {
 	// (the HTTP API's caller): the act is then kept as a hand act with that
 	// who, since who() would name only the user the server runs as.
 	Actor string
+	// Taken, if set, records the assignments as taken (take: one node, one
+	// module), the cutover their declaration carries.
+	Taken *inventory.Take
 }
 
 // recordActor keeps an act asked by an Actor as a hand act once it has
@@ -120,7 +123,7 @@ func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMan
 		out.Nodes = append(out.Nodes, one.Assigned)
 		bumps = append(bumps, one.bumps...)
 		for _, am := range one.Modules {
-			as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: now, Unverified: am.Unverified})
+			as = append(as, inventory.Assignment{Node: node, Module: am.Module, Version: am.Version, AssignedAt: now, Unverified: am.Unverified, Taken: r.Taken})
 		}
 		progress("judged", i+1, len(r.Nodes))
 	}

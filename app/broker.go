@@ -185,7 +185,7 @@ func joinUser() broker.JoinUser {
 func hostPermissions(node string) broker.Permissions {
 	return mergePermissions(broker.Permissions{
 		// answerInboxes: a host answers the controller's requests to it
-		// (mesh.node.N.inbox.logs).
+		// (mesh.node.N.inbox.logs, mesh.node.N.inbox.look).
 		Publish:    []string{"mesh.node." + node + ".>", answerInboxes},
 		Subscribe:  []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
 		MaxPayload: memberMaxPayload,

@@ -203,7 +203,14 @@ func (m *testMesh) join(name string) *testHost { return m.joinWith(name, nil) }
 // joinWith joins a host whose runner uses sup, if given.
 func (m *testMesh) joinWith(name string, sup *host.Supervisor) *testHost {
 	m.t.Helper()
-	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: name, New: true, TTL: time.Hour})
+	return m.joinToken(name, TokenRequest{Node: name, New: true, TTL: time.Hour}, sup)
+}
+
+// joinToken joins a host with a token issued as r asks (a new adopted
+// node, say), its runner using sup if given.
+func (m *testMesh) joinToken(name string, r TokenRequest, sup *host.Supervisor) *testHost {
+	m.t.Helper()
+	tok, err := m.c.TokenIssue(context.Background(), r)
 	if err != nil {
 		m.t.Fatal(err)
 	}

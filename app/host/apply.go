@@ -30,6 +30,8 @@ type applied struct {
 	Deleted []protocol.DeclaredDeletion `json:"deleted,omitempty"`
 	// Runs are the declared modules as the supervisor runs them.
 	Runs []runRecord `json:"runs,omitempty"`
+	// Taken are the digests of the cutovers done (take): each is done once.
+	Taken []string `json:"taken,omitempty"`
 }
 
 type dataSet struct {
@@ -200,8 +202,19 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 	}
 	tier("archives", t)
 
+	// Cutovers of modules taken onto this adopted node, before any of them
+	// starts: what a person approved is stopped; the data is not touched.
 	t = time.Now()
-	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs)}
+	taken, err := cutover(d.Taken, last.Taken)
+	if err != nil {
+		return fail(d.Serial, "cutover: %v", err)
+	}
+	if len(d.Taken) > 0 {
+		tier("cutover", t)
+	}
+
+	t = time.Now()
+	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken}
 	var waiting []string
 	for i, m := range d.Modules {
 		// The sealed files are written below, opened with the host's own key.

@@ -34,7 +34,8 @@ func Facts(root string) protocol.FactsBody {
 	if h, err := os.Hostname(); err == nil {
 		facts = append(facts, protocol.Fact{Name: "hostname", Value: h, Why: "gethostname"})
 	}
-	return protocol.FactsBody{Facts: facts, Found: listening()}
+	fs, more := found()
+	return protocol.FactsBody{Facts: append(facts, more...), Found: fs}
 }
 
 func osRelease() string {
@@ -69,51 +70,56 @@ func memoryMB() (int64, bool) {
 	return 0, false
 }
 
-// listening reads the TCP sockets in LISTEN state from /proc/net/tcp{,6}.
-func listening() []protocol.Found {
-	found := []protocol.Found{}
+// MaxFound bounds what a facts report finds (the controller refuses a
+// report with more): sockets first, then units.
+const MaxFound = 1000
+
+// found is every listening TCP and UDP socket (v4 and v6) with the process
+// holding it, and the active systemd units, or why they are not said.
+func found() ([]protocol.Found, []protocol.Fact) {
+	out := []protocol.Found{}
+	holders := socketHolders()
 	seen := map[string]bool{}
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		for _, addr := range listenAddrs(file) {
-			name := "tcp/" + addr.port
-			if seen[name+addr.ip] {
+	for _, s := range listeningSockets() {
+		name := fmt.Sprintf("%s/%d", s.proto, s.port)
+		hs := holders[s.inode]
+		if len(hs) == 0 {
+			hs = []protocol.LookProcess{{}}
+		}
+		for _, h := range hs {
+			key := fmt.Sprintf("%s %s %d", name, s.ip, h.Pid)
+			if seen[key] || len(out) >= MaxFound {
 				continue
 			}
-			seen[name+addr.ip] = true
-			found = append(found, protocol.Found{Kind: "port", Name: name,
-				Detail: fmt.Sprintf("listening on %s:%s (%s)", addr.ip, addr.port, file)})
+			seen[key] = true
+			detail := fmt.Sprintf("listening on %s:%d (%s)", s.ip, s.port, s.file)
+			if h.Pid != 0 {
+				detail += fmt.Sprintf(", held by pid %d (%s)", h.Pid, h.Command)
+				if h.Unit != "" {
+					detail += " in " + h.Unit
+				}
+			} else {
+				detail += ", its holder not visible to the host"
+			}
+			out = append(out, protocol.Found{Kind: "port", Name: name, Detail: detail, Address: s.ip, Pid: h.Pid, Command: h.Command, Unit: h.Unit})
 		}
 	}
-	return found
-}
-
-type sockAddr struct{ ip, port string }
-
-func listenAddrs(file string) []sockAddr {
-	f, err := os.Open(file)
+	runs, why := systemdRuns()
+	facts := []protocol.Fact{{Name: "systemd", Value: strconv.FormatBool(runs), Why: why}}
+	if !runs {
+		return out, facts
+	}
+	units, err := activeUnits()
 	if err != nil {
-		return nil
+		return out, append(facts, protocol.Fact{Name: "systemd_units", Value: "unknown", Why: err.Error()})
 	}
-	defer f.Close()
-	var out []sockAddr
-	sc := bufio.NewScanner(f)
-	sc.Scan() // header
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 4 || fields[3] != "0A" { // 0A is TCP_LISTEN
-			continue
+	for _, u := range units {
+		if len(out) >= MaxFound {
+			break
 		}
-		ipHex, portHex, ok := strings.Cut(fields[1], ":")
-		if !ok {
-			continue
-		}
-		port, err := strconv.ParseUint(portHex, 16, 16)
-		if err != nil {
-			continue
-		}
-		out = append(out, sockAddr{ip: hexIP(ipHex), port: strconv.FormatUint(port, 10)})
+		out = append(out, protocol.Found{Kind: "service", Name: u, Detail: "active (systemctl list-units --type=service --state=active)", Unit: u})
 	}
-	return out
+	return out, facts
 }
 
 // hexIP turns /proc/net's little-endian hex address into text.

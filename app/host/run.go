@@ -138,6 +138,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if _, err := nc.Subscribe(protocol.NodeSubject(r.State.Node, protocol.LookInbox), func(m *nats.Msg) {
+		go r.answerLook(m)
+	}); err != nil {
+		return err
+	}
 
 	soon := time.NewTimer(time.Hour)
 	soon.Stop()

@@ -228,6 +228,14 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			pm.Data = append(pm.Data, protocol.DeclaredData{Name: d.Name, Path: d.Path, Precious: d.Precious})
 		}
 		why := []string{"assigned by a person on " + a.AssignedAt.Format("2006-01-02")}
+		if tk := a.Taken; tk != nil {
+			why = []string{takenReason(tk)}
+			dt := protocol.DeclaredTake{Digest: tk.Digest, Module: a.Module, Units: tk.Units}
+			for _, pr := range tk.Processes {
+				dt.Processes = append(dt.Processes, protocol.TakeProcess{Pid: pr.Pid, Command: pr.Command})
+			}
+			p.Body.Taken = append(p.Body.Taken, dt)
+		}
 		if len(pm.WaitingFor) > 0 {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
 		}
@@ -413,4 +421,14 @@ func mergeInto(dst, src map[string]any) {
 		}
 		dst[k] = sv
 	}
+}
+
+// takenReason says that a module was taken onto an adopted node, when, and
+// from what.
+func takenReason(tk *inventory.Take) string {
+	from := "nothing running there"
+	if len(tk.From) > 0 {
+		from = strings.Join(tk.From, "; ")
+	}
+	return fmt.Sprintf("taken by a person on %s (preview %s) from: %s", tk.At.UTC().Format("2006-01-02"), tk.Digest, from)
 }

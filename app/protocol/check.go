@@ -271,6 +271,39 @@ func (d Declaration) Problems() []string {
 			bad(f+".kind", "%q is not data or consumer", del.Kind)
 		}
 	}
+
+	for k, tk := range d.Taken {
+		for _, p := range tk.problems(seenModules) {
+			bad(fmt.Sprintf("taken[%d]%s", k, p[0]), "%s", p[1])
+		}
+	}
+	return ps
+}
+
+// unitRule is a systemd service unit's name as a take may stop one: never
+// an option (no leading dash), never a path.
+var unitRule = regexp.MustCompile(`^[A-Za-z0-9_:@][A-Za-z0-9_:@.\\-]{0,250}\.service$`)
+
+// problems judges a cutover, as field suffix and what is wrong: its module
+// declared, its units service names, its processes real pids with a command.
+func (t DeclaredTake) problems(declared map[string]int) [][2]string {
+	var ps [][2]string
+	if _, ok := declared[t.Module]; !ok {
+		ps = append(ps, [2]string{".module", fmt.Sprintf("%q is not a module declared here", t.Module)})
+	}
+	if len(t.Units)+len(t.Processes) > 2*MaxLookHolders {
+		ps = append(ps, [2]string{"", fmt.Sprintf("%d units and processes, at most %d", len(t.Units)+len(t.Processes), 2*MaxLookHolders)})
+	}
+	for i, u := range t.Units {
+		if !unitRule.MatchString(u) {
+			ps = append(ps, [2]string{fmt.Sprintf(".units[%d]", i), fmt.Sprintf("%q is not a service unit's name", u)})
+		}
+	}
+	for i, p := range t.Processes {
+		if p.Pid <= 1 || p.Command == "" || len(p.Command) > 256 {
+			ps = append(ps, [2]string{fmt.Sprintf(".processes[%d]", i), fmt.Sprintf("pid %d (%q) is not a process a take may stop", p.Pid, p.Command)})
+		}
+	}
 	return ps
 }
 

@@ -30,6 +30,8 @@ func good() Declaration {
 			{Module: "old", Kind: "data", Target: "media", Path: "/var/lib/old/media"},
 			{Module: "postgres", Kind: "consumer", Target: "web3/gone"},
 		},
+		Taken: []DeclaredTake{{Digest: "0123456789abcdef", Module: "postgres", Units: []string{"postgresql@16-main.service"},
+			Processes: []TakeProcess{{Pid: 412, Command: "postgres"}}}},
 	}
 }
 
@@ -53,6 +55,11 @@ func TestDeclaration_Problems(t *testing.T) {
 		{"node invalid", func(d *Declaration) { d.Node = "Web1" }, "node", "not a valid name"},
 		{"node path", func(d *Declaration) { d.Node = "../web1" }, "node", "not a valid name"},
 		{"mode", func(d *Declaration) { d.Mode = "owned" }, "mode", "not adopted or converged"},
+		{"take of a module not declared", func(d *Declaration) { d.Taken[0].Module = "mysql" }, "taken[0].module", "not a module declared here"},
+		{"take of an option", func(d *Declaration) { d.Taken[0].Units[0] = "--all.service" }, "taken[0].units[0]", "not a service unit's name"},
+		{"take of a timer", func(d *Declaration) { d.Taken[0].Units[0] = "backup.timer" }, "taken[0].units[0]", "not a service unit's name"},
+		{"take of init", func(d *Declaration) { d.Taken[0].Processes[0].Pid = 1 }, "taken[0].processes[0]", "not a process a take may stop"},
+		{"take without a command", func(d *Declaration) { d.Taken[0].Processes[0].Command = "" }, "taken[0].processes[0]", "not a process a take may stop"},
 		{"module missing", func(d *Declaration) { d.Modules[0].Module = "" }, "modules[0].module", "missing"},
 		{"module path", func(d *Declaration) { d.Modules[0].Module = "../../etc" }, "modules[0].module", "not a valid name"},
 		{"module slash", func(d *Declaration) { d.Modules[0].Module = "a/b" }, "modules[0].module", "not a valid name"},

@@ -47,6 +47,9 @@ type Declaration struct {
 	// Seats are the seats the node's modules hold.
 	Seats  []string `json:"seats"`
 	Serial int64    `json:"serial,omitzero"`
+	// Taken are the cutovers of modules taken onto an adopted node (take):
+	// each done once, before its module first starts.
+	Taken []DeclaredTake `json:"taken,omitempty"`
 }
 
 // BackupLine is one data set the backup seat's holder keeps copies of.

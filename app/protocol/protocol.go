@@ -222,6 +222,14 @@ type Found struct {
 	Kind   string `json:"kind"` // port, service or path
 	Name   string `json:"name"`
 	Detail string `json:"detail"`
+	// Address is where a port listens ("0.0.0.0", "[::1]").
+	Address string `json:"address,omitempty"`
+	// Pid and Command are the process that holds a port (or runs a
+	// service), when the host could see it.
+	Pid     int    `json:"pid,omitempty"`
+	Command string `json:"command,omitempty"`
+	// Unit is the systemd unit the process runs in, from its cgroup.
+	Unit string `json:"unit,omitempty"`
 }
 
 // FactsBody is a host's facts report.

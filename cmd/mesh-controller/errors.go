@@ -133,6 +133,14 @@ func hint(err error) string {
 		return "see 'mesh-controller queue' and 'mesh-controller builds' for the ids"
 	case errors.Is(err, builds.ErrEnded), errors.Is(err, builds.ErrInFlight):
 		return "see 'mesh-controller queue'"
+	case errors.Is(err, app.ErrConverged):
+		return "assign the module instead ('mesh-controller assign NODE MODULE'): the mesh owns what runs there"
+	case errors.Is(err, app.ErrTakeDigestUnknown), errors.Is(err, app.ErrTakeChanged):
+		return "look at the preview again ('mesh-controller take NODE MODULE') and confirm its digest"
+	case errors.Is(err, app.ErrTakeSymlink):
+		return "make that path a directory (or a file) of its own on the node, or change the manifest's data path, then take again"
+	case errors.Is(err, app.ErrAlreadyOnNode):
+		return "see 'mesh-controller plan NODE'"
 	case errors.Is(err, app.ErrNotConnected):
 		return "start its host ('mesh-host run'), or see 'mesh-controller node show NODE'"
 	case errors.Is(err, app.ErrNoSuchTool):

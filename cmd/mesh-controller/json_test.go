@@ -106,6 +106,9 @@ func TestJSON_SnakeCase(t *testing.T) {
 	// collection reads the serving controller's broker: its document's
 	// keys are checked where a controller serves (app, TestCollection_…).
 	ran["collection"] = true
+	// take looks at a node's host live: its documents' keys are checked
+	// where a host answers (app, TestTake_AdoptedNode).
+	ran["take"] = true
 	for _, path := range jsonCommands(parser.Model.Node) {
 		if !ran[path] {
 			t.Errorf("%s offers --json but this test does not run it: add it to the listings", path)

@@ -44,6 +44,7 @@ type CLI struct {
 	Assign     AssignCmd     `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
 	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
 	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
+	Take       TakeCmd       `cmd:"" help:"On an adopted node, preview a module's cutover from what runs there now, and its digest; --yes DIGEST cuts over exactly so."`
 	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
 	Build      BuildCmd      `cmd:"" help:"Have a holder of the build seat build a repository (or --behind, --on: a plan); wait for the outcome and register what it built."`
 	Builds     BuildsCmd     `cmd:"" help:"What has been built lately, and what came of it."`

@@ -72,6 +72,8 @@ func TestScripts(t *testing.T) {
 			"tlscert":     cmdTLSCert,
 			"freeport":    cmdFreePort,
 			"apicall":     cmdAPICall,
+			"hostrun":     cmdHostRun,
+			"holdport":    cmdHoldPort,
 		}),
 	})
 }

@@ -26,6 +26,27 @@ type Assignment struct {
 	Unverified []string
 	// Pending is a version recorded by 'upgrade record' and not yet sent.
 	Pending string
+	// Taken says the module was taken onto an adopted node (take), and
+	// from what; nil when it was assigned plainly.
+	Taken *Take
+}
+
+// Take is how a module came onto an adopted node by take: the cutover a
+// person approved (the preview's digest, the units and processes to stop)
+// and what ran there before, as the preview said it.
+type Take struct {
+	Digest    string        `json:"digest"`
+	At        time.Time     `json:"at"`
+	From      []string      `json:"from"`
+	Units     []string      `json:"units,omitempty"`
+	Processes []TakeProcess `json:"processes,omitempty"`
+}
+
+// TakeProcess is one process a take's cutover stops: only while its pid
+// still runs that command.
+type TakeProcess struct {
+	Pid     int    `json:"pid"`
+	Command string `json:"command"`
 }
 
 // SettingsLayer is the mesh's (Node "") or one node's settings for a module.

@@ -61,8 +61,16 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 			return fmt.Errorf("%s on %s %w", a.Module, a.Node, ErrAssigned)
 		}
 		unverified, _ := json.Marshal(nonNil(a.Unverified))
-		if _, err := tx.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified) VALUES (?, ?, ?, ?, ?)`,
-			a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified)); err != nil {
+		var taken any // NULL: assigned plainly
+		if a.Taken != nil {
+			b, err := json.Marshal(a.Taken)
+			if err != nil {
+				return err
+			}
+			taken = string(b)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified, taken) VALUES (?, ?, ?, ?, ?, ?)`,
+			a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified), taken); err != nil {
 			return err
 		}
 		// Its data, retired or dropped when it left, is its own again; data

@@ -157,11 +157,17 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	if err != nil {
 		return nil, err
 	}
-	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified, coalesce(pending_version, '') FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
+	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified, coalesce(pending_version, ''), coalesce(taken, '') FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
 		var a Assignment
-		var at, unverified string
-		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified, &a.Pending); err != nil {
+		var at, unverified, taken string
+		if err := r.Scan(&a.Node, &a.Module, &a.Version, &at, &unverified, &a.Pending, &taken); err != nil {
 			return err
+		}
+		if taken != "" {
+			a.Taken = &Take{}
+			if err := json.Unmarshal([]byte(taken), a.Taken); err != nil {
+				return fmt.Errorf("take of %s on %s: %w", a.Module, a.Node, err)
+			}
 		}
 		if a.Pending != "" && withNodes {
 			n := snap.Nodes[a.Node]

@@ -11,7 +11,8 @@ CREATE TABLE assignments (
     version text NOT NULL,
     assigned_at text NOT NULL,
     unverified text NOT NULL DEFAULT '[]'::text,
-    pending_version text
+    pending_version text,
+    taken text
 );
 CREATE TABLE backups (
     node text NOT NULL,
@@ -170,6 +171,13 @@ CREATE TABLE settings_layers (
     body text NOT NULL,
     set_at text NOT NULL
 );
+CREATE TABLE take_previews (
+    digest text NOT NULL,
+    node text NOT NULL,
+    module text NOT NULL,
+    preview text NOT NULL,
+    shown_at text NOT NULL
+);
 ALTER TABLE acts_under_way ADD CONSTRAINT acts_under_way_pkey PRIMARY KEY (id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_module_version_fkey FOREIGN KEY (module, version) REFERENCES module_versions(module, version);
 ALTER TABLE assignments ADD CONSTRAINT assignments_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
@@ -210,6 +218,8 @@ ALTER TABLE seat_holders ADD CONSTRAINT seat_holders_node_module_fkey FOREIGN KE
 ALTER TABLE seat_holders ADD CONSTRAINT seat_holders_pkey PRIMARY KEY (seat, node, module);
 ALTER TABLE settings_layers ADD CONSTRAINT settings_layers_module_fkey FOREIGN KEY (module) REFERENCES modules(name) ON DELETE CASCADE;
 ALTER TABLE settings_layers ADD CONSTRAINT settings_layers_pkey PRIMARY KEY (module, node);
+ALTER TABLE take_previews ADD CONSTRAINT take_previews_pkey PRIMARY KEY (digest);
 CREATE INDEX assignments_module ON public.assignments USING btree (module);
 CREATE INDEX declarations_versions ON public.declarations USING btree (node, serial, plan_version);
 CREATE INDEX retirements_node ON public.retirements USING btree (node, module);
+CREATE INDEX take_previews_shown ON public.take_previews USING btree (shown_at);

@@ -10,7 +10,7 @@ CREATE TABLE assignments (
     module      TEXT NOT NULL,
     version     TEXT NOT NULL,
     assigned_at TEXT NOT NULL,
-    unverified  TEXT NOT NULL DEFAULT '[]', pending_version TEXT,
+    unverified  TEXT NOT NULL DEFAULT '[]', pending_version TEXT, taken TEXT,
     PRIMARY KEY (node, module),
     FOREIGN KEY (module, version) REFERENCES module_versions (module, version)
 ) STRICT;
@@ -171,6 +171,14 @@ CREATE TABLE settings_layers (
     set_at TEXT NOT NULL,
     PRIMARY KEY (module, node)
 ) STRICT;
+CREATE TABLE take_previews (
+    digest   TEXT PRIMARY KEY,
+    node     TEXT NOT NULL,
+    module   TEXT NOT NULL,
+    preview  TEXT NOT NULL,
+    shown_at TEXT NOT NULL
+) STRICT;
 CREATE INDEX assignments_module ON assignments (module);
 CREATE INDEX declarations_versions ON declarations (node, serial, plan_version);
 CREATE INDEX retirements_node ON retirements (node, module);
+CREATE INDEX take_previews_shown ON take_previews (shown_at);
