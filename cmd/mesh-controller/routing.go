@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/alecthomas/kong"
@@ -59,37 +60,29 @@ func (c *NodePublicDomainCmd) Run(env *Env) error {
 	if c.Clear && c.Domain != "" {
 		return clirun.UsageError{Msg: "give a domain or --clear, not both"}
 	}
+	node := string(c.Name)
+	act := routingAct{clear: c.Clear, set: c.Domain != ""}
 	var v app.RoutingView
 	var err error
-	switch {
-	case c.Clear:
-		v, err = env.App.SetPublicDomain(env.Ctx, string(c.Name), "")
-	case c.Domain != "":
-		v, err = env.App.SetPublicDomain(env.Ctx, string(c.Name), string(c.Domain))
-	default:
-		v, err = env.App.NodeRouting(env.Ctx, string(c.Name))
+	if act.clear || act.set {
+		v, err = env.App.SetPublicDomain(env.Ctx, node, string(c.Domain))
+	} else {
+		v, err = env.App.NodeRouting(env.Ctx, node)
 	}
-	if err != nil {
-		return err
+	if err != nil || c.JSON {
+		return jsonOr(env, v, err)
 	}
-	if c.JSON {
-		return printJSON(env.Stdout, v)
+	act.shown = []string{v.PublicDomain}
+	if v.PublicDomain == "" {
+		act.shown = nil
 	}
-	switch {
-	case c.Clear && v.Changed:
-		fmt.Fprintf(env.Stdout, "%s: public domain cleared: its public ports are not reachable until one is set\n", v.Node)
-	case c.Clear:
-		fmt.Fprintf(env.Stderr, "%s has no public domain: nothing to clear\n", v.Node)
-	case c.Domain != "" && v.Changed:
-		fmt.Fprintf(env.Stdout, "%s: public domain %s set\n", v.Node, v.PublicDomain)
-	case c.Domain != "":
-		fmt.Fprintf(env.Stderr, "%s: public domain is %s already\n", v.Node, v.PublicDomain)
-	case v.PublicDomain == "":
-		fmt.Fprintf(env.Stderr, "%s has no public domain: its public ports are not reachable until one is set ('mesh-controller node public-domain %s DOMAIN')\n", v.Node, v.Node)
-	default:
-		fmt.Fprintln(env.Stdout, v.PublicDomain)
-	}
-	printPushed(env, v.Pushed)
+	act.say(env, v, routingWords{
+		cleared: ": public domain cleared: its public ports are not reachable until one is set",
+		nothing: " has no public domain: nothing to clear",
+		set:     ": public domain " + v.PublicDomain + " set",
+		already: ": public domain is " + v.PublicDomain + " already",
+		none:    fmt.Sprintf(" has no public domain: its public ports are not reachable until one is set ('mesh-controller node public-domain %s DOMAIN')", node),
+	})
 	return nil
 }
 
@@ -106,40 +99,72 @@ func (c *NodeNetworksCmd) Run(env *Env) error {
 	if c.Clear && len(c.Networks) > 0 {
 		return clirun.UsageError{Msg: "give networks or --clear, not both"}
 	}
+	node := string(c.Name)
+	act := routingAct{clear: c.Clear, set: len(c.Networks) > 0}
 	var v app.RoutingView
 	var err error
-	switch {
-	case c.Clear || len(c.Networks) > 0:
+	if act.clear || act.set {
 		nets := make([]string, len(c.Networks))
 		for i, n := range c.Networks {
 			nets[i] = string(n)
 		}
-		v, err = env.App.SetNetworks(env.Ctx, string(c.Name), nets)
-	default:
-		v, err = env.App.NodeRouting(env.Ctx, string(c.Name))
+		v, err = env.App.SetNetworks(env.Ctx, node, nets)
+	} else {
+		v, err = env.App.NodeRouting(env.Ctx, node)
 	}
+	if err != nil || c.JSON {
+		return jsonOr(env, v, err)
+	}
+	act.shown = v.Networks
+	nets := strings.Join(v.Networks, ", ")
+	act.say(env, v, routingWords{
+		cleared: ": networks cleared: it forwards nothing",
+		nothing: " routes no networks: nothing to clear",
+		set:     ": networks set: " + nets,
+		already: ": networks are " + nets + " already",
+		none:    fmt.Sprintf(" routes no networks ('mesh-controller node networks %s CIDR...' sets them)", node),
+	})
+	return nil
+}
+
+// jsonOr returns err, or else prints v as JSON (asked for).
+func jsonOr(env *Env, v app.RoutingView, err error) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(env.Stdout, v)
-	}
+	return printJSON(env.Stdout, v)
+}
+
+// routingAct is what a routing command was asked: to clear, to set, or
+// (neither) to show; shown is what it shows, one value a line.
+type routingAct struct {
+	clear, set bool
+	shown      []string
+}
+
+// routingWords are what a routing command says in each case, after the
+// node's name (each begins with its separator).
+type routingWords struct{ cleared, nothing, set, already, none string }
+
+// say prints what the act did: a change on stdout with the declaration it
+// made, no change on stderr, a value shown alone on stdout (for scripts).
+func (a routingAct) say(env *Env, v app.RoutingView, w routingWords) {
+	line := func(out io.Writer, s string) { fmt.Fprintf(out, "%s%s\n", v.Node, s) }
 	switch {
-	case c.Clear && v.Changed:
-		fmt.Fprintf(env.Stdout, "%s: networks cleared: it forwards nothing\n", v.Node)
-	case c.Clear:
-		fmt.Fprintf(env.Stderr, "%s routes no networks: nothing to clear\n", v.Node)
-	case len(c.Networks) > 0 && v.Changed:
-		fmt.Fprintf(env.Stdout, "%s: networks set: %s\n", v.Node, strings.Join(v.Networks, ", "))
-	case len(c.Networks) > 0:
-		fmt.Fprintf(env.Stderr, "%s: networks are %s already\n", v.Node, strings.Join(v.Networks, ", "))
-	case len(v.Networks) == 0:
-		fmt.Fprintf(env.Stderr, "%s routes no networks ('mesh-controller node networks %s CIDR...' sets them)\n", v.Node, v.Node)
+	case a.clear && v.Changed:
+		line(env.Stdout, w.cleared)
+	case a.clear:
+		line(env.Stderr, w.nothing)
+	case a.set && v.Changed:
+		line(env.Stdout, w.set)
+	case a.set:
+		line(env.Stderr, w.already)
+	case len(a.shown) == 0:
+		line(env.Stderr, w.none)
 	default:
-		for _, n := range v.Networks {
-			fmt.Fprintln(env.Stdout, n)
+		for _, s := range a.shown {
+			fmt.Fprintln(env.Stdout, s)
 		}
 	}
 	printPushed(env, v.Pushed)
-	return nil
 }
