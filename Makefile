@@ -169,7 +169,8 @@ demo-ha: build nats-server
 # README's walkthrough, run as a test, uses them), and postgresql (every
 # store test runs again on a real PostgreSQL: scripts/with-postgres starts
 # one as an unprivileged user in a temporary directory and stops it after,
-# whatever the tests' outcome). When missing and run as root (as CI is),
+# whatever the tests' outcome), and nftables (the packet filter a converged
+# node gets is checked by nft and applied in a network namespace). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git
@@ -184,6 +185,7 @@ test: tools nats-server
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	[ -n "$(PG_INITDB)" ] || missing="$$missing postgresql"; \
+	command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing; install them (apt-get install --no-install-recommends$$missing) and run make test again"; exit 1; fi; \
 	echo "make test: installing Debian's$$missing for the tests (no recommends, nothing upgraded)"; \

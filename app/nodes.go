@@ -49,6 +49,10 @@ type NodeDetail struct {
 	// Modules are its assigned modules and their state as its host reports
 	// them ("unreported" until it does).
 	Modules []health.ModuleState `json:"modules"`
+	// PublicDomain is the domain its routed names are composed under, ""
+	// for none; Networks are the networks it routes for what it hosts.
+	PublicDomain string   `json:"public_domain"`
+	Networks     []string `json:"networks"`
 }
 
 // StateUnreported is the state of an assigned module its host has not
@@ -174,6 +178,11 @@ func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, err
 		return NodeDetail{}, err
 	}
 	v := NodeDetail{NodeView: nodeView(n)}
+	rt, err := inv.Routing(ctx, name)
+	if err != nil {
+		return NodeDetail{}, err
+	}
+	v.PublicDomain, v.Networks = rt.PublicDomain, rt.Networks
 	if v.Facts, v.Found, err = inv.Facts(ctx, name); err != nil {
 		return NodeDetail{}, err
 	}

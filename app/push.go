@@ -327,6 +327,8 @@ type PlanView struct {
 	Files []string
 	// States are its modules' states as its host last reported them.
 	States map[string]health.ModuleState
+	// Routed are its public ports and the names they are routed under.
+	Routed []plan.Routed
 }
 
 // PlanShow computes one node's plan.
@@ -367,7 +369,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	for _, m := range reported {
 		states[m.Module] = m
 	}
-	return PlanView{Plan: p, JSON: js, Files: hostFiles(p.Body), States: states}, nil
+	return PlanView{Plan: p, JSON: js, Files: hostFiles(p.Body), States: states, Routed: plan.RoutedNames(p.Body)}, nil
 }
 
 // hostFiles lists what a host writes beneath its root for a plan: each

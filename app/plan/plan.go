@@ -282,6 +282,12 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		p.Reasons[a.Module] = append(why, neededBy(snap, m)...)
 	}
 	sort.Strings(p.Body.Seats)
+	if rt, ok := snap.Routing[node]; ok {
+		p.Body.PublicDomain = rt.PublicDomain
+		if len(rt.Networks) > 0 {
+			p.Body.Networks = rt.Networks
+		}
+	}
 	for _, d := range snap.Seats.Deletions {
 		if d.Node == node {
 			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
@@ -431,4 +437,33 @@ func takenReason(tk *inventory.Take) string {
 		from = strings.Join(tk.From, "; ")
 	}
 	return fmt.Sprintf("taken by a person on %s (preview %s) from: %s", tk.At.UTC().Format("2006-01-02"), tk.Digest, from)
+}
+
+// Routed is one public port of a node's plan and the name it is routed
+// under: <port>.<module>.<domain>, or "" when the node has no public
+// domain and the port is not reachable.
+type Routed struct {
+	Module string `json:"module"`
+	Port   string `json:"port"`
+	Number int    `json:"number"`
+	Name   string `json:"name"`
+}
+
+// RoutedNames lists a declaration's public ports, each with its routed
+// name, in the declaration's order.
+func RoutedNames(d protocol.Declaration) []Routed {
+	var out []Routed
+	for _, m := range d.Modules {
+		for _, p := range m.Ports {
+			if p.Expose != "public" {
+				continue
+			}
+			r := Routed{Module: m.Module, Port: p.Name, Number: p.Port}
+			if d.PublicDomain != "" {
+				r.Name = p.Name + "." + m.Module + "." + d.PublicDomain
+			}
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -43,7 +43,13 @@ type Declaration struct {
 	IssuedAt time.Time          `json:"issued_at,omitzero"`
 	Mode     string             `json:"mode"`
 	Modules  []DeclaredModule   `json:"modules"`
-	Node     string             `json:"node"`
+	// Networks are the networks the node routes for what it hosts
+	// (canonical CIDR prefixes, sorted): its filter forwards them.
+	Networks []string `json:"networks,omitempty"`
+	Node     string   `json:"node"`
+	// PublicDomain is the domain its public ports' routed names are
+	// composed under (<port>.<module>.<domain>); none: they are closed.
+	PublicDomain string `json:"public_domain,omitempty"`
 	// Seats are the seats the node's modules hold.
 	Seats  []string `json:"seats"`
 	Serial int64    `json:"serial,omitzero"`

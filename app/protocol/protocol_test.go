@@ -95,6 +95,7 @@ func TestNodeOfSubject(t *testing.T) {
 func TestDeclaration_EncodesCanonically(t *testing.T) {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	d := Declaration{Node: "web1", Serial: 7, IssuedAt: at, Mode: "converged", Seats: []string{"backup"},
+		Networks: []string{"10.0.0.0/8"}, PublicDomain: "example.org",
 		BackupLines: []BackupLine{{Node: "n", Module: "m", Data: "d", Path: "/p", Precious: "costly", Cadence: "24h0m0s", LastBackup: &at}},
 		Delete:      []DeclaredDeletion{{Module: "m", Kind: "data", Target: "t", Path: "/p"}},
 		Modules: []DeclaredModule{{Module: "m", Version: "1.0.0", Run: &Run{Command: []string{"bin/m", "<&>"}},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"mesh-controller/app"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -211,6 +212,16 @@ func hint(err error) string {
 		return "a provider gives per-consumer credentials when its manifest says per_consumer.credential"
 	case errors.Is(err, app.ErrBadCount):
 		return fmt.Sprintf("give --count a number from 1 to %d", app.MaxNodesAtOnce)
+	case errors.Is(err, protocol.ErrBadDomain):
+		return "write it as lower-case labels joined by dots, such as example.org"
+	case errors.Is(err, protocol.ErrBadNetwork):
+		return "write each network as a CIDR prefix, such as 10.20.0.0/16"
+	case errors.Is(err, protocol.ErrNetworksOverlap):
+		return "give each network once: drop the one the other contains, or join them"
+	case errors.Is(err, protocol.ErrOverlapsOverlay):
+		return "route a network outside the overlay's ranges"
+	case errors.Is(err, protocol.ErrTooManyNetworks):
+		return "join neighbouring networks into wider ones"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case errors.Is(err, app.ErrRestoreNotEmpty):

@@ -60,6 +60,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"identity", "show"}},
 		{args: []string{"node", "list"}},
 		{args: []string{"node", "show", "db1"}},
+		{args: []string{"node", "public-domain", "db1"}},
+		{args: []string{"node", "networks", "db1"}},
 		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
 		{args: []string{"module", "list"}},
 		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
@@ -176,6 +178,8 @@ func populate(t *testing.T, dir, examples string) {
 	mc(t, "seat", "rename", "backup", "vault")
 	mc(t, "module", "moved", "paperless", "abc123")
 	mc(t, "unassign", "web1", "paperless") // a retired data set, and db1/postgres waits to retire web1's
+	mc(t, "node", "public-domain", "db1", "example.org")
+	mc(t, "node", "networks", "db1", "10.20.0.0/16", "2001:db8::/48")
 	mc(t, "hand-act", "record", "restarted the switch", "--why", "it hung", "--cause", "network")
 	mc(t, "hand-act", "record", "restarted the switch again", "--why", "it hung again", "--cause", "network")
 

@@ -427,6 +427,12 @@ func (c *PlanCmd) Run(env *Env) error {
 	}
 	p := v.Plan
 	fmt.Fprintf(env.Stdout, "node %s (%s)\n", p.Node, p.Body.Mode)
+	if p.Body.PublicDomain != "" {
+		fmt.Fprintf(env.Stdout, "  public domain: %s\n", p.Body.PublicDomain)
+	}
+	if len(p.Body.Networks) > 0 {
+		fmt.Fprintf(env.Stdout, "  networks: %s\n", strings.Join(p.Body.Networks, ", "))
+	}
 	if len(p.Body.Modules) == 0 {
 		fmt.Fprintln(env.Stdout, "  runs nothing from the mesh")
 	}
@@ -446,6 +452,15 @@ func (c *PlanCmd) Run(env *Env) error {
 		}
 		for _, d := range m.Data {
 			fmt.Fprintf(env.Stdout, "  data: %s %s (%s)\n", d.Name, d.Path, d.Precious)
+		}
+		for _, r := range v.Routed {
+			switch {
+			case r.Module != m.Module:
+			case r.Name != "":
+				fmt.Fprintf(env.Stdout, "  public: %s (port %d) routed as %s\n", r.Port, r.Number, r.Name)
+			default:
+				fmt.Fprintf(env.Stdout, "  public: %s (port %d) not reachable until a domain is set ('mesh-controller node public-domain %s DOMAIN')\n", r.Port, r.Number, p.Node)
+			}
 		}
 	}
 	for _, pr := range p.Problems {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +18,9 @@ type NodeCmd struct {
 	Show NodeShowCmd `cmd:"" help:"One node whole."`
 	// Remove decommissions nodes (noderemove.go).
 	Remove NodeRemoveCmd `cmd:"" help:"Decommission nodes, all or none: revoke their broker users; what they keep on disk stays listed until cleaned up."`
+	// PublicDomain and Networks say what a node routes (routing.go).
+	PublicDomain NodePublicDomainCmd `cmd:"" name:"public-domain" help:"Show, set or clear the domain a node's public ports are routed under."`
+	Networks     NodeNetworksCmd     `cmd:"" help:"Show, set or clear the networks a node routes for what it hosts; its filter forwards them."`
 }
 
 // NodeAddCmd is node add.
@@ -86,6 +90,8 @@ func (c *NodeShowCmd) Run(env *Env) error {
 	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
 	fmt.Fprintf(tw, "declared\t%s\n", serial(n.SerialDeclared))
 	fmt.Fprintf(tw, "applied\t%s\n", applyState(n.NodeView))
+	fmt.Fprintf(tw, "public domain\t%s\n", orNone(n.PublicDomain))
+	fmt.Fprintf(tw, "networks\t%s\n", orNone(strings.Join(n.Networks, ", ")))
 	if a := n.LastApply; a != nil && !a.OK {
 		fmt.Fprintf(tw, "last apply\tfailed at %s: %s\n", a.At.Format(timeShown), a.Error)
 	}
@@ -153,6 +159,13 @@ func tokenLine(t *app.TokenView) string {
 		s += ", used " + t.UsedAt.Format(timeShown)
 	}
 	return s + ")"
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func yesNo(b bool) string {

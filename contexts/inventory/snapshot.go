@@ -51,6 +51,8 @@ type Snapshot struct {
 	Settings map[string]map[string]json.RawMessage
 	// Seats are the seat holders, bindings, pins, consumers and cleanups.
 	Seats SeatState
+	// Routing is what each node routes, of the nodes that route anything.
+	Routing map[string]Routing
 
 	versions map[Holder]string
 }
@@ -188,6 +190,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 		return nil, err
 	}
 	if snap.Seats, err = readSeatState(ctx, tx); err != nil {
+		return nil, err
+	}
+	if snap.Routing, err = readRouting(ctx, tx); err != nil {
 		return nil, err
 	}
 	err = each(ctx, tx, `SELECT module, node, body FROM settings_layers`, func(r *sql.Rows) error {

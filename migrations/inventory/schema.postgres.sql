@@ -116,7 +116,9 @@ CREATE TABLE nodes (
     applied_error text,
     applied_ms double precision,
     applied_at text,
-    plan_version bigint NOT NULL DEFAULT 0
+    plan_version bigint NOT NULL DEFAULT 0,
+    public_domain text,
+    networks text
 );
 CREATE TABLE pins (
     node text NOT NULL,

@@ -115,7 +115,7 @@ CREATE TABLE nodes (
     created_at TEXT NOT NULL,
     joined_at  TEXT,
     last_heard TEXT
-, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0) STRICT;
+, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT) STRICT;
 CREATE TABLE pins (
     node            TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     provision       TEXT NOT NULL,

@@ -1,0 +1,200 @@
+// Package nftables renders the packet filter the mesh owns on a converged
+// node as an nftables ruleset (the text 'nft -f' reads): a table of the
+// mesh's own, inet mesh, which the ruleset replaces atomically and which
+// never touches another table. It does no I/O: the same input renders the
+// same bytes, so a preview's digest can cover it.
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"mesh-controller/app/protocol"
+)
+
+// Table is the mesh's own table: the only one a rendered ruleset names.
+const Table = "inet mesh"
+
+// DefaultSSHPort is the port kept open for SSH when the node reports none.
+const DefaultSSHPort = 22
+
+// Exposures of a port, as its module's manifest says (manifest.md).
+const (
+	// Local: from the node itself only (loopback).
+	Local = "local"
+	// Overlay: from the mesh's private network only.
+	Overlay = "overlay"
+	// Public: from anyone, on a node with a public domain.
+	Public = "public"
+)
+
+// Input is what a node's filter is rendered from.
+type Input struct {
+	// Node names the node, in the ruleset's first comment.
+	Node string
+	// Ports are its modules' declared ports.
+	Ports []Port
+	// PublicDomain is the node's public domain; none closes its public ports.
+	PublicDomain string
+	// Networks are the networks it routes for what it hosts: forwarded.
+	Networks []netip.Prefix
+	// Overlay are the overlay's addresses its overlay ports accept from;
+	// none (no overlay yet) closes them.
+	Overlay []netip.Prefix
+	// SSHPort is the SSH port the node reports; 0 is DefaultSSHPort.
+	SSHPort int
+	// CloseSSH is a person's wish not to keep SSH open: never the default,
+	// since a filter that locks its person out is the failure to prevent.
+	CloseSSH bool
+}
+
+// Port is one declared port of one module.
+type Port struct {
+	Module string
+	Name   string
+	Port   int
+	// Protocol is tcp or udp; "" is tcp.
+	Protocol string
+	// Expose is Local, Overlay or Public; "" is Local: a port is closed to
+	// the network unless its manifest opens it.
+	Expose string
+}
+
+// icmpTypes are the ICMP messages a host needs answered or let in: being
+// pinged, and the errors path MTU discovery and diagnosis depend on.
+const icmpTypes = "echo-request, destination-unreachable, time-exceeded, parameter-problem"
+
+// icmpv6Types are as icmpTypes for IPv6, with packet-too-big and neighbour
+// discovery, without which IPv6 does not work at all on a link.
+const icmpv6Types = "echo-request, destination-unreachable, packet-too-big, time-exceeded, parameter-problem, " +
+	"nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
+
+// Render writes the ruleset. Its first lines create the table if it is
+// missing and delete it, so that 'nft -f' replaces the mesh's table whole,
+// in one transaction, whatever it held, and touches nothing else.
+func Render(in Input) string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	node := in.Node
+	if node == "" {
+		node = "this node"
+	}
+	w("# The packet filter the mesh owns on %s: the table %s alone.", node, Table)
+	w("# Made by mesh-controller; applied whole with 'nft -f', which replaces only this table.")
+	w("table %s {}", Table)
+	w("delete table %s", Table)
+	w("table %s {", Table)
+	w("\tchain input {")
+	w("\t\ttype filter hook input priority filter; policy drop;")
+	w("\t\tct state established,related accept")
+	w("\t\tct state invalid drop")
+	w("\t\tiifname \"lo\" accept comment \"loopback, and with it every local port\"")
+	w("\t\tmeta l4proto icmp icmp type { %s } accept", icmpTypes)
+	w("\t\tmeta l4proto ipv6-icmp icmpv6 type { %s } accept", icmpv6Types)
+	ssh := in.SSHPort
+	if ssh == 0 {
+		ssh = DefaultSSHPort
+	}
+	if in.CloseSSH {
+		w("\t\t# ssh (tcp %d): closed, as a person asked (--close-ssh)", ssh)
+	} else {
+		w("\t\ttcp dport %d accept comment \"ssh, kept open\"", ssh)
+	}
+	overlay4, overlay6 := split(in.Overlay)
+	for _, p := range sortedPorts(in.Ports) {
+		proto := p.Protocol
+		if proto == "" {
+			proto = "tcp"
+		}
+		what := fmt.Sprintf("%s/%s (%s %d)", p.Module, p.Name, proto, p.Port)
+		if proto != "tcp" && proto != "udp" || p.Port < 1 || p.Port > 65535 {
+			w("\t\t# %s/%s: closed: not a tcp or udp port from 1 to 65535", p.Module, p.Name)
+			continue
+		}
+		comment := fmt.Sprintf("comment %q", p.Module+"/"+p.Name)
+		switch p.Expose {
+		case Public:
+			if in.PublicDomain == "" {
+				w("\t\t# %s: public, closed: the node has no public domain", what)
+				continue
+			}
+			w("\t\t%s dport %d accept %s", proto, p.Port, comment)
+		case Overlay:
+			if len(in.Overlay) == 0 {
+				w("\t\t# %s: overlay, closed: the node has no overlay yet", what)
+				continue
+			}
+			if len(overlay4) > 0 {
+				w("\t\tip saddr %s %s dport %d accept %s", set(overlay4), proto, p.Port, comment)
+			}
+			if len(overlay6) > 0 {
+				w("\t\tip6 saddr %s %s dport %d accept %s", set(overlay6), proto, p.Port, comment)
+			}
+		default:
+			w("\t\t# %s: local, from loopback only", what)
+		}
+	}
+	w("\t}")
+	w("")
+	w("\tchain forward {")
+	w("\t\ttype filter hook forward priority filter; policy drop;")
+	w("\t\tct state established,related accept")
+	w("\t\tct state invalid drop")
+	nets4, nets6 := split(in.Networks)
+	if len(nets4)+len(nets6) == 0 {
+		w("\t\t# the node routes no networks: nothing is forwarded")
+	}
+	for _, fam := range []struct {
+		ip   string
+		nets []netip.Prefix
+	}{{"ip", nets4}, {"ip6", nets6}} {
+		if len(fam.nets) == 0 {
+			continue
+		}
+		w("\t\t%s daddr %s accept comment \"the node's networks\"", fam.ip, set(fam.nets))
+		w("\t\t%s saddr %s accept comment \"the node's networks\"", fam.ip, set(fam.nets))
+	}
+	w("\t}")
+	w("}")
+	return b.String()
+}
+
+// sortedPorts orders ports by number, protocol, module and name, and
+// drops exact repeats: the ruleset does not depend on the input's order.
+func sortedPorts(ports []Port) []Port {
+	out := slices.Clone(ports)
+	key := func(p Port) string {
+		return fmt.Sprintf("%05d %s %s %s %s", p.Port, p.Protocol, p.Module, p.Name, p.Expose)
+	}
+	slices.SortFunc(out, func(a, b Port) int { return strings.Compare(key(a), key(b)) })
+	return slices.Compact(out)
+}
+
+// split parts prefixes into IPv4 and IPv6, each masked, sorted and without
+// repeats.
+func split(ps []netip.Prefix) (v4, v6 []netip.Prefix) {
+	for _, p := range ps {
+		p = p.Masked()
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
+		}
+	}
+	for _, s := range []*[]netip.Prefix{&v4, &v6} {
+		protocol.SortPrefixes(*s)
+		*s = slices.Compact(*s)
+	}
+	return v4, v6
+}
+
+// set writes prefixes as an anonymous nftables set.
+func set(ps []netip.Prefix) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = p.String()
+	}
+	return "{ " + strings.Join(parts, ", ") + " }"
+}

@@ -1,0 +1,152 @@
+package app
+
+import (
+	"context"
+	"net/netip"
+	"strconv"
+
+	"mesh-controller/app/nftables"
+	"mesh-controller/app/plan"
+	"mesh-controller/app/protocol"
+)
+
+// RoutingView is what a node routes, as node public-domain and node
+// networks show it.
+type RoutingView struct {
+	Node string `json:"node"`
+	// PublicDomain is "" when it has none: its public ports are closed.
+	PublicDomain string `json:"public_domain"`
+	// Networks are the networks it routes for what it hosts, in order.
+	Networks []string `json:"networks"`
+	// Changed says the act changed it (and so moved the node's plan).
+	Changed bool `json:"changed"`
+	// Pushed is the declaration the change made.
+	Pushed []Pushed `json:"pushed,omitempty"`
+}
+
+// NodeRouting shows what a node routes.
+func (c *Controller) NodeRouting(ctx context.Context, node string) (RoutingView, error) {
+	if err := CheckName(node); err != nil {
+		return RoutingView{}, err
+	}
+	st, err := c.stores(ctx)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	rt, err := st.Inventory.Routing(ctx, node)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	return RoutingView{Node: node, PublicDomain: rt.PublicDomain, Networks: rt.Networks}, nil
+}
+
+// SetPublicDomain sets the domain a node's routed names are composed under
+// ("" clears it) after judging it (protocol.CheckDomain). A change moves
+// the node's plan in the same transaction, then declares it.
+func (c *Controller) SetPublicDomain(ctx context.Context, node, domain string) (RoutingView, error) {
+	if err := CheckName(node); err != nil {
+		return RoutingView{}, err
+	}
+	if domain != "" {
+		if err := protocol.CheckDomain(domain); err != nil {
+			return RoutingView{}, err
+		}
+	}
+	return c.changeRouting(ctx, node, func(st *Stores) (bool, error) { return st.Inventory.SetPublicDomain(ctx, node, domain) })
+}
+
+// SetNetworks sets the networks a node routes (none clears them) after
+// judging them together (protocol.CheckNetworks); they are kept and
+// declared in the mesh's order. A change moves the node's plan and
+// declares it, as SetPublicDomain does.
+func (c *Controller) SetNetworks(ctx context.Context, node string, networks []string) (RoutingView, error) {
+	if err := CheckName(node); err != nil {
+		return RoutingView{}, err
+	}
+	prefixes, err := protocol.CheckNetworks(networks)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	kept := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		kept[i] = p.String()
+	}
+	return c.changeRouting(ctx, node, func(st *Stores) (bool, error) { return st.Inventory.SetNetworks(ctx, node, kept) })
+}
+
+// changeRouting makes one routing change and, if it changed anything,
+// declares the node's plan.
+func (c *Controller) changeRouting(ctx context.Context, node string, set func(*Stores) (bool, error)) (RoutingView, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	changed, err := set(st)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	rt, err := st.Inventory.Routing(ctx, node)
+	if err != nil {
+		return RoutingView{}, err
+	}
+	v := RoutingView{Node: node, PublicDomain: rt.PublicDomain, Networks: rt.Networks, Changed: changed}
+	if changed {
+		v.Pushed, err = c.sendPlans(ctx, st, []string{node})
+	}
+	return v, err
+}
+
+// FilterFor computes the packet filter the mesh would own on a node, from
+// the node's plan as it stands (its modules' declared ports and their
+// exposures, its public domain, its networks) and the SSH port its host
+// reported (the fact protocol.FactSSHPort; nftables.DefaultSSHPort when it
+// reported none), kept open unless closeSSH. The overlay is not built yet,
+// so ports exposed to it are closed. It returns the renderer's input and
+// the ruleset rendered from it.
+func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) (nftables.Input, string, error) {
+	if err := CheckName(node); err != nil {
+		return nftables.Input{}, "", err
+	}
+	st, snap, err := c.storesAndSnapshot(ctx)
+	if err != nil {
+		return nftables.Input{}, "", err
+	}
+	// Secrets and broker users do not shape a filter: the plan is made
+	// without their sealed copies.
+	p, err := plan.New(snap, nil).Plan(node)
+	if err != nil {
+		return nftables.Input{}, "", err
+	}
+	facts, _, err := st.Inventory.Facts(ctx, node)
+	if err != nil {
+		return nftables.Input{}, "", err
+	}
+	in := FilterInput(p.Body, closeSSH)
+	for _, f := range facts {
+		if f.Name == protocol.FactSSHPort {
+			if port, err := strconv.Atoi(f.Value); err == nil && port > 0 && port < 65536 {
+				in.SSHPort = port
+			}
+		}
+	}
+	return in, nftables.Render(in), nil
+}
+
+// FilterInput is the renderer's input for a declaration: its modules'
+// ports, its public domain and networks, the SSH port left at its default
+// (FilterFor fills in the one the host reported).
+func FilterInput(d protocol.Declaration, closeSSH bool) nftables.Input {
+	in := nftables.Input{Node: d.Node, PublicDomain: d.PublicDomain, CloseSSH: closeSSH}
+	for _, m := range d.Modules {
+		for _, p := range m.Ports {
+			in.Ports = append(in.Ports, nftables.Port{Module: m.Module, Name: p.Name, Port: p.Port, Expose: p.Expose})
+		}
+	}
+	for _, n := range d.Networks {
+		// Judged before they were kept; one that does not parse is not forwarded.
+		if pfx, err := netip.ParsePrefix(n); err == nil {
+			in.Networks = append(in.Networks, pfx)
+		}
+	}
+	return in
+}
