@@ -321,6 +321,7 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		return
 	}
 	filter, serial, refused := declaredFilter(r.State, r.last.Serial, dl.env)
+	filterWas := r.filter
 	var report protocol.AppliedBody
 	next := r.last
 	if refused != "" {
@@ -344,7 +345,11 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		}
 	}
 	last := r.last
+	filterMoved := r.filter != filterWas
 	r.mu.Unlock()
+	if filterMoved {
+		r.publish(nc, protocol.FactsReport, r.facts())
+	}
 	report.Modules = r.states()
 	if report.OK {
 		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
