@@ -324,6 +324,20 @@ func TestFilter_Namespace(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A ruleset nft -c refuses is refused whole, in one line, and the
+	// filter kept stays.
+	refused := m.declare("web1", filterBody(strings.Replace(good, "accept\n", "accept\n\t\ttcp dport 70000 accept\n", 1)))
+	waitFor(t, "the bad ruleset refused", func() bool {
+		a := m.node("web1").LastApply
+		return a != nil && a.Serial == refused.Serial
+	})
+	if a := m.node("web1").LastApply; a.OK || !strings.HasPrefix(a.Error, "refused: the packet filter: nft -c -f -:") || strings.Contains(a.Error, "\n") {
+		t.Fatalf("the bad ruleset: %+v", a)
+	}
+	if out, _ := n.nft("list", "table", "inet", "mesh"); out != kept {
+		t.Fatalf("a refused ruleset changed the table:\n%s", out)
+	}
+
 	// A ruleset that locks the host out (no established): the host cannot
 	// hear the controller, and within the confirm window puts back the
 	// ruleset before it by itself, then says so; the controller raises

@@ -86,13 +86,16 @@ func (f filterState) fact() (protocol.Fact, bool) {
 	return protocol.Fact{Name: protocol.FilterFact, Value: f.State, Why: f.Why}, true
 }
 
+// nftElsewhere are where nft is looked for when it is not on PATH.
+var nftElsewhere = []string{"/usr/sbin/nft", "/sbin/nft"}
+
 // nftBin finds the nft tool: on PATH, else where Debian's nftables puts it
 // (a PATH without /usr/sbin is common outside root's login shell).
 func nftBin() (string, error) {
 	if p, err := exec.LookPath("nft"); err == nil {
 		return p, nil
 	}
-	for _, p := range []string{"/usr/sbin/nft", "/sbin/nft"} {
+	for _, p := range nftElsewhere {
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
