@@ -83,24 +83,32 @@ func (s *Store) Adopt(ctx context.Context, node string) error {
 // NodeFilters returns the filter the mesh owns on each node that has one,
 // by node.
 func (s *Store) NodeFilters(ctx context.Context) (map[string]Filter, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, kind, close_ssh, since FROM node_filters ORDER BY node`)
+	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	return nodeFilters(ctx, tx)
+}
+
+// nodeFilters reads node_filters within tx (a snapshot's, or its own).
+func nodeFilters(ctx context.Context, tx *sql.Tx) (map[string]Filter, error) {
+	out := map[string]Filter{}
+	err := each(ctx, tx, `SELECT node, kind, close_ssh, since FROM node_filters`, func(r *sql.Rows) error {
+		var node, since string
+		var f Filter
+		if err := r.Scan(&node, &f.Kind, &f.CloseSSH, &since); err != nil {
+			return err
+		}
+		var err error
+		f.Since, err = sqlite.ParseTime(since)
+		out[node] = f
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read node filters: %w", err)
 	}
-	defer rows.Close()
-	out := map[string]Filter{}
-	for rows.Next() {
-		var node, since string
-		var f Filter
-		if err := rows.Scan(&node, &f.Kind, &f.CloseSSH, &since); err != nil {
-			return nil, err
-		}
-		if f.Since, err = sqlite.ParseTime(since); err != nil {
-			return nil, err
-		}
-		out[node] = f
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // FactNamed returns one fact of every node that reported it, by node:

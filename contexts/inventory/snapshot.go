@@ -51,6 +51,9 @@ type Snapshot struct {
 	Settings map[string]map[string]json.RawMessage
 	// Seats are the seat holders, bindings, pins, consumers and cleanups.
 	Seats SeatState
+	// Filters are the packet filters the mesh owns, by node (converge
+	// --filter); read with the nodes.
+	Filters map[string]Filter
 
 	versions map[Holder]string
 }
@@ -118,6 +121,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 			return nil
 		})
 		if err != nil {
+			return nil, err
+		}
+		if snap.Filters, err = nodeFilters(ctx, tx); err != nil {
 			return nil, err
 		}
 	}
