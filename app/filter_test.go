@@ -224,9 +224,6 @@ func meshRuleset(established bool, open ...int) string {
 }
 
 func filterBody(ruleset string) string {
-	if ruleset == "" {
-		return `{"mode": "converged", "modules": []}`
-	}
 	f, _ := json.Marshal(protocol.DeclaredFilter{Kind: protocol.FilterNftables, Ruleset: ruleset})
 	return `{"mode": "converged", "modules": [], "filter": ` + string(f) + `}`
 }
@@ -369,8 +366,12 @@ func TestFilter_Namespace(t *testing.T) {
 	}
 	t.Logf("rolled back %s after applying (confirm window %s)", back.Round(100*time.Millisecond), confirm)
 
-	// No filter declared: the mesh's table goes, and only it.
-	m.declare("web1", filterBody(""))
+	// adopt: the node's declaration carries no filter, and the mesh's
+	// table goes, and only it.
+	p, err := m.c.Adopt(context.Background(), "web1")
+	if err != nil || !p.Sent {
+		t.Fatalf("adopt: %+v %v", p, err)
+	}
 	waitFor(t, "the mesh's table removed", func() bool { return m.filterFact("web1").Value == protocol.FilterRemoved })
 	if out, err := n.nft("list", "table", "inet", "mesh"); err == nil {
 		t.Fatalf("the mesh's table is still there:\n%s", out)
