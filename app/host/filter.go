@@ -221,7 +221,11 @@ func (r *Runner) setFilter(nc *nats.Conn, f *protocol.DeclaredFilter, serial int
 	sum := sha256.Sum256([]byte(f.Ruleset))
 	digest := hex.EncodeToString(sum[:])
 	if r.filter.State == protocol.FilterKept && r.filter.Digest == digest {
-		return nil // the same ruleset, applied and kept already
+		// The same ruleset, applied and kept already: left as it is,
+		// unless someone removed the table meanwhile.
+		if cur, err := currentTable(); err == nil && cur != noTable {
+			return nil
+		}
 	}
 	// What a rollback restores is the last table kept (or none): a filter
 	// replaced while it waited to be confirmed was never kept.
@@ -308,7 +312,7 @@ func (r *Runner) keepFilter(nc *nats.Conn, serial int64) {
 	now := time.Now().UTC()
 	r.filter.State, r.filter.At = protocol.FilterKept, now
 	r.filter.Why = fmt.Sprintf("declaration %d's filter applied and kept: the controller heard at %s", serial, now.Format(time.RFC3339))
-	r.confirming = nil
+	r.endConfirm() // its own context, done with
 	err := saveFilter(r.State.Dir, r.filter)
 	r.mu.Unlock()
 	if err != nil {
@@ -348,7 +352,7 @@ func (r *Runner) rollBack(nc *nats.Conn, serial int64, signErr error) {
 		why += "; the ruleset before it is restored"
 	}
 	r.filter = filterState{State: protocol.FilterRolledBack, Serial: serial, At: now, Why: why, Owned: owned}
-	r.confirming = nil
+	r.endConfirm() // its own context, done with
 	serr := saveFilter(r.State.Dir, r.filter)
 	r.mu.Unlock()
 	if serr != nil {
