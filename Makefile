@@ -169,11 +169,16 @@ demo-ha: build nats-server
 # README's walkthrough, run as a test, uses them), and postgresql (every
 # store test runs again on a real PostgreSQL: scripts/with-postgres starts
 # one as an unprivileged user in a temporary directory and stops it after,
-# whatever the tests' outcome), and nftables (the packet filter a converged
-# node gets is checked by nft and applied in a network namespace). When missing and run as root (as CI is),
+# whatever the tests' outcome), nftables and iproute2 (the packet filter a
+# converged node gets is checked by nft and applied in a network namespace
+# joined by a veth pair). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git
+# Tools whose Debian package is named otherwise, as tool:package, looked
+# for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
+# namespaces, a veth pair) as root.
+TOOL_PACKAGES := nft:nftables ip:iproute2
 # PostgreSQL's server programs are not on PATH: Debian keeps them by version.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 
@@ -184,8 +189,8 @@ test: tools nats-server
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	for tp in $(TOOL_PACKAGES); do t=$${tp%%:*}; command -v $$t >/dev/null 2>&1 || [ -x /usr/sbin/$$t ] || [ -x /sbin/$$t ] || missing="$$missing $${tp#*:}"; done; \
 	[ -n "$(PG_INITDB)" ] || missing="$$missing postgresql"; \
-	command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make test needs:$$missing; install them (apt-get install --no-install-recommends$$missing) and run make test again"; exit 1; fi; \
 	echo "make test: installing Debian's$$missing for the tests (no recommends, nothing upgraded)"; \

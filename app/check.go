@@ -287,6 +287,9 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.data, err = inv.AllDataSets(ctx); err != nil {
 		return err
 	}
+	if in.filterFacts, err = inv.FactNamed(ctx, protocol.FilterFact); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -141,12 +141,20 @@ func newTestMesh(t testing.TB) *testMesh { return newTestMeshEnv(t, nil) }
 // the rest in a temporary data dir.
 func newTestMeshEnv(t testing.TB, env map[string]string) *testMesh {
 	t.Helper()
+	return newTestMeshOn(t, env, freeAddr(t))
+}
+
+// newTestMeshOn is newTestMeshEnv with the broker listening on listen
+// (host:port, port 0 picks one): an address other than loopback, for hosts
+// in another network namespace.
+func newTestMeshOn(t testing.TB, env map[string]string, listen string) *testMesh {
+	t.Helper()
 	c := New(t.TempDir())
 	c.Getenv = func(k string) string { return env[k] }
 	if _, err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	m := &testMesh{t: t, c: c, listen: freeAddr(t), logs: &syncBuffer{}, operator: withOperator(t, c)}
+	m := &testMesh{t: t, c: c, listen: listen, logs: &syncBuffer{}, operator: withOperator(t, c)}
 	m.start()
 	t.Cleanup(m.stop)
 	return m

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,4 +223,46 @@ func BenchmarkDeclare10000(b *testing.B) {
 	b.ReportMetric(sum.Plan.Seconds()*1000/n, "plan-ms")
 	b.ReportMetric(sum.Sign.Seconds()*1000/n, "sign-ms")
 	b.ReportMetric(sum.Store.Seconds()*1000/n, "store-ms")
+}
+
+// A node the mesh owns a filter on is declared with its rendered ruleset,
+// or not planned at all without one (declared without, its host would
+// remove the filter); adopted again, it is declared with none.
+func TestPlan_Filter(t *testing.T) {
+	c := plannedMesh(t, 2, 1, 2)
+	ctx := context.Background()
+	st, err := c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := st.Inventory
+	if err := inv.Converge(ctx, "n1", &inventory.Filter{Kind: inventory.FilterNftables, Since: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	planOf := func(rulesets map[string]string) plan.Plan {
+		t.Helper()
+		snap, err := inv.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := plan.New(snap, nil).WithRulesets(rulesets).Plan("n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := planOf(nil); len(p.Problems) != 1 || !strings.Contains(p.Problems[0], "n1 owns the nftables filter and none was rendered for it") {
+		t.Fatalf("no ruleset: %v", p.Problems)
+	}
+	rs := "table inet mesh {\n}\n"
+	p := planOf(map[string]string{"n1": rs, "n0": rs})
+	if len(p.Problems) != 0 || p.Body.Filter == nil || *p.Body.Filter != (protocol.DeclaredFilter{Kind: "nftables", Ruleset: rs}) || p.Body.Mode != "converged" {
+		t.Fatalf("with a ruleset: %+v %v", p.Body.Filter, p.Problems)
+	}
+	if err := inv.Adopt(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if p := planOf(map[string]string{"n1": rs}); len(p.Problems) != 0 || p.Body.Filter != nil || p.Body.Mode != "adopted" {
+		t.Fatalf("adopted: %+v %v", p.Body.Filter, p.Problems)
+	}
 }

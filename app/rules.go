@@ -43,13 +43,16 @@ func DefaultBounds() Bounds {
 
 // checkInputs is everything the rules judge, read once per self-check.
 type checkInputs struct {
-	now         time.Time
-	bounds      Bounds
-	nodes       []inventory.Node
-	modules     []inventory.Module
-	snap        *inventory.Snapshot
-	declared    map[string]time.Time // node -> latest declaration issued at
-	data        map[string][]inventory.DataSet
+	now      time.Time
+	bounds   Bounds
+	nodes    []inventory.Node
+	modules  []inventory.Module
+	snap     *inventory.Snapshot
+	declared map[string]time.Time // node -> latest declaration issued at
+	data     map[string][]inventory.DataSet
+	// filterFacts are the nodes' reports of the mesh's packet filter
+	// (protocol.FilterFact), by node.
+	filterFacts map[string]inventory.Fact
 	retirements []inventory.Retirement
 	drops       []health.Drop
 	// moduleStates are the supervised modules as their hosts report them.
@@ -152,6 +155,20 @@ var rules = []rule{
 			out = append(out, machineCondition("node.apply-failed", n.Name, health.Urgent,
 				fmt.Sprintf("%s failed to apply declaration %d: %s", n.Name, o.Serial, o.Error),
 				map[string]any{"serial": o.Serial, "error": o.Error, "at": o.At.UTC().Format(time.RFC3339)}))
+		}
+		return out
+	}},
+	{kind: "node.filter-rolled-back", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		// Raised while the host says it rolled the filter back; cleared
+		// when it reports a filter applied and kept (or none owned).
+		var out []health.Condition
+		for _, n := range in.nodes {
+			f, ok := in.filterFacts[n.Name]
+			if !ok || f.Value != protocol.FilterRolledBack {
+				continue
+			}
+			out = append(out, machineCondition("node.filter-rolled-back", n.Name, health.Urgent,
+				fmt.Sprintf("%s rolled the mesh's packet filter back: %s", n.Name, f.Why), map[string]any{"why": f.Why}))
 		}
 		return out
 	}},

@@ -117,6 +117,21 @@ func TestRule_NodeApplyFailed(t *testing.T) {
 		failed(2, 1, "disk full", false), failed(3, 1, "disk still full", false), failed(3, 3, "", true))
 }
 
+func TestRule_NodeFilterRolledBack(t *testing.T) {
+	filter := func(state, why string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.nodes = []inventory.Node{joined("web1", t0, 10)}
+			in.filterFacts = map[string]inventory.Fact{"web1": {Name: "filter", Value: state, Why: why}, "gone": {Name: "filter", Value: "rolled-back"}}
+		})
+	}
+	raiseChangeClear(t, "node.filter-rolled-back", "node.filter-rolled-back/web1",
+		filter("rolled-back", "declaration 3's filter rolled back"), filter("rolled-back", "declaration 4's filter rolled back"),
+		filter("kept", "declaration 5's filter applied and kept"))
+	if got := ruleOf(t, "node.filter-rolled-back").eval(filter("removed", "")); len(got) != 0 {
+		t.Fatalf("raised with the filter removed: %+v", got)
+	}
+}
+
 func TestRule_NodeBadSignature(t *testing.T) {
 	drops := func(n int64, last time.Time) *checkInputs {
 		return inputs(func(in *checkInputs) {
@@ -232,7 +247,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 
 // Every kind in the catalogue whose subject exists has a rule.
 func TestRules_Catalogue(t *testing.T) {
-	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.bad-signature", "token.reused", "module.behind-source",
+	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
 		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused"} {
 		ruleOf(t, kind)

@@ -36,12 +36,22 @@ type Runner struct {
 	// Supervisor, if set, is the one to use (a test shortens its back-off);
 	// else one is made with the defaults.
 	Supervisor *Supervisor
+	// FilterConfirm is how long the host waits to hear the controller
+	// after applying a packet filter before it rolls it back
+	// (DefaultFilterConfirm if zero).
+	FilterConfirm time.Duration
 
 	mu   sync.Mutex
 	last applied
 	sup  *Supervisor
 	// beatAgain asks for a beat soon.
 	beatAgain func()
+	// ctx is Run's: what the host does beside its loop ends with it.
+	ctx context.Context
+	// filter is the mesh's packet filter here; confirming ends the
+	// confirmation of one waiting to be kept.
+	filter     filterState
+	confirming context.CancelFunc
 }
 
 // beatSoon is how soon after a module's state changes the host beats, so
@@ -61,12 +71,19 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Log == nil {
 		r.Log = io.Discard
 	}
+	if r.FilterConfirm <= 0 {
+		r.FilterConfirm = DefaultFilterConfirm
+	}
+	r.ctx = ctx
 	if err := os.MkdirAll(r.Root, 0o755); err != nil {
 		return err
 	}
 	var err error
 	if r.last, err = loadApplied(r.State.Dir); err != nil {
 		return fmt.Errorf("read %s: %w", fileApplied, err)
+	}
+	if r.filter, err = loadFilter(r.State.Dir); err != nil {
+		return fmt.Errorf("read %s: %w", fileFilter, err)
 	}
 	// changed asks for a beat soon: a module's state changed, or the
 	// controller answered an ask after a (re)connection.
@@ -119,6 +136,18 @@ func (r *Runner) Run(ctx context.Context) error {
 		return fmt.Errorf("connect to %v: %w", r.State.BrokerURLs, err)
 	}
 	defer nc.Close()
+	// A filter still waiting to be confirmed when the host last stopped
+	// is given a whole window again from now.
+	r.mu.Lock()
+	if r.filter.State == protocol.FilterWaiting {
+		r.startConfirm(nc, r.filter.Serial, time.Now().Add(r.FilterConfirm))
+	}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.endConfirm()
+		r.mu.Unlock()
+	}()
 	if _, err := nc.Subscribe(protocol.DeclarationInbox(r.State.Node), func(m *nats.Msg) {
 		var env protocol.Envelope
 		if err := json.Unmarshal(m.Data, &env); err != nil {
@@ -158,7 +187,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		case <-connected:
 			r.logf("connected to %s", nc.ConnectedUrl())
-			r.publish(nc, protocol.FactsReport, Facts(r.Root))
+			r.publish(nc, protocol.FactsReport, r.facts())
 			// Heard at once, not a heartbeat interval later.
 			soon.Reset(beatSoon)
 			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes, beatAgain) })
@@ -307,7 +336,15 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		r.beatAgain()
 		return
 	}
-	report, next := apply(r.State, r.Root, r.last, dl.env, r.userIDs(), r.fetcher(nc))
+	filter, serial, refused := declaredFilter(r.State, r.last.Serial, dl.env)
+	filterWas := r.filter
+	var report protocol.AppliedBody
+	next := r.last
+	if refused != "" {
+		report = protocol.AppliedBody{Serial: serial, Error: refused}
+	} else {
+		report, next = apply(r.State, r.Root, r.last, dl.env, r.userIDs(), r.fetcher(nc))
+	}
 	if report.OK {
 		if err := saveApplied(r.State.Dir, next); err != nil {
 			report.OK, report.Error = false, "remember what was applied: "+err.Error()
@@ -316,10 +353,19 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 			// The files are applied: the modules follow. One that cannot
 			// start is reported in its state, not as a failed apply.
 			r.sup.Apply(specs(r.State, r.Root, next.Runs))
+			// Last, the filter: the declaration's files and modules are
+			// in place whatever becomes of it.
+			if err := r.setFilter(nc, filter, next.Serial); err != nil {
+				report.OK, report.Error = false, err.Error()
+			}
 		}
 	}
 	last := r.last
+	filterMoved := r.filter != filterWas
 	r.mu.Unlock()
+	if filterMoved {
+		r.publish(nc, protocol.FactsReport, r.facts())
+	}
 	report.Modules = r.states()
 	if report.OK {
 		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)

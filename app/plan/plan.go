@@ -126,12 +126,25 @@ type Planner struct {
 	// creds are the modules' own broker users, sealed to their nodes, by
 	// node/module.
 	creds map[string]string
+	// rulesets are the rendered packet filters of the nodes the mesh owns
+	// one on, by node.
+	rulesets map[string]string
 }
 
 // WithCreds gives the planner each module's broker user, sealed to its
 // node, by node/module: a declared module carries its own.
 func (pl *Planner) WithCreds(creds map[string]string) *Planner {
 	pl.creds = creds
+	return pl
+}
+
+// WithRulesets gives the planner the packet filter rendered for each node
+// the mesh owns one on (converged with --filter), by node: the ruleset
+// text (one table inet mesh) a node's declaration carries. A node that
+// owns a filter and has no ruleset here cannot be planned: declared
+// without one, its host would remove the filter.
+func (pl *Planner) WithRulesets(rulesets map[string]string) *Planner {
+	pl.rulesets = rulesets
 	return pl
 }
 
@@ -286,6 +299,13 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		p.Body.PublicDomain = rt.PublicDomain
 		if len(rt.Networks) > 0 {
 			p.Body.Networks = rt.Networks
+		}
+	}
+	if f, ok := snap.Filters[node]; ok {
+		if rs, ok := pl.rulesets[node]; ok {
+			p.Body.Filter = &protocol.DeclaredFilter{Kind: f.Kind, Ruleset: rs}
+		} else {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s owns the %s filter and none was rendered for it", node, f.Kind))
 		}
 	}
 	for _, d := range snap.Seats.Deletions {

@@ -164,6 +164,14 @@ func (d Declaration) Problems() []string {
 	default:
 		bad("mode", "%q is not adopted or converged", d.Mode)
 	}
+	if f := d.Filter; f != nil {
+		if f.Kind != FilterNftables {
+			bad("filter.kind", "%q is not %s", f.Kind, FilterNftables)
+		}
+		if err := OneMeshTable(f.Ruleset); err != nil {
+			bad("filter.ruleset", "%v", err)
+		}
+	}
 	atMost("modules", len(d.Modules), MaxModules)
 	seenModules := map[string]int{}
 	for i, m := range d.Modules {

@@ -39,10 +39,14 @@ type Declaration struct {
 	BackupLines []BackupLine `json:"backup_lines"`
 	// Delete is what a person asked this node to delete (cleanup delete):
 	// the only way a host ever removes data.
-	Delete   []DeclaredDeletion `json:"delete,omitempty"`
-	IssuedAt time.Time          `json:"issued_at,omitzero"`
-	Mode     string             `json:"mode"`
-	Modules  []DeclaredModule   `json:"modules"`
+	Delete []DeclaredDeletion `json:"delete,omitempty"`
+	// Filter is the packet filter the mesh owns on this node (a converged
+	// node's); nil means it owns none, and a host that applied one before
+	// removes the mesh's table, and only that.
+	Filter   *DeclaredFilter  `json:"filter,omitempty"`
+	IssuedAt time.Time        `json:"issued_at,omitzero"`
+	Mode     string           `json:"mode"`
+	Modules  []DeclaredModule `json:"modules"`
 	// Networks are the networks the node routes for what it hosts
 	// (canonical CIDR prefixes, sorted): its filter forwards them.
 	Networks []string `json:"networks,omitempty"`
@@ -68,6 +72,23 @@ type BackupLine struct {
 	Path       string     `json:"path"`
 	Precious   string     `json:"precious"`
 }
+
+// DeclaredFilter is the packet filter the mesh owns on a node: one nftables
+// table of its own (FilterTable), which the host replaces atomically and
+// rolls back by itself when it cannot hear the controller after applying.
+type DeclaredFilter struct {
+	// Kind is the filter's language: FilterNftables.
+	Kind string `json:"kind"`
+	// Ruleset is the whole table, as nft -f reads it: exactly one
+	// "table inet mesh { … }" and nothing beside it.
+	Ruleset string `json:"ruleset"`
+}
+
+// Filters a declaration may carry, and the one table the mesh owns.
+const (
+	FilterNftables = "nftables"
+	FilterTable    = "inet mesh"
+)
 
 // DeclaredDeletion is one cleanup a host carries out and reports done.
 type DeclaredDeletion struct {

@@ -259,6 +259,26 @@ type AppliedBody struct {
 	Modules []ModuleState `json:"modules,omitempty"`
 }
 
+// FilterFact is the fact in which a host reports the mesh's packet filter
+// on its machine: its value one of the Filter… states below, its why the
+// declaration's serial and, when rolled back, why. A host reports it in
+// its facts at every (re)connection, so a rollback done while the
+// controller could not be heard is heard once it can be.
+const FilterFact = "filter"
+
+// The states of a node's packet filter, as its host reports them.
+const (
+	// FilterWaiting: applied, the host not yet having heard the controller.
+	FilterWaiting = "waiting"
+	// FilterKept: applied, and the controller heard after it.
+	FilterKept = "kept"
+	// FilterRolledBack: the controller not heard within the confirm
+	// window after applying; the ruleset before it is back.
+	FilterRolledBack = "rolled-back"
+	// FilterRemoved: the declaration carries none; the mesh's table is gone.
+	FilterRemoved = "removed"
+)
+
 // DataSet is one data set as a host found it.
 type DataSet struct {
 	Module     string     `json:"module"`

@@ -102,6 +102,8 @@ func hint(err error) string {
 		return "choose another name for the node"
 	case errors.Is(err, inventory.ErrNodeExists):
 		return "choose another name ('mesh-controller node list' shows those taken)"
+	case errors.Is(err, inventory.ErrAdoptedAlready):
+		return "there is nothing to return ('mesh-controller node list' shows each node's mode)"
 	case errors.Is(err, inventory.ErrNodeNotFound):
 		return "add it with 'mesh-controller node add', or see 'mesh-controller node list'"
 	case errors.Is(err, identity.ErrLeaseLost):

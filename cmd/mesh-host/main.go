@@ -136,6 +136,9 @@ type RunCmd struct {
 	State     string        `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
 	Root      string        `required:"" type:"path" placeholder:"DIR" help:"Where declarations are applied: /var/lib/x becomes DIR/var/lib/x."`
 	Heartbeat time.Duration `default:"10s" help:"The interval between heartbeats."`
+	// FilterConfirm is short only in tests: a person's machine keeps the
+	// default minute, time enough for a controller under load to answer.
+	FilterConfirm time.Duration `default:"60s" help:"After applying the mesh's packet filter, how long to wait to hear the controller before rolling the filter back."`
 	// ModuleUsers is on by default: a module runs as its own user where
 	// the host can make one; tests turn it off to leave the machine's users
 	// as they found them.
@@ -148,7 +151,7 @@ func (c *RunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr, ModuleUsers: c.ModuleUsers}
+	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr, ModuleUsers: c.ModuleUsers, FilterConfirm: c.FilterConfirm}
 	fmt.Fprintf(env.Stdout, "running as %s, applying under %s; module logs in %s\n", st.Node, c.Root, filepath.Join(c.Root, "var", "log", "mesh"))
 	return r.Run(env.Ctx)
 }

@@ -53,6 +53,9 @@ type Snapshot struct {
 	Seats SeatState
 	// Routing is what each node routes, of the nodes that route anything.
 	Routing map[string]Routing
+	// Filters are the packet filters the mesh owns, by node (converge
+	// --filter); read with the nodes.
+	Filters map[string]Filter
 
 	versions map[Holder]string
 }
@@ -120,6 +123,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 			return nil
 		})
 		if err != nil {
+			return nil, err
+		}
+		if snap.Filters, err = nodeFilters(ctx, tx); err != nil {
 			return nil, err
 		}
 	}

@@ -95,6 +95,12 @@ CREATE TABLE node_facts (
     value text NOT NULL,
     why text NOT NULL
 );
+CREATE TABLE node_filters (
+    node text NOT NULL,
+    kind text NOT NULL,
+    close_ssh bigint NOT NULL DEFAULT 0,
+    since text NOT NULL
+);
 CREATE TABLE node_found (
     node text NOT NULL,
     kind text NOT NULL,
@@ -204,6 +210,10 @@ ALTER TABLE node_data_sets ADD CONSTRAINT node_data_sets_node_fkey FOREIGN KEY (
 ALTER TABLE node_data_sets ADD CONSTRAINT node_data_sets_pkey PRIMARY KEY (node, module, name);
 ALTER TABLE node_facts ADD CONSTRAINT node_facts_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
 ALTER TABLE node_facts ADD CONSTRAINT node_facts_pkey PRIMARY KEY (node, name);
+ALTER TABLE node_filters ADD CONSTRAINT node_filters_close_ssh_check CHECK ((close_ssh = ANY (ARRAY[(0)::bigint, (1)::bigint])));
+ALTER TABLE node_filters ADD CONSTRAINT node_filters_kind_check CHECK ((kind = 'nftables'::text));
+ALTER TABLE node_filters ADD CONSTRAINT node_filters_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
+ALTER TABLE node_filters ADD CONSTRAINT node_filters_pkey PRIMARY KEY (node);
 ALTER TABLE node_found ADD CONSTRAINT node_found_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
 ALTER TABLE node_found ADD CONSTRAINT node_found_pkey PRIMARY KEY (node, kind, name);
 ALTER TABLE nodes ADD CONSTRAINT nodes_mode_check CHECK ((mode = ANY (ARRAY['adopted'::text, 'converged'::text])));

@@ -99,6 +99,12 @@ CREATE TABLE node_facts (
     why   TEXT NOT NULL,
     PRIMARY KEY (node, name)
 ) STRICT;
+CREATE TABLE node_filters (
+    node      TEXT PRIMARY KEY REFERENCES nodes (name) ON DELETE CASCADE,
+    kind      TEXT NOT NULL CHECK (kind IN ('nftables')),
+    close_ssh INTEGER NOT NULL DEFAULT 0 CHECK (close_ssh IN (0, 1)),
+    since     TEXT NOT NULL
+) STRICT;
 CREATE TABLE node_found (
     node   TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     kind   TEXT NOT NULL,

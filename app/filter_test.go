@@ -1,0 +1,391 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
+)
+
+// The mesh's packet filter, for real: a host in a network namespace of its
+// own, joined to the test's (the controller's) by a veth pair, applies
+// rulesets with nft, and connections from the controller's side prove what
+// they let through.
+
+// netns is a network namespace joined to this one by a veth pair: ours is
+// Near, its Far.
+type netns struct {
+	name      string
+	near, far string // addresses, without a prefix length
+}
+
+// toolPath finds a tool on PATH or where Debian puts it (a test's PATH
+// may lack /usr/sbin).
+func toolPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+		if p := filepath.Join(dir, name); fileExists(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s is not installed", name)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// needNetns skips the test where namespaces cannot be made (not root, no
+// ip or nft), and fails it where they must be (make test, CI): a filter
+// test that passes without checking is no test.
+func needNetns(t *testing.T) {
+	t.Helper()
+	var why []string
+	if os.Geteuid() != 0 {
+		why = append(why, "not root")
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := toolPath(tool); err != nil {
+			why = append(why, err.Error())
+		}
+	}
+	if len(why) == 0 {
+		return
+	}
+	if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
+		t.Fatalf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+	}
+	t.Skipf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+}
+
+// run runs a tool, failing the test with its output on error.
+func run(t *testing.T, tool string, args ...string) string {
+	t.Helper()
+	out, err := runErr(tool, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func runErr(tool string, args ...string) (string, error) {
+	bin, err := toolPath(tool)
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %v: %s", tool, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// newNetns makes a network namespace and a veth pair into it, each named
+// uniquely for this run, with addresses in a /30 of 10.231/16; removed
+// when the test ends, whatever happens (deleting the namespace deletes
+// its end of the pair, and with it ours).
+func newNetns(t *testing.T) netns {
+	t.Helper()
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	id := hex.EncodeToString(b[:])
+	n := netns{name: "meshf-" + id, near: fmt.Sprintf("10.231.%d.%d", b[0], b[1]&0xfc|1), far: fmt.Sprintf("10.231.%d.%d", b[0], b[1]&0xfc|2)}
+	near, far := "mf"+id+"n", "mf"+id+"f"
+	run(t, "ip", "netns", "add", n.name)
+	t.Cleanup(func() {
+		runErr("ip", "link", "del", near) // gone already when the pair went with the namespace
+		if out, err := runErr("ip", "netns", "del", n.name); err != nil {
+			t.Errorf("remove namespace %s: %v %s", n.name, err, out)
+		}
+	})
+	run(t, "ip", "link", "add", near, "type", "veth", "peer", "name", far)
+	run(t, "ip", "link", "set", far, "netns", n.name)
+	run(t, "ip", "addr", "add", n.near+"/30", "dev", near)
+	run(t, "ip", "link", "set", near, "up")
+	run(t, "ip", "-n", n.name, "addr", "add", n.far+"/30", "dev", far)
+	run(t, "ip", "-n", n.name, "link", "set", far, "up")
+	run(t, "ip", "-n", n.name, "link", "set", "lo", "up")
+	return n
+}
+
+// nft runs nft inside the namespace.
+func (n netns) nft(args ...string) (string, error) {
+	nft, err := toolPath("nft")
+	if err != nil {
+		return "", err
+	}
+	return runErr("ip", append([]string{"netns", "exec", n.name, nft}, args...)...)
+}
+
+// listen opens a TCP server inside the namespace, each connection
+// answered "hello" and closed: the socket is made by a thread moved into
+// the namespace (a socket stays in the namespace it was made in), a thread
+// never given back to the runtime.
+func (n netns) listen(t *testing.T) int {
+	t.Helper()
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		f, err := os.Open("/var/run/netns/" + n.name)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("setns %s: %w", n.name, err)}
+			return
+		}
+		ln, err := net.Listen("tcp", n.far+":0")
+		ch <- result{ln, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { r.ln.Close() })
+	go func() {
+		for {
+			c, err := r.ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "hello")
+			c.Close()
+		}
+	}()
+	return r.ln.Addr().(*net.TCPAddr).Port
+}
+
+// connects says whether a TCP connection from this namespace to port in n
+// is answered by its server; a connection the filter drops is a timeout.
+func (n netns) connects(t *testing.T, port int) bool {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("%s:%d", n.far, port), 700*time.Millisecond)
+	if err != nil {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("port %d: not dropped but %v", port, err)
+		}
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "hello\n" {
+		t.Fatalf("port %d connected but its server did not answer: %q %v", port, line, err)
+	}
+	return true
+}
+
+// meshRuleset is a ruleset as the renderer writes one: the mesh's table,
+// input dropped but for established and related, loopback and the open
+// ports. Without established (a broken ruleset) even the answers to the
+// host's own connections are dropped: the host can no longer hear the
+// controller.
+func meshRuleset(established bool, open ...int) string {
+	var b strings.Builder
+	b.WriteString("table inet mesh {\n\tchain input {\n\t\ttype filter hook input priority 0; policy drop;\n")
+	if established {
+		b.WriteString("\t\tct state established,related accept\n")
+	}
+	b.WriteString("\t\tiif \"lo\" accept\n")
+	for _, p := range open {
+		fmt.Fprintf(&b, "\t\ttcp dport %d accept\n", p)
+	}
+	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+func filterBody(ruleset string) string {
+	f, _ := json.Marshal(protocol.DeclaredFilter{Kind: protocol.FilterNftables, Ruleset: ruleset})
+	return `{"mode": "converged", "modules": [], "filter": ` + string(f) + `}`
+}
+
+// hostIn joins node and runs a real mesh-host process for it inside the
+// namespace, its filter confirmed within confirm; stopped when the test ends.
+func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Duration) *syncBuffer {
+	t.Helper()
+	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: node, New: true, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: node, State: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatalf("join %s: %v", node, err)
+	}
+	bin := buildProgram(t, "mesh-host", "../cmd/mesh-host")
+	ip, err := toolPath("ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(ip, "netns", "exec", n.name, bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
+		"--heartbeat", "200ms", "--filter-confirm", confirm.String(), "--no-module-users")
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// ip netns exec becomes the host (it execs it): the signal reaches it.
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("the host in %s did not stop on SIGTERM within 15s", n.name)
+		}
+		if t.Failed() {
+			t.Logf("the host's log:\n%s", logs.String())
+		}
+	})
+	return logs
+}
+
+// filterFact is the node's report of the mesh's filter, "" if none.
+func (m *testMesh) filterFact(node string) protocol.Fact {
+	for _, f := range m.node(node).Facts {
+		if f.Name == protocol.FilterFact {
+			return protocol.Fact{Name: f.Name, Value: f.Value, Why: f.Why}
+		}
+	}
+	return protocol.Fact{}
+}
+
+func TestFilter_Namespace(t *testing.T) {
+	needNetns(t)
+	n := newNetns(t)
+	m := newTestMeshOn(t, nil, n.near+":0")
+	const confirm = 3 * time.Second
+	logs := m.hostIn(t, n, "web1", confirm)
+	waitFor(t, "web1's facts", func() bool { return len(m.node("web1").Facts) > 0 })
+
+	open, undeclared := n.listen(t), n.listen(t)
+	if !n.connects(t, open) || !n.connects(t, undeclared) {
+		t.Fatal("without a filter both servers must answer through the veth")
+	}
+	// A table of the machine's own, which the mesh must never touch.
+	if _, err := n.nft("add", "table", "inet", "theirs"); err != nil {
+		t.Fatalf("this kernel cannot run nftables in a namespace: %v", err)
+	}
+	if _, err := n.nft("add", "chain", "inet", "theirs", "input", "{ type filter hook input priority 10; policy accept; }"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A filter with one port open to anyone: it connects, the undeclared
+	// one does not, and the host keeps it once it hears the controller.
+	good := meshRuleset(true, open)
+	d := m.declare("web1", filterBody(good))
+	waitFor(t, "the filter applied and kept", func() bool { return m.filterFact("web1").Value == protocol.FilterKept })
+	if !strings.Contains(m.filterFact("web1").Why, fmt.Sprintf("declaration %d's filter applied and kept", d.Serial)) {
+		t.Fatalf("kept, but says: %+v", m.filterFact("web1"))
+	}
+	if !n.connects(t, open) {
+		t.Fatal("the declared port does not connect through the filter")
+	}
+	if n.connects(t, undeclared) {
+		t.Fatal("the undeclared port connects through the filter")
+	}
+	kept, err := n.nft("list", "table", "inet", "mesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A ruleset nft -c refuses is refused whole, in one line, and the
+	// filter kept stays.
+	refused := m.declare("web1", filterBody(strings.Replace(good, "accept\n", "accept\n\t\ttcp dport 70000 accept\n", 1)))
+	waitFor(t, "the bad ruleset refused", func() bool {
+		a := m.node("web1").LastApply
+		return a != nil && a.Serial == refused.Serial
+	})
+	if a := m.node("web1").LastApply; a.OK || !strings.HasPrefix(a.Error, "refused: the packet filter: nft -c -f -:") || strings.Contains(a.Error, "\n") {
+		t.Fatalf("the bad ruleset: %+v", a)
+	}
+	if out, _ := n.nft("list", "table", "inet", "mesh"); out != kept {
+		t.Fatalf("a refused ruleset changed the table:\n%s", out)
+	}
+
+	// A ruleset that locks the host out (no established): the host cannot
+	// hear the controller, and within the confirm window puts back the
+	// ruleset before it by itself, then says so; the controller raises
+	// node.filter-rolled-back.
+	applied := time.Now()
+	bad := m.declare("web1", filterBody(meshRuleset(false, open)))
+	waitFor(t, "the locking-out filter applied", func() bool {
+		out, _ := n.nft("list", "table", "inet", "mesh")
+		return !strings.Contains(out, "established")
+	})
+	var back time.Duration
+	waitFor(t, "the filter rolled back", func() bool {
+		out, _ := n.nft("list", "table", "inet", "mesh")
+		back = time.Since(applied)
+		return out == kept
+	})
+	if back < confirm-500*time.Millisecond || back > confirm+5*time.Second {
+		t.Fatalf("rolled back after %s, the confirm window being %s", back, confirm)
+	}
+	waitFor(t, "the rollback reported", func() bool { return m.filterFact("web1").Value == protocol.FilterRolledBack })
+	if f := m.filterFact("web1"); !strings.Contains(f.Why, fmt.Sprintf("declaration %d's filter rolled back", bad.Serial)) || !strings.Contains(f.Why, "not heard within 3s") || !strings.Contains(f.Why, "restored") {
+		t.Fatalf("the rollback says: %+v", f)
+	}
+	if !m.openAfterCheck(t, "node.filter-rolled-back/web1") {
+		t.Fatal("no node.filter-rolled-back")
+	}
+	if !n.connects(t, open) || n.connects(t, undeclared) {
+		t.Fatal("the ruleset before is not what judges connections after the rollback")
+	}
+	t.Logf("rolled back %s after applying (confirm window %s)", back.Round(100*time.Millisecond), confirm)
+
+	// adopt: the node's declaration carries no filter, and the mesh's
+	// table goes, and only it.
+	p, err := m.c.Adopt(context.Background(), "web1")
+	if err != nil || !p.Sent {
+		t.Fatalf("adopt: %+v %v", p, err)
+	}
+	waitFor(t, "the mesh's table removed", func() bool { return m.filterFact("web1").Value == protocol.FilterRemoved })
+	if out, err := n.nft("list", "table", "inet", "mesh"); err == nil {
+		t.Fatalf("the mesh's table is still there:\n%s", out)
+	}
+	if _, err := n.nft("list", "table", "inet", "theirs"); err != nil {
+		t.Fatalf("the machine's own table went with the mesh's: %v", err)
+	}
+	if !n.connects(t, undeclared) {
+		t.Fatal("without the mesh's table the undeclared port must connect again")
+	}
+	if m.openAfterCheck(t, "node.filter-rolled-back/web1") {
+		t.Fatal("node.filter-rolled-back still open with no filter owned")
+	}
+	if !strings.Contains(logs.String(), "removed the mesh's packet filter") {
+		t.Fatalf("the host's log does not say it removed the filter:\n%s", logs.String())
+	}
+}

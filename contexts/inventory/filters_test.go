@@ -1,0 +1,84 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestStore_ConvergeAdopt(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := s.AddNode(ctx, "web1", Adopted, now); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.Node(ctx, "web1")
+	if err := s.Adopt(ctx, "web1"); !errors.Is(err, ErrAdoptedAlready) {
+		t.Fatalf("adopting an adopted node: %v", err)
+	}
+	if err := s.Adopt(ctx, "nope"); !errors.Is(err, ErrNodeNotFound) {
+		t.Fatalf("adopting an unknown node: %v", err)
+	}
+	if err := s.Converge(ctx, "nope", nil); !errors.Is(err, ErrNodeNotFound) {
+		t.Fatalf("converging an unknown node: %v", err)
+	}
+	if err := s.Converge(ctx, "web1", &Filter{Kind: "iptables", Since: now}); err == nil {
+		t.Fatal("an unknown filter kind was recorded")
+	}
+	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, CloseSSH: true, Since: now}); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := s.Node(ctx, "web1")
+	fs, err := s.NodeFilters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Mode != Converged || n.PlanVersion <= before.PlanVersion || fs["web1"] != (Filter{Kind: FilterNftables, CloseSSH: true, Since: now}) {
+		t.Fatalf("converged: %+v, filters %+v", n, fs)
+	}
+	// Converged again without a filter: the mesh owns none.
+	if err := s.Converge(ctx, "web1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if fs, _ := s.NodeFilters(ctx); len(fs) != 0 {
+		t.Fatalf("a filter left: %+v", fs)
+	}
+	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, Since: now}); err != nil {
+		t.Fatal(err)
+	}
+	converged, _ := s.Node(ctx, "web1")
+	if err := s.Adopt(ctx, "web1"); err != nil {
+		t.Fatal(err)
+	}
+	n, _ = s.Node(ctx, "web1")
+	fs, _ = s.NodeFilters(ctx)
+	if n.Mode != Adopted || n.PlanVersion <= converged.PlanVersion || len(fs) != 0 {
+		t.Fatalf("adopted: %+v, filters %+v", n, fs)
+	}
+}
+
+func TestStore_FactNamed(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, n := range []string{"web1", "web2"} {
+		if _, err := s.AddNode(ctx, n, Converged, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.RecordFacts(ctx, "web1", []Fact{{Name: "arch", Value: "amd64", Why: "x"}, {Name: "filter", Value: "rolled-back", Why: "y"}}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordFacts(ctx, "web2", []Fact{{Name: "arch", Value: "arm64", Why: "x"}}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.FactNamed(ctx, "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got["web1"] != (Fact{Name: "filter", Value: "rolled-back", Why: "y"}) {
+		t.Fatalf("got %+v", got)
+	}
+}
