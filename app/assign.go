@@ -283,7 +283,9 @@ func nodesSaid(nodes []string) string {
 // anything is recorded (sealed secrets are not counted: they are made later,
 // and MaxDeclarationBytes leaves room for them beneath the broker's limit).
 func undeliverable(snap *inventory.Snapshot, nodes []string) []string {
-	pl := plan.New(snap, nil)
+	// A filter is weighed as rendered with the default SSH port: the
+	// port's digits change nothing that matters here.
+	pl := plan.New(snap, nil).WithFilter(filterRender(nil))
 	var problems []string
 	for _, n := range nodes {
 		p, err := pl.Plan(n)

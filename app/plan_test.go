@@ -239,30 +239,39 @@ func TestPlan_Filter(t *testing.T) {
 	if err := inv.Converge(ctx, "n1", &inventory.Filter{Kind: inventory.FilterNftables, Since: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	planOf := func(rulesets map[string]string) plan.Plan {
+	planOf := func(rs string) plan.Plan {
 		t.Helper()
 		snap, err := inv.Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := plan.New(snap, nil).WithRulesets(rulesets).Plan("n1")
+		pl := plan.New(snap, nil)
+		if rs != "" {
+			pl.WithFilter(func(body protocol.Declaration, f inventory.Filter) (string, error) {
+				if body.Node != "n1" || len(body.Modules) == 0 || f.Kind != inventory.FilterNftables {
+					return "", fmt.Errorf("rendered from %+v, %+v", body, f)
+				}
+				return rs, nil
+			})
+		}
+		p, err := pl.Plan("n1")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	if p := planOf(nil); len(p.Problems) != 1 || !strings.Contains(p.Problems[0], "n1 owns the nftables filter and none was rendered for it") {
+	if p := planOf(""); len(p.Problems) != 1 || !strings.Contains(p.Problems[0], "n1 owns the nftables filter: none was rendered for it") {
 		t.Fatalf("no ruleset: %v", p.Problems)
 	}
 	rs := "table inet mesh {\n}\n"
-	p := planOf(map[string]string{"n1": rs, "n0": rs})
+	p := planOf(rs)
 	if len(p.Problems) != 0 || p.Body.Filter == nil || *p.Body.Filter != (protocol.DeclaredFilter{Kind: "nftables", Ruleset: rs}) || p.Body.Mode != "converged" {
 		t.Fatalf("with a ruleset: %+v %v", p.Body.Filter, p.Problems)
 	}
 	if err := inv.Adopt(ctx, "n1"); err != nil {
 		t.Fatal(err)
 	}
-	if p := planOf(map[string]string{"n1": rs}); len(p.Problems) != 0 || p.Body.Filter != nil || p.Body.Mode != "adopted" {
+	if p := planOf(rs); len(p.Problems) != 0 || p.Body.Filter != nil || p.Body.Mode != "adopted" {
 		t.Fatalf("adopted: %+v %v", p.Body.Filter, p.Problems)
 	}
 }

@@ -65,21 +65,26 @@ type DeclareTimes struct {
 // declaration, and publishes it if it can.
 func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes []string) []Pushed {
 	out := make([]Pushed, 0, len(nodes))
-	sealed, err := sealedCopies(ctx, d.sec)
-	if err != nil {
+	// What every plan needs, read first: without it none is declared.
+	failAll := func(err error) []Pushed {
 		for _, n := range nodes {
 			out = append(out, Pushed{Node: n, Problem: err.Error()})
 		}
 		return out
+	}
+	sealed, err := sealedCopies(ctx, d.sec)
+	if err != nil {
+		return failAll(err)
 	}
 	creds, err := moduleCreds(ctx, d.ids)
 	if err != nil {
-		for _, n := range nodes {
-			out = append(out, Pushed{Node: n, Problem: err.Error()})
-		}
-		return out
+		return failAll(err)
 	}
-	pl := plan.New(snap, sealed).WithCreds(creds)
+	ssh, err := sshPorts(ctx, d.inv)
+	if err != nil {
+		return failAll(err)
+	}
+	pl := plan.New(snap, sealed).WithCreds(creds).WithFilter(filterRender(ssh))
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
@@ -348,7 +353,11 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	p, err := plan.New(snap, sealed).WithCreds(creds).Plan(node)
+	ssh, err := sshPorts(ctx, st.Inventory)
+	if err != nil {
+		return PlanView{}, err
+	}
+	p, err := plan.New(snap, sealed).WithCreds(creds).WithFilter(filterRender(ssh)).Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}

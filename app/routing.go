@@ -2,12 +2,14 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strconv"
 
 	"mesh-controller/app/nftables"
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 )
 
 // RoutingView is what a node routes, as node public-domain and node
@@ -102,7 +104,7 @@ func (c *Controller) changeRouting(ctx context.Context, node string, set func(*S
 // reported (the fact protocol.FactSSHPort; nftables.DefaultSSHPort when it
 // reported none), kept open unless closeSSH. The overlay is not built yet,
 // so ports exposed to it are closed. It returns the renderer's input and
-// the ruleset rendered from it.
+// the ruleset rendered from it: what a declaration would carry.
 func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) (nftables.Input, string, error) {
 	if err := CheckName(node); err != nil {
 		return nftables.Input{}, "", err
@@ -111,25 +113,54 @@ func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) 
 	if err != nil {
 		return nftables.Input{}, "", err
 	}
+	ssh, err := sshPorts(ctx, st.Inventory)
+	if err != nil {
+		return nftables.Input{}, "", err
+	}
 	// Secrets and broker users do not shape a filter: the plan is made
-	// without their sealed copies.
+	// without their sealed copies, and without a filter of its own.
 	p, err := plan.New(snap, nil).Plan(node)
 	if err != nil {
 		return nftables.Input{}, "", err
 	}
-	facts, _, err := st.Inventory.Facts(ctx, node)
+	in := filterInput(p.Body, closeSSH, ssh)
+	return in, nftables.Render(in), nil
+}
+
+// sshPorts are the SSH ports the hosts reported (protocol.FactSSHPort), by
+// node; a node that reported none (or nonsense) is not in it.
+func sshPorts(ctx context.Context, inv *inventory.Store) (map[string]int, error) {
+	facts, err := inv.FactNamed(ctx, protocol.FactSSHPort)
 	if err != nil {
-		return nftables.Input{}, "", err
+		return nil, err
 	}
-	in := FilterInput(p.Body, closeSSH)
-	for _, f := range facts {
-		if f.Name == protocol.FactSSHPort {
-			if port, err := strconv.Atoi(f.Value); err == nil && port > 0 && port < 65536 {
-				in.SSHPort = port
-			}
+	out := make(map[string]int, len(facts))
+	for node, f := range facts {
+		if port, err := strconv.Atoi(f.Value); err == nil && port > 0 && port < 65536 {
+			out[node] = port
 		}
 	}
-	return in, nftables.Render(in), nil
+	return out, nil
+}
+
+// filterInput is FilterInput with the SSH port the node reported, if any.
+func filterInput(d protocol.Declaration, closeSSH bool, ssh map[string]int) nftables.Input {
+	in := FilterInput(d, closeSSH)
+	if port, ok := ssh[d.Node]; ok {
+		in.SSHPort = port
+	}
+	return in
+}
+
+// filterRender renders a node's packet filter from the rest of its plan
+// and the SSH ports the hosts reported: what the planner declares.
+func filterRender(ssh map[string]int) plan.FilterRender {
+	return func(body protocol.Declaration, f inventory.Filter) (string, error) {
+		if f.Kind != inventory.FilterNftables {
+			return "", fmt.Errorf("no renderer for a %s filter", f.Kind)
+		}
+		return nftables.Render(filterInput(body, f.CloseSSH, ssh)), nil
+	}
 }
 
 // FilterInput is the renderer's input for a declaration: its modules'

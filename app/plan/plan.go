@@ -126,10 +126,14 @@ type Planner struct {
 	// creds are the modules' own broker users, sealed to their nodes, by
 	// node/module.
 	creds map[string]string
-	// rulesets are the rendered packet filters of the nodes the mesh owns
-	// one on, by node.
-	rulesets map[string]string
+	// render renders the packet filter of a node the mesh owns one on,
+	// from its plan's body; nil: none can be.
+	render FilterRender
 }
+
+// FilterRender renders the packet filter f a node's declaration carries
+// from the rest of its body: the ruleset text (one table inet mesh).
+type FilterRender func(body protocol.Declaration, f inventory.Filter) (string, error)
 
 // WithCreds gives the planner each module's broker user, sealed to its
 // node, by node/module: a declared module carries its own.
@@ -138,13 +142,12 @@ func (pl *Planner) WithCreds(creds map[string]string) *Planner {
 	return pl
 }
 
-// WithRulesets gives the planner the packet filter rendered for each node
-// the mesh owns one on (converged with --filter), by node: the ruleset
-// text (one table inet mesh) a node's declaration carries. A node that
-// owns a filter and has no ruleset here cannot be planned: declared
-// without one, its host would remove the filter.
-func (pl *Planner) WithRulesets(rulesets map[string]string) *Planner {
-	pl.rulesets = rulesets
+// WithFilter gives the planner the renderer of the packet filter of each
+// node the mesh owns one on (converged with --filter). A node that owns a
+// filter cannot be planned without it: declared without one, its host
+// would remove the filter.
+func (pl *Planner) WithFilter(render FilterRender) *Planner {
+	pl.render = render
 	return pl
 }
 
@@ -301,16 +304,21 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			p.Body.Networks = rt.Networks
 		}
 	}
-	if f, ok := snap.Filters[node]; ok {
-		if rs, ok := pl.rulesets[node]; ok {
-			p.Body.Filter = &protocol.DeclaredFilter{Kind: f.Kind, Ruleset: rs}
-		} else {
-			p.Problems = append(p.Problems, fmt.Sprintf("%s owns the %s filter and none was rendered for it", node, f.Kind))
-		}
-	}
 	for _, d := range snap.Seats.Deletions {
 		if d.Node == node {
 			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
+		}
+	}
+	// Last: the filter is rendered from the rest of the body.
+	if f, ok := snap.Filters[node]; ok {
+		rs, err := "", fmt.Errorf("none was rendered for it")
+		if pl.render != nil {
+			rs, err = pl.render(p.Body, f)
+		}
+		if err != nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s owns the %s filter: %v", node, f.Kind, err))
+		} else {
+			p.Body.Filter = &protocol.DeclaredFilter{Kind: f.Kind, Ruleset: rs}
 		}
 	}
 	return p, nil
