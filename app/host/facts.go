@@ -106,6 +106,9 @@ func found() ([]protocol.Found, []protocol.Fact) {
 	}
 	runs, why := systemdRuns()
 	facts := []protocol.Fact{{Name: "systemd", Value: strconv.FormatBool(runs), Why: why}}
+	if f, ok := sshPort(out); ok {
+		facts = append(facts, f)
+	}
 	if !runs {
 		return out, facts
 	}
@@ -120,6 +123,29 @@ func found() ([]protocol.Found, []protocol.Fact) {
 		out = append(out, protocol.Found{Kind: "service", Name: u, Detail: "active (systemctl list-units --type=service --state=active)", Unit: u})
 	}
 	return out, facts
+}
+
+// sshPort is the fact of the port SSH is reached on here: the lowest TCP
+// port sshd listens on. None is said when no sshd is seen listening (not
+// running, or another user's process as non-root): the filter then keeps
+// its default open.
+func sshPort(found []protocol.Found) (protocol.Fact, bool) {
+	best := 0
+	var by protocol.Found
+	for _, f := range found {
+		port, ok := strings.CutPrefix(f.Name, "tcp/")
+		if f.Kind != "port" || !ok || f.Command != "sshd" {
+			continue
+		}
+		if n, err := strconv.Atoi(port); err == nil && (best == 0 || n < best) {
+			best, by = n, f
+		}
+	}
+	if best == 0 {
+		return protocol.Fact{}, false
+	}
+	return protocol.Fact{Name: protocol.FactSSHPort, Value: strconv.Itoa(best),
+		Why: fmt.Sprintf("sshd (pid %d) listens on tcp/%d at %s", by.Pid, best, by.Address)}, true
 }
 
 // hexIP turns /proc/net's little-endian hex address into text.

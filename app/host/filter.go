@@ -319,7 +319,7 @@ func (r *Runner) keepFilter(nc *nats.Conn, serial int64) {
 		r.logf("remember the filter kept: %v", err)
 	}
 	r.logf("kept the packet filter of declaration %d: the controller was heard", serial)
-	r.publish(nc, protocol.FactsReport, r.facts())
+	r.reportFacts(nc, true)
 }
 
 // rollBack restores what the mesh's table was before the filter of
@@ -362,7 +362,7 @@ func (r *Runner) rollBack(nc *nats.Conn, serial int64, signErr error) {
 	// Reported until the broker has it (and at every reconnection after):
 	// the connection may take a moment to come back once the filter is gone.
 	for attempt := 1; r.ctx.Err() == nil; attempt++ {
-		r.publish(nc, protocol.FactsReport, r.facts())
+		r.reportFacts(nc, true)
 		if nc.FlushTimeout(protocol.AnswerTimeout) == nil {
 			return
 		}
@@ -371,6 +371,38 @@ func (r *Runner) rollBack(nc *nats.Conn, serial int64, signErr error) {
 		case <-time.After(backoff(attempt, 250*time.Millisecond, 4*time.Second)):
 		}
 	}
+}
+
+// reportFacts reports the machine's facts: always, or only when they
+// changed since the last report, leaving aside what moves all the time
+// (the free disk space, carried by the next report that goes anyway), so
+// that a fleet's hosts looking every minute send next to nothing.
+func (r *Runner) reportFacts(nc *nats.Conn, always bool) {
+	body := r.facts()
+	compared := factsCompared(body)
+	r.factsMu.Lock()
+	same := bytes.Equal(compared, r.factsSent)
+	if always || !same {
+		r.factsSent = compared
+	}
+	r.factsMu.Unlock()
+	if always || !same {
+		r.publish(nc, protocol.FactsReport, body)
+	}
+}
+
+// factsCompared is a facts report's bytes less the facts that move all the
+// time, as reportFacts compares them.
+func factsCompared(body protocol.FactsBody) []byte {
+	kept := body
+	kept.Facts = nil
+	for _, f := range body.Facts {
+		if f.Name != "disk_free_mb" {
+			kept.Facts = append(kept.Facts, f)
+		}
+	}
+	b, _ := json.Marshal(kept)
+	return b
 }
 
 // facts are the machine's facts, and the mesh's filter's state among them.

@@ -1,10 +1,12 @@
 package host
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"mesh-controller/app/host/holdtest"
@@ -145,5 +147,43 @@ func TestCutover_StopsOnlyWhatWasApproved(t *testing.T) {
 	<-child.Exited()
 	if _, err := cutover([]protocol.DeclaredTake{{Digest: "d2", Module: "x", Units: []string{"never-run.service"}}}, []string{"d2"}); err != nil {
 		t.Fatalf("a cutover done before was done again: %v", err)
+	}
+}
+
+// The SSH port the filter keeps open is the lowest TCP port sshd holds;
+// another program on 22, or sshd on UDP, says nothing.
+func TestSSHPort(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		found []protocol.Found
+		want  string
+	}{
+		{"none", nil, ""},
+		{"another program on 22", []protocol.Found{{Kind: "port", Name: "tcp/22", Command: "dropbear"}}, ""},
+		{"sshd on udp", []protocol.Found{{Kind: "port", Name: "udp/2222", Command: "sshd"}}, ""},
+		{"the lowest of two", []protocol.Found{{Kind: "port", Name: "tcp/2222", Command: "sshd", Pid: 7}, {Kind: "port", Name: "tcp/922", Command: "sshd", Pid: 7, Address: "0.0.0.0"}}, "922"},
+	} {
+		f, ok := sshPort(c.found)
+		if ok != (c.want != "") || f.Value != c.want {
+			t.Errorf("%s: %+v %v, want %q", c.name, f, ok, c.want)
+		}
+		if ok && (f.Name != protocol.FactSSHPort || !strings.Contains(f.Why, "sshd (pid 7) listens on tcp/922 at 0.0.0.0")) {
+			t.Errorf("%s: %+v", c.name, f)
+		}
+	}
+}
+
+// Facts are compared leaving aside the free disk space, which moves all
+// the time: a changed listener is a change, another free size is not.
+func TestFactsCompared(t *testing.T) {
+	body := func(free, port string) protocol.FactsBody {
+		return protocol.FactsBody{Facts: []protocol.Fact{{Name: "disk_free_mb", Value: free}, {Name: "cores", Value: "2"}},
+			Found: []protocol.Found{{Kind: "port", Name: port}}}
+	}
+	if !bytes.Equal(factsCompared(body("10", "tcp/80")), factsCompared(body("9", "tcp/80"))) {
+		t.Fatal("another free size made a change")
+	}
+	if bytes.Equal(factsCompared(body("10", "tcp/80")), factsCompared(body("10", "tcp/81"))) {
+		t.Fatal("another listener made no change")
 	}
 }

@@ -28,6 +28,10 @@ type Runner struct {
 	Heartbeat time.Duration
 	// DataEvery is the interval between data reports (besides after each apply).
 	DataEvery time.Duration
+	// FactsEvery is how often the host looks at its machine again and
+	// reports its facts if they changed (besides on connecting): a
+	// listener started or gone is heard within it.
+	FactsEvery time.Duration
 	// Log receives the host's log lines.
 	Log io.Writer
 	// ModuleUsers runs each module as its own system user, mesh-<module>,
@@ -46,6 +50,10 @@ type Runner struct {
 	sup  *Supervisor
 	// beatAgain asks for a beat soon.
 	beatAgain func()
+	// factsMu guards factsSent, the facts last reported, less what moves
+	// all the time (factsCompared).
+	factsMu   sync.Mutex
+	factsSent []byte
 	// ctx is Run's: what the host does beside its loop ends with it.
 	ctx context.Context
 	// filter is the mesh's packet filter here; confirming ends the
@@ -53,6 +61,10 @@ type Runner struct {
 	filter     filterState
 	confirming context.CancelFunc
 }
+
+// DefaultFactsEvery is how often a host looks at its machine again for
+// changed facts.
+const DefaultFactsEvery = time.Minute
 
 // beatSoon is how soon after a module's state changes the host beats, so
 // that several changes at once make one beat.
@@ -67,6 +79,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	if r.DataEvery <= 0 {
 		r.DataEvery = 5 * time.Minute
+	}
+	if r.FactsEvery <= 0 {
+		r.FactsEvery = DefaultFactsEvery
 	}
 	if r.Log == nil {
 		r.Log = io.Discard
@@ -179,6 +194,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer beat.Stop()
 	data := time.NewTicker(r.DataEvery)
 	defer data.Stop()
+	facts := time.NewTicker(r.FactsEvery)
+	defer facts.Stop()
 	var asks asking
 	defer asks.end()
 	for {
@@ -187,7 +204,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return nil
 		case <-connected:
 			r.logf("connected to %s", nc.ConnectedUrl())
-			r.publish(nc, protocol.FactsReport, r.facts())
+			r.reportFacts(nc, true)
 			// Heard at once, not a heartbeat interval later.
 			soon.Reset(beatSoon)
 			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes, beatAgain) })
@@ -199,6 +216,8 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.beat(nc, started)
 		case <-beat.C:
 			r.beat(nc, started)
+		case <-facts.C:
+			r.reportFacts(nc, false)
 		case <-data.C:
 			r.mu.Lock()
 			last := r.last
@@ -364,7 +383,7 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 	filterMoved := r.filter != filterWas
 	r.mu.Unlock()
 	if filterMoved {
-		r.publish(nc, protocol.FactsReport, r.facts())
+		r.reportFacts(nc, true)
 	}
 	report.Modules = r.states()
 	if report.OK {
