@@ -290,6 +290,18 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.filterFacts, err = inv.FactNamed(ctx, protocol.FilterFact); err != nil {
 		return err
 	}
+	if in.sshPorts, err = sshPorts(ctx, inv); err != nil {
+		return err
+	}
+	var converged []string
+	for _, n := range in.nodes {
+		if n.Mode == inventory.Converged {
+			converged = append(converged, n.Name)
+		}
+	}
+	if in.listeners, err = inv.ListenersOf(ctx, converged); err != nil {
+		return err
+	}
 	return nil
 }
 

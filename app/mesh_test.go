@@ -197,12 +197,14 @@ type testHost struct {
 	// sup, if set, is the supervisor its runner uses (a shorter back-off).
 	sup *host.Supervisor
 	// users runs each module as its own system user (as root).
-	users  bool
-	name   string
-	state  *host.State
-	root   string
-	cancel context.CancelFunc
-	done   chan error
+	users bool
+	// factsEvery, if set, is how often its host looks for changed facts.
+	factsEvery time.Duration
+	name       string
+	state      *host.State
+	root       string
+	cancel     context.CancelFunc
+	done       chan error
 }
 
 // join issues a token for a new node and joins a host with it.
@@ -240,7 +242,7 @@ func (h *testHost) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users}
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users, FactsEvery: h.factsEvery}
 	go func() { h.done <- r.Run(ctx) }()
 }
 

@@ -3,10 +3,12 @@ package app
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
+	"mesh-controller/app/nftables"
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
@@ -53,6 +55,10 @@ type checkInputs struct {
 	// filterFacts are the nodes' reports of the mesh's packet filter
 	// (protocol.FilterFact), by node.
 	filterFacts map[string]inventory.Fact
+	// listeners are what the converged nodes' hosts found listening, by
+	// node; sshPorts the SSH ports they reported.
+	listeners   map[string][]inventory.Found
+	sshPorts    map[string]int
 	retirements []inventory.Retirement
 	drops       []health.Drop
 	// moduleStates are the supervised modules as their hosts report them.
@@ -169,6 +175,19 @@ var rules = []rule{
 			}
 			out = append(out, machineCondition("node.filter-rolled-back", n.Name, health.Urgent,
 				fmt.Sprintf("%s rolled the mesh's packet filter back: %s", n.Name, f.Why), map[string]any{"why": f.Why}))
+		}
+		return out
+	}},
+	{kind: "node.unmanaged-listener", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, n := range in.nodes {
+			for _, l := range unmanagedListeners(in, n) {
+				out = append(out, health.Condition{Key: "node.unmanaged-listener/" + n.Name + "/" + l.Name, Kind: "node.unmanaged-listener", Scope: "machine",
+					Machine: n.Name, Severity: health.Notice,
+					Summary: fmt.Sprintf("%s, converged, listens on %s at %s, which no module there declares (%s): stop it, or declare it in a module",
+						n.Name, l.Name, strings.Join(l.Addresses, " "), heldBy(l.Commands)),
+					Evidence: map[string]any{"listener": l.Name, "addresses": l.Addresses, "commands": l.Commands, "detail": l.Detail}})
+			}
 		}
 		return out
 	}},
@@ -570,4 +589,66 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// mesh's own programs: what they hold is the mesh's, not undeclared.
+var meshCommands = []string{"mesh-controller", "mesh-host"}
+
+// unmanagedListeners are a converged node's listeners that no module on it
+// declares: reachable from elsewhere (not loopback only), not held by the
+// mesh's own programs only, not its SSH port (unless the person had the
+// filter close it). An adopted node runs what it runs.
+func unmanagedListeners(in *checkInputs, n inventory.Node) []inventory.Found {
+	if n.Mode != inventory.Converged || len(in.listeners[n.Name]) == 0 {
+		return nil
+	}
+	declared := map[string]bool{}
+	for _, a := range in.snap.Assignments {
+		if a.Node != n.Name {
+			continue
+		}
+		for _, p := range in.snap.Manifests[a.Module][a.Version].Ports {
+			declared[fmt.Sprintf("tcp/%d", p.Port)] = true
+			declared[fmt.Sprintf("udp/%d", p.Port)] = true
+		}
+	}
+	if f, ok := in.snap.Filters[n.Name]; !ok || !f.CloseSSH {
+		ssh, ok := in.sshPorts[n.Name]
+		if !ok {
+			ssh = nftables.DefaultSSHPort
+		}
+		declared[fmt.Sprintf("tcp/%d", ssh)] = true
+	}
+	var out []inventory.Found
+	for _, l := range in.listeners[n.Name] {
+		if declared[l.Name] || loopbackOnly(l.Addresses) ||
+			(len(l.Commands) > 0 && !slices.ContainsFunc(l.Commands, func(c string) bool { return !slices.Contains(meshCommands, c) })) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// loopbackOnly says every address is a loopback one (127.0.0.0/8, ::1):
+// reachable from the machine only.
+func loopbackOnly(addresses []string) bool {
+	if len(addresses) == 0 {
+		return false
+	}
+	for _, a := range addresses {
+		ip, err := netip.ParseAddr(strings.Trim(a, "[]"))
+		if err != nil || !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}
+
+// heldBy names a listener's holders, as a condition says them.
+func heldBy(commands []string) string {
+	if len(commands) == 0 {
+		return "its holder not visible to the host"
+	}
+	return "held by " + strings.Join(commands, ", ")
 }

@@ -212,12 +212,22 @@ func (d *daemon) onFacts(m *nats.Msg) {
 	}
 	found := make([]inventory.Found, 0, len(f.Found))
 	for _, x := range f.Found {
-		found = append(found, inventory.Found{Kind: clip(x.Kind), Name: clip(x.Name), Detail: clip(x.Detail)})
+		fd := inventory.Found{Kind: clip(x.Kind), Name: clip(x.Name), Detail: clip(x.Detail)}
+		if x.Kind == "port" {
+			fd.Addresses, fd.Commands = []string{word(x.Address)}, []string{word(x.Command)}
+		}
+		found = append(found, fd)
 	}
 	if err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now()); err != nil {
 		d.deposed(err)
 		d.log.Error("record facts", "node", node, "err", err)
 	}
+}
+
+// word is a text a host reports that is kept as one word of a list: bounded,
+// its spaces made underscores.
+func word(s string) string {
+	return strings.Join(strings.Fields(clip(s)), "_")
 }
 
 // clip bounds a text a host reports.

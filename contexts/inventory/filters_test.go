@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -80,5 +81,46 @@ func TestStore_FactNamed(t *testing.T) {
 	}
 	if len(got) != 1 || got["web1"] != (Fact{Name: "filter", Value: "rolled-back", Why: "y"}) {
 		t.Fatalf("got %+v", got)
+	}
+}
+
+// A port a host found at several addresses, or held by several processes,
+// is kept as one listener with all of them; ListenersOf reads the
+// listeners of many nodes, services left out.
+func TestStore_Listeners(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, n := range []string{"web1", "web2"} {
+		if _, err := s.AddNode(ctx, n, Converged, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	found := []Found{
+		{Kind: "port", Name: "tcp/22", Detail: "first", Addresses: []string{"[::]"}, Commands: []string{"sshd"}},
+		{Kind: "port", Name: "tcp/22", Detail: "second", Addresses: []string{"0.0.0.0"}, Commands: []string{"sshd"}},
+		{Kind: "port", Name: "udp/53", Detail: "dns", Addresses: []string{"127.0.0.53"}, Commands: []string{""}},
+		{Kind: "service", Name: "cron.service", Detail: "active"},
+	}
+	if err := s.RecordFacts(ctx, "web1", nil, found, now); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListenersOf(ctx, []string{"web1", "web2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Found{
+		{Kind: "port", Name: "tcp/22", Detail: "first", Addresses: []string{"0.0.0.0", "[::]"}, Commands: []string{"sshd"}},
+		{Kind: "port", Name: "udp/53", Detail: "dns", Addresses: []string{"127.0.0.53"}},
+	}
+	if len(got) != 1 || !reflect.DeepEqual(got["web1"], want) {
+		t.Fatalf("got %+v", got)
+	}
+	_, all, err := s.Facts(ctx, "web1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3 || !reflect.DeepEqual(all[0], want[0]) || all[2].Name != "cron.service" {
+		t.Fatalf("facts' found: %+v", all)
 	}
 }

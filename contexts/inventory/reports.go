@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -30,6 +32,44 @@ type Found struct {
 	Kind   string `json:"kind"`
 	Name   string `json:"name"`
 	Detail string `json:"detail"`
+	// Addresses are where a listener listens, and Commands what holds it,
+	// each sorted; the host's reports of one port at several addresses
+	// (v4 and v6, say) are kept as one.
+	Addresses []string `json:"addresses,omitempty"`
+	Commands  []string `json:"commands,omitempty"`
+}
+
+// mergeFound keeps what a host found as one entry a kind and name, their
+// addresses and commands together (sorted, each once), the first detail.
+func mergeFound(found []Found) []Found {
+	at := map[[2]string]int{}
+	var out []Found
+	for _, f := range found {
+		k := [2]string{f.Kind, f.Name}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, Found{Kind: f.Kind, Name: f.Name, Detail: f.Detail})
+			i = len(out) - 1
+		}
+		out[i].Addresses = append(out[i].Addresses, f.Addresses...)
+		out[i].Commands = append(out[i].Commands, f.Commands...)
+	}
+	for i := range out {
+		out[i].Addresses = sortedOnce(out[i].Addresses)
+		out[i].Commands = sortedOnce(out[i].Commands)
+	}
+	return out
+}
+
+// sortedOnce sorts xs and keeps each once, leaving out "".
+func sortedOnce(xs []string) []string {
+	slices.Sort(xs)
+	xs = slices.Compact(xs)
+	if len(xs) > 0 && xs[0] == "" {
+		xs = xs[1:]
+	}
+	return xs
 }
 
 // Outcome is a host's report of applying a declaration.
@@ -113,8 +153,9 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 				return err
 			}
 		}
-		for _, f := range found {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO node_found (node, kind, name, detail) VALUES (?, ?, ?, ?) ON CONFLICT (node, kind, name) DO UPDATE SET detail = excluded.detail`, node, f.Kind, f.Name, f.Detail); err != nil {
+		for _, f := range mergeFound(found) {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO node_found (node, kind, name, detail, addresses, commands) VALUES (?, ?, ?, ?, ?, ?)`,
+				node, f.Kind, f.Name, f.Detail, strings.Join(f.Addresses, " "), strings.Join(f.Commands, " ")); err != nil {
 				return err
 			}
 		}
@@ -140,19 +181,63 @@ func (s *Store) Facts(ctx context.Context, node string) ([]Fact, []Found, error)
 	}
 	rows.Close()
 	found := []Found{}
-	rows, err = s.db.Reader.QueryContext(ctx, `SELECT kind, name, detail FROM node_found WHERE node = ? ORDER BY kind, name`, node)
+	rows, err = s.db.Reader.QueryContext(ctx, `SELECT kind, name, detail, addresses, commands FROM node_found WHERE node = ? ORDER BY kind, name`, node)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var f Found
-		if err := rows.Scan(&f.Kind, &f.Name, &f.Detail); err != nil {
+		f, err := scanFound(rows)
+		if err != nil {
 			return nil, nil, err
 		}
 		found = append(found, f)
 	}
 	return facts, found, rows.Err()
+}
+
+// scanFound reads one node_found row of kind, name, detail, addresses,
+// commands, after the columns first points at, if any.
+func scanFound(r *sql.Rows, first ...any) (Found, error) {
+	var f Found
+	var addresses, commands string
+	err := r.Scan(append(first, &f.Kind, &f.Name, &f.Detail, &addresses, &commands)...)
+	f.Addresses, f.Commands = words(addresses), words(commands)
+	return f, err
+}
+
+// words are the space-separated words of s; none is nil.
+func words(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Fields(s)
+}
+
+// ListenersOf returns the listeners (found of kind "port") of many nodes at
+// once, by node, in a few queries rather than one a node.
+func (s *Store) ListenersOf(ctx context.Context, nodes []string) (map[string][]Found, error) {
+	out := map[string][]Found{}
+	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+		rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, kind, name, detail, addresses, commands FROM node_found WHERE kind = 'port' AND node IN (`+marks+`) ORDER BY node, name`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var node string
+			f, err := scanFound(rows, &node)
+			if err != nil {
+				return err
+			}
+			out[node] = append(out[node], f)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read listeners: %w", err)
+	}
+	return out, nil
 }
 
 // FactsOf returns the facts of many nodes at once, by node (a node with

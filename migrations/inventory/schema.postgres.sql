@@ -105,7 +105,9 @@ CREATE TABLE node_found (
     node text NOT NULL,
     kind text NOT NULL,
     name text NOT NULL,
-    detail text NOT NULL
+    detail text NOT NULL,
+    addresses text NOT NULL DEFAULT ''::text,
+    commands text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE nodes (
     name text NOT NULL,

@@ -109,7 +109,7 @@ CREATE TABLE node_found (
     node   TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     kind   TEXT NOT NULL,
     name   TEXT NOT NULL,
-    detail TEXT NOT NULL,
+    detail TEXT NOT NULL, addresses TEXT NOT NULL DEFAULT '', commands TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (node, kind, name)
 ) STRICT;
 CREATE TABLE nodes (
