@@ -389,3 +389,66 @@ func TestFilter_Namespace(t *testing.T) {
 		t.Fatalf("the host's log does not say it removed the filter:\n%s", logs.String())
 	}
 }
+
+// converge, end to end: a host in a namespace with two servers, one a
+// module declares public on a node with a public domain. The preview
+// names the other as not kept and renders the filter; nothing changes
+// until --yes with its digest, then the host applies the rendered ruleset:
+// the declared port connects from the other namespace, the undeclared one
+// does not, and node.unmanaged-listener names it; adopt opens it again.
+func TestConverge_Namespace(t *testing.T) {
+	needNetns(t)
+	n := newNetns(t)
+	// Listening before the host starts: its first facts name both.
+	open, undeclared := n.listen(t), n.listen(t)
+	m := newTestMeshOn(t, nil, n.near+":0")
+	m.hostIn(t, n, "web1", 10*time.Second)
+	waitFor(t, "web1's facts", func() bool { return len(m.node("web1").Facts) > 0 })
+	ctx := context.Background()
+	m.addModule(writeManifest(t, fmt.Sprintf(`{"module": "site", "version": "1.0.0", "ports": [{"name": "http", "port": %d, "expose": "public"}]}`, open)))
+	m.assign(t, "web1", "site")
+	if _, err := m.c.SetPublicDomain(ctx, "web1", "example.org"); err != nil {
+		t.Fatal(err)
+	}
+
+	p, done, err := m.c.Converge(ctx, ConvergeRequest{Node: "web1", Filter: "nftables"})
+	if err != nil || done != nil {
+		t.Fatalf("preview: %v", err)
+	}
+	notKept := fmt.Sprintf("tcp/%d", undeclared)
+	if len(p.Unmanaged) != 1 || p.Unmanaged[0].Name != notKept || !strings.Contains(p.Ruleset, fmt.Sprintf("tcp dport %d accept", open)) {
+		t.Fatalf("the preview: %+v\n%s", p.Unmanaged, p.Ruleset)
+	}
+	if !n.connects(t, open) || !n.connects(t, undeclared) {
+		t.Fatal("a preview changed what connects")
+	}
+
+	if _, done, err = m.c.Converge(ctx, ConvergeRequest{Node: "web1", Filter: "nftables", Yes: p.Digest}); err != nil || !done.Pushed.Sent {
+		t.Fatalf("converge --yes: %v %+v", err, done)
+	}
+	waitFor(t, "the filter applied and kept", func() bool { return m.filterFact("web1").Value == protocol.FilterKept })
+	if out, err := n.nft("list", "table", "inet", "mesh"); err != nil || !strings.Contains(out, fmt.Sprintf("tcp dport %d accept", open)) {
+		t.Fatalf("the mesh's table: %v\n%s", err, out)
+	}
+	if !n.connects(t, open) {
+		t.Fatal("the declared public port does not connect through the filter")
+	}
+	if n.connects(t, undeclared) {
+		t.Fatal("the undeclared port connects through the filter")
+	}
+	key := "node.unmanaged-listener/web1/" + notKept
+	if !m.openAfterCheck(t, key) {
+		t.Fatalf("no %s", key)
+	}
+
+	if _, err := m.c.Adopt(ctx, "web1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mesh's table removed", func() bool { return m.filterFact("web1").Value == protocol.FilterRemoved })
+	if !n.connects(t, undeclared) {
+		t.Fatal("adopted, the undeclared port must connect again")
+	}
+	if m.openAfterCheck(t, key) {
+		t.Fatal("an adopted node's listener still raised")
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/nftables"
 	"mesh-controller/app/protocol"
 )
 
@@ -133,26 +134,19 @@ func nft(script string, args ...string) (string, error) {
 	return out.String(), nil
 }
 
-// replaceScript replaces the mesh's table with ruleset in one nft
-// transaction: the table is made if missing (so the delete cannot fail),
-// deleted, and made again as declared; nft -f applies it all or nothing.
-func replaceScript(ruleset string) string {
-	return "table " + protocol.FilterTable + "\ndelete table " + protocol.FilterTable + "\n" + ruleset + "\n"
-}
-
 // checkRuleset judges a ruleset with nft -c (nothing applied), on a host
 // that can apply one at all.
 func checkRuleset(ruleset string) error {
 	if err := filterUsable(); err != nil {
 		return err
 	}
-	_, err := nft(replaceScript(ruleset), "-c", "-f", "-")
+	_, err := nft(nftables.Replace(ruleset), "-c", "-f", "-")
 	return err
 }
 
 // installRuleset replaces the mesh's table with ruleset, atomically.
 func installRuleset(ruleset string) error {
-	_, err := nft(replaceScript(ruleset), "-f", "-")
+	_, err := nft(nftables.Replace(ruleset), "-f", "-")
 	return err
 }
 

@@ -62,6 +62,14 @@ type Port struct {
 	Expose string
 }
 
+// Replace is the nft script that applies a ruleset of the mesh's table:
+// the table is made if missing (so that the delete cannot fail), deleted,
+// and made again as the ruleset says, so that 'nft -f' replaces it whole
+// in one transaction, whatever it held, and touches nothing else.
+func Replace(ruleset string) string {
+	return "table " + Table + "\ndelete table " + Table + "\n" + ruleset + "\n"
+}
+
 // icmpTypes are the ICMP messages a host needs answered or let in: being
 // pinged, and the errors path MTU discovery and diagnosis depend on.
 const icmpTypes = "echo-request, destination-unreachable, time-exceeded, parameter-problem"
@@ -71,9 +79,9 @@ const icmpTypes = "echo-request, destination-unreachable, time-exceeded, paramet
 const icmpv6Types = "echo-request, destination-unreachable, packet-too-big, time-exceeded, parameter-problem, " +
 	"nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert"
 
-// Render writes the ruleset. Its first lines create the table if it is
-// missing and delete it, so that 'nft -f' replaces the mesh's table whole,
-// in one transaction, whatever it held, and touches nothing else.
+// Render writes the ruleset: the mesh's table alone, as a declaration
+// carries it (a host refuses anything beside it); the host applies it
+// with Replace.
 func Render(in Input) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -83,8 +91,6 @@ func Render(in Input) string {
 	}
 	w("# The packet filter the mesh owns on %s: the table %s alone.", node, Table)
 	w("# Made by mesh-controller; applied whole with 'nft -f', which replaces only this table.")
-	w("table %s {}", Table)
-	w("delete table %s", Table)
 	w("table %s {", Table)
 	w("\tchain input {")
 	w("\t\ttype filter hook input priority filter; policy drop;")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"mesh-controller/app/nftables"
+	"mesh-controller/app/protocol"
 )
 
 // required says the real tools must be there: under make test
@@ -65,7 +66,7 @@ var cases = []struct {
 		name: "nothing declared",
 		in:   nftables.Input{Node: "web1"},
 		want: []string{
-			"table inet mesh {}", "delete table inet mesh", "table inet mesh {",
+			"table inet mesh {",
 			"type filter hook input priority filter; policy drop;",
 			"ct state established,related accept",
 			"ct state invalid drop",
@@ -159,7 +160,7 @@ func TestRender(t *testing.T) {
 				}
 			}
 			file := filepath.Join(t.TempDir(), "mesh.nft")
-			if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+			if err := os.WriteFile(file, []byte(nftables.Replace(out)), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			if b, err := exec.Command(nft, "-c", "-f", file).CombinedOutput(); err != nil {
@@ -169,15 +170,19 @@ func TestRender(t *testing.T) {
 	}
 }
 
-// The ruleset names the mesh's table alone: every table statement is
-// inet mesh, so applying it can touch no other.
+// Every rendering is the mesh's table alone, as a host accepts a declared
+// ruleset (protocol.OneMeshTable), and Replace names no other table.
 func TestRender_OnlyItsTable(t *testing.T) {
-	out := nftables.Render(nftables.Input{Node: "web1", Ports: []nftables.Port{web, app, dns}, PublicDomain: "example.org", Overlay: overlay,
-		Networks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) > 0 && (f[0] == "table" || f[0] == "delete" || f[0] == "flush") {
-			if !strings.HasPrefix(strings.TrimPrefix(strings.TrimPrefix(l, "delete "), "flush "), "table inet mesh ") && l != "delete table inet mesh" {
-				t.Errorf("a line names another table: %q", l)
+	for _, c := range cases {
+		out := nftables.Render(c.in)
+		if err := protocol.OneMeshTable(out); err != nil {
+			t.Errorf("%s: a host would refuse it: %v\n%s", c.name, err, out)
+		}
+		for _, l := range strings.Split(nftables.Replace(out), "\n") {
+			if f := strings.Fields(l); len(f) > 0 && (f[0] == "table" || f[0] == "delete" || f[0] == "flush") {
+				if !strings.HasPrefix(strings.TrimPrefix(strings.TrimPrefix(l, "delete "), "flush "), "table inet mesh") {
+					t.Errorf("%s: a line names another table: %q", c.name, l)
+				}
 			}
 		}
 	}
@@ -214,7 +219,7 @@ func TestRender_AppliesInANamespace(t *testing.T) {
 		Networks: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}})
 	second := nftables.Render(nftables.Input{Node: "web1", Ports: []nftables.Port{app}, SSHPort: 2222})
 	other := "table inet other {\n\tchain c {\n\t\ttype filter hook input priority 10; policy accept;\n\t\ttcp dport 9999 accept\n\t}\n}\n"
-	for name, body := range map[string]string{"first.nft": first, "second.nft": second, "other.nft": other} {
+	for name, body := range map[string]string{"first.nft": nftables.Replace(first), "second.nft": nftables.Replace(second), "other.nft": other} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}

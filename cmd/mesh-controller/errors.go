@@ -140,6 +140,12 @@ func hint(err error) string {
 		return "assign the module instead ('mesh-controller assign NODE MODULE'): the mesh owns what runs there"
 	case errors.Is(err, app.ErrTakeDigestUnknown), errors.Is(err, app.ErrTakeChanged):
 		return "look at the preview again ('mesh-controller take NODE MODULE') and confirm its digest"
+	case errors.Is(err, app.ErrConvergedAlready):
+		return "see 'mesh-controller node show NODE'; converge with another --filter (or none) to change its filter, or 'mesh-controller adopt NODE' to return it to adopted"
+	case errors.Is(err, app.ErrConvergeDigestUnknown), errors.Is(err, app.ErrConvergeChanged):
+		return "look at the preview again ('mesh-controller converge NODE', with the same --filter) and confirm its digest"
+	case errors.Is(err, app.ErrNoFacts):
+		return "start its host ('mesh-host run') and converge once it has reported, or see 'mesh-controller node show NODE'"
 	case errors.Is(err, app.ErrTakeSymlink):
 		return "make that path a directory (or a file) of its own on the node, or change the manifest's data path, then take again"
 	case errors.Is(err, app.ErrAlreadyOnNode):

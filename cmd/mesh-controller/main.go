@@ -61,6 +61,7 @@ type CLI struct {
 	Collection CollectionCmd `cmd:"" help:"Kept archives, held and not held by any registered manifest, and what the sweep may let go."`
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
+	Converge   ConvergeCmd   `cmd:"" help:"Preview making a node converged (the mesh's whole) and, with --filter nftables, the packet filter it would own, with a digest; --yes DIGEST does exactly so."`
 	Adopt      AdoptCmd      `cmd:"" help:"Return a converged node to adopted: the mesh's packet filter removed; what was taken stays taken."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
 	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`

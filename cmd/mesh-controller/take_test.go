@@ -18,7 +18,9 @@ import (
 
 // cmdHostRun joins a real host with the token in TOKEN-FILE through the
 // serving controller's broker and runs it (in this test process) until the
-// scenario ends: hostrun NODE TOKEN-FILE. $ROOT_NODE is its root.
+// scenario ends: hostrun NODE TOKEN-FILE. $ROOT_NODE is its root. It
+// returns once the controller has the host's facts; the host looks for
+// changed facts twice a second.
 func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 2 {
 		ts.Fatalf("usage: hostrun NODE TOKEN-FILE")
@@ -41,7 +43,7 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Setenv("ROOT_"+args[0], root)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond}
+	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond, FactsEvery: 500 * time.Millisecond}
 	go func() { done <- r.Run(ctx) }()
 	ts.Defer(func() {
 		cancel()
@@ -49,22 +51,40 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 			ts.Logf("host %s: %v", args[0], err)
 		}
 	})
+	c = app.New(ts.Getenv("MESH_DATA"))
+	c.Getenv = ts.Getenv
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		d, err := c.NodeShow(context.Background(), args[0])
+		ts.Check(err)
+		if len(d.Facts) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("host %s: its facts did not reach the controller within 10s", args[0])
+		}
+	}
 }
 
 // cmdHoldPort starts a process that holds a listening TCP socket on
-// 127.0.0.1:PORT (sleep, with the socket inherited), as something already
-// running on an adopted machine, until the scenario ends: holdport PORT.
-// A second holdport on the same port stops the first holder first, so the
-// port's holder has a new pid. $HOLDER_PID is the holder's pid.
+// ADDRESS:PORT (127.0.0.1 unless said; sleep, with the socket inherited),
+// as something already running on an adopted machine, until the scenario
+// ends: holdport PORT [ADDRESS]. A second holdport on the same port stops
+// the first holder first, so the port's holder has a new pid. $HOLDER_PID
+// is the holder's pid.
 func cmdHoldPort(ts *testscript.TestScript, neg bool, args []string) {
-	if neg || len(args) != 1 {
-		ts.Fatalf("usage: holdport PORT")
+	if neg || len(args) < 1 || len(args) > 2 {
+		ts.Fatalf("usage: holdport PORT [ADDRESS]")
+	}
+	address := "127.0.0.1"
+	if len(args) == 2 {
+		address = args[1]
 	}
 	key := holderKey{ts, args[0]}
 	if old, ok := holders.Load(key); ok {
 		old.(*holdtest.Holder).Stop()
 	}
-	h, err := holdtest.Listen("127.0.0.1:"+args[0], 10*time.Second)
+	h, err := holdtest.Listen(address+":"+args[0], 10*time.Second)
 	ts.Check(err)
 	ts.Setenv("HOLDER_PID", fmt.Sprint(h.Pid()))
 	holders.Store(key, h)

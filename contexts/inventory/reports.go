@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -371,4 +372,18 @@ func (s *Store) AllDataSets(ctx context.Context) (map[string][]DataSet, error) {
 		out[node] = append(out[node], d)
 	}
 	return out, rows.Err()
+}
+
+// FactsAt is when a node's host last reported its facts; nil if never.
+func (s *Store) FactsAt(ctx context.Context, node string) (*time.Time, error) {
+	var at sql.NullString
+	err := s.db.Reader.QueryRowContext(ctx, `SELECT facts_at FROM nodes WHERE name = ?`, node).Scan(&at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("node %s %w", node, ErrNodeNotFound)
+	}
+	if err != nil || !at.Valid {
+		return nil, err
+	}
+	t, err := sqlite.ParseTime(at.String)
+	return &t, err
 }
