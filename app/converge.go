@@ -140,11 +140,14 @@ func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergeP
 			return p, nil, err
 		}
 		if !ok || shown.Node != r.Node || shown.Module != "" {
-			return p, nil, fmt.Errorf("nothing done: %s %w (converge %s); its preview's digest is %s", r.Yes, ErrConvergeDigestUnknown, r.Node, p.Digest)
+			return p, nil, fmt.Errorf("nothing done: %s %w (%s); its preview's digest is %s", r.Yes, ErrConvergeDigestUnknown, convergeSaid(r.Node, r.Filter, r.CloseSSH), p.Digest)
 		}
 		var old ConvergePreview
 		if err := json.Unmarshal([]byte(shown.Preview), &old); err != nil {
 			return p, nil, err
+		}
+		if was, is := convergeSaid(old.Node, old.ToFilter, old.ToCloseSSH), convergeSaid(r.Node, r.Filter, r.CloseSSH); was != is {
+			return p, nil, fmt.Errorf("nothing done: %s %w (%s): it is of %s; its preview's digest is %s", r.Yes, ErrConvergeDigestUnknown, is, was, p.Digest)
 		}
 		return p, nil, fmt.Errorf("nothing done: %w: %s; its digest is now %s", ErrConvergeChanged, strings.Join(convergeChanges(old, p), "; "), p.Digest)
 	}
@@ -170,6 +173,18 @@ func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergeP
 	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: "converge " + r.Node, Cause: "converge", Who: who(),
 		Why: fmt.Sprintf("as previewed (%s): %s", p.Digest, strings.Join(p.Does, "; "))})
 	return p, out, err
+}
+
+// convergeSaid is a converge as a person types it.
+func convergeSaid(node, filter string, closeSSH bool) string {
+	s := "converge " + node
+	if filter != "" {
+		s += " --filter " + filter
+	}
+	if closeSSH {
+		s += " --close-ssh"
+	}
+	return s
 }
 
 // convergePreview works out what converging a node would do.

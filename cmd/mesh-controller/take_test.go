@@ -19,8 +19,8 @@ import (
 // cmdHostRun joins a real host with the token in TOKEN-FILE through the
 // serving controller's broker and runs it (in this test process) until the
 // scenario ends: hostrun NODE TOKEN-FILE. $ROOT_NODE is its root. It
-// returns once the controller has the host's facts; the host looks for
-// changed facts twice a second.
+// returns once the controller has the host's facts (those of when it
+// connected: it looks again only a minute later).
 func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 2 {
 		ts.Fatalf("usage: hostrun NODE TOKEN-FILE")
@@ -43,7 +43,7 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Setenv("ROOT_"+args[0], root)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond, FactsEvery: 500 * time.Millisecond}
+	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond}
 	go func() { done <- r.Run(ctx) }()
 	ts.Defer(func() {
 		cancel()
