@@ -166,7 +166,9 @@ demo-ha: build nats-server
 # make test needs a few programs besides Go: Debian's chromium (the board is
 # tested in a real browser), sqlite3 (a test opens the stores beside a
 # serving controller, as a person inspecting them would), jq and curl (the
-# README's walkthrough, run as a test, uses them), and postgresql (every
+# README's walkthrough, run as a test, uses them), perl (the README's
+# adopted machine runs a line of it as the service already there; Debian's
+# perl-base has it, always installed), and postgresql (every
 # store test runs again on a real PostgreSQL: scripts/with-postgres starts
 # one as an unprivileged user in a temporary directory and stops it after,
 # whatever the tests' outcome), nftables and iproute2 (the packet filter a
@@ -174,7 +176,7 @@ demo-ha: build nats-server
 # joined by a veth pair). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
-TOOLS := chromium sqlite3 jq curl git
+TOOLS := chromium sqlite3 jq curl git perl
 # Tools whose Debian package is named otherwise, as tool:package, looked
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
 # namespaces, a veth pair) as root.
