@@ -139,7 +139,7 @@ func TestREADME_Adopted(t *testing.T) {
 	readmeTools(t, "bash", "perl")
 	repo := buildForReadme(t, "mesh-controller", "mesh-host")
 	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- adopted", "<!-- end of adopted -->", 5)
-	out, err := runScript(t, repo, script, 2*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	out, err := runScript(t, repo, script, 3*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
 	if err != nil {
 		t.Fatalf("the README's adopted block stopped: %v\n%s", err, out)
 	}
