@@ -37,7 +37,9 @@ run: build
 
 # demo: a controller and two hosts in a temporary dir: modules planned and run (hello asked, killed,
 # restarted, logged, stopped), a Go program built from a local git repository by the builder module
-# and run on the other host, health and the board; then all stopped.
+# and run on the other host; a third host joined as adopted, where a stand-in (perl) holds the port a
+# module declares, and the module taken onto it (the preview, its digest confirmed, the stand-in
+# stopped by its host, plan saying it was taken); health and the board; then all stopped.
 demo: build
 	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
 	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
@@ -95,6 +97,33 @@ demo: build
 	for i in $$(seq 100); do $$mc node show web1 | grep -q '^  greeter .* ready ' && break; sleep 0.1; done; \
 	$$mc node show web1 | grep '^  greeter .* ready ' | tr -s ' ' || { echo "greeter is not ready on web1"; tail -20 $$dir/web1.log; exit 1; }; \
 	echo "  it runs from $$(ls -d $$dir/web1/root/etc/mesh/modules/greeter/1.0.0) and answers: $$(curl -s --max-time 2 telnet://127.0.0.1:18490 </dev/null || true)"; \
+	echo; echo "an adopted machine, old1, already runs a service on 127.0.0.1:18482 (a stand-in, perl) and keeps its data in /var/lib/hello; take moves it under the mesh:"; \
+	tok=$$($$mc token issue --new old1 --adopted 2>/dev/null); \
+	$$mh join --broker $$url --token $$tok --node old1 --state $$dir/old1/state 2>/dev/null; \
+	$$mh run --state $$dir/old1/state --root $$dir/old1/root --heartbeat 1s --no-module-users >$$dir/old1.log 2>&1 & pids="$$pids $$!"; \
+	mkdir -p $$dir/old1/root/var/lib/hello; echo 41 >$$dir/old1/root/var/lib/hello/starts; \
+	perl -MIO::Socket::INET -e '$$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:18482", Listen => 5) or die "$$!\n"; print "listening\n"; close STDOUT; sleep' >$$dir/standin.out & \
+	standin=$$!; pids="$$pids $$standin"; \
+	for i in $$(seq 100); do grep -qs listening $$dir/standin.out && break; sleep 0.1; done; \
+	grep -qs listening $$dir/standin.out || { echo "the stand-in does not listen on 18482"; exit 1; }; \
+	sed 's/"module": "hello"/"module": "guestbook"/; s/18480/18482/g' app/host/testdata/hello/mesh.json >$$dir/guestbook.json; \
+	$$mc module add $$dir/guestbook.json >/dev/null 2>&1; \
+	$(GO) build -o $$dir/old1/root/etc/mesh/modules/guestbook/bin/hello ./app/host/testdata/hello; \
+	for i in $$(seq 100); do $$mc node show old1 | grep -q '^  arch' && break; sleep 0.1; done; \
+	echo "mesh-controller take old1 guestbook (the example module hello as guestbook, on 18482): a preview"; \
+	$$mc take old1 guestbook >$$dir/preview.txt; sed 's/^/  /' $$dir/preview.txt; \
+	digest=$$(awk '$$1 == "digest:" {print $$2}' $$dir/preview.txt); \
+	echo "confirmed: mesh-controller take old1 guestbook --yes $$digest"; \
+	$$mc take old1 guestbook --yes $$digest >$$dir/took.txt; sed -n 's/^took /  took /p' $$dir/took.txt; \
+	gb() { $$mc node show old1 | grep '^  guestbook .* ready ' | tr -s ' '; }; \
+	for i in $$(seq 150); do gb | grep -q ready && break; sleep 0.1; done; \
+	gb | grep -q ready || { echo "guestbook is not ready on old1"; tail -20 $$dir/old1.log; exit 1; }; echo " $$(gb)"; \
+	st=0; wait $$standin || st=$$?; \
+	[ $$st -eq 143 ] || { echo "the stand-in was not ended by SIGTERM (status $$st)"; exit 1; }; \
+	[ "$$(cat $$dir/old1/root/var/lib/hello/starts)" = 42 ] || { echo "guestbook did not start on the data that was there"; exit 1; }; \
+	echo "  the stand-in (pid $$standin) ended by its host's SIGTERM (status 143); guestbook started on the data there: its 42nd start"; \
+	$$mc plan old1 | grep '^  why: taken ' | sed 's/^ *why:/  plan old1, why:/'; \
+	$$mc plan old1 | grep -q '^  why: taken by a person' || { echo "plan old1 does not say guestbook was taken"; exit 1; }; \
 	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
 	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
 	kill $$pid_web1; : > $$dir/web2/root/srv; \
@@ -166,7 +195,9 @@ demo-ha: build nats-server
 # make test needs a few programs besides Go: Debian's chromium (the board is
 # tested in a real browser), sqlite3 (a test opens the stores beside a
 # serving controller, as a person inspecting them would), jq and curl (the
-# README's walkthrough, run as a test, uses them), and postgresql (every
+# README's walkthrough, run as a test, uses them), perl (the README's
+# adopted machine runs a line of it as the service already there; Debian's
+# perl-base has it, always installed), and postgresql (every
 # store test runs again on a real PostgreSQL: scripts/with-postgres starts
 # one as an unprivileged user in a temporary directory and stops it after,
 # whatever the tests' outcome), nftables and iproute2 (the packet filter a
@@ -174,7 +205,7 @@ demo-ha: build nats-server
 # joined by a veth pair). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
-TOOLS := chromium sqlite3 jq curl git
+TOOLS := chromium sqlite3 jq curl git perl
 # Tools whose Debian package is named otherwise, as tool:package, looked
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
 # namespaces, a veth pair) as root.

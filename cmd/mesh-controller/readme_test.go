@@ -127,6 +127,43 @@ func TestREADME_Outgrowing(t *testing.T) {
 	}
 }
 
+// TestREADME_Adopted runs the README's "Adopted machines" blocks as a
+// person runs them: an adopted node, a stand-in service holding the port a
+// module declares, a take refused because the machine changed since its
+// preview, then confirmed; the stand-in must end by the SIGTERM its host
+// sent, and the module start on the data that was there.
+func TestREADME_Adopted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and takes a module onto an adopted host")
+	}
+	readmeTools(t, "bash", "perl")
+	repo := buildForReadme(t, "mesh-controller", "mesh-host")
+	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- adopted", "<!-- end of adopted -->", 5)
+	out, err := runScript(t, repo, script, 3*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	if err != nil {
+		t.Fatalf("the README's adopted block stopped: %v\n%s", err, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^  http 18481: tcp on 127\.0\.0\.1 held by pid \d+ \(perl\)$`),
+		regexp.MustCompile(`(?m)^digest: [0-9a-f]{16}$`),
+		regexp.MustCompile(`nothing taken: what runs there changed since that preview: tcp/18481 on 127\.0\.0\.1 was held by pid \d+ \(perl\), now held by pid \d+ \(perl\)`),
+		regexp.MustCompile(`(?m)^took guestbook 1\.0\.0 onto old1, as previewed \([0-9a-f]{16}\)$`),
+		// the stand-in ended by the host's SIGTERM: 128 + 15
+		regexp.MustCompile(`(?m)^the stand-in ended: status 143$`),
+		// started on the data that was there, never wiped: 41 starts, then its own
+		regexp.MustCompile(`(?m)^42$`),
+		regexp.MustCompile(`(?m)^  why: taken by a person on \S+ \(preview [0-9a-f]{16}\) from: tcp/18481 on 127\.0\.0\.1 held by pid \d+ \(perl\)$`),
+		regexp.MustCompile(`(?m)^  public: http \(port 18481\) routed as http\.guestbook\.example\.org$`),
+		regexp.MustCompile(`(?m)^  networks: 10\.20\.0\.0/16, 192\.168\.10\.0/24$`),
+		regexp.MustCompile(`node web2 is converged: take is for adopted nodes`),
+		regexp.MustCompile(`(?m)^web2: adopted: `),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("the block's output lacks %s:\n%s", want, out)
+		}
+	}
+}
+
 // The README's "The HTTP API", "Metrics" and "The log, and alerts to a
 // person" run as a person runs them, against a real issuer (mockoidc) whose
 // tokens stand for the person's: one for mesh-admin, one for mesh-read.
