@@ -155,6 +155,10 @@ func TestREADME_Adopted(t *testing.T) {
 		regexp.MustCompile(`(?m)^  why: taken by a person on \S+ \(preview [0-9a-f]{16}\) from: tcp/18481 on 127\.0\.0\.1 held by pid \d+ \(perl\)$`),
 		regexp.MustCompile(`(?m)^  public: http \(port 18481\) routed as http\.guestbook\.example\.org$`),
 		regexp.MustCompile(`(?m)^  networks: 10\.20\.0\.0/16, 192\.168\.10\.0/24$`),
+		regexp.MustCompile(`(?m)^to be: converged, the mesh's nftables filter, SSH kept open$`),
+		regexp.MustCompile(`(?m)^  \t\ttcp dport 18481 accept comment "guestbook/http"$`),
+		regexp.MustCompile(`(?m)^converged old1, as previewed \([0-9a-f]{16}\)$`),
+		regexp.MustCompile(`(?m)^old1\s+converged\b`),
 		regexp.MustCompile(`node web2 is converged: take is for adopted nodes`),
 		regexp.MustCompile(`(?m)^web2: adopted: `),
 	} {
