@@ -380,29 +380,7 @@ func convergeDigest(p ConvergePreview) string {
 
 // convergeChanges says what differs between the preview approved and now.
 func convergeChanges(old, now ConvergePreview) []string {
-	was, is := convergeState(old), convergeState(now)
-	keys := map[string]bool{}
-	for k := range was {
-		keys[k] = true
-	}
-	for k := range is {
-		keys[k] = true
-	}
-	var out []string
-	for k := range keys {
-		a, ok := was[k]
-		if !ok {
-			a = "not there"
-		}
-		b, ok := is[k]
-		if !ok {
-			b = "not there"
-		}
-		if a != b {
-			out = append(out, fmt.Sprintf("%s was %s, now %s", k, a, b))
-		}
-	}
-	sort.Strings(out)
+	out := stateChanges(convergeState(old), convergeState(now), func(string) string { return "not there" })
 	if len(out) == 0 {
 		out = append(out, "what it would do")
 	}

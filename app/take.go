@@ -334,8 +334,7 @@ func takeDigest(p TakePreview) string {
 
 // changes says what differs between the preview approved and now.
 func changes(old, now TakePreview) []string {
-	was, is := takeState(old), takeState(now)
-	absent := func(key string) string {
+	out := stateChanges(takeState(old), takeState(now), func(key string) string {
 		switch {
 		case strings.HasPrefix(key, "unit "):
 			return "not active"
@@ -345,7 +344,20 @@ func changes(old, now TakePreview) []string {
 			return "not declared"
 		}
 		return "not listening"
+	})
+	if old.Version != now.Version {
+		out = append(out, fmt.Sprintf("%s was version %s, now %s", now.Module, old.Version, now.Version))
 	}
+	if len(out) == 0 {
+		out = append(out, "what the module declares")
+	}
+	return out
+}
+
+// stateChanges says, sorted, each key whose value differs between what a
+// preview said (was) and what it says now (is); absent words a key one of
+// them lacks.
+func stateChanges(was, is map[string]string, absent func(key string) string) []string {
 	keys := map[string]bool{}
 	for k := range was {
 		keys[k] = true
@@ -368,11 +380,5 @@ func changes(old, now TakePreview) []string {
 		}
 	}
 	sort.Strings(out)
-	if old.Version != now.Version {
-		out = append(out, fmt.Sprintf("%s was version %s, now %s", now.Module, old.Version, now.Version))
-	}
-	if len(out) == 0 {
-		out = append(out, "what the module declares")
-	}
 	return out
 }
