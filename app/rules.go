@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -591,6 +592,9 @@ func orNone(s string) string {
 	return s
 }
 
+// listenerName is what a host names a listener: protocol/port.
+var listenerName = regexp.MustCompile(`^(tcp|udp)/[0-9]{1,5}$`)
+
 // mesh's own programs: what they hold is the mesh's, not undeclared.
 var meshCommands = []string{"mesh-controller", "mesh-host"}
 
@@ -621,7 +625,8 @@ func unmanagedListeners(in *checkInputs, n inventory.Node) []inventory.Found {
 	}
 	var out []inventory.Found
 	for _, l := range in.listeners[n.Name] {
-		if declared[l.Name] || loopbackOnly(l.Addresses) ||
+		// A name a host sends is judged before it becomes part of a key.
+		if !listenerName.MatchString(l.Name) || declared[l.Name] || loopbackOnly(l.Addresses) ||
 			(len(l.Commands) > 0 && !slices.ContainsFunc(l.Commands, func(c string) bool { return !slices.Contains(meshCommands, c) })) {
 			continue
 		}
