@@ -51,6 +51,9 @@ type Declaration struct {
 	// (canonical CIDR prefixes, sorted): its filter forwards them.
 	Networks []string `json:"networks,omitempty"`
 	Node     string   `json:"node"`
+	// Overlay is the node's part of the mesh's private network; nil: none
+	// yet (its host brings no interface up, and takes down one it had).
+	Overlay *DeclaredOverlay `json:"overlay,omitempty"`
 	// PublicDomain is the domain its public ports' routed names are
 	// composed under (<port>.<module>.<domain>); none: they are closed.
 	PublicDomain string `json:"public_domain,omitempty"`

@@ -135,6 +135,8 @@ type HeartbeatBody struct {
 	UptimeS       int64     `json:"uptime_s"`
 	// Modules are the states of the modules its host supervises.
 	Modules []ModuleState `json:"modules,omitempty"`
+	// Peers are its overlay peers' last handshakes, when it has an overlay.
+	Peers []PeerHandshake `json:"peers,omitempty"`
 }
 
 // Module states a host reports (protocol.md, "Added in the second round").
