@@ -86,6 +86,10 @@ func TestServeLog_JSONWithSubjects(t *testing.T) {
 		m.addModule(example(n))
 	}
 	m.assign(t, "db1", "postgres")
+	// Applied before web1's assign moves db1's plan again (binding web1's
+	// needs to it): a host that was not listening yet when declaration 1
+	// was pushed asks, and could be answered 2.
+	waitFor(t, "db1 to apply 1", func() bool { return m.node("db1").SerialApplied >= 1 })
 	m.assign(t, "web1", "paperless")
 	value, encodings := knownValue(t)
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte(value))); err != nil {
