@@ -6,7 +6,9 @@
 package overlay
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -293,4 +295,26 @@ func Relays(d *protocol.DeclaredOverlay) bool {
 		}
 	}
 	return false
+}
+
+// Moved are the nodes whose overlay part differs between two computations
+// of the overlay, by name: those whose plans an act moves.
+func Moved(before, after Mesh) []string {
+	var out []string
+	for _, n := range after.Nodes {
+		a, b := before.Declared[n.Node], after.Declared[n.Node]
+		if (a == nil) != (b == nil) {
+			out = append(out, n.Node)
+			continue
+		}
+		if a == nil {
+			continue
+		}
+		ja, err1 := json.Marshal(a)
+		jb, err2 := json.Marshal(b)
+		if err1 != nil || err2 != nil || !bytes.Equal(ja, jb) {
+			out = append(out, n.Node)
+		}
+	}
+	return out
 }
