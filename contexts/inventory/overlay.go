@@ -6,6 +6,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
+
+	"mesh-controller/embedded/sqlite"
 )
 
 // Reach says how a node is reached on the overlay.
@@ -181,4 +184,82 @@ func (s *Store) SetPlacement(ctx context.Context, node string, p Placement, move
 		return false, fmt.Errorf("place node %s: %w", node, err)
 	}
 	return changed, err
+}
+
+// SilentPeer is a direct overlay peer a node's host has not heard from
+// lately (node.overlay-peer-silent).
+type SilentPeer struct {
+	Node, Peer string
+	// Since is when it was found silent.
+	Since time.Time
+	// LastHandshake is nil for none ever.
+	LastHandshake *time.Time
+}
+
+// PeerFlip is a pair of overlay peers turning silent, or heard again.
+type PeerFlip struct {
+	Node, Peer string
+	Silent     bool
+	At         time.Time
+	// LastHandshake is the handshake last heard, nil for none.
+	LastHandshake *time.Time
+}
+
+// SilentPeers returns every silent pair, by node and peer.
+func (s *Store) SilentPeers(ctx context.Context) ([]SilentPeer, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, peer, since, last_handshake FROM overlay_silent_peers ORDER BY node, peer`)
+	if err != nil {
+		return nil, fmt.Errorf("read silent overlay peers: %w", err)
+	}
+	defer rows.Close()
+	var out []SilentPeer
+	for rows.Next() {
+		var p SilentPeer
+		var since string
+		var last sql.NullString
+		if err := rows.Scan(&p.Node, &p.Peer, &since, &last); err != nil {
+			return nil, err
+		}
+		if p.Since, err = sqlite.ParseTime(since); err != nil {
+			return nil, err
+		}
+		if p.LastHandshake, err = sqlite.ParseNullTime(last); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// RecordPeerFlips keeps pairs turning silent and forgets those heard again,
+// in one transaction. A flip for a node no longer recorded is dropped.
+func (s *Store) RecordPeerFlips(ctx context.Context, flips []PeerFlip) error {
+	if len(flips) == 0 {
+		return nil
+	}
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		for _, f := range flips {
+			if !f.Silent {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM overlay_silent_peers WHERE node = ? AND peer = ?`, f.Node, f.Peer); err != nil {
+					return err
+				}
+				continue
+			}
+			var last any
+			if f.LastHandshake != nil {
+				last = sqlite.FormatTime(*f.LastHandshake)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO overlay_silent_peers (node, peer, since, last_handshake)
+				SELECT name, ?, ?, ? FROM nodes WHERE name = ?
+				ON CONFLICT (node, peer) DO UPDATE SET last_handshake = excluded.last_handshake`,
+				f.Peer, sqlite.FormatTime(f.At), last, f.Node); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record overlay peers silent or heard: %w", err)
+	}
+	return nil
 }

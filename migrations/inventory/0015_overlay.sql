@@ -20,3 +20,15 @@ CREATE UNIQUE INDEX nodes_overlay_index ON nodes (overlay_index);
 -- Nodes recorded before the overlay existed take the first indexes.
 UPDATE nodes SET overlay_index = (SELECT count(*) FROM nodes m WHERE m.name <= nodes.name);
 INSERT INTO overlay_mesh (id, prefix, next_index) VALUES (1, NULL, (SELECT count(*) + 1 FROM nodes));
+-- The direct overlay peers a node's host has not heard a handshake from
+-- within protocol.OverlayPeerSilentAfter (node.overlay-peer-silent): a row
+-- while silent, written only when a pair turns silent or is heard again,
+-- so that heartbeats stay one update per node. last_handshake is NULL for
+-- none ever.
+CREATE TABLE overlay_silent_peers (
+    node           TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
+    peer           TEXT NOT NULL,
+    since          TEXT NOT NULL,
+    last_handshake TEXT,
+    PRIMARY KEY (node, peer)
+) STRICT;

@@ -137,6 +137,12 @@ CREATE TABLE overlay_mesh (
     prefix text,
     next_index integer NOT NULL
 );
+CREATE TABLE overlay_silent_peers (
+    node text NOT NULL,
+    peer text NOT NULL,
+    since text NOT NULL,
+    last_handshake text
+);
 CREATE TABLE pins (
     node text NOT NULL,
     provision text NOT NULL,
@@ -234,6 +240,8 @@ ALTER TABLE nodes ADD CONSTRAINT nodes_pkey PRIMARY KEY (name);
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_id_check CHECK ((id = 1));
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_next_index_check CHECK ((next_index >= 1));
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_pkey PRIMARY KEY (id);
+ALTER TABLE overlay_silent_peers ADD CONSTRAINT overlay_silent_peers_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
+ALTER TABLE overlay_silent_peers ADD CONSTRAINT overlay_silent_peers_pkey PRIMARY KEY (node, peer);
 ALTER TABLE pins ADD CONSTRAINT pins_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
 ALTER TABLE pins ADD CONSTRAINT pins_pkey PRIMARY KEY (node, provision);
 ALTER TABLE replacements ADD CONSTRAINT replacements_pkey PRIMARY KEY (id);

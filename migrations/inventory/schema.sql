@@ -127,6 +127,13 @@ CREATE TABLE overlay_mesh (
     prefix     TEXT,
     next_index INTEGER NOT NULL CHECK (next_index >= 1)
 ) STRICT;
+CREATE TABLE overlay_silent_peers (
+    node           TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
+    peer           TEXT NOT NULL,
+    since          TEXT NOT NULL,
+    last_handshake TEXT,
+    PRIMARY KEY (node, peer)
+) STRICT;
 CREATE TABLE pins (
     node            TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     provision       TEXT NOT NULL,
