@@ -231,4 +231,3 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 		}
 	})
 }
-
