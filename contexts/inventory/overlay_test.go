@@ -150,4 +150,18 @@ func TestStore_Placement(t *testing.T) {
 	if snap, _ := s.Snapshot(ctx); snap.Overlay.Nodes[slices.IndexFunc(snap.Overlay.Nodes, func(n OverlayNode) bool { return n.Name == "nat1" })].Key == "" {
 		t.Error("the snapshot has no key for nat1")
 	}
+	// Removing a node of the overlay moves the plans of those with a key.
+	before = plans()
+	if _, err := s.RemoveNodes(ctx, []string{"nat1"}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"pub1", "idle1"} {
+		node, err := s.Node(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if moved := node.PlanVersion > before[n]; moved != (n == "pub1") {
+			t.Errorf("removing nat1: %s's plan moved %v", n, moved)
+		}
+	}
 }
