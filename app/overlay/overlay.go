@@ -6,12 +6,11 @@
 package overlay
 
 import (
-	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -72,8 +71,11 @@ type Mesh struct {
 
 // member is a node that takes part: it has a key and addresses.
 type member struct {
-	name, key      string
-	a4, a6         string // own addresses, /32 and /128
+	name, key string
+	a4, a6    string // own addresses, /32 and /128
+	// own is []string{a4, a6}, shared by every peer entry for the node:
+	// full to its capacity, so a relay's entry appending to it copies.
+	own            []string
 	endpoint, site string
 	public         bool
 	at             int // index in Mesh.Nodes
@@ -114,8 +116,10 @@ func Compute(o inventory.Overlay) Mesh {
 		}
 		m.Nodes = append(m.Nodes, v)
 		if v.Key && v.Address4 != "" {
-			members = append(members, &member{name: n.Name, key: n.Key, a4: a4.String() + "/32", a6: a6.String() + "/128",
-				endpoint: n.Placement.Endpoint, site: n.Placement.Site, public: n.Placement.Reach == inventory.Public, at: len(m.Nodes) - 1})
+			mb := &member{name: n.Name, key: n.Key, a4: a4.String() + "/32", a6: a6.String() + "/128",
+				endpoint: n.Placement.Endpoint, site: n.Placement.Site, public: n.Placement.Reach == inventory.Public, at: len(m.Nodes) - 1}
+			mb.own = []string{mb.a4, mb.a6}
+			members = append(members, mb)
 		}
 	}
 	var relay *member
@@ -230,7 +234,7 @@ func some(names []string) string {
 }
 
 func peer(b *member, endpoint string, keepalive int) protocol.DeclaredPeer {
-	return protocol.DeclaredPeer{Node: b.name, PublicKey: b.key, Endpoint: endpoint, AllowedIPs: []string{b.a4, b.a6}, Keepalive: keepalive}
+	return protocol.DeclaredPeer{Node: b.name, PublicKey: b.key, Endpoint: endpoint, AllowedIPs: b.own[:2:2], Keepalive: keepalive}
 }
 
 // listenPort is the port of a node's endpoint, or protocol.OverlayPort:
@@ -310,11 +314,18 @@ func Moved(before, after Mesh) []string {
 		if a == nil {
 			continue
 		}
-		ja, err1 := json.Marshal(a)
-		jb, err2 := json.Marshal(b)
-		if err1 != nil || err2 != nil || !bytes.Equal(ja, jb) {
+		if !equal(a, b) {
 			out = append(out, n.Node)
 		}
 	}
 	return out
+}
+
+// equal says two overlay parts declare the same.
+func equal(a, b *protocol.DeclaredOverlay) bool {
+	return a.Interface == b.Interface && a.Address4 == b.Address4 && a.Address6 == b.Address6 && a.ListenPort == b.ListenPort &&
+		slices.EqualFunc(a.Peers, b.Peers, func(p, q protocol.DeclaredPeer) bool {
+			return p.Node == q.Node && p.PublicKey == q.PublicKey && p.Endpoint == q.Endpoint && p.Keepalive == q.Keepalive &&
+				p.Relays == q.Relays && slices.Equal(p.AllowedIPs, q.AllowedIPs) && slices.Equal(p.Via, q.Via)
+		})
 }

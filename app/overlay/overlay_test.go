@@ -209,3 +209,29 @@ func BenchmarkCompute1000(b *testing.B) {
 		Compute(o)
 	}
 }
+
+// Moved names the nodes whose overlay part a change alters, and no other.
+func TestMoved(t *testing.T) {
+	before := inventory.Overlay{Prefix6: "fd12:3456:789a::/48", Nodes: []inventory.OverlayNode{
+		node("pub1", 1, inventory.Public, "203.0.113.1:51820", ""),
+		node("pub2", 2, inventory.Public, "203.0.113.2:51820", ""),
+		node("nat1", 3, inventory.BehindNAT, "192.168.1.3:51820", "home"),
+		node("nat2", 4, inventory.BehindNAT, "", "office"),
+	}}
+	after := inventory.Overlay{Prefix6: before.Prefix6, Nodes: slices.Clone(before.Nodes)}
+	after.Nodes[3].Placement.Site = "home" // nat2 moves next to nat1: no relay between them now
+	if got := Moved(Compute(before), Compute(after)); !slices.Equal(got, []string{"nat1", "nat2", "pub1"}) {
+		t.Errorf("moved %v, want nat1 nat2 pub1 (pub2's entries are the same)", got)
+	}
+	if got := Moved(Compute(before), Compute(before)); len(got) != 0 {
+		t.Errorf("nothing changed, moved %v", got)
+	}
+	big := mesh(1000, inventory.Public)
+	start := time.Now()
+	bigger := Compute(big)
+	big.Nodes[0].Placement.Endpoint = "node0001.example.net:51821"
+	if got := Moved(bigger, Compute(big)); len(got) != 1000 {
+		t.Errorf("a public node's endpoint moved %d of 1000 public nodes", len(got))
+	}
+	t.Logf("two computations and Moved at 1000 public nodes: %v", time.Since(start))
+}
