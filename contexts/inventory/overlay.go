@@ -149,12 +149,8 @@ func (s *Store) SetPlacement(ctx context.Context, node string, p Placement, move
 		return s
 	}
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
-		var exists int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
+		if err := mustExist(ctx, tx, node); err != nil {
 			return err
-		}
-		if exists == 0 {
-			return fmt.Errorf("node %s %w", node, ErrNodeNotFound)
 		}
 		if err := ensureOverlayPrefix(ctx, tx); err != nil {
 			return err
