@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"mesh-controller/app/overlay"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -21,7 +22,9 @@ var ErrBadEndpoint = errors.New("is not an endpoint")
 var ErrPublicNeedsEndpoint = errors.New("a public node needs an endpoint: its peers dial it there")
 
 // CheckEndpoint judges an overlay endpoint: host:port, the port from 1 to
-// 65535, the host an IP literal (IPv6 in brackets) or a DNS name.
+// 65535, the host an IP literal (IPv6 in brackets) or a DNS name judged
+// as a public domain is (protocol.CheckDomain: at least two labels, lower
+// case).
 func CheckEndpoint(endpoint string) error {
 	host, port, err := net.SplitHostPort(endpoint)
 	if err != nil {
@@ -39,33 +42,12 @@ func CheckEndpoint(endpoint string) error {
 		}
 		return nil
 	}
-	if !dnsName(host) {
-		return fmt.Errorf("%q %w: its host is neither an IP address nor a DNS name", endpoint, ErrBadEndpoint)
+	// A name as a public domain is judged: peers on other machines resolve it.
+	if err := protocol.CheckDomain(host); err != nil {
+		_, why, _ := strings.Cut(err.Error(), protocol.ErrBadDomain.Error()+": ")
+		return fmt.Errorf("%q %w: its host is neither an IP address nor a DNS name: %s", endpoint, ErrBadEndpoint, why)
 	}
 	return nil
-}
-
-// dnsName says s is a DNS name: labels of letters, digits and inner
-// hyphens, each 1–63 long, 253 in all, the last not all digits.
-func dnsName(s string) bool {
-	s = strings.TrimSuffix(s, ".")
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	labels := strings.Split(s, ".")
-	for _, l := range labels {
-		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
-			return false
-		}
-		for _, r := range l {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
-				return false
-			}
-		}
-	}
-	last := labels[len(labels)-1]
-	_, err := strconv.Atoi(last)
-	return err != nil
 }
 
 // Placement is where overlay place puts a node.
