@@ -399,11 +399,13 @@ func factsCompared(body protocol.FactsBody) []byte {
 	return b
 }
 
-// facts are the machine's facts, and the mesh's filter's state among them.
+// facts are the machine's facts, and the mesh's filter's and overlay's
+// states among them.
 func (r *Runner) facts() protocol.FactsBody {
 	body := Facts(r.Root)
 	r.mu.Lock()
 	f, ok := r.filter.fact()
+	body.Facts = append(body.Facts, r.overlayFacts()...)
 	r.mu.Unlock()
 	if ok {
 		body.Facts = append(body.Facts, f)
