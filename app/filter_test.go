@@ -139,40 +139,29 @@ func (n netns) nft(args ...string) (string, error) {
 	return runErr("ip", append([]string{"netns", "exec", n.name, nft}, args...)...)
 }
 
-// listen opens a TCP server inside the namespace, each connection
-// answered "hello" and closed: the socket is made by a thread moved into
-// the namespace (a socket stays in the namespace it was made in), a thread
-// never given back to the runtime.
+// listen opens a TCP server on the namespace's end of its veth pair,
+// each connection answered "hello" and closed.
 func (n netns) listen(t *testing.T) int {
 	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
+	return n.listenOn(t, n.far)
+}
+
+// listenOn opens a TCP server inside the namespace on addr ("": every
+// address, the overlay's included), each connection answered "hello" and
+// closed.
+func (n netns) listenOn(t *testing.T, addr string) int {
+	t.Helper()
+	var ln net.Listener
+	if err := n.do(func() (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(addr, "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		f, err := os.Open("/var/run/netns/" + n.name)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", n.name, err)}
-			return
-		}
-		ln, err := net.Listen("tcp", n.far+":0")
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { r.ln.Close() })
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			c, err := r.ln.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
@@ -180,7 +169,29 @@ func (n netns) listen(t *testing.T) int {
 			c.Close()
 		}
 	}()
-	return r.ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// do runs f inside the namespace: on a thread moved into it (a socket
+// stays in the namespace it was made in), a thread never given back to
+// the runtime.
+func (n netns) do(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		h, err := os.Open("/var/run/netns/" + n.name)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer h.Close()
+		if err := unix.Setns(int(h.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("setns %s: %w", n.name, err)
+			return
+		}
+		done <- f()
+	}()
+	return <-done
 }
 
 // connects says whether a TCP connection from this namespace to port in n
@@ -232,6 +243,27 @@ func filterBody(ruleset string) string {
 // namespace, its filter confirmed within confirm; stopped when the test ends.
 func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Duration) *syncBuffer {
 	t.Helper()
+	return m.runIn(t, n, node, false, "--filter-confirm", confirm.String()).logs
+}
+
+// hostProc is a real mesh-host process running in a namespace.
+type hostProc struct {
+	node  string
+	state string // its state dir
+	pid   int
+	logs  *syncBuffer
+	// stop ends it with SIGTERM, as a person's machine stops it; again,
+	// it does nothing.
+	stop func()
+}
+
+// runIn joins node and runs a real mesh-host process for it inside the
+// namespace, with args besides the usual; stopped when the test ends.
+// ownRun gives it a /run/wireguard of its own (a tmpfs in the mount
+// namespace ip netns exec makes for it): wg(8) finds an interface by its
+// socket there, and several hosts on one machine each have a mesh0.
+func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args ...string) *hostProc {
+	t.Helper()
 	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: node, New: true, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -246,15 +278,26 @@ func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Durat
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(ip, "netns", "exec", n.name, bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
-		"--heartbeat", "200ms", "--filter-confirm", confirm.String(), "--no-module-users")
+	argv := append([]string{"netns", "exec", n.name}, append([]string{bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
+		"--heartbeat", "200ms", "--no-module-users"}, args...)...)
+	if ownRun {
+		// sh execs the host: the signal reaches it, as below.
+		argv = append([]string{"netns", "exec", n.name, "sh", "-c",
+			`mkdir -p /run/wireguard && mount -t tmpfs -o mode=0755 mesh-test /run/wireguard && exec "$0" "$@"`}, argv[3:]...)
+	}
+	cmd := exec.Command(ip, argv...)
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	stopped := false
 	// ip netns exec becomes the host (it execs it): the signal reaches it.
-	t.Cleanup(func() {
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
@@ -265,11 +308,14 @@ func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Durat
 			<-done
 			t.Errorf("the host in %s did not stop on SIGTERM within 15s", n.name)
 		}
+	}
+	t.Cleanup(func() {
+		stop()
 		if t.Failed() {
 			t.Logf("the host's log:\n%s", logs.String())
 		}
 	})
-	return logs
+	return &hostProc{node: node, state: st.Dir, pid: cmd.Process.Pid, logs: logs, stop: stop}
 }
 
 // filterFact is the node's report of the mesh's filter, "" if none.
