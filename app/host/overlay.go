@@ -172,8 +172,12 @@ func relays(o *protocol.DeclaredOverlay) bool {
 	return false
 }
 
-// overlayUsable says why this host cannot bring the interface up, or nil.
-func overlayUsable() error {
+// overlayUsable says why this host cannot (or may not: configOnly) bring
+// the interface up, or nil.
+func overlayUsable(configOnly bool) error {
+	if configOnly {
+		return errors.New("mesh-host runs with --no-overlay-interface: it brings no interface up")
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("this host does not run as root: it cannot make the overlay's interface")
 	}
@@ -424,7 +428,7 @@ func (r *Runner) setOverlay(o *protocol.DeclaredOverlay, serial int64) error {
 	if err := writeFile(conf, overlayConfig(o, r.State.WireGuard, serial)); err != nil {
 		return fmt.Errorf("write the overlay's configuration: %w", err)
 	}
-	if err := overlayUsable(); err != nil {
+	if err := overlayUsable(r.NoOverlayInterface); err != nil {
 		r.stopOverlay()
 		r.ov.fact = protocol.Fact{Name: protocol.FactOverlay, Value: protocol.OverlayUnavailable,
 			Why: fmt.Sprintf("%v; declaration %d's configuration is in %s (wg-quick up %s)", err, serial, conf, conf)}

@@ -238,3 +238,60 @@ func TestHeartbeat_PeersSize(t *testing.T) {
 	}
 	t.Logf("a signed heartbeat with 100 peers' handshakes: %d bytes", len(b))
 }
+
+// A host that brings no interface up (here --no-overlay-interface; not
+// root or no TUN take the same way) writes the configuration all the same,
+// says why in its facts, and never fails the apply for it; a declaration
+// without the overlay takes the configuration away.
+func TestRunner_OverlayConfigOnly(t *testing.T) {
+	st := savedState(t)
+	var log strings.Builder
+	r := &Runner{State: st, Log: &log, NoOverlayInterface: true}
+	o := testOverlay(t)
+	r.last.Overlay = o
+	if err := r.setOverlay(o, 3); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(st.Dir, fileOverlayConf)
+	b, err := os.ReadFile(conf)
+	if err != nil || !strings.Contains(string(b), "PrivateKey = "+st.WireGuard.String()) {
+		t.Fatalf("the configuration: %v", err)
+	}
+	if fi, _ := os.Stat(conf); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the configuration is %v", fi.Mode())
+	}
+	facts := map[string]protocol.Fact{}
+	for _, f := range r.overlayFacts() {
+		facts[f.Name] = f
+	}
+	if facts[protocol.FactWireGuardKey].Value != st.WireGuard.PublicKey().String() {
+		t.Fatalf("the key fact: %+v", facts[protocol.FactWireGuardKey])
+	}
+	if f := facts[protocol.FactOverlay]; f.Value != protocol.OverlayUnavailable || !strings.Contains(f.Why, "--no-overlay-interface") || !strings.Contains(f.Why, conf) {
+		t.Fatalf("the overlay fact: %+v", f)
+	}
+	if _, ok := facts[protocol.FactOverlayForwarding]; ok {
+		t.Fatal("forwarding turned on with no interface")
+	}
+	// Its peers are reported, none with a handshake.
+	hs := r.peerHandshakes()
+	if len(hs) != 2 || hs[0].Node != "b" || hs[0].At != nil || hs[1].Node != "c" || hs[1].At != nil {
+		t.Fatalf("handshakes: %+v", hs)
+	}
+	r.last.Overlay = nil
+	if err := r.setOverlay(nil, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(conf); !os.IsNotExist(err) {
+		t.Fatalf("the configuration stays: %v", err)
+	}
+	if f := r.overlayFacts(); len(f) != 2 || f[1].Value != protocol.OverlayDown || !strings.Contains(f[1].Why, "declaration 4 carries no overlay") {
+		t.Fatalf("after: %+v", f)
+	}
+	if r.peerHandshakes() != nil {
+		t.Fatal("handshakes reported without an overlay")
+	}
+	if s := redact(log.String(), st.WireGuard); s != log.String() {
+		t.Fatalf("the private key is in the log:\n%s", s)
+	}
+}

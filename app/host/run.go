@@ -44,6 +44,11 @@ type Runner struct {
 	// after applying a packet filter before it rolls it back
 	// (DefaultFilterConfirm if zero).
 	FilterConfirm time.Duration
+	// NoOverlayInterface has the host write the overlay's configuration
+	// and bring no interface up, even where it could: wg-quick or systemd
+	// brings mesh0 up from the file on that machine (or a test's hosts
+	// share one network namespace, which holds one mesh0).
+	NoOverlayInterface bool
 
 	mu   sync.Mutex
 	last applied
