@@ -202,7 +202,8 @@ demo-ha: build nats-server
 # one as an unprivileged user in a temporary directory and stops it after,
 # whatever the tests' outcome), nftables and iproute2 (the packet filter a
 # converged node gets is checked by nft and applied in a network namespace
-# joined by a veth pair). When missing and run as root (as CI is),
+# joined by a veth pair), and wireguard-tools (the overlay's interfaces are
+# read back with wg). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git perl

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.zx2c4.com/wireguard/conn"
@@ -238,10 +240,16 @@ func openOverlay(logf func(string, ...any)) (*overlayLink, error) {
 		return nil, fmt.Errorf("make the TUN device %s: %w", protocol.OverlayInterface, err)
 	}
 	// wireguard-go's errors are about peers (named by a shortened public
-	// key) and packets: never a private key.
+	// key) and packets: never a private key. A peer out of reach makes
+	// the same one every few seconds: said once a minute.
+	quiet := &quieter{seen: map[string]time.Time{}}
 	dev := device.NewDevice(td, conn.NewDefaultBind(), &device.Logger{
 		Verbosef: device.DiscardLogf,
-		Errorf:   func(format string, args ...any) { logf("overlay: "+format, args...) },
+		Errorf: func(format string, args ...any) {
+			if line := fmt.Sprintf(format, args...); quiet.says(line, time.Now()) {
+				logf("overlay: %s", line)
+			}
+		},
 	})
 	f, err := ipc.UAPIOpen(protocol.OverlayInterface)
 	if err != nil {
@@ -264,6 +272,29 @@ func openOverlay(logf func(string, ...any)) (*overlayLink, error) {
 		}
 	}()
 	return &overlayLink{dev: dev, uapi: l, peers: map[string]bool{}}, nil
+}
+
+// quieter says a line once a minute at most; it remembers at most
+// maxQuiet lines (forgetting them all when full: a line then said again
+// early is harmless).
+type quieter struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+const maxQuiet = 256
+
+func (q *quieter) says(line string, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if at, ok := q.seen[line]; ok && now.Sub(at) < time.Minute {
+		return false
+	}
+	if len(q.seen) >= maxQuiet {
+		clear(q.seen)
+	}
+	q.seen[line] = now
+	return true
 }
 
 // close takes the interface down and away: the TUN device goes with the
@@ -479,10 +510,22 @@ func (r *Runner) stopOverlay() {
 	r.setForwarding(false, 0)
 }
 
+// fileForwardingWas keeps what the forwarding sysctls were before this
+// host turned them on, in its state dir, until it puts them back: a host
+// killed while relaying puts back, when it next stops, what was there
+// before it, not its own "1".
+const fileForwardingWas = "forwarding.was"
+
 // setForwarding turns IP forwarding on in this host's network namespace
 // for a relay, remembering what each sysctl was, and puts it back when
 // the host relays no more (or stops), with r.mu held.
 func (r *Runner) setForwarding(on bool, serial int64) {
+	wasFile := filepath.Join(r.State.Dir, fileForwardingWas)
+	if r.ov.forwardedWas == nil {
+		if b, err := os.ReadFile(wasFile); err == nil {
+			json.Unmarshal(b, &r.ov.forwardedWas) // a damaged file: what is there now is put back
+		}
+	}
 	if !on {
 		if r.ov.forwardedWas == nil {
 			return
@@ -494,13 +537,16 @@ func (r *Runner) setForwarding(on bool, serial int64) {
 			}
 		}
 		r.ov.forwardedWas = nil
+		if err := os.Remove(wasFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			failed = append(failed, err.Error())
+		}
 		r.ov.forwarding = protocol.Fact{Name: protocol.FactOverlayForwarding, Value: "off", Why: "this host relays for no peer: forwarding put back as it was"}
 		if len(failed) > 0 {
 			r.ov.forwarding.Why += "; putting it back failed: " + strings.Join(failed, "; ")
 		}
 		return
 	}
-	if r.ov.forwardedWas == nil {
+	if r.ov.forwardedWas == nil || r.ov.forwarding.Value != "on" {
 		was := map[string]string{}
 		var failed []string
 		for _, f := range forwardingFiles {
@@ -509,11 +555,22 @@ func (r *Runner) setForwarding(on bool, serial int64) {
 				failed = append(failed, err.Error())
 				continue
 			}
+			was[f] = strings.TrimSpace(string(b))
+		}
+		// Kept from before a crash: what was there before this host.
+		for f, v := range r.ov.forwardedWas {
+			was[f] = v
+		}
+		if b, err := json.Marshal(was); err == nil && len(was) > 0 {
+			if err := writeFile(wasFile, b); err != nil {
+				failed = append(failed, err.Error())
+			}
+		}
+		for f := range was {
 			if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
 				failed = append(failed, err.Error())
-				continue
+				delete(was, f)
 			}
-			was[f] = strings.TrimSpace(string(b))
 		}
 		r.ov.forwardedWas = was
 		if len(was) == 0 {

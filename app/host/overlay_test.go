@@ -295,3 +295,17 @@ func TestRunner_OverlayConfigOnly(t *testing.T) {
 		t.Fatalf("the private key is in the log:\n%s", s)
 	}
 }
+
+func TestQuieter(t *testing.T) {
+	q := &quieter{seen: map[string]time.Time{}}
+	now := time.Now()
+	if !q.says("a", now) || q.says("a", now.Add(59*time.Second)) || !q.says("b", now) || !q.says("a", now.Add(61*time.Second)) {
+		t.Fatal("a line is said once a minute, each line for itself")
+	}
+	for i := range 2 * maxQuiet {
+		q.says(fmt.Sprint(i), now)
+	}
+	if len(q.seen) > maxQuiet {
+		t.Fatalf("remembers %d lines", len(q.seen))
+	}
+}
