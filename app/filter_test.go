@@ -60,11 +60,23 @@ func fileExists(p string) bool {
 // test that passes without checking is no test.
 func needNetns(t *testing.T) {
 	t.Helper()
+	needFor(t, "the filter test needs network namespaces", nil, "ip", "nft")
+}
+
+// needFor skips a test that needs root, files and tools where they are
+// missing, and fails it where they must be there (make test, CI).
+func needFor(t *testing.T, what string, files []string, tools ...string) {
+	t.Helper()
 	var why []string
 	if os.Geteuid() != 0 {
 		why = append(why, "not root")
 	}
-	for _, tool := range []string{"ip", "nft"} {
+	for _, f := range files {
+		if !fileExists(f) {
+			why = append(why, "no "+f)
+		}
+	}
+	for _, tool := range tools {
 		if _, err := toolPath(tool); err != nil {
 			why = append(why, err.Error())
 		}
@@ -73,9 +85,9 @@ func needNetns(t *testing.T) {
 		return
 	}
 	if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
-		t.Fatalf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+		t.Fatalf("%s: %s", what, strings.Join(why, "; "))
 	}
-	t.Skipf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+	t.Skipf("%s: %s", what, strings.Join(why, "; "))
 }
 
 // run runs a tool, failing the test with its output on error.

@@ -34,23 +34,7 @@ import (
 // no TUN device or no wg) and fails where it must be (make test, CI).
 func needOverlay(t *testing.T) {
 	t.Helper()
-	needNetns(t)
-	var why []string
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		why = append(why, "no /dev/net/tun")
-	}
-	for _, tool := range []string{"wg", "nsenter"} {
-		if _, err := toolPath(tool); err != nil {
-			why = append(why, err.Error())
-		}
-	}
-	if len(why) == 0 {
-		return
-	}
-	if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
-		t.Fatalf("the overlay test needs: %s", strings.Join(why, "; "))
-	}
-	t.Skipf("the overlay test needs: %s", strings.Join(why, "; "))
+	needFor(t, "the overlay test needs network namespaces and TUN devices", []string{"/dev/net/tun"}, "ip", "nft", "wg", "nsenter")
 }
 
 // newLAN puts the namespaces on one Ethernet segment, a bridge in a

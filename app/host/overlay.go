@@ -194,15 +194,8 @@ func overlayUsable(configOnly bool) error {
 
 // ipBin finds the ip tool (iproute2) as nftBin finds nft.
 func ipBin() (string, error) {
-	if p, err := exec.LookPath("ip"); err == nil {
-		return p, nil
-	}
-	for _, p := range []string{"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("ip is not installed: this host cannot address the overlay's interface (apt-get install iproute2)")
+	return toolBin("ip", []string{"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"},
+		"ip is not installed: this host cannot address the overlay's interface (apt-get install iproute2)")
 }
 
 // ip runs the ip tool; its error is one line with ip's own message.
