@@ -260,13 +260,15 @@ func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Durat
 
 // hostProc is a real mesh-host process running in a namespace.
 type hostProc struct {
+	t     *testing.T
 	node  string
 	state string // its state dir
-	pid   int
+	ns    string
+	argv  []string // ip's arguments that run it
 	logs  *syncBuffer
-	// stop ends it with SIGTERM, as a person's machine stops it; again,
-	// it does nothing.
-	stop func()
+	pid   int
+	// done has the process's end, once it is waited for.
+	done chan error
 }
 
 // runIn joins node and runs a real mesh-host process for it inside the
@@ -286,10 +288,6 @@ func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args .
 		t.Fatalf("join %s: %v", node, err)
 	}
 	bin := buildProgram(t, "mesh-host", "../cmd/mesh-host")
-	ip, err := toolPath("ip")
-	if err != nil {
-		t.Fatal(err)
-	}
 	argv := append([]string{"netns", "exec", n.name}, append([]string{bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
 		"--heartbeat", "200ms", "--no-module-users"}, args...)...)
 	if ownRun {
@@ -297,37 +295,56 @@ func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args .
 		argv = append([]string{"netns", "exec", n.name, "sh", "-c",
 			`mkdir -p /run/wireguard && mount -t tmpfs -o mode=0755 mesh-test /run/wireguard && exec "$0" "$@"`}, argv[3:]...)
 	}
-	cmd := exec.Command(ip, argv...)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	// ip netns exec becomes the host (it execs it): the signal reaches it.
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("the host in %s did not stop on SIGTERM within 15s", n.name)
-		}
-	}
+	p := &hostProc{t: t, node: node, state: st.Dir, ns: n.name, argv: argv, logs: &syncBuffer{}}
+	p.start()
 	t.Cleanup(func() {
-		stop()
+		p.stop()
 		if t.Failed() {
-			t.Logf("the host's log:\n%s", logs.String())
+			t.Logf("the host's log:\n%s", p.logs.String())
 		}
 	})
-	return &hostProc{node: node, state: st.Dir, pid: cmd.Process.Pid, logs: logs, stop: stop}
+	return p
+}
+
+// start runs the host (again: its log goes on in the same buffer).
+func (p *hostProc) start() {
+	p.t.Helper()
+	ip, err := toolPath("ip")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(ip, p.argv...)
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	if err := cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	p.pid, p.done = cmd.Process.Pid, make(chan error, 1)
+	go func() { p.done <- cmd.Wait() }()
+}
+
+// stop ends the host with SIGTERM, as a person's machine stops it; one
+// stopped already is left as it is. ip netns exec becomes the host (it
+// execs it): the signal reaches it.
+func (p *hostProc) stop() {
+	if p.done == nil {
+		return
+	}
+	syscall.Kill(p.pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		syscall.Kill(p.pid, syscall.SIGKILL)
+		<-p.done
+		p.t.Errorf("the host in %s did not stop on SIGTERM within 15s", p.ns)
+	}
+	p.done = nil
+}
+
+// kill ends the host with SIGKILL: nothing of its own stopping runs.
+func (p *hostProc) kill() {
+	syscall.Kill(p.pid, syscall.SIGKILL)
+	<-p.done
+	p.done = nil
 }
 
 // filterFact is the node's report of the mesh's filter, "" if none.

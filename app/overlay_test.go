@@ -369,6 +369,33 @@ func TestOverlay_Namespaces(t *testing.T) {
 		t.Fatalf("c no longer reaches a after a's change: %v", err)
 	}
 
+	// a killed (SIGKILL: none of its own stopping runs) loses its
+	// interface with it (the kernel removes a TUN device with its last
+	// descriptor) and leaves forwarding on; started again, it brings the
+	// overlay last applied back by itself, with the same key, and c
+	// reaches it again. Forwarding is checked below, when it stops.
+	a.kill()
+	checkFor(t, 15*time.Second, func() error {
+		if out, err := runErr("ip", "-n", na.name, "link", "show", protocol.OverlayInterface); err == nil {
+			return fmt.Errorf("a killed, its interface is still there:\n%s", out)
+		}
+		return nil
+	})
+	a.start()
+	checkFor(t, 15*time.Second, func() error {
+		iface, peers, err := wgDump(a)
+		if err != nil || iface[0] != pub["a"] || len(peers) != 1 || peers[pub["c"]] == nil {
+			return fmt.Errorf("a started again: %v %v %v", iface, peers, err)
+		}
+		return nil
+	})
+	// c, behind NAT, is the one to shake hands again: it does once what
+	// it sent found no answer for 15 s (WireGuard's keepalive and rekey
+	// timeouts); a, restarted, has no endpoint to dial c at.
+	again := time.Now()
+	checkFor(t, 30*time.Second, func() error { return nc.reaches(over(a4, serveA), 2*time.Second) })
+	t.Logf("c reaches a started again within %s", time.Since(again).Round(time.Millisecond))
+
 	// A declaration without an overlay takes c's interface down and its
 	// configuration away.
 	m.declare("c", `{"modules": []}`)
@@ -385,7 +412,8 @@ func TestOverlay_Namespaces(t *testing.T) {
 		t.Fatalf("c's configuration is still there: %v", err)
 	}
 
-	// Stopping a host takes its interface away and puts forwarding back.
+	// Stopping a host takes its interface away and puts forwarding back
+	// as it was before the host relayed, not as the killed one left it.
 	a.stop()
 	if out, err := runErr("ip", "-n", na.name, "link", "show", protocol.OverlayInterface); err == nil {
 		t.Fatalf("a stopped, its interface is still there:\n%s", out)
