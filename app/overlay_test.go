@@ -346,6 +346,22 @@ func TestOverlay_Namespaces(t *testing.T) {
 		t.Fatalf("wg says b never shook hands with a: %v %v", peers, err)
 	}
 
+	// An overlay part that does not parse refuses its declaration whole,
+	// in one line; b's interface stays as it was.
+	bad := parts["b"]
+	bad.Peers = []protocol.DeclaredPeer{bad.Peers[0], bad.Peers[0]}
+	refused := m.declare("b", overlayBody(t, bad))
+	waitFor(t, "b's refusal", func() bool {
+		a := m.node("b").LastApply
+		return a != nil && a.Serial == refused.Serial
+	})
+	if ap := m.node("b").LastApply; ap.OK || ap.Error != "refused: the overlay: peer a: repeated (its node a is a's too)" {
+		t.Fatalf("a repeated peer: %+v", ap)
+	}
+	if _, peers, err := wgDump(b); err != nil || len(peers) != 1 || peers[pub["a"]] == nil {
+		t.Fatalf("b's peers after a refusal: %v %v", peers, err)
+	}
+
 	// A change of peers: a no longer has b. What a sent to b's address
 	// goes nowhere; c is still a's peer, with its session.
 	changed := parts["a"]

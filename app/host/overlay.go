@@ -593,6 +593,11 @@ func (r *Runner) overlayFacts() []protocol.Fact {
 	return fs
 }
 
+// MaxHeartbeatPeers bounds the handshakes one heartbeat carries (about
+// 60 bytes each): a node with more peers reports the first this many it
+// was declared, every beat well below a host's 1 MiB message.
+const MaxHeartbeatPeers = 1000
+
 // peerHandshakes are the declared peers' last handshakes, with r.mu held;
 // nil without an overlay. A peer the device has not shaken hands with (or
 // no interface up) has none.
@@ -601,6 +606,7 @@ func (r *Runner) peerHandshakes() []protocol.PeerHandshake {
 	if o == nil {
 		return nil
 	}
+	peers := o.Peers[:min(len(o.Peers), MaxHeartbeatPeers)]
 	var seen map[string]time.Time
 	if r.ov.link != nil {
 		var err error
@@ -608,8 +614,8 @@ func (r *Runner) peerHandshakes() []protocol.PeerHandshake {
 			r.logf("overlay: read the handshakes: %v", err)
 		}
 	}
-	out := make([]protocol.PeerHandshake, 0, len(o.Peers))
-	for _, p := range o.Peers {
+	out := make([]protocol.PeerHandshake, 0, len(peers))
+	for _, p := range peers {
 		h := protocol.PeerHandshake{Node: p.Node}
 		k, _ := wgtypes.ParseKey(p.PublicKey)
 		if at, ok := seen[hex.EncodeToString(k[:])]; ok {

@@ -291,6 +291,14 @@ func TestRunner_OverlayConfigOnly(t *testing.T) {
 	if r.peerHandshakes() != nil {
 		t.Fatal("handshakes reported without an overlay")
 	}
+	many := testOverlay(t)
+	for len(many.Peers) <= MaxHeartbeatPeers {
+		many.Peers = append(many.Peers, many.Peers[0])
+	}
+	r.last.Overlay = many
+	if got := len(r.peerHandshakes()); got != MaxHeartbeatPeers {
+		t.Fatalf("a heartbeat carries %d peers", got)
+	}
 	if s := redact(log.String(), st.WireGuard); s != log.String() {
 		t.Fatalf("the private key is in the log:\n%s", s)
 	}
