@@ -291,9 +291,11 @@ func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args .
 	argv := append([]string{"netns", "exec", n.name}, append([]string{bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
 		"--heartbeat", "200ms", "--no-module-users"}, args...)...)
 	if ownRun {
-		// sh execs the host: the signal reaches it, as below.
+		// sh execs the host: the signal reaches it, as below. Its
+		// interface is its namespace's, whatever make test's
+		// MESH_HOST_OVERLAY_INTERFACE says for hosts in the machine's.
 		argv = append([]string{"netns", "exec", n.name, "sh", "-c",
-			`mkdir -p /run/wireguard && mount -t tmpfs -o mode=0755 mesh-test /run/wireguard && exec "$0" "$@"`}, argv[3:]...)
+			`mkdir -p /run/wireguard && mount -t tmpfs -o mode=0755 mesh-test /run/wireguard && exec "$0" "$@"`}, append(argv[3:], "--overlay-interface")...)
 	}
 	p := &hostProc{t: t, node: node, state: st.Dir, ns: n.name, argv: argv, logs: &syncBuffer{}}
 	p.start()

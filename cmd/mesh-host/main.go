@@ -145,7 +145,7 @@ type RunCmd struct {
 	ModuleUsers bool `default:"true" negatable:"" env:"MESH_HOST_MODULE_USERS" help:"As root, run each module as its own system user mesh-<module>, made on first start (--no-module-users: as the host's user)."`
 	// OverlayInterface is on by default: the overlay needs no kernel
 	// module and no other program where the host brings it up itself.
-	OverlayInterface bool `default:"true" negatable:"" help:"As root with /dev/net/tun, bring the mesh's overlay up as the WireGuard interface mesh0, in this process (userspace WireGuard; wg show reads it). Its wg-quick configuration is written in the state dir (mesh0.conf, 0600) either way: --no-overlay-interface leaves bringing it up to wg-quick. The WireGuard private key (wireguard.key in the state dir) never leaves this machine."`
+	OverlayInterface bool `default:"true" negatable:"" env:"MESH_HOST_OVERLAY_INTERFACE" help:"As root with /dev/net/tun, bring the mesh's overlay up as the WireGuard interface mesh0, in this process (userspace WireGuard; wg show reads it). Its wg-quick configuration is written in the state dir (mesh0.conf, 0600) either way: --no-overlay-interface leaves bringing it up to wg-quick. The WireGuard private key (wireguard.key in the state dir) never leaves this machine."`
 }
 
 // Run works until SIGINT or SIGTERM.
