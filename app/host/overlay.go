@@ -437,12 +437,17 @@ type overlayState struct {
 func (r *Runner) setOverlay(o *protocol.DeclaredOverlay, serial int64) error {
 	conf := filepath.Join(r.State.Dir, fileOverlayConf)
 	if o == nil {
-		if r.ov.fact.Name == "" && r.ov.link == nil {
-			return nil
-		}
+		// A configuration left from an earlier life goes too.
+		had := r.ov.fact.Name != "" || r.ov.link != nil
 		r.stopOverlay()
-		if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
+		switch err := os.Remove(conf); {
+		case err == nil:
+			had = true
+		case !errors.Is(err, os.ErrNotExist):
 			return fmt.Errorf("remove the overlay's configuration: %w", err)
+		}
+		if !had {
+			return nil
 		}
 		r.ov.fact = protocol.Fact{Name: protocol.FactOverlay, Value: protocol.OverlayDown,
 			Why: fmt.Sprintf("declaration %d carries no overlay: %s taken down and its configuration removed", serial, protocol.OverlayInterface)}
