@@ -202,21 +202,28 @@ demo-ha: build nats-server
 # one as an unprivileged user in a temporary directory and stops it after,
 # whatever the tests' outcome), nftables and iproute2 (the packet filter a
 # converged node gets is checked by nft and applied in a network namespace
-# joined by a veth pair). When missing and run as root (as CI is),
+# joined by a veth pair), and wireguard-tools (the overlay's interfaces are
+# read back with wg). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git perl
 # Tools whose Debian package is named otherwise, as tool:package, looked
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
-# namespaces, a veth pair) as root.
-TOOL_PACKAGES := nft:nftables ip:iproute2
+# namespaces, a veth pair) as root; the overlay's test reads its
+# interfaces with wg and checks its configuration with wg-quick, both of
+# wireguard-tools, and enters a host's namespaces with nsenter (util-linux).
+TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux
 # PostgreSQL's server programs are not on PATH: Debian keeps them by version.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 
+# MESH_HOST_OVERLAY_INTERFACE=false: the hosts tests run in the machine's own
+# network namespace (the README's walkthrough, the demo's) write their
+# overlay's configuration and bring no mesh0 up on the machine; the overlay's
+# own test brings them up in namespaces of their own.
 test: tools nats-server
-	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
+	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
 	@echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"
-	scripts/with-postgres env CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
+	scripts/with-postgres env CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
