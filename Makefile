@@ -51,7 +51,7 @@ demo: build
 	for n in web1 web2; do \
 		tok=$$($$mc token issue --new $$n 2>/dev/null); \
 		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
-		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
+		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
 	done; \
 	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
 		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
@@ -100,7 +100,7 @@ demo: build
 	echo; echo "an adopted machine, old1, already runs a service on 127.0.0.1:18482 (a stand-in, perl) and keeps its data in /var/lib/hello; take moves it under the mesh:"; \
 	tok=$$($$mc token issue --new old1 --adopted 2>/dev/null); \
 	$$mh join --broker $$url --token $$tok --node old1 --state $$dir/old1/state 2>/dev/null; \
-	$$mh run --state $$dir/old1/state --root $$dir/old1/root --heartbeat 1s --no-module-users >$$dir/old1.log 2>&1 & pids="$$pids $$!"; \
+	$$mh run --state $$dir/old1/state --root $$dir/old1/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/old1.log 2>&1 & pids="$$pids $$!"; \
 	mkdir -p $$dir/old1/root/var/lib/hello; echo 41 >$$dir/old1/root/var/lib/hello/starts; \
 	perl -MIO::Socket::INET -e '$$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:18482", Listen => 5) or die "$$!\n"; print "listening\n"; close STDOUT; sleep' >$$dir/standin.out & \
 	standin=$$!; pids="$$pids $$standin"; \
@@ -169,7 +169,7 @@ demo-ha: build nats-server
 	tok=$$($$mc token issue --new web1 2>/dev/null); \
 	$$mh join --broker $$urls --token $$tok --node web1 --state $$dir/web1/state 2>/dev/null; \
 	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
-	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
+	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
 	$$mc module add app/host/testdata/hello/mesh.json >/dev/null 2>&1; $$mc assign web1 hello >/dev/null 2>&1; \
 	state() { $$mc node show web1 | grep '^  hello ' | tr -s ' '; }; \
 	for i in $$(seq 150); do state | grep -q ' ready ' && break; sleep 0.1; done; \

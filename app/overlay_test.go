@@ -20,35 +20,26 @@ func wgKey(name string) string {
 	return base64.StdEncoding.EncodeToString(sum[:])
 }
 
-// reportKey publishes, signed with a host's key, the facts its host last
-// reported and its WireGuard key, as a host does once it has made its key
-// pair: the host half reports it the same way.
-func reportKey(t *testing.T, m *testMesh, h *testHost) {
+// reportedKey waits for the WireGuard public key a host made and reported
+// in its facts, and returns it.
+func reportedKey(t *testing.T, m *testMesh, h *testHost) string {
 	t.Helper()
 	ctx := context.Background()
 	st, err := m.c.stores(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var facts []inventory.Fact
-	waitFor(t, h.name+"'s own facts", func() bool {
-		facts, _, err = st.Inventory.Facts(ctx, h.name)
-		return err == nil && len(facts) > 0
+	var key string
+	waitFor(t, h.name+"'s WireGuard key in its facts", func() bool {
+		facts, _, err := st.Inventory.Facts(ctx, h.name)
+		for _, f := range facts {
+			if err == nil && f.Name == protocol.FactWireGuardKey {
+				key = f.Value
+			}
+		}
+		return key != ""
 	})
-	body := protocol.FactsBody{Found: []protocol.Found{}}
-	for _, f := range facts {
-		body.Facts = append(body.Facts, protocol.Fact{Name: f.Name, Value: f.Value, Why: f.Why})
-	}
-	body.Facts = append(body.Facts, protocol.Fact{Name: protocol.FactWireGuardKey, Value: wgKey(h.name), Why: "wg pubkey"})
-	b, err := protocol.Sign(h.state.HostKey, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := connectAs(t, m.url, h.state)
-	if err := nc.Publish(protocol.NodeSubject(h.name, protocol.FactsReport), b); err != nil {
-		t.Fatal(err)
-	}
-	nc.Flush()
+	return key
 }
 
 // declaredOverlay is the overlay part of a node's latest declaration, once
@@ -106,8 +97,9 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, h := range hosts {
-		reportKey(t, m, h)
+	keys := map[string]string{"nat2": wgKey("nat2")}
+	for n, h := range hosts {
+		keys[n] = reportedKey(t, m, h)
 	}
 	mesh, err := m.c.OverlayShow(ctx)
 	if err != nil {
@@ -151,7 +143,7 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 				continue
 			}
 			ab, ba := peer(a, b), peer(b, a)
-			if ab.PublicKey != wgKey(b) || ba.PublicKey != wgKey(a) {
+			if ab.PublicKey != keys[b] || ba.PublicKey != keys[a] {
 				t.Errorf("%s-%s: keys %s, %s", a, b, ab.PublicKey, ba.PublicKey)
 			}
 			if own := strings.Replace(got[a].Address4, "/10", "/32", 1); ba.AllowedIPs[0] != own {
