@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
@@ -164,13 +165,6 @@ func listenToHosts(t *testing.T, nc *nats.Conn) *heard {
 	return h
 }
 
-// overlayAddr is node i's overlay addresses, with the overlay's prefix
-// lengths, and as the single addresses a peer's AllowedIPs name.
-func overlayAddr(i int) (v4, v6, host4, host6 string) {
-	return fmt.Sprintf("100.64.0.%d/10", i), fmt.Sprintf("fd6d:6573:6800::%d/48", i),
-		fmt.Sprintf("100.64.0.%d/32", i), fmt.Sprintf("fd6d:6573:6800::%d/128", i)
-}
-
 func overlayBody(t *testing.T, o protocol.DeclaredOverlay) string {
 	t.Helper()
 	b, err := json.Marshal(o)
@@ -219,28 +213,48 @@ func TestOverlay_Namespaces(t *testing.T) {
 	}
 
 	// a and b are public (dialled at their LAN addresses); c is behind
-	// NAT: it dials a, and reaches b through a, which relays for both.
-	a4, a6, a4h, a6h := overlayAddr(1)
-	b4, b6, b4h, b6h := overlayAddr(2)
-	c4, c6, c4h, c6h := overlayAddr(3)
+	// NAT. The controller computes the rest: a, the first public node by
+	// name, relays; c dials it, and reaches b through it.
 	port := fmt.Sprint(protocol.OverlayPort)
-	parts := map[string]protocol.DeclaredOverlay{
-		"a": {Interface: protocol.OverlayInterface, Address4: a4, Address6: a6, ListenPort: protocol.OverlayPort, Peers: []protocol.DeclaredPeer{
-			{Node: "b", PublicKey: pub["b"], Endpoint: net.JoinHostPort(lan[1], port), AllowedIPs: []string{b4h, b6h}, Relays: true},
-			{Node: "c", PublicKey: pub["c"], AllowedIPs: []string{c4h, c6h}, Relays: true},
-		}},
-		"b": {Interface: protocol.OverlayInterface, Address4: b4, Address6: b6, ListenPort: protocol.OverlayPort, Peers: []protocol.DeclaredPeer{
-			{Node: "a", PublicKey: pub["a"], Endpoint: net.JoinHostPort(lan[0], port), AllowedIPs: []string{a4h, a6h, c4h, c6h}, Via: []string{"c"}},
-		}},
-		"c": {Interface: protocol.OverlayInterface, Address4: c4, Address6: c6, ListenPort: protocol.OverlayPort, Peers: []protocol.DeclaredPeer{
-			{Node: "a", PublicKey: pub["a"], Endpoint: net.JoinHostPort(lan[0], port), AllowedIPs: []string{a4h, a6h, b4h, b6h},
-				Keepalive: protocol.OverlayKeepalive, Via: []string{"b"}},
-		}},
-	}
+	ctx := context.Background()
 	declared := time.Now()
-	for _, h := range hosts {
-		m.declare(h.node, overlayBody(t, parts[h.node]))
+	for _, pl := range []struct {
+		node string
+		p    Placement
+	}{
+		{"a", Placement{Endpoint: net.JoinHostPort(lan[0], port), Public: true}},
+		{"b", Placement{Endpoint: net.JoinHostPort(lan[1], port), Public: true}},
+		{"c", Placement{Site: "home"}},
+	} {
+		if _, err := m.c.OverlayPlace(ctx, pl.node, pl.p); err != nil {
+			t.Fatal(err)
+		}
 	}
+	parts := map[string]protocol.DeclaredOverlay{}
+	waitFor(t, "each host's overlay part declared with its peers", func() bool {
+		for _, h := range hosts {
+			d, _ := declaredOverlay(t, m, h.node)
+			if d == nil || len(d.Peers) == 0 {
+				return false
+			}
+			parts[h.node] = *d
+		}
+		return true
+	})
+	peerIn := func(of, name string) protocol.DeclaredPeer {
+		for _, p := range parts[of].Peers {
+			if p.Node == name {
+				return p
+			}
+		}
+		t.Fatalf("%s has no peer %s: %+v", of, name, parts[of].Peers)
+		return protocol.DeclaredPeer{}
+	}
+	if len(parts["c"].Peers) != 1 || !slices.Equal(peerIn("c", "a").Via, []string{"b"}) || peerIn("c", "a").Keepalive != protocol.OverlayKeepalive ||
+		len(parts["b"].Peers) != 1 || !slices.Equal(peerIn("b", "a").Via, []string{"c"}) || !peerIn("a", "b").Relays || !peerIn("a", "c").Relays {
+		t.Fatalf("the overlay as computed: %+v", parts)
+	}
+	a4, b4, b6 := parts["a"].Address4, parts["b"].Address4, parts["b"].Address6
 	for _, h := range hosts {
 		checkFor(t, 15*time.Second, func() error {
 			if f := m.overlayFact(h.node, protocol.FactOverlay); f.Value != protocol.OverlayUp {

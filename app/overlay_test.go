@@ -132,33 +132,37 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 		}
 		return got[of].Peers[i]
 	}
-	for a, want := range map[string]int{"pub1": 3, "pub2": 3, "nat1": 2} {
+	// pub1 is the relay (the first public node by name): pub2 and nat1
+	// peer with it alone, and reach each other (and nat2) through it.
+	for a, want := range map[string]int{"pub1": 3, "pub2": 1, "nat1": 1} {
 		if len(got[a].Peers) != want {
 			t.Errorf("%s has %d peers, want %d", a, len(got[a].Peers), want)
 		}
 	}
-	for a := range got {
-		for b := range got {
-			if a == b {
-				continue
-			}
-			ab, ba := peer(a, b), peer(b, a)
-			if ab.PublicKey != keys[b] || ba.PublicKey != keys[a] {
-				t.Errorf("%s-%s: keys %s, %s", a, b, ab.PublicKey, ba.PublicKey)
-			}
-			if own := strings.Replace(got[a].Address4, "/10", "/32", 1); ba.AllowedIPs[0] != own {
-				t.Errorf("%s allows %v for %s, whose address is %s", b, ba.AllowedIPs, a, got[a].Address4)
-			}
-			if ab.Endpoint == "" && ba.Endpoint == "" {
-				t.Errorf("%s and %s: neither dials the other", a, b)
-			}
+	for _, pair := range [][2]string{{"pub1", "pub2"}, {"pub1", "nat1"}} {
+		a, b := pair[0], pair[1]
+		ab, ba := peer(a, b), peer(b, a)
+		if ab.PublicKey != keys[b] || ba.PublicKey != keys[a] {
+			t.Errorf("%s-%s: keys %s, %s", a, b, ab.PublicKey, ba.PublicKey)
+		}
+		if own := strings.Replace(got[a].Address4, "/10", "/32", 1); ba.AllowedIPs[0] != own {
+			t.Errorf("%s allows %v for %s, whose address is %s", b, ba.AllowedIPs, a, got[a].Address4)
+		}
+		if own := strings.Replace(got[b].Address4, "/10", "/32", 1); ab.AllowedIPs[0] != own {
+			t.Errorf("%s allows %v for %s, whose address is %s", a, ab.AllowedIPs, b, got[b].Address4)
+		}
+		if ab.Endpoint == "" && ba.Endpoint == "" {
+			t.Errorf("%s and %s: neither dials the other", a, b)
 		}
 	}
-	if p := peer("nat1", "pub1"); p.Keepalive != protocol.OverlayKeepalive || !slices.Equal(p.Via, []string{"nat2"}) || len(p.AllowedIPs) != 4 {
+	if p := peer("nat1", "pub1"); p.Keepalive != protocol.OverlayKeepalive || !slices.Equal(p.Via, []string{"nat2", "pub2"}) || len(p.AllowedIPs) != 6 {
 		t.Errorf("nat1's relay pub1: %+v", p)
 	}
-	if !peer("pub1", "nat1").Relays || peer("pub2", "nat1").Relays || len(peer("pub2", "nat1").Via) != 0 {
-		t.Errorf("pub1 relays for nat1, pub2 does not: %+v, %+v", peer("pub1", "nat1"), peer("pub2", "nat1"))
+	if p := peer("pub2", "pub1"); !slices.Equal(p.Via, []string{"nat1", "nat2"}) || p.Keepalive != 0 {
+		t.Errorf("pub2's relay pub1: %+v", p)
+	}
+	if !peer("pub1", "nat1").Relays || !peer("pub1", "pub2").Relays || peer("pub1", "nat1").Endpoint != "" {
+		t.Errorf("pub1 relays for nat1 and pub2: %+v, %+v", peer("pub1", "nat1"), peer("pub1", "pub2"))
 	}
 	if got["pub1"].ListenPort != 51821 || got["nat1"].ListenPort != protocol.OverlayPort {
 		t.Errorf("listen ports %d, %d", got["pub1"].ListenPort, got["nat1"].ListenPort)

@@ -83,9 +83,12 @@ type member struct {
 
 // Compute computes the overlay from what the inventory keeps. A node takes
 // part once its host reported a key that parses and it has an address.
-// Pairs: both public, or on the same site: direct; a public node and a
-// NAT'd one: direct, the NAT'd one dialling with a keepalive; two NAT'd
-// nodes on different sites: through the relay.
+// Pairs: both public, or on the same site: direct. A node behind NAT
+// reaches the others through the relay, a public node the mesh picks: it
+// peers with the relay directly, dialling it with a keepalive, and the
+// relay forwards between it and every other node. (The relay is one for
+// the whole mesh: every NAT'd node is reached the same way, and a public
+// node reaches them through it.)
 func Compute(o inventory.Overlay) Mesh {
 	m := Mesh{Prefix4: Prefix4.String(), Prefix6: o.Prefix6, Declared: map[string]*protocol.DeclaredOverlay{}, Nodes: make([]Node, 0, len(o.Nodes))}
 	p6, err6 := netip.ParsePrefix(o.Prefix6)
@@ -154,10 +157,11 @@ func Compute(o inventory.Overlay) Mesh {
 					continue
 				}
 				da.Peers = append(da.Peers, peer(b, b.endpoint, 0))
-			case a.public:
-				// b is behind NAT: it dials a; a answers where it heard b.
+			case a == relay:
+				// b is behind NAT: it dials the relay, which answers where
+				// it heard b.
 				da.Peers = append(da.Peers, peer(b, "", 0))
-			case b.public:
+			case b == relay:
 				da.Peers = append(da.Peers, peer(b, b.endpoint, protocol.OverlayKeepalive))
 			case relay == nil:
 				unreachable[a.name] = append(unreachable[a.name], b.name)

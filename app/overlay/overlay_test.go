@@ -65,19 +65,26 @@ func TestCompute(t *testing.T) {
 		t.Errorf("office listens on %d", d["office"].ListenPort)
 	}
 	t.Run("public pair: direct, each dials the other", func(t *testing.T) {
-		if p := peerOf(t, p1, "pub2"); p.Endpoint != "203.0.113.2:51820" || p.Keepalive != 0 || p.Relays {
+		// pub2 reaches the NAT'd nodes through pub1, the relay.
+		if p := peerOf(t, p1, "pub2"); p.Endpoint != "203.0.113.2:51820" || p.Keepalive != 0 || !p.Relays {
 			t.Errorf("%+v", p)
 		}
-		if p := peerOf(t, d["pub2"], "pub1"); p.Endpoint != "203.0.113.1:51999" || !slices.Equal(p.AllowedIPs, []string{"100.64.0.1/32", "fd12:3456:789a::1/128"}) {
+		if p := peerOf(t, d["pub2"], "pub1"); p.Endpoint != "203.0.113.1:51999" || !slices.Equal(p.AllowedIPs[:2], []string{"100.64.0.1/32", "fd12:3456:789a::1/128"}) {
 			t.Errorf("%+v", p)
 		}
 	})
-	t.Run("public and NAT: the NAT'd one dials with a keepalive", func(t *testing.T) {
-		if p := peerOf(t, d["office"], "pub2"); p.Endpoint != "203.0.113.2:51820" || p.Keepalive != protocol.OverlayKeepalive {
+	t.Run("behind NAT: dials the relay with a keepalive, reaches every other node through it", func(t *testing.T) {
+		if p := peerOf(t, d["office"], "pub1"); p.Endpoint != "203.0.113.1:51999" || p.Keepalive != protocol.OverlayKeepalive {
 			t.Errorf("%+v", p)
 		}
-		if p := peerOf(t, d["pub2"], "office"); p.Endpoint != "" || p.Keepalive != 0 || p.Relays {
+		if p := peerOf(t, p1, "office"); p.Endpoint != "" || p.Keepalive != 0 || !p.Relays {
 			t.Errorf("%+v", p)
+		}
+		if hasPeer(d["office"], "pub2") || hasPeer(d["pub2"], "office") {
+			t.Error("a NAT'd node peers directly with a public node not the relay")
+		}
+		if r := peerOf(t, d["pub2"], "pub1"); !slices.Contains(r.Via, "office") || !slices.Contains(r.AllowedIPs, "100.64.0.5/32") {
+			t.Errorf("pub2 reaches office through pub1: %+v", r)
 		}
 	})
 	t.Run("same site: direct, dialling the one with an endpoint", func(t *testing.T) {
@@ -93,7 +100,7 @@ func TestCompute(t *testing.T) {
 			t.Fatal("NAT'd nodes on different sites peer directly")
 		}
 		r := peerOf(t, d["office"], "pub1")
-		if !slices.Equal(r.Via, []string{"home1", "home2", "loose"}) {
+		if !slices.Equal(r.Via, []string{"home1", "home2", "loose", "pub2"}) {
 			t.Errorf("office reaches through pub1: %v", r.Via)
 		}
 		if !slices.Contains(r.AllowedIPs, "100.64.0.3/32") || !slices.Contains(r.AllowedIPs, "fd12:3456:789a::4/128") {
@@ -102,11 +109,8 @@ func TestCompute(t *testing.T) {
 		if !peerOf(t, p1, "office").Relays || !peerOf(t, p1, "loose").Relays {
 			t.Error("the relay's entries for NAT'd nodes do not relay")
 		}
-		if peerOf(t, p1, "pub2").Relays {
-			t.Error("the relay relays for a public node")
-		}
-		if len(peerOf(t, d["pub2"], "office").Via) != 0 {
-			t.Error("a public node reaches through another")
+		if len(peerOf(t, d["home1"], "home2").Via) != 0 {
+			t.Error("a same-site peer is a relay")
 		}
 		if !Relays(p1) || Relays(d["pub2"]) {
 			t.Error("Relays")
@@ -220,8 +224,8 @@ func TestMoved(t *testing.T) {
 	}}
 	after := inventory.Overlay{Prefix6: before.Prefix6, Nodes: slices.Clone(before.Nodes)}
 	after.Nodes[3].Placement.Site = "home" // nat2 moves next to nat1: no relay between them now
-	if got := Moved(Compute(before), Compute(after)); !slices.Equal(got, []string{"nat1", "nat2", "pub1"}) {
-		t.Errorf("moved %v, want nat1 nat2 pub1 (pub2's entries are the same)", got)
+	if got := Moved(Compute(before), Compute(after)); !slices.Equal(got, []string{"nat1", "nat2"}) {
+		t.Errorf("moved %v, want nat1 nat2 (the relay and pub2 reach both as before)", got)
 	}
 	if got := Moved(Compute(before), Compute(before)); len(got) != 0 {
 		t.Errorf("nothing changed, moved %v", got)
