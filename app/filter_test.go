@@ -184,6 +184,15 @@ func (n netns) listenOn(t *testing.T, addr string) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// The main goroutine keeps the main thread. A goroutine of do (below)
+// moves its thread into a namespace and, exiting locked, ends it — but the
+// main thread cannot end: it would stay in the namespace, and /proc/net,
+// which follows the main thread, would show every later test (and the
+// hosts they run in this process: their facts, looks, ready checks) the
+// namespace's sockets instead of this one's. Locked here, no other
+// goroutine ever runs on it.
+func init() { runtime.LockOSThread() }
+
 // do runs f inside the namespace: on a thread moved into it (a socket
 // stays in the namespace it was made in), a thread never given back to
 // the runtime.
