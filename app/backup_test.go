@@ -100,11 +100,13 @@ func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
 	restored.start()
 	t.Cleanup(restored.stop)
 	waitFor(t, "web1's heartbeat absorbed by the restored controller", func() bool { return restored.count.Beats.Load() > 0 })
+	// Above the serials the backup holds (the restored controller's catch-up
+	// may have declared web1's plan first: its key moved it).
 	d := restored.declare("web1", moduleBody("two", "/srv/two"))
-	if !d.Sent || d.Serial != 2 {
+	if !d.Sent || d.Serial < 2 {
 		t.Fatalf("declared %+v", d)
 	}
-	waitFor(t, "web1 to apply declaration 2 from the restored controller", func() bool { return restored.node("web1").SerialApplied == 2 })
+	waitFor(t, "web1 to apply the restored controller's declaration", func() bool { return restored.node("web1").SerialApplied == d.Serial })
 	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/two/module.json")); err != nil {
 		t.Fatal(err)
 	}

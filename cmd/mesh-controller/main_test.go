@@ -74,6 +74,7 @@ func TestScripts(t *testing.T) {
 			"apicall":     cmdAPICall,
 			"hostrun":     cmdHostRun,
 			"holdport":    cmdHoldPort,
+			"settled":     cmdSettled,
 		}),
 	})
 }

@@ -43,7 +43,9 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Setenv("ROOT_"+args[0], root)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond}
+	// Its overlay interface stays down: it runs in the machine's own
+	// network namespace, beside other scenarios' hosts.
+	r := &host.Runner{State: st, Root: root, Heartbeat: 100 * time.Millisecond, NoOverlayInterface: true}
 	go func() { done <- r.Run(ctx) }()
 	ts.Defer(func() {
 		cancel()
@@ -62,6 +64,27 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		if time.Now().After(deadline) {
 			ts.Fatalf("host %s: its facts did not reach the controller within 10s", args[0])
+		}
+	}
+}
+
+// cmdSettled waits until a node's host has applied its latest declaration
+// (and so reported what applying it changed in its facts): settled NODE.
+func cmdSettled(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: settled NODE")
+	}
+	c := app.New(ts.Getenv("MESH_DATA"))
+	c.Getenv = ts.Getenv
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		d, err := c.NodeShow(context.Background(), args[0])
+		ts.Check(err)
+		if d.SerialApplied > 0 && !d.Behind {
+			return
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("%s did not apply its latest declaration within 10s", args[0])
 		}
 	}
 }
