@@ -195,9 +195,8 @@ func (st *Stores) shown() []daemon.StoreShown {
 	return out
 }
 
-// fencedContexts are the contexts whose stores keep a fence (licences has
-// no store of its own yet).
-var fencedContexts = []string{"inventory", "identity", "secrets", "builds", "health"}
+// fencedContexts are the contexts whose stores keep a fence: every one.
+var fencedContexts = []string{"inventory", "identity", "secrets", "licences", "builds", "health"}
 
 // raiseFences raises every store's fence to a new lease generation: from
 // then on each refuses a write carrying an older one.
@@ -451,7 +450,7 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 	// An act may be declaring these very nodes now (it moved their plans
 	// before this snapshot, and keeps its declarations after): only those
 	// still behind when the serials are read are declared here.
-	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
+	dec := &declarer{inv: st.Inventory, sec: st.Secrets, lic: st.Licences, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
 	defer func() { observeDeclare(c.metrics, dec.took) }()
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		if p.Declared {

@@ -257,6 +257,21 @@ func (d Declaration) Problems() []string {
 			credential(g+".credential_name", c.CredentialName)
 		}
 
+		atMost(f+".licences", len(m.Licences), MaxSecrets)
+		seenLicences := map[string]int{}
+		for j, l := range m.Licences {
+			g := fmt.Sprintf("%s.licences[%d].name", f, j)
+			name(g, l.Name)
+			if ValidName(l.Name) {
+				// Only a valid name counts, as with secrets.
+				twice(seenLicences, j, g, l.Name, "named", "")
+			}
+		}
+		atMost(f+".waiting_for_licences", len(m.WaitingForLicences), MaxWaitingFor)
+		for j, l := range m.WaitingForLicences {
+			name(fmt.Sprintf("%s.waiting_for_licences[%d]", f, j), l)
+		}
+
 		atMost(f+".waiting_for", len(m.WaitingFor), MaxWaitingFor)
 		for j, s := range m.WaitingFor {
 			if !ValidSecretName(s) {
