@@ -162,6 +162,10 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if st.Inventory != nil {
 		fail("inventory", "read the inventory", c.readInventory(ctx, st.Inventory, in))
 	}
+	if lic := st.Licences; lic != nil {
+		in.licences, err = lic.List(ctx)
+		fail("licences", "read the licences", err)
+	}
 	in.refusals, err = hs.JoinRefusalsSince(ctx, now.Add(-joinRefusedWindow))
 	fail("health", "read refused joins", err)
 	in.drops, err = hs.Drops(ctx, "")

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 )
 
 // Bounds are how old a signal may grow, and how long a state may last,
@@ -74,8 +76,10 @@ type checkInputs struct {
 	buildP99       map[string]time.Duration
 	reuses         []identity.TokenReuse
 	// refusals are the joins refused within joinRefusedWindow.
-	refusals    []health.JoinRefusals
-	brake       health.Brake
+	refusals []health.JoinRefusals
+	brake    health.Brake
+	// licences are every licence with its holders.
+	licences    []licences.Licence
 	secretCount int
 	operatorKey bool
 	onlyOlder   int
@@ -103,6 +107,17 @@ type rule struct {
 
 func machineCondition(kind, node, severity, summary string, evidence map[string]any) health.Condition {
 	return health.Condition{Key: kind + "/" + node, Kind: kind, Scope: "machine", Machine: node, Severity: severity, Summary: summary, Evidence: evidence}
+}
+
+// licenceExpiringWithin is how near its expiry a licence that cannot be
+// refreshed is said to be expiring.
+const licenceExpiringWithin = 7 * 24 * time.Hour
+
+func doesOrDo(n int) string {
+	if n == 1 {
+		return "does"
+	}
+	return "do"
 }
 
 // heartbeatBound is a node's silence bound.
@@ -288,6 +303,52 @@ var rules = []rule{
 		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
 			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
 			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
+	}},
+	{kind: "licence.expiring", needs: []string{"licences"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, l := range in.licences {
+			if l.Refreshable || l.Expires == nil || l.Expires.Sub(in.now) > licenceExpiringWithin {
+				continue
+			}
+			when := "expires " + l.Expires.UTC().Format(time.RFC3339)
+			if !l.Expires.After(in.now) {
+				when = "expired " + l.Expires.UTC().Format(time.RFC3339)
+			}
+			out = append(out, health.Condition{Key: "licence.expiring/" + l.Name, Kind: "licence.expiring", Scope: "mesh", Severity: health.Warning,
+				Summary:  fmt.Sprintf("licence %s (%s) %s and cannot be refreshed: add its replacement ('mesh-controller licence add')", l.Name, l.Provider, when),
+				Evidence: map[string]any{"expires": l.Expires.UTC().Format(time.RFC3339), "version": l.Version, "holders": len(l.Holders)}})
+		}
+		return out
+	}},
+	{kind: "licence.unheld", needs: []string{"licences", "inventory"}, eval: func(in *checkInputs) []health.Condition {
+		held := map[string]bool{}
+		for _, l := range in.licences {
+			for _, h := range l.Holders {
+				held[l.Name+" "+h.String()] = true
+			}
+		}
+		var names []string
+		waiting := map[string][]string{}
+		for name, needers := range licencesNeeded(in.snap) {
+			for _, n := range needers {
+				if !held[name+" "+n] {
+					if len(waiting[name]) == 0 {
+						names = append(names, name)
+					}
+					waiting[name] = append(waiting[name], n)
+				}
+			}
+		}
+		sort.Strings(names)
+		var out []health.Condition
+		for _, name := range names {
+			w := waiting[name]
+			sort.Strings(w)
+			out = append(out, health.Condition{Key: "licence.unheld/" + name, Kind: "licence.unheld", Scope: "mesh", Severity: health.Warning,
+				Summary:  fmt.Sprintf("licence %s is needed by %s, which %s not hold it: 'mesh-controller licence use %s NODE/MODULE'", name, strings.Join(w, ", "), doesOrDo(len(w)), name),
+				Evidence: map[string]any{"waiting": w, "count": len(w)}})
+		}
+		return out
 	}},
 	{kind: "build.failed", needs: []string{"builds"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition

@@ -258,44 +258,51 @@ func stopHolder(ctx context.Context, tx *sql.Tx, licence string, version int64, 
 	return history(ctx, tx, licence, version, "stopped", node, module, now)
 }
 
-// Forget takes every licence away from a module on a node (unassigned,
-// forgotten or its node removed), and returns the licences it held.
-func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) ([]string, error) {
-	var names []string
+// Forget takes every licence away from modules on nodes (unassigned,
+// forgotten or their node removed), in one transaction, and returns the
+// licences each held, by node/module.
+func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (map[string][]string, error) {
+	out := map[string][]string{}
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		names = names[:0]
-		rows, err := tx.QueryContext(ctx, `SELECT h.licence, l.version FROM licence_holders h JOIN licences l ON l.name = h.licence
-			WHERE h.node = ? AND h.module = ? ORDER BY h.licence`, node, module)
-		if err != nil {
-			return err
-		}
-		var versions []int64
-		for rows.Next() {
-			var name string
-			var v int64
-			if err := rows.Scan(&name, &v); err != nil {
-				rows.Close()
+		clear(out)
+		for _, h := range holders {
+			rows, err := tx.QueryContext(ctx, `SELECT h.licence, l.version FROM licence_holders h JOIN licences l ON l.name = h.licence
+				WHERE h.node = ? AND h.module = ? ORDER BY h.licence`, h.Node, h.Module)
+			if err != nil {
 				return err
 			}
-			names, versions = append(names, name), append(versions, v)
-		}
-		if err := rows.Close(); err != nil {
-			return err
-		}
-		for i, name := range names {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`, name, node, module); err != nil {
+			var names []string
+			var versions []int64
+			for rows.Next() {
+				var name string
+				var v int64
+				if err := rows.Scan(&name, &v); err != nil {
+					rows.Close()
+					return err
+				}
+				names, versions = append(names, name), append(versions, v)
+			}
+			if err := rows.Close(); err != nil {
 				return err
 			}
-			if err := stopHolder(ctx, tx, name, versions[i], node, module, now); err != nil {
-				return err
+			for i, name := range names {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`, name, h.Node, h.Module); err != nil {
+					return err
+				}
+				if err := stopHolder(ctx, tx, name, versions[i], h.Node, h.Module, now); err != nil {
+					return err
+				}
+			}
+			if len(names) > 0 {
+				out[h.String()] = names
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("forget the licences of %s/%s: %w", node, module, err)
+		return nil, fmt.Errorf("forget the licences of %d modules: %w", len(holders), err)
 	}
-	return names, nil
+	return out, nil
 }
 
 const licenceColumns = `name, provider, refreshable, version, expires, made, coalesce(manager_node, ''), coalesce(manager_module, '')`

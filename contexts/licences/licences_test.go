@@ -82,8 +82,8 @@ func TestStore_AddUseStopForget(t *testing.T) {
 	if err := s.Stop(ctx, "translation", "web1", "app", now); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("stopped twice: %v", err)
 	}
-	names, err := s.Forget(ctx, "web2", "app", now)
-	if err != nil || len(names) != 1 || names[0] != "translation" {
+	names, err := s.Forget(ctx, []Holder{{Node: "web2", Module: "app"}, {Node: "web3", Module: "app"}}, now)
+	if err != nil || len(names) != 1 || len(names["web2/app"]) != 1 || names["web2/app"][0] != "translation" {
 		t.Fatalf("forget: %v, %v", names, err)
 	}
 	if held, _ := s.Held(ctx); len(held) != 0 {
