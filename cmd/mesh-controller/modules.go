@@ -403,6 +403,9 @@ func printUnassigned(env *Env, r app.Unassigned) {
 	for _, w := range r.Waiting {
 		fmt.Fprintf(env.Stdout, "  %s keeps %s data for %s: kept, waiting for a person to retire it ('mesh-controller retire')\n", w.Provider, w.Provision, w.Consumer)
 	}
+	for _, l := range r.Licences {
+		fmt.Fprintf(env.Stdout, "  licence %s taken away: its copy on %s is dropped\n", l, r.Node)
+	}
 }
 
 // PlanCmd is plan.
