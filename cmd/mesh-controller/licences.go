@@ -24,7 +24,6 @@ type LicenceAddCmd struct {
 	From        InputFile `placeholder:"FILE" help:"Read the token from this file (its exact bytes, nothing trimmed); otherwise from the terminal, without echo. With --refreshable the file is JSON: {\"access_token\": \"…\", \"refresh_token\": \"…\", \"expires_at\": \"RFC 3339\"} (expires_at may be left out)."`
 	Refreshable bool      `help:"An access token with a refresh token (the JSON file above), refreshed through a manager."`
 	Expires     string    `placeholder:"WHEN" help:"When the token runs out: RFC 3339 (2027-01-31T00:00:00Z) or a duration from now (720h, 90d); default the file's expires_at, else it does not say."`
-	JSON        bool      `name:"json" help:"Print one JSON object."`
 }
 
 // Run reads the token and hands it to the mesh; the plaintext goes nowhere else.
@@ -38,9 +37,6 @@ func (c *LicenceAddCmd) Run(env *Env) error {
 	clear(token.Reveal())
 	if err != nil {
 		return err
-	}
-	if c.JSON {
-		return printJSON(env.Stdout, r)
 	}
 	expires := "no expiry given"
 	if r.Expires != nil {
