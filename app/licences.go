@@ -242,11 +242,12 @@ func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (Licen
 		return LicenceUsed{}, err
 	}
 	k, err := keeping(protocol.LicenceLabel(node, module, r.Name, op.Version), "person", "used", v, recipient)
-	clear(v.Reveal())
 	if err != nil {
+		clear(v.Reveal())
 		return LicenceUsed{}, err
 	}
 	sealed, err := k.Seal(op.Version, key.Recipient)
+	clear(v.Reveal()) // sealed now: the plaintext goes nowhere else
 	if err != nil {
 		return LicenceUsed{}, err
 	}
