@@ -221,7 +221,14 @@ func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (Licen
 	if snap.VersionOn(node, module) == "" {
 		return LicenceUsed{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
 	}
-	op, err := st.Licences.OperatorCopy(ctx, r.Name, 0)
+	l, err := st.Licences.Licence(ctx, r.Name)
+	if err != nil {
+		return LicenceUsed{}, err
+	}
+	if holds(l, node, module) {
+		return LicenceUsed{}, fmt.Errorf("%s/%s %w", node, module, licences.ErrHeld)
+	}
+	op, err := st.Licences.OperatorCopy(ctx, r.Name, l.Version)
 	if err != nil {
 		return LicenceUsed{}, err
 	}
@@ -264,6 +271,16 @@ func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (Licen
 	return LicenceUsed{Name: r.Name, Node: node, Module: module, Version: op.Version, Pushed: pushed}, err
 }
 
+// holds says whether the module on the node holds the licence.
+func holds(l licences.Licence, node, module string) bool {
+	for _, h := range l.Holders {
+		if h.Node == node && h.Module == module {
+			return true
+		}
+	}
+	return false
+}
+
 // openLicence opens a licence's operator copy with the operator's key.
 func openLicence(cp licences.Copy, identities []age.Identity, keyFile string) (protocol.Secret, error) {
 	v, _, err := protocol.OpenSealed(cp.Sealed, protocol.OperatorLicenceLabel(cp.Licence, cp.Kind, cp.Version), identities...)
@@ -288,7 +305,17 @@ func (c *Controller) LicenceStop(ctx context.Context, name, holder string) ([]Pu
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Inventory.BumpPlans(ctx, []string{node}); err != nil && !errors.Is(err, inventory.ErrNodeNotFound) {
+	// Refused before the plan moves: a refusal sends nothing.
+	l, err := st.Licences.Licence(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if !holds(l, node, module) {
+		return nil, fmt.Errorf("%s/%s %w", node, module, licences.ErrNotHeld)
+	}
+	// The plan moves first, as for licence use: a copy dropped by a process
+	// stopped before the declaration is sent leaves with the catch-up.
+	if err := st.Inventory.BumpPlans(ctx, []string{node}); err != nil {
 		return nil, err
 	}
 	if err := st.Licences.Stop(ctx, name, node, module, c.Now()); err != nil {

@@ -233,16 +233,11 @@ func (s *Store) Stop(ctx context.Context, licence, node, module string, now time
 		if err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`, licence, node, module)
-		if err != nil {
-			return err
+		held, err := dropHolder(ctx, tx, licence, version, node, module, now)
+		if err == nil && !held {
+			err = fmt.Errorf("%s/%s %w", node, module, ErrNotHeld)
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return fmt.Errorf("%s/%s %w", node, module, ErrNotHeld)
-		}
-		return stopHolder(ctx, tx, licence, version, node, module, now)
+		return err
 	})
 	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrNotHeld) {
 		return fmt.Errorf("stop licence %s on %s/%s: %w", licence, node, module, err)
@@ -250,12 +245,21 @@ func (s *Store) Stop(ctx context.Context, licence, node, module string, now time
 	return err
 }
 
-func stopHolder(ctx context.Context, tx *sql.Tx, licence string, version int64, node, module string, now time.Time) error {
+// dropHolder takes the licence away from the module on the node, with
+// every copy sealed to it, and says whether it held it.
+func dropHolder(ctx context.Context, tx *sql.Tx, licence string, version int64, node, module string, now time.Time) (bool, error) {
+	res, err := tx.ExecContext(ctx, `DELETE FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`, licence, node, module)
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND kind = 'holder' AND node = ? AND module = ?`,
 		licence, node, module); err != nil {
-		return err
+		return false, err
 	}
-	return history(ctx, tx, licence, version, "stopped", node, module, now)
+	return true, history(ctx, tx, licence, version, "stopped", node, module, now)
 }
 
 // Forget takes every licence away from modules on nodes (unassigned,
@@ -286,10 +290,7 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 				return err
 			}
 			for i, name := range names {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`, name, h.Node, h.Module); err != nil {
-					return err
-				}
-				if err := stopHolder(ctx, tx, name, versions[i], h.Node, h.Module, now); err != nil {
+				if _, err := dropHolder(ctx, tx, name, versions[i], h.Node, h.Module, now); err != nil {
 					return err
 				}
 			}
