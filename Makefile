@@ -51,7 +51,7 @@ demo: build
 	for n in web1 web2; do \
 		tok=$$($$mc token issue --new $$n 2>/dev/null); \
 		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
-		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
+		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
 	done; \
 	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
 		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
@@ -100,7 +100,7 @@ demo: build
 	echo; echo "an adopted machine, old1, already runs a service on 127.0.0.1:18482 (a stand-in, perl) and keeps its data in /var/lib/hello; take moves it under the mesh:"; \
 	tok=$$($$mc token issue --new old1 --adopted 2>/dev/null); \
 	$$mh join --broker $$url --token $$tok --node old1 --state $$dir/old1/state 2>/dev/null; \
-	$$mh run --state $$dir/old1/state --root $$dir/old1/root --heartbeat 1s --no-module-users >$$dir/old1.log 2>&1 & pids="$$pids $$!"; \
+	$$mh run --state $$dir/old1/state --root $$dir/old1/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/old1.log 2>&1 & pids="$$pids $$!"; \
 	mkdir -p $$dir/old1/root/var/lib/hello; echo 41 >$$dir/old1/root/var/lib/hello/starts; \
 	perl -MIO::Socket::INET -e '$$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:18482", Listen => 5) or die "$$!\n"; print "listening\n"; close STDOUT; sleep' >$$dir/standin.out & \
 	standin=$$!; pids="$$pids $$standin"; \
@@ -169,7 +169,7 @@ demo-ha: build nats-server
 	tok=$$($$mc token issue --new web1 2>/dev/null); \
 	$$mh join --broker $$urls --token $$tok --node web1 --state $$dir/web1/state 2>/dev/null; \
 	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
-	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
+	$$mh run --state $$dir/web1/state --root $$dir/web1/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/web1.log 2>&1 & pids="$$pids $$!"; \
 	$$mc module add app/host/testdata/hello/mesh.json >/dev/null 2>&1; $$mc assign web1 hello >/dev/null 2>&1; \
 	state() { $$mc node show web1 | grep '^  hello ' | tr -s ' '; }; \
 	for i in $$(seq 150); do state | grep -q ' ready ' && break; sleep 0.1; done; \
@@ -202,21 +202,28 @@ demo-ha: build nats-server
 # one as an unprivileged user in a temporary directory and stops it after,
 # whatever the tests' outcome), nftables and iproute2 (the packet filter a
 # converged node gets is checked by nft and applied in a network namespace
-# joined by a veth pair). When missing and run as root (as CI is),
+# joined by a veth pair), and wireguard-tools (the overlay's interfaces are
+# read back with wg). When missing and run as root (as CI is),
 # they are installed without recommends and nothing else on the system is
 # changed; otherwise one line says what to install.
 TOOLS := chromium sqlite3 jq curl git perl
 # Tools whose Debian package is named otherwise, as tool:package, looked
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
-# namespaces, a veth pair) as root.
-TOOL_PACKAGES := nft:nftables ip:iproute2
+# namespaces, a veth pair) as root; the overlay's test reads its
+# interfaces with wg and checks its configuration with wg-quick, both of
+# wireguard-tools, and enters a host's namespaces with nsenter (util-linux).
+TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux
 # PostgreSQL's server programs are not on PATH: Debian keeps them by version.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 
+# MESH_HOST_OVERLAY_INTERFACE=false: the hosts tests run in the machine's own
+# network namespace (the README's walkthrough, the demo's) write their
+# overlay's configuration and bring no mesh0 up on the machine; the overlay's
+# own test brings them up in namespaces of their own.
 test: tools nats-server
-	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
+	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
 	@echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"
-	scripts/with-postgres env CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
+	scripts/with-postgres env CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \

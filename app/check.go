@@ -294,6 +294,9 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.filterFacts, err = inv.FactNamed(ctx, protocol.FilterFact); err != nil {
 		return err
 	}
+	if in.silentPeers, err = inv.SilentPeers(ctx); err != nil {
+		return err
+	}
 	if in.sshPorts, err = sshPorts(ctx, inv); err != nil {
 		return err
 	}

@@ -60,11 +60,23 @@ func fileExists(p string) bool {
 // test that passes without checking is no test.
 func needNetns(t *testing.T) {
 	t.Helper()
+	needFor(t, "the filter test needs network namespaces", nil, "ip", "nft")
+}
+
+// needFor skips a test that needs root, files and tools where they are
+// missing, and fails it where they must be there (make test, CI).
+func needFor(t *testing.T, what string, files []string, tools ...string) {
+	t.Helper()
 	var why []string
 	if os.Geteuid() != 0 {
 		why = append(why, "not root")
 	}
-	for _, tool := range []string{"ip", "nft"} {
+	for _, f := range files {
+		if !fileExists(f) {
+			why = append(why, "no "+f)
+		}
+	}
+	for _, tool := range tools {
 		if _, err := toolPath(tool); err != nil {
 			why = append(why, err.Error())
 		}
@@ -73,9 +85,9 @@ func needNetns(t *testing.T) {
 		return
 	}
 	if os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != "" {
-		t.Fatalf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+		t.Fatalf("%s: %s", what, strings.Join(why, "; "))
 	}
-	t.Skipf("the filter test needs network namespaces: %s", strings.Join(why, "; "))
+	t.Skipf("%s: %s", what, strings.Join(why, "; "))
 }
 
 // run runs a tool, failing the test with its output on error.
@@ -139,40 +151,29 @@ func (n netns) nft(args ...string) (string, error) {
 	return runErr("ip", append([]string{"netns", "exec", n.name, nft}, args...)...)
 }
 
-// listen opens a TCP server inside the namespace, each connection
-// answered "hello" and closed: the socket is made by a thread moved into
-// the namespace (a socket stays in the namespace it was made in), a thread
-// never given back to the runtime.
+// listen opens a TCP server on the namespace's end of its veth pair,
+// each connection answered "hello" and closed.
 func (n netns) listen(t *testing.T) int {
 	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
+	return n.listenOn(t, n.far)
+}
+
+// listenOn opens a TCP server inside the namespace on addr ("": every
+// address, the overlay's included), each connection answered "hello" and
+// closed.
+func (n netns) listenOn(t *testing.T, addr string) int {
+	t.Helper()
+	var ln net.Listener
+	if err := n.do(func() (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(addr, "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		f, err := os.Open("/var/run/netns/" + n.name)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", n.name, err)}
-			return
-		}
-		ln, err := net.Listen("tcp", n.far+":0")
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { r.ln.Close() })
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			c, err := r.ln.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
@@ -180,7 +181,29 @@ func (n netns) listen(t *testing.T) int {
 			c.Close()
 		}
 	}()
-	return r.ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// do runs f inside the namespace: on a thread moved into it (a socket
+// stays in the namespace it was made in), a thread never given back to
+// the runtime.
+func (n netns) do(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		h, err := os.Open("/var/run/netns/" + n.name)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer h.Close()
+		if err := unix.Setns(int(h.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("setns %s: %w", n.name, err)
+			return
+		}
+		done <- f()
+	}()
+	return <-done
 }
 
 // connects says whether a TCP connection from this namespace to port in n
@@ -232,6 +255,29 @@ func filterBody(ruleset string) string {
 // namespace, its filter confirmed within confirm; stopped when the test ends.
 func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Duration) *syncBuffer {
 	t.Helper()
+	return m.runIn(t, n, node, false, "--filter-confirm", confirm.String()).logs
+}
+
+// hostProc is a real mesh-host process running in a namespace.
+type hostProc struct {
+	t     *testing.T
+	node  string
+	state string // its state dir
+	ns    string
+	argv  []string // ip's arguments that run it
+	logs  *syncBuffer
+	pid   int
+	// done has the process's end, once it is waited for.
+	done chan error
+}
+
+// runIn joins node and runs a real mesh-host process for it inside the
+// namespace, with args besides the usual; stopped when the test ends.
+// ownRun gives it a /run/wireguard of its own (a tmpfs in the mount
+// namespace ip netns exec makes for it): wg(8) finds an interface by its
+// socket there, and several hosts on one machine each have a mesh0.
+func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args ...string) *hostProc {
+	t.Helper()
 	tok, err := m.c.TokenIssue(context.Background(), TokenRequest{Node: node, New: true, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -242,34 +288,65 @@ func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Durat
 		t.Fatalf("join %s: %v", node, err)
 	}
 	bin := buildProgram(t, "mesh-host", "../cmd/mesh-host")
-	ip, err := toolPath("ip")
-	if err != nil {
-		t.Fatal(err)
+	argv := append([]string{"netns", "exec", n.name}, append([]string{bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
+		"--heartbeat", "200ms", "--no-module-users"}, args...)...)
+	if ownRun {
+		// sh execs the host: the signal reaches it, as below. Its
+		// interface is its namespace's, whatever make test's
+		// MESH_HOST_OVERLAY_INTERFACE says for hosts in the machine's.
+		argv = append([]string{"netns", "exec", n.name, "sh", "-c",
+			`mkdir -p /run/wireguard && mount -t tmpfs -o mode=0755 mesh-test /run/wireguard && exec "$0" "$@"`}, append(argv[3:], "--overlay-interface")...)
 	}
-	cmd := exec.Command(ip, "netns", "exec", n.name, bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
-		"--heartbeat", "200ms", "--filter-confirm", confirm.String(), "--no-module-users")
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// ip netns exec becomes the host (it execs it): the signal reaches it.
+	p := &hostProc{t: t, node: node, state: st.Dir, ns: n.name, argv: argv, logs: &syncBuffer{}}
+	p.start()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("the host in %s did not stop on SIGTERM within 15s", n.name)
-		}
+		p.stop()
 		if t.Failed() {
-			t.Logf("the host's log:\n%s", logs.String())
+			t.Logf("the host's log:\n%s", p.logs.String())
 		}
 	})
-	return logs
+	return p
+}
+
+// start runs the host (again: its log goes on in the same buffer).
+func (p *hostProc) start() {
+	p.t.Helper()
+	ip, err := toolPath("ip")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(ip, p.argv...)
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	if err := cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	p.pid, p.done = cmd.Process.Pid, make(chan error, 1)
+	go func() { p.done <- cmd.Wait() }()
+}
+
+// stop ends the host with SIGTERM, as a person's machine stops it; one
+// stopped already is left as it is. ip netns exec becomes the host (it
+// execs it): the signal reaches it.
+func (p *hostProc) stop() {
+	if p.done == nil {
+		return
+	}
+	syscall.Kill(p.pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		syscall.Kill(p.pid, syscall.SIGKILL)
+		<-p.done
+		p.t.Errorf("the host in %s did not stop on SIGTERM within 15s", p.ns)
+	}
+	p.done = nil
+}
+
+// kill ends the host with SIGKILL: nothing of its own stopping runs.
+func (p *hostProc) kill() {
+	syscall.Kill(p.pid, syscall.SIGKILL)
+	<-p.done
+	p.done = nil
 }
 
 // filterFact is the node's report of the mesh's filter, "" if none.

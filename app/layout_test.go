@@ -77,6 +77,8 @@ func TestLayout_Dependencies(t *testing.T) {
 	}
 	bad("mesh-controller/cmd/mesh-controller", "the controller never links the host agent",
 		func(d string) bool { return d == "mesh-controller/app/host" })
+	bad("mesh-controller/cmd/mesh-controller", "the overlay's interfaces are the hosts' (userspace WireGuard runs in mesh-host only)",
+		func(d string) bool { return strings.HasPrefix(d, "golang.zx2c4.com/wireguard/device") })
 	io := func(d string) bool {
 		return d == "os" || d == "database/sql" || d == "net" || d == "net/http" || d == "os/exec" || d == "syscall" ||
 			strings.HasPrefix(d, "github.com/nats-io/") || strings.HasPrefix(d, "modernc.org/") || strings.HasPrefix(d, "mesh-controller/embedded/")

@@ -242,7 +242,10 @@ func (h *testHost) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users, FactsEvery: h.factsEvery}
+	// In-process hosts share the test's network namespace, the machine's:
+	// an overlay declared to them is written, never brought up there.
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users, FactsEvery: h.factsEvery,
+		NoOverlayInterface: true}
 	go func() { h.done <- r.Run(ctx) }()
 }
 

@@ -106,6 +106,14 @@ func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Loc
 		return Migrated{}, &StoreError{Location: loc, Err: err}
 	}
 	m := Migrated{Context: name, Store: loc.Shown(), From: from, To: to, Known: len(ms)}
+	if name == "inventory" {
+		// The overlay's ULA prefix is random (crypto/rand), which SQL
+		// cannot make: made here once, so a mesh recorded before the
+		// overlay existed has one too.
+		if err := inventory.NewStore(db).EnsureOverlayPrefix(ctx); err != nil {
+			return m, &StoreError{Location: loc, Err: err}
+		}
+	}
 	if name != "identity" {
 		return m, nil
 	}

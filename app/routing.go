@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"mesh-controller/app/nftables"
+	"mesh-controller/app/overlay"
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
@@ -65,6 +66,9 @@ func (c *Controller) SetNetworks(ctx context.Context, node string, networks []st
 	if err := CheckName(node); err != nil {
 		return RoutingView{}, err
 	}
+	if err := c.outsideMeshOverlay(ctx, networks); err != nil {
+		return RoutingView{}, err
+	}
 	prefixes, err := protocol.CheckNetworks(networks)
 	if err != nil {
 		return RoutingView{}, err
@@ -74,6 +78,30 @@ func (c *Controller) SetNetworks(ctx context.Context, node string, networks []st
 		kept[i] = p.String()
 	}
 	return c.changeRouting(ctx, node, func(st *Stores) (bool, error) { return st.Inventory.SetNetworks(ctx, node, kept) })
+}
+
+// outsideMeshOverlay refuses a network that overlaps the mesh's own ULA
+// prefix, naming it (protocol.CheckNetworks refuses all of fd00::/8, but
+// the mesh's /48 is what a person can look up in overlay show).
+func (c *Controller) outsideMeshOverlay(ctx context.Context, networks []string) error {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return err
+	}
+	o, err := st.Inventory.ReadOverlay(ctx)
+	if err != nil {
+		return err
+	}
+	mesh, err := netip.ParsePrefix(o.Prefix6)
+	if err != nil {
+		return nil // no prefix made yet: nothing of the mesh's to clash with
+	}
+	for _, n := range networks {
+		if p, err := protocol.ParseNetwork(n); err == nil && p.Overlaps(mesh) {
+			return fmt.Errorf("%s %w (the mesh's own %s): the mesh's private network gives its nodes addresses there", p, protocol.ErrOverlapsOverlay, mesh)
+		}
+	}
+	return nil
 }
 
 // changeRouting makes one routing change and, if it changed anything,
@@ -102,8 +130,8 @@ func (c *Controller) changeRouting(ctx context.Context, node string, set func(*S
 // the node's plan as it stands (its modules' declared ports and their
 // exposures, its public domain, its networks) and the SSH port its host
 // reported (the fact protocol.FactSSHPort; nftables.DefaultSSHPort when it
-// reported none), kept open unless closeSSH. The overlay is not built yet,
-// so ports exposed to it are closed. It returns the renderer's input and
+// reported none), kept open unless closeSSH. Ports exposed to the overlay
+// are open to it once the node has an overlay part. It returns the renderer's input and
 // the ruleset rendered from it: what a declaration would carry.
 func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) (nftables.Input, string, error) {
 	if err := CheckName(node); err != nil {
@@ -165,9 +193,15 @@ func filterRender(ssh map[string]int) plan.FilterRender {
 
 // FilterInput is the renderer's input for a declaration: its modules'
 // ports, its public domain and networks, the SSH port left at its default
-// (FilterFor fills in the one the host reported).
+// (FilterFor fills in the one the host reported), and its overlay part:
+// ports exposed to the overlay open to the overlay's prefixes, its
+// WireGuard port, and on a relay forwarding between overlay nodes.
 func FilterInput(d protocol.Declaration, closeSSH bool) nftables.Input {
-	in := nftables.Input{Node: d.Node, PublicDomain: d.PublicDomain, CloseSSH: closeSSH}
+	in := nftables.Input{Node: d.Node, PublicDomain: d.PublicDomain, CloseSSH: closeSSH,
+		Overlay: overlay.Prefixes(d.Overlay), OverlayRelay: overlay.Relays(d.Overlay)}
+	if d.Overlay != nil {
+		in.OverlayPort = d.Overlay.ListenPort
+	}
 	for _, m := range d.Modules {
 		for _, p := range m.Ports {
 			in.Ports = append(in.Ports, nftables.Port{Module: m.Module, Name: p.Name, Port: p.Port, Expose: p.Expose})

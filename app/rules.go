@@ -58,6 +58,8 @@ type checkInputs struct {
 	// filterFacts are the nodes' reports of the mesh's packet filter
 	// (protocol.FilterFact), by node.
 	filterFacts map[string]inventory.Fact
+	// silentPeers are the overlay pairs the daemon found silent.
+	silentPeers []inventory.SilentPeer
 	// listeners are what the converged nodes' hosts found listening, by
 	// node; sshPorts the SSH ports they reported.
 	listeners   map[string][]inventory.Found
@@ -191,6 +193,24 @@ var rules = []rule{
 			}
 			out = append(out, machineCondition("node.filter-rolled-back", n.Name, health.Urgent,
 				fmt.Sprintf("%s rolled the mesh's packet filter back: %s", n.Name, f.Why), map[string]any{"why": f.Why}))
+		}
+		return out
+	}},
+	{kind: "node.overlay-peer-silent", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		// What the store says: the daemon writes a pair when it turns
+		// silent and takes it away when a handshake is heard.
+		var out []health.Condition
+		for _, p := range in.silentPeers {
+			last, heard := "never", any(nil)
+			if p.LastHandshake != nil {
+				last = fmt.Sprintf("last at %s", p.LastHandshake.UTC().Format(time.RFC3339))
+				heard = p.LastHandshake.UTC().Format(time.RFC3339)
+			}
+			out = append(out, health.Condition{Key: "node.overlay-peer-silent/" + p.Node + "/" + p.Peer, Kind: "node.overlay-peer-silent", Scope: "machine",
+				Machine: p.Node, Severity: health.Warning,
+				Summary: fmt.Sprintf("%s has heard no WireGuard handshake from its overlay peer %s for over %s (%s): is %s up, and its endpoint reachable?",
+					p.Node, p.Peer, protocol.OverlayPeerSilentAfter, last, p.Peer),
+				Evidence: map[string]any{"peer": p.Peer, "last_handshake": heard, "silent_since": p.Since.UTC().Format(time.RFC3339)}})
 		}
 		return out
 	}},

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,6 +134,24 @@ func TestRule_NodeFilterRolledBack(t *testing.T) {
 	}
 }
 
+func TestRule_NodeOverlayPeerSilent(t *testing.T) {
+	heard := t0.Add(-10 * time.Minute)
+	silent := func(last *time.Time, gone bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.nodes = []inventory.Node{joined("web1", t0, 10)}
+			if !gone {
+				in.silentPeers = []inventory.SilentPeer{{Node: "web1", Peer: "relay1", Since: t0, LastHandshake: last}}
+			}
+		})
+	}
+	raiseChangeClear(t, "node.overlay-peer-silent", "node.overlay-peer-silent/web1/relay1",
+		silent(nil, false), silent(&heard, false), silent(nil, true))
+	got := ruleOf(t, "node.overlay-peer-silent").eval(silent(&heard, false))
+	if got[0].Severity != health.Warning || got[0].Machine != "web1" || !strings.Contains(got[0].Summary, "for over 3m0s (last at ") {
+		t.Errorf("%+v", got[0])
+	}
+}
+
 func TestRule_NodeBadSignature(t *testing.T) {
 	drops := func(n int64, last time.Time) *checkInputs {
 		return inputs(func(in *checkInputs) {
@@ -248,7 +267,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 
 // Every kind in the catalogue whose subject exists has a rule.
 func TestRules_Catalogue(t *testing.T) {
-	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.bad-signature", "token.reused", "module.behind-source",
+	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
 		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld"} {
 		ruleOf(t, kind)

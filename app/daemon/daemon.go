@@ -330,8 +330,12 @@ type daemon struct {
 	limits limiter
 
 	// The loop's own state: never touched by another goroutine.
-	beats     map[string]inventory.Beat
-	lastBeat  map[string]time.Time
+	beats    map[string]inventory.Beat
+	lastBeat map[string]time.Time
+	// peers are each node's overlay peers as its heartbeats report them;
+	// peerFlips, those turning silent or heard, waiting for the flush.
+	peers     map[string]map[string]*peerState
+	peerFlips []inventory.PeerFlip
 	intervals map[health.HourKey]health.Histogram
 	durations []health.Duration
 	drops     map[[2]string]int64
@@ -491,7 +495,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		applied:   make(chan applied, appliedQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
-		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, intervals: map[health.HourKey]health.Histogram{},
+		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
 		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
 		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
 
@@ -513,6 +517,9 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	defer stop()
 
 	if err := d.loadHostKeys(ctx); err != nil {
+		return err
+	}
+	if err := d.loadSilentPeers(ctx); err != nil {
 		return err
 	}
 	if err := d.subscribe(); err != nil {
@@ -869,6 +876,7 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 			d.intervals[k] = h
 		}
 		d.lastBeat[ev.node] = ev.at
+		d.absorbPeers(ev.node, ev.at, ev.beat.Peers)
 		return d.absorbModules(ctx, ev.node, ev.at, ev.beat.Modules)
 	case evModules:
 		return d.absorbModules(ctx, ev.node, ev.at, ev.modules)
@@ -942,6 +950,7 @@ func (d *daemon) flush(ctx context.Context) {
 			d.log.Error("record heartbeats", "count", len(batch), "err", err)
 		}
 	}
+	d.flushPeers(ctx)
 	if len(d.modulesDue) > 0 {
 		if err := d.st.Health.RecordModuleStates(ctx, d.modulesDue); err != nil {
 			d.deposed(err)

@@ -32,6 +32,9 @@ type applied struct {
 	Runs []runRecord `json:"runs,omitempty"`
 	// Taken are the digests of the cutovers done (take): each is done once.
 	Taken []string `json:"taken,omitempty"`
+	// Overlay is the overlay declared: brought up again when the host
+	// starts.
+	Overlay *protocol.DeclaredOverlay `json:"overlay,omitempty"`
 }
 
 type dataSet struct {
@@ -125,6 +128,9 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 		}
 		return fail(d.Serial, "refused: %s%s", strings.Join(ps, "; "), more)
 	}
+	if err := checkOverlay(d.Overlay, st.WireGuard); err != nil {
+		return fail(d.Serial, "refused: the overlay: %v", err)
+	}
 	var raw struct {
 		Modules []json.RawMessage `json:"modules"`
 	}
@@ -214,7 +220,7 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 	}
 
 	t = time.Now()
-	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken}
+	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken, Overlay: d.Overlay}
 	var waiting []string
 	for i, m := range d.Modules {
 		// The sealed files are written below, opened with the host's own key.

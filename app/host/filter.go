@@ -93,15 +93,21 @@ var nftElsewhere = []string{"/usr/sbin/nft", "/sbin/nft"}
 // nftBin finds the nft tool: on PATH, else where Debian's nftables puts it
 // (a PATH without /usr/sbin is common outside root's login shell).
 func nftBin() (string, error) {
-	if p, err := exec.LookPath("nft"); err == nil {
+	return toolBin("nft", nftElsewhere, "nft is not installed: this host cannot apply the mesh's packet filter (apt-get install nftables)")
+}
+
+// toolBin finds a tool on PATH, else at one of elsewhere; missing says
+// what its absence means.
+func toolBin(name string, elsewhere []string, missing string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
-	for _, p := range nftElsewhere {
+	for _, p := range elsewhere {
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	return "", errors.New("nft is not installed: this host cannot apply the mesh's packet filter (apt-get install nftables)")
+	return "", errors.New(missing)
 }
 
 // filterUsable says why this host cannot apply a packet filter, or nil.
@@ -399,11 +405,13 @@ func factsCompared(body protocol.FactsBody) []byte {
 	return b
 }
 
-// facts are the machine's facts, and the mesh's filter's state among them.
+// facts are the machine's facts, and the mesh's filter's and overlay's
+// states among them.
 func (r *Runner) facts() protocol.FactsBody {
 	body := Facts(r.Root)
 	r.mu.Lock()
 	f, ok := r.filter.fact()
+	body.Facts = append(body.Facts, r.overlayFacts()...)
 	r.mu.Unlock()
 	if ok {
 		body.Facts = append(body.Facts, f)

@@ -44,6 +44,11 @@ type Runner struct {
 	// after applying a packet filter before it rolls it back
 	// (DefaultFilterConfirm if zero).
 	FilterConfirm time.Duration
+	// NoOverlayInterface has the host write the overlay's configuration
+	// and bring no interface up, even where it could: wg-quick or systemd
+	// brings mesh0 up from the file on that machine (or a test's hosts
+	// share one network namespace, which holds one mesh0).
+	NoOverlayInterface bool
 
 	mu   sync.Mutex
 	last applied
@@ -60,6 +65,8 @@ type Runner struct {
 	// confirmation of one waiting to be kept.
 	filter     filterState
 	confirming context.CancelFunc
+	// ov is the overlay here: its interface and what the facts say of it.
+	ov overlayState
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -100,6 +107,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.filter, err = loadFilter(r.State.Dir); err != nil {
 		return fmt.Errorf("read %s: %w", fileFilter, err)
 	}
+	// A host joined before the overlay gets its WireGuard key now: its
+	// public half is in the first facts it reports.
+	if err := r.State.EnsureWireGuardKey(); err != nil {
+		return err
+	}
 	// changed asks for a beat soon: a module's state changed, or the
 	// controller answered an ask after a (re)connection.
 	changed := make(chan struct{}, 1)
@@ -127,6 +139,18 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sup.Apply(specs(r.State, r.Root, r.last.Runs))
 	// Stopping the host stops its modules: none outlives it.
 	defer r.sup.StopAll()
+	// The overlay last declared comes up again too: its interface lives
+	// in this process, and goes with it.
+	r.mu.Lock()
+	if err := r.setOverlay(r.last.Overlay, r.last.Serial); err != nil {
+		r.logf("overlay: %v", err)
+	}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.stopOverlay()
+		r.mu.Unlock()
+	}()
 	opts, err := r.State.ConnectOptions()
 	if err != nil {
 		return err
@@ -255,13 +279,15 @@ func (r *Runner) userIDs() userIDs {
 	}
 }
 
-// beat sends a heartbeat with the modules' states.
+// beat sends a heartbeat with the modules' states and the overlay's
+// peers' last handshakes.
 func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	r.mu.Lock()
 	serial := r.last.Serial
+	peers := r.peerHandshakes()
 	r.mu.Unlock()
 	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
-		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states()})
+		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers})
 }
 
 func (r *Runner) logf(format string, args ...any) {
@@ -357,6 +383,7 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 	}
 	filter, serial, refused := declaredFilter(r.State, r.last.Serial, dl.env)
 	filterWas := r.filter
+	ovWas := r.ov.fact
 	var report protocol.AppliedBody
 	next := r.last
 	if refused != "" {
@@ -374,13 +401,18 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 			r.sup.Apply(specs(r.State, r.Root, next.Runs))
 			// Last, the filter: the declaration's files and modules are
 			// in place whatever becomes of it.
-			if err := r.setFilter(nc, filter, next.Serial); err != nil {
+			// Then the overlay: a peer's module may need it, not the
+			// other way round.
+			if err := r.setOverlay(next.Overlay, next.Serial); err != nil {
+				report.OK, report.Error = false, err.Error()
+			}
+			if err := r.setFilter(nc, filter, next.Serial); err != nil && report.OK {
 				report.OK, report.Error = false, err.Error()
 			}
 		}
 	}
 	last := r.last
-	filterMoved := r.filter != filterWas
+	filterMoved := r.filter != filterWas || r.ov.fact != ovWas
 	r.mu.Unlock()
 	if filterMoved {
 		r.reportFacts(nc, true)

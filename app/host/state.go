@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"mesh-controller/app/protocol"
 )
@@ -45,6 +46,10 @@ type State struct {
 	Creds         string // .creds document: the user JWT and the host's own nkey seed
 	ControllerKey ed25519.PublicKey
 	BrokerURLs    []string
+	// WireGuard is the host's WireGuard private key (the overlay's): kept
+	// in its state dir, never sent; its public half is a fact. Zero for a
+	// host joined before the overlay until Runner.Run makes one.
+	WireGuard wgtypes.Key
 }
 
 const (
@@ -55,6 +60,9 @@ const (
 	fileController = "controller.pub"
 	fileBroker     = "broker"
 	fileApplied    = "applied.json"
+	// fileWireGuard holds the WireGuard private key, base64 as wg genkey
+	// writes it.
+	fileWireGuard = "wireguard.key"
 )
 
 // JoinOptions are what a person gives mesh-host join.
@@ -65,7 +73,7 @@ type JoinOptions struct {
 	State  string
 }
 
-// Join makes the host's keys (ed25519, age X25519, nkey), asks the
+// Join makes the host's keys (ed25519, age X25519, nkey, WireGuard), asks the
 // controller to join as the join user, and keeps what it answers in the
 // state dir (0700, files 0600).
 func Join(ctx context.Context, o JoinOptions) (*State, error) {
@@ -86,6 +94,10 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 		return nil, err
 	}
 	nk, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	wg, err := wgtypes.GeneratePrivateKey()
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +143,7 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	if len(urls) == 0 {
 		urls = []string{o.Broker}
 	}
-	st := &State{Dir: o.State, Node: o.Node, HostKey: priv, Age: ageID, Creds: string(creds), ControllerKey: ck, BrokerURLs: urls}
+	st := &State{Dir: o.State, Node: o.Node, HostKey: priv, Age: ageID, Creds: string(creds), ControllerKey: ck, BrokerURLs: urls, WireGuard: wg}
 	if !save {
 		return st, nil
 	}
@@ -230,6 +242,7 @@ func (s *State) save() error {
 		fileCreds:      s.Creds,
 		fileController: base64.StdEncoding.EncodeToString(s.ControllerKey) + "\n",
 		fileBroker:     strings.Join(s.BrokerURLs, "\n") + "\n",
+		fileWireGuard:  s.WireGuard.String() + "\n",
 	}
 	for name, content := range files {
 		if err := writeFile(filepath.Join(s.Dir, name), []byte(content)); err != nil {
@@ -300,7 +313,34 @@ func Load(dir string) (*State, error) {
 		return nil, err
 	}
 	s.BrokerURLs = strings.Fields(urls)
+	// A host joined before the overlay has no WireGuard key: Runner.Run
+	// makes it one (EnsureWireGuardKey), Load only reads.
+	if b, err := os.ReadFile(filepath.Join(dir, fileWireGuard)); err == nil {
+		if s.WireGuard, err = wgtypes.ParseKey(strings.TrimSpace(string(b))); err != nil {
+			return nil, fmt.Errorf("%s: %s is damaged", dir, fileWireGuard)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
 	return s, nil
+}
+
+// EnsureWireGuardKey makes the host a WireGuard key pair if it has none
+// (joined before the overlay), the private key written 0600 in its state
+// dir; a host that has one keeps it.
+func (s *State) EnsureWireGuardKey() error {
+	if s.WireGuard != (wgtypes.Key{}) {
+		return nil
+	}
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		return fmt.Errorf("make the WireGuard key: %w", err)
+	}
+	if err := writeFile(filepath.Join(s.Dir, fileWireGuard), []byte(k.String()+"\n")); err != nil {
+		return err
+	}
+	s.WireGuard = k
+	return nil
 }
 
 // ConnectOptions connect as this host's broker user, with the inbox prefix

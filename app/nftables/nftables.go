@@ -43,6 +43,13 @@ type Input struct {
 	// Overlay are the overlay's addresses its overlay ports accept from;
 	// none (no overlay yet) closes them.
 	Overlay []netip.Prefix
+	// OverlayPort is the UDP port the node's WireGuard listens on, let in
+	// from anywhere (its peers dial it); 0: the node has no overlay part.
+	OverlayPort int
+	// OverlayRelay says the node relays between overlay nodes behind NAT:
+	// what comes in on the overlay's interface to another overlay address
+	// is forwarded out of it again.
+	OverlayRelay bool
 	// SSHPort is the SSH port the node reports; 0 is DefaultSSHPort.
 	SSHPort int
 	// CloseSSH is a person's wish not to keep SSH open: never the default,
@@ -108,6 +115,9 @@ func Render(in Input) string {
 	} else {
 		w("\t\ttcp dport %d accept comment \"ssh, kept open\"", ssh)
 	}
+	if in.OverlayPort > 0 && in.OverlayPort < 65536 {
+		w("\t\tudp dport %d accept comment \"the overlay (WireGuard)\"", in.OverlayPort)
+	}
 	overlay4, overlay6 := split(in.Overlay)
 	for _, p := range sortedPorts(in.Ports) {
 		proto := p.Protocol
@@ -148,8 +158,19 @@ func Render(in Input) string {
 	w("\t\ttype filter hook forward priority filter; policy drop;")
 	w("\t\tct state established,related accept")
 	w("\t\tct state invalid drop")
+	if in.OverlayRelay && len(in.Overlay) > 0 {
+		for _, fam := range []struct {
+			ip   string
+			nets []netip.Prefix
+		}{{"ip", overlay4}, {"ip6", overlay6}} {
+			if len(fam.nets) > 0 {
+				w("\t\tiifname %q oifname %q %s saddr %s %s daddr %s accept comment \"the overlay: relayed between its nodes\"",
+					protocol.OverlayInterface, protocol.OverlayInterface, fam.ip, set(fam.nets), fam.ip, set(fam.nets))
+			}
+		}
+	}
 	nets4, nets6 := split(in.Networks)
-	if len(nets4)+len(nets6) == 0 {
+	if len(nets4)+len(nets6) == 0 && !in.OverlayRelay {
 		w("\t\t# the node routes no networks: nothing is forwarded")
 	}
 	for _, fam := range []struct {

@@ -105,6 +105,23 @@ var cases = []struct {
 		},
 	},
 	{
+		name: "the overlay's own port is open, and a relay forwards between overlay nodes",
+		in: nftables.Input{Node: "relay1", Overlay: []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("fd12:3456:789a::/48")},
+			OverlayPort: 51820, OverlayRelay: true},
+		want: []string{
+			`udp dport 51820 accept comment "the overlay (WireGuard)"`,
+			`iifname "mesh0" oifname "mesh0" ip saddr { 100.64.0.0/10 } ip daddr { 100.64.0.0/10 } accept comment "the overlay: relayed between its nodes"`,
+			`iifname "mesh0" oifname "mesh0" ip6 saddr { fd12:3456:789a::/48 } ip6 daddr { fd12:3456:789a::/48 } accept comment "the overlay: relayed between its nodes"`,
+		},
+		unwanted: []string{"nothing is forwarded"},
+	},
+	{
+		name:     "a node of the overlay that relays nothing forwards nothing",
+		in:       nftables.Input{Node: "web1", Overlay: overlay, OverlayPort: 51900},
+		want:     []string{`udp dport 51900 accept comment "the overlay (WireGuard)"`, "# the node routes no networks: nothing is forwarded"},
+		unwanted: []string{"oifname"},
+	},
+	{
 		name:     "local and unexposed ports only from loopback",
 		in:       nftables.Input{Node: "web1", Ports: []nftables.Port{admin, bare}, PublicDomain: "example.org", Overlay: overlay},
 		want:     []string{"# paperless/admin (tcp 8001): local, from loopback only", "# hello/http (tcp 18480): local, from loopback only"},

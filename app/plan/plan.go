@@ -16,6 +16,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"mesh-controller/app/overlay"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
@@ -131,6 +132,18 @@ type Planner struct {
 	// render renders the packet filter of a node the mesh owns one on,
 	// from its plan's body; nil: none can be.
 	render FilterRender
+	// overlay is every node's overlay part, computed once (on the first
+	// plan) for all the plans of this snapshot.
+	overlay map[string]*protocol.DeclaredOverlay
+}
+
+// Overlay is the node's overlay part as computed from the snapshot (nil:
+// none, its host has reported no key yet).
+func (pl *Planner) Overlay(node string) *protocol.DeclaredOverlay {
+	if pl.overlay == nil {
+		pl.overlay = overlay.Compute(pl.snap.Overlay).Declared
+	}
+	return pl.overlay[node]
 }
 
 // FilterRender renders the packet filter f a node's declaration carries
@@ -331,6 +344,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
 		}
 	}
+	p.Body.Overlay = pl.Overlay(node)
 	// Last: the filter is rendered from the rest of the body.
 	if f, ok := snap.Filters[node]; ok {
 		rs, err := "", fmt.Errorf("none was rendered for it")

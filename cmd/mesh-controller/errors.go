@@ -253,6 +253,10 @@ func hint(err error) string {
 		return "route a network outside the overlay's ranges"
 	case errors.Is(err, protocol.ErrTooManyNetworks):
 		return "join neighbouring networks into wider ones"
+	case errors.Is(err, app.ErrBadEndpoint):
+		return "give --endpoint as host:port, such as 203.0.113.7:51820"
+	case errors.Is(err, app.ErrPublicNeedsEndpoint):
+		return "give --endpoint host:port with --public"
 	case errors.Is(err, app.ErrBadTTL):
 		return "give --ttl a positive duration such as 24h"
 	case errors.Is(err, app.ErrRestoreNotEmpty):

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"mesh-controller/app"
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -62,6 +63,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"node", "show", "db1"}},
 		{args: []string{"node", "public-domain", "db1"}},
 		{args: []string{"node", "networks", "db1"}},
+		{args: []string{"overlay", "show"}},
+		{args: []string{"overlay", "place", "web2", "--site", "office"}},
 		{args: []string{"converge", "db1", "--filter", "nftables"}},
 		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
 		{args: []string{"module", "list"}},
@@ -239,7 +242,8 @@ func populate(t *testing.T, dir, examples string) {
 		inv.MarkJoined(ctx, "web2", now),
 		inv.MarkJoined(ctx, "db1", long),
 		inv.RecordBeats(ctx, []inventory.Beat{{Node: "db1", HeardAt: long, IntervalS: 15, SerialApplied: 1, UptimeS: 60}}),
-		inv.RecordFacts(ctx, "db1", []inventory.Fact{{Name: "arch", Value: "amd64", Why: "uname -m"}},
+		inv.RecordFacts(ctx, "db1", []inventory.Fact{{Name: "arch", Value: "amd64", Why: "uname -m"},
+			{Name: protocol.FactWireGuardKey, Value: "PQgYbFGLUB9b7UOnSVANK4FEdbwJx1UzXSydpgMQs5U=", Why: "wg pubkey"}},
 			[]inventory.Found{{Kind: "service", Name: "nginx", Detail: "listens on :80"},
 				{Kind: "port", Name: "tcp/6379", Detail: "redis", Addresses: []string{"0.0.0.0"}, Commands: []string{"redis-server"}},
 				{Kind: "port", Name: "tcp/631", Detail: "cups", Addresses: []string{"127.0.0.1"}, Commands: []string{"cupsd"}}}, now),
@@ -247,6 +251,9 @@ func populate(t *testing.T, dir, examples string) {
 		inv.RecordDataSets(ctx, "db1", []inventory.DataSet{{Module: "postgres", Name: "data", Path: "/var/lib/postgresql",
 			Bytes: 4096, Precious: "irreplaceable", LastBackup: &backup}}, now),
 		hs.CountDrops(ctx, "db1", "bad signature", 2, now),
+		inv.RecordFacts(ctx, "web2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: "m3mapGBXZdz2eBKeGszGRMOQMbWN0SL9sUkjMnARZGU=", Why: "wg pubkey"}}, nil, now),
+		placed(ctx, inv, "db1", inventory.Placement{Endpoint: "203.0.113.1:51820", Reach: inventory.Public}),
+		placed(ctx, inv, "web2", inventory.Placement{Reach: inventory.BehindNAT, Site: "home"}),
 		hs.RecordDurations(ctx, []health.Duration{{Kind: "apply", Subject: "db1", MS: 12, At: now}, {Kind: "start", Subject: "db1/postgres", MS: 900, At: now}}),
 		hs.RecordModuleStates(ctx, map[string][]health.ModuleState{"db1": {{Node: "db1", Module: "postgres", Version: "16.4.0", State: "crash-looping",
 			Serial: 1, Since: now, Restarts1h: 7, LastExit: "exit status 1", Detail: "keeps exiting", LogTail: []string{"FATAL: no data dir"}, HeardAt: now}}}),
@@ -352,4 +359,10 @@ func orRoot(path string) string {
 		return "the top"
 	}
 	return path
+}
+
+// placed places a node on the overlay, moving no plan.
+func placed(ctx context.Context, inv *inventory.Store, node string, p inventory.Placement) error {
+	_, err := inv.SetPlacement(ctx, node, p, func(_, _ inventory.Overlay) []string { return nil })
+	return err
 }

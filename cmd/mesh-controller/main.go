@@ -62,6 +62,7 @@ type CLI struct {
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
 	Converge   ConvergeCmd   `cmd:"" help:"Preview making a node converged (the mesh's whole) and, with --filter nftables, the packet filter it would own, with a digest; --yes DIGEST does exactly so."`
+	Overlay    OverlayCmd    `cmd:"" help:"The mesh's private network: where each node is (place), and the network as computed (show)."`
 	Adopt      AdoptCmd      `cmd:"" help:"Return a converged node to adopted: the mesh's packet filter removed; what was taken stays taken."`
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
 	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`

@@ -439,6 +439,14 @@ func (c *PlanCmd) Run(env *Env) error {
 	if len(p.Body.Networks) > 0 {
 		fmt.Fprintf(env.Stdout, "  networks: %s\n", strings.Join(p.Body.Networks, ", "))
 	}
+	if o := p.Body.Overlay; o != nil {
+		fmt.Fprintf(env.Stdout, "  overlay: %s %s, %s, listens on udp %d\n", o.Interface, o.Address4, o.Address6, o.ListenPort)
+		for _, pr := range o.Peers {
+			fmt.Fprintf(env.Stdout, "    %s\n", peerLine(pr))
+		}
+	} else {
+		fmt.Fprintln(env.Stdout, "  overlay: none yet (its host has reported no WireGuard key)")
+	}
 	if len(p.Body.Modules) == 0 {
 		fmt.Fprintln(env.Stdout, "  runs nothing from the mesh")
 	}

@@ -127,6 +127,34 @@ func TestREADME_Outgrowing(t *testing.T) {
 	}
 }
 
+// The README's overlay block runs as a person runs it: nodes placed, one
+// endpoint refused, the overlay and a node's plan shown.
+func TestREADME_Overlay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs the README's overlay block")
+	}
+	readmeTools(t, "bash")
+	repo := buildForReadme(t, "mesh-controller")
+	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- overlay", "<!-- end of overlay -->", 1)
+	out, err := runScript(t, repo, script, time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=")
+	if err != nil {
+		t.Fatalf("the README's overlay block stopped: %v\n%s", err, out)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^gw1: public, endpoint gw1\.example\.org:51820$`),
+		regexp.MustCompile(`(?m)^nas1: overlay addresses 100\.64\.0\.2/10, fd[0-9a-f]{2}:[0-9a-f]{1,4}:[0-9a-f]{1,4}::2/48$`),
+		regexp.MustCompile(`(?m)^refused: an endpoint is host:port$`),
+		regexp.MustCompile(`(?m)^relay none \(no public node with a key\)$`),
+		regexp.MustCompile(`(?m)^  missing: no WireGuard key: its host has not reported one$`),
+		regexp.MustCompile(`(?m)^laptop1  100\.64\.0\.3/10  fd[0-9a-f:]+::3/48$`),
+		regexp.MustCompile(`(?m)^  overlay: none yet \(its host has reported no WireGuard key\)$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("the block's output lacks %s:\n%s", want, out)
+		}
+	}
+}
+
 // TestREADME_Adopted runs the README's "Adopted machines" blocks as a
 // person runs them: an adopted node, a stand-in service holding the port a
 // module declares, a take refused because the machine changed since its

@@ -84,9 +84,11 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 		if exists > 0 {
 			return fmt.Errorf("node %s %w", name, ErrNodeExists)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, ?)`,
-			name, string(mode), sqlite.FormatTime(now))
-		return err
+		if _, err := tx.ExecContext(ctx, `INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, ?)`,
+			name, string(mode), sqlite.FormatTime(now)); err != nil {
+			return err
+		}
+		return takeOverlayIndex(ctx, tx, name)
 	})
 	if errors.Is(err, ErrNodeExists) {
 		return Node{}, err
@@ -211,6 +213,9 @@ func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now tim
 			}
 			if k, _ := res.RowsAffected(); k == 0 {
 				return fmt.Errorf("node %s %w", n, ErrNodeExists)
+			}
+			if err := takeOverlayIndex(ctx, tx, n); err != nil {
+				return err
 			}
 		}
 		return nil

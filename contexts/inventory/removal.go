@@ -112,6 +112,15 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 				WHERE resolved_at IS NULL AND (`+holders+`)`, append([]any{at}, args...)...); err != nil {
 				return err
 			}
+			// A node of the overlay (its host reported a WireGuard key) is
+			// a peer of others: the plans of every node that knows a key
+			// move, as when a key changes (RecordFacts).
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1
+				WHERE name IN (SELECT node FROM node_facts WHERE name = ?)
+				AND EXISTS (SELECT 1 FROM node_facts WHERE name = ? AND node IN (`+marks+`))`,
+				append([]any{factWireGuardKey, factWireGuardKey}, args...)...); err != nil {
+				return err
+			}
 			// Their facts, found, data reports, declarations and own pins go
 			// with them (ON DELETE CASCADE).
 			_, err = tx.ExecContext(ctx, `DELETE FROM nodes WHERE name IN (`+marks+`)`, args...)

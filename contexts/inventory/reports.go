@@ -141,9 +141,29 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 	})
 }
 
-// RecordFacts replaces a node's facts and what it found.
+// RecordFacts replaces a node's facts and what it found. A WireGuard key
+// (the fact wireguard_key) new or changed moves, in the same transaction,
+// the plans of the node and of every node that knows a key (any of them
+// may peer with it, or reach it through a relay), so that the catch-up
+// declares them.
 func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		var oldKey, newKey string
+		err := tx.QueryRowContext(ctx, `SELECT value FROM node_facts WHERE node = ? AND name = ?`, node, factWireGuardKey).Scan(&oldKey)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		for _, f := range facts {
+			if f.Name == factWireGuardKey {
+				newKey = f.Value
+			}
+		}
+		if oldKey != newKey {
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1
+				WHERE name = ?1 OR name IN (SELECT node FROM node_facts WHERE name = ?2)`, node, factWireGuardKey); err != nil {
+				return err
+			}
+		}
 		for _, q := range []string{`DELETE FROM node_facts WHERE node = ?`, `DELETE FROM node_found WHERE node = ?`} {
 			if _, err := tx.ExecContext(ctx, q, node); err != nil {
 				return err
@@ -160,7 +180,7 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 				return err
 			}
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
+		_, err = tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
 		return err
 	})
 }

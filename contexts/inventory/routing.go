@@ -75,12 +75,8 @@ func (s *Store) SetNetworks(ctx context.Context, node string, networks []string)
 // caller's word) when it differs, moving the node's plan.
 func (s *Store) setRouting(ctx context.Context, node, column string, value any) (changed bool, err error) {
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
-		var exists int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
+		if err := mustExist(ctx, tx, node); err != nil {
 			return err
-		}
-		if exists == 0 {
-			return fmt.Errorf("node %s %w", node, ErrNodeNotFound)
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE nodes SET `+column+` = ? WHERE name = ? AND `+column+` IS DISTINCT FROM ?`, value, node, value)
 		if err != nil {
@@ -115,4 +111,16 @@ func readRouting(ctx context.Context, tx *sql.Tx) (map[string]Routing, error) {
 		return nil
 	})
 	return out, err
+}
+
+// mustExist returns ErrNodeNotFound unless the node is recorded.
+func mustExist(ctx context.Context, tx *sql.Tx, node string) error {
+	var exists int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, node).Scan(&exists); err != nil {
+		return err
+	}
+	if exists == 0 {
+		return fmt.Errorf("node %s %w", node, ErrNodeNotFound)
+	}
+	return nil
 }

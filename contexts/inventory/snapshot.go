@@ -56,6 +56,8 @@ type Snapshot struct {
 	// Filters are the packet filters the mesh owns, by node (converge
 	// --filter); read with the nodes.
 	Filters map[string]Filter
+	// Overlay is what the overlay is computed from; read with the nodes.
+	Overlay Overlay
 
 	versions map[Holder]string
 }
@@ -127,6 +129,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 		}
 		if snap.Filters, err = nodeFilters(ctx, tx); err != nil {
 			return nil, err
+		}
+		if snap.Overlay, err = readOverlay(ctx, tx); err != nil {
+			return nil, fmt.Errorf("read the overlay: %w", err)
 		}
 	}
 	err = each(ctx, tx, `SELECT module, version, manifest, archive_digest, archive_bytes FROM module_versions`, func(r *sql.Rows) error {

@@ -126,7 +126,22 @@ CREATE TABLE nodes (
     applied_at text,
     plan_version bigint NOT NULL DEFAULT 0,
     public_domain text,
-    networks text
+    networks text,
+    overlay_index integer,
+    overlay_endpoint text,
+    overlay_site text,
+    overlay_reach text
+);
+CREATE TABLE overlay_mesh (
+    id integer NOT NULL,
+    prefix text,
+    next_index integer NOT NULL
+);
+CREATE TABLE overlay_silent_peers (
+    node text NOT NULL,
+    peer text NOT NULL,
+    since text NOT NULL,
+    last_handshake text
 );
 CREATE TABLE pins (
     node text NOT NULL,
@@ -220,7 +235,13 @@ ALTER TABLE node_found ADD CONSTRAINT node_found_node_fkey FOREIGN KEY (node) RE
 ALTER TABLE node_found ADD CONSTRAINT node_found_pkey PRIMARY KEY (node, kind, name);
 ALTER TABLE nodes ADD CONSTRAINT nodes_mode_check CHECK ((mode = ANY (ARRAY['adopted'::text, 'converged'::text])));
 ALTER TABLE nodes ADD CONSTRAINT nodes_name_check CHECK ((((length(name) >= 1) AND (length(name) <= 63)) AND (name ~ '^[a-z]'::text) AND (name !~ '[^a-z0-9-]'::text)));
+ALTER TABLE nodes ADD CONSTRAINT nodes_overlay_reach_check CHECK ((overlay_reach = ANY (ARRAY['public'::text, 'behind-nat'::text])));
 ALTER TABLE nodes ADD CONSTRAINT nodes_pkey PRIMARY KEY (name);
+ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_id_check CHECK ((id = 1));
+ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_next_index_check CHECK ((next_index >= 1));
+ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_pkey PRIMARY KEY (id);
+ALTER TABLE overlay_silent_peers ADD CONSTRAINT overlay_silent_peers_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
+ALTER TABLE overlay_silent_peers ADD CONSTRAINT overlay_silent_peers_pkey PRIMARY KEY (node, peer);
 ALTER TABLE pins ADD CONSTRAINT pins_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
 ALTER TABLE pins ADD CONSTRAINT pins_pkey PRIMARY KEY (node, provision);
 ALTER TABLE replacements ADD CONSTRAINT replacements_pkey PRIMARY KEY (id);
@@ -235,5 +256,6 @@ ALTER TABLE settings_layers ADD CONSTRAINT settings_layers_pkey PRIMARY KEY (mod
 ALTER TABLE take_previews ADD CONSTRAINT take_previews_pkey PRIMARY KEY (digest);
 CREATE INDEX assignments_module ON public.assignments USING btree (module);
 CREATE INDEX declarations_versions ON public.declarations USING btree (node, serial, plan_version);
+CREATE UNIQUE INDEX nodes_overlay_index ON public.nodes USING btree (overlay_index);
 CREATE INDEX retirements_node ON public.retirements USING btree (node, module);
 CREATE INDEX take_previews_shown ON public.take_previews USING btree (shown_at);

@@ -121,7 +121,19 @@ CREATE TABLE nodes (
     created_at TEXT NOT NULL,
     joined_at  TEXT,
     last_heard TEXT
-, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT) STRICT;
+, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT, overlay_index INTEGER, overlay_endpoint TEXT, overlay_site TEXT, overlay_reach TEXT CHECK (overlay_reach IN ('public', 'behind-nat'))) STRICT;
+CREATE TABLE overlay_mesh (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    prefix     TEXT,
+    next_index INTEGER NOT NULL CHECK (next_index >= 1)
+) STRICT;
+CREATE TABLE overlay_silent_peers (
+    node           TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
+    peer           TEXT NOT NULL,
+    since          TEXT NOT NULL,
+    last_handshake TEXT,
+    PRIMARY KEY (node, peer)
+) STRICT;
 CREATE TABLE pins (
     node            TEXT NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     provision       TEXT NOT NULL,
@@ -186,5 +198,6 @@ CREATE TABLE take_previews (
 ) STRICT;
 CREATE INDEX assignments_module ON assignments (module);
 CREATE INDEX declarations_versions ON declarations (node, serial, plan_version);
+CREATE UNIQUE INDEX nodes_overlay_index ON nodes (overlay_index);
 CREATE INDEX retirements_node ON retirements (node, module);
 CREATE INDEX take_previews_shown ON take_previews (shown_at);

@@ -1,0 +1,229 @@
+package app
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
+)
+
+// wgKey is a stand-in WireGuard public key: 32 bytes, base64, one per name.
+func wgKey(name string) string {
+	sum := sha256.Sum256([]byte("wg " + name))
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// reportedKey waits for the WireGuard public key a host made and reported
+// in its facts, and returns it.
+func reportedKey(t *testing.T, m *testMesh, h *testHost) string {
+	t.Helper()
+	ctx := context.Background()
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	waitFor(t, h.name+"'s WireGuard key in its facts", func() bool {
+		facts, _, err := st.Inventory.Facts(ctx, h.name)
+		for _, f := range facts {
+			if err == nil && f.Name == protocol.FactWireGuardKey {
+				key = f.Value
+			}
+		}
+		return key != ""
+	})
+	return key
+}
+
+// declaredOverlay is the overlay part of a node's latest declaration, once
+// its host has applied it; nil until then.
+func declaredOverlay(t *testing.T, m *testMesh, node string) (*protocol.DeclaredOverlay, bool) {
+	t.Helper()
+	st, err := m.c.stores(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := st.Inventory.LatestDeclaration(context.Background(), node)
+	if err != nil || d == nil {
+		return nil, false
+	}
+	var body protocol.Declaration
+	if err := json.Unmarshal([]byte(d.Body), &body); err != nil {
+		t.Fatal(err)
+	}
+	return body.Overlay, m.node(node).SerialApplied >= d.Serial
+}
+
+// Three real hosts, two public and one behind NAT, and a fourth node
+// behind NAT on another site: each host applies a declaration whose
+// overlay part is as computed, and the configurations agree pair by pair.
+// Then the NAT'd node's heartbeats report a silent peer, and a handshake.
+func TestOverlay_ThreeHosts(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	hosts := map[string]*testHost{}
+	for _, n := range []string{"pub1", "pub2", "nat1"} {
+		hosts[n] = m.join(n)
+	}
+	// nat2's host is elsewhere: its key is recorded as its facts report
+	// would record it.
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.NodeAdd(ctx, "nat2", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Inventory.RecordFacts(ctx, "nat2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey("nat2"), Why: "wg pubkey"}}, nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		node string
+		p    Placement
+	}{
+		{"pub1", Placement{Endpoint: "127.0.0.1:51821", Public: true}},
+		{"pub2", Placement{Endpoint: "pub2.example.org:51822", Public: true}},
+		{"nat1", Placement{Site: "home"}},
+		{"nat2", Placement{Site: "office"}},
+	} {
+		if _, err := m.c.OverlayPlace(ctx, p.node, p.p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := map[string]string{"nat2": wgKey("nat2")}
+	for n, h := range hosts {
+		keys[n] = reportedKey(t, m, h)
+	}
+	mesh, err := m.c.OverlayShow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mesh to compute three hosts' keys", func() bool {
+		if mesh, err = m.c.OverlayShow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return len(mesh.Declared) == 4
+	})
+	got := map[string]*protocol.DeclaredOverlay{}
+	waitFor(t, "each host to apply a declaration with its overlay part as computed", func() bool {
+		for n := range hosts {
+			d, applied := declaredOverlay(t, m, n)
+			want, _ := json.Marshal(mesh.Declared[n])
+			have, _ := json.Marshal(d)
+			if !applied || string(want) != string(have) {
+				return false
+			}
+			got[n] = d
+		}
+		return true
+	})
+	peer := func(of, name string) protocol.DeclaredPeer {
+		t.Helper()
+		i := slices.IndexFunc(got[of].Peers, func(p protocol.DeclaredPeer) bool { return p.Node == name })
+		if i < 0 {
+			t.Fatalf("%s has no peer %s: %+v", of, name, got[of].Peers)
+		}
+		return got[of].Peers[i]
+	}
+	// pub1 is the relay (the first public node by name): pub2 and nat1
+	// peer with it alone, and reach each other (and nat2) through it.
+	for a, want := range map[string]int{"pub1": 3, "pub2": 1, "nat1": 1} {
+		if len(got[a].Peers) != want {
+			t.Errorf("%s has %d peers, want %d", a, len(got[a].Peers), want)
+		}
+	}
+	for _, pair := range [][2]string{{"pub1", "pub2"}, {"pub1", "nat1"}} {
+		a, b := pair[0], pair[1]
+		ab, ba := peer(a, b), peer(b, a)
+		if ab.PublicKey != keys[b] || ba.PublicKey != keys[a] {
+			t.Errorf("%s-%s: keys %s, %s", a, b, ab.PublicKey, ba.PublicKey)
+		}
+		if own := strings.Replace(got[a].Address4, "/10", "/32", 1); ba.AllowedIPs[0] != own {
+			t.Errorf("%s allows %v for %s, whose address is %s", b, ba.AllowedIPs, a, got[a].Address4)
+		}
+		if own := strings.Replace(got[b].Address4, "/10", "/32", 1); ab.AllowedIPs[0] != own {
+			t.Errorf("%s allows %v for %s, whose address is %s", a, ab.AllowedIPs, b, got[b].Address4)
+		}
+		if ab.Endpoint == "" && ba.Endpoint == "" {
+			t.Errorf("%s and %s: neither dials the other", a, b)
+		}
+	}
+	if p := peer("nat1", "pub1"); p.Keepalive != protocol.OverlayKeepalive || !slices.Equal(p.Via, []string{"nat2", "pub2"}) || len(p.AllowedIPs) != 6 {
+		t.Errorf("nat1's relay pub1: %+v", p)
+	}
+	if p := peer("pub2", "pub1"); !slices.Equal(p.Via, []string{"nat1", "nat2"}) || p.Keepalive != 0 {
+		t.Errorf("pub2's relay pub1: %+v", p)
+	}
+	if !peer("pub1", "nat1").Relays || !peer("pub1", "pub2").Relays || peer("pub1", "nat1").Endpoint != "" {
+		t.Errorf("pub1 relays for nat1 and pub2: %+v, %+v", peer("pub1", "nat1"), peer("pub1", "pub2"))
+	}
+	if got["pub1"].ListenPort != 51821 || got["nat1"].ListenPort != protocol.OverlayPort {
+		t.Errorf("listen ports %d, %d", got["pub1"].ListenPort, got["nat1"].ListenPort)
+	}
+	in, _, err := m.c.FilterFor(ctx, "pub1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.OverlayPort != 51821 || !in.OverlayRelay || len(in.Overlay) != 2 || in.Overlay[1].String() != mesh.Prefix6 {
+		t.Errorf("pub1's filter input: %+v", in)
+	}
+
+	t.Run("handshakes", func(t *testing.T) {
+		// nat1's host is stopped: its heartbeats are published here, with
+		// the peers a host with an overlay reports.
+		nat1 := hosts["nat1"]
+		nat1.stop()
+		nc := connectAs(t, m.url, nat1.state)
+		beat := func(pub1 *time.Time) {
+			t.Helper()
+			old := time.Now().Add(-time.Hour)
+			b, err := protocol.Sign(nat1.state.HostKey, protocol.HeartbeatBody{At: time.Now(), IntervalS: 1,
+				Peers: []protocol.PeerHandshake{{Node: "pub1", At: pub1}, {Node: "pub2", At: ptr(time.Now())}, {Node: "pub3", At: &old}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Publish(protocol.NodeSubject("nat1", protocol.Heartbeat), b); err != nil {
+				t.Fatal(err)
+			}
+			nc.Flush()
+		}
+		silent := func() []string {
+			peers, err := st.Inventory.SilentPeers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, p := range peers {
+				out = append(out, p.Node+"/"+p.Peer)
+			}
+			return out
+		}
+		long := time.Now().Add(-protocol.OverlayPeerSilentAfter - time.Minute)
+		// A host beats no faster than its budget allows: each poll beats
+		// again, as a host keeps beating.
+		waitFor(t, "nat1's silent peers to be written", func() bool {
+			beat(&long)
+			return slices.Equal(silent(), []string{"nat1/pub1", "nat1/pub3"})
+		})
+		if !m.openAfterCheck(t, "node.overlay-peer-silent/nat1/pub1") {
+			t.Fatal("no node.overlay-peer-silent/nat1/pub1")
+		}
+		if m.open(t, "node.overlay-peer-silent/nat1/pub2") {
+			t.Fatal("raised for a peer heard just now")
+		}
+		waitFor(t, "pub1 to be heard again", func() bool {
+			beat(ptr(time.Now()))
+			return slices.Equal(silent(), []string{"nat1/pub3"})
+		})
+		if m.openAfterCheck(t, "node.overlay-peer-silent/nat1/pub1") {
+			t.Fatal("node.overlay-peer-silent/nat1/pub1 still open after a handshake")
+		}
+	})
+}

@@ -1,0 +1,167 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+)
+
+// Each node takes an overlay index when it is recorded, one at a time in
+// both ways of adding nodes; a removed node's index is never given again;
+// the mesh's ULA prefix is made once.
+func TestStore_OverlayIndexes(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Now()
+	if _, err := s.AddNode(ctx, "a1", Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNodes(ctx, []string{"b1", "b2"}, Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	indexes := func() map[string]int64 {
+		t.Helper()
+		o, err := s.ReadOverlay(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`^fd[0-9a-f]{2}:[0-9a-f]{4}:[0-9a-f]{4}::/48$`).MatchString(o.Prefix6) {
+			t.Fatalf("prefix %q", o.Prefix6)
+		}
+		out := map[string]int64{}
+		for _, n := range o.Nodes {
+			out[n.Name] = n.Index
+		}
+		return out
+	}
+	first, _ := s.ReadOverlay(ctx)
+	if got := indexes(); got["a1"] != 1 || got["b1"] != 2 || got["b2"] != 3 {
+		t.Fatalf("indexes %v", got)
+	}
+	if _, err := s.RemoveNodes(ctx, []string{"b2"}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddNode(ctx, "c1", Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := indexes(); got["c1"] != 4 || len(got) != 3 {
+		t.Fatalf("after removing b2 and adding c1: %v (b2's index 3 must not be given again)", got)
+	}
+	if err := s.EnsureOverlayPrefix(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.ReadOverlay(ctx); again.Prefix6 != first.Prefix6 {
+		t.Errorf("the prefix moved: %s, then %s", first.Prefix6, again.Prefix6)
+	}
+	t.Run("duplicate takes nothing", func(t *testing.T) {
+		if err := s.AddNodes(ctx, []string{"d1", "a1"}, Converged, now); !errors.Is(err, ErrNodeExists) {
+			t.Fatal(err)
+		}
+		if _, err := s.AddNode(ctx, "d1", Converged, now); err != nil {
+			t.Fatal(err)
+		}
+		if got := indexes(); got["d1"] != 5 {
+			t.Errorf("d1 took %d, want 5: a refused act moved the counter", got["d1"])
+		}
+	})
+}
+
+// A placement is kept and in the snapshot; a change moves the plans of the
+// nodes the application names, the same placement again moves nothing. A
+// WireGuard key reported new or changed moves the plans of every node with
+// a key; the same key again does not.
+func TestStore_Placement(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Now()
+	if err := s.AddNodes(ctx, []string{"pub1", "nat1", "idle1"}, Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	plans := func() map[string]int64 {
+		t.Helper()
+		out := map[string]int64{}
+		for _, n := range []string{"pub1", "nat1", "idle1"} {
+			node, err := s.Node(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[n] = node.PlanVersion
+		}
+		return out
+	}
+	p := Placement{Endpoint: "203.0.113.1:51820", Reach: Public}
+	var seen [2]Overlay
+	moved := func(before, after Overlay) []string {
+		seen = [2]Overlay{before, after}
+		return []string{"pub1", "nat1"}
+	}
+	before := plans()
+	changed, err := s.SetPlacement(ctx, "pub1", p, moved)
+	if err != nil || !changed {
+		t.Fatalf("changed %v, %v", changed, err)
+	}
+	after := plans()
+	if after["pub1"] != before["pub1"]+1 || after["nat1"] != before["nat1"]+1 || after["idle1"] != before["idle1"] {
+		t.Errorf("plans %v, then %v", before, after)
+	}
+	if seen[0].Nodes[2].Placement.Reach != "" || seen[1].Nodes[2].Placement != p {
+		t.Errorf("the application saw %+v, then %+v", seen[0].Nodes[2], seen[1].Nodes[2])
+	}
+	if changed, err := s.SetPlacement(ctx, "pub1", p, moved); err != nil || changed {
+		t.Fatalf("the same again: changed %v, %v", changed, err)
+	}
+	if again := plans(); !maps.Equal(again, after) {
+		t.Errorf("the same placement moved plans: %v", again)
+	}
+	if _, err := s.SetPlacement(ctx, "nope", p, moved); !errors.Is(err, ErrNodeNotFound) {
+		t.Errorf("unknown node: %v", err)
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(snap.Overlay.Nodes, func(n OverlayNode) bool { return n.Name == "pub1" })
+	if i < 0 || snap.Overlay.Nodes[i].Placement != p {
+		t.Errorf("snapshot: %+v", snap.Overlay)
+	}
+
+	key := Fact{Name: factWireGuardKey, Value: "PQgYbFGLUB9b7UOnSVANK4FEdbwJx1UzXSydpgMQs5U=", Why: "wg pubkey"}
+	if err := s.RecordFacts(ctx, "pub1", []Fact{key}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	b := plans()
+	if err := s.RecordFacts(ctx, "nat1", []Fact{{Name: factWireGuardKey, Value: "m3mapGBXZdz2eBKeGszGRMOQMbWN0SL9sUkjMnARZGU=", Why: "wg pubkey"}}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	a := plans()
+	if a["pub1"] != b["pub1"]+1 || a["nat1"] != b["nat1"]+1 || a["idle1"] != b["idle1"] {
+		t.Errorf("a new key: plans %v, then %v", b, a)
+	}
+	if err := s.RecordFacts(ctx, "pub1", []Fact{key, {Name: "arch", Value: "amd64", Why: "uname -m"}}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	if again := plans(); !maps.Equal(again, a) {
+		t.Errorf("the same key again moved plans: %v, then %v", a, again)
+	}
+	if snap, _ := s.Snapshot(ctx); snap.Overlay.Nodes[slices.IndexFunc(snap.Overlay.Nodes, func(n OverlayNode) bool { return n.Name == "nat1" })].Key == "" {
+		t.Error("the snapshot has no key for nat1")
+	}
+	// Removing a node of the overlay moves the plans of those with a key.
+	before = plans()
+	if _, err := s.RemoveNodes(ctx, []string{"nat1"}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"pub1", "idle1"} {
+		node, err := s.Node(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if moved := node.PlanVersion > before[n]; moved != (n == "pub1") {
+			t.Errorf("removing nat1: %s's plan moved %v", n, moved)
+		}
+	}
+}
