@@ -365,7 +365,7 @@ var rules = []rule{
 			w := waiting[name]
 			sort.Strings(w)
 			out = append(out, health.Condition{Key: "licence.unheld/" + name, Kind: "licence.unheld", Scope: "mesh", Severity: health.Warning,
-				Summary:  fmt.Sprintf("licence %s is needed by %s, which %s not hold it: 'mesh-controller licence use %s NODE/MODULE'", name, strings.Join(w, ", "), doesOrDo(len(w)), name),
+				Summary:  fmt.Sprintf("licence %s is needed by %s, which %s not hold it: 'mesh-controller licence use %s NODE/MODULE --key OPERATOR-KEY'", name, strings.Join(w, ", "), doesOrDo(len(w)), name),
 				Evidence: map[string]any{"waiting": w, "count": len(w)}})
 		}
 		return out

@@ -288,7 +288,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
 		}
 		for _, l := range pm.WaitingForLicences {
-			why = append(why, fmt.Sprintf("waits for licence %s (a person gives it: mesh-controller licence use %s %s/%s)", l, l, node, a.Module))
+			why = append(why, fmt.Sprintf("waits for licence %s (a person gives it: mesh-controller licence use %s %s/%s --key OPERATOR-KEY)", l, l, node, a.Module))
 		}
 		for _, need := range m.Needs {
 			ch, ok := pl.bindings[inventory.BindingKey(node, a.Module, need.Provision)]

@@ -310,7 +310,7 @@ func (c *AssignCmd) Run(env *Env) error {
 				fmt.Fprintf(env.Stderr, "%s: not verified yet (%s has not reported those facts): %s\n", m.Module, a.Node, strings.Join(m.Unverified, ", "))
 			}
 			for _, l := range m.LicencesNotHeld {
-				fmt.Fprintf(env.Stderr, "%s: needs licence %s, not held yet: it waits until 'mesh-controller licence use %s %s/%s'\n", m.Module, l, l, a.Node, m.Module)
+				fmt.Fprintf(env.Stderr, "%s: needs licence %s, not held yet: it waits until 'mesh-controller licence use %s %s/%s --key OPERATOR-KEY'\n", m.Module, l, l, a.Node, m.Module)
 			}
 			if len(m.Unmet) > 0 {
 				fmt.Fprintf(env.Stderr, "%s: optional %s not provided by anything in the mesh\n", m.Module, strings.Join(m.Unmet, ", "))
