@@ -85,7 +85,10 @@ type checkInputs struct {
 	secretCount int
 	operatorKey bool
 	onlyOlder   int
-	probes      []health.Probe
+	// licenceOnlyOlder counts the licence copies only a replaced operator
+	// key opens.
+	licenceOnlyOlder int
+	probes           []health.Probe
 	// handActFor says a person recorded a hand act for a condition key.
 	handActFor map[string]bool
 }
@@ -316,13 +319,24 @@ var rules = []rule{
 			Summary:  fmt.Sprintf("%s and no operator key set: %s be recovered off the mesh", Plural(in.secretCount, "secret"), they),
 			Evidence: map[string]any{"secrets": in.secretCount}}}
 	}},
-	{kind: "secret.old-operator-key", needs: []string{"secrets"}, eval: func(in *checkInputs) []health.Condition {
-		if in.onlyOlder == 0 {
+	{kind: "secret.old-operator-key", needs: []string{"secrets", "licences"}, eval: func(in *checkInputs) []health.Condition {
+		if in.onlyOlder == 0 && in.licenceOnlyOlder == 0 {
 			return nil
 		}
+		summary := fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret"))
+		if in.licenceOnlyOlder > 0 {
+			copies := fmt.Sprintf("%d licence copies are", in.licenceOnlyOlder)
+			if in.licenceOnlyOlder == 1 {
+				copies = "1 licence copy is"
+			}
+			summary = copies + " sealed only to a replaced operator key"
+			if in.onlyOlder > 0 {
+				summary = fmt.Sprintf("%s, and %s", Plural(in.onlyOlder, "secret"), summary)
+			}
+		}
 		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
-			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
-			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
+			Summary:  summary,
+			Evidence: map[string]any{"only_older_keys": in.onlyOlder, "licence_copies_only_older": in.licenceOnlyOlder}}}
 	}},
 	{kind: "licence.expiring", needs: []string{"licences"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition

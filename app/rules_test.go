@@ -208,6 +208,10 @@ func TestRule_SecretOperatorKeys(t *testing.T) {
 		inputs(func(in *checkInputs) { in.onlyOlder = 2 }),
 		inputs(func(in *checkInputs) { in.onlyOlder = 1 }),
 		inputs(func(in *checkInputs) { in.onlyOlder = 0 }))
+	raiseChangeClear(t, "secret.old-operator-key", "secret.old-operator-key",
+		inputs(func(in *checkInputs) { in.licenceOnlyOlder = 2 }),
+		inputs(func(in *checkInputs) { in.onlyOlder, in.licenceOnlyOlder = 1, 2 }),
+		inputs(func(in *checkInputs) { in.licenceOnlyOlder = 0 }))
 }
 
 func meshWithData(backup *time.Time, withHolder bool, cadence string) *checkInputs {

@@ -107,6 +107,10 @@ type OperatorKeyView struct {
 	// Recoverable counts the copies this key opens; OnlyOlderKeys those only a replaced key opens.
 	Recoverable   int `json:"recoverable"`
 	OnlyOlderKeys int `json:"only_older_keys"`
+	// LicenceCopies counts the licence copies this key opens;
+	// LicenceCopiesOnlyOlder those only a replaced key opens.
+	LicenceCopies          int `json:"licence_copies"`
+	LicenceCopiesOnlyOlder int `json:"licence_copies_only_older"`
 }
 
 // OperatorKeyShow shows the operator key and what it can recover.
@@ -121,8 +125,25 @@ func (c *Controller) OperatorKeyShow(ctx context.Context) (OperatorKeyView, erro
 		return OperatorKeyView{}, err
 	}
 	v := OperatorKeyView{Key: k.Recipient, SetAt: k.SetAt}
-	v.Recoverable, v.OnlyOlderKeys, err = sec.Recoverable(ctx)
+	if v.Recoverable, v.OnlyOlderKeys, err = sec.Recoverable(ctx); err != nil {
+		return v, err
+	}
+	v.LicenceCopies, v.LicenceCopiesOnlyOlder, err = licenceCopiesSealedTo(ctx, st, k.Recipient)
 	return v, err
+}
+
+// licenceCopiesSealedTo counts the licence copies the current operator key
+// opens, and those only an older key opens.
+func licenceCopiesSealedTo(ctx context.Context, st *Stores, current string) (cur, onlyOlder int, err error) {
+	by, err := st.Licences.SealedTo(ctx)
+	for key, n := range by {
+		if key == current {
+			cur += n
+		} else {
+			onlyOlder += n
+		}
+	}
+	return cur, onlyOlder, err
 }
 
 // newMeshSecret is 32 random bytes, URL-safe base64.

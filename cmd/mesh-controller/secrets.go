@@ -75,6 +75,7 @@ func (c *OperatorKeyShowCmd) Run(env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %s\nonly by older  %s\n", v.Key, v.SetAt.Format(timeShown),
 		app.Plural(v.Recoverable, "secret"), app.Plural(v.OnlyOlderKeys, "secret"))
+	fmt.Fprintf(env.Stdout, "licence copies %d (%d only by older keys)\n", v.LicenceCopies, v.LicenceCopiesOnlyOlder)
 	return nil
 }
 

@@ -475,3 +475,23 @@ func (s *Store) Held(ctx context.Context) (map[string][]Copy, error) {
 	}
 	return out, nil
 }
+
+// SealedTo counts the copies of every licence by the operator key each is
+// sealed to: what each key can recover, without reading a ciphertext.
+func (s *Store) SealedTo(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT operator_key, count(*) FROM licence_copies GROUP BY operator_key`)
+	if err != nil {
+		return nil, fmt.Errorf("count licence copies: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			return nil, fmt.Errorf("count licence copies: %w", err)
+		}
+		out[key] = n
+	}
+	return out, rows.Err()
+}

@@ -89,6 +89,9 @@ func TestStore_AddUseStopForget(t *testing.T) {
 	if held, _ := s.Held(ctx); len(held) != 0 {
 		t.Fatalf("copies stay after stop and forget: %v", held)
 	}
+	if by, err := s.SealedTo(ctx); err != nil || by[keyA] != 1 || len(by) != 1 {
+		t.Fatalf("sealed to: %v, %v", by, err)
+	}
 	// The operator's copy is all that is left.
 	if cs, _ := s.Copies(ctx, "translation"); len(cs) != 1 || cs[0].Kind != KindOperator {
 		t.Fatalf("copies: %+v", cs)
