@@ -22,7 +22,7 @@ type LicenceAddCmd struct {
 	Name        Name      `arg:"" help:"The name people call it (translation)."`
 	Provider    Name      `required:"" placeholder:"P" help:"Who gives access (openai, deepl)."`
 	From        InputFile `placeholder:"FILE" help:"Read the token from this file (its exact bytes, nothing trimmed); otherwise from the terminal, without echo. With --refreshable the file is JSON: {\"access_token\": \"…\", \"refresh_token\": \"…\", \"expires_at\": \"RFC 3339\"} (expires_at may be left out)."`
-	Refreshable bool      `help:"An access token with a refresh token (the JSON file above), refreshed through a manager."`
+	Refreshable bool      `help:"An access token with a refresh token (the JSON file above); the refresh token is sealed apart, to the operator key."`
 	Expires     string    `placeholder:"WHEN" help:"When the token runs out: RFC 3339 (2027-01-31T00:00:00Z) or a duration from now (720h, 90d); default the file's expires_at, else it does not say."`
 }
 
