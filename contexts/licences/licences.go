@@ -495,3 +495,266 @@ func (s *Store) SealedTo(ctx context.Context) (map[string]int, error) {
 	}
 	return out, rows.Err()
 }
+
+// More refusals of the second half: managers and refreshes.
+var (
+	// ErrNotRefreshable means the licence has no refresh token: it is
+	// replaced by a person, never refreshed.
+	ErrNotRefreshable = errors.New("is not refreshable")
+	// ErrNoManager means no manager is named for the licence yet.
+	ErrNoManager = errors.New("has no manager")
+)
+
+// GracePeriod is how long a superseded version's copies stay recoverable
+// by the operator after a refresh replaced it; then they are discarded.
+const GracePeriod = 7 * 24 * time.Hour
+
+// SetManager names the module on the node that holds a refreshable
+// licence's refresh token, with its copy of it (sealed to that node and
+// the operator): the copy of a manager named before is dropped. It
+// returns the node of the manager it replaced, "" if none.
+func (s *Store) SetManager(ctx context.Context, c Copy, now time.Time) (string, error) {
+	c.Kind = KindRefresh
+	if err := checkArmor([]Copy{c}); err != nil {
+		return "", err
+	}
+	var before string
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var refreshable int
+		var version int64
+		var node sql.NullString
+		err := tx.QueryRowContext(ctx, `SELECT refreshable, version, manager_node FROM licences WHERE name = ?`, c.Licence).Scan(&refreshable, &version, &node)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%s %w", c.Licence, ErrNoLicence)
+		}
+		if err != nil {
+			return err
+		}
+		if refreshable != 1 {
+			return fmt.Errorf("%s %w", c.Licence, ErrNotRefreshable)
+		}
+		before = node.String
+		if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND kind = 'refresh' AND node <> ''`, c.Licence); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE licences SET manager_node = ?, manager_module = ? WHERE name = ?`, c.Node, c.Module, c.Licence); err != nil {
+			return err
+		}
+		if err := insertCopy(ctx, tx, c, now); err != nil {
+			return err
+		}
+		return history(ctx, tx, c.Licence, version, "manager", c.Node, c.Module, now)
+	})
+	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrNotRefreshable) {
+		return "", fmt.Errorf("set the manager of licence %s: %w", c.Licence, err)
+	}
+	return before, err
+}
+
+// RefreshCopy returns the operator's own copy of a licence's refresh
+// token, or ErrNotRefreshable.
+func (s *Store) RefreshCopy(ctx context.Context, name string) (Copy, error) {
+	cs, err := s.copies(ctx, `kind = 'refresh' AND node = '' AND licence = ?`, name)
+	if err != nil {
+		return Copy{}, err
+	}
+	if len(cs) == 0 {
+		return Copy{}, fmt.Errorf("%s %w", name, ErrNotRefreshable)
+	}
+	return cs[len(cs)-1], nil
+}
+
+// Managed returns the refresh-token copies each manager holds, by
+// node/module: what the planner declares beside its licences.
+func (s *Store) Managed(ctx context.Context) (map[string][]Copy, error) {
+	cs, err := s.copies(ctx, `kind = 'refresh' AND node <> ''`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]Copy{}
+	for _, c := range cs {
+		k := c.Node + "/" + c.Module
+		out[k] = append(out[k], c)
+	}
+	return out, nil
+}
+
+// Refreshed is a new version of a licence's token, made by its manager:
+// the operator's copy and one copy per holder, each sealed already.
+type Refreshed struct {
+	Licence string
+	// From is the version refreshed: refused if the licence moved on.
+	From    int64
+	Expires *time.Time
+	// Operator is the new version's copy sealed to the operator key alone.
+	Operator Copy
+	// Holders are the new version's copies, one per holder of From.
+	Holders []Copy
+}
+
+// Refresh keeps a new version of a licence in one transaction: its row,
+// the licence's version and expiry, the operator's copy and each holder's,
+// the old version kept recoverable by the operator until GracePeriod from
+// now (its holder copies dropped at once, so holders move to the new one
+// with their next declaration), and a refreshed event. Refused if the
+// licence's version moved, or its holders changed, since From was read.
+func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (int64, error) {
+	all := append([]Copy{r.Operator}, r.Holders...)
+	if err := checkArmor(all); err != nil {
+		return 0, err
+	}
+	next := r.From + 1
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var version int64
+		err := tx.QueryRowContext(ctx, `SELECT version FROM licences WHERE name = ?`, r.Licence).Scan(&version)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%s %w", r.Licence, ErrNoLicence)
+		}
+		if err != nil {
+			return err
+		}
+		held := map[string]bool{}
+		rows, err := tx.QueryContext(ctx, `SELECT node, module FROM licence_holders WHERE licence = ?`, r.Licence)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var node, module string
+			if err := rows.Scan(&node, &module); err != nil {
+				rows.Close()
+				return err
+			}
+			held[node+"/"+module] = true
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		same := len(held) == len(r.Holders)
+		for _, c := range r.Holders {
+			same = same && held[c.Node+"/"+c.Module]
+		}
+		if version != r.From || !same {
+			return fmt.Errorf("%s: %w (version %d, %d holders): run it again", r.Licence, ErrVersionMoved, version, len(held))
+		}
+		at := sqlite.FormatTime(now)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO licence_versions (licence, version, made_by, made, expires) VALUES (?, ?, 'refresh', ?, ?)`,
+			r.Licence, next, at, optTime(r.Expires)); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE licences SET version = ?, expires = ? WHERE name = ?`, next, optTime(r.Expires), r.Licence); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE licence_versions SET discard_after = ? WHERE licence = ? AND version = ?`,
+			sqlite.FormatTime(now.Add(GracePeriod)), r.Licence, r.From); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND version = ? AND kind = 'holder'`, r.Licence, r.From); err != nil {
+			return err
+		}
+		for _, c := range all {
+			c.Licence, c.Version = r.Licence, next
+			if err := insertCopy(ctx, tx, c, now); err != nil {
+				return err
+			}
+		}
+		return history(ctx, tx, r.Licence, next, "refreshed", "", "", now)
+	})
+	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrVersionMoved) {
+		return 0, fmt.Errorf("refresh licence %s: %w", r.Licence, err)
+	}
+	return next, err
+}
+
+// RefreshFailed records that refreshing a licence failed: its holders
+// keep the current version. The self-check reads it (Failing).
+func (s *Store) RefreshFailed(ctx context.Context, name string, now time.Time) error {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		var version int64
+		var node, module string
+		err := tx.QueryRowContext(ctx, `SELECT version, coalesce(manager_node, ''), coalesce(manager_module, '') FROM licences WHERE name = ?`, name).
+			Scan(&version, &node, &module)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%s %w", name, ErrNoLicence)
+		}
+		if err != nil {
+			return err
+		}
+		return history(ctx, tx, name, version, "refresh-failed", node, module, now)
+	})
+	if err != nil && !errors.Is(err, ErrNoLicence) {
+		return fmt.Errorf("record a failed refresh of licence %s: %w", name, err)
+	}
+	return err
+}
+
+// Failing returns, by licence, when its last refresh failed: those whose
+// last refresh-failed event comes after their last refreshed one.
+func (s *Store) Failing(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT licence, event, at FROM licence_history WHERE event IN ('refreshed', 'refresh-failed') ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read failed refreshes: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var l, event, at string
+		if err := rows.Scan(&l, &event, &at); err != nil {
+			return nil, err
+		}
+		if event == "refreshed" {
+			delete(out, l)
+			continue
+		}
+		if out[l], err = sqlite.ParseTime(at); err != nil {
+			return nil, err
+		}
+	}
+	return out, rows.Err()
+}
+
+// Discard drops the copies of superseded versions whose grace period
+// ended by now (the refresh token's copies are kept: a refresh does not
+// replace it), at most limit versions, each with a discarded event, and
+// returns how many versions it discarded.
+func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, error) {
+	n := 0
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		n = 0
+		rows, err := tx.QueryContext(ctx, `SELECT v.licence, v.version FROM licence_versions v WHERE v.discard_after IS NOT NULL AND v.discard_after <= ?
+			AND EXISTS (SELECT 1 FROM licence_copies c WHERE c.licence = v.licence AND c.version = v.version AND c.kind <> 'refresh')
+			ORDER BY v.discard_after LIMIT ?`, sqlite.FormatTime(now), limit)
+		if err != nil {
+			return err
+		}
+		type lv struct {
+			l string
+			v int64
+		}
+		var due []lv
+		for rows.Next() {
+			var x lv
+			if err := rows.Scan(&x.l, &x.v); err != nil {
+				rows.Close()
+				return err
+			}
+			due = append(due, x)
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		for _, x := range due {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND version = ? AND kind <> 'refresh'`, x.l, x.v); err != nil {
+				return err
+			}
+			if err := history(ctx, tx, x.l, x.v, "discarded", "", "", now); err != nil {
+				return err
+			}
+		}
+		n = len(due)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("discard superseded licence versions: %w", err)
+	}
+	return n, nil
+}
