@@ -167,6 +167,8 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	if lic := st.Licences; lic != nil {
 		in.licences, err = lic.List(ctx)
 		fail("licences", "read the licences", err)
+		in.refreshFailed, err = lic.Failing(ctx)
+		fail("licences", "read failed refreshes", err)
 		if currentKey != "" {
 			_, in.licenceOnlyOlder, err = licenceCopiesSealedTo(ctx, st, currentKey)
 			fail("licences", "count licence copies", err)

@@ -82,7 +82,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	if err != nil {
 		return failAll(err)
 	}
-	held, err := heldLicences(ctx, d.lic)
+	held, managed, err := heldLicences(ctx, d.lic)
 	if err != nil {
 		return failAll(err)
 	}
@@ -90,7 +90,7 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	if err != nil {
 		return failAll(err)
 	}
-	pl := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithFilter(filterRender(ssh))
+	pl := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh))
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
@@ -199,19 +199,28 @@ func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]plan.Seal
 }
 
 // heldLicences reads the copy of each licence each module holds (its
-// current version), keyed node/module.
-func heldLicences(ctx context.Context, lic *licences.Store) (map[string][]plan.Sealed, error) {
-	held, err := lic.Held(ctx)
+// current version), and of each refresh token each manager holds, keyed
+// node/module.
+func heldLicences(ctx context.Context, lic *licences.Store) (held, managed map[string][]plan.Sealed, err error) {
+	h, err := lic.Held(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make(map[string][]plan.Sealed, len(held))
-	for k, cs := range held {
+	m, err := lic.Managed(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return toSealed(h), toSealed(m), nil
+}
+
+func toSealed(copies map[string][]licences.Copy) map[string][]plan.Sealed {
+	out := make(map[string][]plan.Sealed, len(copies))
+	for k, cs := range copies {
 		for _, c := range cs {
 			out[k] = append(out[k], plan.Sealed{Name: c.Licence, Version: c.Version, Sealed: c.Sealed})
 		}
 	}
-	return out, nil
+	return out
 }
 
 // sendPlans declares the plans of nodes from a person's command, on the
@@ -375,7 +384,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	held, err := heldLicences(ctx, st.Licences)
+	held, managed, err := heldLicences(ctx, st.Licences)
 	if err != nil {
 		return PlanView{}, err
 	}
@@ -383,7 +392,7 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	p, err := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithFilter(filterRender(ssh)).Plan(node)
+	p, err := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)).Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}

@@ -82,6 +82,8 @@ type checkInputs struct {
 	brake    health.Brake
 	// licences are every licence with its holders.
 	licences    []licences.Licence
+	// refreshFailed are the licences whose last refresh failed, and when.
+	refreshFailed map[string]time.Time
 	secretCount int
 	operatorKey bool
 	onlyOlder   int
@@ -351,6 +353,24 @@ var rules = []rule{
 			out = append(out, health.Condition{Key: "licence.expiring/" + l.Name, Kind: "licence.expiring", Scope: "mesh", Severity: health.Warning,
 				Summary:  fmt.Sprintf("licence %s (%s) %s and cannot be refreshed: add its replacement ('mesh-controller licence add')", l.Name, l.Provider, when),
 				Evidence: map[string]any{"expires": l.Expires.UTC().Format(time.RFC3339), "version": l.Version, "holders": len(l.Holders)}})
+		}
+		return out
+	}},
+	{kind: "licence.refresh-failed", needs: []string{"licences"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, l := range in.licences {
+			at, ok := in.refreshFailed[l.Name]
+			if !ok {
+				continue
+			}
+			manager := "no manager"
+			if l.ManagerNode != "" {
+				manager = "its manager " + l.ManagerNode + "/" + l.ManagerModule
+			}
+			out = append(out, health.Condition{Key: "licence.refresh-failed/" + l.Name, Kind: "licence.refresh-failed", Scope: "mesh", Severity: health.Urgent,
+				Summary: fmt.Sprintf("refreshing licence %s through %s failed at %s: its holders keep version %d; 'mesh-controller licence refresh %s' says why",
+					l.Name, manager, at.UTC().Format(time.RFC3339), l.Version, l.Name),
+				Evidence: map[string]any{"failed_at": at.UTC().Format(time.RFC3339), "manager": strings.TrimPrefix(manager, "its manager "), "version": l.Version}})
 		}
 		return out
 	}},

@@ -335,3 +335,16 @@ func TestRule_LicenceUnheld(t *testing.T) {
 	raiseChangeClear(t, "licence.unheld", "licence.unheld/translation",
 		mesh([]string{"web1", "web2"}), mesh([]string{"web1", "web2"}, "web1"), mesh([]string{"web1", "web2"}, "web1", "web2"))
 }
+
+func TestRule_LicenceRefreshFailed(t *testing.T) {
+	failed := func(at time.Time, failing bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.licences = []licences.Licence{{Name: "chat", Provider: "openai", Version: 3, Refreshable: true, ManagerNode: "web1", ManagerModule: "mgr"}}
+			if failing {
+				in.refreshFailed = map[string]time.Time{"chat": at}
+			}
+		})
+	}
+	raiseChangeClear(t, "licence.refresh-failed", "licence.refresh-failed/chat",
+		failed(t0, true), failed(t0.Add(time.Minute), true), failed(t0, false))
+}

@@ -50,6 +50,8 @@ type runRecord struct {
 	Sealed   []string          `json:"sealed,omitempty"`
 	// Licences are the licences it holds, each named in its environment.
 	Licences []string `json:"licences,omitempty"`
+	// Manages are the licences whose refresh tokens it holds.
+	Manages []string `json:"manages,omitempty"`
 }
 
 // runRecords are the modules of a verified declaration as the host runs
@@ -91,6 +93,9 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 		}
 		for _, l := range m.Licences {
 			r.Licences = append(r.Licences, l.Name)
+		}
+		for _, l := range m.Manages {
+			r.Manages = append(r.Manages, l.Name)
 		}
 		// A licence its manifest needs and it does not hold keeps it from
 		// starting, as a secret not given yet does.
@@ -179,6 +184,9 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 		}
 		for _, l := range r.Licences {
 			env = append(env, protocol.LicenceEnv(l)+"="+abs(protocol.LicenceFile(r.Module, l)))
+		}
+		for _, l := range r.Manages {
+			env = append(env, protocol.RefreshEnv(l)+"="+abs(protocol.RefreshFile(r.Module, l)))
 		}
 		keys := make([]string, 0, len(r.Run.Env))
 		for k := range r.Run.Env {

@@ -129,6 +129,9 @@ type Planner struct {
 	creds map[string]string
 	// licences are the licence copies each module holds, by node/module.
 	licences map[string][]Sealed
+	// managed are the refresh-token copies each manager holds, by
+	// node/module.
+	managed map[string][]Sealed
 	// render renders the packet filter of a node the mesh owns one on,
 	// from its plan's body; nil: none can be.
 	render FilterRender
@@ -161,6 +164,13 @@ func (pl *Planner) WithCreds(creds map[string]string) *Planner {
 // (its current version, sealed to its node), by node/module.
 func (pl *Planner) WithLicences(held map[string][]Sealed) *Planner {
 	pl.licences = held
+	return pl
+}
+
+// WithManaged gives the planner the refresh token of each licence a module
+// manages (sealed to its node), by node/module.
+func (pl *Planner) WithManaged(managed map[string][]Sealed) *Planner {
+	pl.managed = managed
 	return pl
 }
 
@@ -266,6 +276,9 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		for _, l := range pl.licences[node+"/"+a.Module] {
 			pm.Licences = append(pm.Licences, protocol.DeclaredLicence{Name: l.Name, Version: l.Version, Sealed: l.Sealed})
 			held[l.Name] = true
+		}
+		for _, l := range pl.managed[node+"/"+a.Module] {
+			pm.Manages = append(pm.Manages, protocol.DeclaredLicence{Name: l.Name, Version: l.Version, Sealed: l.Sealed})
 		}
 		for _, need := range m.Licences {
 			if !held[need.Name] {

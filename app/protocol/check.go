@@ -267,6 +267,15 @@ func (d Declaration) Problems() []string {
 				twice(seenLicences, j, g, l.Name, "named", "")
 			}
 		}
+		atMost(f+".manages", len(m.Manages), MaxSecrets)
+		seenManaged := map[string]int{}
+		for j, l := range m.Manages {
+			g := fmt.Sprintf("%s.manages[%d].name", f, j)
+			name(g, l.Name)
+			if ValidName(l.Name) {
+				twice(seenManaged, j, g, l.Name, "named", "")
+			}
+		}
 		atMost(f+".waiting_for_licences", len(m.WaitingForLicences), MaxWaitingFor)
 		for j, l := range m.WaitingForLicences {
 			name(fmt.Sprintf("%s.waiting_for_licences[%d]", f, j), l)

@@ -121,6 +121,10 @@ type DeclaredModule struct {
 	// operator): its host writes each beside its secrets and names it in
 	// its environment (LicenceEnv).
 	Licences []DeclaredLicence `json:"licences,omitempty"`
+	// Manages are the refreshable licences it manages: each its refresh
+	// token, sealed to the node (and the operator); its host writes each
+	// beside its licences and names it in its environment (RefreshEnv).
+	Manages []DeclaredLicence `json:"manages,omitempty"`
 	// MemoryMB is the manifest's requires.memory_mb: a host that can
 	// bounds the module's memory to it.
 	MemoryMB int64  `json:"memory_mb,omitempty"`

@@ -69,6 +69,9 @@ func SealedFiles(node string, m DeclaredModule) []SealedFile {
 	for _, l := range m.Licences {
 		out = append(out, SealedFile{LicenceFile(m.Module, l.Name), l.Sealed, LicenceLabel(node, m.Module, l.Name, l.Version)})
 	}
+	for _, l := range m.Manages {
+		out = append(out, SealedFile{RefreshFile(m.Module, l.Name), l.Sealed, RefreshLabel(node, m.Module, l.Name, l.Version)})
+	}
 	for _, b := range m.Bindings {
 		if b.Credential == "" {
 			continue
@@ -110,4 +113,24 @@ func LicenceLabel(node, module, licence string, version int64) Label {
 // '*' is never a node's or module's name.
 func OperatorLicenceLabel(licence, kind string, version int64) Label {
 	return Label{Node: "*", Module: "*", Name: kind + "/" + licence, Version: version}
+}
+
+// RefreshFile is where, beneath a host's root, a managing module's copy of
+// a licence's refresh token is written: beside the licence's own file, as
+// NAME.refresh (a licence's name has no '.').
+func RefreshFile(module, licence string) string {
+	return path.Join(ModulesDir, module, "licences", licence+".refresh")
+}
+
+// RefreshEnv is the environment variable that names a managed licence's
+// refresh token file: MESH_REFRESH_ and its name in upper case, '-' as
+// '_'. A family of its own: MESH_LICENCE_<NAME>_REFRESH could be another
+// licence's (NAME-refresh) variable.
+func RefreshEnv(licence string) string {
+	return "MESH_REFRESH_" + strings.ToUpper(strings.ReplaceAll(licence, "-", "_"))
+}
+
+// RefreshLabel labels a manager's copy of a licence's refresh token.
+func RefreshLabel(node, module, licence string, version int64) Label {
+	return Label{Node: node, Module: module, Name: "licence-refresh/" + licence, Version: version}
 }
