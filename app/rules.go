@@ -81,12 +81,12 @@ type checkInputs struct {
 	refusals []health.JoinRefusals
 	brake    health.Brake
 	// licences are every licence with its holders.
-	licences    []licences.Licence
+	licences []licences.Licence
 	// refreshFailed are the licences whose last refresh failed, and when.
 	refreshFailed map[string]time.Time
-	secretCount int
-	operatorKey bool
-	onlyOlder   int
+	secretCount   int
+	operatorKey   bool
+	onlyOlder     int
 	// licenceOnlyOlder counts the licence copies only a replaced operator
 	// key opens.
 	licenceOnlyOlder int

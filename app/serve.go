@@ -153,11 +153,24 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})
 			return err
 		},
+		Due: func(ctx context.Context, nc *nats.Conn) ([]daemon.Due, error) {
+			return c.licencesDue(ctx, st, nc)
+		},
 		Connected:      archive.EnsureBucket,
 		DispatchBuilds: c.DispatchBuilds,
 		Sweep: func(ctx context.Context, nc *nats.Conn) (string, error) {
 			r, err := c.Sweep(ctx, nc)
-			return r.String(), err
+			if err != nil {
+				return r.String(), err
+			}
+			// Superseded licence versions past their grace period, a
+			// bounded number each sweep.
+			n, err := st.Licences.Discard(ctx, c.Now(), maxDiscards)
+			line := r.String()
+			if n > 0 {
+				line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
+			}
+			return line, err
 		},
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Logger: log, Notify: notify})

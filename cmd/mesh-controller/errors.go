@@ -155,6 +155,14 @@ func hint(err error) string {
 		return "start its host ('mesh-host run'), or see 'mesh-controller node show NODE'"
 	case errors.Is(err, app.ErrNoSuchTool):
 		return "ask one of the tools its manifest names"
+	case errors.Is(err, licences.ErrNotRefreshable):
+		return "a licence added without --refreshable is replaced, not refreshed: add its replacement with 'mesh-controller licence add'"
+	case errors.Is(err, licences.ErrNoManager):
+		return "name one with 'mesh-controller licence manager NAME NODE/MODULE --key OPERATOR-KEY'"
+	case errors.Is(err, app.ErrNoRefreshTool):
+		return "name as manager a module whose manifest has the tool refresh"
+	case errors.Is(err, app.ErrBadRefresh):
+		return "read the manager's log ('mesh-controller logs NODE MODULE'); its holders keep the old token"
 	case errors.Is(err, app.ErrNoInstance):
 		return "see where it runs and its state ('mesh-controller status', 'mesh-controller node show NODE')"
 	case errors.Is(err, app.ErrNoAnswer):

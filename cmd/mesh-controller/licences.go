@@ -11,10 +11,12 @@ import (
 
 // LicenceCmd groups licence commands.
 type LicenceCmd struct {
-	Add  LicenceAddCmd  `cmd:"" help:"A licence (access to a model or an outside service) under the name a person calls it; its token, from the terminal without echo or a file's exact bytes, is sealed at once to the operator key."`
-	List LicenceListCmd `cmd:"" help:"Licences, their holders, their managers, when they expire."`
-	Use  LicenceUseCmd  `cmd:"" help:"Let a module on a node hold a licence: a copy sealed to its node, in its declaration (--stop takes it away)."`
-	Key  LicenceKeyCmd  `cmd:"" help:"Which key material a licence holds, to whom each copy of each version is sealed; never a token."`
+	Add     LicenceAddCmd     `cmd:"" help:"A licence (access to a model or an outside service) under the name a person calls it; its token, from the terminal without echo or a file's exact bytes, is sealed at once to the operator key."`
+	List    LicenceListCmd    `cmd:"" help:"Licences, their holders, their managers, when they expire."`
+	Use     LicenceUseCmd     `cmd:"" help:"Let a module on a node hold a licence: a copy sealed to its node, in its declaration (--stop takes it away)."`
+	Key     LicenceKeyCmd     `cmd:"" help:"Which key material a licence holds, to whom each copy of each version is sealed; never a token."`
+	Manager LicenceManagerCmd `cmd:"" help:"Name the module on a node that holds a refreshable licence's refresh token and answers its tool refresh."`
+	Refresh LicenceRefreshCmd `cmd:"" help:"Ask the manager for a new access token and seal it to every holder; the old version stays recoverable by the operator for 7 days."`
 }
 
 // LicenceAddCmd is licence add.
@@ -22,7 +24,7 @@ type LicenceAddCmd struct {
 	Name        Name      `arg:"" help:"The name people call it (translation)."`
 	Provider    Name      `required:"" placeholder:"P" help:"Who gives access (openai, deepl)."`
 	From        InputFile `placeholder:"FILE" help:"Read the token from this file (its exact bytes, nothing trimmed); otherwise from the terminal, without echo. With --refreshable the file is JSON: {\"access_token\": \"…\", \"refresh_token\": \"…\", \"expires_at\": \"RFC 3339\"} (expires_at may be left out)."`
-	Refreshable bool      `help:"An access token with a refresh token (the JSON file above); the refresh token is sealed apart, to the operator key."`
+	Refreshable bool      `help:"An access token with a refresh token (the JSON file above); the refresh token is sealed apart, to the operator key, and to its manager once one is named (licence manager)."`
 	Expires     string    `placeholder:"WHEN" help:"When the token runs out: RFC 3339 (2027-01-31T00:00:00Z) or a duration from now (720h, 90d); default the file's expires_at, else it does not say."`
 }
 
@@ -154,4 +156,51 @@ func (c *LicenceKeyCmd) Run(env *Env) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", version, cp.Kind, dashIf(cp.Holder), strings.Join(cp.SealedTo, ", "), cp.SealedAt.UTC().Format(timeShown))
 	}
 	return tw.Flush()
+}
+
+// LicenceManagerCmd is licence manager.
+type LicenceManagerCmd struct {
+	Name    Name      `arg:"" help:"The refreshable licence."`
+	Manager string    `arg:"" placeholder:"NODE/MODULE" help:"The module on its node that holds the refresh token and answers the tool refresh."`
+	Key     InputFile `required:"" placeholder:"FILE" help:"The operator key file: it opens the refresh token to seal it to the node, and is kept nowhere."`
+}
+
+// Run names the manager.
+func (c *LicenceManagerCmd) Run(env *Env) error {
+	r, err := env.App.LicenceManager(env.Ctx, app.LicenceManagerRequest{Name: string(c.Name), Manager: c.Manager, KeyFile: string(c.Key)})
+	if err != nil {
+		return err
+	}
+	node, _, _ := strings.Cut(r.Manager, "/")
+	fmt.Fprintf(env.Stdout, "licence %s managed by %s: its refresh token sealed to %s and to the operator key\n", r.Name, r.Manager, node)
+	if r.Before != "" {
+		fmt.Fprintf(env.Stdout, "%s no longer holds it\n", r.Before)
+	}
+	printPushed(env, r.Pushed)
+	return nil
+}
+
+// LicenceRefreshCmd is licence refresh.
+type LicenceRefreshCmd struct {
+	Name Name `arg:"" help:"The refreshable licence."`
+	JSON bool `name:"json" help:"Print one JSON object."`
+}
+
+// Run refreshes the licence through its manager.
+func (c *LicenceRefreshCmd) Run(env *Env) error {
+	r, err := env.App.LicenceRefresh(env.Ctx, string(c.Name))
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, r)
+	}
+	expires := "no expiry given"
+	if r.Expires != nil {
+		expires = "expires " + r.Expires.UTC().Format(timeShown)
+	}
+	fmt.Fprintf(env.Stdout, "licence %s refreshed by %s: version %d (%s), sealed to %s\n", r.Name, r.Manager, r.Version, expires, app.Plural(len(r.Holders), "holder"))
+	fmt.Fprintf(env.Stdout, "version %d stays recoverable by the operator until %s\n", r.From, r.DiscardAfter.UTC().Format(timeShown))
+	printPushed(env, r.Pushed)
+	return nil
 }

@@ -758,3 +758,37 @@ func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, err
 	}
 	return n, nil
 }
+
+// Due returns the refreshable licences with a manager whose current
+// version has lived past part of its life (made to expires) by now: those
+// serve refreshes by itself.
+func (s *Store) Due(ctx context.Context, part float64, now time.Time) ([]Licence, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT l.name, l.version, l.expires, v.made FROM licences l
+		JOIN licence_versions v ON v.licence = l.name AND v.version = l.version
+		WHERE l.refreshable = 1 AND l.manager_node IS NOT NULL AND l.expires IS NOT NULL ORDER BY l.name`)
+	if err != nil {
+		return nil, fmt.Errorf("read licences due a refresh: %w", err)
+	}
+	defer rows.Close()
+	var out []Licence
+	for rows.Next() {
+		var l Licence
+		var expires, made string
+		if err := rows.Scan(&l.Name, &l.Version, &expires, &made); err != nil {
+			return nil, err
+		}
+		e, err := sqlite.ParseTime(expires)
+		if err != nil {
+			return nil, err
+		}
+		m, err := sqlite.ParseTime(made)
+		if err != nil {
+			return nil, err
+		}
+		if due := m.Add(time.Duration(float64(e.Sub(m)) * part)); !now.Before(due) {
+			l.Expires, l.Made = &e, m
+			out = append(out, l)
+		}
+	}
+	return out, rows.Err()
+}
