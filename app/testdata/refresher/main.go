@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -92,6 +93,12 @@ func run() error {
 		}
 	}()
 	fmt.Println("answering refresh")
+	// A file in its data dir, if it has one, says so to scenarios.
+	if dir := os.Getenv("MESH_DATA_STATE"); dir != "" {
+		if err := os.WriteFile(filepath.Join(dir, "answering"), nil, 0o600); err != nil {
+			return err
+		}
+	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
 	<-stop
