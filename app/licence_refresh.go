@@ -168,6 +168,10 @@ func (c *Controller) LicenceRefresh(ctx context.Context, name string) (LicenceRe
 	if err != nil {
 		return LicenceRefreshed{}, err
 	}
+	// Refused before the broker is dialled: these need no manager to say.
+	if _, err := refreshable(ctx, st, name); err != nil {
+		return LicenceRefreshed{}, err
+	}
 	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		return LicenceRefreshed{}, err
@@ -203,15 +207,9 @@ type refreshAnswer struct {
 // nc's own inbox), sealed and kept, the holders' plans moved; the caller
 // sends them (serve's catch-up does, for its own refreshes).
 func (c *Controller) refreshLicence(ctx context.Context, st *Stores, nc *nats.Conn, name string, timeout time.Duration) (LicenceRefreshed, error) {
-	l, err := st.Licences.Licence(ctx, name)
+	l, err := refreshable(ctx, st, name)
 	if err != nil {
 		return LicenceRefreshed{}, err
-	}
-	if !l.Refreshable {
-		return LicenceRefreshed{}, fmt.Errorf("licence %s %w: it has no refresh token", name, licences.ErrNotRefreshable)
-	}
-	if l.ManagerNode == "" {
-		return LicenceRefreshed{}, fmt.Errorf("licence %s %w", name, licences.ErrNoManager)
 	}
 	manager := l.ManagerNode + "/" + l.ManagerModule
 	out := LicenceRefreshed{Name: name, Manager: manager, From: l.Version, Holders: []string{}}
@@ -232,6 +230,21 @@ func (c *Controller) refreshLicence(ctx context.Context, st *Stores, nc *nats.Co
 		out.Holders = append(out.Holders, h.String())
 	}
 	return out, nil
+}
+
+// refreshable reads a licence that can be refreshed: kept, refreshable,
+// with a manager.
+func refreshable(ctx context.Context, st *Stores, name string) (licences.Licence, error) {
+	l, err := st.Licences.Licence(ctx, name)
+	switch {
+	case err != nil:
+		return l, err
+	case !l.Refreshable:
+		return l, fmt.Errorf("licence %s %w: it has no refresh token", name, licences.ErrNotRefreshable)
+	case l.ManagerNode == "":
+		return l, fmt.Errorf("licence %s %w", name, licences.ErrNoManager)
+	}
+	return l, nil
 }
 
 // askRefresh asks the manager's refresh tool on its node for a new access
