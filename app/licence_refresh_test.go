@@ -18,12 +18,12 @@ import (
 	"mesh-controller/contexts/licences"
 )
 
-// refresherManifest is the test manager module's: its tool refresh, its
-// port its ready check.
-func refresherManifest(t *testing.T) string {
+// refresherManifest is the test manager module's, under a module name and
+// in a mode (REFRESHER_MODE): its tool refresh, its port its ready check.
+func refresherManifest(t *testing.T, module, mode string) string {
 	_, port, _ := strings.Cut(freeAddr(t), ":")
-	return writeManifest(t, `{"module": "refresher", "version": "1.0.0",
- "run": {"command": ["bin/refresher"], "env": {"REFRESHER_PORT": "`+port+`"}, "ready": {"port": "api"}},
+	return writeManifest(t, `{"module": "`+module+`", "version": "1.0.0",
+ "run": {"command": ["bin/refresher"], "env": {"REFRESHER_PORT": "`+port+`", "REFRESHER_MODE": "`+mode+`"}, "ready": {"port": "api"}},
  "ports": [{"name": "api", "port": `+port+`, "expose": "local"}],
  "tools": [{"name": "refresh", "description": "a new access token for {\"licence\": NAME}"}]}`)
 }
@@ -58,7 +58,7 @@ func TestLicences_Refresh(t *testing.T) {
 	for _, h := range []*testHost{web1, web2} {
 		h.install(t, "translator", "bin/translator", sleeper)
 	}
-	m.addModule(refresherManifest(t))
+	m.addModule(refresherManifest(t, "refresher", ""))
 	m.addModule(writeManifest(t, translatorManifest))
 	ctx := context.Background()
 	if _, err := m.c.Assign(ctx, "mgr1", []string{"refresher"}); err != nil {
@@ -238,4 +238,47 @@ func TestLicences_Refresh(t *testing.T) {
 		}
 		assertNowhere(t, m.c.DataDir, encodings(v))
 	}
+}
+
+// A manager that answers what it must not (an error, no access token, a
+// past expiry, not JSON): each refresh fails in one line that never
+// quotes a token, the version stays, the failure is recorded, and nothing
+// of the answer is kept.
+func TestLicences_RefreshBadAnswers(t *testing.T) {
+	m := newTestMesh(t)
+	mgr1 := m.join("mgr1")
+	mgr1.install(t, "badrefresher", "bin/refresher", buildProgram(t, "refresher", "./testdata/refresher"))
+	m.addModule(refresherManifest(t, "badrefresher", "bad"))
+	ctx := context.Background()
+	if _, err := m.c.Assign(ctx, "mgr1", []string{"badrefresher"}); err != nil {
+		t.Fatal(err)
+	}
+	access, _ := knownValue(t)
+	refresh, _ := knownValue(t)
+	tokens, _ := json.Marshal(RefreshableTokens{AccessToken: access, RefreshToken: refresh})
+	if _, err := m.c.LicenceAdd(ctx, LicenceAddRequest{Name: "chat", Provider: "openai", Refreshable: true, Expires: "1h",
+		Token: protocol.NewSecret(tokens)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.LicenceManager(ctx, LicenceManagerRequest{Name: "chat", Manager: "mgr1/badrefresher", KeyFile: m.operatorKeyFile(t)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "badrefresher ready", func() bool { return m.moduleState("mgr1", "badrefresher").State == protocol.StateReady })
+	for i, want := range []string{"its manager answered an error: the provider refused", "its manager's answer holds no access_token",
+		`its manager's expires_at "2001-01-01T00:00:00Z" is not a future RFC 3339 time`, "its manager did not answer {"} {
+		_, err := m.c.LicenceRefresh(ctx, "chat")
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "access-") {
+			t.Fatalf("answer %d: %v", i+1, err)
+		}
+		if i > 0 && !errors.Is(err, ErrBadRefresh) {
+			t.Fatalf("answer %d is not a bad refresh: %v", i+1, err)
+		}
+	}
+	if l, _ := m.c.LicenceList(ctx); l[0].Version != 1 {
+		t.Fatalf("a bad answer moved the version: %+v", l[0])
+	}
+	if !m.openAfterCheck(t, "licence.refresh-failed/chat") {
+		t.Fatal("licence.refresh-failed not raised")
+	}
+	assertNowhere(t, m.c.DataDir, encodings(refreshedToken(refresh, 3)))
 }

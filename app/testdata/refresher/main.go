@@ -1,6 +1,7 @@
 // Command refresher is the test manager module of mesh-controller's
 // licence tests: run by a real host as its manifest says, it answers its
-// tool refresh ({"licence": NAME}) with a new access token each time,
+// tool refresh ({"licence": NAME}) with a new access token each time (with
+// REFRESHER_MODE=bad, with each answer a manager must not give in turn),
 // made from the refresh token its host wrote for it (the file named by
 // MESH_REFRESH_<NAME>): a missing or empty file is answered with an
 // error, so an answer proves the refresh token arrived. It never prints
@@ -66,6 +67,14 @@ func run() error {
 			return
 		}
 		i := n.Add(1)
+		if os.Getenv("REFRESHER_MODE") == "bad" {
+			// The answers a manager must not give, in turn.
+			bad := [][]byte{[]byte(`{"error": "the provider refused"}`), []byte(`{"expires_at": "2099-01-01T00:00:00Z"}`),
+				[]byte(`{"access_token": "` + Token(rt, i) + `", "expires_at": "2001-01-01T00:00:00Z"}`), []byte(`not json`)}
+			fmt.Printf("refreshed %s badly (%d)\n", in.Licence, i)
+			_ = m.Respond(bad[(i-1)%int64(len(bad))])
+			return
+		}
 		out, _ := json.Marshal(map[string]string{"access_token": Token(rt, i), "expires_at": time.Now().Add(life).UTC().Format(time.RFC3339)})
 		clear(rt)
 		fmt.Printf("refreshed %s (%d)\n", in.Licence, i)
