@@ -183,7 +183,6 @@ func (c *LicenceManagerCmd) Run(env *Env) error {
 // LicenceRefreshCmd is licence refresh.
 type LicenceRefreshCmd struct {
 	Name Name `arg:"" help:"The refreshable licence."`
-	JSON bool `name:"json" help:"Print one JSON object."`
 }
 
 // Run refreshes the licence through its manager.
@@ -191,9 +190,6 @@ func (c *LicenceRefreshCmd) Run(env *Env) error {
 	r, err := env.App.LicenceRefresh(env.Ctx, string(c.Name))
 	if err != nil {
 		return err
-	}
-	if c.JSON {
-		return printJSON(env.Stdout, r)
 	}
 	expires := "no expiry given"
 	if r.Expires != nil {
