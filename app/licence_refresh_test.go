@@ -221,6 +221,45 @@ func TestLicences_Refresh(t *testing.T) {
 		t.Fatalf("serve's refresh is not a healer's act:\n%s", m.logs.String())
 	}
 
+	// Under the brake serve's refresh waits, like any healer's act, until
+	// a person releases it.
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Health.EngageBrake(ctx, "the test engages it", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ = json.Marshal(RefreshableTokens{AccessToken: chatAccess + "-b", RefreshToken: chatRefresh + "-b"})
+	if _, err := m.c.LicenceAdd(ctx, LicenceAddRequest{Name: "braked", Provider: "openai", Refreshable: true, Expires: "2s",
+		Token: protocol.NewSecret(tokens)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.LicenceManager(ctx, LicenceManagerRequest{Name: "braked", Manager: "mgr1/refresher", KeyFile: key}); err != nil {
+		t.Fatal(err)
+	}
+	dueAt := time.Now().Add(2 * time.Second)
+	var first time.Time
+	waitFor(t, "a self-check after braked is due", func() bool {
+		v, err := m.c.DoctorLast(ctx)
+		first = v.At
+		return err == nil && v.At.After(dueAt)
+	})
+	waitFor(t, "the self-check after that one", func() bool {
+		v, err := m.c.DoctorLast(ctx)
+		return err == nil && v.At.After(first)
+	})
+	if l, _ := m.c.LicenceList(ctx); l[0].Name != "braked" || l[0].Version != 1 {
+		t.Fatalf("refreshed under the brake: %+v", l[0])
+	}
+	if err := m.c.HealersRelease(ctx, "the test releases it"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "serve to refresh braked once released", func() bool {
+		l, err := m.c.LicenceList(ctx)
+		return err == nil && l[0].Version == 2
+	})
+
 	// A refresh that succeeds clears licence.refresh-failed.
 	r, err = m.c.LicenceRefresh(ctx, "translation")
 	if err != nil || r.Version != 3 {
