@@ -193,6 +193,14 @@ func TestStore_ManagerRefreshDiscard(t *testing.T) {
 			t.Fatalf("version %d not recoverable: %v", v, err)
 		}
 	}
+	// Due at 80 % of version 2's life (made now, 2 h): not a minute before;
+	// a licence without a manager never.
+	if due, err := s.Due(ctx, 0.8, now.Add(95*time.Minute)); err != nil || len(due) != 0 {
+		t.Fatalf("due early: %+v, %v", due, err)
+	}
+	if due, err := s.Due(ctx, 0.8, now.Add(96*time.Minute)); err != nil || len(due) != 1 || due[0].Name != "chat" || due[0].Version != 2 {
+		t.Fatalf("due: %+v, %v", due, err)
+	}
 	// Within the grace period nothing goes; after it version 1's copies
 	// go, the refresh token's stay.
 	if n, err := s.Discard(ctx, now.Add(GracePeriod-time.Second), 10); err != nil || n != 0 {
