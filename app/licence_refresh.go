@@ -68,12 +68,9 @@ func (c *Controller) LicenceManager(ctx context.Context, r LicenceManagerRequest
 	if err != nil {
 		return LicenceManaged{}, err
 	}
-	if _, ok := snap.Nodes[node]; !ok {
-		return LicenceManaged{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
-	}
-	version := snap.VersionOn(node, module)
-	if version == "" {
-		return LicenceManaged{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	version, err := assignedOn(snap, node, module)
+	if err != nil {
+		return LicenceManaged{}, err
 	}
 	if !slices.ContainsFunc(snap.Manifests[module][version].Tools, func(t inventory.Tool) bool { return t.Name == RefreshTool }) {
 		return LicenceManaged{}, fmt.Errorf("module %s %s %w", module, version, ErrNoRefreshTool)

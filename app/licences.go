@@ -215,11 +215,8 @@ func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (Licen
 	if err != nil {
 		return LicenceUsed{}, err
 	}
-	if _, ok := snap.Nodes[node]; !ok {
-		return LicenceUsed{}, fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
-	}
-	if snap.VersionOn(node, module) == "" {
-		return LicenceUsed{}, fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	if _, err := assignedOn(snap, node, module); err != nil {
+		return LicenceUsed{}, err
 	}
 	l, err := st.Licences.Licence(ctx, r.Name)
 	if err != nil {
@@ -269,6 +266,19 @@ func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (Licen
 	}
 	pushed, err := c.sendPlans(ctx, st, []string{node})
 	return LicenceUsed{Name: r.Name, Node: node, Module: module, Version: op.Version, Pushed: pushed}, err
+}
+
+// assignedOn is the version of a module assigned to a known node, or why
+// there is none.
+func assignedOn(snap *inventory.Snapshot, node, module string) (string, error) {
+	if _, ok := snap.Nodes[node]; !ok {
+		return "", fmt.Errorf("node %s %w", node, inventory.ErrNodeNotFound)
+	}
+	version := snap.VersionOn(node, module)
+	if version == "" {
+		return "", fmt.Errorf("module %s %w %s", module, ErrNotOnNode, node)
+	}
+	return version, nil
 }
 
 // holds says whether the module on the node holds the licence.

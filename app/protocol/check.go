@@ -257,23 +257,20 @@ func (d Declaration) Problems() []string {
 			credential(g+".credential_name", c.CredentialName)
 		}
 
-		atMost(f+".licences", len(m.Licences), MaxSecrets)
-		seenLicences := map[string]int{}
-		for j, l := range m.Licences {
-			g := fmt.Sprintf("%s.licences[%d].name", f, j)
-			name(g, l.Name)
-			if ValidName(l.Name) {
-				// Only a valid name counts, as with secrets.
-				twice(seenLicences, j, g, l.Name, "named", "")
-			}
-		}
-		atMost(f+".manages", len(m.Manages), MaxSecrets)
-		seenManaged := map[string]int{}
-		for j, l := range m.Manages {
-			g := fmt.Sprintf("%s.manages[%d].name", f, j)
-			name(g, l.Name)
-			if ValidName(l.Name) {
-				twice(seenManaged, j, g, l.Name, "named", "")
+		for _, fl := range []struct {
+			field string
+			ls    []DeclaredLicence
+		}{{"licences", m.Licences}, {"manages", m.Manages}} {
+			field, ls := fl.field, fl.ls
+			atMost(f+"."+field, len(ls), MaxSecrets)
+			seen := map[string]int{}
+			for j, l := range ls {
+				g := fmt.Sprintf("%s.%s[%d].name", f, field, j)
+				name(g, l.Name)
+				if ValidName(l.Name) {
+					// Only a valid name counts, as with secrets.
+					twice(seen, j, g, l.Name, "named", "")
+				}
 			}
 		}
 		atMost(f+".waiting_for_licences", len(m.WaitingForLicences), MaxWaitingFor)

@@ -464,7 +464,11 @@ var ErrNoCopy = errors.New("no copy of that version is kept")
 // Held returns the copies of the current version each holder holds: what
 // the planner declares, by node/module.
 func (s *Store) Held(ctx context.Context) (map[string][]Copy, error) {
-	cs, err := s.copies(ctx, `kind = 'holder' AND version = (SELECT version FROM licences WHERE name = licence_copies.licence)`)
+	return byHolder(s.copies(ctx, `kind = 'holder' AND version = (SELECT version FROM licences WHERE name = licence_copies.licence)`))
+}
+
+// byHolder keys copies by node/module.
+func byHolder(cs []Copy, err error) (map[string][]Copy, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -567,16 +571,7 @@ func (s *Store) RefreshCopy(ctx context.Context, name string) (Copy, error) {
 // Managed returns the refresh-token copies each manager holds, by
 // node/module: what the planner declares beside its licences.
 func (s *Store) Managed(ctx context.Context) (map[string][]Copy, error) {
-	cs, err := s.copies(ctx, `kind = 'refresh' AND node <> ''`)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]Copy{}
-	for _, c := range cs {
-		k := c.Node + "/" + c.Module
-		out[k] = append(out[k], c)
-	}
-	return out, nil
+	return byHolder(s.copies(ctx, `kind = 'refresh' AND node <> ''`))
 }
 
 // Refreshed is a new version of a licence's token, made by its manager:
