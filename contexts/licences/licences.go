@@ -172,6 +172,16 @@ func insertCopy(ctx context.Context, tx *sql.Tx, c Copy, now time.Time) error {
 	return err
 }
 
+// currentVersion is a licence's current version, or ErrNoLicence.
+func currentVersion(ctx context.Context, tx *sql.Tx, name string) (int64, error) {
+	var version int64
+	err := tx.QueryRowContext(ctx, `SELECT version FROM licences WHERE name = ?`, name).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("%s %w", name, ErrNoLicence)
+	}
+	return version, err
+}
+
 func history(ctx context.Context, tx *sql.Tx, licence string, version int64, event, node, module string, now time.Time) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO licence_history (licence, version, event, node, module, at) VALUES (?, ?, ?, ?, ?, ?)`,
 		licence, version, event, node, module, sqlite.FormatTime(now))
@@ -187,11 +197,7 @@ func (s *Store) Use(ctx context.Context, c Copy, now time.Time) error {
 		return err
 	}
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var version int64
-		err := tx.QueryRowContext(ctx, `SELECT version FROM licences WHERE name = ?`, c.Licence).Scan(&version)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%s %w", c.Licence, ErrNoLicence)
-		}
+		version, err := currentVersion(ctx, tx, c.Licence)
 		if err != nil {
 			return err
 		}
@@ -225,11 +231,7 @@ func (s *Store) Use(ctx context.Context, c Copy, now time.Time) error {
 // a holder, and every copy sealed to it for that module is dropped.
 func (s *Store) Stop(ctx context.Context, licence, node, module string, now time.Time) error {
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var version int64
-		err := tx.QueryRowContext(ctx, `SELECT version FROM licences WHERE name = ?`, licence).Scan(&version)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%s %w", licence, ErrNoLicence)
-		}
+		version, err := currentVersion(ctx, tx, licence)
 		if err != nil {
 			return err
 		}
@@ -600,11 +602,7 @@ func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (int64,
 	}
 	next := r.From + 1
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
-		var version int64
-		err := tx.QueryRowContext(ctx, `SELECT version FROM licences WHERE name = ?`, r.Licence).Scan(&version)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%s %w", r.Licence, ErrNoLicence)
-		}
+		version, err := currentVersion(ctx, tx, r.Licence)
 		if err != nil {
 			return err
 		}
