@@ -266,7 +266,9 @@ func dropHolder(ctx context.Context, tx *sql.Tx, licence string, version int64, 
 
 // Forget takes every licence away from modules on nodes (unassigned,
 // forgotten or their node removed), in one transaction, and returns the
-// licences each held, by node/module.
+// licences each held, by node/module. A licence one of them managed is
+// left without a manager (its refresh copy for it dropped): a refresh
+// then refuses rather than ask a module that is gone.
 func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (map[string][]string, error) {
 	out := map[string][]string{}
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
@@ -299,6 +301,9 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 			if len(names) > 0 {
 				out[h.String()] = names
 			}
+			if err := dropManager(ctx, tx, h, now); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -306,6 +311,42 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 		return nil, fmt.Errorf("forget the licences of %d modules: %w", len(holders), err)
 	}
 	return out, nil
+}
+
+// dropManager leaves the licences a module on a node manages without a
+// manager, with a manager event naming none.
+func dropManager(ctx context.Context, tx *sql.Tx, h Holder, now time.Time) error {
+	rows, err := tx.QueryContext(ctx, `SELECT name, version FROM licences WHERE manager_node = ? AND manager_module = ? ORDER BY name`, h.Node, h.Module)
+	if err != nil {
+		return err
+	}
+	var names []string
+	var versions []int64
+	for rows.Next() {
+		var name string
+		var v int64
+		if err := rows.Scan(&name, &v); err != nil {
+			rows.Close()
+			return err
+		}
+		names, versions = append(names, name), append(versions, v)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	for i, name := range names {
+		if _, err := tx.ExecContext(ctx, `UPDATE licences SET manager_node = NULL, manager_module = NULL WHERE name = ?`, name); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND kind = 'refresh' AND node = ? AND module = ?`,
+			name, h.Node, h.Module); err != nil {
+			return err
+		}
+		if err := history(ctx, tx, name, versions[i], "manager", "", "", now); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 const licenceColumns = `name, provider, refreshable, version, expires, made, coalesce(manager_node, ''), coalesce(manager_module, '')`

@@ -221,4 +221,18 @@ func TestStore_ManagerRefreshDiscard(t *testing.T) {
 	if m, _ := s.Managed(ctx); len(m["b/mgr"]) != 1 {
 		t.Fatalf("the manager's copy was discarded: %v", m)
 	}
+	// The manager unassigned: the licence has none, its copy goes, the
+	// operator's refresh token stays.
+	if _, err := s.Forget(ctx, []Holder{{Node: "b", Module: "mgr"}}, now); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := s.Licence(ctx, "chat"); l.ManagerNode != "" || l.ManagerModule != "" {
+		t.Fatalf("a forgotten manager is still named: %+v", l)
+	}
+	if m, _ := s.Managed(ctx); len(m) != 0 {
+		t.Fatalf("a forgotten manager's copy stays: %v", m)
+	}
+	if _, err := s.RefreshCopy(ctx, "chat"); err != nil {
+		t.Fatalf("the operator's refresh token went with the manager: %v", err)
+	}
 }
