@@ -314,3 +314,42 @@ func TestLicences_RefreshBadAnswers(t *testing.T) {
 	}
 	assertNowhere(t, m.c.DataDir, encodings(refreshedToken(refresh, 3)))
 }
+
+// serve's sweep discards a superseded version once its grace period is
+// over (the clock moved past it), with a discarded event, and keeps the
+// current one and the refresh token.
+func TestLicences_DiscardAfterGrace(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	m.addRefreshable(t, "chat", "1h")
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Version 2 as a refresh keeps it, sealed to the operator key.
+	l, err := st.Licences.Licence(ctx, "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _ := knownValue(t)
+	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	if _, _, err := m.c.keepRefreshed(ctx, st, l, protocol.NewSecret([]byte(next)), expires); err != nil {
+		t.Fatal(err)
+	}
+	m.stop()
+	// The clock past version 1's grace period (serve stopped: nothing reads it meanwhile).
+	m.c.Now = func() time.Time { return time.Now().Add(licences.GracePeriod + time.Hour) }
+	m.opts = ServeOptions{SweepEvery: 50 * time.Millisecond}
+	m.start()
+	waitFor(t, "version 1 discarded", func() bool {
+		_, err := st.Licences.OperatorCopy(ctx, "chat", 1)
+		return errors.Is(err, licences.ErrNoCopy)
+	})
+	if _, err := st.Licences.OperatorCopy(ctx, "chat", 2); err != nil {
+		t.Fatalf("the current version went too: %v", err)
+	}
+	if _, err := st.Licences.RefreshCopy(ctx, "chat"); err != nil {
+		t.Fatalf("the refresh token went: %v", err)
+	}
+	waitFor(t, "the sweep to say so", func() bool { return strings.Contains(m.logs.String(), "1 superseded licence version discarded") })
+}

@@ -160,17 +160,14 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		DispatchBuilds: c.DispatchBuilds,
 		Sweep: func(ctx context.Context, nc *nats.Conn) (string, error) {
 			r, err := c.Sweep(ctx, nc)
-			if err != nil {
-				return r.String(), err
-			}
 			// Superseded licence versions past their grace period, a
-			// bounded number each sweep.
-			n, err := st.Licences.Discard(ctx, c.Now(), maxDiscards)
+			// bounded number each sweep, whatever became of the archives.
+			n, derr := st.Licences.Discard(ctx, c.Now(), maxDiscards)
 			line := r.String()
 			if n > 0 {
 				line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
 			}
-			return line, err
+			return line, errors.Join(err, derr)
 		},
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Logger: log, Notify: notify})
