@@ -274,23 +274,9 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		clear(out)
 		for _, h := range holders {
-			rows, err := tx.QueryContext(ctx, `SELECT h.licence, l.version FROM licence_holders h JOIN licences l ON l.name = h.licence
+			names, versions, err := namesVersions(ctx, tx, `SELECT h.licence, l.version FROM licence_holders h JOIN licences l ON l.name = h.licence
 				WHERE h.node = ? AND h.module = ? ORDER BY h.licence`, h.Node, h.Module)
 			if err != nil {
-				return err
-			}
-			var names []string
-			var versions []int64
-			for rows.Next() {
-				var name string
-				var v int64
-				if err := rows.Scan(&name, &v); err != nil {
-					rows.Close()
-					return err
-				}
-				names, versions = append(names, name), append(versions, v)
-			}
-			if err := rows.Close(); err != nil {
 				return err
 			}
 			for i, name := range names {
@@ -313,25 +299,32 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 	return out, nil
 }
 
-// dropManager leaves the licences a module on a node manages without a
-// manager, with a manager event naming none.
-func dropManager(ctx context.Context, tx *sql.Tx, h Holder, now time.Time) error {
-	rows, err := tx.QueryContext(ctx, `SELECT name, version FROM licences WHERE manager_node = ? AND manager_module = ? ORDER BY name`, h.Node, h.Module)
+// namesVersions reads the (licence, version) pairs a query selects.
+func namesVersions(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]string, []int64, error) {
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	defer rows.Close()
 	var names []string
 	var versions []int64
 	for rows.Next() {
 		var name string
 		var v int64
 		if err := rows.Scan(&name, &v); err != nil {
-			rows.Close()
-			return err
+			return nil, nil, err
 		}
 		names, versions = append(names, name), append(versions, v)
 	}
-	if err := rows.Close(); err != nil {
+	return names, versions, rows.Err()
+}
+
+// dropManager leaves the licences a module on a node manages without a
+// manager, with a manager event naming none.
+func dropManager(ctx context.Context, tx *sql.Tx, h Holder, now time.Time) error {
+	names, versions, err := namesVersions(ctx, tx, `SELECT name, version FROM licences WHERE manager_node = ? AND manager_module = ? ORDER BY name`,
+		h.Node, h.Module)
+	if err != nil {
 		return err
 	}
 	for i, name := range names {
@@ -754,37 +747,21 @@ func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, err
 	n := 0
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		n = 0
-		rows, err := tx.QueryContext(ctx, `SELECT v.licence, v.version FROM licence_versions v WHERE v.discard_after IS NOT NULL AND v.discard_after <= ?
+		names, versions, err := namesVersions(ctx, tx, `SELECT v.licence, v.version FROM licence_versions v WHERE v.discard_after IS NOT NULL AND v.discard_after <= ?
 			AND EXISTS (SELECT 1 FROM licence_copies c WHERE c.licence = v.licence AND c.version = v.version AND c.kind <> 'refresh')
 			ORDER BY v.discard_after LIMIT ?`, sqlite.FormatTime(now), limit)
 		if err != nil {
 			return err
 		}
-		type lv struct {
-			l string
-			v int64
-		}
-		var due []lv
-		for rows.Next() {
-			var x lv
-			if err := rows.Scan(&x.l, &x.v); err != nil {
-				rows.Close()
+		for i, name := range names {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND version = ? AND kind <> 'refresh'`, name, versions[i]); err != nil {
 				return err
 			}
-			due = append(due, x)
-		}
-		if err := rows.Close(); err != nil {
-			return err
-		}
-		for _, x := range due {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM licence_copies WHERE licence = ? AND version = ? AND kind <> 'refresh'`, x.l, x.v); err != nil {
-				return err
-			}
-			if err := history(ctx, tx, x.l, x.v, "discarded", "", "", now); err != nil {
+			if err := history(ctx, tx, name, versions[i], "discarded", "", "", now); err != nil {
 				return err
 			}
 		}
-		n = len(due)
+		n = len(names)
 		return nil
 	})
 	if err != nil {
