@@ -12,6 +12,7 @@ import (
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/contexts/secrets"
 )
 
@@ -22,6 +23,9 @@ type AssignedModule struct {
 	Unverified []string `json:"unverified"`
 	// Unmet are optional needs nothing in the mesh provides.
 	Unmet []string `json:"unmet_optional"`
+	// LicencesNotHeld are the licences its manifest needs: a module just
+	// assigned holds none, and waits for each until 'licence use'.
+	LicencesNotHeld []string `json:"licences_not_held,omitempty"`
 }
 
 // Assigned is what assign did.
@@ -230,6 +234,9 @@ func judgeAssign(snap *inventory.Snapshot, node string, factList []inventory.Fac
 	}
 	for _, m := range given {
 		am := AssignedModule{Module: m.Module, Version: m.Version, Unverified: []string{}, Unmet: []string{}}
+		for _, l := range m.Licences {
+			am.LicencesNotHeld = append(am.LicencesNotHeld, l.Name)
+		}
 		ps, unverified := inventory.JudgeRequirements(m, node, facts)
 		problems = append(problems, ps...)
 		am.Unverified = append(am.Unverified, unverified...)
@@ -313,7 +320,9 @@ type Unassigned struct {
 	Retirements []inventory.Retirement `json:"retirements"`
 	// Waiting are the consumers whose providers now wait for a person to retire them.
 	Waiting []inventory.Consumer `json:"waiting"`
-	Pushed  []Pushed             `json:"pushed"`
+	// Licences are the licences its modules held, taken away from them.
+	Licences []string `json:"licences,omitempty"`
+	Pushed   []Pushed `json:"pushed"`
 }
 
 // Unassign takes modules off a node. Their precious data is retired and
@@ -400,6 +409,23 @@ func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (Unassigne
 			if cs.State == "waiting" && consumerOf(cs.Consumer, out.Nodes[i].Node, r.Modules) {
 				out.Nodes[i].Waiting = append(out.Nodes[i].Waiting, cs)
 			}
+		}
+	}
+	// The licences they held are taken away as they come off, before the
+	// act commits: a holding that outlived its module would be listed as
+	// held by nothing that runs, while one lost to a failed commit is given
+	// again with 'licence use'.
+	var holders []licences.Holder
+	for _, h := range ch.Unassign {
+		holders = append(holders, licences.Holder{Node: h.Node, Module: h.Module})
+	}
+	stopped, err := st.Licences.Forget(ctx, holders, now)
+	if err != nil {
+		return out, err
+	}
+	for i, one := range out.Nodes {
+		for _, m := range r.Modules {
+			out.Nodes[i].Licences = append(out.Nodes[i].Licences, stopped[one.Node+"/"+m]...)
 		}
 	}
 	if out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "unassign", progress); err != nil {

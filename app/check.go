@@ -150,8 +150,10 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	}
 	probe("free space", err, fmt.Sprintf("%d MiB free under %s", free>>20, c.DataDir))
 
+	var currentKey string
 	if sec := st.Secrets; sec != nil {
-		_, kerr := sec.OperatorKey(ctx)
+		k, kerr := sec.OperatorKey(ctx)
+		currentKey = k.Recipient
 		in.operatorKey = kerr == nil
 		probe("operator key", kerr, "set: keep its private half off the mesh and backed up, with a 'secret export' beside it; without it no secret can be recovered when the mesh is lost")
 		var cur int
@@ -161,6 +163,16 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	}
 	if st.Inventory != nil {
 		fail("inventory", "read the inventory", c.readInventory(ctx, st.Inventory, in))
+	}
+	if lic := st.Licences; lic != nil {
+		in.licences, err = lic.List(ctx)
+		fail("licences", "read the licences", err)
+		in.refreshFailed, err = lic.Failing(ctx)
+		fail("licences", "read failed refreshes", err)
+		if currentKey != "" {
+			_, in.licenceOnlyOlder, err = licenceCopiesSealedTo(ctx, st, currentKey)
+			fail("licences", "count licence copies", err)
+		}
 	}
 	in.refusals, err = hs.JoinRefusalsSince(ctx, now.Add(-joinRefusedWindow))
 	fail("health", "read refused joins", err)

@@ -15,6 +15,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/contexts/secrets"
 )
 
@@ -36,6 +37,7 @@ type Pushed struct {
 type declarer struct {
 	inv *inventory.Store
 	sec *secrets.Store
+	lic *licences.Store
 	ids *identity.Store
 	key identity.SigningKey
 	// nc publishes; nil when no broker was reached, notSent says why.
@@ -80,11 +82,15 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	if err != nil {
 		return failAll(err)
 	}
+	held, managed, err := heldLicences(ctx, d.lic)
+	if err != nil {
+		return failAll(err)
+	}
 	ssh, err := sshPorts(ctx, d.inv)
 	if err != nil {
 		return failAll(err)
 	}
-	pl := plan.New(snap, sealed).WithCreds(creds).WithFilter(filterRender(ssh))
+	pl := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh))
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
@@ -192,6 +198,31 @@ func sealedCopies(ctx context.Context, sec *secrets.Store) (map[string]plan.Seal
 	return out, nil
 }
 
+// heldLicences reads the copy of each licence each module holds (its
+// current version), and of each refresh token each manager holds, keyed
+// node/module.
+func heldLicences(ctx context.Context, lic *licences.Store) (held, managed map[string][]plan.Sealed, err error) {
+	h, err := lic.Held(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := lic.Managed(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return toSealed(h), toSealed(m), nil
+}
+
+func toSealed(copies map[string][]licences.Copy) map[string][]plan.Sealed {
+	out := make(map[string][]plan.Sealed, len(copies))
+	for k, cs := range copies {
+		for _, c := range cs {
+			out[k] = append(out[k], plan.Sealed{Name: c.Licence, Version: c.Version, Sealed: c.Sealed})
+		}
+	}
+	return out
+}
+
 // sendPlans declares the plans of nodes from a person's command, on the
 // mesh as it is once the command's writes are done: it rereads the
 // snapshot, then declares (declarePlans).
@@ -241,7 +272,7 @@ func (c *Controller) newDeclarer(ctx context.Context, st *Stores) (*declarer, er
 	if err != nil {
 		return nil, err
 	}
-	return &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, hs: st.Health, key: key, now: c.Now}, nil
+	return &declarer{inv: st.Inventory, sec: st.Secrets, lic: st.Licences, ids: st.Identity, hs: st.Health, key: key, now: c.Now}, nil
 }
 
 // PushRequest asks for declarations to be sent.
@@ -353,11 +384,15 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
+	held, managed, err := heldLicences(ctx, st.Licences)
+	if err != nil {
+		return PlanView{}, err
+	}
 	ssh, err := sshPorts(ctx, st.Inventory)
 	if err != nil {
 		return PlanView{}, err
 	}
-	p, err := plan.New(snap, sealed).WithCreds(creds).WithFilter(filterRender(ssh)).Plan(node)
+	p, err := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)).Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 )
 
 // Bounds are how old a signal may grow, and how long a state may last,
@@ -76,12 +78,19 @@ type checkInputs struct {
 	buildP99       map[string]time.Duration
 	reuses         []identity.TokenReuse
 	// refusals are the joins refused within joinRefusedWindow.
-	refusals    []health.JoinRefusals
-	brake       health.Brake
-	secretCount int
-	operatorKey bool
-	onlyOlder   int
-	probes      []health.Probe
+	refusals []health.JoinRefusals
+	brake    health.Brake
+	// licences are every licence with its holders.
+	licences []licences.Licence
+	// refreshFailed are the licences whose last refresh failed, and when.
+	refreshFailed map[string]time.Time
+	secretCount   int
+	operatorKey   bool
+	onlyOlder     int
+	// licenceOnlyOlder counts the licence copies only a replaced operator
+	// key opens.
+	licenceOnlyOlder int
+	probes           []health.Probe
 	// handActFor says a person recorded a hand act for a condition key.
 	handActFor map[string]bool
 }
@@ -105,6 +114,17 @@ type rule struct {
 
 func machineCondition(kind, node, severity, summary string, evidence map[string]any) health.Condition {
 	return health.Condition{Key: kind + "/" + node, Kind: kind, Scope: "machine", Machine: node, Severity: severity, Summary: summary, Evidence: evidence}
+}
+
+// licenceExpiringWithin is how near its expiry a licence that cannot be
+// refreshed is said to be expiring.
+const licenceExpiringWithin = 7 * 24 * time.Hour
+
+func doesOrDo(n int) string {
+	if n == 1 {
+		return "does"
+	}
+	return "do"
 }
 
 // heartbeatBound is a node's silence bound.
@@ -301,13 +321,88 @@ var rules = []rule{
 			Summary:  fmt.Sprintf("%s and no operator key set: %s be recovered off the mesh", Plural(in.secretCount, "secret"), they),
 			Evidence: map[string]any{"secrets": in.secretCount}}}
 	}},
-	{kind: "secret.old-operator-key", needs: []string{"secrets"}, eval: func(in *checkInputs) []health.Condition {
-		if in.onlyOlder == 0 {
+	{kind: "secret.old-operator-key", needs: []string{"secrets", "licences"}, eval: func(in *checkInputs) []health.Condition {
+		if in.onlyOlder == 0 && in.licenceOnlyOlder == 0 {
 			return nil
 		}
+		summary := fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret"))
+		if in.licenceOnlyOlder > 0 {
+			copies := fmt.Sprintf("%d licence copies are", in.licenceOnlyOlder)
+			if in.licenceOnlyOlder == 1 {
+				copies = "1 licence copy is"
+			}
+			summary = copies + " sealed only to a replaced operator key"
+			if in.onlyOlder > 0 {
+				summary = fmt.Sprintf("%s, and %s", Plural(in.onlyOlder, "secret"), summary)
+			}
+		}
 		return []health.Condition{{Key: "secret.old-operator-key", Kind: "secret.old-operator-key", Scope: "mesh", Severity: health.Warning,
-			Summary:  fmt.Sprintf("%s sealed only to a replaced operator key", isAre(in.onlyOlder, "secret")),
-			Evidence: map[string]any{"only_older_keys": in.onlyOlder}}}
+			Summary:  summary,
+			Evidence: map[string]any{"only_older_keys": in.onlyOlder, "licence_copies_only_older": in.licenceOnlyOlder}}}
+	}},
+	{kind: "licence.expiring", needs: []string{"licences"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, l := range in.licences {
+			if l.Refreshable || l.Expires == nil || l.Expires.Sub(in.now) > licenceExpiringWithin {
+				continue
+			}
+			when := "expires " + l.Expires.UTC().Format(time.RFC3339)
+			if !l.Expires.After(in.now) {
+				when = "expired " + l.Expires.UTC().Format(time.RFC3339)
+			}
+			out = append(out, health.Condition{Key: "licence.expiring/" + l.Name, Kind: "licence.expiring", Scope: "mesh", Severity: health.Warning,
+				Summary:  fmt.Sprintf("licence %s (%s) %s and cannot be refreshed: add its replacement ('mesh-controller licence add')", l.Name, l.Provider, when),
+				Evidence: map[string]any{"expires": l.Expires.UTC().Format(time.RFC3339), "version": l.Version, "holders": len(l.Holders)}})
+		}
+		return out
+	}},
+	{kind: "licence.refresh-failed", needs: []string{"licences"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, l := range in.licences {
+			at, ok := in.refreshFailed[l.Name]
+			if !ok {
+				continue
+			}
+			manager := "no manager"
+			if l.ManagerNode != "" {
+				manager = "its manager " + l.ManagerNode + "/" + l.ManagerModule
+			}
+			out = append(out, health.Condition{Key: "licence.refresh-failed/" + l.Name, Kind: "licence.refresh-failed", Scope: "mesh", Severity: health.Urgent,
+				Summary: fmt.Sprintf("refreshing licence %s through %s failed at %s: its holders keep version %d; 'mesh-controller licence refresh %s' says why",
+					l.Name, manager, at.UTC().Format(time.RFC3339), l.Version, l.Name),
+				Evidence: map[string]any{"failed_at": at.UTC().Format(time.RFC3339), "manager": strings.TrimPrefix(manager, "its manager "), "version": l.Version}})
+		}
+		return out
+	}},
+	{kind: "licence.unheld", needs: []string{"licences", "inventory"}, eval: func(in *checkInputs) []health.Condition {
+		held := map[string]bool{}
+		for _, l := range in.licences {
+			for _, h := range l.Holders {
+				held[l.Name+" "+h.String()] = true
+			}
+		}
+		var names []string
+		waiting := map[string][]string{}
+		for name, needers := range licencesNeeded(in.snap) {
+			for _, n := range needers {
+				if !held[name+" "+n] {
+					if len(waiting[name]) == 0 {
+						names = append(names, name)
+					}
+					waiting[name] = append(waiting[name], n)
+				}
+			}
+		}
+		sort.Strings(names)
+		var out []health.Condition
+		for _, name := range names {
+			w := waiting[name]
+			sort.Strings(w)
+			out = append(out, health.Condition{Key: "licence.unheld/" + name, Kind: "licence.unheld", Scope: "mesh", Severity: health.Warning,
+				Summary:  fmt.Sprintf("licence %s is needed by %s, which %s not hold it: 'mesh-controller licence use %s NODE/MODULE --key OPERATOR-KEY'", name, strings.Join(w, ", "), doesOrDo(len(w)), name),
+				Evidence: map[string]any{"waiting": w, "count": len(w)}})
+		}
+		return out
 	}},
 	{kind: "build.failed", needs: []string{"builds"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition

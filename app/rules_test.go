@@ -9,6 +9,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -68,7 +69,7 @@ func raiseChangeClear(t *testing.T, kind, key string, raise, change, clear *chec
 
 func evidenceText(c health.Condition) (string, error) {
 	s := ""
-	for _, k := range []string{"last_heard", "serial", "serial_declared", "count", "error", "moved_commit", "only_older_keys", "secrets", "backup_holder", "last_backup", "retired_at", "why", "detail", "bound_s"} {
+	for _, k := range []string{"last_heard", "serial", "serial_declared", "count", "error", "moved_commit", "only_older_keys", "secrets", "backup_holder", "last_backup", "retired_at", "why", "detail", "bound_s", "expires", "waiting"} {
 		if v, ok := c.Evidence[k]; ok {
 			s += k + "=" + toString(v) + ";"
 		}
@@ -207,6 +208,10 @@ func TestRule_SecretOperatorKeys(t *testing.T) {
 		inputs(func(in *checkInputs) { in.onlyOlder = 2 }),
 		inputs(func(in *checkInputs) { in.onlyOlder = 1 }),
 		inputs(func(in *checkInputs) { in.onlyOlder = 0 }))
+	raiseChangeClear(t, "secret.old-operator-key", "secret.old-operator-key",
+		inputs(func(in *checkInputs) { in.licenceOnlyOlder = 2 }),
+		inputs(func(in *checkInputs) { in.onlyOlder, in.licenceOnlyOlder = 1, 2 }),
+		inputs(func(in *checkInputs) { in.licenceOnlyOlder = 0 }))
 }
 
 func meshWithData(backup *time.Time, withHolder bool, cadence string) *checkInputs {
@@ -268,7 +273,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 func TestRules_Catalogue(t *testing.T) {
 	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
-		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused"} {
+		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld"} {
 		ruleOf(t, kind)
 	}
 }
@@ -298,4 +303,48 @@ func TestRule_RetireRejected(t *testing.T) {
 	}
 	raiseChangeClear(t, "retire.rejected", "retire.rejected/db1/postgres/web1:paperless",
 		consumer("rejected", "still needed"), consumer("rejected", "still needed by the audit"), consumer("retired", "ok"))
+}
+
+func TestRule_LicenceExpiring(t *testing.T) {
+	lic := func(expires time.Time, refreshable bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.licences = []licences.Licence{{Name: "translation", Provider: "deepl", Version: 1, Expires: &expires, Refreshable: refreshable}}
+		})
+	}
+	raiseChangeClear(t, "licence.expiring", "licence.expiring/translation",
+		lic(t0.Add(6*24*time.Hour), false), lic(t0.Add(-time.Hour), false), lic(t0.Add(8*24*time.Hour), false))
+	if got := ruleOf(t, "licence.expiring").eval(lic(t0.Add(time.Hour), true)); len(got) != 0 {
+		t.Fatalf("a refreshable licence is refreshed, not said to expire: %+v", got)
+	}
+}
+
+func TestRule_LicenceUnheld(t *testing.T) {
+	mesh := func(needers []string, holders ...string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.snap.Manifests["app"] = map[string]inventory.Manifest{"1.0.0": {Module: "app", Version: "1.0.0", Licences: []inventory.LicenceNeed{{Name: "translation"}}}}
+			for _, n := range needers {
+				in.snap.Assignments = append(in.snap.Assignments, inventory.Assignment{Node: n, Module: "app", Version: "1.0.0"})
+			}
+			l := licences.Licence{Name: "translation", Provider: "deepl", Version: 1}
+			for _, h := range holders {
+				l.Holders = append(l.Holders, licences.Holder{Node: h, Module: "app"})
+			}
+			in.licences = []licences.Licence{l}
+		})
+	}
+	raiseChangeClear(t, "licence.unheld", "licence.unheld/translation",
+		mesh([]string{"web1", "web2"}), mesh([]string{"web1", "web2"}, "web1"), mesh([]string{"web1", "web2"}, "web1", "web2"))
+}
+
+func TestRule_LicenceRefreshFailed(t *testing.T) {
+	failed := func(at time.Time, failing bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.licences = []licences.Licence{{Name: "chat", Provider: "openai", Version: 3, Refreshable: true, ManagerNode: "web1", ManagerModule: "mgr"}}
+			if failing {
+				in.refreshFailed = map[string]time.Time{"chat": at}
+			}
+		})
+	}
+	raiseChangeClear(t, "licence.refresh-failed", "licence.refresh-failed/chat",
+		failed(t0, true), failed(t0.Add(time.Minute), true), failed(t0, false))
 }

@@ -106,11 +106,11 @@ type HandoverRequest struct {
 // in the hand-act log with its Why.
 func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
 	name, to, add, yes := r.Seat, r.To, r.Add, r.Yes
-	node, module, ok := strings.Cut(to, "/")
-	if !ok {
-		return Handover{}, fmt.Errorf("%q: %w", to, ErrHolderForm)
+	node, module, err := parseHolder(to)
+	if err != nil {
+		return Handover{}, err
 	}
-	if err := CheckNames(name, node, module); err != nil {
+	if err := CheckName(name); err != nil {
 		return Handover{}, err
 	}
 	if yes && r.Why == "" {

@@ -20,6 +20,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/contexts/secrets"
 )
 
@@ -106,6 +107,10 @@ type OperatorKeyView struct {
 	// Recoverable counts the copies this key opens; OnlyOlderKeys those only a replaced key opens.
 	Recoverable   int `json:"recoverable"`
 	OnlyOlderKeys int `json:"only_older_keys"`
+	// LicenceCopies counts the licence copies this key opens;
+	// LicenceCopiesOnlyOlder those only a replaced key opens.
+	LicenceCopies          int `json:"licence_copies"`
+	LicenceCopiesOnlyOlder int `json:"licence_copies_only_older"`
 }
 
 // OperatorKeyShow shows the operator key and what it can recover.
@@ -120,8 +125,25 @@ func (c *Controller) OperatorKeyShow(ctx context.Context) (OperatorKeyView, erro
 		return OperatorKeyView{}, err
 	}
 	v := OperatorKeyView{Key: k.Recipient, SetAt: k.SetAt}
-	v.Recoverable, v.OnlyOlderKeys, err = sec.Recoverable(ctx)
+	if v.Recoverable, v.OnlyOlderKeys, err = sec.Recoverable(ctx); err != nil {
+		return v, err
+	}
+	v.LicenceCopies, v.LicenceCopiesOnlyOlder, err = licenceCopiesSealedTo(ctx, st, k.Recipient)
 	return v, err
+}
+
+// licenceCopiesSealedTo counts the licence copies the current operator key
+// opens, and those only an older key opens.
+func licenceCopiesSealedTo(ctx context.Context, st *Stores, current string) (cur, onlyOlder int, err error) {
+	by, err := st.Licences.SealedTo(ctx)
+	for key, n := range by {
+		if key == current {
+			cur += n
+		} else {
+			onlyOlder += n
+		}
+	}
+	return cur, onlyOlder, err
 }
 
 // newMeshSecret is 32 random bytes, URL-safe base64.
@@ -230,6 +252,21 @@ type Export struct {
 	Kind       string         `json:"kind"`
 	ExportedAt time.Time      `json:"exported_at"`
 	Secrets    []ExportedCopy `json:"secrets"`
+	// Licences are every sealed copy of every kept version of every
+	// licence: each opens with the operator key alone.
+	Licences []ExportedLicenceCopy `json:"licences"`
+}
+
+// ExportedLicenceCopy is one licence copy in an export: the operator's own
+// (kind operator; kind refresh for a refresh token), or a holder's.
+type ExportedLicenceCopy struct {
+	Licence     string    `json:"licence"`
+	Version     int64     `json:"version"`
+	Kind        string    `json:"kind"`
+	Holder      string    `json:"holder,omitempty"`
+	OperatorKey string    `json:"operator_key"`
+	SealedAt    time.Time `json:"sealed_at"`
+	Sealed      string    `json:"sealed"`
 }
 
 // ExportedCopy is one sealed copy in an export.
@@ -256,10 +293,21 @@ func (c *Controller) SecretExport(ctx context.Context, out string) ([]byte, int,
 	if err != nil {
 		return nil, 0, err
 	}
-	e := Export{Kind: exportKind, ExportedAt: c.Now().UTC().Truncate(time.Second), Secrets: []ExportedCopy{}}
+	lcs, err := st.Licences.Copies(ctx, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	e := Export{Kind: exportKind, ExportedAt: c.Now().UTC().Truncate(time.Second), Secrets: []ExportedCopy{}, Licences: []ExportedLicenceCopy{}}
 	for _, cp := range copies {
 		e.Secrets = append(e.Secrets, ExportedCopy{Node: cp.Node, Module: cp.Module, Name: cp.Name, Version: cp.Version,
 			OperatorKey: cp.OperatorKey, SealedAt: cp.SealedAt, Sealed: cp.Sealed})
+	}
+	for _, cp := range lcs {
+		ec := ExportedLicenceCopy{Licence: cp.Licence, Version: cp.Version, Kind: cp.Kind, OperatorKey: cp.OperatorKey, SealedAt: cp.SealedAt, Sealed: cp.Sealed}
+		if cp.Node != "" {
+			ec.Holder = cp.Node + "/" + cp.Module
+		}
+		e.Licences = append(e.Licences, ec)
 	}
 	b, err := json.MarshalIndent(e, "", "  ")
 	if err != nil {
@@ -267,9 +315,9 @@ func (c *Controller) SecretExport(ctx context.Context, out string) ([]byte, int,
 	}
 	b = append(b, '\n')
 	if out != "" {
-		return nil, len(e.Secrets), writeExclusive(out, b)
+		return nil, len(e.Secrets) + len(e.Licences), writeExclusive(out, b)
 	}
-	return b, len(e.Secrets), nil
+	return b, len(e.Secrets) + len(e.Licences), nil
 }
 
 // RecoverRequest is a break-glass recovery.
@@ -281,6 +329,10 @@ type RecoverRequest struct {
 	Out string
 	// FromExport reads the sealed copy from an export instead of the store.
 	FromExport string
+	// Licence, if set, recovers that licence's token (the operator's own
+	// copy) instead of a secret: of Version, or of its current version (0).
+	Licence string
+	Version int64
 }
 
 // Recovered is what secret recover did.
@@ -293,14 +345,53 @@ type Recovered struct {
 }
 
 // SecretRecover opens the operator-sealed copy with the operator key into a
-// new 0600 file, and records the act (never the value).
+// new 0600 file, and records the act (never the value). A licence's token
+// is recovered the same way (r.Licence).
 func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
+	if r.Licence != "" {
+		return c.licenceRecover(ctx, r)
+	}
 	if err := CheckNames(r.Node, r.Module); err != nil {
 		return Recovered{}, err
 	}
 	if r.Out == "" {
 		r.Out = fmt.Sprintf("%s-%s-%s.secret", r.Node, r.Module, r.Name)
 	}
+	want := protocol.Label{Node: r.Node, Module: r.Module, Name: r.Name}
+	return c.recoverCopy(ctx, r, want, "secret recover "+r.Node+"/"+r.Module+"/"+r.Name, "the secrets store", func(st *Stores) (string, error) {
+		if r.FromExport != "" {
+			return fromExport(r.FromExport, r.Node, r.Module, r.Name)
+		}
+		cp, err := st.Secrets.Copy(ctx, r.Node, r.Module, r.Name)
+		return cp.Sealed, err
+	})
+}
+
+// licenceRecover opens a licence's own operator copy of a version.
+func (c *Controller) licenceRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
+	if err := CheckName(r.Licence); err != nil {
+		return Recovered{}, err
+	}
+	want := protocol.OperatorLicenceLabel(r.Licence, licences.KindOperator, r.Version)
+	if r.Out == "" {
+		r.Out = fmt.Sprintf("licence-%s.token", r.Licence)
+		if r.Version > 0 {
+			r.Out = fmt.Sprintf("licence-%s-v%d.token", r.Licence, r.Version)
+		}
+	}
+	return c.recoverCopy(ctx, r, want, "secret recover --licence "+r.Licence, "the licences store", func(st *Stores) (string, error) {
+		if r.FromExport != "" {
+			return licenceFromExport(r.FromExport, r.Licence, r.Version)
+		}
+		cp, err := st.Licences.OperatorCopy(ctx, r.Licence, r.Version)
+		return cp.Sealed, err
+	})
+}
+
+// recoverCopy opens the copy find gives (st is nil when reading an export
+// needs no store) with the operator key into r.Out, checks it is want, and
+// records the act as what, read from source (or the export).
+func (c *Controller) recoverCopy(ctx context.Context, r RecoverRequest, want protocol.Label, what, source string, find func(st *Stores) (string, error)) (Recovered, error) {
 	if _, err := os.Lstat(r.Out); err == nil {
 		return Recovered{}, fmt.Errorf("%s %w", r.Out, errOutExists)
 	}
@@ -308,23 +399,17 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 	if err != nil {
 		return Recovered{}, err
 	}
-	var sealed string
-	if r.FromExport != "" {
-		if sealed, err = fromExport(r.FromExport, r.Node, r.Module, r.Name); err != nil {
+	var st *Stores
+	if r.FromExport == "" {
+		if st, err = c.stores(ctx); err != nil {
 			return Recovered{}, err
 		}
-	} else {
-		st, err := c.stores(ctx)
-		if err != nil {
-			return Recovered{}, err
-		}
-		cp, err := st.Secrets.Copy(ctx, r.Node, r.Module, r.Name)
-		if err != nil {
-			return Recovered{}, err
-		}
-		sealed = cp.Sealed
 	}
-	v, label, err := protocol.OpenSealed(sealed, protocol.Label{Node: r.Node, Module: r.Module, Name: r.Name}, identities...)
+	sealed, err := find(st)
+	if err != nil {
+		return Recovered{}, err
+	}
+	v, label, err := protocol.OpenSealed(sealed, want, identities...)
 	var noMatch *age.NoIdentityMatchError
 	if errors.As(err, &noMatch) {
 		return Recovered{}, fmt.Errorf("%s %w", r.KeyFile, ErrWrongOperatorKey)
@@ -332,23 +417,23 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 	if err != nil {
 		return Recovered{}, err
 	}
-	if err := writeExclusive(r.Out, v.Reveal()); err != nil {
+	err = writeExclusive(r.Out, v.Reveal())
+	clear(v.Reveal())
+	if err != nil {
 		return Recovered{}, err
 	}
 	out := Recovered{Out: r.Out, Version: label.Version}
 	// The act is recorded where the mesh still has a health store; when the
 	// mesh itself is lost, recovering from an export must still work.
-	st, err := c.stores(ctx)
-	if err != nil {
+	if st, err = c.stores(ctx); err != nil {
 		out.NotRecorded = err.Error()
 		return out, nil
 	}
-	source := "the secrets store"
 	if r.FromExport != "" {
 		source = "the export " + r.FromExport
 	}
 	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), Cause: "break-glass", Who: who(),
-		What: fmt.Sprintf("secret recover %s/%s/%s version %d from %s", r.Node, r.Module, r.Name, label.Version, source),
+		What: fmt.Sprintf("%s version %d from %s", what, label.Version, source),
 		Why:  "break-glass recovery with the operator key"})
 	if err != nil {
 		out.NotRecorded = err.Error()
@@ -371,14 +456,42 @@ func readOperatorKey(file string) ([]age.Identity, error) {
 	return ids, nil
 }
 
-func fromExport(file, node, module, name string) (string, error) {
+// readExport reads a secret export for break-glass recovery.
+func readExport(file string) (Export, error) {
 	b, err := ReadInput(file, MaxExportBytes, "a secret export")
 	if err != nil {
-		return "", err
+		return Export{}, err
 	}
 	var e Export
 	if err := json.Unmarshal(b, &e); err != nil || e.Kind != exportKind {
-		return "", fmt.Errorf("%s %w", file, ErrNotAnExport)
+		return Export{}, fmt.Errorf("%s %w", file, ErrNotAnExport)
+	}
+	return e, nil
+}
+
+// licenceFromExport is a licence's operator copy of a version (0: the
+// newest in the export).
+func licenceFromExport(file, licence string, version int64) (string, error) {
+	e, err := readExport(file)
+	if err != nil {
+		return "", err
+	}
+	var found *ExportedLicenceCopy
+	for i, l := range e.Licences {
+		if l.Licence == licence && l.Kind == licences.KindOperator && (version == 0 && (found == nil || l.Version > found.Version) || l.Version == version) {
+			found = &e.Licences[i]
+		}
+	}
+	if found == nil {
+		return "", fmt.Errorf("licence %s: %w", licence, ErrNotInExport)
+	}
+	return found.Sealed, nil
+}
+
+func fromExport(file, node, module, name string) (string, error) {
+	e, err := readExport(file)
+	if err != nil {
+		return "", err
 	}
 	for _, s := range e.Secrets {
 		if s.Node == node && s.Module == module && s.Name == name {

@@ -153,11 +153,21 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})
 			return err
 		},
+		Due: func(ctx context.Context, nc *nats.Conn) ([]daemon.Due, error) {
+			return c.licencesDue(ctx, st, nc)
+		},
 		Connected:      archive.EnsureBucket,
 		DispatchBuilds: c.DispatchBuilds,
 		Sweep: func(ctx context.Context, nc *nats.Conn) (string, error) {
 			r, err := c.Sweep(ctx, nc)
-			return r.String(), err
+			// Superseded licence versions past their grace period, a
+			// bounded number each sweep, whatever became of the archives.
+			n, derr := st.Licences.Discard(ctx, c.Now(), maxDiscards)
+			line := r.String()
+			if n > 0 {
+				line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
+			}
+			return line, errors.Join(err, derr)
 		},
 		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
 			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Logger: log, Notify: notify})
@@ -195,9 +205,8 @@ func (st *Stores) shown() []daemon.StoreShown {
 	return out
 }
 
-// fencedContexts are the contexts whose stores keep a fence (licences has
-// no store of its own yet).
-var fencedContexts = []string{"inventory", "identity", "secrets", "builds", "health"}
+// fencedContexts are the contexts whose stores keep a fence: every one.
+var fencedContexts = []string{"inventory", "identity", "secrets", "licences", "builds", "health"}
 
 // raiseFences raises every store's fence to a new lease generation: from
 // then on each refuses a write carrying an older one.
@@ -451,7 +460,7 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 	// An act may be declaring these very nodes now (it moved their plans
 	// before this snapshot, and keeps its declarations after): only those
 	// still behind when the serials are read are declared here.
-	dec := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
+	dec := &declarer{inv: st.Inventory, sec: st.Secrets, lic: st.Licences, ids: st.Identity, key: key, nc: nc, now: c.Now, ifBehind: true}
 	defer func() { observeDeclare(c.metrics, dec.took) }()
 	for _, p := range dec.declare(ctx, snap, ahead) {
 		if p.Declared {

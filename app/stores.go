@@ -9,6 +9,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/sqlite"
 	"mesh-controller/migrations"
@@ -22,10 +23,10 @@ type Stores struct {
 	Inventory *inventory.Store
 	Identity  *identity.Store
 	Secrets   *secrets.Store
+	Licences  *licences.Store
 	Health    *health.Store
 	Builds    *builds.Store
-	// dbs are the open files by context, for probes and backups; the
-	// licences context has no store type of its own yet.
+	// dbs are the open files by context, for probes and backups.
 	dbs map[string]*sqlite.DB
 	// failed are the stores that could not be opened, and why.
 	failed map[string]error
@@ -82,6 +83,9 @@ func (c *Controller) openStores(ctx context.Context) *Stores {
 	}
 	if db := st.dbs["secrets"]; db != nil {
 		st.Secrets = secrets.NewStore(db)
+	}
+	if db := st.dbs["licences"]; db != nil {
+		st.Licences = licences.NewStore(db)
 	}
 	if db := st.dbs["health"]; db != nil {
 		st.Health = health.NewStore(db)

@@ -214,6 +214,9 @@ type UseCases struct {
 	Connected func(ctx context.Context, nc *nats.Conn, replicas int) error
 	// ReAsk asks a dead build again under a new id (the re-ask healer).
 	ReAsk func(ctx context.Context, id string) error
+	// Due are the timed healers' acts due now (a licence to refresh),
+	// each done once under the brake, after the self-check. Nil: none.
+	Due func(ctx context.Context, nc *nats.Conn) ([]Due, error)
 	// DispatchBuilds offers waiting asks to builders and expires the late.
 	DispatchBuilds func(ctx context.Context, nc *nats.Conn) (lines []string, err error)
 	// Sweep lets go the archives nobody needs and prunes the builds

@@ -56,6 +56,16 @@ var Healers = []Healer{
 			d.kickBuilds()
 			return nil
 		}},
+	// A timed healer: no condition makes its acts due, a clock does
+	// (UseCases.Due); its acts count against the brake all the same.
+	{Name: "refresh-licence", What: "refresh a licence through its manager at 80 % of its current version's life, once per version (an hour apart if it fails)"},
+}
+
+// Due is an act a clock made due rather than a condition (a timed
+// healer's): Healer names it, Detail makes it once per subject.
+type Due struct {
+	Healer, Subject, Detail string
+	Act                     func(ctx context.Context) error
 }
 
 func resendLatest(ctx context.Context, d *daemon, c health.Condition) error {
@@ -93,35 +103,54 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 	for _, a := range recent {
 		done[a.Healer+"|"+a.Subject+"|"+a.Detail] = true
 	}
+	// act does one act once, records it, and says whether the brake
+	// engaged after it.
+	act := func(healer, subject, condition, detail string, do func() error) (bool, error) {
+		if done[healer+"|"+subject+"|"+detail] {
+			return false, nil
+		}
+		outcome := "done"
+		if err := do(); err != nil {
+			outcome = "failed: " + err.Error()
+		}
+		a := health.HealerAct{Healer: healer, Subject: subject, Condition: condition, Detail: detail, Outcome: outcome, At: now}
+		if err := d.st.Health.RecordHealerAct(ctx, a); err != nil {
+			return false, fmt.Errorf("record healer %s's act on %s: %w", healer, subject, err)
+		}
+		d.log.Info("healer acted", "healer", healer, "condition", subject, "detail", detail, "outcome", outcome)
+		d.o.Metrics.HealerActed(healer, outcome != "done")
+		recent = append(recent, a)
+		done[healer+"|"+subject+"|"+detail] = true
+		if why := BrakeWhy(recent, limits, now); why != "" {
+			if err := d.st.Health.EngageBrake(ctx, why, now); err != nil {
+				return false, fmt.Errorf("engage the brake (%s): %w", why, err)
+			}
+			d.log.Warn("healers' brake engaged", "why", why)
+			d.o.Metrics.BrakeEngaged()
+			return true, nil
+		}
+		return false, nil
+	}
 	for _, c := range open {
 		for _, h := range Healers {
-			if h.Kind != c.Kind {
+			if h.Kind == "" || h.Kind != c.Kind {
 				continue
 			}
-			detail := h.detail(c)
-			if done[h.Name+"|"+c.Key+"|"+detail] {
-				continue
+			if braked, err := act(h.Name, c.Key, c.Key, h.detail(c), func() error { return h.act(ctx, d, c) }); braked || err != nil {
+				return err
 			}
-			outcome := "done"
-			if err := h.act(ctx, d, c); err != nil {
-				outcome = "failed: " + err.Error()
-			}
-			a := health.HealerAct{Healer: h.Name, Subject: c.Key, Condition: c.Key, Detail: detail, Outcome: outcome, At: now}
-			if err := d.st.Health.RecordHealerAct(ctx, a); err != nil {
-				return fmt.Errorf("record healer %s's act on %s: %w", h.Name, c.Key, err)
-			}
-			d.log.Info("healer acted", "healer", h.Name, "condition", c.Key, "detail", detail, "outcome", outcome)
-			d.o.Metrics.HealerActed(h.Name, outcome != "done")
-			recent = append(recent, a)
-			done[h.Name+"|"+c.Key+"|"+detail] = true
-			if why := BrakeWhy(recent, limits, now); why != "" {
-				if err := d.st.Health.EngageBrake(ctx, why, now); err != nil {
-					return fmt.Errorf("engage the brake (%s): %w", why, err)
-				}
-				d.log.Warn("healers' brake engaged", "why", why)
-				d.o.Metrics.BrakeEngaged()
-				return nil
-			}
+		}
+	}
+	if d.u.Due == nil {
+		return nil
+	}
+	due, err := d.u.Due(ctx, d.nc)
+	if err != nil {
+		return fmt.Errorf("read the acts due: %w", err)
+	}
+	for _, u := range due {
+		if braked, err := act(u.Healer, u.Subject, "", u.Detail, func() error { return u.Act(ctx) }); braked || err != nil {
+			return err
 		}
 	}
 	return nil

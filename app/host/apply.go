@@ -262,6 +262,9 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 		if len(m.WaitingFor) > 0 {
 			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
 		}
+		if len(m.WaitingForLicences) > 0 {
+			waiting = append(waiting, fmt.Sprintf("%s waits for licences %v", m.Module, m.WaitingForLicences))
+		}
 		for _, sf := range sealed[i] {
 			rel := sf.Rel
 			v, _, err := protocol.OpenSealed(sf.Sealed, sf.Label, st.Age)

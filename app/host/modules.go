@@ -48,6 +48,10 @@ type runRecord struct {
 	Settings bool              `json:"settings,omitempty"`
 	Creds    bool              `json:"creds,omitempty"`
 	Sealed   []string          `json:"sealed,omitempty"`
+	// Licences are the licences it holds, each named in its environment.
+	Licences []string `json:"licences,omitempty"`
+	// Manages are the licences whose refresh tokens it holds.
+	Manages []string `json:"manages,omitempty"`
 }
 
 // runRecords are the modules of a verified declaration as the host runs
@@ -63,7 +67,7 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 	for i, m := range d.Modules {
 		sum := sha256.Sum256(raw[i])
 		r := runRecord{Module: m.Module, Version: m.Version, Serial: d.Serial, DeclaredAt: d.IssuedAt, Digest: hex.EncodeToString(sum[:]), Run: m.Run, Ports: m.Ports,
-			MemoryMB: m.MemoryMB, WaitingFor: m.WaitingFor, Data: map[string]string{}, Creds: m.BrokerCreds != ""}
+			MemoryMB: m.MemoryMB, WaitingFor: slices.Clip(m.WaitingFor), Data: map[string]string{}, Creds: m.BrokerCreds != ""}
 		if old, ok := before[m.Module]; ok && old.Digest == r.Digest {
 			r.Serial, r.DeclaredAt = old.Serial, old.DeclaredAt
 		}
@@ -86,6 +90,17 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 		}
 		for _, sf := range protocol.SealedFiles(d.Node, m) {
 			r.Sealed = append(r.Sealed, sf.Rel)
+		}
+		for _, l := range m.Licences {
+			r.Licences = append(r.Licences, l.Name)
+		}
+		for _, l := range m.Manages {
+			r.Manages = append(r.Manages, l.Name)
+		}
+		// A licence its manifest needs and it does not hold keeps it from
+		// starting, as a secret not given yet does.
+		for _, l := range m.WaitingForLicences {
+			r.WaitingFor = append(r.WaitingFor, "licence "+l)
 		}
 		out = append(out, r)
 	}
@@ -166,6 +181,12 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 		for _, name := range names {
 			p := abs(strings.TrimPrefix(r.Data[name], "/"))
 			env = append(env, "MESH_DATA_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))+"="+p)
+		}
+		for _, l := range r.Licences {
+			env = append(env, protocol.LicenceEnv(l)+"="+abs(protocol.LicenceFile(r.Module, l)))
+		}
+		for _, l := range r.Manages {
+			env = append(env, protocol.RefreshEnv(l)+"="+abs(protocol.RefreshFile(r.Module, l)))
 		}
 		keys := make([]string, 0, len(r.Run.Env))
 		for k := range r.Run.Env {

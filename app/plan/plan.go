@@ -127,6 +127,11 @@ type Planner struct {
 	// creds are the modules' own broker users, sealed to their nodes, by
 	// node/module.
 	creds map[string]string
+	// licences are the licence copies each module holds, by node/module.
+	licences map[string][]Sealed
+	// managed are the refresh-token copies each manager holds, by
+	// node/module.
+	managed map[string][]Sealed
 	// render renders the packet filter of a node the mesh owns one on,
 	// from its plan's body; nil: none can be.
 	render FilterRender
@@ -152,6 +157,20 @@ type FilterRender func(body protocol.Declaration, f inventory.Filter) (string, e
 // node, by node/module: a declared module carries its own.
 func (pl *Planner) WithCreds(creds map[string]string) *Planner {
 	pl.creds = creds
+	return pl
+}
+
+// WithLicences gives the planner the copy of each licence a module holds
+// (its current version, sealed to its node), by node/module.
+func (pl *Planner) WithLicences(held map[string][]Sealed) *Planner {
+	pl.licences = held
+	return pl
+}
+
+// WithManaged gives the planner the refresh token of each licence a module
+// manages (sealed to its node), by node/module.
+func (pl *Planner) WithManaged(managed map[string][]Sealed) *Planner {
+	pl.managed = managed
 	return pl
 }
 
@@ -253,6 +272,19 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 				pm.WaitingFor = append(pm.WaitingFor, sec.Name)
 			}
 		}
+		held := map[string]bool{}
+		for _, l := range pl.licences[node+"/"+a.Module] {
+			pm.Licences = append(pm.Licences, protocol.DeclaredLicence{Name: l.Name, Version: l.Version, Sealed: l.Sealed})
+			held[l.Name] = true
+		}
+		for _, l := range pl.managed[node+"/"+a.Module] {
+			pm.Manages = append(pm.Manages, protocol.DeclaredLicence{Name: l.Name, Version: l.Version, Sealed: l.Sealed})
+		}
+		for _, need := range m.Licences {
+			if !held[need.Name] {
+				pm.WaitingForLicences = append(pm.WaitingForLicences, need.Name)
+			}
+		}
 		for _, d := range m.Data {
 			pm.Data = append(pm.Data, protocol.DeclaredData{Name: d.Name, Path: d.Path, Precious: d.Precious})
 		}
@@ -267,6 +299,9 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		}
 		if len(pm.WaitingFor) > 0 {
 			why = append(why, "waits for secrets: "+strings.Join(waitingReasons(m, pm.WaitingFor, n.Joined), ", "))
+		}
+		for _, l := range pm.WaitingForLicences {
+			why = append(why, fmt.Sprintf("waits for licence %s (a person gives it: mesh-controller licence use %s %s/%s --key OPERATOR-KEY)", l, l, node, a.Module))
 		}
 		for _, need := range m.Needs {
 			ch, ok := pl.bindings[inventory.BindingKey(node, a.Module, need.Provision)]

@@ -257,6 +257,27 @@ func (d Declaration) Problems() []string {
 			credential(g+".credential_name", c.CredentialName)
 		}
 
+		for _, fl := range []struct {
+			field string
+			ls    []DeclaredLicence
+		}{{"licences", m.Licences}, {"manages", m.Manages}} {
+			field, ls := fl.field, fl.ls
+			atMost(f+"."+field, len(ls), MaxSecrets)
+			seen := map[string]int{}
+			for j, l := range ls {
+				g := fmt.Sprintf("%s.%s[%d].name", f, field, j)
+				name(g, l.Name)
+				if ValidName(l.Name) {
+					// Only a valid name counts, as with secrets.
+					twice(seen, j, g, l.Name, "named", "")
+				}
+			}
+		}
+		atMost(f+".waiting_for_licences", len(m.WaitingForLicences), MaxWaitingFor)
+		for j, l := range m.WaitingForLicences {
+			name(fmt.Sprintf("%s.waiting_for_licences[%d]", f, j), l)
+		}
+
 		atMost(f+".waiting_for", len(m.WaitingFor), MaxWaitingFor)
 		for j, s := range m.WaitingFor {
 			if !ValidSecretName(s) {

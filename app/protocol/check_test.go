@@ -93,6 +93,12 @@ func TestDeclaration_Problems(t *testing.T) {
 		{"secret twice", func(d *Declaration) {
 			d.Modules[0].Secrets = append(d.Modules[0].Secrets, DeclaredSecret{Name: "admin_password"})
 		}, "modules[0].secrets[1].name", "named twice"},
+		{"managed licence path", func(d *Declaration) {
+			d.Modules[0].Manages = []DeclaredLicence{{Name: "../x", Version: 1, Sealed: "x"}}
+		}, "modules[0].manages[0].name", "not a valid name"},
+		{"managed licence twice", func(d *Declaration) {
+			d.Modules[0].Manages = []DeclaredLicence{{Name: "chat", Version: 1, Sealed: "x"}, {Name: "chat", Version: 1, Sealed: "y"}}
+		}, "modules[0].manages[1].name", "named twice"},
 		{"binding provision path", func(d *Declaration) { d.Modules[0].Bindings[0].Provision = "../x" }, "modules[0].bindings[0].provision", "not a valid name"},
 		{"binding provision missing", func(d *Declaration) { d.Modules[0].Bindings[0].Provision = "" }, "modules[0].bindings[0].provision", "missing"},
 		{"binding twice", func(d *Declaration) {

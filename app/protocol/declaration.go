@@ -117,6 +117,14 @@ type DeclaredModule struct {
 	// Consumers are a provider's consumers, their access and credentials.
 	Consumers []DeclaredConsumer `json:"consumers,omitempty"`
 	Data      []DeclaredData     `json:"data"`
+	// Licences are the licences it holds, each sealed to the node (and the
+	// operator): its host writes each beside its secrets and names it in
+	// its environment (LicenceEnv).
+	Licences []DeclaredLicence `json:"licences,omitempty"`
+	// Manages are the refreshable licences it manages: each its refresh
+	// token, sealed to the node (and the operator); its host writes each
+	// beside its licences and names it in its environment (RefreshEnv).
+	Manages []DeclaredLicence `json:"manages,omitempty"`
 	// MemoryMB is the manifest's requires.memory_mb: a host that can
 	// bounds the module's memory to it.
 	MemoryMB int64  `json:"memory_mb,omitempty"`
@@ -132,6 +140,17 @@ type DeclaredModule struct {
 	// WaitingFor names secrets the module waits for: its host does not start
 	// it half-configured.
 	WaitingFor []string `json:"waiting_for,omitempty"`
+	// WaitingForLicences names licences its manifest needs that it does
+	// not hold yet: its host does not start it without them either.
+	WaitingForLicences []string `json:"waiting_for_licences,omitempty"`
+}
+
+// DeclaredLicence is one version of a licence's token, sealed to the node
+// (and the operator).
+type DeclaredLicence struct {
+	Name    string `json:"name"`
+	Sealed  string `json:"sealed"`
+	Version int64  `json:"version"`
 }
 
 // Archive names a built module's archive: content-addressed by its sha256.

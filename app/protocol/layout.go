@@ -66,6 +66,12 @@ func SealedFiles(node string, m DeclaredModule) []SealedFile {
 	for _, s := range m.Secrets {
 		out = append(out, SealedFile{path.Join(dir, "secrets", s.Name), s.Sealed, Label{Node: node, Module: m.Module, Name: s.Name, Version: s.Version}})
 	}
+	for _, l := range m.Licences {
+		out = append(out, SealedFile{LicenceFile(m.Module, l.Name), l.Sealed, LicenceLabel(node, m.Module, l.Name, l.Version)})
+	}
+	for _, l := range m.Manages {
+		out = append(out, SealedFile{RefreshFile(m.Module, l.Name), l.Sealed, RefreshLabel(node, m.Module, l.Name, l.Version)})
+	}
 	for _, b := range m.Bindings {
 		if b.Credential == "" {
 			continue
@@ -82,4 +88,49 @@ func SealedFiles(node string, m DeclaredModule) []SealedFile {
 			Label{Node: node, Module: m.Module, Name: c.CredentialName, Version: c.CredentialVersion}})
 	}
 	return out
+}
+
+// LicenceFile is where, beneath a host's root, a module's copy of a licence
+// is written: beside its secrets, in its own directory.
+func LicenceFile(module, licence string) string {
+	return path.Join(ModulesDir, module, "licences", licence)
+}
+
+// LicenceEnv is the environment variable that names a held licence's file:
+// MESH_LICENCE_ and its name in upper case, '-' as '_'.
+func LicenceEnv(licence string) string {
+	return "MESH_LICENCE_" + strings.ToUpper(strings.ReplaceAll(licence, "-", "_"))
+}
+
+// LicenceLabel labels a holder's copy of a licence. A licence's name is a
+// name (no '/'), so "licence/NAME" is never a secret's or credential's name.
+func LicenceLabel(node, module, licence string, version int64) Label {
+	return Label{Node: node, Module: module, Name: "licence/" + licence, Version: version}
+}
+
+// OperatorLicenceLabel labels a licence's copy sealed to the operator key
+// alone; kind is "operator" (its token) or "refresh" (its refresh token).
+// '*' is never a node's or module's name.
+func OperatorLicenceLabel(licence, kind string, version int64) Label {
+	return Label{Node: "*", Module: "*", Name: kind + "/" + licence, Version: version}
+}
+
+// RefreshFile is where, beneath a host's root, a managing module's copy of
+// a licence's refresh token is written: beside the licence's own file, as
+// NAME.refresh (a licence's name has no '.').
+func RefreshFile(module, licence string) string {
+	return path.Join(ModulesDir, module, "licences", licence+".refresh")
+}
+
+// RefreshEnv is the environment variable that names a managed licence's
+// refresh token file: MESH_REFRESH_ and its name in upper case, '-' as
+// '_'. A family of its own: MESH_LICENCE_<NAME>_REFRESH could be another
+// licence's (NAME-refresh) variable.
+func RefreshEnv(licence string) string {
+	return "MESH_REFRESH_" + strings.ToUpper(strings.ReplaceAll(licence, "-", "_"))
+}
+
+// RefreshLabel labels a manager's copy of a licence's refresh token.
+func RefreshLabel(node, module, licence string, version int64) Label {
+	return Label{Node: node, Module: module, Name: "licence-refresh/" + licence, Version: version}
 }

@@ -10,6 +10,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/contexts/secrets"
 	"mesh-controller/embedded/postgres"
 	"mesh-controller/embedded/sqlite"
@@ -154,6 +155,14 @@ func hint(err error) string {
 		return "start its host ('mesh-host run'), or see 'mesh-controller node show NODE'"
 	case errors.Is(err, app.ErrNoSuchTool):
 		return "ask one of the tools its manifest names"
+	case errors.Is(err, licences.ErrNotRefreshable):
+		return "a licence added without --refreshable is replaced, not refreshed: add its replacement with 'mesh-controller licence add'"
+	case errors.Is(err, licences.ErrNoManager):
+		return "name one with 'mesh-controller licence manager NAME NODE/MODULE --key OPERATOR-KEY'"
+	case errors.Is(err, app.ErrNoRefreshTool):
+		return "name as manager a module whose manifest has the tool refresh"
+	case errors.Is(err, app.ErrBadRefresh):
+		return "read the manager's log ('mesh-controller logs NODE MODULE'); its holders keep the old token"
 	case errors.Is(err, app.ErrNoInstance):
 		return "see where it runs and its state ('mesh-controller status', 'mesh-controller node show NODE')"
 	case errors.Is(err, app.ErrNoAnswer):
@@ -190,8 +199,28 @@ func hint(err error) string {
 		return "give a file 'mesh-controller secret export' wrote"
 	case errors.Is(err, app.ErrBadRecipient):
 		return "give the public half printed by 'mesh-controller operator key make'"
-	case errors.Is(err, app.ErrEmptySecret):
+	case errors.Is(err, app.ErrEmptySecret), errors.Is(err, app.ErrEmptyLicence):
 		return "give the value itself"
+	case errors.Is(err, app.ErrNotTokens), errors.Is(err, app.ErrNoRefresh), errors.Is(err, app.ErrNoAccess):
+		return `write a refreshable licence's file as {"access_token": "…", "refresh_token": "…", "expires_at": "RFC 3339"}, or add it without --refreshable`
+	case errors.Is(err, app.ErrBadExpires):
+		return "give --expires as 2027-01-31T00:00:00Z, 720h or 90d"
+	case errors.Is(err, app.ErrExpired):
+		return "give the token's real expiry, or a fresh token"
+	case errors.Is(err, app.ErrBadProvider):
+		return "name the provider as a name, such as openai"
+	case errors.Is(err, licences.ErrExists):
+		return "choose another name, or see 'mesh-controller licence list'"
+	case errors.Is(err, licences.ErrNoLicence):
+		return "see the licences with 'mesh-controller licence list', or add it with 'mesh-controller licence add'"
+	case errors.Is(err, licences.ErrHeld):
+		return "nothing to do ('mesh-controller licence list' shows its holders)"
+	case errors.Is(err, licences.ErrNotHeld):
+		return "see its holders with 'mesh-controller licence list'"
+	case errors.Is(err, licences.ErrVersionMoved):
+		return "it was refreshed meanwhile: run the command again"
+	case errors.Is(err, licences.ErrNoCopy):
+		return "see which versions are kept with 'mesh-controller licence key NAME'"
 	case errors.Is(err, secrets.ErrNoSecret):
 		return "see which secrets the mesh holds with 'mesh-controller secret export'"
 	case errors.Is(err, health.ErrNoCondition):
@@ -204,7 +233,9 @@ func hint(err error) string {
 		return "give --cause one word, such as disk or network"
 	case errors.Is(err, inventory.ErrSeatNotFound):
 		return "see the seats with 'mesh-controller seats'"
-	case errors.Is(err, app.ErrNotReplicated), errors.Is(err, app.ErrCannotHold), errors.Is(err, app.ErrHolderForm):
+	case errors.Is(err, app.ErrHolderForm):
+		return "write it as NODE/MODULE, such as web1/paperless"
+	case errors.Is(err, app.ErrNotReplicated), errors.Is(err, app.ErrCannotHold):
 		return "see 'mesh-controller seats'"
 	case errors.Is(err, app.ErrEmptyReplace):
 		return "back the data up or move it first, or add --yes --why \"...\" to go ahead all the same (the hand-act log records that choice)"

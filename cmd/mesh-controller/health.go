@@ -382,7 +382,11 @@ func (c *HealersListCmd) Run(env *Env) error {
 		return printJSON(env.Stdout, v)
 	}
 	for _, h := range v.Healers {
-		fmt.Fprintf(env.Stdout, "%s (on %s): %s\n", h.Name, h.Kind, h.What)
+		on := "on " + h.Kind
+		if h.Kind == "" {
+			on = "on a clock" // a timed healer: no condition makes its acts due
+		}
+		fmt.Fprintf(env.Stdout, "%s (%s): %s\n", h.Name, on, h.What)
 	}
 	if v.Brake.Engaged {
 		fmt.Fprintf(env.Stdout, "brake: ENGAGED since %s: %s\n", v.Brake.EngagedAt.Format(timeShown), v.Brake.Why)

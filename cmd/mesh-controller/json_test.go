@@ -71,6 +71,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"plan", "nas1"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"operator", "key", "show"}},
+		{args: []string{"licence", "list"}},
+		{args: []string{"licence", "key", "translation"}},
 		{args: []string{"status"}},
 		{args: []string{"conditions"}},
 		{args: []string{"conditions", "show", conditions[0].Key}},
@@ -264,6 +266,18 @@ func populate(t *testing.T, dir, examples string) {
 	c.Close()
 
 	mc(t, "secret", "accept", "web2", "paperless", "ocr_licence", "--from", settings)
+	opKey := filepath.Join(dir, "op.key")
+	if err := os.WriteFile(opKey, []byte(operatorIdentity+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	translator := filepath.Join(dir, "translator.json")
+	if err := os.WriteFile(translator, []byte(`{"module": "translator", "version": "1.0.0", "licences": [{"name": "translation"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mc(t, "module", "add", translator)
+	mc(t, "assign", "web2", "translator") // needs the licence, and does not hold it
+	mc(t, "licence", "add", "translation", "--provider", "deepl", "--from", settings, "--expires", "720h")
+	mc(t, "licence", "use", "translation", "web2/paperless", "--key", opKey)
 	mc(t, "doctor", "run") // raises conditions; the listing's doctor run finds them changed or not
 	var open []health.Condition
 	if err := json.Unmarshal([]byte(mc(t, "conditions", "--json")), &open); err != nil || len(open) == 0 {
@@ -271,6 +285,10 @@ func populate(t *testing.T, dir, examples string) {
 	}
 	mc(t, "conditions", "silence", open[0].Key, "--for", "1h", "--why", "known")
 }
+
+// operatorIdentity is operatorKey's private half: licence use opens the
+// licence's operator copy with it.
+const operatorIdentity = "AGE-SECRET-KEY-1HFLZ9G0DW9Z27WWPQ0V9FXT9PJLACNFPUFDLRU24WQVAN45GGLWSHX88M8"
 
 // operatorKey is an age public key; the test never opens what is sealed to it.
 const operatorKey = "age1qw9z92zmyjj7ef5qdauyxtg2t7qeanlwt0wsencparm9fryhkdcqyh25r9"

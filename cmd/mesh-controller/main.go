@@ -67,6 +67,7 @@ type CLI struct {
 	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
 	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
 	Secret     SecretCmd     `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
+	Licence    LicenceCmd    `cmd:"" help:"Licences: access to a model or an outside service under the name a person calls it, sealed to the modules that hold it."`
 	Status     StatusCmd     `cmd:"" help:"What is wrong, what is quiet, what is out of date."`
 	Conditions ConditionsCmd `cmd:"" help:"Open conditions, urgent first (show, silence, history)."`
 	Doctor     DoctorCmd     `cmd:"" help:"The self-check: the last verdict (run, probes, signals)."`

@@ -309,6 +309,9 @@ func (c *AssignCmd) Run(env *Env) error {
 			if len(m.Unverified) > 0 {
 				fmt.Fprintf(env.Stderr, "%s: not verified yet (%s has not reported those facts): %s\n", m.Module, a.Node, strings.Join(m.Unverified, ", "))
 			}
+			for _, l := range m.LicencesNotHeld {
+				fmt.Fprintf(env.Stderr, "%s: needs licence %s, not held yet: it waits until 'mesh-controller licence use %s %s/%s --key OPERATOR-KEY'\n", m.Module, l, l, a.Node, m.Module)
+			}
 			if len(m.Unmet) > 0 {
 				fmt.Fprintf(env.Stderr, "%s: optional %s not provided by anything in the mesh\n", m.Module, strings.Join(m.Unmet, ", "))
 			}
@@ -399,6 +402,9 @@ func printUnassigned(env *Env, r app.Unassigned) {
 	}
 	for _, w := range r.Waiting {
 		fmt.Fprintf(env.Stdout, "  %s keeps %s data for %s: kept, waiting for a person to retire it ('mesh-controller retire')\n", w.Provider, w.Provision, w.Consumer)
+	}
+	for _, l := range r.Licences {
+		fmt.Fprintf(env.Stdout, "  licence %s taken away: its copy on %s is dropped\n", l, r.Node)
 	}
 }
 

@@ -64,7 +64,7 @@ func TestREADME_Walkthrough(t *testing.T) {
 		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out)
 	}
 	// What a reader is told to expect, there.
-	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "node.silent/web1", "What is wrong", "node rack20 removed"} {
+	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "the-translation-key", "waits for licence translation", "licence chat refreshed by nas1/refresher: version 2", "node.silent/web1", "What is wrong", "node rack20 removed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the walkthrough's output lacks %q", want)
 		}

@@ -21,7 +21,8 @@ import (
 // A known random value accepted as a secret appears in no file under the
 // data dir (stores, WAL files), in no output and no log line, and not in an
 // export — also after the daemon is killed with SIGKILL while it is being
-// accepted. Real binary, real daemon, a real joined host.
+// accepted; and so does a licence's token. Real binary, real daemon, a real
+// joined host.
 func TestSecretAccept_NoPlaintextAnywhere(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -93,6 +94,29 @@ func TestSecretAccept_NoPlaintextAnywhere(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(work, "recovered")); string(b) != value {
 		t.Fatalf("recovered %q", b)
+	}
+	os.Remove(filepath.Join(work, "recovered"))
+
+	// A licence's token is kept the same way: added, held by a module
+	// (opened with the operator key, which stays in its file), listed,
+	// exported and recovered, and in no store, output or export.
+	rand.Read(raw[:])
+	lt := "licence-token-" + hex.EncodeToString(raw[:])
+	encodings = append(encodings, lt, base64.StdEncoding.EncodeToString([]byte(lt)), base64.RawURLEncoding.EncodeToString([]byte(lt)), hex.EncodeToString([]byte(lt)))
+	if err := os.WriteFile(filepath.Join(work, "token.txt"), []byte(lt), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run("licence", "add", "translation", "--provider", "deepl", "--from", "token.txt", "--expires", "90d")
+	os.Remove(filepath.Join(work, "token.txt"))
+	run("licence", "use", "translation", "web1/paperless", "--key", "op.key")
+	run("licence", "list")
+	run("licence", "list", "--json")
+	run("licence", "key", "translation")
+	run("plan", "web1", "--json")
+	run("secret", "export")
+	run("secret", "recover", "--licence", "translation", "--key", "op.key", "--out", "recovered")
+	if b, _ := os.ReadFile(filepath.Join(work, "recovered")); string(b) != lt {
+		t.Fatalf("recovered licence %q", b)
 	}
 	os.Remove(filepath.Join(work, "recovered"))
 

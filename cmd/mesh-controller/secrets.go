@@ -9,6 +9,7 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/app/protocol"
+	"mesh-controller/cmd/clirun"
 )
 
 // OperatorCmd groups operator commands.
@@ -74,6 +75,7 @@ func (c *OperatorKeyShowCmd) Run(env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, "key            %s\nset            %s\nrecoverable    %s\nonly by older  %s\n", v.Key, v.SetAt.Format(timeShown),
 		app.Plural(v.Recoverable, "secret"), app.Plural(v.OnlyOlderKeys, "secret"))
+	fmt.Fprintf(env.Stdout, "licence copies %d (%d only by older keys)\n", v.LicenceCopies, v.LicenceCopiesOnlyOlder)
 	return nil
 }
 
@@ -97,31 +99,9 @@ var errNoTerminal = errors.New("no terminal to read the value from: give --from 
 
 // Run reads the value and hands it to the mesh; the plaintext goes nowhere else.
 func (c *SecretAcceptCmd) Run(env *Env) error {
-	var value protocol.Secret
-	if c.From != "" {
-		b, err := app.ReadInput(string(c.From), app.MaxSecretBytes, "a secret")
-		if err != nil {
-			return err
-		}
-		value = protocol.NewSecret(b)
-		clear(b)
-	} else {
-		fd := int(os.Stdin.Fd())
-		if !term.IsTerminal(fd) {
-			return errNoTerminal
-		}
-		fmt.Fprintf(env.Stderr, "value of %s for %s on %s (not echoed): ", c.Name, c.Module, c.Node)
-		b, err := term.ReadPassword(fd)
-		fmt.Fprintln(env.Stderr)
-		if err != nil {
-			return err
-		}
-		if len(b) > app.MaxSecretBytes {
-			clear(b)
-			return fmt.Errorf("the value: %w: a secret may be at most %d bytes", app.ErrTooLarge, app.MaxSecretBytes)
-		}
-		value = protocol.NewSecret(b)
-		clear(b)
+	value, err := readValue(env, c.From, fmt.Sprintf("value of %s for %s on %s", c.Name, c.Module, c.Node), "a secret")
+	if err != nil {
+		return err
 	}
 	pushed, err := env.App.SecretAccept(env.Ctx, string(c.Node), string(c.Module), c.Name, value)
 	if err != nil {
@@ -132,11 +112,42 @@ func (c *SecretAcceptCmd) Run(env *Env) error {
 	return nil
 }
 
+// readValue reads a value a person gives: the file's exact bytes (nothing
+// trimmed), else what is typed at the terminal without echo; never the
+// command line or the environment. what names it in a refusal.
+func readValue(env *Env, from InputFile, prompt, what string) (protocol.Secret, error) {
+	if from != "" {
+		b, err := app.ReadInput(string(from), app.MaxSecretBytes, what)
+		if err != nil {
+			return protocol.Secret{}, err
+		}
+		defer clear(b)
+		return protocol.NewSecret(b), nil
+	}
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
+		return protocol.Secret{}, errNoTerminal
+	}
+	fmt.Fprintf(env.Stderr, "%s (not echoed): ", prompt)
+	b, err := term.ReadPassword(fd)
+	fmt.Fprintln(env.Stderr)
+	defer clear(b)
+	if err != nil {
+		return protocol.Secret{}, err
+	}
+	if len(b) > app.MaxSecretBytes {
+		return protocol.Secret{}, fmt.Errorf("the value: %w: %s may be at most %d bytes", app.ErrTooLarge, what, app.MaxSecretBytes)
+	}
+	return protocol.NewSecret(b), nil
+}
+
 // SecretRecoverCmd is secret recover.
 type SecretRecoverCmd struct {
-	Node       Name      `arg:"" help:"The node."`
-	Module     Name      `arg:"" help:"The module."`
-	Name       string    `arg:"" help:"The secret."`
+	Node       Name      `arg:"" optional:"" help:"The node."`
+	Module     Name      `arg:"" optional:"" help:"The module."`
+	Name       string    `arg:"" optional:"" help:"The secret."`
+	Licence    Name      `placeholder:"NAME" help:"Recover a licence's token (its operator copy) instead of a secret: name no node, module or secret."`
+	Version    int64     `name:"licence-version" placeholder:"N" help:"With --licence: that version (kept for its grace period once refreshed); default the current one, or the newest in --from-export."`
 	Key        InputFile `required:"" placeholder:"FILE" help:"The operator key file (its private half)."`
 	Out        string    `placeholder:"FILE" help:"Where to write the value (created 0600, never overwritten); default NODE-MODULE-NAME.secret."`
 	FromExport InputFile `placeholder:"FILE" help:"Open the copy in this export instead of the store (when the mesh itself is lost)."`
@@ -144,12 +155,25 @@ type SecretRecoverCmd struct {
 
 // Run recovers the value into the file.
 func (c *SecretRecoverCmd) Run(env *Env) error {
+	named := c.Node != "" || c.Module != "" || c.Name != ""
+	switch {
+	case c.Licence != "" && named:
+		return clirun.UsageError{Msg: "name a secret (NODE MODULE NAME) or --licence NAME, not both"}
+	case c.Licence == "" && (c.Node == "" || c.Module == "" || c.Name == ""):
+		return clirun.UsageError{Msg: "name the secret: NODE MODULE NAME (or a licence: --licence NAME)"}
+	case c.Licence == "" && c.Version != 0:
+		return clirun.UsageError{Msg: "--licence-version goes with --licence: a secret's copy is its current one"}
+	}
 	r, err := env.App.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
-		KeyFile: string(c.Key), Out: c.Out, FromExport: string(c.FromExport)})
+		KeyFile: string(c.Key), Out: c.Out, FromExport: string(c.FromExport), Licence: string(c.Licence), Version: c.Version})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "%s/%s/%s (version %d) written to %s (0600)\n", c.Node, c.Module, c.Name, r.Version, r.Out)
+	what := fmt.Sprintf("%s/%s/%s", c.Node, c.Module, c.Name)
+	if c.Licence != "" {
+		what = "licence " + string(c.Licence)
+	}
+	fmt.Fprintf(env.Stdout, "%s (version %d) written to %s (0600)\n", what, r.Version, r.Out)
 	if r.Recorded {
 		fmt.Fprintln(env.Stderr, "recorded as a hand act (who and when, never the value)")
 	} else {

@@ -35,9 +35,12 @@ type Manifest struct {
 	Seats       []Seat        `json:"seats,omitempty"`
 	Settings    *Settings     `json:"settings,omitempty"`
 	Secrets     []Secret      `json:"secrets,omitempty"`
-	Data        []DataSpec    `json:"data,omitempty"`
-	Tools       []Tool        `json:"tools,omitempty"`
-	StandsOn    []string      `json:"stands_on,omitempty"`
+	// Licences are the licences it needs held ('licence use') before it
+	// starts: assign warns of one not held, the plan shows it waiting.
+	Licences []LicenceNeed `json:"licences,omitempty"`
+	Data     []DataSpec    `json:"data,omitempty"`
+	Tools    []Tool        `json:"tools,omitempty"`
+	StandsOn []string      `json:"stands_on,omitempty"`
 }
 
 // Requirements are what a node must offer; judged against its reported facts.
@@ -139,6 +142,11 @@ type Secret struct {
 	MadeBy string `json:"made_by"`
 }
 
+// LicenceNeed is a licence a module needs, by the name a person gave it.
+type LicenceNeed struct {
+	Name string `json:"name"`
+}
+
 // DataSpec is one place the module keeps state, and how precious it is.
 type DataSpec struct {
 	Name     string `json:"name"`
@@ -172,7 +180,7 @@ func (p Problem) String() string { return p.Field + ": " + p.What }
 // shape is the fields each object of a manifest may have: any other is a
 // problem (a typo must not pass silently). "[]" marks an array of objects.
 var shape = map[string][]string{
-	"":                             {"module", "version", "description", "source", "requires", "run", "build", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "data", "tools", "stands_on"},
+	"":                             {"module", "version", "description", "source", "requires", "run", "build", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "licences", "data", "tools", "stands_on"},
 	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
 	"run":                          {"command", "env", "stop_grace", "ready"},
 	"run.ready":                    {"port", "command", "after"},
@@ -185,6 +193,7 @@ var shape = map[string][]string{
 	"seats[]":                      {"seat", "delivers", "replicated"},
 	"settings":                     {"schema", "defaults"},
 	"secrets[]":                    {"name", "made_by"},
+	"licences[]":                   {"name"},
 	"data[]":                       {"name", "path", "keeps", "precious", "backup"},
 	"tools[]":                      {"name", "description"},
 }
@@ -278,7 +287,7 @@ func (m *Manifest) judge() []Problem {
 		field string
 		n     int
 	}{{"ports", len(m.Ports)}, {"emits", len(m.Emits)}, {"consumes", len(m.Consumes)}, {"provides", len(m.Provides)}, {"needs", len(m.Needs)},
-		{"seats", len(m.Seats)}, {"secrets", len(m.Secrets)}, {"data", len(m.Data)}, {"tools", len(m.Tools)}, {"stands_on", len(m.StandsOn)}} {
+		{"seats", len(m.Seats)}, {"secrets", len(m.Secrets)}, {"data", len(m.Data)}, {"tools", len(m.Tools)}, {"stands_on", len(m.StandsOn)}, {"licences", len(m.Licences)}} {
 		if l.n > MaxListed {
 			bad(l.field, "%d entries, at most %d: a module's declaration must reach its host whole", l.n, MaxListed)
 		}
@@ -369,6 +378,15 @@ func (m *Manifest) judge() []Problem {
 		if s.MadeBy != "mesh" && s.MadeBy != "person" {
 			bad(f+".made_by", "%q is not mesh or person", s.MadeBy)
 		}
+	}
+	seenLicences := map[string]bool{}
+	for i, l := range m.Licences {
+		f := fmt.Sprintf("licences[%d].name", i)
+		name(f, l.Name)
+		if seenLicences[l.Name] {
+			bad(f, "%q is named twice", l.Name)
+		}
+		seenLicences[l.Name] = true
 	}
 	seenData, seenPaths := map[string]bool{}, map[string]bool{}
 	for i, d := range m.Data {

@@ -37,6 +37,7 @@ func TestParseManifest_EveryProblem(t *testing.T) {
 	  "emits": ["documents.*", "bad..subject"],
 	  "consumes": ["ok.>", "a.>.b"],
 	  "secrets": [{"name": "pw", "made_by": "robot"}],
+	  "licences": [{"name": "translation"}, {"name": "Translation"}, {"name": "translation"}, {"name": "x", "token": "t"}],
 	  "settings": {"schema": {"type": "object", "properties": {"workers": {"type": "integer", "minimum": 1}}}, "defaults": {"workers": 0}},
 	  "data": [
 	    {"name": "media", "path": "/var/media", "precious": "priceless", "backup": "monthly"},
@@ -62,6 +63,9 @@ func TestParseManifest_EveryProblem(t *testing.T) {
 		`emits[1]: "bad..subject" is not a valid NATS subject`,
 		`consumes[1]: "a.>.b" is not a valid NATS subject`,
 		`secrets[0].made_by: "robot" is not mesh or person`,
+		`licences[1].name: "Translation" is not a valid name`,
+		`licences[2].name: "translation" is named twice`,
+		`licences[3].token: unknown field`,
 		`settings.defaults/workers: `,
 		`data[0].precious: "priceless" is not irreplaceable, costly or rebuildable`,
 		`data[0].backup: "monthly" is not hourly, daily or weekly`,
