@@ -267,7 +267,9 @@ func (c *Controller) convergePreview(ctx context.Context, r ConvergeRequest) (Co
 	}
 	sort.Strings(p.Kept)
 	if r.Filter != "" {
-		fin, rs, err := c.FilterFor(ctx, r.Node, r.CloseSSH)
+		// The snapshot and SSH ports read above: the filter previewed is
+		// of the same mesh as the rest of the preview.
+		fin, rs, err := filterFor(snap, ssh, r.Node, r.CloseSSH)
 		if err != nil {
 			return ConvergePreview{}, err
 		}

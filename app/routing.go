@@ -145,6 +145,11 @@ func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) 
 	if err != nil {
 		return nftables.Input{}, "", err
 	}
+	return filterFor(snap, ssh, node, closeSSH)
+}
+
+// filterFor is FilterFor on a snapshot and SSH ports already read.
+func filterFor(snap *inventory.Snapshot, ssh map[string]int, node string, closeSSH bool) (nftables.Input, string, error) {
 	// Secrets and broker users do not shape a filter: the plan is made
 	// without their sealed copies, and without a filter of its own.
 	p, err := plan.New(snap, nil).Plan(node)
