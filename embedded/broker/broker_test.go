@@ -188,7 +188,7 @@ func TestServer_JoinAccount(t *testing.T) {
 	admitJWT, admitSeed, _ := k.NewAdmitter("admit", Permissions{Publish: []string{"_R_.>"}, Subscribe: []string{"mesh.join"}})
 	admit, _ := connectUser(t, s, admitJWT, admitSeed)
 	asked := make(chan *nats.Msg, 16)
-	admit.Subscribe("mesh.join", func(m *nats.Msg) {
+	admitSub, _ := admit.Subscribe("mesh.join", func(m *nats.Msg) {
 		asked <- m
 		m.Respond([]byte("answer"))
 	})
@@ -247,7 +247,17 @@ func TestServer_JoinAccount(t *testing.T) {
 		held := make(chan *nats.Msg, 1)
 		late.QueueSubscribe("mesh.join", "late", func(m *nats.Msg) { held <- m })
 		late.Flush()
-		admit.Drain()
+		// The first answerer leaves before the request: Drain would leave
+		// in its own time, and a request sent meanwhile reaches both (a
+		// plain subscription and a queue group each get a copy), so the
+		// first answer to arrive could be its "answer". The flush returns
+		// once the server has taken the unsubscription.
+		if err := admitSub.Unsubscribe(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admit.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		replies := make(chan *nats.Msg, 1)
 		go func() {
 			m, err := asker.Request("mesh.join", []byte("ask"), 5*time.Second)
