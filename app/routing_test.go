@@ -32,8 +32,12 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := m.controllerConn(t).SubscribeSync(protocol.DeclarationInbox("web1"))
+	nc := m.controllerConn(t)
+	sub, err := nc.SubscribeSync(protocol.DeclarationInbox("web1"))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // the broker has the subscription before anything is sent
 		t.Fatal(err)
 	}
 	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
