@@ -74,6 +74,9 @@ const (
 	// queue holds pointers: a queue of events themselves (about 250 bytes
 	// each) kept 16 MiB whether or not any waited.
 	eventQueue = 1 << 16
+	// absorbBatch is how many waiting events the loop absorbs in one turn
+	// before it looks at its timers again.
+	absorbBatch = 4096
 )
 
 // Options shape the daemon.
@@ -780,7 +783,7 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 			d.stop(joinsDone, true)
 			return err
 		case ev := <-d.events:
-			if d.absorb(ctx, *ev) && !settling {
+			if d.absorbWaiting(ctx, ev) && !settling {
 				settling = true
 				settled.Reset(settle)
 			}
@@ -795,6 +798,9 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 		case <-catchUp.C:
 			d.catchUp(ctx, false, "")
 		case <-check.C:
+			// The check judges the heartbeats absorbed so far, not those of
+			// the last flush.
+			d.flush(ctx)
 			d.selfCheck(ctx, holder)
 		case i := <-due:
 			jobs[i].Run(ctx)
@@ -802,6 +808,24 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 			return err
 		}
 	}
+}
+
+// absorbWaiting absorbs ev and then the events already waiting behind it,
+// up to absorbBatch, and says whether any of them matters. One event a turn
+// would let work that is always due starve the queue: a self-check slower
+// than its period (a large mesh, a slow disk) is picked as often as the
+// events, and heartbeats wait behind it until their nodes look silent.
+func (d *daemon) absorbWaiting(ctx context.Context, ev *event) bool {
+	matters := d.absorb(ctx, *ev)
+	for range absorbBatch - 1 {
+		select {
+		case ev := <-d.events:
+			matters = d.absorb(ctx, *ev) || matters
+		default:
+			return matters
+		}
+	}
+	return matters
 }
 
 // renew renews the lease every third of its length until ctx ends; a lease

@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/inventory"
 )
 
 // A node's report budget: a burst up to its size passes, the next is
@@ -57,5 +59,41 @@ func TestBrakeWhy(t *testing.T) {
 	}
 	if why := BrakeWhy(same[1:], l, now); why != "" {
 		t.Fatalf("twice engaged it: %s", why)
+	}
+}
+
+// The loop absorbs the events waiting behind the one it took, up to a
+// bound, before it looks at its timers again: a self-check slower than
+// its period, always due, once starved heartbeats one event a turn, until
+// nodes that beat looked silent (CI failed so under the race detector).
+func TestAbsorbWaiting_TakesWhatWaitsUpToABound(t *testing.T) {
+	d := &daemon{events: make(chan *event, absorbBatch+10), beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{},
+		intervals: map[health.HourKey]health.Histogram{}, peers: map[string]map[string]*peerState{}, moduleStates: map[string]string{},
+		modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{}, readyFor: map[string]int64{}, drops: map[[2]string]int64{}}
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	beat := func(i int) *event {
+		return &event{kind: evBeat, node: "web1", at: t0.Add(time.Duration(i) * time.Millisecond)}
+	}
+	for i := 1; i < 20; i++ {
+		d.events <- beat(i)
+	}
+	if d.absorbWaiting(context.Background(), beat(0)) {
+		t.Fatal("heartbeats of a node that runs nothing, already reported, called for a self-check")
+	}
+	if len(d.events) != 0 || !d.beats["web1"].HeardAt.Equal(t0.Add(19*time.Millisecond)) {
+		t.Fatalf("%d events left waiting; the heartbeat to write is of %s", len(d.events), d.beats["web1"].HeardAt)
+	}
+
+	d.events <- &event{kind: evDrop, node: "web1", reason: "too many heartbeat reports"}
+	if !d.absorbWaiting(context.Background(), beat(20)) {
+		t.Fatal("a drop waiting behind a heartbeat did not call for a self-check")
+	}
+
+	for i := 0; i < absorbBatch+5; i++ {
+		d.events <- beat(100 + i)
+	}
+	d.absorbWaiting(context.Background(), beat(99))
+	if len(d.events) != 6 {
+		t.Fatalf("%d events left waiting after one turn, want 6: a turn takes %d", len(d.events), absorbBatch)
 	}
 }
