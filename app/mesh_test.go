@@ -243,8 +243,10 @@ func (h *testHost) start() {
 		h.t.Fatal(err)
 	}
 	// In-process hosts share the test's network namespace, the machine's:
-	// an overlay declared to them is written, never brought up there.
-	r := &host.Runner{State: st, Root: h.root, Heartbeat: 50 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users, FactsEvery: h.factsEvery,
+	// an overlay declared to them is written, never brought up there. They
+	// beat as often as a host may (every 100 ms, the daemon's budget): a
+	// faster beat had half its heartbeats dropped as too many.
+	r := &host.Runner{State: st, Root: h.root, Heartbeat: 100 * time.Millisecond, Supervisor: h.sup, ModuleUsers: h.users, FactsEvery: h.factsEvery,
 		NoOverlayInterface: true}
 	go func() { h.done <- r.Run(ctx) }()
 }
