@@ -14,15 +14,20 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// freePort is a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
+// freePorts are n distinct loopback ports nothing listens on now: all are
+// held until the last is picked, so none is given twice.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // startCluster runs three servers in this process, each from the
@@ -31,11 +36,11 @@ func freePort(t *testing.T) int {
 func startCluster(t *testing.T, tr Trust) []string {
 	t.Helper()
 	const n = 3
-	var clients, routes []int
+	ports := freePorts(t, 2*n)
+	clients, routes := ports[:n], ports[n:]
 	var routeURLs []string
-	for range n {
-		clients, routes = append(clients, freePort(t)), append(routes, freePort(t))
-		routeURLs = append(routeURLs, fmt.Sprintf("nats-route://127.0.0.1:%d", routes[len(routes)-1]))
+	for _, port := range routes {
+		routeURLs = append(routeURLs, fmt.Sprintf("nats-route://127.0.0.1:%d", port))
 	}
 	var urls []string
 	var servers []*server.Server

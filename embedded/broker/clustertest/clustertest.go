@@ -51,10 +51,14 @@ func Start(t testing.TB, n int, config Config) *Cluster {
 	c := &Cluster{t: t}
 	var routes []string
 	nodes := make([]broker.ClusterNode, n)
+	// Every server's three ports are picked at once, each distinct: picked
+	// one by one, a port closed for a later server's routes was given
+	// again to an earlier one's monitor, and that server's routes met HTTP.
+	addrs := freeAddrs(t, 3*n)
 	for i := range nodes {
-		route := freeAddr(t)
+		route := addrs[3*i+1]
 		routes = append(routes, "nats-route://"+route)
-		nodes[i] = broker.ClusterNode{Name: fmt.Sprintf("nats%d", i+1), Listen: freeAddr(t), ClusterListen: route, Dir: t.TempDir()}
+		nodes[i] = broker.ClusterNode{Name: fmt.Sprintf("nats%d", i+1), Listen: addrs[3*i], ClusterListen: route, Dir: t.TempDir()}
 	}
 	for i, node := range nodes {
 		node.Routes = routes
@@ -62,7 +66,7 @@ func Start(t testing.TB, n int, config Config) *Cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := &Server{Name: node.Name, URL: "nats://" + node.Listen, monitor: freeAddr(t),
+		s := &Server{Name: node.Name, URL: "nats://" + node.Listen, monitor: addrs[3*i+2],
 			conf: filepath.Join(node.Dir, "nats.conf"), log: filepath.Join(node.Dir, "nats.log")}
 		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
@@ -272,12 +276,18 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-func freeAddr(t testing.TB) string {
+// freeAddrs are n distinct loopback addresses free now: all are held
+// until the last is picked, so none is given twice.
+func freeAddrs(t testing.TB, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
