@@ -336,7 +336,7 @@ func convergeDoes(p ConvergePreview) []string {
 		if p.ToFilter != "" {
 			then = "closed by the filter, and " + then
 		}
-		does = append(does, fmt.Sprintf("no longer keep %s at %s (%s): %s; the mesh does not stop it", l.Name, strings.Join(l.Addresses, " "), heldBy(l.Commands), then))
+		does = append(does, fmt.Sprintf("no longer keep %s at %s (%s): %s; the mesh does not stop it", l.Name, strings.Join(l.Addresses, " "), HeldBy(l.Commands), then))
 	}
 	if len(p.Units) > 0 {
 		does = append(does, fmt.Sprintf("leave the %d active services no module declares running (%s): the mesh neither stops nor keeps them; take what matters as modules first", len(p.Units), strings.Join(p.Units, ", ")))
@@ -357,7 +357,7 @@ func convergeState(p ConvergePreview) map[string]string {
 		s["declared "+k] = "kept"
 	}
 	for _, l := range p.Unmanaged {
-		s["listener "+l.Name] = fmt.Sprintf("at %s, %s", strings.Join(l.Addresses, " "), heldBy(l.Commands))
+		s["listener "+l.Name] = fmt.Sprintf("at %s, %s", strings.Join(l.Addresses, " "), HeldBy(l.Commands))
 	}
 	for _, u := range p.Units {
 		s["unit "+u] = "active"

@@ -63,6 +63,29 @@ type DeclareTimes struct {
 	Plan, Sign, Store, Send time.Duration
 }
 
+// planner is the planner of snap with what every plan needs beside it:
+// the sealed secrets, the modules' credentials, the licences held and
+// managed, and the SSH port each node reported (for its filter).
+func (d *declarer) planner(ctx context.Context, snap *inventory.Snapshot) (*plan.Planner, error) {
+	sealed, err := sealedCopies(ctx, d.sec)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := moduleCreds(ctx, d.ids)
+	if err != nil {
+		return nil, err
+	}
+	held, managed, err := heldLicences(ctx, d.lic)
+	if err != nil {
+		return nil, err
+	}
+	ssh, err := sshPorts(ctx, d.inv)
+	if err != nil {
+		return nil, err
+	}
+	return plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)), nil
+}
+
 // declare computes, signs and keeps each node's plan as its next
 // declaration, and publishes it if it can.
 func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes []string) []Pushed {
@@ -74,23 +97,10 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		}
 		return out
 	}
-	sealed, err := sealedCopies(ctx, d.sec)
+	pl, err := d.planner(ctx, snap)
 	if err != nil {
 		return failAll(err)
 	}
-	creds, err := moduleCreds(ctx, d.ids)
-	if err != nil {
-		return failAll(err)
-	}
-	held, managed, err := heldLicences(ctx, d.lic)
-	if err != nil {
-		return failAll(err)
-	}
-	ssh, err := sshPorts(ctx, d.inv)
-	if err != nil {
-		return failAll(err)
-	}
-	pl := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh))
 	// Plans first; then every declaration numbered, signed and kept in one
 	// transaction; then sent.
 	var reqs []inventory.DeclarationRequest
@@ -376,23 +386,11 @@ func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error
 	if err != nil {
 		return PlanView{}, err
 	}
-	sealed, err := sealedCopies(ctx, st.Secrets)
+	pl, err := (&declarer{inv: st.Inventory, sec: st.Secrets, lic: st.Licences, ids: st.Identity}).planner(ctx, snap)
 	if err != nil {
 		return PlanView{}, err
 	}
-	creds, err := moduleCreds(ctx, st.Identity)
-	if err != nil {
-		return PlanView{}, err
-	}
-	held, managed, err := heldLicences(ctx, st.Licences)
-	if err != nil {
-		return PlanView{}, err
-	}
-	ssh, err := sshPorts(ctx, st.Inventory)
-	if err != nil {
-		return PlanView{}, err
-	}
-	p, err := plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)).Plan(node)
+	p, err := pl.Plan(node)
 	if err != nil {
 		return PlanView{}, err
 	}

@@ -226,7 +226,7 @@ var rules = []rule{
 				out = append(out, health.Condition{Key: "node.unmanaged-listener/" + n.Name + "/" + l.Name, Kind: "node.unmanaged-listener", Scope: "machine",
 					Machine: n.Name, Severity: health.Notice,
 					Summary: fmt.Sprintf("%s, converged, listens on %s at %s, which no module there declares (%s): stop it, or declare it in a module",
-						n.Name, l.Name, strings.Join(l.Addresses, " "), heldBy(l.Commands)),
+						n.Name, l.Name, strings.Join(l.Addresses, " "), HeldBy(l.Commands)),
 					Evidence: map[string]any{"listener": l.Name, "addresses": l.Addresses, "commands": l.Commands, "detail": l.Detail}})
 			}
 		}
@@ -765,8 +765,8 @@ func loopbackOnly(addresses []string) bool {
 	return true
 }
 
-// heldBy names a listener's holders, as a condition says them.
-func heldBy(commands []string) string {
+// HeldBy names a listener's holders, as a condition and converge say them.
+func HeldBy(commands []string) string {
 	if len(commands) == 0 {
 		return "its holder not visible to the host"
 	}

@@ -55,25 +55,33 @@ type userIDs func(module string) (uid, gid int, err error)
 // file, its sha256 verified; the caller removes the file.
 type fetcher func(a protocol.Archive) (path string, err error)
 
-func loadApplied(dir string) (applied, error) {
-	var a applied
-	b, err := os.ReadFile(filepath.Join(dir, fileApplied))
+// loadJSON reads the JSON file name in dir into a T; a file not there is
+// the zero T.
+func loadJSON[T any](dir, name string) (T, error) {
+	var v T
+	b, err := os.ReadFile(filepath.Join(dir, name))
 	if errors.Is(err, os.ErrNotExist) {
-		return a, nil
+		return v, nil
 	}
 	if err != nil {
-		return a, err
+		return v, err
 	}
-	return a, json.Unmarshal(b, &a)
+	return v, json.Unmarshal(b, &v)
 }
 
-func saveApplied(dir string, a applied) error {
-	b, err := json.MarshalIndent(a, "", "  ")
+// saveJSON writes v as the JSON file name in dir (writeFile: 0600, whole
+// or not at all).
+func saveJSON(dir, name string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(dir, fileApplied), b)
+	return writeFile(filepath.Join(dir, name), b)
 }
+
+func loadApplied(dir string) (applied, error) { return loadJSON[applied](dir, fileApplied) }
+
+func saveApplied(dir string, a applied) error { return saveJSON(dir, fileApplied, a) }
 
 // maxReported is how many of a refused declaration's problems the report
 // lists; the count says how many more there were.

@@ -58,25 +58,9 @@ type filterState struct {
 	Owned bool `json:"owned,omitempty"`
 }
 
-func loadFilter(dir string) (filterState, error) {
-	var f filterState
-	b, err := os.ReadFile(filepath.Join(dir, fileFilter))
-	if errors.Is(err, os.ErrNotExist) {
-		return f, nil
-	}
-	if err != nil {
-		return f, err
-	}
-	return f, json.Unmarshal(b, &f)
-}
+func loadFilter(dir string) (filterState, error) { return loadJSON[filterState](dir, fileFilter) }
 
-func saveFilter(dir string, f filterState) error {
-	b, err := json.MarshalIndent(f, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFile(filepath.Join(dir, fileFilter), b)
-}
+func saveFilter(dir string, f filterState) error { return saveJSON(dir, fileFilter, f) }
 
 // fact is the filter's state as a fact (protocol.FilterFact), or false
 // when the mesh never declared a filter here.
@@ -220,19 +204,17 @@ func (r *Runner) setFilter(nc *nats.Conn, f *protocol.DeclaredFilter, serial int
 	}
 	sum := sha256.Sum256([]byte(f.Ruleset))
 	digest := hex.EncodeToString(sum[:])
-	if r.filter.State == protocol.FilterKept && r.filter.Digest == digest {
-		// The same ruleset, applied and kept already: left as it is,
-		// unless someone removed the table meanwhile.
-		if cur, err := currentTable(); err == nil && cur != noTable {
-			return nil
-		}
-	}
 	// What a rollback restores is the last table kept (or none): a filter
 	// replaced while it waited to be confirmed was never kept.
 	if r.filter.State != protocol.FilterWaiting {
 		before, err := currentTable()
 		if err != nil {
 			return fmt.Errorf("keep the ruleset before the filter: %w", err)
+		}
+		// The same ruleset, applied and kept already: left as it is,
+		// unless someone removed the table meanwhile.
+		if r.filter.State == protocol.FilterKept && r.filter.Digest == digest && before != noTable {
+			return nil
 		}
 		if err := writeFile(filepath.Join(r.State.Dir, fileFilterBefore), []byte(before)); err != nil {
 			return err

@@ -78,12 +78,16 @@ func checkOverlay(o *protocol.DeclaredOverlay, own wgtypes.Key) error {
 		return fmt.Errorf("listen port %d is not a port", o.ListenPort)
 	}
 	seen := map[string]string{}
+	var ownPublic wgtypes.Key
+	if own != (wgtypes.Key{}) {
+		ownPublic = own.PublicKey()
+	}
 	for _, p := range o.Peers {
 		k, err := wgtypes.ParseKey(p.PublicKey)
 		if err != nil {
 			return fmt.Errorf("peer %s: public key %q is not base64 of 32 bytes", p.Node, p.PublicKey)
 		}
-		if own != (wgtypes.Key{}) && k == own.PublicKey() {
+		if ownPublic != (wgtypes.Key{}) && k == ownPublic {
 			return fmt.Errorf("peer %s: the public key is this host's own", p.Node)
 		}
 		if p.Node == "" {
@@ -622,9 +626,11 @@ func (r *Runner) peerHandshakes() []protocol.PeerHandshake {
 	out := make([]protocol.PeerHandshake, 0, len(peers))
 	for _, p := range peers {
 		h := protocol.PeerHandshake{Node: p.Node}
-		k, _ := wgtypes.ParseKey(p.PublicKey)
-		if at, ok := seen[hex.EncodeToString(k[:])]; ok {
-			h.At = &at
+		if seen != nil { // no interface up: no key to look for, each beat
+			k, _ := wgtypes.ParseKey(p.PublicKey)
+			if at, ok := seen[hex.EncodeToString(k[:])]; ok {
+				h.At = &at
+			}
 		}
 		out = append(out, h)
 	}

@@ -103,11 +103,7 @@ func filterSaid(kind string, closeSSH bool) string {
 
 // listenerSaid is one listener, as converge shows it.
 func listenerSaid(l app.Listener) string {
-	holders := "its holder not visible to the host"
-	if len(l.Commands) > 0 {
-		holders = "held by " + strings.Join(l.Commands, ", ")
-	}
-	return fmt.Sprintf("%s at %s (%s)", l.Name, strings.Join(l.Addresses, " "), holders)
+	return fmt.Sprintf("%s at %s (%s)", l.Name, strings.Join(l.Addresses, " "), app.HeldBy(l.Commands))
 }
 
 // lines prints each line indented, or "none".

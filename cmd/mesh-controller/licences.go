@@ -111,23 +111,9 @@ func (c *LicenceListCmd) Run(env *Env) error {
 		if l.Refreshable {
 			expires += " (refreshable)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.Name, l.Provider, l.Version, expires, listOrDash(l.Holders), dashIf(l.Manager), listOrDash(l.NeededBy))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.Name, l.Provider, l.Version, expires, dash(strings.Join(l.Holders, ",")), dash(l.Manager), dash(strings.Join(l.NeededBy, ",")))
 	}
 	return tw.Flush()
-}
-
-func listOrDash(xs []string) string {
-	if len(xs) == 0 {
-		return "-"
-	}
-	return strings.Join(xs, ",")
-}
-
-func dashIf(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // LicenceKeyCmd is licence key.
@@ -153,7 +139,7 @@ func (c *LicenceKeyCmd) Run(env *Env) error {
 		if cp.Current {
 			version += " (current)"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", version, cp.Kind, dashIf(cp.Holder), strings.Join(cp.SealedTo, ", "), cp.SealedAt.UTC().Format(timeShown))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", version, cp.Kind, dash(cp.Holder), strings.Join(cp.SealedTo, ", "), cp.SealedAt.UTC().Format(timeShown))
 	}
 	return tw.Flush()
 }

@@ -354,7 +354,7 @@ func scanLicence(sc interface{ Scan(...any) error }) (Licence, error) {
 	}
 	l.Refreshable = refreshable == 1
 	var err error
-	if l.Expires, err = scanOptTime(expires); err != nil {
+	if l.Expires, err = sqlite.ParseNullTime(expires); err != nil {
 		return Licence{}, err
 	}
 	l.Made, err = sqlite.ParseTime(made)
