@@ -33,6 +33,9 @@ var (
 	ErrNoRefreshTool = errors.New("has no tool " + RefreshTool + ": a licence's manager answers it")
 	// ErrBadRefresh means the manager's answer is not a usable token.
 	ErrBadRefresh = errors.New(`did not answer {"access_token": "…", "expires_at": "RFC 3339, in the future"}`)
+	// ErrManagerRefused means the manager answered the refresh with an
+	// error of its own (the provider refused, say).
+	ErrManagerRefused = errors.New("answered an error")
 )
 
 // LicenceManagerRequest names the module on a node that holds a
@@ -166,7 +169,8 @@ func (c *Controller) LicenceRefresh(ctx context.Context, name string) (LicenceRe
 		return LicenceRefreshed{}, err
 	}
 	// Refused before the broker is dialled: these need no manager to say.
-	if _, err := refreshable(ctx, st, name); err != nil {
+	l, err := refreshable(ctx, st, name)
+	if err != nil {
 		return LicenceRefreshed{}, err
 	}
 	nc, err := c.dialBroker(ctx, st.Identity)
@@ -174,7 +178,7 @@ func (c *Controller) LicenceRefresh(ctx context.Context, name string) (LicenceRe
 		return LicenceRefreshed{}, err
 	}
 	defer nc.Close()
-	r, err := c.refreshLicence(ctx, st, nc, name, RefreshTimeout)
+	r, err := c.refreshLicence(ctx, st, nc, l, RefreshTimeout)
 	if err != nil {
 		return r, err
 	}
@@ -200,14 +204,13 @@ type refreshAnswer struct {
 	Error       string `json:"error"`
 }
 
-// refreshLicence is a refresh up to its push: asked over nc (answered into
-// nc's own inbox), sealed and kept, the holders' plans moved; the caller
-// sends them (serve's catch-up does, for its own refreshes).
-func (c *Controller) refreshLicence(ctx context.Context, st *Stores, nc *nats.Conn, name string, timeout time.Duration) (LicenceRefreshed, error) {
-	l, err := refreshable(ctx, st, name)
-	if err != nil {
-		return LicenceRefreshed{}, err
-	}
+// refreshLicence is a refresh of l (as refreshable read it) up to its
+// push: asked over nc (answered into nc's own inbox), sealed and kept, the
+// holders' plans moved; the caller sends them (serve's catch-up does, for
+// its own refreshes). A licence changed since it was read is refused by
+// the store (ErrVersionMoved).
+func (c *Controller) refreshLicence(ctx context.Context, st *Stores, nc *nats.Conn, l licences.Licence, timeout time.Duration) (LicenceRefreshed, error) {
+	name := l.Name
 	manager := l.ManagerNode + "/" + l.ManagerModule
 	out := LicenceRefreshed{Name: name, Manager: manager, From: l.Version, Holders: []string{}}
 	v, expires, err := askRefresh(ctx, nc, l, timeout, c.Now())
@@ -266,7 +269,7 @@ func askRefresh(ctx context.Context, nc *nats.Conn, l licences.Licence, timeout 
 		return protocol.Secret{}, time.Time{}, fmt.Errorf("its manager %w", ErrBadRefresh)
 	}
 	if a.Error != "" {
-		return protocol.Secret{}, time.Time{}, fmt.Errorf("its manager answered an error: %.200s", a.Error)
+		return protocol.Secret{}, time.Time{}, fmt.Errorf("its manager %w: %.200s", ErrManagerRefused, a.Error)
 	}
 	if a.AccessToken == "" {
 		return protocol.Secret{}, time.Time{}, fmt.Errorf("its manager's answer holds no access_token: it %w", ErrBadRefresh)
@@ -334,7 +337,11 @@ func (c *Controller) licencesDue(ctx context.Context, st *Stores, nc *nats.Conn)
 	for _, l := range ls {
 		out = append(out, daemon.Due{Healer: "refresh-licence", Subject: "licence/" + l.Name, Detail: fmt.Sprintf("version %d", l.Version),
 			Act: func(ctx context.Context) error {
-				_, err := c.refreshLicence(ctx, st, nc, l.Name, RefreshTimeout)
+				l, err := refreshable(ctx, st, l.Name)
+				if err != nil {
+					return err
+				}
+				_, err = c.refreshLicence(ctx, st, nc, l, RefreshTimeout)
 				return err
 			}})
 	}

@@ -88,11 +88,11 @@ func (c *Controller) outsideMeshOverlay(ctx context.Context, networks []string) 
 	if err != nil {
 		return err
 	}
-	o, err := st.Inventory.ReadOverlay(ctx)
+	prefix, err := st.Inventory.OverlayPrefix(ctx)
 	if err != nil {
 		return err
 	}
-	mesh, err := netip.ParsePrefix(o.Prefix6)
+	mesh, err := netip.ParsePrefix(prefix)
 	if err != nil {
 		return nil // no prefix made yet: nothing of the mesh's to clash with
 	}

@@ -161,8 +161,8 @@ func hint(err error) string {
 		return "name one with 'mesh-controller licence manager NAME NODE/MODULE --key OPERATOR-KEY'"
 	case errors.Is(err, app.ErrNoRefreshTool):
 		return "name as manager a module whose manifest has the tool refresh"
-	case errors.Is(err, app.ErrBadRefresh):
-		return "read the manager's log ('mesh-controller logs NODE MODULE'); its holders keep the old token"
+	case errors.Is(err, app.ErrBadRefresh), errors.Is(err, app.ErrManagerRefused):
+		return "read the manager's log ('mesh-controller logs NODE MODULE')"
 	case errors.Is(err, app.ErrNoInstance):
 		return "see where it runs and its state ('mesh-controller status', 'mesh-controller node show NODE')"
 	case errors.Is(err, app.ErrNoAnswer):
@@ -218,7 +218,7 @@ func hint(err error) string {
 	case errors.Is(err, licences.ErrNotHeld):
 		return "see its holders with 'mesh-controller licence list'"
 	case errors.Is(err, licences.ErrVersionMoved):
-		return "it was refreshed meanwhile: run the command again"
+		return "it changed meanwhile (refreshed, or its holders changed): run the command again"
 	case errors.Is(err, licences.ErrNoCopy):
 		return "see which versions are kept with 'mesh-controller licence key NAME'"
 	case errors.Is(err, secrets.ErrNoSecret):

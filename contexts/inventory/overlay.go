@@ -101,6 +101,15 @@ func takeOverlayIndex(ctx context.Context, tx *sql.Tx, node string) error {
 	return err
 }
 
+// OverlayPrefix is the mesh's ULA prefix, "" until it is made.
+func (s *Store) OverlayPrefix(ctx context.Context) (string, error) {
+	var prefix sql.NullString
+	if err := s.db.Reader.QueryRowContext(ctx, `SELECT prefix FROM overlay_mesh WHERE id = 1`).Scan(&prefix); err != nil {
+		return "", fmt.Errorf("read the overlay's prefix: %w", err)
+	}
+	return prefix.String, nil
+}
+
 // ReadOverlay reads what the overlay is computed from, in one transaction.
 func (s *Store) ReadOverlay(ctx context.Context) (Overlay, error) {
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})

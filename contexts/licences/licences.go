@@ -202,7 +202,7 @@ func (s *Store) Use(ctx context.Context, c Copy, now time.Time) error {
 			return err
 		}
 		if version != c.Version {
-			return fmt.Errorf("%s: %w (version %d, not %d): run it again", c.Licence, ErrVersionMoved, version, c.Version)
+			return fmt.Errorf("%s: %w (version %d, not %d)", c.Licence, ErrVersionMoved, version, c.Version)
 		}
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM licence_holders WHERE licence = ? AND node = ? AND module = ?`,
@@ -661,7 +661,7 @@ func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (int64,
 			same = same && held[c.Node+"/"+c.Module]
 		}
 		if version != r.From || !same {
-			return fmt.Errorf("%s: %w (version %d, %d holders): run it again", r.Licence, ErrVersionMoved, version, len(held))
+			return fmt.Errorf("%s: %w (version %d, %d holders)", r.Licence, ErrVersionMoved, version, len(held))
 		}
 		at := sqlite.FormatTime(now)
 		if _, err := tx.ExecContext(ctx, `INSERT INTO licence_versions (licence, version, made_by, made, expires) VALUES (?, ?, 'refresh', ?, ?)`,
