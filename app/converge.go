@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -122,34 +121,22 @@ func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergeP
 	if err != nil {
 		return p, nil, err
 	}
-	body, err := json.Marshal(p)
+	// Remembered beside take's previews, with no module.
+	other, old, err := previewShown(ctx, st.Inventory, inventory.TakePreview{Digest: p.Digest, Node: r.Node, ShownAt: c.Now()}, p, r.Yes)
 	if err != nil {
-		return p, nil, err
-	}
-	// Remembered beside take's previews, with no module: a digest of one
-	// is never taken for the other's.
-	if err := st.Inventory.ShowTakePreview(ctx, inventory.TakePreview{Digest: p.Digest, Node: r.Node, Preview: string(body), ShownAt: c.Now()}); err != nil {
 		return p, nil, err
 	}
 	if r.Yes == "" {
 		return p, nil, nil
 	}
-	if r.Yes != p.Digest {
-		shown, ok, err := st.Inventory.ShownTakePreview(ctx, r.Yes)
-		if err != nil {
-			return p, nil, err
-		}
-		if !ok || shown.Node != r.Node || shown.Module != "" {
+	if other {
+		if old == nil {
 			return p, nil, fmt.Errorf("nothing done: %s %w (%s); its preview's digest is %s", r.Yes, ErrConvergeDigestUnknown, convergeSaid(r.Node, r.Filter, r.CloseSSH), p.Digest)
-		}
-		var old ConvergePreview
-		if err := json.Unmarshal([]byte(shown.Preview), &old); err != nil {
-			return p, nil, err
 		}
 		if was, is := convergeSaid(old.Node, old.ToFilter, old.ToCloseSSH), convergeSaid(r.Node, r.Filter, r.CloseSSH); was != is {
 			return p, nil, fmt.Errorf("nothing done: %s %w (%s): it is of %s; its preview's digest is %s", r.Yes, ErrConvergeDigestUnknown, is, was, p.Digest)
 		}
-		return p, nil, fmt.Errorf("nothing done: %w: %s; its digest is now %s", ErrConvergeChanged, strings.Join(convergeChanges(old, p), "; "), p.Digest)
+		return p, nil, fmt.Errorf("nothing done: %w: %s; its digest is now %s", ErrConvergeChanged, strings.Join(convergeChanges(*old, p), "; "), p.Digest)
 	}
 	// Said before the write and until declared, so that a serving
 	// controller's catch-up leaves the node to this act.

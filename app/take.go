@@ -119,29 +119,18 @@ func (c *Controller) Take(ctx context.Context, r TakeRequest) (TakePreview, *Tak
 		}
 	}
 	p.finish()
-	body, err := json.Marshal(p)
+	other, old, err := previewShown(ctx, st.Inventory, inventory.TakePreview{Digest: p.Digest, Node: r.Node, Module: r.Module, ShownAt: c.Now()}, p, r.Yes)
 	if err != nil {
-		return TakePreview{}, nil, err
-	}
-	if err := st.Inventory.ShowTakePreview(ctx, inventory.TakePreview{Digest: p.Digest, Node: r.Node, Module: r.Module, Preview: string(body), ShownAt: c.Now()}); err != nil {
 		return TakePreview{}, nil, err
 	}
 	if r.Yes == "" {
 		return p, nil, nil
 	}
-	if r.Yes != p.Digest {
-		shown, ok, err := st.Inventory.ShownTakePreview(ctx, r.Yes)
-		if err != nil {
-			return p, nil, err
-		}
-		if !ok || shown.Node != r.Node || shown.Module != r.Module {
+	if other {
+		if old == nil {
 			return p, nil, fmt.Errorf("nothing taken: %s %w (take %s %s); its preview's digest is %s", r.Yes, ErrTakeDigestUnknown, r.Node, r.Module, p.Digest)
 		}
-		var old TakePreview
-		if err := json.Unmarshal([]byte(shown.Preview), &old); err != nil {
-			return p, nil, err
-		}
-		return p, nil, fmt.Errorf("nothing taken: %w: %s; its digest is now %s", ErrTakeChanged, strings.Join(changes(old, p), "; "), p.Digest)
+		return p, nil, fmt.Errorf("nothing taken: %w: %s; its digest is now %s", ErrTakeChanged, strings.Join(changes(*old, p), "; "), p.Digest)
 	}
 	tk := &inventory.Take{Digest: p.Digest, At: c.Now(), From: p.From, Units: p.Stop.Units}
 	for _, pr := range p.Stop.Processes {
@@ -316,6 +305,33 @@ func takeState(p TakePreview) map[string]string {
 	}
 	s["systemd"] = fmt.Sprintf("running: %v", p.Look.Systemd)
 	return s
+}
+
+// previewShown remembers preview p as shown (rec: its digest, node and
+// module; module "" for converge, so that a digest of one is never taken
+// for the other's). When yes names another digest, other is true and old
+// is the preview it names, nil if it is not one of rec's node and module.
+func previewShown[T any](ctx context.Context, inv *inventory.Store, rec inventory.TakePreview, p T, yes string) (other bool, old *T, err error) {
+	body, err := json.Marshal(p)
+	if err != nil {
+		return false, nil, err
+	}
+	rec.Preview = string(body)
+	if err := inv.ShowTakePreview(ctx, rec); err != nil {
+		return false, nil, err
+	}
+	if yes == "" || yes == rec.Digest {
+		return false, nil, nil
+	}
+	shown, ok, err := inv.ShownTakePreview(ctx, yes)
+	if err != nil || !ok || shown.Node != rec.Node || shown.Module != rec.Module {
+		return true, nil, err
+	}
+	var was T
+	if err := json.Unmarshal([]byte(shown.Preview), &was); err != nil {
+		return true, nil, err
+	}
+	return true, &was, nil
 }
 
 // takeDigest is the first takeDigestLen hex characters of the sha256 of
