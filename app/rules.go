@@ -62,10 +62,13 @@ type checkInputs struct {
 	silentPeers []inventory.SilentPeer
 	// listeners are what the converged nodes' hosts found listening, by
 	// node; sshPorts the SSH ports they reported.
-	listeners   map[string][]inventory.Found
-	sshPorts    map[string]int
-	retirements []inventory.Retirement
-	drops       []health.Drop
+	listeners map[string][]inventory.Found
+	sshPorts  map[string]int
+	// portsDeclared are the listener names (tcp/N, udp/N) the modules
+	// assigned on each node declare: made once, on first need.
+	portsDeclared map[string]map[string]bool
+	retirements   []inventory.Retirement
+	drops         []health.Drop
 	// moduleStates are the supervised modules as their hosts report them.
 	moduleStates []health.ModuleState
 	// queue is the open build asks, latestBuilds each module's latest
@@ -721,27 +724,33 @@ func unmanagedListeners(in *checkInputs, n inventory.Node) []inventory.Found {
 	if n.Mode != inventory.Converged || len(in.listeners[n.Name]) == 0 {
 		return nil
 	}
-	declared := map[string]bool{}
-	for _, a := range in.snap.Assignments {
-		if a.Node != n.Name {
-			continue
-		}
-		for _, p := range in.snap.Manifests[a.Module][a.Version].Ports {
-			declared[fmt.Sprintf("tcp/%d", p.Port)] = true
-			declared[fmt.Sprintf("udp/%d", p.Port)] = true
+	if in.portsDeclared == nil {
+		// Every node's at once: a check judges every converged node, and
+		// reading the assignments once each would grow as their product.
+		in.portsDeclared = map[string]map[string]bool{}
+		for _, a := range in.snap.Assignments {
+			for _, p := range in.snap.Manifests[a.Module][a.Version].Ports {
+				if in.portsDeclared[a.Node] == nil {
+					in.portsDeclared[a.Node] = map[string]bool{}
+				}
+				in.portsDeclared[a.Node][fmt.Sprintf("tcp/%d", p.Port)] = true
+				in.portsDeclared[a.Node][fmt.Sprintf("udp/%d", p.Port)] = true
+			}
 		}
 	}
+	declared := in.portsDeclared[n.Name]
+	sshKept := ""
 	if f, ok := in.snap.Filters[n.Name]; !ok || !f.CloseSSH {
 		ssh, ok := in.sshPorts[n.Name]
 		if !ok {
 			ssh = nftables.DefaultSSHPort
 		}
-		declared[fmt.Sprintf("tcp/%d", ssh)] = true
+		sshKept = fmt.Sprintf("tcp/%d", ssh)
 	}
 	var out []inventory.Found
 	for _, l := range in.listeners[n.Name] {
 		// A name a host sends is judged before it becomes part of a key.
-		if !listenerName.MatchString(l.Name) || declared[l.Name] || loopbackOnly(l.Addresses) ||
+		if !listenerName.MatchString(l.Name) || declared[l.Name] || l.Name == sshKept || loopbackOnly(l.Addresses) ||
 			(len(l.Commands) > 0 && !slices.ContainsFunc(l.Commands, func(c string) bool { return !slices.Contains(meshCommands, c) })) {
 			continue
 		}
