@@ -97,7 +97,7 @@ func toolBin(name string, elsewhere []string, missing string) (string, error) {
 // filterUsable says why this host cannot apply a packet filter, or nil.
 func filterUsable() error {
 	if os.Geteuid() != 0 {
-		return errors.New("this host does not run as root: it cannot apply the mesh's packet filter")
+		return errors.New("this host does not run as root: it cannot apply the mesh's packet filter; run mesh-host as root, or converge the node with no filter ('mesh-controller converge NODE')")
 	}
 	_, err := nftBin()
 	return err

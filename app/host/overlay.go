@@ -441,8 +441,10 @@ type overlayState struct {
 func (r *Runner) setOverlay(o *protocol.DeclaredOverlay, serial int64) error {
 	conf := filepath.Join(r.State.Dir, fileOverlayConf)
 	if o == nil {
-		// A configuration left from an earlier life goes too.
-		had := r.ov.fact.Name != "" || r.ov.link != nil
+		// A configuration left from an earlier life goes too. An overlay
+		// down already (taken down, or never brought up: its configuration
+		// is gone) is not taken down again by each later declaration.
+		had := r.ov.link != nil || (r.ov.fact.Name != "" && r.ov.fact.Value != protocol.OverlayDown)
 		r.stopOverlay()
 		switch err := os.Remove(conf); {
 		case err == nil:

@@ -294,6 +294,13 @@ func TestRunner_OverlayConfigOnly(t *testing.T) {
 	if r.peerHandshakes() != nil {
 		t.Fatal("handshakes reported without an overlay")
 	}
+	// Down already: the next declaration without one takes nothing down.
+	if err := r.setOverlay(nil, 5); err != nil {
+		t.Fatal(err)
+	}
+	if f := r.overlayFacts(); len(f) != 2 || !strings.Contains(f[1].Why, "declaration 4 carries no overlay") {
+		t.Fatalf("taken down again by declaration 5: %+v", f)
+	}
 	many := testOverlay(t)
 	for len(many.Peers) <= MaxHeartbeatPeers {
 		many.Peers = append(many.Peers, many.Peers[0])

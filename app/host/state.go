@@ -317,7 +317,7 @@ func Load(dir string) (*State, error) {
 	// makes it one (EnsureWireGuardKey), Load only reads.
 	if b, err := os.ReadFile(filepath.Join(dir, fileWireGuard)); err == nil {
 		if s.WireGuard, err = wgtypes.ParseKey(strings.TrimSpace(string(b))); err != nil {
-			return nil, fmt.Errorf("%s: %s is damaged", dir, fileWireGuard)
+			return nil, fmt.Errorf("%s: %s is damaged; move it away: mesh-host makes a new key when it starts, and its peers are declared the new one", dir, fileWireGuard)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
