@@ -342,6 +342,8 @@ type daemon struct {
 	// peerFlips, those turning silent or heard, waiting for the flush.
 	peers     map[string]map[string]*peerState
 	peerFlips []inventory.PeerFlip
+	// peerBeat numbers the heartbeats absorbPeers judged.
+	peerBeat  uint64
 	intervals map[health.HourKey]health.Histogram
 	durations []health.Duration
 	drops     map[[2]string]int64

@@ -20,6 +20,8 @@ type peerState struct {
 	first  time.Time
 	last   *time.Time
 	silent bool
+	// beat is the heartbeat that last reported it (daemon.peerBeat).
+	beat uint64
 }
 
 // loadSilentPeers reads what the store says is silent, so that the loop
@@ -54,20 +56,26 @@ func (d *daemon) absorbPeers(node string, at time.Time, reported []protocol.Peer
 		known = map[string]*peerState{}
 		d.peers[node] = known
 	}
-	seen := make(map[string]bool, len(reported))
+	// Each beat is numbered, and a peer stamped with the number of the
+	// last that reported it: no map made per beat, and only a name not
+	// known yet is judged (those known were, when they came).
+	d.peerBeat++
+	beat := d.peerBeat
 	for i, p := range reported {
 		if i == maxPeers {
 			break
 		}
-		if !protocol.ValidName(p.Node) || seen[p.Node] {
-			continue
-		}
-		seen[p.Node] = true
 		s := known[p.Node]
 		if s == nil {
+			if !protocol.ValidName(p.Node) {
+				continue
+			}
 			s = &peerState{first: at}
 			known[p.Node] = s
+		} else if s.beat == beat {
+			continue // repeated in this beat
 		}
+		s.beat = beat
 		s.last = p.At
 		since := s.first
 		if s.last != nil {
@@ -79,7 +87,7 @@ func (d *daemon) absorbPeers(node string, at time.Time, reported []protocol.Peer
 		}
 	}
 	for peer, s := range known {
-		if seen[peer] {
+		if s.beat == beat {
 			continue
 		}
 		if s.silent {
