@@ -103,15 +103,6 @@ func splitTokens(v protocol.Secret) (access, refresh protocol.Secret, expires st
 	return protocol.NewSecret([]byte(tk.AccessToken)), protocol.NewSecret([]byte(tk.RefreshToken)), tk.ExpiresAt, nil
 }
 
-// sealToOperator seals a value to the operator key alone.
-func sealToOperator(v protocol.Secret, l protocol.Label, operatorKey string) (string, error) {
-	r, err := age.ParseX25519Recipient(operatorKey)
-	if err != nil {
-		return "", fmt.Errorf("the operator key: %w", err)
-	}
-	return protocol.SealSecret(v, l, r)
-}
-
 // LicenceAdd keeps a new licence under the name a person chose, its token
 // sealed at once to the operator key (a refreshable licence's refresh
 // token too, apart): nothing else sees it until a module holds it.
@@ -155,13 +146,13 @@ func (c *Controller) LicenceAdd(ctx context.Context, r LicenceAddRequest) (Licen
 	if err != nil {
 		return LicenceAdded{}, err
 	}
-	sealed, err := sealToOperator(access, protocol.OperatorLicenceLabel(r.Name, licences.KindOperator, 1), key.Recipient)
+	sealed, err := sealTo(access, protocol.OperatorLicenceLabel(r.Name, licences.KindOperator, 1), key.Recipient)
 	if err != nil {
 		return LicenceAdded{}, err
 	}
 	copies := []licences.Copy{{Kind: licences.KindOperator, OperatorKey: key.Recipient, Sealed: sealed}}
 	if r.Refreshable {
-		sealed, err := sealToOperator(refresh, protocol.OperatorLicenceLabel(r.Name, licences.KindRefresh, 1), key.Recipient)
+		sealed, err := sealTo(refresh, protocol.OperatorLicenceLabel(r.Name, licences.KindRefresh, 1), key.Recipient)
 		if err != nil {
 			return LicenceAdded{}, err
 		}
