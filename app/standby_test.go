@@ -387,8 +387,11 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Settled first: a plan moved before the kill (a later host's key
+		// moves those before it) is declared by the one serving then.
 		before := map[string]int64{}
 		for _, node := range nodes {
+			waitFor(t, node+" to be declared and apply its plan", func() bool { return !m.node(node).Behind })
 			before[node] = m.node(node).SerialApplied
 		}
 
