@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -114,14 +115,23 @@ func TestLicences_Refresh(t *testing.T) {
 	if mode := fileMode(t, refreshFile); mode != 0o600 {
 		t.Fatalf("the refresh token's file has mode %v", mode)
 	}
-	waitFor(t, "refresher ready on mgr1", func() bool { return m.moduleState("mgr1", "refresher").State == protocol.StateReady })
-	environ, err := os.ReadFile("/proc/" + strconv.Itoa(m.moduleState("mgr1", "refresher").Pid) + "/environ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "MESH_REFRESH_TRANSLATION=" + refreshFile; !strings.Contains(string(environ), want+"\x00") {
-		t.Fatalf("the refresher's environment does not name its refresh token (%s)", want)
-	}
+	// The refresher may be started again as its declaration moves (the
+	// manager's copy arriving): the environment is read of the one ready
+	// now, until one names the refresh token.
+	checkFor(t, 15*time.Second, func() error {
+		st := m.moduleState("mgr1", "refresher")
+		if st.State != protocol.StateReady {
+			return fmt.Errorf("refresher on mgr1 is %s", st.State)
+		}
+		environ, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/environ")
+		if err != nil {
+			return err
+		}
+		if want := "MESH_REFRESH_TRANSLATION=" + refreshFile; !strings.Contains(string(environ), want+"\x00") {
+			return fmt.Errorf("the refresher's environment does not name its refresh token (%s)", want)
+		}
+		return nil
+	})
 	file := func(h *testHost) string {
 		return filepath.Join(h.root, filepath.FromSlash(protocol.LicenceFile("translator", "translation")))
 	}

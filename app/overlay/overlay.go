@@ -92,6 +92,11 @@ type member struct {
 func Compute(o inventory.Overlay) Mesh {
 	m := Mesh{Prefix4: Prefix4.String(), Prefix6: o.Prefix6, Declared: map[string]*protocol.DeclaredOverlay{}, Nodes: make([]Node, 0, len(o.Nodes))}
 	p6, err6 := netip.ParsePrefix(o.Prefix6)
+	if err6 == nil {
+		// A prefix made before it was written as netip writes it
+		// ("fd34:0506:…") is compared as netip writes it.
+		m.Prefix6 = p6.String()
+	}
 	nodes := append([]inventory.OverlayNode(nil), o.Nodes...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 	var members []*member

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -56,13 +57,15 @@ type Overlay struct {
 const factWireGuardKey = "wireguard_key"
 
 // newOverlayPrefix makes a random IPv6 ULA /48 (RFC 4193: fd, then 40
-// random bits).
+// random bits), written as netip writes it (no leading zeros in a group):
+// the text is compared with prefixes parsed back.
 func newOverlayPrefix() (string, error) {
-	var b [5]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	var a [16]byte
+	a[0] = 0xfd
+	if _, err := rand.Read(a[1:6]); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("fd%02x:%02x%02x:%02x%02x::/48", b[0], b[1], b[2], b[3], b[4]), nil
+	return netip.PrefixFrom(netip.AddrFrom16(a), 48).String(), nil
 }
 
 // ensureOverlayPrefix makes the mesh's ULA prefix if it has none yet.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/netip"
 	"regexp"
 	"slices"
 	"testing"
@@ -162,6 +163,22 @@ func TestStore_Placement(t *testing.T) {
 		}
 		if moved := node.PlanVersion > before[n]; moved != (n == "pub1") {
 			t.Errorf("removing nat1: %s's plan moved %v", n, moved)
+		}
+	}
+}
+
+// A new prefix is written as netip writes it, so that text compared with a
+// prefix parsed back is the same (a group such as 0506 was once written
+// with its leading zero, and one time in a few a test saw two spellings).
+func TestNewOverlayPrefix_Canonical(t *testing.T) {
+	for range 500 {
+		p, err := newOverlayPrefix()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := netip.ParsePrefix(p)
+		if err != nil || parsed.String() != p || parsed.Bits() != 48 || parsed.Addr().As16()[0] != 0xfd {
+			t.Fatalf("%q: parsed %v, %v", p, parsed, err)
 		}
 	}
 }
