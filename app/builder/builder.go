@@ -92,6 +92,10 @@ type Builder struct {
 	// GitTimeout bounds the git steps of one build together; zero is
 	// DefaultGitTimeout.
 	GitTimeout time.Duration
+	// Hide are the builder's own paths a build must not see (its module's
+	// directory, with its broker credentials, and its secrets): each is
+	// covered inside the build's sandbox, as its work dir is.
+	Hide []string
 }
 
 func (b *Builder) path() string {
@@ -276,24 +280,38 @@ func (b *Builder) runBuild(ctx context.Context, lg *buildLog, dir, src string, s
 	if err != nil {
 		return fmt.Errorf("build.command: %v: fix build.command or the builder's PATH", err)
 	}
-	// Only what the manifest declares, and PATH and HOME: a build sees
-	// nothing of the builder's own environment (its broker credentials).
-	env := []string{"PATH=" + b.path(), "HOME=" + dir}
+	// A scratch dir of its own, on the disk the build is on.
+	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
+		return fmt.Errorf("make the build's scratch dir: %w", err)
+	}
+	sb, err := newSandbox(dir, append([]string{b.WorkDir}, b.Hide...))
+	if err != nil {
+		return fmt.Errorf("make the build's sandbox: %w", err)
+	}
+	// Only what the manifest declares, and PATH, HOME and TMPDIR: a build
+	// sees nothing of the builder's own environment.
+	env := []string{"PATH=" + b.path(), "HOME=" + sandboxHome, "TMPDIR=" + sb.inside(filepath.Join(dir, "tmp"))}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, k+"="+spec.Env[k])
 	}
-	lg.step("run %q in the checkout (timeout %v)", spec.Command, timeout)
+	lg.step("run %q in the checkout (timeout %v), %s", spec.Command, timeout, sb.who())
 	started := time.Now()
-	cmd := &exec.Cmd{Path: prog, Args: spec.Command, Dir: src, Env: env, Stdout: lg, Stderr: lg}
+	cmd, err := sb.command(&exec.Cmd{Path: prog, Args: spec.Command, Dir: src, Env: env, Stdout: lg, Stderr: lg})
+	if err != nil {
+		return fmt.Errorf("make the build's sandbox: %w", err)
+	}
 	r := runGroup(ctx, timeout, cmd)
 	lg.flush()
+	r.strays += sb.sweep(groupGoneBound)
 	if r.strays > 0 {
 		lg.step("%d process(es) of the build would not die within %v", r.strays, groupGoneBound)
 	}
 	took := time.Since(started).Round(time.Millisecond)
 	switch {
 	case r.err != nil:
-		return fmt.Errorf("build.command: cannot start %s: %v: fix build.command", spec.Command[0], r.err)
+		return fmt.Errorf("build.command: cannot start %s in its sandbox: %v: %s", spec.Command[0], r.err, sandboxHint)
+	case r.state.ExitCode() == sandboxFailed && strings.HasPrefix(lg.lastLine(), sandboxSaid):
+		return fmt.Errorf("the build's sandbox could not be made: %s: %s", strings.TrimPrefix(lg.lastLine(), sandboxSaid), sandboxHint)
 	case r.stopped != nil:
 		return fmt.Errorf("build killed after %v: %w", took, stoppedError(r.stopped))
 	case r.timedOut:

@@ -255,9 +255,11 @@ func TestBuilder_Build(t *testing.T) {
 		if i < 0 {
 			t.Fatalf("no env line in %q", o.LogTail)
 		}
-		want := "env GREETING=hello SECRET=unset HOME=" + h.b.WorkDir + "/build-b-3-env-"
-		if !strings.HasPrefix(o.LogTail[i], want) {
-			t.Fatalf("the build saw %q, want %q…: only its declared env, PATH and HOME", o.LogTail[i], want)
+		// HOME is the build's dir as its sandbox shows it, the same path
+		// for every build.
+		want := "env GREETING=hello SECRET=unset HOME=/tmp/build"
+		if o.LogTail[i] != want {
+			t.Fatalf("the build saw %q, want %q: only its declared env, PATH, HOME and TMPDIR", o.LogTail[i], want)
 		}
 	})
 }
@@ -415,63 +417,52 @@ func TestBuilder_Failures(t *testing.T) {
 	}
 }
 
-// liveGroup lists the live processes (not zombies) of process group pgid.
-func liveGroup(pgid int) []string {
+// marked lists the live processes (not zombies) whose environment holds
+// MESH_TEST_MARK=mark: every process a build's command starts inherits
+// its environment, whatever session, group or namespace it moves to.
+func marked(mark string) []string {
 	des, _ := os.ReadDir("/proc")
 	var out []string
 	for _, de := range des {
 		if _, err := strconv.Atoi(de.Name()); err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + de.Name() + "/stat")
-		if err != nil {
+		env, err := os.ReadFile("/proc/" + de.Name() + "/environ")
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "MESH_TEST_MARK="+mark) {
 			continue
 		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 2 && f[0] != "Z" && f[0] != "X" && f[2] == strconv.Itoa(pgid) {
-			out = append(out, de.Name()+" "+s[strings.IndexByte(s, '(')+1:i])
+		if b, err := os.ReadFile("/proc/" + de.Name() + "/stat"); err == nil {
+			s := string(b)
+			if i := strings.LastIndexByte(s, ')'); i > 0 && len(s) > i+2 && s[i+2] != 'Z' && s[i+2] != 'X' {
+				out = append(out, de.Name()+" "+s[strings.IndexByte(s, '(')+1:i])
+			}
 		}
 	}
 	return out
 }
 
-// groupBuild starts a build whose command prints its process group and
-// leaves a `sleep 1000` in it, waits until both its processes are seen
-// running, and returns the group and the outcome to come.
-func groupBuild(t *testing.T, h *harness, ctx context.Context, build string) (int, <-chan builder.Outcome) {
+// markedBuild starts a build whose command (build, a build section
+// holding MARK where its env goes) leaves processes running, and waits
+// until at least want of them are seen.
+func markedBuild(t *testing.T, h *harness, ctx context.Context, build string, want int) (string, <-chan builder.Outcome) {
 	t.Helper()
-	pgids := make(chan int, 1)
-	h.watch = func(line string) {
-		if s, ok := strings.CutPrefix(line, "pgid "); ok {
-			if n, err := strconv.Atoi(s); err == nil {
-				pgids <- n
-			}
-		}
-	}
-	r := repoWith(t, manifest(build))
+	mark := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+	r := repoWith(t, manifest(strings.Replace(build, "MARK", `"env":{"MESH_TEST_MARK":"`+mark+`"}`, 1)))
 	done := make(chan builder.Outcome, 1)
 	go func() { done <- h.b.Build(ctx, builder.Ask{ID: "b-5-group", Repository: r}) }()
-	var pgid int
-	select {
-	case pgid = <-pgids:
-	case o := <-done:
-		t.Fatalf("build ended before it started its group: %s\n%s", o.Why, strings.Join(o.LogTail, "\n"))
-	case <-time.After(20 * time.Second):
-		t.Fatal("the build did not print its process group within 20s")
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(liveGroup(pgid)) < 2 {
+	deadline := time.Now().Add(20 * time.Second)
+	for len(marked(mark)) < want {
+		select {
+		case o := <-done:
+			t.Fatalf("build ended before its processes were seen: %s\n%s", o.Why, strings.Join(o.LogTail, "\n"))
+		default:
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("group %d: %q, want the shell and its sleep", pgid, liveGroup(pgid))
+			t.Fatalf("the build's processes: %q, want %d", marked(mark), want)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return pgid, done
+	return mark, done
 }
 
 // outcome waits for a build's outcome, with a deadline.
@@ -486,23 +477,23 @@ func outcome(t *testing.T, done <-chan builder.Outcome, within time.Duration) bu
 	return builder.Outcome{}
 }
 
-// checkGone checks the build's group is gone and its work dir empty.
-func checkGone(t *testing.T, h *harness, pgid int) {
+// checkGone checks nothing the build started runs and its work dir is empty.
+func checkGone(t *testing.T, h *harness, mark string) {
 	t.Helper()
-	if left := liveGroup(pgid); len(left) != 0 {
-		t.Errorf("group %d still has %q after the build returned", pgid, left)
+	if left := marked(mark); len(left) != 0 {
+		t.Errorf("%q still run after the build returned", left)
 	}
 	if des, _ := os.ReadDir(h.b.WorkDir); len(des) != 0 {
 		t.Errorf("work dir holds %v", des)
 	}
 }
 
-const sleeper = `["sh","-c","echo pgid $$; sleep 1000 & sleep 1000"]`
+const sleeper = `["sh","-c","sleep 1000 & sleep 1000"]`
 
 func TestBuilder_Timeout(t *testing.T) {
 	h := newHarness(t)
 	start := time.Now()
-	pgid, done := groupBuild(t, h, t.Context(), `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"2s"}`)
+	mark, done := markedBuild(t, h, t.Context(), `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"2s",MARK}`, 3)
 	o := outcome(t, done, 30*time.Second)
 	if !o.Failed || !strings.Contains(o.Why, "build outlived its timeout of 2s and was killed") {
 		t.Fatalf("outcome: failed %v, why %q", o.Failed, o.Why)
@@ -510,14 +501,14 @@ func TestBuilder_Timeout(t *testing.T) {
 	if took := time.Since(start); took > 20*time.Second {
 		t.Errorf("a 2s timeout took %v", took)
 	}
-	checkGone(t, h, pgid)
+	checkGone(t, h, mark)
 }
 
 func TestBuilder_Killed(t *testing.T) {
 	h := newHarness(t)
 	ctx, kill := context.WithCancelCause(t.Context())
 	defer kill(nil)
-	pgid, done := groupBuild(t, h, ctx, `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"1h"}`)
+	mark, done := markedBuild(t, h, ctx, `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"1h",MARK}`, 3)
 	killed := time.Now()
 	kill(errors.New("killed by hand"))
 	o := outcome(t, done, 15*time.Second)
@@ -527,20 +518,21 @@ func TestBuilder_Killed(t *testing.T) {
 	if took := time.Since(killed); took > 5*time.Second {
 		t.Errorf("the kill took %v to end the build", took)
 	}
-	checkGone(t, h, pgid)
+	checkGone(t, h, mark)
 }
 
 // A build that succeeds leaves nothing running: what it started in the
-// background dies with it.
+// background dies with it, in its own session too (setsid), and a
+// daemon that forks twice.
 func TestBuilder_BackgroundKilled(t *testing.T) {
 	h := newHarness(t)
-	pgid, done := groupBuild(t, h, t.Context(),
-		`{"command":["sh","-c","echo pgid $$; sleep 1000 & sleep 0.5; mkdir bin; echo x > bin/x"],"outputs":["bin/"]}`)
+	mark, done := markedBuild(t, h, t.Context(),
+		`{"command":["sh","-c","sleep 1000 & setsid sleep 1000 & (setsid sh -c 'sleep 1000 & exit 0' &) ; sleep 1; mkdir bin; echo x > bin/x"],"outputs":["bin/"],MARK}`, 4)
 	o := outcome(t, done, 30*time.Second)
 	if o.Failed {
 		t.Fatalf("failed: %s", o.Why)
 	}
-	checkGone(t, h, pgid)
+	checkGone(t, h, mark)
 	h.checkArchive(t, o)
 }
 
@@ -555,4 +547,12 @@ func TestOutcome_JSON(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("%s\nwant %s", b, want)
 	}
+}
+
+func TestMain(m *testing.M) {
+	builder.SandboxMain() // a build's first process, when this binary is re-executed as one
+	if os.Getenv(asNobody) != "" {
+		buildAsNobody()
+	}
+	os.Exit(m.Run())
 }

@@ -38,8 +38,13 @@ type ran struct {
 // timeout (0: none) or when ctx is done — a build's background processes
 // never outlive it. It returns once the group is gone (or past
 // groupGoneBound) and the leader is reaped.
+//
+// A cmd that comes with its own SysProcAttr (a sandbox's) keeps it: it
+// sets Setsid and Pdeathsig itself.
 func runGroup(ctx context.Context, timeout time.Duration, cmd *exec.Cmd) ran {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	cmd.WaitDelay = ioDelay
 	if err := process.Start(cmd); err != nil {
 		return ran{err: err}

@@ -27,6 +27,8 @@ type ServeOptions struct {
 	Node string
 	// WorkDir is its work data set.
 	WorkDir string
+	// Hide are its own paths no build may see (Builder.Hide).
+	Hide []string
 	// Put stores an archive file under its digest (the broker's object
 	// store, content-addressed).
 	Put func(ctx context.Context, nc *nats.Conn, digest, file string) error
@@ -60,7 +62,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	var mu sync.Mutex
 	var busy string // the build in flight
 	var cancel context.CancelCauseFunc
-	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Progress: func(id, line string) {
+	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Hide: o.Hide, Progress: func(id, line string) {
 		if msg, err := json.Marshal(protocol.BuildLine{ID: id, Line: line}); err == nil {
 			_ = nc.Publish(protocol.BuildProgress, msg)
 		}

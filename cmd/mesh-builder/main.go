@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/alecthomas/kong"
 
@@ -34,10 +35,26 @@ type Env struct {
 // Run serves until SIGINT or SIGTERM.
 func (c *CLI) Run(env *Env) error {
 	return builder.Serve(env.Ctx, builder.ServeOptions{Broker: c.Broker, Creds: c.Creds, Node: c.Node, WorkDir: c.Work,
-		Put: builder.PutArchive, Log: env.Stderr})
+		Hide: ownPaths(c.Creds), Put: builder.PutArchive, Log: env.Stderr})
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+// ownPaths are the builder's own that no build may see: the directory of
+// its broker credentials (its module's, as a host runs it), its secrets
+// and its home.
+func ownPaths(creds string) []string {
+	out := []string{filepath.Dir(creds)}
+	for _, v := range []string{"MESH_SECRETS_DIR", "HOME"} {
+		if p := os.Getenv(v); filepath.IsAbs(p) && filepath.Clean(p) != "/" {
+			out = append(out, filepath.Clean(p))
+		}
+	}
+	return out
+}
+
+func main() {
+	builder.SandboxMain() // a build's first process: never returns
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
