@@ -90,7 +90,7 @@ demo: build
 	g=$$dir/greeter; mkdir -p $$g && git -C $$g init -q -b main; \
 	printf 'package main\n\nimport ("fmt"; "net"; "os"; "os/signal"; "syscall")\n\nfunc main() {\n\tln, err := net.Listen("tcp", "127.0.0.1:18490")\n\tif err != nil { fmt.Println(err); os.Exit(1) }\n\tfmt.Println("greeter listening on", ln.Addr())\n\tgo func() { for { c, err := ln.Accept(); if err != nil { return }; fmt.Fprintln(c, "hello from a built module"); c.Close() } }()\n\tstop := make(chan os.Signal, 1); signal.Notify(stop, syscall.SIGTERM); <-stop\n}\n' > $$g/main.go; \
 	printf 'module greeter\n\ngo 1.22\n' > $$g/go.mod; \
-	printf '{"module": "greeter", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/greeter", "."], "outputs": ["bin/"], "timeout": "5m", "env": {"CGO_ENABLED": "0", "GOCACHE": "%s", "GOTOOLCHAIN": "local"}}, "run": {"command": ["bin/greeter"], "ready": {"port": "http"}}, "ports": [{"name": "http", "port": 18490}]}\n' "$$($(GO) env GOCACHE)" > $$g/mesh.json; \
+	printf '{"module": "greeter", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/greeter", "."], "outputs": ["bin/"], "timeout": "5m", "env": {"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}}, "run": {"command": ["bin/greeter"], "ready": {"port": "http"}}, "ports": [{"name": "http", "port": 18490}]}\n' > $$g/mesh.json; \
 	git -C $$g add . && git -C $$g -c user.name=demo -c user.email=demo@example commit -q -m "greeter 1.0.0"; \
 	$$mc build $$g 2>&1 | grep -v '^  |' | sed 's/^/  /'; \
 	$$mc assign web1 greeter >/dev/null 2>&1; \
