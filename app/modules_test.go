@@ -268,17 +268,37 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	nc.Flush()
 	v.expect(t, "subscription", "mesh.node.web1.inbox.>")
 
-	// Forgetting the module revokes its user and closes its connection.
+	// Unassigning the module from its node revokes the user issued for it
+	// there and closes its connection; one for another node stays.
+	m.join("web2")
+	if _, err := m.c.Assign(ctx, "web2", []string{"paperless"}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := m.c.ModuleIssue(ctx, "paperless", "web2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherFile := filepath.Join(t.TempDir(), "paperless-web2.creds")
+	os.WriteFile(otherFile, []byte(other), 0o600)
+	nc2, _ := connectWith(t, m.url, nats.UserCredentials(otherFile), nats.NoReconnect())
 	if _, err := m.c.Unassign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := m.c.ModuleForget(ctx, ForgetRequest{Name: "paperless", AndWhatItHolds: true, Why: "paperless left the mesh"})
-	if err != nil || f.Revoked != 1 || !f.Disconnected {
-		t.Fatalf("forget: %+v, %v", f, err)
-	}
 	waitFor(t, "the revoked user's connection to close", func() bool { return !nc.IsConnected() })
 	if _, err := nats.Connect(m.url, nats.UserCredentials(credsFile), nats.NoReconnect()); err == nil {
-		t.Fatal("a revoked user connected again")
+		t.Fatal("a user issued for a module unassigned connected again")
+	}
+	if !nc2.IsConnected() {
+		t.Fatal("the user issued for paperless on web2 was closed with web1's")
+	}
+	// Forgetting the module revokes what is left of it.
+	if _, err := m.c.Unassign(ctx, "web2", []string{"paperless"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "web2's issued user's connection to close", func() bool { return !nc2.IsConnected() })
+	f, err := m.c.ModuleForget(ctx, ForgetRequest{Name: "paperless", AndWhatItHolds: true, Why: "paperless left the mesh"})
+	if err != nil {
+		t.Fatalf("forget: %+v, %v", f, err)
 	}
 	// and stays revoked across a restart of the controller
 	m.stop()

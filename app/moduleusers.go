@@ -42,7 +42,8 @@ func (c *Controller) ensureMade(ctx context.Context, st *Stores, snap *inventory
 // emits, consumes, tools), sealed to that node alone: no operator key is
 // needed, for it can always be issued again. A user made for another
 // version is replaced, and one whose module is no longer on its node is
-// revoked; the serving controller is told, so the broker refuses them. The
+// revoked, with every user issued by hand for it there (module issue);
+// the serving controller is told, so the broker refuses them. The
 // plans of the nodes concerned move first, as ensureSecrets does.
 func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
 	have, err := st.Identity.ModuleUsers(ctx)
@@ -104,6 +105,17 @@ func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *in
 			if snap.Nodes[u.Node].Name != "" {
 				nodes[u.Node] = true
 			}
+		}
+	}
+	// A user issued by hand (module issue) ends with its module on its
+	// node too; no plan carries it, so none moves.
+	issued, err := st.Identity.HandIssuedModuleUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range issued {
+		if !wanted[u.Node+"/"+u.Module] {
+			revoke = append(revoke, u.Pub)
 		}
 	}
 	if len(made) == 0 && len(revoke) == 0 {

@@ -63,6 +63,27 @@ func (s *Store) Revoked(ctx context.Context) (map[string]time.Time, error) {
 	return out, rows.Err()
 }
 
+// HandIssuedModuleUsers returns the live module users issued by hand
+// (module issue), which end with their module's assignment as those the
+// mesh made do.
+func (s *Store) HandIssuedModuleUsers(ctx context.Context) ([]IssuedUser, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, kind, node, module FROM issued_users
+		WHERE kind = 'module' AND sealed = '' AND revoked_at IS NULL`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []IssuedUser
+	for rows.Next() {
+		var u IssuedUser
+		if err := rows.Scan(&u.Pub, &u.Kind, &u.Node, &u.Module); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
 // ModuleUser is a module's own broker user on a node, as the mesh made it:
 // its .creds sealed to the node alone.
 type ModuleUser struct {
