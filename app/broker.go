@@ -21,9 +21,8 @@ import (
 //	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
 //	                                   $JS.API.>  $JS.FC.>  $O.>
 //	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
-//	                                   + archive reads (below)
 //	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.*  mesh.tool.M.*.N  mesh.module.<consumes>  1 MiB
-//	                                   + archive writes, for the build seat's holder (below)
+//	                                   + a builder's, for the build seat's holder (builderPermissions)
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
 //	join     join (no credentials)     mesh.join (admit's service)     _INBOX.join.>                      4 KiB, 2 subscriptions, 1024 connections
 //	system   controller (an external  $SYS.REQ.CLAIMS.UPDATE          _INBOX.>                           the server's
@@ -31,26 +30,22 @@ import (
 //	         (and the server's own)
 //
 // Archives (protocol.md, "Added in the second round") are kept in the mesh
-// account's JetStream object store, bucket mesh-archives (stream
-// OBJ_mesh-archives, chunks on $O.mesh-archives.C.<nuid>, each object's
-// meta on $O.mesh-archives.M.<name>): archiveReadPermissions are what a
-// host needs to read one by name with nats.go's jetstream ObjectStore,
-// builderArchivePermissions what a builder needs to write one, and nothing
-// else; the controller, which makes the bucket, has all of it. The answers
-// of the JetStream API and a fetch's deliveries come to the user's own
-// inbox, which it subscribes to already.
-//
-// Whoever may use the JetStream API chooses where the server publishes its
-// answer (the request's reply subject) and, for a push consumer, its
-// deliveries (the consumer's deliver subject): the server checks neither
-// against the user's permissions (embedded/broker's
-// TestServer_JetStreamAnswersAnywhere). So a host could make the server
-// publish a stored archive chunk, and a builder a JSON answer, on any mesh
-// subject: what the mesh reads from a subject is trusted for what it
-// verifies (a host's signature, the controller's envelope), never for the
-// subject it arrived on. The bucket answers no direct get (its stream has
-// allow_direct off), so an answer is always a JetStream JSON document,
-// never bytes a builder stored.
+// account's JetStream object store, bucket mesh-archives, and only the
+// controller uses the JetStream API (issue 28). Whoever may use it chooses
+// where the server publishes its answer (the request's reply subject), a
+// pull's deliveries (the pull request's reply subject) and a push
+// consumer's (its deliver subject): the server checks none of them against
+// the user's permissions (embedded/broker's TestServer_JetStreamAnswersAnywhere),
+// so a host that could pull or make a consumer could have the server
+// publish a stored chunk, bytes a builder chose, into another host's inbox
+// or onto mesh.build.ask.B; and whoever may publish to the bucket's
+// subjects chooses its headers (Nats-Rollup purges the stream, a delete
+// marker removes an archive). So a host reads an archive declared to it a
+// piece at a time from the controller (mesh.node.N.archive), and a builder
+// hands the controller the pieces of an archive its build made
+// (mesh.build.archive.B), which the controller stores under their digest
+// unless it holds that archive already (app/archive's Server): neither has
+// a subject of JetStream's, $JS.>, $O.>, $KV.> or $JSC.>, to publish to.
 //
 // No user is given a NATS response permission (allow_responses): the server
 // lets such a user publish on any reply subject it was handed, its deny list
@@ -91,59 +86,6 @@ func controllerPermissions() broker.Permissions {
 		Subscribe: []string{"mesh.>", "_INBOX.>"}}
 }
 
-// The JetStream subjects of the archives bucket, as nats.go's jetstream
-// ObjectStore uses them.
-const (
-	// archiveStream is the bucket's stream.
-	archiveStream = "OBJ_" + protocol.ArchiveBucket
-	// archiveChunks is where an object's bytes are, in chunks, on a subject
-	// of its own ($O.<bucket>.C.<nuid>); archiveMeta where each object's
-	// meta is ($O.<bucket>.M.<base64 of its name>).
-	archiveChunks = "$O." + protocol.ArchiveBucket + ".C."
-	archiveMeta   = "$O." + protocol.ArchiveBucket + ".M."
-	// jsAPI prefixes the JetStream API's subjects.
-	jsAPI = "$JS.API."
-)
-
-// archiveReadPermissions are what reading an archive by name takes
-// (archive.Get), merged into a host's permissions: the bucket's stream
-// info (looking the bucket up), the last message of a meta subject (the
-// object's meta: its size, digest and chunks' subject; the body of a
-// message get names the subject), a pull consumer of one object's chunks,
-// created filtered to a chunk subject, pulled from a batch at a time, and
-// deleted when the fetch ends. The batches come to the user's own inbox
-// (a host's is _INBOX.<node>.>, already its own). A consumer's name is
-// random, so another host cannot guess it to pull from it. Nothing here
-// writes to the bucket, deletes an object or purges.
-func archiveReadPermissions() broker.Permissions {
-	return broker.Permissions{Publish: []string{
-		jsAPI + "STREAM.INFO." + archiveStream,
-		jsAPI + "STREAM.MSG.GET." + archiveStream,
-		jsAPI + "CONSUMER.CREATE." + archiveStream + ".*." + archiveChunks + "*",
-		jsAPI + "CONSUMER.MSG.NEXT." + archiveStream + ".*",
-		jsAPI + "CONSUMER.DELETE." + archiveStream + ".*",
-	}}
-}
-
-// builderArchivePermissions are what writing an archive takes (ObjectStore
-// Put), for the user of a module holding the build seat: the bucket's
-// stream info (looking it up), the last message of a meta subject (Put and
-// PutArchive first look for an object of that name), and publishing chunks
-// and a meta. Archives are named by their digest, so an object is never
-// put twice and never needs replacing: a builder may not purge the stream,
-// delete a message or an object's chunks, nor create, change or delete a
-// stream or a consumer. Its publish acknowledgements and API answers come
-// to its own inbox (app/builder's BuilderInbox), which the user it is
-// merged into must subscribe to.
-func builderArchivePermissions() broker.Permissions {
-	return broker.Permissions{Publish: []string{
-		jsAPI + "STREAM.INFO." + archiveStream,
-		jsAPI + "STREAM.MSG.GET." + archiveStream,
-		archiveChunks + ">",
-		archiveMeta + ">",
-	}}
-}
-
 // mergePermissions is a with b's subjects added; b's limits apply where a
 // has none.
 func mergePermissions(a, b broker.Permissions) broker.Permissions {
@@ -180,16 +122,16 @@ func joinUser() broker.JoinUser {
 	}
 }
 
-// hostPermissions: a host reports under its node's subjects, hears its
-// inbox, and reads archives (archiveReadPermissions).
+// hostPermissions: a host reports under its node's subjects (its reads of
+// archives among them, mesh.node.N.archive) and hears its inbox.
 func hostPermissions(node string) broker.Permissions {
-	return mergePermissions(broker.Permissions{
+	return broker.Permissions{
 		// answerInboxes: a host answers the controller's requests to it
 		// (mesh.node.N.inbox.logs, mesh.node.N.inbox.look).
 		Publish:    []string{"mesh.node." + node + ".>", answerInboxes},
 		Subscribe:  []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
 		MaxPayload: memberMaxPayload,
-	}, archiveReadPermissions())
+	}
 }
 
 // brokerKeys reads the broker's keys from the identity store.
@@ -356,7 +298,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"join (a connection without credentials, in the join account)", joinUser().Permissions},
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
-		{"archive writes (added to the module user of the build seat's holder)", builderArchivePermissions()},
+		{"builder on node N (added to the module user of the build seat's holder)", builderPermissions("N")},
 		{"controller pushing account JWTs (in the system account, with an external broker)", broker.SystemPermissions()},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/builder"
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
@@ -152,7 +154,7 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 // for one no builder holds now, of a holder of the build seat). Whoever may
 // use the broker's JetStream API can make the server publish stored bytes
 // on any subject, mesh.build.result included, but never with such a reply.
-func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (string, error) {
+func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (string, error) {
 	var o builder.Outcome
 	if err := json.Unmarshal(data, &o); err != nil {
 		return "", fmt.Errorf("an outcome that is not JSON: %w", err)
@@ -165,7 +167,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 	if err != nil {
 		return "", err
 	}
-	if !fromBuilder(reply, asked, snap) {
+	if !fromBuilder(from, asked, snap) {
 		return "", fmt.Errorf("%w: an outcome for %s that no builder's connection sent", ErrNotFromBuilder, o.ID)
 	}
 	now := c.Now()
@@ -252,19 +254,61 @@ func (c *Controller) newerBuildOfVersion(ctx context.Context, st *Stores, a buil
 // ErrNotFromBuilder means a build outcome did not come from a builder.
 var ErrNotFromBuilder = errors.New("refused")
 
-// fromBuilder says reply is beneath the inbox of the builder that took the
-// ask, or, for an ask no builder holds, of a holder of the build seat.
-func fromBuilder(reply string, a builds.Ask, snap *inventory.Snapshot) bool {
-	under := func(node string) bool { return node != "" && strings.HasPrefix(reply, builder.BuilderInbox(node)+".") }
+// fromBuilder says the outcome came from the builder that took the ask
+// (the node the broker says sent it), or, for an ask no builder holds,
+// from a holder of the build seat.
+func fromBuilder(from string, a builds.Ask, snap *inventory.Snapshot) bool {
+	if from == "" {
+		return false
+	}
 	if node, _, _ := strings.Cut(a.Builder, "/"); node != "" && a.State == builds.InFlight {
-		return under(node)
+		return node == from
 	}
 	for _, h := range buildSeatHolders(snap) {
-		if under(h.Node) {
+		if h.Node == from {
 			return true
 		}
 	}
 	return false
+}
+
+// BuildAsked says whether build id is in flight on builder node: only then
+// may it hand the controller an archive (app/archive's Server), so that no
+// builder fills the bucket with archives no build of its made.
+func (c *Controller) BuildAsked(ctx context.Context, node, id string) error {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return err
+	}
+	a, err := st.Builds.Get(ctx, id)
+	if errors.Is(err, builds.ErrNotFound) {
+		return fmt.Errorf("build %q: %w", id, archive.ErrNotAsked)
+	}
+	if err != nil {
+		return err
+	}
+	if n, _, _ := strings.Cut(a.Builder, "/"); a.State != builds.InFlight || n != node {
+		return fmt.Errorf("build %s is %s on %q, not in flight on %s: %w", a.ID, a.State, a.Builder, node, archive.ErrNotAsked)
+	}
+	return nil
+}
+
+// ArchiveDeclared says whether node's latest declaration names the archive:
+// only then may its host read it.
+func (c *Controller) ArchiveDeclared(ctx context.Context, node, digest string) (bool, error) {
+	st, err := c.stores(ctx)
+	if err != nil {
+		return false, err
+	}
+	d, err := st.Inventory.LatestDeclaration(ctx, node)
+	if err != nil || d == nil {
+		return false, err
+	}
+	var body protocol.Declaration
+	if err := json.Unmarshal([]byte(d.Body), &body); err != nil {
+		return false, fmt.Errorf("read the declaration of %s: %w", node, err)
+	}
+	return slices.ContainsFunc(body.Modules, func(m protocol.DeclaredModule) bool { return m.Archive != nil && m.Archive.Digest == digest }), nil
 }
 
 // ShortID is a commit or a digest as shown: its first 12 characters.
@@ -329,7 +373,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 	lines := make(chan string, 256)
 	if !r.NoWait {
 		id := a.ID // the handler runs beside the loop below, which reads a afresh
-		sub, err := nc.Subscribe(protocol.BuildProgress, func(m *nats.Msg) {
+		sub, err := nc.Subscribe(protocol.BuildProgressSubject("*"), func(m *nats.Msg) {
 			var l protocol.BuildLine
 			if json.Unmarshal(m.Data, &l) == nil && l.ID == id {
 				select {
@@ -570,8 +614,8 @@ func (c *Controller) kickBuilds(ctx context.Context, st *Stores) {
 
 // BuilderIssue makes a broker user for a build machine on node whose host
 // is not the reference host (or to replace the builder module's own): it
-// may take the asks addressed to node, report, and write archives, nothing
-// else. It returns a .creds document.
+// may take the asks addressed to node, report on them and hand the
+// controller their archives, nothing else. It returns a .creds document.
 func (c *Controller) BuilderIssue(ctx context.Context, node string) (string, error) {
 	if err := CheckName(node); err != nil {
 		return "", err

@@ -60,6 +60,23 @@ func (m *testMesh) builderWith(t testing.TB, node string, sup *host.Supervisor) 
 	return h
 }
 
+// sandboxVisibleDir is a new dir a build's command can see, for a test to
+// signal it through: not beneath /tmp, which a build's sandbox covers
+// whole (app/builder), and open for others to enter, since a build runs as
+// a user of its own.
+func sandboxVisibleDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/var/lib", "mesh-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // scriptRepo makes a local bare git repository whose mesh.json builds
 // module 1.0.0 by running script with sh, its outputs bin/.
 func scriptRepo(t testing.TB, module, script string) string {
@@ -203,7 +220,7 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	m := newTestMesh(t)
 	ctx := context.Background()
 	gated := func(module string) (repo, gate string) {
-		gate = filepath.Join(t.TempDir(), "gate")
+		gate = filepath.Join(sandboxVisibleDir(t), "gate")
 		return scriptRepo(t, module, "while [ ! -e '"+gate+"' ]; do sleep 0.05; done; mkdir -p bin && echo "+module+" > bin/x"), gate
 	}
 	first, gate1 := gated("gated")

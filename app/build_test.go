@@ -1,6 +1,8 @@
 package app
 
 import (
+	"github.com/nats-io/nats.go"
+
 	"context"
 	"errors"
 	"fmt"
@@ -172,9 +174,10 @@ func TestBuild_Failures(t *testing.T) {
 	}
 }
 
-// An outcome that no builder's connection sent (here the controller's own
-// user, as anything that can make the broker publish on mesh.build.result
-// would) is refused: nothing is recorded, nothing registered.
+// An outcome for an ask no builder took, on a node that holds no build
+// seat (here sent by the controller's own user, as anything that could
+// make the broker publish on mesh.build.result.b1 would), is refused:
+// nothing is recorded, nothing registered.
 func TestBuild_ForgedOutcomeRefused(t *testing.T) {
 	m := newTestMesh(t)
 	ctx := context.Background()
@@ -185,7 +188,16 @@ func TestBuild_ForgedOutcomeRefused(t *testing.T) {
 	nc := m.controllerConn(t)
 	forged := fmt.Sprintf(`{"id": %q, "repository": "https://git.example/greeter", "on": "b1", "module": "greeter", "version": "9.9.9",
 		"manifest": {"module": "greeter", "version": "9.9.9"}, "digest": %q, "bytes": 10, "duration_ms": 1}`, a.ID, strings.Repeat("a", 64))
-	reply, err := nc.Request(protocol.BuildResult, []byte(forged), 5*time.Second)
+	msg := nats.NewMsg(protocol.BuildResultSubject("b1"))
+	msg.Data, msg.Reply = []byte(forged), protocol.BuilderInboxPrefix("b1")+".forged"
+	answers, err := nc.SubscribeSync(msg.Reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := answers.NextMsg(5 * time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -374,14 +374,16 @@ func canBuild(m inventory.Manifest) bool {
 }
 
 // builderPermissions are a builder's on node: take the asks addressed to
-// its node and be told to kill one, report lines and outcomes (the
-// outcome is a request: its answer comes to the builder's own inbox,
-// beneath its node's), and write archives.
+// its node and be told to kill one, report lines and outcomes and hand the
+// controller archives, each on its node's own subject, so that the broker,
+// not the builder, says which builder sent it (the outcome and each
+// archive piece are requests: their answers come to the builder's own
+// inbox, beneath its node's). No JetStream subject: app/broker.go.
 func builderPermissions(node string) broker.Permissions {
-	return mergePermissions(broker.Permissions{
-		Publish:   []string{protocol.BuildProgress, protocol.BuildResult},
+	return broker.Permissions{
+		Publish:   []string{protocol.BuildProgressSubject(node), protocol.BuildResultSubject(node), protocol.ArchiveUploadSubject(node)},
 		Subscribe: []string{protocol.BuildAskSubject(node), protocol.BuildKillSubject(node), builder.BuilderInbox(node) + ".>"},
-	}, builderArchivePermissions())
+	}
 }
 
 // SettingsRequest sets or clears one settings layer.

@@ -146,9 +146,11 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		SystemUser: func(context.Context) (string, []byte, error) {
 			return sv.keys.NewSystemUser("controller system")
 		},
-		Join:    sv.joinMany,
-		CatchUp: c.catchUp,
-		TakeIn:  c.TakeIn,
+		Join:            sv.joinMany,
+		CatchUp:         c.catchUp,
+		TakeIn:          c.TakeIn,
+		BuildAsked:      c.BuildAsked,
+		ArchiveDeclared: c.ArchiveDeclared,
 		ReAsk: func(ctx context.Context, id string) error {
 			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})
 			return err

@@ -29,9 +29,9 @@ type ServeOptions struct {
 	WorkDir string
 	// Hide are its own paths no build may see (Builder.Hide).
 	Hide []string
-	// Put stores an archive file under its digest (the broker's object
-	// store, content-addressed).
-	Put func(ctx context.Context, nc *nats.Conn, digest, file string) error
+	// Put hands the controller the archive file build id made, under its
+	// digest (it stores it in the broker's object store, content-addressed).
+	Put func(ctx context.Context, nc *nats.Conn, node, id, digest, file string) error
 	// Log receives its log lines.
 	Log io.Writer
 }
@@ -64,7 +64,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	var cancel context.CancelCauseFunc
 	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Hide: o.Hide, Progress: func(id, line string) {
 		if msg, err := json.Marshal(protocol.BuildLine{ID: id, Line: line}); err == nil {
-			_ = nc.Publish(protocol.BuildProgress, msg)
+			_ = nc.Publish(protocol.BuildProgressSubject(o.Node), msg)
 		}
 	}}
 	var wg sync.WaitGroup
@@ -91,7 +91,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		go func() {
 			defer wg.Done()
 			defer func() { mu.Lock(); busy, cancel = "", nil; mu.Unlock(); c(nil) }()
-			report(ctx, nc, build(bctx, b, a, nc, o), logf)
+			report(ctx, nc, o.Node, build(bctx, b, a, nc, o), logf)
 		}()
 	}); err != nil {
 		return err
@@ -136,7 +136,7 @@ func build(ctx context.Context, b *Builder, a Ask, nc *nats.Conn, o ServeOptions
 	if out.Failed || out.DryRun || o.Put == nil {
 		return out
 	}
-	if err := putPatiently(ctx, func() error { return o.Put(ctx, nc, out.Digest, file) }); err != nil {
+	if err := putPatiently(ctx, func() error { return o.Put(ctx, nc, o.Node, a.ID, out.Digest, file) }); err != nil {
 		out.Failed, out.Why = true, "store the archive: "+err.Error()
 	}
 	return out
@@ -152,7 +152,7 @@ func putPatiently(ctx context.Context, put func() error) error {
 	for {
 		err := put()
 		if err == nil || errors.Is(err, archive.ErrDigest) || errors.Is(err, archive.ErrTooLarge) || errors.Is(err, archive.ErrMismatch) ||
-			errors.Is(err, archive.ErrNotDigest) || errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+			errors.Is(err, archive.ErrNotDigest) || errors.Is(err, archive.ErrNotAsked) || errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -165,14 +165,14 @@ func putPatiently(ctx context.Context, put func() error) error {
 
 // report sends an outcome until the controller says it recorded it (it may
 // be starting again): a minute, then the ask's bound makes it ask again.
-func report(ctx context.Context, nc *nats.Conn, o Outcome, logf func(string, ...any)) {
+func report(ctx context.Context, nc *nats.Conn, node string, o Outcome, logf func(string, ...any)) {
 	msg, err := json.Marshal(o)
 	if err != nil {
 		return
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		reply, err := nc.Request(protocol.BuildResult, msg, protocol.AnswerTimeout)
+		reply, err := nc.Request(protocol.BuildResultSubject(node), msg, protocol.AnswerTimeout)
 		if err == nil {
 			var ok protocol.OKReply
 			if json.Unmarshal(reply.Data, &ok) == nil && ok.OK {
@@ -200,18 +200,22 @@ func respond(m *nats.Msg, v any) {
 	}
 }
 
-// PutArchive stores an archive file in the broker's object store under its
-// digest (archive.Put: one stored already is left as it is, and the bytes
-// are checked against the digest as they go).
-func PutArchive(ctx context.Context, nc *nats.Conn, digest, file string) error {
+// PutArchive hands the controller the archive file build id made on
+// node (archive.Upload: one stored already is not sent, and the
+// controller checks the bytes against the digest as they come).
+func PutArchive(ctx context.Context, nc *nats.Conn, node, id, digest, file string) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return archive.Put(ctx, nc, digest, f)
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	return archive.Upload(ctx, nc, protocol.ArchiveUploadSubject(node), id, digest, fi.Size(), f)
 }
 
 // BuilderInbox is the inbox prefix of the builder on node: beneath the
 // node's own (the host's), so no other node's user reads its answers.
-func BuilderInbox(node string) string { return protocol.HostInboxPrefix(node) + ".builder" }
+func BuilderInbox(node string) string { return protocol.BuilderInboxPrefix(node) }

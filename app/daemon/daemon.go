@@ -25,6 +25,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -207,9 +208,16 @@ type UseCases struct {
 	// SelfCheck judges the mesh, logging its raisings and clearings to
 	// log. It returns the conditions it left open.
 	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
-	// TakeIn records a builder's outcome (and registers what it built); the
-	// line says what came of it. Nil: builds are not served.
-	TakeIn func(ctx context.Context, outcome []byte, reply string) (line string, err error)
+	// TakeIn records the outcome builder (the node the broker says sent
+	// it) reported, and registers what it built; the line says what came
+	// of it. Nil: builds are not served.
+	TakeIn func(ctx context.Context, outcome []byte, builder string) (line string, err error)
+	// BuildAsked returns nil if build id is in flight on builder node: the
+	// builder may hand over its archive (app/archive's Server).
+	BuildAsked func(ctx context.Context, node, id string) error
+	// ArchiveDeclared says whether node's latest declaration names the
+	// archive: the host may read it. Nil: archives are not served.
+	ArchiveDeclared func(ctx context.Context, node, digest string) (bool, error)
 	// Connected is told the daemon's connection once it is made (the
 	// archives bucket is made there), and how many copies the broker can
 	// keep of what it stores: 3 on a JetStream cluster of three servers or
@@ -316,6 +324,8 @@ type daemon struct {
 	url  string
 	urls []string
 	srv  *broker.Server // nil with an external broker
+	// archives serves archives to hosts and takes them from builders.
+	archives *archive.Server
 
 	keys   hostKeys
 	events chan *event
@@ -530,7 +540,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	if err := d.loadSilentPeers(ctx); err != nil {
 		return err
 	}
-	if err := d.subscribe(); err != nil {
+	if err := d.subscribe(ctx); err != nil {
 		return err
 	}
 	if err := st.Identity.RenewLease(ctx, holder, u.Now().Add(o.LeaseTTL), d.url); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
@@ -66,7 +67,7 @@ func (d *daemon) answerBusy(m *nats.Msg) {
 // that users were revoked; only controller users may publish under mesh.control.
 const RevokedSubject = "mesh.control.revoked"
 
-func (d *daemon) subscribe() error {
+func (d *daemon) subscribe(ctx context.Context) error {
 	subs := map[string]nats.MsgHandler{
 		protocol.NodeWildcard(protocol.Heartbeat):   d.onHeartbeat,
 		protocol.NodeWildcard(protocol.FactsReport): d.onFacts,
@@ -85,8 +86,17 @@ func (d *daemon) subscribe() error {
 		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
+	if d.u.ArchiveDeclared != nil {
+		d.archives = archive.NewServer(d.nc, archive.ServerOptions{Declared: d.u.ArchiveDeclared, Asked: d.u.BuildAsked,
+			Refused: func(node, reason string) { d.dropAnswer("an archive's piece", node, reason) }})
+		d.archives.Start(ctx)
+		subs[protocol.NodeWildcard(protocol.ArchiveRead)] = d.archives.OnRead
+		if d.u.BuildAsked != nil {
+			subs[protocol.ArchiveUploadSubject("*")] = d.archives.OnUpload
+		}
+	}
 	if d.u.TakeIn != nil {
-		subs[protocol.BuildResult] = d.onBuildResult
+		subs[protocol.BuildResultSubject("*")] = d.onBuildResult
 		subs[BuildKickSubject] = func(*nats.Msg) { d.kickBuilds() }
 	}
 	for subject, h := range subs {
@@ -173,16 +183,21 @@ func (d *daemon) respondTo(m *nats.Msg, node string, v any) {
 		prefix = protocol.HostInboxPrefix(node) + "."
 	}
 	if !strings.HasPrefix(m.Reply, prefix) || len(m.Reply) == len(prefix) {
-		d.o.Counters.Dropped.Add(1)
-		reason := "answer outside its inbox"
-		d.o.Metrics.Drop(reason)
-		d.log.Warn("not answering", "subject", m.Subject, "reply", m.Reply, "node", node, "reason", reason)
-		if node != "" {
-			d.handOver(event{kind: evDrop, node: node, reason: reason})
-		}
+		d.dropAnswer(m.Subject, node, "answer outside its inbox")
 		return
 	}
 	d.respond(m, v)
+}
+
+// dropAnswer counts and logs a request left unanswered, and raises it
+// against its node.
+func (d *daemon) dropAnswer(what, node, reason string) {
+	d.o.Counters.Dropped.Add(1)
+	d.o.Metrics.Drop(reason)
+	d.log.Warn("not answering", "what", what, "node", node, "reason", reason)
+	if node != "" {
+		d.handOver(event{kind: evDrop, node: node, reason: reason})
+	}
 }
 
 func (d *daemon) onHeartbeat(m *nats.Msg) {
@@ -730,8 +745,15 @@ func (l *limiter) allow(node, what string, now time.Time) bool {
 
 // onBuildResult records a builder's outcome, whoever waits for it, and
 // answers the builder once it is recorded (it reports again until then).
+// The builder is the one the subject names (only its user may publish
+// there), and it is answered only into its own inbox.
 func (d *daemon) onBuildResult(m *nats.Msg) {
-	line, err := d.u.TakeIn(d.bg, m.Data, m.Reply)
+	builder := strings.TrimPrefix(m.Subject, protocol.BuildResultSubject(""))
+	if prefix := protocol.BuilderInboxPrefix(builder) + "."; !protocol.ValidName(builder) || !strings.HasPrefix(m.Reply, prefix) || len(m.Reply) == len(prefix) {
+		d.dropAnswer("a build's outcome", builder, "answer outside its inbox")
+		return
+	}
+	line, err := d.u.TakeIn(d.bg, m.Data, builder)
 	reply := protocol.OKReply{OK: err == nil}
 	if err != nil {
 		reply.Error = err.Error()

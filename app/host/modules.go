@@ -324,8 +324,9 @@ func (r *Runner) adoptRuns(dl delivery) bool {
 	return true
 }
 
-// fetcher brings archives from the broker's object store over nc into the
-// state dir, each verified against its digest before it is used.
+// fetcher brings archives from the controller over nc (a piece at a time,
+// from the broker's object store: archive.Fetch) into the state dir, each
+// verified against its digest before it is used.
 func (r *Runner) fetcher(nc *nats.Conn) fetcher {
 	return func(a protocol.Archive) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), archiveFetchTimeout(a.Bytes))
@@ -337,7 +338,7 @@ func (r *Runner) fetcher(nc *nats.Conn) fetcher {
 		// Streamed from the broker into a file, hashed on the way.
 		pr, pw := io.Pipe()
 		go func() {
-			_, err := archive.Get(ctx, nc, a.Digest, pw)
+			_, err := archive.Fetch(ctx, nc, protocol.NodeSubject(r.State.Node, protocol.ArchiveRead), a.Digest, pw)
 			pw.CloseWithError(err)
 		}()
 		file, size, err := archive.Receive(pr, tmp, a.Digest, protocol.MaxArchiveBytes)
