@@ -16,6 +16,7 @@ import (
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 )
 
 // ServeOptions are what a builder module is given (its environment, as a
@@ -27,6 +28,9 @@ type ServeOptions struct {
 	Node string
 	// WorkDir is its work data set.
 	WorkDir string
+	// GitCredentials is the file of its git-credentials secret, read by
+	// git when it exists (Builder.GitCredentials).
+	GitCredentials string
 	// Put stores an archive file under its digest (the broker's object
 	// store, content-addressed).
 	Put func(ctx context.Context, nc *nats.Conn, digest, file string) error
@@ -60,7 +64,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	var mu sync.Mutex
 	var busy string // the build in flight
 	var cancel context.CancelCauseFunc
-	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Progress: func(id, line string) {
+	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, GitCredentials: o.GitCredentials, Progress: func(id, line string) {
 		if msg, err := json.Marshal(protocol.BuildLine{ID: id, Line: line}); err == nil {
 			_ = nc.Publish(protocol.BuildProgress, msg)
 		}
@@ -84,7 +88,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		busy, cancel = a.ID, c
 		mu.Unlock()
 		respond(m, protocol.BuildTaken{Taken: true})
-		logf("took %s: %s at %q", a.ID, a.Repository, a.Ref)
+		logf("took %s: %s at %q", a.ID, inventory.RedactRepository(a.Repository), a.Ref)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
