@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 
@@ -194,20 +195,37 @@ func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, 
 	}
 }
 
+// apiMaxClaim bounds each claim a hand act keeps of its caller, in bytes.
+const apiMaxClaim = 256
+
 // apiActor is the caller as a hand act keeps it: the subject, and the email and
-// name when the token has them.
+// name when the token has them. They are kept as the issuer gave them, each
+// bounded: a line break or an escape in one is data, which whatever prints the
+// hand act escapes (hand-acts quotes it), never layout.
 func apiActor(sub string, claims map[string]any) string {
-	who := "api:" + sub
+	who := "api:" + apiClaim(sub)
 	var more []string
 	for _, k := range []string{"email", "name"} {
 		if v, ok := claims[k].(string); ok && v != "" {
-			more = append(more, apiOneLine(v))
+			more = append(more, apiClaim(v))
 		}
 	}
 	if len(more) > 0 {
 		who += " (" + strings.Join(more, ", ") + ")"
 	}
 	return who
+}
+
+// apiClaim is a claim cut to apiMaxClaim bytes, on a character boundary.
+func apiClaim(s string) string {
+	if len(s) <= apiMaxClaim {
+		return s
+	}
+	cut := apiMaxClaim
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // claimStrings reads a groups claim: a list of strings, or one string.
