@@ -51,17 +51,6 @@ type TokenVerifier interface {
 	Verify(ctx context.Context, raw string) (*oidc.IDToken, error)
 }
 
-// NewTokenVerifier reads the issuer's discovery document and verifies tokens
-// against its keys, fetched again when a token names a key not yet seen
-// (an issuer's key rotation).
-func NewTokenVerifier(ctx context.Context, issuer, audience string) (*oidc.IDTokenVerifier, error) {
-	p, err := oidc.NewProvider(ctx, issuer)
-	if err != nil {
-		return nil, err
-	}
-	return p.Verifier(&oidc.Config{ClientID: audience}), nil
-}
-
 // APIRoutes are the routes the API serves, as the mux patterns name them; the
 // OpenAPI document names the same (TestOpenAPIMatchesMux).
 var APIRoutes = []string{
