@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 
@@ -48,17 +49,6 @@ type APIAccess struct {
 // *oidc.IDTokenVerifier is one.
 type TokenVerifier interface {
 	Verify(ctx context.Context, raw string) (*oidc.IDToken, error)
-}
-
-// NewTokenVerifier reads the issuer's discovery document and verifies tokens
-// against its keys, fetched again when a token names a key not yet seen
-// (an issuer's key rotation).
-func NewTokenVerifier(ctx context.Context, issuer, audience string) (*oidc.IDTokenVerifier, error) {
-	p, err := oidc.NewProvider(ctx, issuer)
-	if err != nil {
-		return nil, err
-	}
-	return p.Verifier(&oidc.Config{ClientID: audience}), nil
 }
 
 // APIRoutes are the routes the API serves, as the mux patterns name them; the
@@ -194,20 +184,37 @@ func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, 
 	}
 }
 
+// apiMaxClaim bounds each claim a hand act keeps of its caller, in bytes.
+const apiMaxClaim = 256
+
 // apiActor is the caller as a hand act keeps it: the subject, and the email and
-// name when the token has them.
+// name when the token has them. They are kept as the issuer gave them, each
+// bounded: a line break or an escape in one is data, which whatever prints the
+// hand act escapes (hand-acts quotes it), never layout.
 func apiActor(sub string, claims map[string]any) string {
-	who := "api:" + sub
+	who := "api:" + apiClaim(sub)
 	var more []string
 	for _, k := range []string{"email", "name"} {
 		if v, ok := claims[k].(string); ok && v != "" {
-			more = append(more, apiOneLine(v))
+			more = append(more, apiClaim(v))
 		}
 	}
 	if len(more) > 0 {
 		who += " (" + strings.Join(more, ", ") + ")"
 	}
 	return who
+}
+
+// apiClaim is a claim cut to apiMaxClaim bytes, on a character boundary.
+func apiClaim(s string) string {
+	if len(s) <= apiMaxClaim {
+		return s
+	}
+	cut := apiMaxClaim
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // claimStrings reads a groups claim: a list of strings, or one string.

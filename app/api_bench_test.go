@@ -46,7 +46,7 @@ func BenchmarkAPIStatus(b *testing.B) {
 func BenchmarkAPIVerify(b *testing.B) {
 	is := newTestIssuer(b)
 	ctx := context.Background()
-	v, err := NewTokenVerifier(ctx, is.m.Issuer(), apiTestAudience)
+	v, err := NewTokenVerifier(ctx, is.m.Issuer(), apiTestAudience, TokenVerifierOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

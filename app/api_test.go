@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,11 +26,16 @@ import (
 
 // testIssuer is a real OpenID Connect issuer on loopback (mockoidc: its
 // discovery document), whose key set (served here, so that a test can
-// rotate it) is its current key only.
+// rotate it, and counted) is its current key only.
 type testIssuer struct {
 	m   *mockoidc.MockOIDC
 	mu  sync.Mutex
 	key *mockoidc.Keypair
+	// fetches counts the key set's fetches.
+	fetches atomic.Int64
+	// refetch is how often the API that apiOn serves may fetch the keys
+	// again: short, so that a test's rotation is picked up at once.
+	refetch time.Duration
 }
 
 func newTestIssuer(t testing.TB) *testIssuer {
@@ -42,13 +48,14 @@ func newTestIssuer(t testing.TB) *testIssuer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	is := &testIssuer{m: m, key: key}
+	is := &testIssuer{m: m, key: key, refetch: 50 * time.Millisecond}
 	m.AddMiddleware(func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != mockoidc.JWKSEndpoint {
 				next.ServeHTTP(w, r)
 				return
 			}
+			is.fetches.Add(1)
 			is.mu.Lock()
 			b, err := is.key.JWKS()
 			is.mu.Unlock()
@@ -117,7 +124,7 @@ const apiTestAudience = "mesh-controller"
 // verifying tokens of is; it returns the base URL.
 func apiOn(t testing.TB, c *Controller, is *testIssuer, tweak func(*http.Server)) string {
 	t.Helper()
-	v, err := NewTokenVerifier(context.Background(), is.m.Issuer(), apiTestAudience)
+	v, err := NewTokenVerifier(context.Background(), is.m.Issuer(), apiTestAudience, TokenVerifierOptions{RefetchEvery: is.refetch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,15 +215,107 @@ func TestAPI_Tokens(t *testing.T) {
 		}
 	}
 
-	// Rotation: the issuer's new key is fetched when a token names it; a
-	// token of the old key is then refused.
+	// Rotation: the issuer's new key is fetched when a token names it
+	// (once the refetch interval is past); a token of the old key is then
+	// refused.
 	old := is.token(t, nil, admin, nil)
 	is.rotate(t)
-	if got, b := call(t, "GET", base+"/v1/nodes", is.token(t, nil, admin, nil), ""); got != 200 {
-		t.Fatalf("a token of the rotated key: %d %s", got, b)
-	}
+	rotated := is.token(t, nil, admin, nil)
+	waitFor(t, "a token of the rotated key taken", func() bool {
+		got, _ := call(t, "GET", base+"/v1/nodes", rotated, "")
+		return got == 200
+	})
 	if got, b := call(t, "GET", base+"/v1/nodes", old, ""); got != 401 {
 		t.Fatalf("a token of the key rotated out: %d %s", got, b)
+	}
+}
+
+// Tokens naming key ids the issuer never published, many and at once, cost
+// the issuer at most one fetch of its keys per interval, not one each; a
+// token of a key held verifies from the cache meanwhile; and a real
+// rotation is picked up once the interval is past.
+func TestAPI_KeyRefetchBounded(t *testing.T) {
+	is := newTestIssuer(t)
+	is.refetch = time.Hour
+	c, _ := migrated(t)
+	base := apiOn(t, c, is, nil)
+	read := []string{"mesh-read"}
+	good := is.token(t, nil, read, nil)
+	if got, b := call(t, "GET", base+"/v1/status", good, ""); got != 200 {
+		t.Fatalf("a good token: %d %s", got, b)
+	}
+	if n := is.fetches.Load(); n != 1 {
+		t.Fatalf("%d fetches of the keys for the first token, want 1", n)
+	}
+	stranger, err := mockoidc.RandomKeypair(2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := func(i int) string {
+		now := time.Now()
+		tok := jwt.NewWithClaims(jwt.SigningMethodRS256, jwt.MapClaims{"iss": is.m.Issuer(), "aud": apiTestAudience, "sub": "mallory",
+			"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "groups": read})
+		tok.Header["kid"] = fmt.Sprintf("made-up-%d", i)
+		s, err := tok.SignedString(stranger.PrivateKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	const asks, at = 400, 8
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	start := time.Now()
+	for w := range at {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < asks; i += at {
+				if got, _ := call(t, "GET", base+"/v1/status", unknown(i), ""); got == 401 {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d tokens with made-up key ids in %s: %d fetches of the issuer's keys", asks, time.Since(start).Round(time.Millisecond), is.fetches.Load())
+	if refused.Load() != asks {
+		t.Fatalf("%d of %d tokens of unknown keys refused", refused.Load(), asks)
+	}
+	if n := is.fetches.Load(); n != 1 {
+		t.Fatalf("%d fetches of the keys after %d tokens naming unknown keys, want none past the first", n, asks)
+	}
+	if got, b := call(t, "GET", base+"/v1/status", good, ""); got != 200 || is.fetches.Load() != 1 {
+		t.Fatalf("a token of a key held, after: %d %s (%d fetches)", got, b, is.fetches.Load())
+	}
+
+	// A real rotation, on an API whose interval is short: refused, then
+	// taken once the interval is past, with a bounded number of fetches
+	// while unknown key ids keep coming.
+	is.refetch = 300 * time.Millisecond
+	base = apiOn(t, c, is, nil)
+	if got, _ := call(t, "GET", base+"/v1/status", good, ""); got != 200 {
+		t.Fatal("the second API refused a good token")
+	}
+	before, since := is.fetches.Load(), time.Now()
+	is.rotate(t)
+	rotated := is.token(t, nil, read, nil)
+	taken := false
+	for i := 0; !taken && time.Since(since) < 10*time.Second; i++ {
+		call(t, "GET", base+"/v1/status", unknown(i), "")
+		got, _ := call(t, "GET", base+"/v1/status", rotated, "")
+		taken = got == 200
+	}
+	took, fetched := time.Since(since), is.fetches.Load()-before
+	t.Logf("the rotated key taken after %s, %d fetches", took.Round(time.Millisecond), fetched)
+	if !taken {
+		t.Fatalf("the rotated key was not taken in 10 s (%d fetches)", fetched)
+	}
+	if most := int64(took/is.refetch) + 1; fetched > most {
+		t.Fatalf("%d fetches in %s, over one per %s (%d)", fetched, took, is.refetch, most)
+	}
+	if got, _ := call(t, "GET", base+"/v1/status", good, ""); got != 401 {
+		t.Fatalf("a token of the key rotated out: %d", got)
 	}
 }
 

@@ -123,7 +123,9 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 	hs := builders(snap, paused)
 	for _, a := range waiting {
 		for _, h := range hs {
-			body, _ := json.Marshal(builder.Ask{ID: a.ID, Repository: a.Repository, Ref: a.Ref, DryRun: a.DryRun})
+			// Redacted: an ask kept before credentials were refused may hold
+			// one, which the builder then refuses rather than uses.
+			body, _ := json.Marshal(builder.Ask{ID: a.ID, Repository: inventory.RedactRepository(a.Repository), Ref: a.Ref, DryRun: a.DryRun})
 			m, err := nc.Request(protocol.BuildAskSubject(h.Node), body, protocol.AnswerTimeout)
 			if err != nil {
 				continue // not running, or not answering: the next holder
@@ -172,16 +174,20 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 	}
 	now := c.Now()
 	commitAt, _ := time.Parse(time.RFC3339, o.CommitAt) // unknown when the builder did not say
+	// What a builder says is kept and printed: a URL's credential in a git
+	// message (from a builder of its own) is not.
 	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, CommitAt: commitAt, Version: o.Version,
-		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: o.Why, Problems: o.Problems, LogTail: o.LogTail, Manifest: o.Manifest}, now)
+		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: inventory.RedactText(o.Why), Problems: redactAll(o.Problems),
+		LogTail: redactAll(o.LogTail), Manifest: redactManifest(o.Manifest)}, now)
 	if err != nil {
 		return "", err
 	}
+	shown := inventory.RedactRepository(a.Repository)
 	if o.DurationMS > 0 && o.Module != "" {
 		_ = st.Health.RecordDurations(ctx, []health.Duration{{Kind: "build", Subject: o.Module, MS: o.DurationMS, At: now}})
 	}
 	if a.State != builds.Done || a.DryRun {
-		return fmt.Sprintf("build %s of %s: %s %s", a.ID, a.Repository, a.State, a.Why), nil
+		return fmt.Sprintf("build %s of %s: %s %s", a.ID, shown, a.State, a.Why), nil
 	}
 	m, problems := inventory.ParseManifest(o.Manifest)
 	if len(problems) > 0 {
@@ -216,7 +222,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 	if added.Rebuilt {
 		again = ", its archive replaced (push --behind sends it to the nodes that run it)"
 	}
-	return fmt.Sprintf("build %s: %s %s registered from %s at %s%s", a.ID, m.Module, m.Version, a.Repository, ShortID(o.Commit), again), nil
+	return fmt.Sprintf("build %s: %s %s registered from %s at %s%s", a.ID, m.Module, m.Version, shown, ShortID(o.Commit), again), nil
 }
 
 // newerBuildOfVersion says why a build of a version the mesh registered
@@ -311,6 +317,48 @@ func (c *Controller) ArchiveDeclared(ctx context.Context, node, digest string) (
 	return slices.ContainsFunc(body.Modules, func(m protocol.DeclaredModule) bool { return m.Archive != nil && m.Archive.Digest == digest }), nil
 }
 
+// shownAsk is an ask as the mesh prints it: its repository, why and
+// outcome redacted. An ask kept before credentials were refused in
+// repository URLs may hold one.
+func shownAsk(a builds.Ask) builds.Ask {
+	a.Repository, a.Why = inventory.RedactRepository(a.Repository), inventory.RedactText(a.Why)
+	if a.Details != nil {
+		d := *a.Details
+		d.Problems, d.LogTail, d.Manifest = redactAll(d.Problems), redactAll(d.LogTail), redactManifest(d.Manifest)
+		a.Details = &d
+	}
+	return a
+}
+
+// shownAsks are asks as the mesh prints them (shownAsk).
+func shownAsks(as []builds.Ask) []builds.Ask {
+	for i := range as {
+		as[i] = shownAsk(as[i])
+	}
+	return as
+}
+
+// redactAll is lines with every URL in them redacted.
+func redactAll(lines []string) []string {
+	if lines == nil {
+		return nil
+	}
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = inventory.RedactText(l)
+	}
+	return out
+}
+
+// redactManifest is a manifest as built with every URL in it redacted (its
+// source, say): the one registered is judged from the builder's own copy.
+func redactManifest(m json.RawMessage) json.RawMessage {
+	if r := inventory.RedactText(string(m)); r != string(m) {
+		return json.RawMessage(r)
+	}
+	return m
+}
+
 // ShortID is a commit or a digest as shown: its first 12 characters.
 func ShortID(commit string) string {
 	if len(commit) > 12 {
@@ -341,6 +389,11 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 	if strings.TrimSpace(r.Repository) == "" || strings.HasPrefix(r.Repository, "-") || strings.HasPrefix(r.Ref, "-") {
 		return builds.Ask{}, fmt.Errorf("%w: give a repository URL or path, and a ref that is not an option", builds.ErrNoRepository)
 	}
+	// Never kept: the builds store, the daemon's log and every listing
+	// would hold the credential.
+	if err := inventory.CheckRepository(r.Repository); err != nil {
+		return builds.Ask{}, err
+	}
 	if r.Progress == nil {
 		r.Progress = func(string) {}
 	}
@@ -354,6 +407,13 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 	if err != nil {
 		return builds.Ask{}, err
 	}
+	a, err = c.followBuild(ctx, st, a, r)
+	return shownAsk(a), err
+}
+
+// followBuild tells the serving controller of a queued ask and, unless
+// NoWait, follows it until it ends, as Build says.
+func (c *Controller) followBuild(ctx context.Context, st *Stores, a builds.Ask, r BuildRequest) (builds.Ask, error) {
 	r.Progress(fmt.Sprintf("%s: waiting for a builder (%s%s)", a.ID, a.Repository, map[bool]string{true: " at " + a.Ref, false: ""}[a.Ref != ""]))
 	if c.noBuildSeatHolder(ctx, st) {
 		if r.NoWait {
@@ -400,7 +460,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 		case <-ctx.Done():
 			return a, fmt.Errorf("%s goes on without you: see 'mesh-controller builds'", a.ID)
 		case l := <-lines:
-			r.Progress("  | " + l)
+			r.Progress("  | " + inventory.RedactText(l))
 			continue
 		case <-tick.C:
 		}
@@ -417,7 +477,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 			continue
 		}
 		for len(lines) > 0 {
-			r.Progress("  | " + <-lines)
+			r.Progress("  | " + inventory.RedactText(<-lines))
 		}
 		if a.Registered || a.DryRun && a.State == builds.Done {
 			return a, nil
@@ -441,7 +501,8 @@ func (c *Controller) BuildsList(ctx context.Context, module string) ([]builds.As
 	if err != nil {
 		return nil, err
 	}
-	return st.Builds.List(ctx, builds.Filter{Module: module})
+	as, err := st.Builds.List(ctx, builds.Filter{Module: module})
+	return shownAsks(as), err
 }
 
 // BuildQueue is what queue shows: asks waiting, in flight and dead.
@@ -450,7 +511,8 @@ func (c *Controller) BuildQueue(ctx context.Context) ([]builds.Ask, error) {
 	if err != nil {
 		return nil, err
 	}
-	return st.Builds.Queue(ctx)
+	as, err := st.Builds.Queue(ctx)
+	return shownAsks(as), err
 }
 
 // errBuildWhy: every by-hand act on the build queue is recorded with why.
@@ -467,6 +529,7 @@ func (c *Controller) BuildCancel(ctx context.Context, id, why string) (builds.As
 		return builds.Ask{}, err
 	}
 	a, err := st.Builds.Cancel(ctx, id, c.Now())
+	a = shownAsk(a)
 	if err != nil {
 		return a, err
 	}
@@ -536,7 +599,8 @@ func (c *Controller) BuildKill(ctx context.Context, id, why string) (a builds.As
 	if err != nil {
 		return builds.Ask{}, false, err
 	}
-	if a, err = st.Builds.Kill(ctx, id, c.Now()); err != nil {
+	a, err = st.Builds.Kill(ctx, id, c.Now())
+	if a = shownAsk(a); err != nil {
 		return a, false, err
 	}
 	if err := c.recordHand(ctx, fmt.Sprintf("kill build %s on %s (%s)", a.ID, a.Builder, a.Repository), why, "build", ""); err != nil {
@@ -671,7 +735,7 @@ func (c *Controller) Replay(ctx context.Context, id string, register, older bool
 		return builds.Ask{}, fmt.Errorf("build %s %w: replay one that got as far as its checkout", id, ErrNoCommit)
 	}
 	if register {
-		if err := c.recordHand(ctx, fmt.Sprintf("replay build %s (%s at %s) to register it%s", id, old.Repository, ShortID(old.Commit),
+		if err := c.recordHand(ctx, fmt.Sprintf("replay build %s (%s at %s) to register it%s", id, inventory.RedactRepository(old.Repository), ShortID(old.Commit),
 			map[bool]string{true: ", older allowed", false: ""}[older]), why, "build", ""); err != nil {
 			return builds.Ask{}, err
 		}

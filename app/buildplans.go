@@ -155,6 +155,8 @@ func orderSteps(byName map[string]inventory.Module, chosen []string, kind string
 	for _, name := range chosen {
 		if byName[name].Source == "" {
 			problems = append(problems, fmt.Sprintf("module %s names no source to build it from (module add it with a source, or from a build)", name))
+		} else if err := inventory.CheckRepository(byName[name].Source); err != nil {
+			problems = append(problems, fmt.Sprintf("module %s: %v", name, err))
 		}
 		// Every chosen module reachable by stands_on, through any module.
 		seen := map[string]bool{name: true}
@@ -305,7 +307,22 @@ func (c *Controller) BuildPlans(ctx context.Context) ([]builds.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return st.Builds.Plans(ctx, 0)
+	ps, err := st.Builds.Plans(ctx, 0)
+	for i := range ps {
+		ps[i] = shownPlan(ps[i])
+	}
+	return ps, err
+}
+
+// shownPlan is a plan as the mesh prints it: each step's repository and
+// why redacted (a plan made before credentials were refused in repository
+// URLs may hold one).
+func shownPlan(p builds.Plan) builds.Plan {
+	p.Steps = slices.Clone(p.Steps)
+	for i := range p.Steps {
+		p.Steps[i].Repository, p.Steps[i].Why = inventory.RedactRepository(p.Steps[i].Repository), inventory.RedactText(p.Steps[i].Why)
+	}
+	return p
 }
 
 // PlanRetry asks a failed plan's failed builds again and carries it on.
@@ -318,7 +335,7 @@ func (c *Controller) PlanRetry(ctx context.Context, id string) (builds.Plan, err
 	if err == nil {
 		c.kickBuilds(ctx, st)
 	}
-	return p, err
+	return shownPlan(p), err
 }
 
 // PlanStop ends a running plan by hand (a hand act): what was not asked is
@@ -332,7 +349,7 @@ func (c *Controller) PlanStop(ctx context.Context, id, why string) (builds.Plan,
 		return builds.Plan{}, nil, err
 	}
 	p, inFlight, err := st.Builds.StopPlan(ctx, id, why, c.Now())
-	if err != nil {
+	if p = shownPlan(p); err != nil {
 		return p, nil, err
 	}
 	return p, inFlight, c.recordHand(ctx, fmt.Sprintf("stop build plan %s (%s)", p.ID, PlanWhat(p)), why, "build", "")
@@ -348,7 +365,7 @@ func (c *Controller) PlanClose(ctx context.Context, id, why string) (builds.Plan
 		return builds.Plan{}, err
 	}
 	p, err := st.Builds.ClosePlan(ctx, id, why, c.Now())
-	if err != nil {
+	if p = shownPlan(p); err != nil {
 		return p, err
 	}
 	return p, c.recordHand(ctx, fmt.Sprintf("close build plan %s (%s)", p.ID, PlanWhat(p)), why, "build", "")

@@ -181,9 +181,12 @@ func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult
 	in.moduleStates, err = hs.ModuleStates(ctx, "")
 	fail("health", "read module states", err)
 	if bs := st.Builds; bs != nil {
+		// As shown: a condition's summary and evidence are kept and printed.
 		in.queue, err = bs.Queue(ctx)
+		in.queue = shownAsks(in.queue)
 		fail("builds", "read the build queue", err)
 		in.latestBuilds, err = bs.LatestByModule(ctx)
+		in.latestBuilds = shownAsks(in.latestBuilds)
 		fail("builds", "read the latest builds", err)
 		in.pausedBuilders, err = bs.Paused(ctx)
 		fail("builds", "read paused builders", err)

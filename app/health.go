@@ -299,8 +299,11 @@ func (c *Controller) HandActs(ctx context.Context, days int) (HandActsView, erro
 		return HandActsView{}, err
 	}
 	counts := map[string]int{}
-	for _, a := range acts {
+	for i, a := range acts {
 		counts[a.Cause]++
+		// An act on a build kept before credentials were refused in
+		// repository URLs names its repository with them.
+		acts[i].What = inventory.RedactText(a.What)
 	}
 	v := HandActsView{Acts: acts, Causes: []CauseCount{}}
 	for cause, n := range counts {

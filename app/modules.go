@@ -107,6 +107,9 @@ func (c *Controller) ModuleAdd(ctx context.Context, file, source string) (Module
 	if err != nil {
 		return ModuleAdded{}, err
 	}
+	if err := inventory.CheckRepository(source); err != nil {
+		return ModuleAdded{}, fmt.Errorf("--source: %w", err)
+	}
 	st, err := c.stores(ctx)
 	if err != nil {
 		return ModuleAdded{}, err
@@ -171,7 +174,7 @@ func (c *Controller) ModuleList(ctx context.Context) ([]ModuleView, error) {
 		if nodes == nil {
 			nodes = []string{}
 		}
-		out = append(out, ModuleView{Name: m.Name, Version: m.CurrentVersion, Versions: m.Versions, Source: m.Source, Commit: m.Commit,
+		out = append(out, ModuleView{Name: m.Name, Version: m.CurrentVersion, Versions: m.Versions, Source: inventory.RedactRepository(m.Source), Commit: m.Commit,
 			MovedCommit: m.MovedCommit, BehindSource: m.BehindSource(), Nodes: nodes, Description: m.Current.Description})
 	}
 	return out, nil

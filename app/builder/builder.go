@@ -96,6 +96,10 @@ type Builder struct {
 	// directory, with its broker credentials, and its secrets): each is
 	// covered inside the build's sandbox, as its work dir is.
 	Hide []string
+	// GitCredentials is the file of the builder's git-credentials secret
+	// (git-credential-store lines, https://USER:TOKEN@HOST), handed to git
+	// by a credential helper when it exists; "" or absent: none.
+	GitCredentials string
 }
 
 func (b *Builder) path() string {
@@ -126,7 +130,9 @@ func (b *Builder) gitTimeout() time.Duration {
 // not written anywhere: only its digest and size are reported.
 func (b *Builder) Build(ctx context.Context, a Ask) Outcome {
 	start := time.Now()
-	o := Outcome{ID: a.ID, Repository: a.Repository, Ref: a.Ref, On: b.Node, DryRun: a.DryRun}
+	// The repository as the controller prints it: an ask from a controller
+	// that let a credential into the URL does not send it back.
+	o := Outcome{ID: a.ID, Repository: inventory.RedactRepository(a.Repository), Ref: a.Ref, On: b.Node, DryRun: a.DryRun}
 	lg := newLog(func(line string) {
 		if b.Progress != nil {
 			b.Progress(a.ID, line)
@@ -140,7 +146,7 @@ func (b *Builder) Build(ctx context.Context, a Ask) Outcome {
 		}
 	}
 	if err != nil {
-		o.Failed, o.Why = true, oneLine(err.Error())
+		o.Failed, o.Why = true, inventory.RedactText(oneLine(err.Error()))
 		lg.step("failed: %s", o.Why)
 	} else {
 		lg.step("built %s %s from %s in %v", o.Module, o.Version, short(o.Commit), time.Since(start).Round(time.Millisecond))

@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
 	"time"
+
+	"mesh-controller/contexts/inventory"
 )
 
 // DefaultGitTimeout bounds clone, checkout and every other git step of
@@ -32,7 +33,7 @@ type gitFailed struct {
 func (g *gitFailed) Error() string {
 	s := fmt.Sprintf("git %s exited with status %d", g.args[0], g.status)
 	if g.last != "" {
-		s += ": " + g.last
+		s += ": " + inventory.RedactText(g.last)
 	}
 	return s
 }
@@ -66,6 +67,7 @@ func (b *Builder) git(ctx context.Context, deadline time.Time, lg *buildLog, dir
 	if sock := os.Getenv("SSH_AUTH_SOCK"); sock != "" {
 		env = append(env, "SSH_AUTH_SOCK="+sock)
 	}
+	env = append(env, b.credentialHelper(prog)...)
 	cmd := &exec.Cmd{Path: prog, Args: append([]string{"git"}, args...), Dir: dir, Env: env,
 		Stdout: &out, Stderr: teeWriter{&errs, lg}}
 	r := runGroup(ctx, left, cmd)
@@ -82,15 +84,36 @@ func (b *Builder) git(ctx context.Context, deadline time.Time, lg *buildLog, dir
 	return strings.TrimSpace(out.String()), nil
 }
 
+// credentialHelper is the environment that has git ask the builder's
+// git-credentials secret (git-credential-store lines) for a password, when
+// the builder has one: through git's own config variables, so that the
+// credential is in no URL, no argument and no file of the checkout, and
+// the build command, which is given none of this environment, is not told
+// where it is. The helper only answers get: git's store and erase never
+// touch the secret's file, which the host owns.
+func (b *Builder) credentialHelper(git string) []string {
+	if b.GitCredentials == "" {
+		return nil
+	}
+	if info, err := os.Stat(b.GitCredentials); err != nil || !info.Mode().IsRegular() {
+		return nil // not given (yet): public repositories only
+	}
+	helper := "!f() { if [ \"$1\" = get ]; then exec " + shellQuote(git) + " credential-store --file=" + shellQuote(b.GitCredentials) + " get; fi; }; f"
+	return []string{"GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=credential.helper", "GIT_CONFIG_VALUE_0=" + helper}
+}
+
+// shellQuote quotes s for sh as one word.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
 // checkout clones repository into dir/src at ref (a branch, tag or commit
 // id; "" is the repository's default branch) and returns the commit.
 func (b *Builder) checkout(ctx context.Context, lg *buildLog, dir, src, repository, ref string) (string, error) {
 	deadline := time.Now().Add(b.gitTimeout())
-	lg.step("git clone %s", redact(repository))
+	lg.step("git clone %s", inventory.RedactRepository(repository))
 	// No checkout yet: the ref is resolved first, among branches, tags and
 	// commits alike, then checked out detached.
 	if _, err := b.git(ctx, deadline, lg, dir, "clone", "--no-checkout", "--quiet", "--", repository, src); err != nil {
-		return "", fmt.Errorf("clone %s: %w", redact(repository), err)
+		return "", fmt.Errorf("clone %s: %w", inventory.RedactRepository(repository), err)
 	}
 	var commit string
 	for _, c := range candidates(ref) {
@@ -105,7 +128,7 @@ func (b *Builder) checkout(ctx context.Context, lg *buildLog, dir, src, reposito
 		break
 	}
 	if commit == "" {
-		return "", fmt.Errorf("ref %q is not a branch, tag or commit of %s: push it, or ask for one that exists", ref, redact(repository))
+		return "", fmt.Errorf("ref %q is not a branch, tag or commit of %s: push it, or ask for one that exists", ref, inventory.RedactRepository(repository))
 	}
 	lg.step("git checkout %s (%s)", commit, refName(ref))
 	if _, err := b.git(ctx, deadline, lg, src, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit); err != nil {
@@ -152,18 +175,10 @@ func checkAsk(repository, ref string) error {
 	case strings.ContainsFunc(repository+ref, func(r rune) bool { return r < 0x20 || r == 0x7f }):
 		return fmt.Errorf("the repository or ref holds control characters: ask again without them")
 	}
-	return nil
-}
-
-// redact hides the credentials a repository URL may carry, for the log
-// and the outcome.
-func redact(repository string) string {
-	u, err := url.Parse(repository)
-	if err != nil || u.User == nil {
-		return repository
+	if err := inventory.CheckRepository(repository); err != nil {
+		return fmt.Errorf("%w: %s", err, inventory.RepositoryCredentialHint)
 	}
-	u.User = nil
-	return strings.Replace(u.String(), "://", "://***@", 1)
+	return nil
 }
 
 // tailBuffer keeps the last max bytes written to it.

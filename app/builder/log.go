@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+
+	"mesh-controller/contexts/inventory"
 )
 
 // LogTailLines is how many of a build log's last lines an Outcome carries.
@@ -82,7 +84,9 @@ func (l *buildLog) step(format string, a ...any) {
 
 // emit ends the partial line; l.mu is held.
 func (l *buildLog) emit() {
-	line := strings.ToValidUTF8(strings.TrimSuffix(string(l.partial), "\r"), "\uFFFD")
+	// A URL's credentials (git names the remote in its messages) never
+	// leave the builder.
+	line := inventory.RedactText(strings.ToValidUTF8(strings.TrimSuffix(string(l.partial), "\r"), "\uFFFD"))
 	l.partial = l.partial[:0]
 	l.tail[l.n%LogTailLines] = line
 	l.n++

@@ -16,6 +16,7 @@ import (
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 )
 
 // ServeOptions are what a builder module is given (its environment, as a
@@ -29,6 +30,9 @@ type ServeOptions struct {
 	WorkDir string
 	// Hide are its own paths no build may see (Builder.Hide).
 	Hide []string
+	// GitCredentials is the file of its git-credentials secret, read by
+	// git when it exists (Builder.GitCredentials).
+	GitCredentials string
 	// Put hands the controller the archive file build id made, under its
 	// digest (it stores it in the broker's object store, content-addressed).
 	Put func(ctx context.Context, nc *nats.Conn, node, id, digest, file string) error
@@ -62,7 +66,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	var mu sync.Mutex
 	var busy string // the build in flight
 	var cancel context.CancelCauseFunc
-	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Hide: o.Hide, Progress: func(id, line string) {
+	b := &Builder{WorkDir: o.WorkDir, Node: o.Node, Hide: o.Hide, GitCredentials: o.GitCredentials, Progress: func(id, line string) {
 		if msg, err := json.Marshal(protocol.BuildLine{ID: id, Line: line}); err == nil {
 			_ = nc.Publish(protocol.BuildProgressSubject(o.Node), msg)
 		}
@@ -86,7 +90,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		busy, cancel = a.ID, c
 		mu.Unlock()
 		respond(m, protocol.BuildTaken{Taken: true})
-		logf("took %s: %s at %q", a.ID, a.Repository, a.Ref)
+		logf("took %s: %s at %q", a.ID, inventory.RedactRepository(a.Repository), a.Ref)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -15,6 +15,7 @@ import (
 
 	"mesh-controller/app/builder"
 	"mesh-controller/cmd/clirun"
+	"mesh-controller/contexts/inventory"
 )
 
 // CLI is mesh-builder's command line: flags only, each defaulting to what
@@ -24,6 +25,9 @@ type CLI struct {
 	Creds  string `env:"MESH_BROKER_CREDS" required:"" type:"existingfile" help:"Its broker user's .creds file (a host sets MESH_BROKER_CREDS)."`
 	Node   string `env:"MESH_NODE" required:"" help:"The node it runs on: it takes the asks addressed there."`
 	Work   string `env:"MESH_DATA_WORK" required:"" type:"existingdir" help:"Its work directory, one fresh subdirectory per build (the builder module's work data set)."`
+	// Secrets holds its git-credentials secret when its manifest declares
+	// one: how it reaches private repositories over HTTPS.
+	Secrets string `env:"MESH_SECRETS_DIR" help:"Its secrets directory (a host sets MESH_SECRETS_DIR); a git-credentials file there (git-credential-store lines) is given to git."`
 }
 
 // Env is what Run is given.
@@ -34,8 +38,12 @@ type Env struct {
 
 // Run serves until SIGINT or SIGTERM.
 func (c *CLI) Run(env *Env) error {
+	credentials := ""
+	if c.Secrets != "" {
+		credentials = filepath.Join(c.Secrets, inventory.GitCredentialsSecret)
+	}
 	return builder.Serve(env.Ctx, builder.ServeOptions{Broker: c.Broker, Creds: c.Creds, Node: c.Node, WorkDir: c.Work,
-		Hide: ownPaths(c.Creds), Put: builder.PutArchive, Log: env.Stderr})
+		Hide: ownPaths(c.Creds), GitCredentials: credentials, Put: builder.PutArchive, Log: env.Stderr})
 }
 
 // ownPaths are the builder's own that no build may see: the directory of

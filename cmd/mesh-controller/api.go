@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/coreos/go-oidc/v3/oidc"
-
 	"mesh-controller/app"
 	"mesh-controller/cmd/clirun"
 )
@@ -44,8 +42,7 @@ func (c *APICmd) Run(env *Env) error {
 	}
 	// One client for discovery and every later key fetch, so that an
 	// issuer that stops answering costs a bounded wait, not a hung request.
-	octx := oidc.ClientContext(env.Ctx, &http.Client{Timeout: 10 * time.Second})
-	v, err := app.NewTokenVerifier(octx, c.Issuer, c.Audience)
+	v, err := app.NewTokenVerifier(env.Ctx, c.Issuer, c.Audience, app.TokenVerifierOptions{Client: &http.Client{Timeout: 10 * time.Second}})
 	if err != nil {
 		return fmt.Errorf("issuer %s: %w; check --issuer names an OpenID Connect issuer this machine can reach", c.Issuer, err)
 	}

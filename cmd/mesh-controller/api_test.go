@@ -24,10 +24,12 @@ import (
 
 // cmdOIDC starts a real OpenID Connect issuer (mockoidc) on loopback for
 // the scenario, sets $ISSUER to it, and writes a token it signed for the
-// api's default audience with each group given: oidc FILE=GROUP...
+// api's default audience with each group given, for subject script or the
+// whole content of SUBJECT-FILE: oidc FILE=GROUP[@SUBJECT-FILE]...
 func cmdOIDC(ts *testscript.TestScript, neg bool, args []string) {
+	const usage = "usage: oidc FILE=GROUP[@SUBJECT-FILE]..."
 	if neg || len(args) == 0 {
-		ts.Fatalf("usage: oidc FILE=GROUP...")
+		ts.Fatalf(usage)
 	}
 	m, err := mockoidc.Run()
 	ts.Check(err)
@@ -36,9 +38,13 @@ func cmdOIDC(ts *testscript.TestScript, neg bool, args []string) {
 	for _, a := range args {
 		file, group, ok := strings.Cut(a, "=")
 		if !ok {
-			ts.Fatalf("usage: oidc FILE=GROUP...")
+			ts.Fatalf(usage)
 		}
-		tok, err := issuerToken(m, "script", group)
+		sub := "script"
+		if g, subFile, ok := strings.Cut(group, "@"); ok {
+			group, sub = g, ts.ReadFile(subFile)
+		}
+		tok, err := issuerToken(m, sub, group)
 		ts.Check(err)
 		ts.Check(os.WriteFile(ts.MkAbs(file), []byte(tok), 0o600))
 	}

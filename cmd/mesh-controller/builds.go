@@ -13,7 +13,7 @@ import (
 
 // BuildCmd is build.
 type BuildCmd struct {
-	Repository string `arg:"" optional:"" help:"The module's source: a git repository URL or path, with mesh.json at its root."`
+	Repository string `arg:"" optional:"" help:"The module's source: a git repository URL or path, with mesh.json at its root (never a credential in it: a private repository's goes to the builder, as its git-credentials secret)."`
 	Ref        string `help:"A branch, tag or commit (default: the repository's default branch)."`
 	Behind     bool   `help:"Build every module the mesh holds older than its source ('module moved'), bases first: a build plan."`
 	On         string `placeholder:"MODULE" help:"Rebuild every module that stands on this one, bases first: a build plan."`

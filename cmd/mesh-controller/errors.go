@@ -121,6 +121,8 @@ func hint(err error) string {
 		return "write the body as one JSON object, e.g. {\"modules\": []}"
 	case errors.Is(err, app.ErrNoBuilder):
 		return "assign a module that can fill it (the builder, run by mesh-builder) to a node; the ask waits for it"
+	case errors.Is(err, inventory.ErrRepositoryCredential):
+		return inventory.RepositoryCredentialHint
 	case errors.Is(err, app.ErrBuildFailed):
 		return "see its log with 'mesh-controller builds --json', mend the source and build again"
 	case errors.Is(err, app.ErrStandsOnCycle):

@@ -302,7 +302,7 @@ func (c *HandActRecordCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "hand act %d recorded: %s (cause %s)\n", a.ID, a.What, a.Cause)
+	fmt.Fprintf(env.Stdout, "hand act %d recorded: %s (cause %s)\n", a.ID, shown(a.What), shown(a.Cause))
 	return nil
 }
 
@@ -322,7 +322,7 @@ func (c *HandActsCmd) Run(env *Env) error {
 		return printJSON(env.Stdout, v)
 	}
 	for _, a := range v.Acts {
-		fmt.Fprintf(env.Stdout, "%s %s (%s) by %s: %s\n", a.At.Format(timeShown), a.What, a.Cause, a.Who, a.Why)
+		fmt.Fprintf(env.Stdout, "%s %s (%s) by %s: %s\n", a.At.Format(timeShown), shown(a.What), shown(a.Cause), shown(a.Who), shown(a.Why))
 	}
 	var repeats []string
 	for _, cc := range v.Causes {

@@ -7,6 +7,9 @@ import (
 	"context"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 
@@ -145,6 +148,18 @@ const timeShown = "2006-01-02 15:04:05Z"
 
 // printJSON prints v as one indented JSON document.
 func printJSON(w io.Writer, v any) error { return app.WriteJSON(w, v) }
+
+// shown is a value given from outside (a token's subject, a person's why)
+// as a line of text prints it: as it is when every character prints, else
+// quoted with Go's escapes, so that a line break, a tab, an ANSI escape or
+// any other control or format character can never make a line or a column
+// that is not there.
+func shown(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return s
+	}
+	return strconv.Quote(s)
+}
 
 // Name is a name (node, module, seat…) checked while parsing, so an invalid
 // one is a usage error and no store is touched.

@@ -21,7 +21,8 @@ import (
 // A known random value accepted as a secret appears in no file under the
 // data dir (stores, WAL files), in no output and no log line, and not in an
 // export — also after the daemon is killed with SIGKILL while it is being
-// accepted; and so does a licence's token. Real binary, real daemon, a real
+// accepted; and so does a licence's token, and a git token tried in a
+// repository URL. Real binary, real daemon, a real
 // joined host.
 func TestSecretAccept_NoPlaintextAnywhere(t *testing.T) {
 	if testing.Short() {
@@ -63,10 +64,26 @@ func TestSecretAccept_NoPlaintextAnywhere(t *testing.T) {
 	}
 	run("assign", "web1", "paperless", "postgres")
 
+	// A git token in a repository URL is refused, before anything keeps it.
+	var rawToken [24]byte
+	rand.Read(rawToken[:])
+	gitToken := "ghp_" + hex.EncodeToString(rawToken[:])
+	for _, args := range [][]string{{"build", "https://ci:" + gitToken + "@git.example/mesh/greeter"},
+		{"build", "https://git.example/mesh/greeter?private_token=" + gitToken, "--no-wait"},
+		{"module", "add", filepath.Join(examples, "paperless.json"), "--source", "https://" + gitToken + "@git.example/paperless"}} {
+		cmd := exec.Command(bin, append([]string{"--data", data}, args...)...)
+		cmd.Dir = work
+		out, err := cmd.CombinedOutput()
+		outputs.Write(out)
+		if err == nil || !strings.Contains(string(out), "holds a credential in its URL") {
+			t.Fatalf("%s %s: %v, want refused:\n%s", args[0], args[1], err, out)
+		}
+	}
+
 	var raw [24]byte
 	rand.Read(raw[:])
 	value := "licence-" + hex.EncodeToString(raw[:])
-	encodings := []string{value, base64.StdEncoding.EncodeToString([]byte(value)), base64.RawURLEncoding.EncodeToString([]byte(value)), hex.EncodeToString([]byte(value))}
+	encodings := []string{value, base64.StdEncoding.EncodeToString([]byte(value)), base64.RawURLEncoding.EncodeToString([]byte(value)), hex.EncodeToString([]byte(value)), gitToken}
 	if err := os.WriteFile(filepath.Join(work, "value.txt"), []byte(value), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -309,6 +309,10 @@ func (m *Manifest) judge() []Problem {
 	case !semverRule.MatchString(m.Version):
 		bad("version", "%q is not a semantic version (MAJOR.MINOR.PATCH)", m.Version)
 	}
+	if what := repositoryCredential(m.Source); what != "" {
+		// The manifest is kept, declared and printed: the credential would be too.
+		bad("source", "%v (%s): %s", ErrRepositoryCredential, what, RepositoryCredentialHint)
+	}
 	if r := m.Requires; r != nil {
 		for _, n := range []struct {
 			f string

@@ -90,6 +90,9 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 	if source == "" {
 		source = m.Source
 	}
+	if err := CheckRepository(source); err != nil {
+		return Added{}, err
+	}
 	var a Added
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		var current string
