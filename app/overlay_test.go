@@ -81,7 +81,7 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 	if _, err := m.c.NodeAdd(ctx, "nat2", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Inventory.RecordFacts(ctx, "nat2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey("nat2"), Why: "wg pubkey"}}, nil, time.Now()); err != nil {
+	if _, err := st.Inventory.RecordFacts(ctx, "nat2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey("nat2"), Why: "wg pubkey"}}, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []struct {
