@@ -204,6 +204,20 @@ func TestCompute_Bound(t *testing.T) {
 		if len(b) > protocol.MaxDeclarationBytes {
 			t.Errorf("one node's overlay part is %d bytes, over %d", len(b), protocol.MaxDeclarationBytes)
 		}
+		// Every part judged as its host judges it, as the self-check's
+		// overlay.peer-refused does (the planner judges only the parts
+		// it declares).
+		start = time.Now()
+		for _, n := range m.Nodes {
+			if _, refused := m.Accepted(n.Node); refused != nil {
+				t.Fatalf("%s: refused %+v", n.Node, refused)
+			}
+		}
+		judged := time.Since(start)
+		t.Logf("1000 %s nodes: every part judged in %v", reach, judged)
+		if judged > time.Second {
+			t.Errorf("judging 1000 parts took %v", judged)
+		}
 	}
 }
 
