@@ -308,6 +308,9 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.silentPeers, err = inv.SilentPeers(ctx); err != nil {
 		return err
 	}
+	if in.keyRefusals, err = inv.KeyRefusals(ctx); err != nil {
+		return err
+	}
 	if in.sshPorts, err = sshPorts(ctx, inv); err != nil {
 		return err
 	}

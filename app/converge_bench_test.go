@@ -29,7 +29,7 @@ func listenersMesh(b *testing.B) *Controller {
 			found = append(found, inventory.Found{Kind: "port", Name: fmt.Sprintf("tcp/%d", 20000+k), Addresses: []string{"0.0.0.0"}, Commands: []string{"stray"}},
 				inventory.Found{Kind: "port", Name: fmt.Sprintf("tcp/%d", 30000+k), Addresses: []string{"127.0.0.1"}, Commands: []string{"local"}})
 		}
-		if err := st.Inventory.RecordFacts(ctx, fmt.Sprintf("n%d", i), nil, found, now); err != nil {
+		if _, err := st.Inventory.RecordFacts(ctx, fmt.Sprintf("n%d", i), nil, found, now); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -38,7 +38,7 @@ func TestConverge_Preview(t *testing.T) {
 	report := func(found ...inventory.Found) {
 		t.Helper()
 		facts := []inventory.Fact{{Name: protocol.FactSSHPort, Value: "2222", Why: "sshd (pid 9) listens on tcp/2222 at 0.0.0.0"}}
-		if err := st.Inventory.RecordFacts(ctx, "db1", facts, found, time.Now()); err != nil {
+		if _, err := st.Inventory.RecordFacts(ctx, "db1", facts, found, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -98,6 +98,21 @@ func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, e
 		}
 		return Declared{}, refuse("declare "+r.Node+" "+r.From, problems)
 	}
+	if body.Overlay != nil {
+		facts, _, err := inv.Facts(ctx, r.Node)
+		if err != nil {
+			return Declared{}, err
+		}
+		own := ""
+		for _, f := range facts {
+			if f.Name == protocol.FactWireGuardKey {
+				own = f.Value
+			}
+		}
+		if err := protocol.CheckOverlay(body.Overlay, own); err != nil {
+			return Declared{}, refuse("declare "+r.Node+" "+r.From, []string{r.From + ": overlay: " + err.Error()})
+		}
+	}
 	d := &declarer{key: key}
 	decl, err := inv.SaveDeclaration(ctx, r.Node, inventory.CurrentPlan, d.signer(body), c.Now())
 	if err != nil {

@@ -20,7 +20,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 )
 
 // The overlay, for real: three hosts, each a real mesh-host process in a
@@ -172,6 +174,40 @@ func overlayBody(t *testing.T, o protocol.DeclaredOverlay) string {
 		t.Fatal(err)
 	}
 	return `{"modules": [], "overlay": ` + string(b) + `}`
+}
+
+// declareUnjudged signs and sends a node an overlay part as a controller
+// that did not judge it would (declare refuses one its host would
+// refuse): the host's own refusal is what is tested.
+func (m *testMesh) declareUnjudged(t *testing.T, node string, o protocol.DeclaredOverlay) inventory.Declaration {
+	t.Helper()
+	ctx := context.Background()
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &declarer{key: key}
+	decl, err := st.Inventory.SaveDeclaration(ctx, node, inventory.CurrentPlan,
+		d.signer(protocol.Declaration{Node: node, Mode: "converged", Modules: []protocol.DeclaredModule{}, Overlay: &o}), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := m.c.dialBroker(ctx, st.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := daemon.PublishDeclaration(nc, decl); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(protocol.AnswerTimeout); err != nil {
+		t.Fatal(err)
+	}
+	return decl
 }
 
 // tookRE finds what a host says it took to bring the overlay up, or to
@@ -364,7 +400,7 @@ func TestOverlay_Namespaces(t *testing.T) {
 	// in one line; b's interface stays as it was.
 	bad := parts["b"]
 	bad.Peers = []protocol.DeclaredPeer{bad.Peers[0], bad.Peers[0]}
-	refused := m.declare("b", overlayBody(t, bad))
+	refused := m.declareUnjudged(t, "b", bad)
 	waitFor(t, "b's refusal", func() bool {
 		a := m.node("b").LastApply
 		return a != nil && a.Serial == refused.Serial

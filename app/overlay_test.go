@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
@@ -81,7 +83,7 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 	if _, err := m.c.NodeAdd(ctx, "nat2", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Inventory.RecordFacts(ctx, "nat2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey("nat2"), Why: "wg pubkey"}}, nil, time.Now()); err != nil {
+	if _, err := st.Inventory.RecordFacts(ctx, "nat2", []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey("nat2"), Why: "wg pubkey"}}, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []struct {
@@ -226,4 +228,178 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 			t.Fatal("node.overlay-peer-silent/nat1/pub1 still open after a handshake")
 		}
 	})
+}
+
+// Issue 28, item 3: a host that reports another node's WireGuard key. c1's
+// host is stopped and a facts report carrying a1's key is published signed
+// with c1's host key, as a hostile host would: the key is refused
+// (overlay.key-conflict names c1 and a1), a1 keeps its key, and modules
+// assigned to a1 and b1 after are applied by both: neither host is
+// declared a peer it refuses (a1's own key on c1, or one key twice).
+func TestOverlay_KeyOfAnotherRefused(t *testing.T) {
+	m := newTestMesh(t)
+	ctx := context.Background()
+	hosts := map[string]*testHost{}
+	for i, n := range []string{"a1", "b1", "c1"} {
+		hosts[n] = m.join(n)
+		if _, err := m.c.OverlayPlace(ctx, n, Placement{Endpoint: fmt.Sprintf("127.0.0.1:%d", 51831+i), Public: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := map[string]string{}
+	for n, h := range hosts {
+		keys[n] = reportedKey(t, m, h)
+	}
+	waitFor(t, "each host to apply a declaration peering with the two others", func() bool {
+		for n := range hosts {
+			if d, applied := declaredOverlay(t, m, n); !applied || d == nil || len(d.Peers) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+
+	c1 := hosts["c1"]
+	c1.stop()
+	nc := connectAs(t, m.url, c1.state)
+	b, err := protocol.Sign(c1.state.HostKey, protocol.FactsBody{Facts: []protocol.Fact{
+		{Name: protocol.FactWireGuardKey, Value: keys["a1"], Why: "not mine"}, {Name: "arch", Value: "amd64", Why: "uname -m"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(protocol.NodeSubject("c1", protocol.FactsReport), b); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "c1's report to be absorbed, its key refused", func() bool {
+		rs, err := st.Inventory.KeyRefusals(ctx)
+		return err == nil && len(rs) == 1 && rs[0].Node == "c1" && rs[0].Holder == "a1"
+	})
+	o, err := st.Inventory.ReadOverlay(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range o.Nodes {
+		if want := map[string]string{"a1": keys["a1"], "b1": keys["b1"]}[n.Name]; n.Key != want {
+			t.Errorf("%s's recorded key %q, want %q", n.Name, n.Key, want)
+		}
+	}
+	if !m.openAfterCheck(t, "overlay.key-conflict/c1") {
+		t.Fatal("no overlay.key-conflict/c1")
+	}
+	cs, err := m.c.Conditions(ctx, ConditionFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Key == "overlay.key-conflict/c1" && (c.Evidence["holder"] != "a1" || !strings.Contains(c.Summary, "c1's host reported the WireGuard key a1 holds")) {
+			t.Errorf("%+v", c)
+		}
+		if strings.HasPrefix(c.Key, "node.apply-failed/") || strings.HasPrefix(c.Key, "overlay.peer-refused/") {
+			t.Errorf("open: %s: %s", c.Key, c.Summary)
+		}
+	}
+
+	// Unrelated assigns still apply on a1 and b1, each peering with the
+	// other alone, by its own key.
+	m.addModule(writeManifest(t, `{"module": "teller", "version": "1.0.0"}`))
+	for _, n := range []string{"a1", "b1"} {
+		if _, err := m.c.Assign(ctx, n, []string{"teller"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pair := range [][2]string{{"a1", "b1"}, {"b1", "a1"}} {
+		n, other := pair[0], pair[1]
+		waitFor(t, n+" to apply the declaration with teller", func() bool {
+			v := m.node(n)
+			d, err := st.Inventory.LatestDeclaration(ctx, n)
+			if err != nil || d == nil || !strings.Contains(d.Body, `"teller"`) || v.SerialApplied < d.Serial {
+				if o := v.LastApply; o != nil && !o.OK {
+					t.Fatalf("%s refused declaration %d: %s", n, o.Serial, o.Error)
+				}
+				return false
+			}
+			return true
+		})
+		d, _ := declaredOverlay(t, m, n)
+		if len(d.Peers) != 1 || d.Peers[0].Node != other || d.Peers[0].PublicKey != keys[other] {
+			t.Errorf("%s's peers: %+v", n, d.Peers)
+		}
+	}
+}
+
+// The planner behind the store's refusal: c1 recorded with a1's key,
+// written into the store directly (as a mesh recorded before keys were
+// judged may hold). Every node's plan carries an overlay part its host
+// accepts whole, a1 keeps its key, c1 is in nobody's part, and the
+// self-check's rule names c1 and a1.
+func TestPlan_DuplicateKeyDeclaresWhatHostsAccept(t *testing.T) {
+	c, st := migrated(t)
+	ctx := context.Background()
+	for i, n := range []string{"a1", "b1", "c1", "nat1"} {
+		if _, err := c.NodeAdd(ctx, n, false); err != nil {
+			t.Fatal(err)
+		}
+		p := Placement{Endpoint: fmt.Sprintf("203.0.113.%d:51820", i+1), Public: true}
+		if n == "nat1" {
+			p = Placement{Site: "home"}
+		}
+		if _, err := c.OverlayPlace(ctx, n, p); err != nil {
+			t.Fatal(err)
+		}
+		if n == "c1" {
+			continue
+		}
+		if _, err := st.Inventory.RecordFacts(ctx, n, []inventory.Fact{{Name: protocol.FactWireGuardKey, Value: wgKey(n), Why: "wg"}}, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.DB("inventory").Writer.ExecContext(ctx, `INSERT INTO node_facts (node, name, value, why) VALUES ('c1', ?, ?, 'behind the check')`,
+		protocol.FactWireGuardKey, wgKey("a1")); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := plan.New(snap, nil)
+	for _, n := range []string{"a1", "b1", "c1", "nat1"} {
+		p, err := pl.Plan(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := p.Body.Overlay
+		if err := protocol.CheckOverlay(d, wgKey(n)); err != nil {
+			t.Errorf("%s's host refuses its overlay part: %v", n, err)
+		}
+		if n == "c1" {
+			if d != nil {
+				t.Errorf("c1, holding a1's key, has an overlay part: %+v", d)
+			}
+			continue
+		}
+		if d == nil || len(d.Peers) == 0 {
+			t.Fatalf("%s has no peers: %+v", n, d)
+		}
+		for _, peer := range d.Peers {
+			if peer.Node == "c1" || peer.Node == "a1" && peer.PublicKey != wgKey("a1") {
+				t.Errorf("%s's peer %+v", n, peer)
+			}
+		}
+	}
+	in := &checkInputs{now: time.Now(), bounds: DefaultBounds(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
+	if err := c.readInventory(ctx, st.Inventory, in); err != nil {
+		t.Fatal(err)
+	}
+	got := ruleOf(t, "overlay.key-conflict").eval(in)
+	if len(got) != 1 || got[0].Key != "overlay.key-conflict/c1" || got[0].Evidence["holder"] != "a1" {
+		t.Errorf("overlay.key-conflict: %+v", got)
+	}
+	if got := ruleOf(t, "overlay.peer-refused").eval(in); len(got) != 0 {
+		t.Errorf("overlay.peer-refused: %+v", got)
+	}
 }

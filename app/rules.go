@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"mesh-controller/app/nftables"
+	"mesh-controller/app/overlay"
 	"mesh-controller/app/plan"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
@@ -60,6 +61,11 @@ type checkInputs struct {
 	filterFacts map[string]inventory.Fact
 	// silentPeers are the overlay pairs the daemon found silent.
 	silentPeers []inventory.SilentPeer
+	// keyRefusals are the WireGuard keys refused as another node's when
+	// reported; mesh is the overlay computed from the snapshot, on first
+	// need.
+	keyRefusals []inventory.KeyRefusal
+	mesh        *overlay.Mesh
 	// listeners are what the converged nodes' hosts found listening, by
 	// node; sshPorts the SSH ports they reported.
 	listeners map[string][]inventory.Found
@@ -128,6 +134,15 @@ func doesOrDo(n int) string {
 		return "does"
 	}
 	return "do"
+}
+
+// overlayMesh is the overlay computed from the snapshot, once a check.
+func (in *checkInputs) overlayMesh() *overlay.Mesh {
+	if in.mesh == nil {
+		m := overlay.Compute(in.snap.Overlay)
+		in.mesh = &m
+	}
+	return in.mesh
 }
 
 // heartbeatBound is a node's silence bound.
@@ -219,6 +234,55 @@ var rules = []rule{
 				Summary: fmt.Sprintf("%s has heard no WireGuard handshake from its overlay peer %s for over %s (%s): is %s up, and its endpoint reachable?",
 					p.Node, p.Peer, protocol.OverlayPeerSilentAfter, last, p.Peer),
 				Evidence: map[string]any{"peer": p.Peer, "last_handshake": heard, "silent_since": p.Since.UTC().Format(time.RFC3339)}})
+		}
+		return out
+	}},
+	{kind: "overlay.key-conflict", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		// Refused when reported (the store keeps the refusal), or two
+		// nodes recorded with one key behind that (the overlay leaves the
+		// later out): either way the node named is out of the overlay.
+		var out []health.Condition
+		seen := map[string]bool{}
+		conflict := func(node, holder, key string, since *time.Time) {
+			if seen[node] {
+				return
+			}
+			seen[node] = true
+			ev := map[string]any{"holder": holder, "key": key}
+			if since != nil {
+				ev["since"] = since.UTC().Format(time.RFC3339)
+			}
+			out = append(out, machineCondition("overlay.key-conflict", node, health.Urgent,
+				fmt.Sprintf("%s's host reported the WireGuard key %s holds: %s keeps it, and %s is out of the overlay until its host reports a key of its own "+
+					"(move wireguard.key out of its state dir and restart mesh-host there; or, if %s is not to be trusted, node remove %s)",
+					node, holder, holder, node, node, node), ev))
+		}
+		for _, r := range in.keyRefusals {
+			conflict(r.Node, r.Holder, r.Key, &r.Since)
+		}
+		for _, c := range in.overlayMesh().Conflicts {
+			conflict(c.Node, c.Holder, c.Key, nil)
+		}
+		return out
+	}},
+	{kind: "overlay.peer-refused", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		// What the planner leaves out of an overlay part because its host
+		// would refuse it: none while the records are sound.
+		m := in.overlayMesh()
+		var out []health.Condition
+		for _, n := range m.Nodes {
+			_, refused := m.Accepted(n.Node)
+			for _, r := range refused {
+				c := health.Condition{Key: "overlay.peer-refused/" + r.Node, Kind: "overlay.peer-refused", Scope: "machine", Machine: r.Node, Severity: health.Warning,
+					Summary:  fmt.Sprintf("%s is declared no overlay: its host would refuse it (%s)", r.Node, r.Why),
+					Evidence: map[string]any{"why": r.Why}}
+				if r.Peer != "" {
+					c.Key += "/" + r.Peer
+					c.Summary = fmt.Sprintf("%s is declared its overlay without its peer %s: its host would refuse the peer (%s); see overlay show", r.Node, r.Peer, r.Why)
+					c.Evidence["peer"] = r.Peer
+				}
+				out = append(out, c)
+			}
 		}
 		return out
 	}},

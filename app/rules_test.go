@@ -152,6 +152,51 @@ func TestRule_NodeOverlayPeerSilent(t *testing.T) {
 	}
 }
 
+// overlay.key-conflict: a key refused when reported names the node and
+// the holder; so do two nodes recorded with one key (the later left out);
+// gone once the node reports a key of its own.
+func TestRule_OverlayKeyConflict(t *testing.T) {
+	refused := func(holder string, gone bool) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.nodes = []inventory.Node{joined("c1", t0, 10)}
+			if !gone {
+				in.keyRefusals = []inventory.KeyRefusal{{Node: "c1", Holder: holder, Key: wgKey(holder), Since: t0}}
+			}
+		})
+	}
+	raiseChangeClear(t, "overlay.key-conflict", "overlay.key-conflict/c1", refused("a1", false), refused("b1", false), refused("a1", true))
+	got := ruleOf(t, "overlay.key-conflict").eval(refused("a1", false))
+	if c := got[0]; c.Severity != health.Urgent || c.Machine != "c1" || c.Evidence["holder"] != "a1" ||
+		!strings.HasPrefix(c.Summary, "c1's host reported the WireGuard key a1 holds: a1 keeps it, and c1 is out of the overlay") {
+		t.Errorf("%+v", c)
+	}
+	recorded := inputs(func(in *checkInputs) {
+		in.snap.Overlay = inventory.Overlay{Prefix6: "fd12:3456:789a::/48", Nodes: []inventory.OverlayNode{
+			{Name: "a1", Index: 2, Key: wgKey("a1")}, {Name: "b1", Index: 1, Key: wgKey("a1")}, {Name: "c1", Index: 3, Key: wgKey("c1")}}}
+	})
+	if got := ruleOf(t, "overlay.key-conflict").eval(recorded); len(got) != 1 || got[0].Key != "overlay.key-conflict/a1" || got[0].Evidence["holder"] != "b1" {
+		t.Errorf("two recorded with one key: %+v", got)
+	}
+}
+
+// overlay.peer-refused: a record its host's rules refuse (an endpoint
+// written behind overlay place's check) leaves the peer out of the other
+// node's part, and says so; a sound record clears it.
+func TestRule_OverlayPeerRefused(t *testing.T) {
+	placed := func(endpoint string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.snap.Overlay = inventory.Overlay{Prefix6: "fd12:3456:789a::/48", Nodes: []inventory.OverlayNode{
+				{Name: "pub1", Index: 1, Key: wgKey("pub1"), Placement: inventory.Placement{Endpoint: "203.0.113.1:51820", Reach: inventory.Public}},
+				{Name: "pub3", Index: 3, Key: wgKey("pub3"), Placement: inventory.Placement{Endpoint: endpoint, Reach: inventory.Public}}}}
+		})
+	}
+	raiseChangeClear(t, "overlay.peer-refused", "overlay.peer-refused/pub1/pub3", placed("nowhere"), placed("elsewhere"), placed("203.0.113.3:51820"))
+	got := ruleOf(t, "overlay.peer-refused").eval(placed("nowhere"))
+	if c := got[0]; c.Severity != health.Warning || c.Machine != "pub1" || c.Evidence["peer"] != "pub3" || !strings.Contains(c.Summary, `endpoint "nowhere" is not host:port`) {
+		t.Errorf("%+v", c)
+	}
+}
+
 func TestRule_NodeBadSignature(t *testing.T) {
 	drops := func(n int64, last time.Time) *checkInputs {
 		return inputs(func(in *checkInputs) {
@@ -271,7 +316,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 
 // Every kind in the catalogue whose subject exists has a rule.
 func TestRules_Catalogue(t *testing.T) {
-	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "node.bad-signature", "token.reused", "module.behind-source",
+	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "overlay.key-conflict", "overlay.peer-refused", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
 		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld"} {
 		ruleOf(t, kind)

@@ -233,9 +233,16 @@ func (d *daemon) onFacts(m *nats.Msg) {
 		}
 		found = append(found, fd)
 	}
-	if err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now()); err != nil {
+	refused, err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now())
+	if err != nil {
 		d.deposed(err)
 		d.log.Error("record facts", "node", node, "err", err)
+		return
+	}
+	if refused != nil {
+		// The rest of the report is kept; the self-check raises
+		// overlay.key-conflict from what the store keeps of it.
+		d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", refused.Holder)
 	}
 }
 

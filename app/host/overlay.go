@@ -51,73 +51,15 @@ const resolveWithin = 2 * time.Second
 var forwardingFiles = []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"}
 
 // checkOverlay says why a declared overlay cannot be applied as it is, in
-// one line, or nil: judged before any of its declaration is applied.
+// one line, or nil: judged before any of its declaration is applied, by
+// the rules the controller judges each overlay part by before declaring
+// it (protocol.CheckOverlay), with this host's own public key.
 func checkOverlay(o *protocol.DeclaredOverlay, own wgtypes.Key) error {
-	if o == nil {
-		return nil
-	}
-	if o.Interface != "" && o.Interface != protocol.OverlayInterface {
-		return fmt.Errorf("interface %q is not %s", o.Interface, protocol.OverlayInterface)
-	}
-	if o.Address4 == "" && o.Address6 == "" {
-		return errors.New("no address")
-	}
-	for _, a := range []struct {
-		s  string
-		v4 bool
-	}{{o.Address4, true}, {o.Address6, false}} {
-		if a.s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(a.s)
-		if err != nil || p.Addr().Is4() != a.v4 {
-			return fmt.Errorf("address %q is not an IPv%s prefix", a.s, map[bool]string{true: "4", false: "6"}[a.v4])
-		}
-	}
-	if o.ListenPort < 0 || o.ListenPort > 65535 {
-		return fmt.Errorf("listen port %d is not a port", o.ListenPort)
-	}
-	seen := map[string]string{}
-	var ownPublic wgtypes.Key
+	ownPublic := ""
 	if own != (wgtypes.Key{}) {
-		ownPublic = own.PublicKey()
+		ownPublic = own.PublicKey().String()
 	}
-	for _, p := range o.Peers {
-		k, err := wgtypes.ParseKey(p.PublicKey)
-		if err != nil {
-			return fmt.Errorf("peer %s: public key %q is not base64 of 32 bytes", p.Node, p.PublicKey)
-		}
-		if ownPublic != (wgtypes.Key{}) && k == ownPublic {
-			return fmt.Errorf("peer %s: the public key is this host's own", p.Node)
-		}
-		if p.Node == "" {
-			return fmt.Errorf("peer %s: no node name", p.PublicKey)
-		}
-		for _, id := range []string{"node " + p.Node, "key " + k.String()} {
-			if seen[id] != "" {
-				return fmt.Errorf("peer %s: repeated (its %s is %s's too)", p.Node, id, seen[id])
-			}
-			seen[id] = p.Node
-		}
-		if p.Endpoint != "" {
-			host, port, err := net.SplitHostPort(p.Endpoint)
-			if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
-				return fmt.Errorf("peer %s: endpoint %q is not host:port", p.Node, p.Endpoint)
-			}
-		}
-		if len(p.AllowedIPs) == 0 {
-			return fmt.Errorf("peer %s: no allowed IPs", p.Node)
-		}
-		for _, a := range p.AllowedIPs {
-			if _, err := netip.ParsePrefix(a); err != nil {
-				return fmt.Errorf("peer %s: allowed IP %q is not a prefix", p.Node, a)
-			}
-		}
-		if p.Keepalive < 0 || p.Keepalive > 65535 {
-			return fmt.Errorf("peer %s: keepalive %d is not seconds WireGuard takes", p.Node, p.Keepalive)
-		}
-	}
-	return nil
+	return protocol.CheckOverlay(o, ownPublic)
 }
 
 // listenPort is the port the interface listens on: the declared one, or

@@ -6,7 +6,6 @@
 package overlay
 
 import (
-	"encoding/base64"
 	"fmt"
 	"net"
 	"net/netip"
@@ -65,8 +64,30 @@ type Mesh struct {
 	RelayWhy string `json:"relay_why,omitempty"`
 	Nodes    []Node `json:"nodes"`
 	// Declared is each node's overlay part, by node; a node without a key
-	// (or an address) has none.
+	// (or an address), or whose key another node holds, has none.
 	Declared map[string]*protocol.DeclaredOverlay `json:"-"`
+	// Conflicts are the nodes whose hosts reported a WireGuard key another
+	// node holds: left out of the overlay, the holder keeping it.
+	Conflicts []KeyConflict `json:"conflicts,omitempty"`
+	// keys are the members' WireGuard keys, by node: what Accepted judges
+	// each part with.
+	keys map[string]string
+}
+
+// KeyConflict is a node whose host reported the WireGuard key another
+// node, Holder, holds.
+type KeyConflict struct {
+	Node   string `json:"node"`
+	Holder string `json:"holder"`
+	Key    string `json:"key"`
+}
+
+// Refused is what of a node's overlay part its host would refuse, and
+// why: a peer, or the part whole (Peer "").
+type Refused struct {
+	Node string `json:"node"`
+	Peer string `json:"peer,omitempty"`
+	Why  string `json:"why"`
 }
 
 // member is a node that takes part: it has a key and addresses.
@@ -82,7 +103,10 @@ type member struct {
 }
 
 // Compute computes the overlay from what the inventory keeps. A node takes
-// part once its host reported a key that parses and it has an address.
+// part once its host reported a key that parses and it has an address,
+// and no node recorded before it holds the same key (the store refuses a
+// key held already, so two holders are only ever found in records written
+// behind it: the later node is left out, a Conflict).
 // Pairs: both public, or on the same site: direct. A node behind NAT
 // reaches the others through the relay, a public node the mesh picks: it
 // peers with the relay directly, dialling it with a keepalive, and the
@@ -90,7 +114,8 @@ type member struct {
 // the whole mesh: every NAT'd node is reached the same way, and a public
 // node reaches them through it.)
 func Compute(o inventory.Overlay) Mesh {
-	m := Mesh{Prefix4: Prefix4.String(), Prefix6: o.Prefix6, Declared: map[string]*protocol.DeclaredOverlay{}, Nodes: make([]Node, 0, len(o.Nodes))}
+	m := Mesh{Prefix4: Prefix4.String(), Prefix6: o.Prefix6, Declared: map[string]*protocol.DeclaredOverlay{}, Nodes: make([]Node, 0, len(o.Nodes)),
+		keys: map[string]string{}}
 	p6, err6 := netip.ParsePrefix(o.Prefix6)
 	if err6 == nil {
 		// A prefix made before it was written as netip writes it
@@ -99,6 +124,7 @@ func Compute(o inventory.Overlay) Mesh {
 	}
 	nodes := append([]inventory.OverlayNode(nil), o.Nodes...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	holders := keyHolders(nodes)
 	var members []*member
 	for _, n := range nodes {
 		v := Node{Node: n.Name, Endpoint: n.Placement.Endpoint, Site: n.Placement.Site, Reach: string(n.Placement.Reach), Peers: []protocol.DeclaredPeer{}}
@@ -117,8 +143,12 @@ func Compute(o inventory.Overlay) Mesh {
 		switch {
 		case n.Key == "":
 			v.Missing = append(v.Missing, "no WireGuard key: its host has not reported one")
-		case !ValidKey(n.Key):
+		case !protocol.ValidWireGuardKey(n.Key):
 			v.Missing = append(v.Missing, "its host's WireGuard key does not parse")
+		case holders[n.Key] != n.Name:
+			h := holders[n.Key]
+			v.Missing = append(v.Missing, fmt.Sprintf("its host reported the WireGuard key %s holds: left out of the overlay, %s keeps it", h, h))
+			m.Conflicts = append(m.Conflicts, KeyConflict{Node: n.Name, Holder: h, Key: n.Key})
 		default:
 			v.Key = true
 		}
@@ -128,6 +158,7 @@ func Compute(o inventory.Overlay) Mesh {
 				endpoint: n.Placement.Endpoint, site: n.Placement.Site, public: n.Placement.Reach == inventory.Public, at: len(m.Nodes) - 1}
 			mb.own = []string{mb.a4, mb.a6}
 			members = append(members, mb)
+			m.keys[n.Name] = n.Key
 		}
 	}
 	var relay *member
@@ -213,6 +244,42 @@ func Compute(o inventory.Overlay) Mesh {
 	return m
 }
 
+// keyHolders are the nodes holding each valid key: of the nodes that
+// reported one key, the one recorded first (the lowest index; the first
+// by name of equal ones).
+func keyHolders(nodes []inventory.OverlayNode) map[string]string {
+	out := make(map[string]string, len(nodes))
+	index := make(map[string]int64, len(nodes))
+	for _, n := range nodes {
+		if n.Key == "" {
+			continue
+		}
+		if i, ok := index[n.Key]; !ok || n.Index < i {
+			out[n.Key], index[n.Key] = n.Name, n.Index
+		}
+	}
+	return out
+}
+
+// Accepted is a node's overlay part as its host accepts it, judged by the
+// rules the host judges it by (protocol.AcceptedOverlay, with the node's
+// own key), and what of it the host would refuse: a host refuses its
+// declaration whole for one bad peer, so the planner declares only what
+// is accepted, and one node's bad record costs that node its place among
+// the peers, never another node its declaration. Nil: the node has no
+// part, or none its host would accept. None is refused while the overlay
+// is computed from sound records; judging every part costs as much again
+// as computing them, and so is done only for the parts declared (and by
+// the self-check).
+func (m *Mesh) Accepted(node string) (*protocol.DeclaredOverlay, []Refused) {
+	kept, rs := protocol.AcceptedOverlay(m.Declared[node], m.keys[node])
+	var out []Refused
+	for _, r := range rs {
+		out = append(out, Refused{Node: node, Peer: r.Node, Why: r.Why})
+	}
+	return kept, out
+}
+
 // unreachableWhy says why a node cannot reach some others.
 func unreachableWhy(a *member, others []string, byName map[string]*member) string {
 	var sameSite, nat []string
@@ -272,13 +339,6 @@ func addresses(p6 netip.Prefix, index int64) (a4, a6 netip.Addr, ok bool) {
 		b6[i] = byte(index >> (8 * (15 - i)))
 	}
 	return a4, netip.AddrFrom16(b6), true
-}
-
-// ValidKey says a WireGuard public key is base64 of 32 bytes, as wg(8)
-// writes one.
-func ValidKey(key string) bool {
-	b, err := base64.StdEncoding.DecodeString(key)
-	return err == nil && len(b) == 32
 }
 
 // Prefixes are the overlay's two prefixes, as a declaration's overlay part

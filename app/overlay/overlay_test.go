@@ -204,6 +204,20 @@ func TestCompute_Bound(t *testing.T) {
 		if len(b) > protocol.MaxDeclarationBytes {
 			t.Errorf("one node's overlay part is %d bytes, over %d", len(b), protocol.MaxDeclarationBytes)
 		}
+		// Every part judged as its host judges it, as the self-check's
+		// overlay.peer-refused does (the planner judges only the parts
+		// it declares).
+		start = time.Now()
+		for _, n := range m.Nodes {
+			if _, refused := m.Accepted(n.Node); refused != nil {
+				t.Fatalf("%s: refused %+v", n.Node, refused)
+			}
+		}
+		judged := time.Since(start)
+		t.Logf("1000 %s nodes: every part judged in %v", reach, judged)
+		if judged > 2*time.Second {
+			t.Errorf("judging 1000 parts took %v", judged)
+		}
 	}
 }
 
@@ -238,4 +252,77 @@ func TestMoved(t *testing.T) {
 		t.Errorf("a public node's endpoint moved %d of 1000 public nodes", len(got))
 	}
 	t.Logf("two computations and Moved at 1000 public nodes: %v", time.Since(start))
+}
+
+// Two nodes with one key (written behind the store's refusal): the node
+// recorded later is left out, whatever its name, a conflict naming both;
+// every part computed is one its host accepts whole.
+func TestCompute_KeyConflict(t *testing.T) {
+	o := inventory.Overlay{Prefix6: "fd12:3456:789a::/48", Nodes: []inventory.OverlayNode{
+		node("pub1", 1, inventory.Public, "203.0.113.1:51820", ""),
+		node("pub2", 2, inventory.Public, "203.0.113.2:51820", ""),
+		node("nat1", 3, inventory.BehindNAT, "", "home"),
+		node("aaa", 4, inventory.Public, "203.0.113.4:51820", ""),
+	}}
+	o.Nodes[3].Key = key("pub1")
+	m := Compute(o)
+	if len(m.Conflicts) != 1 || m.Conflicts[0] != (KeyConflict{Node: "aaa", Holder: "pub1", Key: key("pub1")}) {
+		t.Fatalf("conflicts %+v", m.Conflicts)
+	}
+	if m.Declared["aaa"] != nil || m.Relay != "pub1" {
+		t.Errorf("aaa has a part (%+v), relay %s", m.Declared["aaa"], m.Relay)
+	}
+	for _, n := range m.Nodes {
+		if n.Node == "aaa" && (n.Key || !strings.Contains(strings.Join(n.Missing, "; "), "the WireGuard key pub1 holds")) {
+			t.Errorf("aaa in the view: %+v", n)
+		}
+	}
+	for name, d := range m.Declared {
+		if hasPeer(d, "aaa") {
+			t.Errorf("%s peers with aaa", name)
+		}
+		if err := protocol.CheckOverlay(d, key(name)); err != nil {
+			t.Errorf("%s's host refuses its part: %v", name, err)
+		}
+		if kept, refused := m.Accepted(name); kept != d || refused != nil {
+			t.Errorf("%s: refused %+v", name, refused)
+		}
+	}
+	if len(m.Declared["pub1"].Peers) != 2 || peerOf(t, m.Declared["pub2"], "pub1").PublicKey != key("pub1") {
+		t.Errorf("pub1 keeps its key and its peers: %+v", m.Declared["pub1"].Peers)
+	}
+}
+
+// A record the host's rules refuse (an endpoint written behind overlay
+// place's check): Accepted leaves that peer out of every other node's
+// part, says why, and the rest is accepted; the parts without it are
+// untouched.
+func TestMesh_Accepted(t *testing.T) {
+	o := inventory.Overlay{Prefix6: "fd12:3456:789a::/48", Nodes: []inventory.OverlayNode{
+		node("pub1", 1, inventory.Public, "203.0.113.1:51820", ""),
+		node("pub2", 2, inventory.Public, "203.0.113.2:51820", ""),
+		node("pub3", 3, inventory.Public, "nowhere", ""),
+	}}
+	m := Compute(o)
+	for _, name := range []string{"pub1", "pub2"} {
+		kept, refused := m.Accepted(name)
+		if hasPeer(kept, "pub3") || !hasPeer(kept, "pub1") && !hasPeer(kept, "pub2") {
+			t.Errorf("%s keeps %+v", name, kept.Peers)
+		}
+		if len(refused) != 1 || refused[0] != (Refused{Node: name, Peer: "pub3", Why: `peer pub3: endpoint "nowhere" is not host:port`}) {
+			t.Errorf("%s: refused %+v", name, refused)
+		}
+		if err := protocol.CheckOverlay(kept, key(name)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if !hasPeer(m.Declared[name], "pub3") {
+			t.Errorf("Accepted changed the computed part of %s", name)
+		}
+	}
+	if kept, refused := m.Accepted("pub3"); kept != m.Declared["pub3"] || refused != nil || len(kept.Peers) != 2 {
+		t.Errorf("pub3's own part: %+v, refused %+v", kept, refused)
+	}
+	if kept, refused := m.Accepted("nosuch"); kept != nil || refused != nil {
+		t.Errorf("no part: %+v %+v", kept, refused)
+	}
 }

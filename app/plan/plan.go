@@ -135,18 +135,22 @@ type Planner struct {
 	// render renders the packet filter of a node the mesh owns one on,
 	// from its plan's body; nil: none can be.
 	render FilterRender
-	// overlay is every node's overlay part, computed once (on the first
-	// plan) for all the plans of this snapshot.
-	overlay map[string]*protocol.DeclaredOverlay
+	// overlay is the mesh's overlay, computed once (on the first plan) for
+	// all the plans of this snapshot.
+	overlay *overlay.Mesh
 }
 
-// Overlay is the node's overlay part as computed from the snapshot (nil:
-// none, its host has reported no key yet).
+// Overlay is the node's overlay part as computed from the snapshot, less
+// what its host would refuse of it (overlay.Mesh.Accepted): never a part
+// that makes the host refuse the declaration. Nil: none, its host has
+// reported no key yet (or one another node holds).
 func (pl *Planner) Overlay(node string) *protocol.DeclaredOverlay {
 	if pl.overlay == nil {
-		pl.overlay = overlay.Compute(pl.snap.Overlay).Declared
+		m := overlay.Compute(pl.snap.Overlay)
+		pl.overlay = &m
 	}
-	return pl.overlay[node]
+	d, _ := pl.overlay.Accepted(node)
+	return d
 }
 
 // FilterRender renders the packet filter f a node's declaration carries

@@ -69,10 +69,10 @@ func TestStore_FactNamed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.RecordFacts(ctx, "web1", []Fact{{Name: "arch", Value: "amd64", Why: "x"}, {Name: "filter", Value: "rolled-back", Why: "y"}}, nil, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "web1", []Fact{{Name: "arch", Value: "amd64", Why: "x"}, {Name: "filter", Value: "rolled-back", Why: "y"}}, nil, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RecordFacts(ctx, "web2", []Fact{{Name: "arch", Value: "arm64", Why: "x"}}, nil, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "web2", []Fact{{Name: "arch", Value: "arm64", Why: "x"}}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.FactNamed(ctx, "filter")
@@ -102,7 +102,7 @@ func TestStore_Listeners(t *testing.T) {
 		{Kind: "port", Name: "udp/53", Detail: "dns", Addresses: []string{"127.0.0.53"}, Commands: []string{""}},
 		{Kind: "service", Name: "cron.service", Detail: "active"},
 	}
-	if err := s.RecordFacts(ctx, "web1", nil, found, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "web1", nil, found, now); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.ListenersOf(ctx, []string{"web1", "web2"})

@@ -131,18 +131,18 @@ func TestStore_Placement(t *testing.T) {
 	}
 
 	key := Fact{Name: factWireGuardKey, Value: "PQgYbFGLUB9b7UOnSVANK4FEdbwJx1UzXSydpgMQs5U=", Why: "wg pubkey"}
-	if err := s.RecordFacts(ctx, "pub1", []Fact{key}, nil, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "pub1", []Fact{key}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	b := plans()
-	if err := s.RecordFacts(ctx, "nat1", []Fact{{Name: factWireGuardKey, Value: "m3mapGBXZdz2eBKeGszGRMOQMbWN0SL9sUkjMnARZGU=", Why: "wg pubkey"}}, nil, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "nat1", []Fact{{Name: factWireGuardKey, Value: "m3mapGBXZdz2eBKeGszGRMOQMbWN0SL9sUkjMnARZGU=", Why: "wg pubkey"}}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	a := plans()
 	if a["pub1"] != b["pub1"]+1 || a["nat1"] != b["nat1"]+1 || a["idle1"] != b["idle1"] {
 		t.Errorf("a new key: plans %v, then %v", b, a)
 	}
-	if err := s.RecordFacts(ctx, "pub1", []Fact{key, {Name: "arch", Value: "amd64", Why: "uname -m"}}, nil, now); err != nil {
+	if _, err := s.RecordFacts(ctx, "pub1", []Fact{key, {Name: "arch", Value: "amd64", Why: "uname -m"}}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	if again := plans(); !maps.Equal(again, a) {
@@ -180,5 +180,119 @@ func TestNewOverlayPrefix_Canonical(t *testing.T) {
 		if err != nil || parsed.String() != p || parsed.Bits() != 48 || parsed.Addr().As16()[0] != 0xfd {
 			t.Fatalf("%q: parsed %v, %v", p, parsed, err)
 		}
+	}
+}
+
+// A WireGuard key another node holds is refused: not recorded as the
+// reporter's (the rest of its report is), the holder keeps it, and the
+// refusal is kept, naming both, until the reporter reports a key of its
+// own. Of two nodes holding one key already (written behind the check),
+// the one recorded first keeps it when either reports it again.
+func TestStore_KeyRefused(t *testing.T) {
+	s, db := newStore(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	if err := s.AddNodes(ctx, []string{"a1", "b1", "c1"}, Converged, t0); err != nil {
+		t.Fatal(err)
+	}
+	keyA, keyB, keyC := "PQgYbFGLUB9b7UOnSVANK4FEdbwJx1UzXSydpgMQs5U=", "m3mapGBXZdz2eBKeGszGRMOQMbWN0SL9sUkjMnARZGU=", "Xk2cTrWv0n0XRqz4xKMIk1ULJ2dEvU8nPZyEF6VY9mE="
+	report := func(node, key string, at time.Time) *KeyRefusal {
+		t.Helper()
+		r, err := s.RecordFacts(ctx, node, []Fact{{Name: "arch", Value: "amd64", Why: "uname -m"}, {Name: factWireGuardKey, Value: key, Why: "wg"}}, nil, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	keys := func() map[string]string {
+		t.Helper()
+		o, err := s.ReadOverlay(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, n := range o.Nodes {
+			out[n.Name] = n.Key
+		}
+		return out
+	}
+	refusals := func() []KeyRefusal {
+		t.Helper()
+		rs, err := s.KeyRefusals(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	plan := func(node string) int64 {
+		t.Helper()
+		n, err := s.Node(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.PlanVersion
+	}
+	for node, key := range map[string]string{"a1": keyA, "b1": keyB, "c1": keyC} {
+		if r := report(node, key, t0); r != nil {
+			t.Fatalf("%s: refused %+v", node, r)
+		}
+	}
+	before := plan("a1")
+	t1 := t0.Add(time.Minute)
+	r := report("c1", keyA, t1)
+	if r == nil || *r != (KeyRefusal{Node: "c1", Holder: "a1", Key: keyA, Since: t1}) {
+		t.Fatalf("refused %+v", r)
+	}
+	if k := keys(); k["a1"] != keyA || k["c1"] != "" || k["b1"] != keyB {
+		t.Fatalf("keys %v", k)
+	}
+	if facts, _, _ := s.Facts(ctx, "c1"); len(facts) != 1 || facts[0].Name != "arch" {
+		t.Errorf("c1's other facts: %+v", facts)
+	}
+	if plan("a1") != before+1 {
+		t.Error("c1's key gone did not move a1's plan, which had c1 as a peer")
+	}
+	if rs := refusals(); len(rs) != 1 || rs[0] != *r {
+		t.Fatalf("kept %+v", rs)
+	}
+	// Reported again later: still refused, since when kept.
+	if r := report("c1", keyA, t1.Add(time.Minute)); r == nil || r.Holder != "a1" {
+		t.Fatalf("again: %+v", r)
+	}
+	if rs := refusals(); len(rs) != 1 || !rs[0].Since.Equal(t1) {
+		t.Fatalf("again: kept %+v", rs)
+	}
+	if plan("a1") != before+1 {
+		t.Error("the same refusal again moved a1's plan")
+	}
+	// The holder reporting its own key is not refused by the refusal.
+	if r := report("a1", keyA, t1); r != nil {
+		t.Fatalf("a1's own key: %+v", r)
+	}
+	// A key of its own: taken, the refusal forgotten.
+	if r := report("c1", keyC, t1); r != nil || len(refusals()) != 0 || keys()["c1"] != keyC {
+		t.Fatalf("its own key: %+v, %+v, %v", r, refusals(), keys())
+	}
+
+	// Two holders written behind the check: b1 (recorded after a1) is
+	// refused when it reports the key again, a1 keeps it.
+	if _, err := db.Writer.ExecContext(ctx, `UPDATE node_facts SET value = ? WHERE node = 'b1' AND name = ?`, keyA, factWireGuardKey); err != nil {
+		t.Fatal(err)
+	}
+	if r := report("a1", keyA, t1); r != nil {
+		t.Fatalf("a1, recorded first: %+v", r)
+	}
+	if r := report("b1", keyA, t1); r == nil || r.Holder != "a1" {
+		t.Fatalf("b1, recorded later: %+v", r)
+	}
+	if k := keys(); k["a1"] != keyA || k["b1"] != "" {
+		t.Fatalf("keys %v", k)
+	}
+	// A node removed takes its refusal with it.
+	if _, err := s.RemoveNodes(ctx, []string{"b1"}, nil, t1); err != nil {
+		t.Fatal(err)
+	}
+	if rs := refusals(); len(rs) != 0 {
+		t.Fatalf("after removing b1: %+v", rs)
 	}
 }

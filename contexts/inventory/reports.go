@@ -146,8 +146,17 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 // the plans of the node and of every node that knows a key (any of them
 // may peer with it, or reach it through a relay), so that the catch-up
 // declares them.
-func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) error {
-	return s.db.Write(ctx, func(tx *sql.Tx) error {
+//
+// A key another node holds is refused (refused names both): it is not
+// recorded as this node's, the first holder keeps it, and the node has no
+// key until its host reports one of its own; so one host cannot make
+// other hosts' peers collide, whatever it reports. A node holds a key
+// first if it held it before this report, or, of two that did (recorded
+// before keys were judged so), if it was recorded first (the lower
+// overlay index), as the overlay's computation keeps it.
+func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) (refused *KeyRefusal, err error) {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		refused = nil
 		var oldKey, newKey string
 		err := tx.QueryRowContext(ctx, `SELECT value FROM node_facts WHERE node = ? AND name = ?`, node, factWireGuardKey).Scan(&oldKey)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -157,6 +166,17 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 			if f.Name == factWireGuardKey {
 				newKey = f.Value
 			}
+		}
+		holder, err := keyHolder(ctx, tx, node, newKey, oldKey == newKey)
+		if err != nil {
+			return err
+		}
+		if holder != "" {
+			refused = &KeyRefusal{Node: node, Holder: holder, Key: newKey, Since: now}
+			newKey = ""
+		}
+		if err := keepKeyRefusal(ctx, tx, node, refused); err != nil {
+			return err
 		}
 		if oldKey != newKey {
 			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1
@@ -170,6 +190,9 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 			}
 		}
 		for _, f := range facts {
+			if f.Name == factWireGuardKey && refused != nil {
+				continue
+			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?) ON CONFLICT (node, name) DO UPDATE SET value = excluded.value, why = excluded.why`, node, f.Name, f.Value, f.Why); err != nil {
 				return err
 			}
@@ -183,6 +206,78 @@ func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, foun
 		_, err = tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
 		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return refused, nil
+}
+
+// KeyRefusal is a WireGuard key a node's host reported while another node,
+// Holder, held it (overlay.key-conflict).
+type KeyRefusal struct {
+	Node, Holder, Key string
+	// Since is when it was first refused.
+	Since time.Time
+}
+
+// keyHolder is the node that holds key before node may ("" for none, or
+// no key): another node holding it, if node did not hold it already
+// (held), else one of them recorded before node.
+func keyHolder(ctx context.Context, tx *sql.Tx, node, key string, held bool) (string, error) {
+	if key == "" {
+		return "", nil
+	}
+	var holder string
+	err := each(ctx, tx, `SELECT f.node, coalesce(n.overlay_index, 0) < coalesce((SELECT overlay_index FROM nodes WHERE name = ?1), 0)
+		FROM node_facts f JOIN nodes n ON n.name = f.node
+		WHERE f.name = ?2 AND f.value = ?3 AND f.node <> ?1 ORDER BY n.overlay_index, f.node`, func(r *sql.Rows) error {
+		var other string
+		var earlier bool
+		if err := r.Scan(&other, &earlier); err != nil {
+			return err
+		}
+		if holder == "" && (!held || earlier) {
+			holder = other
+		}
+		return nil
+	}, node, factWireGuardKey, key)
+	return holder, err
+}
+
+// keepKeyRefusal keeps a node's refused key (r), the time first refused
+// kept while the same key is refused, or forgets it (r nil).
+func keepKeyRefusal(ctx context.Context, tx *sql.Tx, node string, r *KeyRefusal) error {
+	if r == nil {
+		_, err := tx.ExecContext(ctx, `DELETE FROM overlay_key_refusals WHERE node = ?`, node)
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO overlay_key_refusals (node, holder, key, since) VALUES (?1, ?2, ?3, ?4)
+		ON CONFLICT (node) DO UPDATE SET holder = excluded.holder, key = excluded.key,
+		since = CASE WHEN overlay_key_refusals.key = excluded.key THEN overlay_key_refusals.since ELSE excluded.since END`,
+		node, r.Holder, r.Key, sqlite.FormatTime(r.Since))
+	return err
+}
+
+// KeyRefusals returns every node's refused WireGuard key, by node.
+func (s *Store) KeyRefusals(ctx context.Context) ([]KeyRefusal, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, holder, key, since FROM overlay_key_refusals ORDER BY node`)
+	if err != nil {
+		return nil, fmt.Errorf("read refused WireGuard keys: %w", err)
+	}
+	defer rows.Close()
+	var out []KeyRefusal
+	for rows.Next() {
+		var r KeyRefusal
+		var since string
+		if err := rows.Scan(&r.Node, &r.Holder, &r.Key, &since); err != nil {
+			return nil, err
+		}
+		if r.Since, err = sqlite.ParseTime(since); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // Facts returns what a node reported about its machine, and what it found.

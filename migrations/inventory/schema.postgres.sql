@@ -132,6 +132,12 @@ CREATE TABLE nodes (
     overlay_site text,
     overlay_reach text
 );
+CREATE TABLE overlay_key_refusals (
+    node text NOT NULL,
+    holder text NOT NULL,
+    key text NOT NULL,
+    since text NOT NULL
+);
 CREATE TABLE overlay_mesh (
     id integer NOT NULL,
     prefix text,
@@ -237,6 +243,8 @@ ALTER TABLE nodes ADD CONSTRAINT nodes_mode_check CHECK ((mode = ANY (ARRAY['ado
 ALTER TABLE nodes ADD CONSTRAINT nodes_name_check CHECK ((((length(name) >= 1) AND (length(name) <= 63)) AND (name ~ '^[a-z]'::text) AND (name !~ '[^a-z0-9-]'::text)));
 ALTER TABLE nodes ADD CONSTRAINT nodes_overlay_reach_check CHECK ((overlay_reach = ANY (ARRAY['public'::text, 'behind-nat'::text])));
 ALTER TABLE nodes ADD CONSTRAINT nodes_pkey PRIMARY KEY (name);
+ALTER TABLE overlay_key_refusals ADD CONSTRAINT overlay_key_refusals_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;
+ALTER TABLE overlay_key_refusals ADD CONSTRAINT overlay_key_refusals_pkey PRIMARY KEY (node);
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_id_check CHECK ((id = 1));
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_next_index_check CHECK ((next_index >= 1));
 ALTER TABLE overlay_mesh ADD CONSTRAINT overlay_mesh_pkey PRIMARY KEY (id);
