@@ -171,7 +171,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 	now := c.Now()
 	commitAt, _ := time.Parse(time.RFC3339, o.CommitAt) // unknown when the builder did not say
 	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, CommitAt: commitAt, Version: o.Version,
-		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: o.Why, Problems: o.Problems, LogTail: o.LogTail, Manifest: o.Manifest}, now)
+		Digest: o.Digest, Bytes: o.Bytes, UnpackedBytes: o.UnpackedBytes, DurationMS: o.DurationMS, Why: o.Why, Problems: o.Problems, LogTail: o.LogTail, Manifest: o.Manifest}, now)
 	if err != nil {
 		return "", err
 	}
@@ -202,7 +202,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, reply string) (str
 		return "", err
 	}
 	added, err := st.Inventory.AddBuilt(ctx, m, canon, inventory.Origin{Source: a.Repository, Commit: o.Commit, BuildID: a.ID,
-		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes}}, now)
+		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes, UnpackedBytes: o.UnpackedBytes}}, now)
 	if err != nil {
 		_, merr := st.Builds.MarkSuperseded(ctx, a.ID, err.Error())
 		return fmt.Sprintf("build %s: not registered: %v", a.ID, err), merr
