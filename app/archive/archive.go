@@ -1,8 +1,9 @@
 // Package archive owns module archives: a tar of a module's build outputs
 // and its mesh.json, compressed with zstd and named by the sha256 of the
 // compressed bytes. It packs, receives (verifying the digest) and unpacks
-// them, always streaming: no archive or file is ever held whole in memory,
-// whatever its size.
+// them (judging first whether what they unpack to fits the disk), always
+// streaming: no archive or file is ever held whole in memory, whatever
+// its size.
 package archive
 
 import (

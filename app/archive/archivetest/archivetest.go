@@ -20,24 +20,32 @@ import (
 // Mounting needs root: without it the test is skipped.
 func SmallDisk(t testing.TB, size int64) string {
 	t.Helper()
+	dir := filepath.Join(t.TempDir(), "small-disk")
+	MountSmallDisk(t, dir, size)
+	return dir
+}
+
+// MountSmallDisk mounts a tmpfs of size bytes on dir (made if missing,
+// with its parents), as SmallDisk does: for a test whose disk must be at
+// a given place, such as a host's modules directory.
+func MountSmallDisk(t testing.TB, dir string, size int64) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a small file system needs root")
 	}
-	dir := filepath.Join(t.TempDir(), "small-disk")
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Mount("mesh-test", dir, "tmpfs", 0, "size="+strconv.FormatInt(size, 10)+",mode=0755"); err != nil {
 		t.Fatalf("mount a tmpfs of %d bytes on %s: %v", size, dir, err)
 	}
-	// Registered after TempDir's, so it runs before the directory is
+	// Registered after the TempDir holding dir, so it runs before that is
 	// removed; detached, so a process still in it does not keep it.
 	t.Cleanup(func() {
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			t.Errorf("unmount %s: %v", dir, err)
 		}
 	})
-	return dir
 }
 
 // Free is the space free on the file system holding dir, as Unpack reads it.
