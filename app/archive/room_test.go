@@ -2,6 +2,7 @@ package archive_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,6 +88,15 @@ func TestUnpack_Room(t *testing.T) {
 		nothing(t)
 	})
 
+	t.Run("declared outside the bounds", func(t *testing.T) {
+		for _, n := range []int64{-1, archive.MaxTotalBytes + 1} {
+			if err := archive.UnpackSized(file, dest, n); !errors.Is(err, archive.ErrRefused) || !strings.Contains(err.Error(), "outside 0..") {
+				t.Fatalf("UnpackSized declared %d: %v, want it refused", n, err)
+			}
+		}
+		nothing(t)
+	})
+
 	t.Run("fits but not with the margin", func(t *testing.T) {
 		// 100 MiB of 128 fits, but not with 10 MiB and 64 MiB to spare.
 		mid, mp := archivetest.Zeros(t, "m", "1.0.0", 100<<20)
@@ -107,6 +117,27 @@ func TestUnpack_Room(t *testing.T) {
 			t.Fatalf("unpacked: %v %v", fi, err)
 		}
 	})
+}
+
+// An archive of more files than the file system has inodes free is
+// refused before anything is written, however few bytes they hold.
+func TestUnpack_Inodes(t *testing.T) {
+	disk := archivetest.SmallDisk(t, 128<<20, "nr_inodes=50")
+	src := t.TempDir()
+	var paths []string
+	for i := range 100 {
+		name := fmt.Sprintf("f%03d", i)
+		writeFile(t, filepath.Join(src, name), "x", 0o644)
+		paths = append(paths, name)
+	}
+	file, _, _ := packFile(t, src, paths...)
+	err := archive.Unpack(file, filepath.Join(disk, "m/1.0.0"))
+	if !errors.Is(err, archive.ErrNoRoom) || !strings.Contains(err.Error(), "it holds 100 files and directories") {
+		t.Fatalf("Unpack: %v, want it refused for inodes", err)
+	}
+	if l := listing(t, disk); !slices.Equal(l, []string{". drwxr-xr-x"}) {
+		t.Fatalf("a refused unpack left %q", l)
+	}
 }
 
 // Margin is what the refusals say it is.

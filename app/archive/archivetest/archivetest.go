@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -18,17 +19,18 @@ import (
 // it; it is unmounted when the test ends. tmpfs takes memory only for
 // what is written to it, so a test may give it far more than it fills.
 // Mounting needs root: without it the test is skipped.
-func SmallDisk(t testing.TB, size int64) string {
+// Each of opts is one more tmpfs mount option ("nr_inodes=50").
+func SmallDisk(t testing.TB, size int64, opts ...string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "small-disk")
-	MountSmallDisk(t, dir, size)
+	MountSmallDisk(t, dir, size, opts...)
 	return dir
 }
 
 // MountSmallDisk mounts a tmpfs of size bytes on dir (made if missing,
 // with its parents), as SmallDisk does: for a test whose disk must be at
 // a given place, such as a host's modules directory.
-func MountSmallDisk(t testing.TB, dir string, size int64) {
+func MountSmallDisk(t testing.TB, dir string, size int64, opts ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a small file system needs root")
@@ -36,8 +38,9 @@ func MountSmallDisk(t testing.TB, dir string, size int64) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("mesh-test", dir, "tmpfs", 0, "size="+strconv.FormatInt(size, 10)+",mode=0755"); err != nil {
-		t.Fatalf("mount a tmpfs of %d bytes on %s: %v", size, dir, err)
+	data := strings.Join(append([]string{"size=" + strconv.FormatInt(size, 10), "mode=0755"}, opts...), ",")
+	if err := unix.Mount("mesh-test", dir, "tmpfs", 0, data); err != nil {
+		t.Fatalf("mount a tmpfs (%s) on %s: %v", data, dir, err)
 	}
 	// Registered after the TempDir holding dir, so it runs before that is
 	// removed; detached, so a process still in it does not keep it.
