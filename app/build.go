@@ -177,7 +177,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 	// What a builder says is kept and printed: a URL's credential in a git
 	// message (from a builder of its own) is not.
 	a, err := st.Builds.Finish(ctx, o.ID, builds.Outcome{Failed: o.Failed, Module: o.Module, Commit: o.Commit, CommitAt: commitAt, Version: o.Version,
-		Digest: o.Digest, Bytes: o.Bytes, DurationMS: o.DurationMS, Why: inventory.RedactText(o.Why), Problems: redactAll(o.Problems),
+		Digest: o.Digest, Bytes: o.Bytes, UnpackedBytes: o.UnpackedBytes, DurationMS: o.DurationMS, Why: inventory.RedactText(o.Why), Problems: redactAll(o.Problems),
 		LogTail: redactAll(o.LogTail), Manifest: redactManifest(o.Manifest)}, now)
 	if err != nil {
 		return "", err
@@ -210,7 +210,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 		return "", err
 	}
 	added, err := st.Inventory.AddBuilt(ctx, m, canon, inventory.Origin{Source: a.Repository, Commit: o.Commit, BuildID: a.ID,
-		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes}}, now)
+		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes, UnpackedBytes: o.UnpackedBytes}}, now)
 	if err != nil {
 		_, merr := st.Builds.MarkSuperseded(ctx, a.ID, err.Error())
 		return fmt.Sprintf("build %s: not registered: %v", a.ID, err), merr

@@ -1,8 +1,9 @@
 // Package archive owns module archives: a tar of a module's build outputs
 // and its mesh.json, compressed with zstd and named by the sha256 of the
 // compressed bytes. It packs, receives (verifying the digest) and unpacks
-// them, always streaming: no archive or file is ever held whole in memory,
-// whatever its size.
+// them (judging first whether what they unpack to fits the disk), always
+// streaming: no archive or file is ever held whole in memory, whatever
+// its size.
 package archive
 
 import (
@@ -22,6 +23,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"mesh-controller/app/protocol"
 )
 
 // Bounds on what one archive may hold. Pack refuses to make an archive
@@ -35,8 +38,9 @@ const (
 	// MaxFileBytes bounds one file of an archive (16 GiB): large model
 	// weights fit, a runaway output does not.
 	MaxFileBytes int64 = 16 << 30
-	// MaxTotalBytes bounds the unpacked size of one archive (32 GiB).
-	MaxTotalBytes int64 = 32 << 30
+	// MaxTotalBytes bounds the unpacked size of one archive (32 GiB), as
+	// a declaration may say it.
+	MaxTotalBytes int64 = protocol.MaxUnpackedBytes
 	// MaxNameBytes bounds one entry's name (Linux's PATH_MAX).
 	MaxNameBytes = 4096
 )
@@ -85,18 +89,19 @@ func (e entry) is(info fs.FileInfo) bool {
 // only — a symlink inside the tree is refused with an error naming it,
 // since an archive must not carry links out), in a deterministic order
 // (sorted, fixed mtimes, uid/gid 0, mode normalised to 0644/0755 keeping
-// the executable bit), streaming to w; it returns the sha256 (hex) of the
-// compressed bytes and their length. A path may end in "/"; the parent
-// directories of a path are packed too, so the archive unpacks whole.
-func Pack(w io.Writer, dir string, paths []string) (digest string, size int64, err error) {
+// the executable bit), streaming to w; it returns what it packed: the
+// sha256 (hex) of the compressed bytes, their length, and the size the
+// archive unpacks to. A path may end in "/"; the parent directories of a
+// path are packed too, so the archive unpacks whole.
+func Pack(w io.Writer, dir string, paths []string) (Packed, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return "", 0, fmt.Errorf("pack %s: %w", dir, err)
+		return Packed{}, fmt.Errorf("pack %s: %w", dir, err)
 	}
 	defer root.Close()
 	entries, err := list(root, paths)
 	if err != nil {
-		return "", 0, fmt.Errorf("pack %s: %w", dir, err)
+		return Packed{}, fmt.Errorf("pack %s: %w", dir, err)
 	}
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
@@ -106,26 +111,45 @@ func Pack(w io.Writer, dir string, paths []string) (digest string, size int64, e
 	zw, err := zstd.NewWriter(cw, zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(windowSize),
 		zstd.WithLowerEncoderMem(true), zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderCRC(true))
 	if err != nil {
-		return "", 0, fmt.Errorf("pack %s: start the compressor: %w", dir, err)
+		return Packed{}, fmt.Errorf("pack %s: start the compressor: %w", dir, err)
 	}
 	defer zw.Close()
 	tw := tar.NewWriter(zw)
 	buf := make([]byte, 64<<10)
+	var unpacked int64
 	for _, e := range entries {
-		if err := writeEntry(tw, root, e, buf); err != nil {
-			return "", 0, fmt.Errorf("pack %s: %w", dir, err)
+		n, err := writeEntry(tw, root, e, buf)
+		if err != nil {
+			return Packed{}, fmt.Errorf("pack %s: %w", dir, err)
+		}
+		if unpacked += n; unpacked > MaxTotalBytes {
+			return Packed{}, fmt.Errorf("pack %s: the outputs hold more than %d bytes, the most an archive may unpack to: pack fewer outputs", dir, MaxTotalBytes)
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return "", 0, fmt.Errorf("pack %s: finish the tar: %w", dir, err)
+		return Packed{}, fmt.Errorf("pack %s: finish the tar: %w", dir, err)
 	}
 	if err := zw.Close(); err != nil {
-		return "", 0, fmt.Errorf("pack %s: finish compressing: %w", dir, err)
+		return Packed{}, fmt.Errorf("pack %s: finish compressing: %w", dir, err)
 	}
 	if cw.err != nil {
-		return "", 0, fmt.Errorf("pack %s: write the archive: %w", dir, cw.err)
+		return Packed{}, fmt.Errorf("pack %s: write the archive: %w", dir, cw.err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
+	return Packed{Digest: hex.EncodeToString(h.Sum(nil)), Bytes: cw.n, Unpacked: unpacked}, nil
+}
+
+// Packed is what Pack made of a tree.
+type Packed struct {
+	// Digest is the sha256 (hex) of the compressed bytes; Bytes is their
+	// length.
+	Digest string
+	Bytes  int64
+	// Unpacked is the sum of the sizes of the regular files packed: the
+	// bytes of content unpacking writes, exactly what Unpack counts
+	// against it. Directories, tar headers and the file system's own
+	// blocks and inodes are not counted: the host's margin (Margin)
+	// allows for them.
+	Unpacked int64
 }
 
 // list finds every entry the paths name, refusing links and special
@@ -244,45 +268,46 @@ func kind(t fs.FileMode) string {
 	return "special file"
 }
 
-// writeEntry writes one entry's header and, for a file, its bytes.
-func writeEntry(tw *tar.Writer, root *os.Root, e entry, buf []byte) error {
+// writeEntry writes one entry's header and, for a file, its bytes; it
+// returns how many bytes of content it packed (a directory's are none).
+func writeEntry(tw *tar.Writer, root *os.Root, e entry, buf []byte) (int64, error) {
 	hdr := &tar.Header{Name: e.name, ModTime: modTime, Mode: 0o644}
 	if e.dir {
 		hdr.Typeflag, hdr.Name, hdr.Mode = tar.TypeDir, e.name+"/", 0o755
-		return tw.WriteHeader(hdr)
+		return 0, tw.WriteHeader(hdr)
 	}
 	f, err := root.Open(e.name)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	// The file open must be the one listed: a file swapped for a link or a
 	// device since is refused, not followed.
 	info, err := f.Stat()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !info.Mode().IsRegular() || !e.is(info) {
-		return fmt.Errorf("%s changed while packing: pack when the build has finished", e.name)
+		return 0, fmt.Errorf("%s changed while packing: pack when the build has finished", e.name)
 	}
 	if info.Size() > MaxFileBytes {
-		return fmt.Errorf("%s is %d bytes, more than %d allowed in an archive", e.name, info.Size(), MaxFileBytes)
+		return 0, fmt.Errorf("%s is %d bytes, more than %d allowed in an archive", e.name, info.Size(), MaxFileBytes)
 	}
 	hdr.Typeflag, hdr.Size = tar.TypeReg, info.Size()
 	if info.Mode().Perm()&0o111 != 0 {
 		hdr.Mode = 0o755
 	}
 	if err := tw.WriteHeader(hdr); err != nil {
-		return err
+		return 0, err
 	}
 	n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size), buf)
 	if err != nil {
-		return fmt.Errorf("copy %s: %w", e.name, err)
+		return 0, fmt.Errorf("copy %s: %w", e.name, err)
 	}
 	if n != hdr.Size {
-		return fmt.Errorf("%s shrank while packing: pack when the build has finished", e.name)
+		return 0, fmt.Errorf("%s shrank while packing: pack when the build has finished", e.name)
 	}
-	return nil
+	return n, nil
 }
 
 // localName says whether name is a clean, relative, slash-separated path

@@ -59,10 +59,11 @@ func packFile(t *testing.T, dir string, paths ...string) (file, digest string, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	digest, size, err = archive.Pack(f, dir, paths)
+	p, err := archive.Pack(f, dir, paths)
 	if err != nil {
 		t.Fatalf("Pack: %v", err)
 	}
+	digest, size = p.Digest, p.Bytes
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +154,15 @@ func TestPack_RoundTrip(t *testing.T) {
 	if l := listing(t, dest); !slices.Equal(l, want) {
 		t.Errorf("unpacked:\n%s\nwant:\n%s", strings.Join(l, "\n"), strings.Join(want, "\n"))
 	}
+	// What Pack says it unpacks to is the files' bytes, counted as Unpack
+	// counts them.
+	p, err := archive.Pack(io.Discard, src, []string{"bin/", "share/doc/readme.txt", "mesh.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len("#!/bin/sh\necho hi\n") + len(`{"module":"hello","version":"1.0.0"}`) + len("read me\n")); p.Unpacked != want {
+		t.Errorf("Pack says it unpacks to %d bytes, want %d", p.Unpacked, want)
+	}
 	// No temp dir is left beside dest.
 	if des, _ := os.ReadDir(filepath.Dir(dest)); len(des) != 1 {
 		t.Errorf("beside dest: %v, want only dest", des)
@@ -215,7 +225,7 @@ func TestPack_Refuses(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			_, _, err := archive.Pack(io.Discard, dir, tc.paths)
+			_, err := archive.Pack(io.Discard, dir, tc.paths)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Pack: %v, want an error saying %q", err, tc.want)
 			}

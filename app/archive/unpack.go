@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,22 +30,43 @@ func (r *refusal) Error() string {
 
 func (r *refusal) Is(target error) bool { return target == ErrRefused }
 
-// Unpack reads a verified archive file and writes it beneath dest (which it
-// creates, 0755, with any missing parents), refusing — before writing
-// anything — any entry whose name is absolute, contains "..", is not
-// clean, is a symlink or hard link, a device or fifo, breaks the order
+// ErrNoRoom is matched (errors.Is) by Unpack's error for an archive that
+// does not fit the free space of the file system it would unpack into,
+// with Margin: nothing was written, and it may be unpacked once there is
+// room.
+var ErrNoRoom = errors.New("not enough free disk")
+
+// Unpack unpacks a verified archive whose unpacked size is not declared
+// (one built before declarations carried it): UnpackSized with 0.
+func Unpack(archivePath, dest string) error { return UnpackSized(archivePath, dest, 0) }
+
+// UnpackSized reads a verified archive file and writes it beneath dest
+// (which it creates, 0755, with any missing parents), refusing — before
+// writing anything — any entry whose name is absolute, contains "..", is
+// not clean, is a symlink or hard link, a device or fifo, breaks the order
 // Pack writes in (strictly increasing names, so each name once), or passes
 // a bound (MaxEntries, MaxFileBytes, MaxTotalBytes, MaxNameBytes). It also
 // refuses a dest that exists, or whose path passes through a symlink: a
 // link swapped in above dest would carry the files elsewhere. Regular
 // files keep their executable bit (0755, else 0644).
 //
+// unpacked is the size its declaration says it unpacks to (Pack's
+// Unpacked), 0 when the declaration says none. A declared size that does
+// not fit dest's file system with Margin is refused (ErrNoRoom) before
+// the archive is read; an archive whose entries add up past it is refused
+// at the header of the entry that passes it, before writing anything, and
+// one whose entries add up to less, once read (either way its builder
+// declared what it did not pack). Without a declared size the total of
+// the entries' headers, learnt without writing, is held to the same
+// room. While writing, no more bytes are written than the entries judged
+// add up to.
+//
 // It writes into a new sibling temp dir, beneath which every name is
 // resolved by os.Root, and renames it into place at the end, so a refused
 // or failed unpack leaves dest absent, never half-written. It reads the
 // archive twice (once to judge every entry, once to write), streaming
 // both times.
-func Unpack(archivePath, dest string) (err error) {
+func UnpackSized(archivePath, dest string, unpacked int64) (err error) {
 	abs, err := filepath.Abs(dest)
 	if err != nil {
 		return fmt.Errorf("unpack %s: %w", archivePath, err)
@@ -53,8 +75,28 @@ func Unpack(archivePath, dest string) (err error) {
 	if err := checkDest(abs); err != nil {
 		return fail(err)
 	}
-	n, err := scan(archivePath, nil)
+	limit := MaxTotalBytes
+	if unpacked < 0 || unpacked > MaxTotalBytes {
+		return fail(fmt.Errorf("its declaration says it unpacks to %d bytes, outside 0..%d: %w; rebuild it", unpacked, MaxTotalBytes, ErrRefused))
+	}
+	if unpacked > 0 {
+		// Judged on what the declaration says before reading a byte of
+		// the archive: one that cannot fit is not even decompressed.
+		if err := room(abs, unpacked, 0); err != nil {
+			return fail(err)
+		}
+		limit = unpacked
+	}
+	sum, err := scan(archivePath, limit, nil)
 	if err != nil {
+		return fail(err)
+	}
+	if unpacked > 0 && sum.total != unpacked {
+		return fail(fmt.Errorf("its files hold %d bytes, not the %d its declaration says: %w, nothing unpacked; rebuild it", sum.total, unpacked, ErrRefused))
+	}
+	// Again with the entries counted, each of which takes a block and an
+	// inode whatever its size.
+	if err := room(abs, sum.total, sum.entries); err != nil {
 		return fail(err)
 	}
 	parent := filepath.Dir(abs)
@@ -78,13 +120,17 @@ func Unpack(archivePath, dest string) (err error) {
 		return fail(err)
 	}
 	w := &writer{root: root, buf: make([]byte, 64<<10)}
-	m, err := scan(archivePath, w.write)
+	// The second read is held to the total the first one judged: an
+	// archive that changed in between is stopped at the entry that takes
+	// it past, not after filling the disk.
+	again, err := scan(archivePath, sum.total, w.write)
 	root.Close()
 	if err != nil {
 		return fail(err)
 	}
-	if m != n {
-		return fail(fmt.Errorf("the archive changed between reads (%d entries, then %d): receive it again", n, m))
+	if again != sum {
+		return fail(fmt.Errorf("the archive changed between reads (%d entries of %d bytes, then %d of %d): receive it again",
+			sum.entries, sum.total, again.entries, again.total))
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fail(err)
@@ -97,6 +143,62 @@ func Unpack(archivePath, dest string) (err error) {
 	}
 	syncDir(parent)
 	return nil
+}
+
+// Margin is the free space an archive of size bytes unpacked, in entries
+// files and directories, needs beyond its size: a tenth of the size, for
+// the blocks large files fill in part and the file system's own records
+// of them; a block (4 KiB) per entry, since each file and directory takes
+// one and an inode whatever its size (100,000 empty files sum to 0 bytes
+// but take 400 MiB); and 64 MiB, so that an archive that fits leaves the
+// host and the modules room to write their state, logs and the next
+// declaration, rather than a disk full to the last block.
+func Margin(size int64, entries int) int64 {
+	return size/10 + int64(entries)*4<<10 + 64<<20
+}
+
+// room refuses (ErrNoRoom) an archive of size bytes in entries entries
+// that does not fit, with Margin, the space free to unprivileged users
+// (the blocks kept for root are the host's own reserve) of the file
+// system dest would be made on, or whose entries outnumber its free
+// inodes.
+func room(dest string, size int64, entries int) error {
+	dir := filepath.Dir(dest)
+	for {
+		if _, err := os.Lstat(dir); err == nil || dir == "/" {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("learn the free space of %s: %w", dir, err)
+	}
+	free := int64(min(st.Bavail, uint64(math.MaxInt64)/max(uint64(st.Bsize), 1))) * st.Bsize
+	margin := Margin(size, entries)
+	if size+margin > free {
+		return fmt.Errorf("%w: it unpacks to %s and needs %s more to spare, but %s has %s free: free space there, or give the module a node with more disk",
+			ErrNoRoom, humanBytes(size), humanBytes(margin), dir, humanBytes(free))
+	}
+	// A file system that counts no inodes (btrfs says 0) is not short of them.
+	if st.Files > 0 && uint64(entries) > st.Ffree {
+		return fmt.Errorf("%w: it holds %d files and directories, but %s has %d inodes free: free some there, or give the module a node with more disk",
+			ErrNoRoom, entries, dir, st.Ffree)
+	}
+	return nil
+}
+
+// humanBytes says a size in bytes as a person reads it, exact below a KiB.
+func humanBytes(n int64) string {
+	const unit = 1 << 10
+	if n < unit {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	v, u := float64(n)/unit, 0
+	for ; v >= unit && u < 4; u++ {
+		v /= unit
+	}
+	return fmt.Sprintf("%.1f %s", v, []string{"KiB", "MiB", "GiB", "TiB", "PiB"}[u])
 }
 
 // checkDest refuses a dest that exists or whose existing ancestors
@@ -127,13 +229,20 @@ func checkDest(abs string) error {
 	return nil
 }
 
-// scan reads the archive from the start, judges every entry and hands
-// each to visit (when not nil) with the tar reader positioned at its
-// bytes; it returns how many entries there were.
-func scan(archivePath string, visit func(*tar.Header, io.Reader) error) (int, error) {
+// summary is what a scan found: how many entries, and the sum of the
+// regular files' sizes.
+type summary struct {
+	entries int
+	total   int64
+}
+
+// scan reads the archive from the start, judges every entry (their sizes
+// adding up to no more than limit) and hands each to visit (when not nil)
+// with the tar reader positioned at its bytes; it returns what it found.
+func scan(archivePath string, limit int64, visit func(*tar.Header, io.Reader) error) (summary, error) {
 	f, err := os.Open(archivePath)
 	if err != nil {
-		return 0, err
+		return summary{}, err
 	}
 	defer f.Close()
 	// One goroutine, low memory, and no window past what Pack uses: the
@@ -141,25 +250,25 @@ func scan(archivePath string, visit func(*tar.Header, io.Reader) error) (int, er
 	zr, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
 		zstd.WithDecoderMaxWindow(windowSize))
 	if err != nil {
-		return 0, fmt.Errorf("start the decompressor: %w", err)
+		return summary{}, fmt.Errorf("start the decompressor: %w", err)
 	}
 	defer zr.Close()
 	tr := tar.NewReader(zr)
-	var j judge
+	j := judge{limit: limit}
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return j.entries, nil
+			return j.summary, nil
 		}
 		if err != nil {
-			return 0, fmt.Errorf("read the archive after %d entries: %w: receive it again or rebuild it", j.entries, err)
+			return summary{}, fmt.Errorf("read the archive after %d entries: %w: receive it again or rebuild it", j.entries, err)
 		}
 		if err := j.entry(hdr); err != nil {
-			return 0, err
+			return summary{}, err
 		}
 		if visit != nil {
 			if err := visit(hdr, tr); err != nil {
-				return 0, err
+				return summary{}, err
 			}
 		}
 	}
@@ -167,9 +276,11 @@ func scan(archivePath string, visit func(*tar.Header, io.Reader) error) (int, er
 
 // judge holds what judging an entry needs of the entries before it.
 type judge struct {
-	entries int
-	total   int64
-	prev    string
+	summary
+	// limit bounds total: MaxTotalBytes, or less when the archive's size
+	// is declared or was judged in a first read.
+	limit int64
+	prev  string
 }
 
 // entry judges one header; it refuses with a *refusal.
@@ -217,8 +328,13 @@ func (j *judge) entry(hdr *tar.Header) error {
 			return refuse("is %d bytes, past the bound of %d for one file", hdr.Size, MaxFileBytes)
 		}
 		j.total += hdr.Size
-		if j.total > MaxTotalBytes {
+		switch {
+		case j.total > j.limit && j.limit == MaxTotalBytes:
 			return refuse("takes the archive past the bound of %d bytes unpacked", MaxTotalBytes)
+		case j.total > j.limit:
+			// Judged on the header, before its bytes are read, let alone
+			// written: the tar reader yields exactly hdr.Size of them.
+			return refuse("of %d bytes takes the archive to %d, past the %d it was declared to unpack to", hdr.Size, j.total, j.limit)
 		}
 	}
 	return nil
@@ -251,7 +367,8 @@ func (w *writer) write(hdr *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.CopyBuffer(f, r, w.buf)
+	// Never more than the header judged, whatever the reader yields.
+	n, err := io.CopyBuffer(f, io.LimitReader(r, hdr.Size), w.buf)
 	if err == nil && n != hdr.Size {
 		err = fmt.Errorf("%s: %d bytes of %d: receive the archive again", hdr.Name, n, hdr.Size)
 	}

@@ -61,10 +61,13 @@ type Outcome struct {
 	Manifest json.RawMessage `json:"manifest,omitempty"`
 	Module   string          `json:"module,omitempty"`
 	Version  string          `json:"version,omitempty"`
-	// Digest (sha256, hex) and Bytes are the archive's.
-	Digest     string  `json:"digest,omitempty"`
-	Bytes      int64   `json:"bytes,omitempty"`
-	DurationMS float64 `json:"duration_ms"`
+	// Digest (sha256, hex) and Bytes are the archive's; UnpackedBytes is
+	// what it unpacks to (archive.Packed's Unpacked: its regular files'
+	// sizes summed), which hosts judge their disk by.
+	Digest        string  `json:"digest,omitempty"`
+	Bytes         int64   `json:"bytes,omitempty"`
+	UnpackedBytes int64   `json:"unpacked_bytes,omitempty"`
+	DurationMS    float64 `json:"duration_ms"`
 	// LogTail is the build log's last LogTailLines lines.
 	LogTail []string `json:"log_tail,omitempty"`
 }
@@ -338,7 +341,7 @@ func (b *Builder) runBuild(ctx context.Context, lg *buildLog, dir, src string, s
 }
 
 // pack packs the outputs into the archive writer (or only hashes them for
-// a dry run) and records digest and size.
+// a dry run) and records digest, size and unpacked size.
 func (b *Builder) pack(lg *buildLog, a Ask, src string, paths []string, o *Outcome) error {
 	var w io.Writer = io.Discard
 	var wc io.WriteCloser
@@ -350,7 +353,7 @@ func (b *Builder) pack(lg *buildLog, a Ask, src string, paths []string, o *Outco
 		w = wc
 	}
 	lg.step("pack %s", strings.Join(paths, " "))
-	digest, size, err := archive.Pack(w, src, paths)
+	packed, err := archive.Pack(w, src, paths)
 	if err != nil {
 		if wc != nil {
 			abort(wc, err)
@@ -363,8 +366,8 @@ func (b *Builder) pack(lg *buildLog, a Ask, src string, paths []string, o *Outco
 			return fmt.Errorf("write the archive: %w", err)
 		}
 	}
-	o.Digest, o.Bytes = digest, size
-	lg.step("archive sha256:%s, %d bytes", digest, size)
+	o.Digest, o.Bytes, o.UnpackedBytes = packed.Digest, packed.Bytes, packed.Unpacked
+	lg.step("archive sha256:%s, %d bytes, unpacking to %d", packed.Digest, packed.Bytes, packed.Unpacked)
 	return nil
 }
 

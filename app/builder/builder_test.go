@@ -154,8 +154,13 @@ func (h *harness) checkArchive(t *testing.T, o builder.Outcome) string {
 	if hex.EncodeToString(sum[:]) != o.Digest || int64(len(b)) != o.Bytes {
 		t.Fatalf("outcome names %s (%d bytes), the bytes written are %x (%d)", o.Digest, o.Bytes, sum, len(b))
 	}
+	// Unpacked held to what the outcome says it unpacks to: one byte off
+	// either way is refused.
+	if o.UnpackedBytes <= 0 {
+		t.Fatalf("outcome says the archive unpacks to %d bytes", o.UnpackedBytes)
+	}
 	dest := filepath.Join(t.TempDir(), "hello", "1.0.0")
-	if err := archive.Unpack(file, dest); err != nil {
+	if err := archive.UnpackSized(file, dest, o.UnpackedBytes); err != nil {
 		t.Fatalf("unpack: %v", err)
 	}
 	return dest

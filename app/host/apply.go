@@ -448,7 +448,7 @@ func versionDir(module, version string) string {
 // unpackArchive makes a module's version directory hold its declared
 // archive: left as it is when the last apply unpacked that very archive
 // there, else fetched, verified and unpacked whole (a half-written tree is
-// never left: archive.Unpack renames it into place).
+// never left: archive.UnpackSized renames it into place), if it fits.
 func unpackArchive(r root, m protocol.DeclaredModule, last []runRecord, fetch fetcher) error {
 	rel := versionDir(m.Module, m.Version)
 	if err := r.check(rel); err != nil {
@@ -456,7 +456,9 @@ func unpackArchive(r root, m protocol.DeclaredModule, last []runRecord, fetch fe
 	}
 	abs := filepath.Join(r.dir, filepath.FromSlash(rel))
 	for _, run := range last {
-		if run.Module == m.Module && run.Archive != nil && *run.Archive == *m.Archive && run.Version == m.Version {
+		// The same digest is the same bytes, whatever else the
+		// declaration came to say of them (its unpacked size, since).
+		if run.Module == m.Module && run.Archive != nil && run.Archive.Digest == m.Archive.Digest && run.Version == m.Version {
 			if fi, err := os.Lstat(abs); err == nil && fi.IsDir() {
 				return nil
 			}
@@ -475,5 +477,10 @@ func unpackArchive(r root, m protocol.DeclaredModule, last []runRecord, fetch fe
 	if err := r.removeAll(rel); err != nil {
 		return err
 	}
-	return archive.Unpack(file, abs)
+	// Held to the unpacked size the declaration signs with the digest:
+	// refused before writing when it does not fit the disk it goes to,
+	// stopped at the entry that passes it if the archive holds more.
+	// Without one (an archive built before it was declared) the archive's
+	// own headers, read first, say it.
+	return archive.UnpackSized(file, abs, m.Archive.UnpackedBytes)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"mesh-controller/app/archive"
+	"mesh-controller/app/archive/archivetest"
 	"mesh-controller/app/protocol"
 )
 
@@ -44,12 +45,12 @@ func packed(t *testing.T, files map[string]string) (string, protocol.Archive) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	digest, size, err := archive.Pack(f, src, names)
+	p, err := archive.Pack(f, src, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	return out, protocol.Archive{Digest: digest, Bytes: size}
+	return out, protocol.Archive{Digest: p.Digest, Bytes: p.Bytes, UnpackedBytes: p.Unpacked}
 }
 
 // fromFiles is a fetcher over archives kept as local files by digest: the
@@ -139,6 +140,78 @@ func TestApply_Archives(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(filepath.Dir(root), "escaped")); err == nil {
 			t.Fatal("an archive wrote outside the root")
+		}
+	})
+}
+
+// An archive is judged against the free space of the disk its host
+// unpacks it into, by the unpacked size its declaration signs: one that
+// does not fit is refused before a byte is written, saying the sizes; one
+// that declares less than it holds is stopped with nothing left behind;
+// one declared by a controller from before the size was kept is judged by
+// its own headers; one that fits applies.
+func TestApply_ArchiveRoom(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	st := &State{Node: "web1", ControllerKey: pub}
+	root := archivetest.SmallDisk(t, 128<<20)
+	files := map[string]string{}
+	decl := func(serial int, version string, a protocol.Archive) protocol.Envelope {
+		return sealed(t, priv, map[string]any{"node": "web1", "serial": serial, "modules": []any{map[string]any{
+			"module": "zeros", "version": version, "archive": map[string]any{"digest": a.Digest, "bytes": a.Bytes, "unpacked_bytes": a.UnpackedBytes},
+			"run": map[string]any{"command": []any{"bin/zeros"}}}}})
+	}
+	zeros := func(version string, size int64) protocol.Archive {
+		file, p := archivetest.Zeros(t, "zeros", version, size)
+		files[p.Digest] = file
+		return protocol.Archive{Digest: p.Digest, Bytes: p.Bytes, UnpackedBytes: p.Unpacked}
+	}
+	free := archivetest.Free(t, root)
+	untouched := func(t *testing.T, version string) {
+		t.Helper()
+		if _, err := os.Lstat(filepath.Join(root, protocol.ModulesDir, "zeros", version)); err == nil {
+			t.Fatalf("a refused archive left its version directory")
+		}
+		if got := archivetest.Free(t, root); got != free {
+			t.Fatalf("free space %d after a refused archive, %d before", got, free)
+		}
+	}
+
+	big := zeros("2.0.0", 256<<20)
+	t.Run("declared, does not fit", func(t *testing.T) {
+		report, _ := apply(st, root, applied{}, decl(1, "2.0.0", big), nil, fromFiles(t, files))
+		if report.OK || !strings.Contains(report.Error, "refused: archive of zeros 2.0.0") ||
+			!strings.Contains(report.Error, "not enough free disk: it unpacks to 256.0 MiB") || strings.Contains(report.Error, "\n") {
+			t.Fatalf("report %+v", report)
+		}
+		t.Log(report.Error)
+		untouched(t, "2.0.0")
+	})
+	t.Run("declared small, unpacks large", func(t *testing.T) {
+		lie := big
+		lie.UnpackedBytes = 1 << 20
+		report, _ := apply(st, root, applied{}, decl(2, "2.0.0", lie), nil, fromFiles(t, files))
+		if report.OK || !strings.Contains(report.Error, "past the 1048576 it was declared to unpack to") {
+			t.Fatalf("report %+v", report)
+		}
+		untouched(t, "2.0.0")
+	})
+	t.Run("not declared, does not fit", func(t *testing.T) {
+		old := big
+		old.UnpackedBytes = 0
+		report, _ := apply(st, root, applied{}, decl(3, "2.0.0", old), nil, fromFiles(t, files))
+		if report.OK || !strings.Contains(report.Error, "not enough free disk: it unpacks to 256.0 MiB") {
+			t.Fatalf("report %+v", report)
+		}
+		untouched(t, "2.0.0")
+	})
+	t.Run("fits", func(t *testing.T) {
+		report, _ := apply(st, root, applied{}, decl(4, "1.0.0", zeros("1.0.0", 16<<20)), nil, fromFiles(t, files))
+		if !report.OK {
+			t.Fatalf("report %+v", report)
+		}
+		fi, err := os.Stat(filepath.Join(root, protocol.ModulesDir, "zeros", "1.0.0", "bin/zeros"))
+		if err != nil || fi.Size() != 16<<20 {
+			t.Fatalf("unpacked: %v %v", fi, err)
 		}
 	})
 }

@@ -267,7 +267,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			pm.MemoryMB = m.Requires.MemoryMB
 		}
 		if built, ok := snap.Archives[a.Module+"@"+a.Version]; ok {
-			pm.Archive = &protocol.Archive{Digest: built.Digest, Bytes: built.Bytes}
+			pm.Archive = &protocol.Archive{Digest: built.Digest, Bytes: built.Bytes, UnpackedBytes: built.UnpackedBytes}
 		}
 		for _, sec := range m.Secrets {
 			if c, ok := pl.sealed[node+"/"+a.Module+"/"+sec.Name]; ok {

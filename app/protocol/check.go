@@ -215,6 +215,9 @@ func (d Declaration) Problems() []string {
 			if a.Bytes <= 0 || a.Bytes > MaxArchiveBytes {
 				bad(f+".archive.bytes", "%d is outside 1..%d", a.Bytes, int64(MaxArchiveBytes))
 			}
+			if a.UnpackedBytes < 0 || a.UnpackedBytes > MaxUnpackedBytes {
+				bad(f+".archive.unpacked_bytes", "%d is outside 0..%d", a.UnpackedBytes, MaxUnpackedBytes)
+			}
 		}
 
 		atMost(f+".secrets", len(m.Secrets), MaxSecrets)

@@ -250,6 +250,24 @@ func TestProblems_Run(t *testing.T) {
 	}
 }
 
+// An archive's unpacked size is judged with its digest and size: 0 is an
+// archive from before it was kept, past MaxUnpackedBytes or negative is
+// a problem.
+func TestProblems_ArchiveUnpackedBytes(t *testing.T) {
+	digest := strings.Repeat("ab", 32)
+	for _, c := range []struct {
+		unpacked int64
+		bad      bool
+	}{{0, false}, {1, false}, {MaxUnpackedBytes, false}, {-1, true}, {MaxUnpackedBytes + 1, true}} {
+		d := Declaration{Node: "web1", Modules: []DeclaredModule{{Module: "m", Version: "1.0.0",
+			Archive: &Archive{Digest: digest, Bytes: 1, UnpackedBytes: c.unpacked}}}}
+		got := strings.Join(d.Problems(), "; ")
+		if strings.Contains(got, "modules[0].archive.unpacked_bytes: ") != c.bad {
+			t.Errorf("unpacked_bytes %d: problems %q", c.unpacked, got)
+		}
+	}
+}
+
 // A data set may not be or hold the directory its host writes module logs
 // into as root.
 func TestProblems_DataOverlapsLogs(t *testing.T) {

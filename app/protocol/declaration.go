@@ -157,6 +157,12 @@ type DeclaredLicence struct {
 type Archive struct {
 	Bytes  int64  `json:"bytes"`
 	Digest string `json:"digest"`
+	// UnpackedBytes is what it unpacks to, as its builder packed it: the
+	// sum of its regular files' sizes. Signed with the digest, so a host
+	// judges before unpacking whether it fits its disk and stops an
+	// archive that unpacks past it. 0 (absent) for archives built before
+	// it was kept: the host learns it from the archive's own headers.
+	UnpackedBytes int64 `json:"unpacked_bytes,omitempty"`
 }
 
 // ArchiveBucket is the broker's object store bucket of module archives,
@@ -166,6 +172,10 @@ const ArchiveBucket = "mesh-archives"
 
 // MaxArchiveBytes bounds an archive a host fetches.
 const MaxArchiveBytes = 4 << 30
+
+// MaxUnpackedBytes bounds what an archive may unpack to (32 GiB): the sum
+// of its files' sizes (app/archive's MaxTotalBytes).
+const MaxUnpackedBytes int64 = 32 << 30
 
 // Run is how a module is started, as its manifest says (manifest.md,
 // "Running"), with env values taken from settings already filled in.

@@ -118,9 +118,9 @@ func (s *Store) Finish(ctx context.Context, id string, o Outcome, now time.Time)
 			commitAt = sqlite.FormatTime(o.CommitAt)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE asks SET state = ?, builder = ?, module = ?, finished_at = ?, late = ?,
-			source_commit = ?, commit_at = ?, version = ?, digest = ?, bytes = ?, duration_ms = ?, why = ? WHERE id = ?`,
+			source_commit = ?, commit_at = ?, version = ?, digest = ?, bytes = ?, unpacked_bytes = ?, duration_ms = ?, why = ? WHERE id = ?`,
 			state, builder, module, sqlite.FormatTime(now), late,
-			o.Commit, commitAt, o.Version, o.Digest, o.Bytes, o.DurationMS, oneLine(o.Why, MaxWhyBytes), id); err != nil {
+			o.Commit, commitAt, o.Version, o.Digest, o.Bytes, o.UnpackedBytes, o.DurationMS, oneLine(o.Why, MaxWhyBytes), id); err != nil {
 			return err
 		}
 		// An ask takes one outcome (an ended one refuses the next), so

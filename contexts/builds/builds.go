@@ -132,11 +132,14 @@ type Ask struct {
 	Commit string `json:"commit"`
 	// CommitAt is when its commit was made (the committer's time), nil
 	// when the builder did not say.
-	CommitAt   *time.Time `json:"commit_at"`
-	Version    string     `json:"version"`
-	Digest     string     `json:"digest"`
-	Bytes      int64      `json:"bytes"`
-	DurationMS float64    `json:"duration_ms"`
+	CommitAt *time.Time `json:"commit_at"`
+	Version  string     `json:"version"`
+	Digest   string     `json:"digest"`
+	Bytes    int64      `json:"bytes"`
+	// UnpackedBytes is what its archive unpacks to, as its builder said
+	// (0 for builds from before it was kept).
+	UnpackedBytes int64   `json:"unpacked_bytes"`
+	DurationMS    float64 `json:"duration_ms"`
 	// Why is one line: why it failed, was superseded, cancelled, killed
 	// or died.
 	Why        string `json:"why"`
@@ -167,15 +170,18 @@ type Outcome struct {
 	Module string
 	Commit string
 	// CommitAt is the commit's committer time; zero when not known.
-	CommitAt   time.Time
-	Version    string
-	Digest     string
-	Bytes      int64
-	DurationMS float64
-	Why        string
-	Problems   []string
-	LogTail    []string
-	Manifest   json.RawMessage
+	CommitAt time.Time
+	Version  string
+	Digest   string
+	Bytes    int64
+	// UnpackedBytes is what the archive unpacks to: the sum of its
+	// regular files' sizes.
+	UnpackedBytes int64
+	DurationMS    float64
+	Why           string
+	Problems      []string
+	LogTail       []string
+	Manifest      json.RawMessage
 }
 
 // Store is the builds context's store.

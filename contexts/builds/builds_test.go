@@ -132,7 +132,7 @@ func sameAsk(a, b Ask) bool { return reflect.DeepEqual(a, b) }
 
 // built is a done outcome of module hello.
 func built(on string) Outcome {
-	return Outcome{On: on, Module: "hello", Commit: "c0ffee", Version: "1.0.0", Digest: "ab12", Bytes: 1234, DurationMS: 2500,
+	return Outcome{On: on, Module: "hello", Commit: "c0ffee", Version: "1.0.0", Digest: "ab12", Bytes: 1234, UnpackedBytes: 5678, DurationMS: 2500,
 		LogTail: []string{"go build", "builder: built"}, Manifest: []byte(`{"name": "hello", "version": "1.0.0"}`)}
 }
 
@@ -409,7 +409,7 @@ func TestStore_Finish(t *testing.T) {
 		a := must[Ask](t)(s.Enqueue(ctx, Ask{Repository: "/src/x.git"}, t0))
 		must[Ask](t)(s.Take(ctx, a.ID, "web1/builder", t0))
 		got := must[Ask](t)(s.Finish(ctx, a.ID, built(""), t0.Add(time.Minute)))
-		if got.Module != "hello" || got.Commit != "c0ffee" || got.Digest != "ab12" || got.Bytes != 1234 || got.DurationMS != 2500 ||
+		if got.Module != "hello" || got.Commit != "c0ffee" || got.Digest != "ab12" || got.Bytes != 1234 || got.UnpackedBytes != 5678 || got.DurationMS != 2500 ||
 			string(got.Details.Manifest) != `{"name":"hello","version":"1.0.0"}` || !slices.Equal(got.Details.LogTail, []string{"go build", "builder: built"}) || got.Late {
 			t.Fatalf("%+v", got)
 		}

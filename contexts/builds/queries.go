@@ -24,7 +24,7 @@ type Filter struct {
 
 // askColumns are an ask's columns in the order scanAsk reads them.
 const askColumns = `id, repository, ref, module, dry_run, plan_id, again_of, allow_older, state, builder, asked_at, taken_at, finished_at,
-	tries, last_try_at, late, source_commit, version, digest, bytes, duration_ms, why, registered, commit_at`
+	tries, last_try_at, late, source_commit, version, digest, bytes, unpacked_bytes, duration_ms, why, registered, commit_at`
 
 // The reads whose speed the benchmark measures and whose query plans the
 // tests check use their indexes.
@@ -184,7 +184,7 @@ func scanAsk(sc interface{ Scan(...any) error }) (Ask, error) {
 	var taken, finished, lastTry sql.NullString
 	var commitAt string
 	if err := sc.Scan(&a.ID, &a.Repository, &a.Ref, &a.Module, &a.DryRun, &a.Plan, &a.AgainOf, &a.AllowOlder, &state, &a.Builder, &asked, &taken, &finished,
-		&a.Tries, &lastTry, &a.Late, &a.Commit, &a.Version, &a.Digest, &a.Bytes, &a.DurationMS, &a.Why, &a.Registered, &commitAt); err != nil {
+		&a.Tries, &lastTry, &a.Late, &a.Commit, &a.Version, &a.Digest, &a.Bytes, &a.UnpackedBytes, &a.DurationMS, &a.Why, &a.Registered, &commitAt); err != nil {
 		return Ask{}, err
 	}
 	if commitAt != "" {

@@ -27,8 +27,10 @@ func TestStore_AddBuiltAgain(t *testing.T) {
 		}
 		return s.AddBuilt(ctx, m, []byte(strings.ReplaceAll(doc, " ", "")), o, now)
 	}
+	// Each archive unpacks to a size of its own, kept with its digest.
+	unpacked := map[string]int64{"d1": 100, "d2": 200}
 	origin := func(commit, digest string) Origin {
-		return Origin{Source: "/r", Commit: commit, BuildID: "b-" + commit, Archive: Archive{Digest: digest, Bytes: 10}}
+		return Origin{Source: "/r", Commit: commit, BuildID: "b-" + commit, Archive: Archive{Digest: digest, Bytes: 10, UnpackedBytes: unpacked[digest]}}
 	}
 	built := func() []BuiltVersion {
 		t.Helper()
@@ -41,6 +43,9 @@ func TestStore_AddBuiltAgain(t *testing.T) {
 	if _, err := add("1.0.0", "", origin("c1", "d1")); err != nil {
 		t.Fatal(err)
 	}
+	if got := built()[0].Archive; got != (Archive{Digest: "d1", Bytes: 10, UnpackedBytes: 100}) {
+		t.Fatalf("the archive kept: %+v", got)
+	}
 	a, err := add("1.0.0", "", origin("c1", "d1"))
 	if err != nil || a.New || a.Rebuilt || !a.Current {
 		t.Fatalf("the same build again: %+v %v", a, err)
@@ -48,6 +53,13 @@ func TestStore_AddBuiltAgain(t *testing.T) {
 	a, err = add("1.0.0", "", origin("c2", "d2"))
 	if err != nil || !a.Rebuilt || built()[0].Archive.Digest != "d2" || built()[0].Commit != "c2" || built()[0].BuildID != "b-c2" {
 		t.Fatalf("another archive: %+v %v %+v", a, err, built())
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snap.Archives["greeter@1.0.0"]; got != (Archive{Digest: "d2", Bytes: 10, UnpackedBytes: 200}) || built()[0].Archive != got {
+		t.Fatalf("the archive built again, as the snapshot has it: %+v, as built versions: %+v", got, built()[0].Archive)
 	}
 	// A reproducible build of a newer commit: the same archive, the commit moves.
 	a, err = add("1.0.0", "", origin("c3", "d2"))

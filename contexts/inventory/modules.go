@@ -73,10 +73,13 @@ type Origin struct {
 	Archive                 Archive
 }
 
-// Archive is a built version's archive: its sha256 (hex) and size.
+// Archive is a built version's archive: its sha256 (hex), its size, and
+// what it unpacks to (the sum of its regular files' sizes; 0 for one
+// built before that was kept).
 type Archive struct {
-	Digest string
-	Bytes  int64
+	Digest        string
+	Bytes         int64
+	UnpackedBytes int64
 }
 
 // AddBuilt registers a module version as AddModule does, with where it came
@@ -120,8 +123,9 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 			// version): the version runs from the new archive, and is
 			// known built from that commit (it is no longer behind it).
 			a.Rebuilt = o.Archive.Digest != digest
-			_, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?
-				WHERE module = ? AND version = ?`, source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, m.Module, m.Version)
+			_, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?,
+				archive_unpacked_bytes = ? WHERE module = ? AND version = ?`, source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes,
+				o.Archive.UnpackedBytes, m.Module, m.Version)
 			return err
 		case err == nil:
 			return fmt.Errorf("%s %s %w", m.Module, m.Version, ErrVersionConflict)
@@ -129,9 +133,9 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 			return err
 		}
 		a.New = true
-		if _, err := tx.ExecContext(ctx, `INSERT INTO module_versions (module, version, manifest, source, commit_id, build_id, archive_digest, archive_bytes, added_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			m.Module, m.Version, string(canon), source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, sqlite.FormatTime(now)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO module_versions (module, version, manifest, source, commit_id, build_id, archive_digest, archive_bytes,
+			archive_unpacked_bytes, added_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			m.Module, m.Version, string(canon), source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes, o.Archive.UnpackedBytes, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
 		if current == "" || CompareVersions(m.Version, current) > 0 {
@@ -281,7 +285,7 @@ type BuiltVersion struct {
 // BuiltVersions returns the registered versions that hold an archive, of
 // one module or (module "") of every module, by module and version.
 func (s *Store) BuiltVersions(ctx context.Context, module string) ([]BuiltVersion, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.added_at, m.current_version
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.archive_unpacked_bytes, v.added_at, m.current_version
 		FROM module_versions v JOIN modules m ON m.name = v.module WHERE (? = '' OR v.module = ?) ORDER BY v.module`, module, module)
 	if err != nil {
 		return nil, fmt.Errorf("read built versions: %w", err)
@@ -291,7 +295,7 @@ func (s *Store) BuiltVersions(ctx context.Context, module string) ([]BuiltVersio
 	for rows.Next() {
 		var b BuiltVersion
 		var added, current string
-		if err := rows.Scan(&b.Module, &b.Version, &b.Commit, &b.BuildID, &b.Archive.Digest, &b.Archive.Bytes, &added, &current); err != nil {
+		if err := rows.Scan(&b.Module, &b.Version, &b.Commit, &b.BuildID, &b.Archive.Digest, &b.Archive.Bytes, &b.Archive.UnpackedBytes, &added, &current); err != nil {
 			return nil, err
 		}
 		if b.AddedAt, err = sqlite.ParseTime(added); err != nil {

@@ -134,10 +134,10 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 			return nil, fmt.Errorf("read the overlay: %w", err)
 		}
 	}
-	err = each(ctx, tx, `SELECT module, version, manifest, archive_digest, archive_bytes FROM module_versions`, func(r *sql.Rows) error {
+	err = each(ctx, tx, `SELECT module, version, manifest, archive_digest, archive_bytes, archive_unpacked_bytes FROM module_versions`, func(r *sql.Rows) error {
 		var module, version, body string
 		var a Archive
-		if err := r.Scan(&module, &version, &body, &a.Digest, &a.Bytes); err != nil {
+		if err := r.Scan(&module, &version, &body, &a.Digest, &a.Bytes, &a.UnpackedBytes); err != nil {
 			return err
 		}
 		if a.Digest != "" {

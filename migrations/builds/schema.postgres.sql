@@ -22,7 +22,8 @@ CREATE TABLE asks (
     why text NOT NULL DEFAULT ''::text,
     registered bigint NOT NULL DEFAULT 0,
     allow_older bigint NOT NULL DEFAULT 0,
-    commit_at text NOT NULL DEFAULT ''::text
+    commit_at text NOT NULL DEFAULT ''::text,
+    unpacked_bytes bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE fence (
     id bigint NOT NULL,

@@ -29,7 +29,7 @@ CREATE TABLE asks (
     bytes         INTEGER NOT NULL DEFAULT 0,
     duration_ms   REAL NOT NULL DEFAULT 0,
     why           TEXT NOT NULL DEFAULT '',
-    registered    INTEGER NOT NULL DEFAULT 0 CHECK (registered IN (0, 1)), allow_older INTEGER NOT NULL DEFAULT 0, commit_at TEXT NOT NULL DEFAULT '',
+    registered    INTEGER NOT NULL DEFAULT 0 CHECK (registered IN (0, 1)), allow_older INTEGER NOT NULL DEFAULT 0, commit_at TEXT NOT NULL DEFAULT '', unpacked_bytes INTEGER NOT NULL DEFAULT 0,
     -- Only an open ask has no end; an ask in flight was taken; a dry run is
     -- never taken in.
     CHECK ((finished_at IS NULL) = (state IN ('waiting', 'in-flight'))),

@@ -70,7 +70,8 @@ CREATE TABLE module_versions (
     added_at text NOT NULL,
     archive_digest text NOT NULL DEFAULT ''::text,
     archive_bytes bigint NOT NULL DEFAULT 0,
-    build_id text NOT NULL DEFAULT ''::text
+    build_id text NOT NULL DEFAULT ''::text,
+    archive_unpacked_bytes bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE modules (
     name text NOT NULL,

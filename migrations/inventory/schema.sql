@@ -70,7 +70,7 @@ CREATE TABLE module_versions (
     manifest  TEXT NOT NULL,
     source    TEXT NOT NULL DEFAULT '',
     commit_id TEXT NOT NULL DEFAULT '',
-    added_at  TEXT NOT NULL, archive_digest TEXT NOT NULL DEFAULT '', archive_bytes INTEGER NOT NULL DEFAULT 0, build_id TEXT NOT NULL DEFAULT '',
+    added_at  TEXT NOT NULL, archive_digest TEXT NOT NULL DEFAULT '', archive_bytes INTEGER NOT NULL DEFAULT 0, build_id TEXT NOT NULL DEFAULT '', archive_unpacked_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (module, version)
 ) STRICT;
 CREATE TABLE modules (
