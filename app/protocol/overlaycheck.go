@@ -3,9 +3,9 @@ package protocol
 import (
 	"encoding/base64"
 	"fmt"
-	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 )
 
 // The rules a host judges a declared overlay by, here so that the
@@ -148,6 +148,27 @@ func overlayWhole(o *DeclaredOverlay) string {
 	return ""
 }
 
+// splitHostPort splits host:port or [host]:port as net.SplitHostPort
+// does, without the net package: messages take no network (the layout
+// test).
+func splitHostPort(s string) (host, port string, ok bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", false
+	}
+	host, port = s[:i], s[i+1:]
+	if strings.HasPrefix(host, "[") {
+		if !strings.HasSuffix(host, "]") {
+			return "", "", false
+		}
+		host = host[1 : len(host)-1]
+	}
+	if strings.ContainsAny(host, "[]") || (strings.Contains(host, ":") && !strings.HasPrefix(s, "[")) {
+		return "", "", false
+	}
+	return host, port, true
+}
+
 // peerProblem says what is wrong with a peer by itself, "" if nothing.
 func peerProblem(p DeclaredPeer) string {
 	if !ValidWireGuardKey(p.PublicKey) {
@@ -157,8 +178,8 @@ func peerProblem(p DeclaredPeer) string {
 		return "no node name"
 	}
 	if p.Endpoint != "" {
-		host, port, err := net.SplitHostPort(p.Endpoint)
-		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+		host, port, ok := splitHostPort(p.Endpoint)
+		if n, perr := strconv.Atoi(port); !ok || host == "" || perr != nil || n < 1 || n > 65535 {
 			return fmt.Sprintf("endpoint %q is not host:port", p.Endpoint)
 		}
 	}

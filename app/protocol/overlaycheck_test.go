@@ -161,3 +161,25 @@ func TestAcceptedOverlay(t *testing.T) {
 		}
 	}
 }
+
+// splitHostPort takes what net.SplitHostPort takes, and refuses what it
+// refuses, for an endpoint's forms.
+func TestSplitHostPort(t *testing.T) {
+	for _, c := range []struct {
+		in, host, port string
+		ok             bool
+	}{
+		{"gw1.example.org:51820", "gw1.example.org", "51820", true},
+		{"192.0.2.1:51820", "192.0.2.1", "51820", true},
+		{"[fd00::1]:51820", "fd00::1", "51820", true},
+		{"fd00::1:51820", "", "", false},
+		{"gw1.example.org", "", "", false},
+		{"[fd00::1:51820", "", "", false},
+		{"a]b:1", "", "", false},
+	} {
+		host, port, ok := splitHostPort(c.in)
+		if ok != c.ok || (ok && (host != c.host || port != c.port)) {
+			t.Errorf("%q: %q %q %v, want %q %q %v", c.in, host, port, ok, c.host, c.port, c.ok)
+		}
+	}
+}
