@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -530,9 +531,9 @@ func TestConverge_Namespace(t *testing.T) {
 	if n.connects(t, undeclared) {
 		t.Fatal("the undeclared port connects through the filter")
 	}
-	key := "node.unmanaged-listener/web1/" + notKept
-	if !m.openAfterCheck(t, key) {
-		t.Fatalf("no %s", key)
+	key := "node.unmanaged-listener/web1"
+	if c, names, open := m.unmanagedNamed(t, "web1"); !open || !slices.Equal(names, []string{notKept}) || c.Evidence["count"] != float64(1) {
+		t.Fatalf("%s names %v: %+v", key, names, c)
 	}
 
 	if _, err := m.c.Adopt(ctx, "web1"); err != nil {
