@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,21 +126,29 @@ func newNetns(t *testing.T) netns {
 	id := hex.EncodeToString(b[:])
 	n := netns{name: "meshf-" + id, near: fmt.Sprintf("10.231.%d.%d", b[0], b[1]&0xfc|1), far: fmt.Sprintf("10.231.%d.%d", b[0], b[1]&0xfc|2)}
 	near, far := "mf"+id+"n", "mf"+id+"f"
-	run(t, "ip", "netns", "add", n.name)
-	t.Cleanup(func() {
-		runErr("ip", "link", "del", near) // gone already when the pair went with the namespace
-		if out, err := runErr("ip", "netns", "del", n.name); err != nil {
-			t.Errorf("remove namespace %s: %v %s", n.name, err, out)
-		}
-	})
+	addNetns(t, n.name)
+	// Cleanups run last first: this before the namespace goes.
+	t.Cleanup(func() { runErr("ip", "link", "del", near) }) // gone already when the pair went with the namespace
 	run(t, "ip", "link", "add", near, "type", "veth", "peer", "name", far)
 	run(t, "ip", "link", "set", far, "netns", n.name)
 	run(t, "ip", "addr", "add", n.near+"/30", "dev", near)
 	run(t, "ip", "link", "set", near, "up")
 	run(t, "ip", "-n", n.name, "addr", "add", n.far+"/30", "dev", far)
 	run(t, "ip", "-n", n.name, "link", "set", far, "up")
-	run(t, "ip", "-n", n.name, "link", "set", "lo", "up")
 	return n
+}
+
+// addNetns makes a network namespace named name, its loopback up, removed
+// when the test ends.
+func addNetns(t *testing.T, name string) {
+	t.Helper()
+	run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := runErr("ip", "netns", "del", name); err != nil {
+			t.Errorf("remove namespace %s: %v %s", name, err, out)
+		}
+	})
+	run(t, "ip", "-n", name, "link", "set", "lo", "up")
 }
 
 // nft runs nft inside the namespace.
@@ -522,9 +531,9 @@ func TestConverge_Namespace(t *testing.T) {
 	if n.connects(t, undeclared) {
 		t.Fatal("the undeclared port connects through the filter")
 	}
-	key := "node.unmanaged-listener/web1/" + notKept
-	if !m.openAfterCheck(t, key) {
-		t.Fatalf("no %s", key)
+	key := "node.unmanaged-listener/web1"
+	if c, names, open := m.unmanagedNamed(t, "web1"); !open || !slices.Equal(names, []string{notKept}) || c.Evidence["count"] != float64(1) {
+		t.Fatalf("%s names %v: %+v", key, names, c)
 	}
 
 	if _, err := m.c.Adopt(ctx, "web1"); err != nil {

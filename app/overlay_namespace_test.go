@@ -51,12 +51,7 @@ func newLAN(t *testing.T, ns ...netns) []string {
 	}
 	id := hex.EncodeToString(b[:])
 	lan := "meshl-" + id
-	run(t, "ip", "netns", "add", lan)
-	t.Cleanup(func() {
-		if out, err := runErr("ip", "netns", "del", lan); err != nil {
-			t.Errorf("remove namespace %s: %v %s", lan, err, out)
-		}
-	})
+	addNetns(t, lan)
 	run(t, "ip", "-n", lan, "link", "add", "br0", "type", "bridge")
 	run(t, "ip", "-n", lan, "link", "set", "br0", "up")
 	var addrs []string

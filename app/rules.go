@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -289,12 +290,8 @@ var rules = []rule{
 	{kind: "node.unmanaged-listener", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition
 		for _, n := range in.nodes {
-			for _, l := range unmanagedListeners(in, n) {
-				out = append(out, health.Condition{Key: "node.unmanaged-listener/" + n.Name + "/" + l.Name, Kind: "node.unmanaged-listener", Scope: "machine",
-					Machine: n.Name, Severity: health.Notice,
-					Summary: fmt.Sprintf("%s, converged, listens on %s at %s, which no module there declares (%s): stop it, or declare it in a module",
-						n.Name, l.Name, strings.Join(l.Addresses, " "), HeldBy(l.Commands)),
-					Evidence: map[string]any{"listener": l.Name, "addresses": l.Addresses, "commands": l.Commands, "detail": l.Detail}})
+			if ls := unmanagedListeners(in, n); len(ls) > 0 {
+				out = append(out, unmanagedCondition(n.Name, ls))
 			}
 		}
 		return out
@@ -821,6 +818,83 @@ func unmanagedListeners(in *checkInputs, n inventory.Node) []inventory.Found {
 		out = append(out, l)
 	}
 	return out
+}
+
+// What a node's node.unmanaged-listener names of its listeners: the first
+// unmanagedShown by protocol and port, each with its first wordsShown
+// addresses and holders, each clipped to wordShown bytes; the rest are
+// counted. A host chooses what it reports: what it can raise is one
+// condition of a bounded size.
+const (
+	unmanagedShown = 5
+	wordsShown     = 4
+	wordShown      = 48
+)
+
+// unmanagedCondition is a converged node's node.unmanaged-listener: one a
+// node, however many listeners, so that a host reporting a thousand raises
+// one condition, and one alternating between sets changes it (a change, no
+// message) rather than raising and clearing one a listener. Its evidence is
+// the count and the first listeners, in a stable order and without what
+// moves while the set does not (a holder's pid): the same set reported
+// again changes nothing.
+func unmanagedCondition(node string, ls []inventory.Found) health.Condition {
+	ls = slices.Clone(ls)
+	slices.SortFunc(ls, func(a, b inventory.Found) int { return compareListeners(a.Name, b.Name) })
+	shown := ls[:min(len(ls), unmanagedShown)]
+	said := make([]string, 0, len(shown))
+	listed := make([]any, 0, len(shown))
+	for _, l := range shown {
+		addresses, commands := clipWords(l.Addresses), clipWords(l.Commands)
+		at := ""
+		if len(addresses) > 0 {
+			at = " at " + strings.Join(addresses, " ") + more(len(l.Addresses)-len(addresses))
+		}
+		said = append(said, fmt.Sprintf("%s%s (%s%s)", l.Name, at, HeldBy(commands), more(len(l.Commands)-len(commands))))
+		listed = append(listed, map[string]any{"listener": l.Name, "addresses": addresses, "commands": commands})
+	}
+	summary := fmt.Sprintf("%s, converged, listens on %s, which no module there declares: stop it, or declare it in a module", node, said[0])
+	if len(ls) > 1 {
+		summary = fmt.Sprintf("%s, converged, listens on %d ports no module there declares: %s%s: stop them, or declare them in a module",
+			node, len(ls), strings.Join(said, "; "), more(len(ls)-len(shown)))
+	}
+	return health.Condition{Key: "node.unmanaged-listener/" + node, Kind: "node.unmanaged-listener", Scope: "machine", Machine: node,
+		Severity: health.Notice, Summary: summary, Evidence: map[string]any{"count": len(ls), "listeners": listed}}
+}
+
+// compareListeners orders listener names (protocol/port, judged already)
+// by protocol, then port as a number.
+func compareListeners(a, b string) int {
+	pa, na, _ := strings.Cut(a, "/")
+	pb, nb, _ := strings.Cut(b, "/")
+	if c := strings.Compare(pa, pb); c != 0 {
+		return c
+	}
+	x, _ := strconv.Atoi(na)
+	y, _ := strconv.Atoi(nb)
+	return x - y
+}
+
+// clipWords is the first wordsShown of words, each cut to wordShown bytes
+// (never inside a character); never nil, so that none reads back as it
+// was written.
+func clipWords(words []string) []string {
+	out := make([]string, 0, min(len(words), wordsShown))
+	for _, w := range words[:min(len(words), wordsShown)] {
+		if len(w) > wordShown {
+			w = strings.ToValidUTF8(w[:wordShown], "")
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// more says how many more there are than were named, if any.
+func more(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" and %d more", n)
 }
 
 // loopbackOnly says every address is a loopback one (127.0.0.0/8, ::1):

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,4 +118,64 @@ func migrated(t *testing.T, name, dsn string) *sqlite.DB {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// health 0009 clears node.unmanaged-listener's former keys, one a
+// listener, open and in the history, and leaves every other condition and
+// its history as it was (with no subject: those rows go with the age
+// window), on both engines.
+func TestHealth0009_ClearsListenerKeys(t *testing.T) {
+	ms, err := sqlite.LoadMigrations(migrations.For("health"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, engine := range []string{"sqlite", "postgres"} {
+		t.Run(engine, func(t *testing.T) {
+			dsn := filepath.Join(t.TempDir(), "health.db")
+			if engine == "postgres" {
+				dsn = sqlitetest.NewDatabase(t)
+			}
+			db, err := sqlite.Open(ctx, sqlite.Location{Context: "health", DSN: dsn}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if _, _, err := db.Migrate(ctx, ms[:8], time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range []string{"node.unmanaged-listener/web1/tcp/6379", "node.unmanaged-listener/web1/udp/53", "node.silent/web1"} {
+				kind, _, _ := strings.Cut(key, "/")
+				if _, err := db.Exec(ctx, `INSERT INTO conditions (key, kind, scope, machine, severity, summary, raised_at, changed_at) VALUES (?, ?, 'machine', 'web1', 'notice', 'x', 't', 't')`, key, kind); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.Exec(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, at) VALUES (?, ?, 'raised', 'notice', 'x', 't')`, key, kind); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := db.Migrate(ctx, ms, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			for _, table := range []string{"conditions", "condition_history"} {
+				var keys []string
+				rows, err := db.Reader.QueryContext(ctx, `SELECT key FROM `+table+` ORDER BY key`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for rows.Next() {
+					var k string
+					rows.Scan(&k)
+					keys = append(keys, k)
+				}
+				rows.Close()
+				if !slices.Equal(keys, []string{"node.silent/web1"}) {
+					t.Errorf("%s after migrating: %v", table, keys)
+				}
+			}
+			var subject string
+			if err := db.Reader.QueryRowContext(ctx, `SELECT subject FROM condition_history`).Scan(&subject); err != nil || subject != "" {
+				t.Errorf("a row from before has the subject %q, %v", subject, err)
+			}
+		})
+	}
 }

@@ -24,7 +24,8 @@ const DefaultSSHPort = 22
 const (
 	// Local: from the node itself only (loopback).
 	Local = "local"
-	// Overlay: from the mesh's private network only.
+	// Overlay: from the mesh's private network only: its interface and
+	// its addresses both.
 	Overlay = "overlay"
 	// Public: from anyone, on a node with a public domain.
 	Public = "public"
@@ -40,7 +41,8 @@ type Input struct {
 	PublicDomain string
 	// Networks are the networks it routes for what it hosts: forwarded.
 	Networks []netip.Prefix
-	// Overlay are the overlay's addresses its overlay ports accept from;
+	// Overlay are the overlay's addresses its overlay ports accept from,
+	// and only on the overlay's interface (protocol.OverlayInterface);
 	// none (no overlay yet) closes them.
 	Overlay []netip.Prefix
 	// OverlayPort is the UDP port the node's WireGuard listens on, let in
@@ -118,7 +120,7 @@ func Render(in Input) string {
 	if in.OverlayPort > 0 && in.OverlayPort < 65536 {
 		w("\t\tudp dport %d accept comment \"the overlay (WireGuard)\"", in.OverlayPort)
 	}
-	overlay4, overlay6 := split(in.Overlay)
+	overlay := families(in.Overlay)
 	for _, p := range sortedPorts(in.Ports) {
 		proto := p.Protocol
 		if proto == "" {
@@ -142,11 +144,11 @@ func Render(in Input) string {
 				w("\t\t# %s: overlay, closed: the node has no overlay yet", what)
 				continue
 			}
-			if len(overlay4) > 0 {
-				w("\t\tip saddr %s %s dport %d accept %s", set(overlay4), proto, p.Port, comment)
-			}
-			if len(overlay6) > 0 {
-				w("\t\tip6 saddr %s %s dport %d accept %s", set(overlay6), proto, p.Port, comment)
+			// The interface as well as the prefix: an overlay address is
+			// no proof of the overlay, since a machine on the LAN can hold
+			// one; only what WireGuard let in arrives on its interface.
+			for _, fam := range overlay {
+				w("\t\tiifname %q %s saddr %s %s dport %d accept %s", protocol.OverlayInterface, fam.ip, fam.set, proto, p.Port, comment)
 			}
 		default:
 			w("\t\t# %s: local, from loopback only", what)
@@ -159,29 +161,18 @@ func Render(in Input) string {
 	w("\t\tct state established,related accept")
 	w("\t\tct state invalid drop")
 	if in.OverlayRelay && len(in.Overlay) > 0 {
-		for _, fam := range []struct {
-			ip   string
-			nets []netip.Prefix
-		}{{"ip", overlay4}, {"ip6", overlay6}} {
-			if len(fam.nets) > 0 {
-				w("\t\tiifname %q oifname %q %s saddr %s %s daddr %s accept comment \"the overlay: relayed between its nodes\"",
-					protocol.OverlayInterface, protocol.OverlayInterface, fam.ip, set(fam.nets), fam.ip, set(fam.nets))
-			}
+		for _, fam := range overlay {
+			w("\t\tiifname %q oifname %q %s saddr %s %s daddr %s accept comment \"the overlay: relayed between its nodes\"",
+				protocol.OverlayInterface, protocol.OverlayInterface, fam.ip, fam.set, fam.ip, fam.set)
 		}
 	}
-	nets4, nets6 := split(in.Networks)
-	if len(nets4)+len(nets6) == 0 && !in.OverlayRelay {
+	nets := families(in.Networks)
+	if len(nets) == 0 && !in.OverlayRelay {
 		w("\t\t# the node routes no networks: nothing is forwarded")
 	}
-	for _, fam := range []struct {
-		ip   string
-		nets []netip.Prefix
-	}{{"ip", nets4}, {"ip6", nets6}} {
-		if len(fam.nets) == 0 {
-			continue
-		}
-		w("\t\t%s daddr %s accept comment \"the node's networks\"", fam.ip, set(fam.nets))
-		w("\t\t%s saddr %s accept comment \"the node's networks\"", fam.ip, set(fam.nets))
+	for _, fam := range nets {
+		w("\t\t%s daddr %s accept comment \"the node's networks\"", fam.ip, fam.set)
+		w("\t\t%s saddr %s accept comment \"the node's networks\"", fam.ip, fam.set)
 	}
 	w("\t}")
 	w("}")
@@ -197,6 +188,30 @@ func sortedPorts(ports []Port) []Port {
 	}
 	slices.SortFunc(out, func(a, b Port) int { return strings.Compare(key(a), key(b)) })
 	return slices.Compact(out)
+}
+
+// family is the prefixes of one address family, as a rule matches them.
+type family struct {
+	// ip is the family's word in a match: ip or ip6.
+	ip string
+	// set is its prefixes as an anonymous set.
+	set string
+}
+
+// families are the prefixes' IPv4 and IPv6 families, those with any, in
+// that order.
+func families(ps []netip.Prefix) []family {
+	v4, v6 := split(ps)
+	var out []family
+	for _, f := range []struct {
+		ip   string
+		nets []netip.Prefix
+	}{{"ip", v4}, {"ip6", v6}} {
+		if len(f.nets) > 0 {
+			out = append(out, family{f.ip, set(f.nets)})
+		}
+	}
+	return out
 }
 
 // split parts prefixes into IPv4 and IPv6, each masked, sorted and without

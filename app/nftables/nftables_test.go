@@ -50,6 +50,7 @@ var (
 	web     = nftables.Port{Module: "site", Name: "https", Port: 443, Expose: nftables.Public}
 	dns     = nftables.Port{Module: "resolver", Name: "dns", Port: 53, Protocol: "udp", Expose: nftables.Public}
 	app     = nftables.Port{Module: "paperless", Name: "http", Port: 8000, Expose: nftables.Overlay}
+	sync    = nftables.Port{Module: "paperless", Name: "sync", Port: 8002, Protocol: "udp", Expose: nftables.Overlay}
 	admin   = nftables.Port{Module: "paperless", Name: "admin", Port: 8001, Expose: nftables.Local}
 	bare    = nftables.Port{Module: "hello", Name: "http", Port: 18480}
 )
@@ -97,12 +98,20 @@ var cases = []struct {
 		unwanted: []string{"dport 8000"},
 	},
 	{
-		name: "overlay only from the overlay's addresses",
-		in:   nftables.Input{Node: "web1", Ports: []nftables.Port{app}, Overlay: overlay},
+		name: "overlay only from the overlay's interface and addresses, tcp and udp",
+		in:   nftables.Input{Node: "web1", Ports: []nftables.Port{app, sync}, Overlay: overlay},
 		want: []string{
-			`ip saddr { 100.64.0.0/10 } tcp dport 8000 accept comment "paperless/http"`,
-			`ip6 saddr { fd00::/8 } tcp dport 8000 accept comment "paperless/http"`,
+			`iifname "mesh0" ip saddr { 100.64.0.0/10 } tcp dport 8000 accept comment "paperless/http"`,
+			`iifname "mesh0" ip6 saddr { fd00::/8 } tcp dport 8000 accept comment "paperless/http"`,
+			`iifname "mesh0" ip saddr { 100.64.0.0/10 } udp dport 8002 accept comment "paperless/sync"`,
+			`iifname "mesh0" ip6 saddr { fd00::/8 } udp dport 8002 accept comment "paperless/sync"`,
 		},
+	},
+	{
+		name:     "an overlay of IPv4 alone opens its ports to IPv4 alone",
+		in:       nftables.Input{Node: "web1", Ports: []nftables.Port{app}, Overlay: overlay[:1]},
+		want:     []string{`iifname "mesh0" ip saddr { 100.64.0.0/10 } tcp dport 8000 accept comment "paperless/http"`},
+		unwanted: []string{"ip6 saddr"},
 	},
 	{
 		name: "the overlay's own port is open, and a relay forwards between overlay nodes",
@@ -174,6 +183,16 @@ func TestRender(t *testing.T) {
 			for _, u := range c.unwanted {
 				if strings.Contains(out, u) {
 					t.Errorf("%q in\n%s", u, out)
+				}
+			}
+			// Every rule that admits by the overlay's addresses admits only
+			// what came in on its interface: an address in the prefix on
+			// the LAN is no peer of the overlay.
+			for _, l := range strings.Split(out, "\n") {
+				for _, p := range c.in.Overlay {
+					if strings.Contains(l, "saddr { "+p.Masked().String()) && !strings.Contains(l, `iifname "mesh0" `) {
+						t.Errorf("a rule admits the overlay's addresses from any interface: %q", strings.TrimSpace(l))
+					}
 				}
 			}
 			file := filepath.Join(t.TempDir(), "mesh.nft")
@@ -258,7 +277,7 @@ nft list ruleset`
 	}
 	_ = nft
 	firstOut, secondOut, _ := strings.Cut(string(out), "== second")
-	for _, w := range []string{"tcp dport 443 accept", "ip saddr 100.64.0.0/10 tcp dport 8000 accept", "ip daddr 10.20.0.0/16 accept", "tcp dport 22 accept"} {
+	for _, w := range []string{"tcp dport 443 accept", `iifname "mesh0" ip saddr 100.64.0.0/10 tcp dport 8000 accept`, "ip daddr 10.20.0.0/16 accept", "tcp dport 22 accept"} {
 		if !strings.Contains(firstOut, w) {
 			t.Errorf("the applied table lacks %q:\n%s", w, firstOut)
 		}

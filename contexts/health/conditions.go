@@ -69,23 +69,58 @@ func evidenceJSON(e map[string]any) (string, error) {
 	return string(b), err
 }
 
+// HistoryPerSubject is how many history rows one subject keeps (a
+// machine's conditions together, or one condition about no machine): past
+// it, each write drops that subject's oldest. What a host reports raises
+// and changes conditions about its machine; however often and however it
+// alternates, it cannot grow the history by more than this, nor push out
+// another machine's. The age window (90 days, the self-check's prune)
+// applies as well.
+const HistoryPerSubject = 500
+
+// historySubject is what a history row of c counts against.
+func historySubject(c Condition) string {
+	if c.Machine != "" {
+		return c.Machine
+	}
+	return c.Key
+}
+
 // addHistory keeps an event of c in the condition history, under summary
-// (which may say more than c's own) at the formatted time at.
-func addHistory(ctx context.Context, tx *sql.Tx, c Condition, event, summary, at string) error {
+// (which may say more than c's own) at the formatted time at, and notes
+// its subject in written, for capHistory to bound before the transaction
+// ends.
+func addHistory(ctx context.Context, tx *sql.Tx, c Condition, event, summary, at string, written map[string]bool) error {
 	ev, err := evidenceJSON(c.Evidence)
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		c.Key, c.Kind, event, c.Severity, summary, ev, at)
+	subject := historySubject(c)
+	written[subject] = true
+	_, err = tx.ExecContext(ctx, `INSERT INTO condition_history (key, kind, event, severity, summary, evidence, at, subject) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.Key, c.Kind, event, c.Severity, summary, ev, at, subject)
 	return err
+}
+
+// capHistory drops, in the transaction that wrote them, each written
+// subject's history rows past its newest HistoryPerSubject: one indexed
+// delete a subject, whatever was written.
+func capHistory(ctx context.Context, tx *sql.Tx, written map[string]bool) error {
+	for subject := range written {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM condition_history WHERE subject = ? AND id <=
+			(SELECT id FROM condition_history WHERE subject = ? ORDER BY id DESC LIMIT 1 OFFSET ?)`, subject, subject, HistoryPerSubject); err != nil {
+			return fmt.Errorf("bound the history of %s: %w", subject, err)
+		}
+	}
+	return nil
 }
 
 // Reconcile makes the open conditions what the self-check found: new
 // findings are raised, open ones whose severity, summary or evidence moved
 // are changed, and open ones of an evaluated kind not found again are
 // cleared. A kind the check could not evaluate (its store was unreadable)
-// keeps its conditions. Every change is kept in the history.
+// keeps its conditions. Every change is kept in the history, which keeps
+// HistoryPerSubject rows a subject.
 func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) ([]Change, error) {
 	var changes []Change
 	at := sqlite.FormatTime(now)
@@ -98,9 +133,9 @@ func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[
 		for _, c := range open {
 			byKey[c.Key] = c
 		}
-		seen := map[string]bool{}
+		seen, written := map[string]bool{}, map[string]bool{}
 		history := func(event string, c Condition) error {
-			err := addHistory(ctx, tx, c, event, c.Summary, at)
+			err := addHistory(ctx, tx, c, event, c.Summary, at, written)
 			changes = append(changes, Change{Event: event, Condition: c, At: now})
 			return err
 		}
@@ -149,7 +184,7 @@ func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[
 				return err
 			}
 		}
-		return nil
+		return capHistory(ctx, tx, written)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile conditions: %w", err)
@@ -265,7 +300,11 @@ func (s *Store) Silence(ctx context.Context, key string, until time.Time, why st
 			return err
 		}
 		c.SilencedUntil, c.SilenceWhy = &until, why
-		return addHistory(ctx, tx, c, "silenced", fmt.Sprintf("silenced until %s: %s", until.UTC().Format(time.RFC3339), why), sqlite.FormatTime(now))
+		written := map[string]bool{}
+		if err := addHistory(ctx, tx, c, "silenced", fmt.Sprintf("silenced until %s: %s", until.UTC().Format(time.RFC3339), why), sqlite.FormatTime(now), written); err != nil {
+			return err
+		}
+		return capHistory(ctx, tx, written)
 	})
 	return c, err
 }

@@ -88,3 +88,76 @@ func TestStore_Brake(t *testing.T) {
 		t.Fatalf("released: %+v", b)
 	}
 }
+
+// The history is bounded per subject, in the transaction that writes it: a
+// machine whose findings alternate at every check (as a hostile host's
+// reports can make them) keeps HistoryPerSubject rows, its newest, however
+// many checks there were and whichever of its conditions changed; another
+// machine's rows, and a condition about no machine, keep theirs.
+func TestStore_HistoryPerSubject(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	listeners := Condition{Key: "node.unmanaged-listener/web1", Kind: "node.unmanaged-listener", Scope: "machine", Machine: "web1", Severity: Notice, Summary: "web1 listens"}
+	silent := Condition{Key: "node.silent/web1", Kind: "node.silent", Scope: "machine", Machine: "web1", Severity: Urgent, Summary: "web1 not heard"}
+	other := Condition{Key: "node.silent/web2", Kind: "node.silent", Scope: "machine", Machine: "web2", Severity: Urgent, Summary: "web2 not heard"}
+	store := Condition{Key: "controller.store/secrets", Kind: "controller.store", Scope: "mesh", Severity: Urgent, Summary: "broken"}
+	all := map[string]bool{"node.unmanaged-listener": true, "node.silent": true, "controller.store": true}
+	rows := func(subject string) (n int) {
+		t.Helper()
+		if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM condition_history WHERE subject = ?`, subject).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, err := s.Reconcile(ctx, []Condition{other, store}, all, t0); err != nil {
+		t.Fatal(err)
+	}
+	checks := 2*HistoryPerSubject + 100
+	for i := 1; i <= checks; i++ {
+		listeners.Evidence = map[string]any{"count": i % 2, "check": i}
+		found := []Condition{listeners, other, store}
+		if i%3 == 0 {
+			found = append(found, silent) // raised, and cleared at the next check
+		}
+		if _, err := s.Reconcile(ctx, found, all, t0.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if n := rows("web1"); n > HistoryPerSubject {
+			t.Fatalf("after check %d web1 has %d history rows, over %d", i, n, HistoryPerSubject)
+		}
+	}
+	if n := rows("web1"); n != HistoryPerSubject {
+		t.Fatalf("web1 has %d history rows, want %d", n, HistoryPerSubject)
+	}
+	// The newest kept, the oldest gone: the raising is no longer there,
+	// the last check's change is.
+	h, err := s.History(ctx, listeners.Key, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h[0].Event != "changed" || h[0].Condition.Evidence["check"] != float64(checks) || h[len(h)-1].Event == "raised" {
+		t.Fatalf("web1's history runs from %+v to %+v", h[len(h)-1], h[0])
+	}
+	if rows("web2") != 1 || rows(store.Key) != 1 {
+		t.Fatalf("web1's checks took another's history: web2 %d, %s %d", rows("web2"), store.Key, rows(store.Key))
+	}
+	open, _ := s.Conditions(ctx)
+	if len(open) != 3 {
+		t.Fatalf("open: %+v", open)
+	}
+	// A silencing is bounded too, and so is forgetting the machine.
+	if _, err := s.Silence(ctx, listeners.Key, t0.Add(time.Hour), "known", t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := rows("web1"); n != HistoryPerSubject {
+		t.Fatalf("silenced, web1 has %d history rows", n)
+	}
+	if _, err := s.ForgetMachines(ctx, []string{"web1"}, "removed", nil, t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := rows("web1"); n != HistoryPerSubject {
+		t.Fatalf("forgotten, web1 has %d history rows", n)
+	}
+}

@@ -40,7 +40,7 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 		if err != nil {
 			return err
 		}
-		at := sqlite.FormatTime(now)
+		at, written := sqlite.FormatTime(now), map[string]bool{}
 		for _, c := range open {
 			if !gone[c.Machine] {
 				continue
@@ -48,7 +48,7 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			if _, err := tx.ExecContext(ctx, `DELETE FROM conditions WHERE key = ?`, c.Key); err != nil {
 				return err
 			}
-			if err := addHistory(ctx, tx, c, "cleared", c.Summary+" (cleared: "+why+")", at); err != nil {
+			if err := addHistory(ctx, tx, c, "cleared", c.Summary+" (cleared: "+why+")", at, written); err != nil {
 				return err
 			}
 			f.Cleared = append(f.Cleared, c)
@@ -67,6 +67,9 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 			return err
 		})
 		if err != nil {
+			return err
+		}
+		if err := capHistory(ctx, tx, written); err != nil {
 			return err
 		}
 		_, err = insertHandActs(ctx, tx, acts)

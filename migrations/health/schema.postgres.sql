@@ -14,7 +14,8 @@ CREATE TABLE condition_history (
     severity text NOT NULL,
     summary text NOT NULL,
     evidence text NOT NULL DEFAULT '{}'::text,
-    at text NOT NULL
+    at text NOT NULL,
+    subject text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE conditions (
     key text NOT NULL,
@@ -136,6 +137,7 @@ ALTER TABLE schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY 
 ALTER TABLE verdicts ADD CONSTRAINT verdicts_pkey PRIMARY KEY (id);
 CREATE INDEX condition_history_at ON public.condition_history USING btree (at);
 CREATE INDEX condition_history_key ON public.condition_history USING btree (key, at);
+CREATE INDEX condition_history_subject ON public.condition_history USING btree (subject, id);
 CREATE INDEX durations_kind_at ON public.durations USING btree (kind, at);
 CREATE INDEX hand_acts_at ON public.hand_acts USING btree (at);
 CREATE INDEX healer_acts_at ON public.healer_acts USING btree (at);

@@ -15,7 +15,7 @@ CREATE TABLE condition_history (
     summary  TEXT NOT NULL,
     evidence TEXT NOT NULL DEFAULT '{}',
     at       TEXT NOT NULL
-) STRICT;
+, subject TEXT NOT NULL DEFAULT '') STRICT;
 CREATE TABLE conditions (
     key            TEXT PRIMARY KEY,
     kind           TEXT NOT NULL,
@@ -122,6 +122,7 @@ CREATE TABLE verdicts (
 ) STRICT;
 CREATE INDEX condition_history_at ON condition_history (at);
 CREATE INDEX condition_history_key ON condition_history (key, at);
+CREATE INDEX condition_history_subject ON condition_history (subject, id);
 CREATE INDEX durations_kind_at ON durations (kind, at);
 CREATE INDEX hand_acts_at ON hand_acts (at);
 CREATE INDEX healer_acts_at ON healer_acts (at);
