@@ -179,7 +179,7 @@ func TestUnmanagedListener_OneANode(t *testing.T) {
 	}
 	report := func(found []inventory.Found) {
 		t.Helper()
-		if err := st.Inventory.RecordFacts(ctx, "web1", nil, found, time.Now()); err != nil {
+		if _, err := st.Inventory.RecordFacts(ctx, "web1", nil, found, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
