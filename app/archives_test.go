@@ -132,7 +132,7 @@ func (m *archiveMesh) serve(t *testing.T) (*archiveServer, *nats.Conn) {
 		t.Fatal(err)
 	}
 	a := &archiveServer{declared: map[string]bool{}, asked: map[string]bool{}}
-	a.Server = archive.NewServer(ctl, archive.ServerOptions{
+	a.Server = archive.NewServer(ctl, archive.ServerOptions{CacheDir: t.TempDir(),
 		Declared: func(_ context.Context, node, digest string) (bool, error) {
 			a.mu.Lock()
 			defer a.mu.Unlock()

@@ -14,7 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,9 @@ type ServerOptions struct {
 	Refused func(node, reason string)
 	// Workers is how many reads are served at once (default 8).
 	Workers int
+	// CacheDir is where the archives hosts read are copied from the bucket
+	// (at most maxCached of them), emptied when the Server stops.
+	CacheDir string
 }
 
 // Bounds of what a Server holds.
@@ -87,9 +91,9 @@ const (
 	// readQueue is how many reads may wait for a worker; past it a read is
 	// answered busy and its host asks again.
 	readQueue = 256
-	// maxIndexes is how many archives' chunk indexes are kept (each a few
-	// bytes a chunk: 4 GiB of archive, 32,768 chunks, is under a MiB).
-	maxIndexes = 16
+	// maxCached is how many archives the cache dir keeps copies of: a
+	// roll-out's, and the last few before it.
+	maxCached = 4
 	// uploadsPerBuilder and maxUploads bound the uploads under way.
 	uploadsPerBuilder = 2
 	maxUploads        = 16
@@ -111,8 +115,7 @@ type Server struct {
 	reads chan *nats.Msg
 
 	mu      sync.Mutex
-	indexes map[string]*index
-	used    map[string]time.Time // when each index was last used
+	cache   map[string]*cached
 	grants  map[[2]string]time.Time
 	uploads map[string]*upload // by builder/digest
 }
@@ -123,7 +126,7 @@ func NewServer(nc *nats.Conn, o ServerOptions) *Server {
 		o.Workers = 8
 	}
 	return &Server{nc: nc, o: o, reads: make(chan *nats.Msg, readQueue),
-		indexes: map[string]*index{}, used: map[string]time.Time{}, grants: map[[2]string]time.Time{}, uploads: map[string]*upload{}}
+		cache: map[string]*cached{}, grants: map[[2]string]time.Time{}, uploads: map[string]*upload{}}
 }
 
 // Start runs the read workers and the upload janitor until ctx ends.
@@ -147,6 +150,7 @@ func (s *Server) Start(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				s.endUploads(errors.New("the controller stopped"))
+				s.clearCache()
 				return
 			case <-t.C:
 				s.endIdle(time.Now())
@@ -241,168 +245,156 @@ func (s *Server) grant(ctx context.Context, node, digest string) error {
 	return nil
 }
 
-// index is where an archive's chunks are in the bucket's stream.
-type index struct {
-	ready  chan struct{}
-	err    error
-	size   int64
-	chunks []chunkAt
-	subj   string
+// cached is one archive read from the bucket into a file of the cache
+// dir, from which every host's pieces are read: the bucket is read once
+// for however many hosts fetch it, and a piece is a file read, not four
+// JetStream API round trips.
+type cached struct {
+	ready chan struct{}
+	err   error
+	path  string
+	size  int64
+	used  time.Time // s.mu guards it
+	// readers counts the pieces being read from it: it is not removed
+	// under them.
+	readers int
+	// failedAt is when its fill failed (err), zero if it did not.
+	failedAt time.Time
 }
 
-// chunkAt is one chunk: its stream sequence, where it begins, its length.
-type chunkAt struct {
-	seq uint64
-	off int64
-	n   int
+// failed says a fill failed long enough ago to be tried again; s.mu is held.
+func (c *cached) failed() bool {
+	return !c.failedAt.IsZero() && time.Since(c.failedAt) > refillAfter
 }
 
-// indexOf finds the archive's chunks, once for all reads of it.
-func (s *Server) indexOf(ctx context.Context, digest string) (*index, error) {
+// fillWait is how long a read waits for its archive's copy before it is
+// answered busy; refillAfter how long a failed fill is answered before the
+// bucket is read again.
+const (
+	fillWait    = 2 * time.Second
+	refillAfter = 5 * time.Second
+)
+
+// cachedFile finds the archive's cached copy, filling it (once, off the
+// read's worker) if it has none: until it is whole, reads are answered
+// busy and their hosts ask again.
+func (s *Server) cachedFile(digest string) (*cached, error) {
 	s.mu.Lock()
-	ix, ok := s.indexes[digest]
-	if !ok {
-		ix = &index{ready: make(chan struct{})}
-		s.indexes[digest] = ix
-		if len(s.indexes) > maxIndexes {
-			s.forgetOldest(digest)
-		}
+	c, ok := s.cache[digest]
+	if ok && c.failed() {
+		ok = false // read again
 	}
-	s.used[digest] = time.Now()
+	if !ok {
+		c = &cached{ready: make(chan struct{}), path: filepath.Join(s.o.CacheDir, digest)}
+		s.cache[digest] = c
+		go s.fill(digest, c)
+	}
+	c.used = time.Now()
 	s.mu.Unlock()
-	if !ok {
-		ix.err = s.build(ctx, digest, ix)
-		close(ix.ready)
-		if ix.err != nil {
-			s.mu.Lock()
-			delete(s.indexes, digest)
-			delete(s.used, digest)
-			s.mu.Unlock()
-		}
-	}
+	// A small archive is whole in a moment: its first read waits for it.
 	select {
-	case <-ix.ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	case <-c.ready:
+	case <-time.After(fillWait):
+		return nil, errBusy
 	}
-	return ix, ix.err
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c, nil
 }
 
-// forgetOldest drops the least recently used index but keep's; s.mu is held.
-func (s *Server) forgetOldest(keep string) {
-	oldest := ""
-	for d, at := range s.used {
-		if d != keep && (oldest == "" || at.Before(s.used[oldest])) {
-			oldest = d
+// errBusy is a read the Server cannot answer yet.
+var errBusy = errors.New(protocol.ArchiveBusy)
+
+// fill reads the archive from the bucket into its cache file (verified
+// against its digest by Get), then makes room by forgetting the least
+// recently used copies beyond maxCached.
+func (s *Server) fill(digest string, c *cached) {
+	defer close(c.ready)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute+time.Duration(protocol.MaxArchiveBytes/10_000_000)*time.Second)
+	defer cancel()
+	c.err = func() error {
+		if err := os.MkdirAll(s.o.CacheDir, 0o700); err != nil {
+			return err
 		}
-	}
-	delete(s.indexes, oldest)
-	delete(s.used, oldest)
-}
-
-// build reads the archive's meta and its chunks' headers (not their
-// bytes) into ix.
-func (s *Server) build(ctx context.Context, digest string, ix *index) error {
-	js, store, err := bucket(ctx, s.nc)
-	if err != nil {
-		return err
-	}
-	info, err := store.GetInfo(ctx, digest)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return fmt.Errorf("archive %s: %w", short(digest), ErrNotStored)
-	}
-	if err != nil {
-		return err
-	}
-	if objectDigest(info) != digest || info.NUID == "" {
-		return fmt.Errorf("archive %s: %w", short(digest), ErrMismatch)
-	}
-	ix.size, ix.subj = int64(info.Size), chunkSubject(info.NUID)
-	if ix.size == 0 {
-		return nil
-	}
-	cons, err := js.CreateConsumer(ctx, streamName, jetstream.ConsumerConfig{
-		FilterSubject: ix.subj, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckNonePolicy,
-		HeadersOnly: true, InactiveThreshold: time.Minute, MemoryStorage: true,
-	})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), protocol.AnswerTimeout)
-		_ = js.DeleteConsumer(dctx, streamName, cons.CachedInfo().Name)
-		cancel()
+		f, err := os.CreateTemp(s.o.CacheDir, "."+digest+"-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(f.Name())
+		n, err := Get(ctx, s.nc, digest, f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		c.size = n
+		return os.Rename(f.Name(), c.path)
 	}()
-	var off int64
-	for len(ix.chunks) < int(info.Chunks) {
-		batch, err := cons.Fetch(min(1024, int(info.Chunks)-len(ix.chunks)), jetstream.FetchMaxWait(getBatchWait))
-		if err != nil {
-			return err
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			meta, err := m.Metadata()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(m.Headers().Get(nats.MsgSize))
-			if err != nil || n <= 0 {
-				return fmt.Errorf("archive %s: chunk %d has no size: %w", short(digest), meta.Sequence.Stream, ErrMismatch)
-			}
-			ix.chunks = append(ix.chunks, chunkAt{seq: meta.Sequence.Stream, off: off, n: n})
-			off += int64(n)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return err
-		}
-		if got == 0 {
-			return fmt.Errorf("archive %s: %d of its %d chunks found", short(digest), len(ix.chunks), info.Chunks)
-		}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.err != nil {
+		c.failedAt = time.Now() // answered for a while, then read again
+		return
 	}
-	if off != ix.size {
-		return fmt.Errorf("archive %s: its chunks hold %d bytes, its meta %d: %w", short(digest), off, ix.size, ErrMismatch)
+	for len(s.cache) > maxCached {
+		oldest := ""
+		for d, o := range s.cache {
+			select {
+			case <-o.ready:
+			default:
+				continue // being filled
+			}
+			if d != digest && o.readers == 0 && (oldest == "" || o.used.Before(s.cache[oldest].used)) {
+				oldest = d
+			}
+		}
+		if oldest == "" {
+			return
+		}
+		os.Remove(s.cache[oldest].path)
+		delete(s.cache, oldest)
 	}
-	return nil
 }
 
-// piece reads up to protocol.ArchivePiece bytes of the archive from offset.
+// piece reads up to protocol.ArchiveReadPiece bytes of the archive from offset.
 func (s *Server) piece(ctx context.Context, digest string, offset int64) ([]byte, int64, error) {
-	ix, err := s.indexOf(ctx, digest)
+	c, err := s.cachedFile(digest)
 	if err != nil {
 		return nil, 0, err
 	}
-	if offset < 0 || offset > ix.size {
-		return nil, 0, fmt.Errorf("offset %d is outside the archive's %d bytes", offset, ix.size)
+	if offset < 0 || offset > c.size {
+		return nil, 0, fmt.Errorf("offset %d is outside the archive's %d bytes", offset, c.size)
 	}
-	stream, err := s.stream(ctx)
+	s.mu.Lock()
+	c.readers++
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); c.readers--; s.mu.Unlock() }()
+	f, err := os.Open(c.path)
 	if err != nil {
 		return nil, 0, err
 	}
-	i := sort.Search(len(ix.chunks), func(i int) bool { return ix.chunks[i].off+int64(ix.chunks[i].n) > offset })
-	out := make([]byte, 0, min(int64(protocol.ArchivePiece), ix.size-offset))
-	for ; i < len(ix.chunks) && len(out) < cap(out); i++ {
-		c := ix.chunks[i]
-		m, err := stream.GetMsg(ctx, c.seq)
-		if err != nil {
-			return nil, 0, fmt.Errorf("archive %s, chunk at %d: %w", short(digest), c.off, err)
-		}
-		if m.Subject != ix.subj || len(m.Data) != c.n {
-			return nil, 0, fmt.Errorf("archive %s: its chunk at %d is not what it was: %w", short(digest), c.off, ErrMismatch)
-		}
-		data := m.Data[max(0, offset-c.off):]
-		out = append(out, data[:min(len(data), cap(out)-len(out))]...)
+	defer f.Close()
+	out := make([]byte, min(int64(protocol.ArchiveReadPiece), c.size-offset))
+	if _, err := f.ReadAt(out, offset); err != nil {
+		return nil, 0, fmt.Errorf("archive %s at %d: %w", short(digest), offset, err)
 	}
-	return out, ix.size, nil
+	return out, c.size, nil
 }
 
-// stream is the bucket's stream, for reading its chunks by sequence.
-func (s *Server) stream(ctx context.Context) (jetstream.Stream, error) {
-	js, err := jetstream.New(s.nc)
-	if err != nil {
-		return nil, err
+// clearCache removes every cached copy (the Server stops).
+func (s *Server) clearCache() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for d, c := range s.cache {
+		select {
+		case <-c.ready:
+			os.Remove(c.path)
+			delete(s.cache, d)
+		default:
+		}
 	}
-	return js.Stream(ctx, streamName)
 }
 
 // fetchWindow is how many pieces a fetch asks for before the first of them
@@ -446,7 +438,7 @@ func Fetch(ctx context.Context, nc *nats.Conn, subject, digest string, w io.Writ
 				c <- answer{data, err}
 			}(next)
 			pending = append(pending, c)
-			next += min(int64(protocol.ArchivePiece), size-next)
+			next += min(int64(protocol.ArchiveReadPiece), size-next)
 		}
 		a := <-pending[0]
 		pending = pending[1:]
@@ -497,7 +489,7 @@ func readPiece(ctx context.Context, nc *nats.Conn, subject, digest string, off, 
 			return nil, 0, fmt.Errorf("%d bytes: %w", got, ErrTooLarge)
 		case size >= 0 && got != size:
 			return nil, 0, fmt.Errorf("its size changed from %d to %d bytes: %w", size, got, ErrMismatch)
-		case got < off || int64(len(m.Data)) != min(int64(protocol.ArchivePiece), got-off):
+		case got < off || int64(len(m.Data)) != min(int64(protocol.ArchiveReadPiece), got-off):
 			return nil, 0, fmt.Errorf("a piece of %d bytes at %d of %d: %w", len(m.Data), off, got, ErrDigest)
 		}
 		return m.Data, got, nil

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -87,7 +89,17 @@ func (d *daemon) subscribe(ctx context.Context) error {
 		RevokedSubject: d.onRevoked,
 	}
 	if d.u.ArchiveDeclared != nil {
-		d.archives = archive.NewServer(d.nc, archive.ServerOptions{Declared: d.u.ArchiveDeclared, Asked: d.u.BuildAsked,
+		// The archives hosts read are copied out of the bucket once, beside
+		// the broker's own files; without a data dir, into a temporary one.
+		cache := filepath.Join(d.o.DataDir, "archive-cache")
+		if d.o.DataDir == "" {
+			tmp, err := os.MkdirTemp("", "mesh-archive-cache-")
+			if err != nil {
+				return err
+			}
+			cache = tmp
+		}
+		d.archives = archive.NewServer(d.nc, archive.ServerOptions{Declared: d.u.ArchiveDeclared, Asked: d.u.BuildAsked, CacheDir: cache,
 			Refused: func(node, reason string) { d.dropAnswer("an archive's piece", node, reason) }})
 		d.archives.Start(ctx)
 		subs[protocol.NodeWildcard(protocol.ArchiveRead)] = d.archives.OnRead

@@ -17,15 +17,20 @@ package protocol
 const ArchiveRead = "archive"
 
 // ArchiveReadRequest asks for the bytes of an archive from Offset on (at
-// most ArchivePiece of them).
+// most ArchiveReadPiece of them).
 type ArchiveReadRequest struct {
 	Digest string `json:"digest"`
 	Offset int64  `json:"offset"`
 }
 
-// ArchivePiece is the most bytes one read answers and one upload carries:
-// under a member's largest message (1 MiB) with its headers.
+// ArchivePiece is the most bytes one upload's piece carries: under a
+// member's largest message (1 MiB) with its headers.
 const ArchivePiece = 512 << 10
+
+// ArchiveReadPiece is the most bytes one read is answered with: the
+// controller's answers are bounded by the broker's largest message (8 MiB),
+// not a member's, and fewer, larger pieces cost hosts and the broker less.
+const ArchiveReadPiece = 2 << 20
 
 // The headers of archive pieces.
 const (
