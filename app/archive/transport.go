@@ -129,8 +129,15 @@ func NewServer(nc *nats.Conn, o ServerOptions) *Server {
 		cache: map[string]*cached{}, grants: map[[2]string]time.Time{}, uploads: map[string]*upload{}}
 }
 
-// Start runs the read workers and the upload janitor until ctx ends.
+// Start runs the read workers and the upload janitor until ctx ends. What
+// the cache dir holds from before (a controller killed) is removed first:
+// only what this Server copied is served.
 func (s *Server) Start(ctx context.Context) {
+	if des, err := os.ReadDir(s.o.CacheDir); err == nil {
+		for _, de := range des {
+			os.Remove(filepath.Join(s.o.CacheDir, de.Name()))
+		}
+	}
 	for range s.o.Workers {
 		go func() {
 			for {
