@@ -5,7 +5,6 @@ import (
 	"errors"
 	"maps"
 	"net/netip"
-	"regexp"
 	"slices"
 	"testing"
 	"time"
@@ -30,7 +29,7 @@ func TestStore_OverlayIndexes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !regexp.MustCompile(`^fd[0-9a-f]{2}:[0-9a-f]{4}:[0-9a-f]{4}::/48$`).MatchString(o.Prefix6) {
+		if p, err := netip.ParsePrefix(o.Prefix6); err != nil || p.String() != o.Prefix6 || p.Bits() != 48 || p.Addr().As16()[0] != 0xfd {
 			t.Fatalf("prefix %q", o.Prefix6)
 		}
 		out := map[string]int64{}
