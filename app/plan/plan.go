@@ -88,8 +88,8 @@ func portsOf(m inventory.Manifest) []protocol.Port {
 // CadenceWord names how often a data set is backed up: its manifest's
 // word, else daily for irreplaceable and weekly for costly data.
 func CadenceWord(d inventory.DataSpec) string {
-	if d.Backup != "" {
-		return d.Backup
+	if d.Backup.Every != "" {
+		return d.Backup.Every
 	}
 	if d.Precious == inventory.Costly {
 		return "weekly"

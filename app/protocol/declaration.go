@@ -37,6 +37,9 @@ type Declaration struct {
 	// BackupLines are, for the holder of the backup seat, every data set it
 	// keeps copies of.
 	BackupLines []BackupLine `json:"backup_lines"`
+	// Backups are the node's own data sets its host backs up when asked
+	// (protocol's backup.go).
+	Backups []DeclaredBackup `json:"backups,omitempty"`
 	// Delete is what a person asked this node to delete (cleanup delete):
 	// the only way a host ever removes data.
 	Delete []DeclaredDeletion `json:"delete,omitempty"`
@@ -67,13 +70,23 @@ type Declaration struct {
 
 // BackupLine is one data set the backup seat's holder keeps copies of.
 type BackupLine struct {
-	Cadence    string     `json:"cadence"`
-	Data       string     `json:"data"`
+	Cadence string `json:"cadence"`
+	Data    string `json:"data"`
+	// Keep is how many snapshots of each period the holder keeps.
+	Keep       Retention  `json:"keep"`
 	LastBackup *time.Time `json:"last_backup"`
-	Module     string     `json:"module"`
-	Node       string     `json:"node"`
-	Path       string     `json:"path"`
-	Precious   string     `json:"precious"`
+	// LastVerified is the last restore drill that passed.
+	LastVerified *time.Time `json:"last_verified,omitempty"`
+	Module       string     `json:"module"`
+	Node         string     `json:"node"`
+	Path         string     `json:"path"`
+	Precious     string     `json:"precious"`
+	// Recipient is the node's age recipient: the holder seals the node's
+	// access to it.
+	Recipient string `json:"recipient,omitempty"`
+	// Retired says the data set's module left the node: its data is kept
+	// there, and backed up, until a person deletes it.
+	Retired bool `json:"retired,omitempty"`
 }
 
 // DeclaredFilter is the packet filter the mesh owns on a node: one nftables

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -153,7 +154,64 @@ type DataSpec struct {
 	Path     string `json:"path"`
 	Keeps    string `json:"keeps,omitempty"`
 	Precious string `json:"precious"`
-	Backup   string `json:"backup,omitempty"`
+	// Backup is how it is backed up: a cadence word ("daily"), or an
+	// object with the cadence (every), a command the host runs first
+	// (before) and what the holder keeps (keep).
+	Backup DataBackup `json:"backup,omitzero"`
+}
+
+// DataBackup is a data set's backup, as its manifest says it.
+type DataBackup struct {
+	// Every is hourly, daily or weekly; "" takes the preciousness's default.
+	Every string `json:"every,omitempty"`
+	// Before is run by the data's host before each backup, as the module's
+	// user, in the module's directory, with its environment: a database
+	// dump into the data set, say, for a module that writes while it runs.
+	Before []string `json:"before,omitempty"`
+	// Keep is how many snapshots of each period the holder keeps; nil
+	// takes the default (24 hourly, 7 daily, 5 weekly, 12 monthly).
+	Keep *Retention `json:"keep,omitempty"`
+	// object says the manifest wrote it as an object: a problem with its
+	// cadence is named backup.every then.
+	object bool
+}
+
+// Retention is how many snapshots of each period are kept.
+type Retention struct {
+	Hourly  int `json:"hourly"`
+	Daily   int `json:"daily"`
+	Weekly  int `json:"weekly"`
+	Monthly int `json:"monthly"`
+}
+
+// IsZero says the manifest said nothing of the backup.
+func (b DataBackup) IsZero() bool { return b.Every == "" && len(b.Before) == 0 && b.Keep == nil }
+
+// UnmarshalJSON takes the cadence word alone, or the object.
+func (b *DataBackup) UnmarshalJSON(data []byte) error {
+	var word string
+	if err := json.Unmarshal(data, &word); err == nil {
+		*b = DataBackup{Every: word}
+		return nil
+	}
+	type plain DataBackup
+	var p plain
+	if err := json.Unmarshal(data, &p); err != nil {
+		return &json.UnmarshalTypeError{Value: "not a cadence word or an object", Type: reflect.TypeFor[DataBackup]()}
+	}
+	*b = DataBackup(p)
+	b.object = true
+	return nil
+}
+
+// MarshalJSON writes the cadence word alone when that is all it says, as
+// manifests written before the object was known read.
+func (b DataBackup) MarshalJSON() ([]byte, error) {
+	if len(b.Before) == 0 && b.Keep == nil {
+		return json.Marshal(b.Every)
+	}
+	type plain DataBackup
+	return json.Marshal(plain(b))
 }
 
 // Tool is something the module answers on mesh.tool.M.T.
@@ -195,6 +253,8 @@ var shape = map[string][]string{
 	"secrets[]":                    {"name", "made_by"},
 	"licences[]":                   {"name"},
 	"data[]":                       {"name", "path", "keeps", "precious", "backup"},
+	"data[].backup":                {"every", "before", "keep"},
+	"data[].backup.keep":           {"hourly", "daily", "weekly", "monthly"},
 	"tools[]":                      {"name", "description"},
 }
 
@@ -412,8 +472,23 @@ func (m *Manifest) judge() []Problem {
 		}
 		seenPaths[d.Path] = true
 		precious(f+".precious", d.Precious, bad)
-		if d.Backup != "" && !slices.Contains([]string{"hourly", "daily", "weekly"}, d.Backup) {
-			bad(f+".backup", "%q is not hourly, daily or weekly", d.Backup)
+		field := f + ".backup"
+		if d.Backup.object {
+			field += ".every"
+		}
+		if d.Backup.Every != "" && !slices.Contains([]string{"hourly", "daily", "weekly"}, d.Backup.Every) {
+			bad(field, "%q is not hourly, daily or weekly", d.Backup.Every)
+		}
+		if !d.Backup.IsZero() && d.Precious == Rebuildable {
+			bad(f+".backup", "a rebuildable data set is not backed up: say costly or irreplaceable, or drop backup")
+		}
+		if b := d.Backup.Before; len(b) > 0 && (b[0] == "" || len(b) > MaxListed) {
+			bad(f+".backup.before", "a command names its program first, in at most %d words", MaxListed)
+		}
+		if k := d.Backup.Keep; k != nil {
+			if k.Hourly < 0 || k.Daily < 0 || k.Weekly < 0 || k.Monthly < 0 || k.Hourly+k.Daily+k.Weekly+k.Monthly == 0 {
+				bad(f+".backup.keep", "keeps no snapshot: give at least one of hourly, daily, weekly, monthly, none negative")
+			}
 		}
 	}
 	if m.Run != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -214,5 +215,47 @@ func TestParseManifest_BuildEveryProblem(t *testing.T) {
 	m, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/m", "."], "outputs": ["bin/"], "timeout": "5m"}}`))
 	if len(ps) != 0 || m.Build == nil || m.Build.Outputs[0] != "bin/" {
 		t.Fatalf("a good build section: %v %+v", ps, m.Build)
+	}
+}
+
+// A data set's backup is a cadence word, or an object with the cadence, a
+// command to run first and what to keep; each part judged, and written
+// back as the word alone when that is all it says.
+func TestParseManifest_DataBackup(t *testing.T) {
+	doc := func(backup string) []byte {
+		return []byte(`{"module": "db", "version": "1.0.0", "data": [{"name": "pg", "path": "/var/lib/db", "precious": "irreplaceable", "backup": ` + backup + `}]}`)
+	}
+	m, ps := ParseManifest(doc(`{"every": "hourly", "before": ["bin/dump", "--into", "/var/lib/db/dump"], "keep": {"hourly": 48, "daily": 7, "weekly": 0, "monthly": 3}}`))
+	if len(ps) != 0 {
+		t.Fatalf("problems: %v", ps)
+	}
+	if b := m.Data[0].Backup; b.Every != "hourly" || len(b.Before) != 3 || b.Keep == nil || b.Keep.Hourly != 48 || b.Keep.Monthly != 3 {
+		t.Fatalf("backup %+v", b)
+	}
+	m, ps = ParseManifest(doc(`"weekly"`))
+	if len(ps) != 0 || m.Data[0].Backup.Every != "weekly" {
+		t.Fatalf("the word alone: %+v %v", m.Data[0].Backup, ps)
+	}
+	if out, err := json.Marshal(m.Data[0]); err != nil || !strings.Contains(string(out), `"backup":"weekly"`) {
+		t.Fatalf("written back as %s, %v", out, err)
+	}
+	for _, c := range []struct{ backup, field string }{
+		{`"nightly"`, "data[0].backup"},
+		{`{"every": "nightly"}`, "data[0].backup.every"},
+		{`{"every": "daily", "before": [""]}`, "data[0].backup.before"},
+		{`{"keep": {"hourly": 0}}`, "data[0].backup.keep"},
+		{`{"keep": {"daily": -1, "weekly": 2}}`, "data[0].backup.keep"},
+		{`{"every": "daily", "after": ["x"]}`, "data[0].backup.after"},
+		{`{"keep": {"yearly": 2}}`, "data[0].backup.keep.yearly"},
+		{`3`, "data.backup"},
+	} {
+		_, ps := ParseManifest(doc(c.backup))
+		if !slices.ContainsFunc(ps, func(p Problem) bool { return p.Field == c.field }) {
+			t.Errorf("backup %s: problems %v, want one on %s", c.backup, ps, c.field)
+		}
+	}
+	_, ps = ParseManifest([]byte(`{"module": "db", "version": "1.0.0", "data": [{"name": "i", "path": "/var/lib/i", "precious": "rebuildable", "backup": "daily"}]}`))
+	if len(ps) != 1 || ps[0].Field != "data[0].backup" {
+		t.Errorf("a rebuildable set with a backup: %v", ps)
 	}
 }
