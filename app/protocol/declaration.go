@@ -145,7 +145,10 @@ type DeclaredModule struct {
 	// Ports are the ports it listens on.
 	Ports []Port `json:"ports,omitempty"`
 	// Run is how the module is started, as its manifest says.
-	Run     *Run             `json:"run,omitempty"`
+	Run *Run `json:"run,omitempty"`
+	// Seats are the seats it holds: the holder of the backup seat is given
+	// the declaration's backup lines in a file (BackupLinesName).
+	Seats   []string         `json:"seats,omitempty"`
 	Secrets []DeclaredSecret `json:"secrets"`
 	// Settings are its effective settings: one JSON object, canonical.
 	Settings json.RawMessage `json:"settings"`

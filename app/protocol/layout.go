@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -20,6 +21,9 @@ func Files(m DeclaredModule) []string {
 		files = append(files, settings)
 	}
 	files = append(files, path.Join(ModulesDir, m.Module, BindingsFile))
+	if slices.Contains(m.Seats, "backup") {
+		files = append(files, path.Join(ModulesDir, m.Module, BackupLinesName))
+	}
 	for _, sf := range SealedFiles("", m) {
 		files = append(files, sf.Rel)
 	}
