@@ -133,7 +133,7 @@ func (s *Store) BumpPlans(ctx context.Context, nodes []string) error {
 // Retirements returns what was retired or dropped on a node ("" for all),
 // oldest first.
 func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, error) {
-	query := `SELECT id, node, module, data_set, path, precious, consumer, state, bytes, retired_at, why, node_removed_at, last_backup FROM retirements`
+	query := `SELECT ` + retirementColumns + ` FROM retirements`
 	var args []any
 	if node != "" {
 		query += ` WHERE node = ?`
@@ -146,28 +146,39 @@ func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, err
 	defer rows.Close()
 	rs := []Retirement{}
 	for rows.Next() {
-		var r Retirement
-		var at string
-		var bytes sql.NullInt64
-		var removed, backup sql.NullString
-		if err := rows.Scan(&r.ID, &r.Node, &r.Module, &r.DataSet, &r.Path, &r.Precious, &r.Consumer, &r.State, &bytes, &at, &r.Why, &removed, &backup); err != nil {
-			return nil, err
-		}
-		if bytes.Valid {
-			r.Bytes = &bytes.Int64
-		}
-		if r.RetiredAt, err = sqlite.ParseTime(at); err != nil {
-			return nil, err
-		}
-		if r.NodeRemovedAt, err = sqlite.ParseNullTime(removed); err != nil {
-			return nil, err
-		}
-		if r.LastBackup, err = sqlite.ParseNullTime(backup); err != nil {
+		r, err := scanRetirement(rows)
+		if err != nil {
 			return nil, err
 		}
 		rs = append(rs, r)
 	}
 	return rs, rows.Err()
+}
+
+// retirementColumns are what scanRetirement reads.
+const retirementColumns = `id, node, module, data_set, path, precious, consumer, state, bytes, retired_at, why, node_removed_at, last_backup`
+
+// scanRetirement reads a row of retirementColumns.
+func scanRetirement(rows *sql.Rows) (Retirement, error) {
+	var r Retirement
+	var at string
+	var bytes sql.NullInt64
+	var removed, backup sql.NullString
+	if err := rows.Scan(&r.ID, &r.Node, &r.Module, &r.DataSet, &r.Path, &r.Precious, &r.Consumer, &r.State, &bytes, &at, &r.Why, &removed, &backup); err != nil {
+		return r, err
+	}
+	if bytes.Valid {
+		r.Bytes = &bytes.Int64
+	}
+	var err error
+	if r.RetiredAt, err = sqlite.ParseTime(at); err != nil {
+		return r, err
+	}
+	if r.NodeRemovedAt, err = sqlite.ParseNullTime(removed); err != nil {
+		return r, err
+	}
+	r.LastBackup, err = sqlite.ParseNullTime(backup)
+	return r, err
 }
 
 // CountAssignments counts the modules assigned to a node.

@@ -101,6 +101,9 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 				`DELETE FROM pins WHERE provider_node IN (` + marks + `)`,
 				`DELETE FROM settings_layers WHERE node IN (` + marks + `)`,
 				`DELETE FROM backups WHERE node IN (` + marks + `)`,
+				`DELETE FROM backup_states WHERE node IN (` + marks + `)`,
+				`DELETE FROM backup_runs WHERE node IN (` + marks + `)`,
+				`DELETE FROM backup_access WHERE node IN (` + marks + `)`,
 			} {
 				if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 					return err

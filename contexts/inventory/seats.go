@@ -92,6 +92,14 @@ type SeatState struct {
 	Deletions    []Deletion           // not done
 	Backups      map[string]time.Time // node/module/name -> last backup reported by the backup seat
 	Replacements []Replacement        // unresolved
+	// BackupStates are what became of each data set's backups and drills,
+	// by node/module/name; Access each node's repository access, sealed.
+	BackupStates map[string]BackupState
+	Access       map[string]BackupAccess
+	// Retired are the data sets retired and waiting for a person (not
+	// dropped, deleted or reactivated), of nodes still in the mesh: their
+	// data is kept, so it is still backed up.
+	Retired []Retirement
 }
 
 // SeatName resolves a former name to the seat's current one.
@@ -163,6 +171,18 @@ func readSeatState(ctx context.Context, tx *sql.Tx) (SeatState, error) {
 		d, err := scanDeletion(r)
 		if err == nil {
 			st.Deletions = append(st.Deletions, d)
+		}
+		return err
+	}); err != nil {
+		return st, err
+	}
+	if err := readBackups(ctx, tx, &st); err != nil {
+		return st, err
+	}
+	if err := each(ctx, tx, `SELECT `+retirementColumns+` FROM retirements WHERE state = 'retired' AND consumer = '' AND node_removed_at IS NULL ORDER BY id`, func(r *sql.Rows) error {
+		rt, err := scanRetirement(r)
+		if err == nil {
+			st.Retired = append(st.Retired, rt)
 		}
 		return err
 	}); err != nil {

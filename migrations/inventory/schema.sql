@@ -14,6 +14,48 @@ CREATE TABLE assignments (
     PRIMARY KEY (node, module),
     FOREIGN KEY (module, version) REFERENCES module_versions (module, version)
 ) STRICT;
+CREATE TABLE backup_access (
+    node      TEXT PRIMARY KEY,
+    holder    TEXT NOT NULL,
+    sealed    TEXT NOT NULL CHECK (sealed GLOB '-----BEGIN AGE ENCRYPTED FILE-----*'),
+    issued_at TEXT NOT NULL
+) STRICT;
+CREATE TABLE backup_runs (
+    id          INTEGER PRIMARY KEY,
+    ask         TEXT NOT NULL,
+    node        TEXT NOT NULL,
+    module      TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('backup', 'restore', 'drill')),
+    at          TEXT NOT NULL,
+    ok          INTEGER NOT NULL,
+    why         TEXT NOT NULL DEFAULT '',
+    snapshot    TEXT NOT NULL DEFAULT '',
+    files       INTEGER NOT NULL DEFAULT 0,
+    bytes       INTEGER NOT NULL DEFAULT 0,
+    bytes_added INTEGER NOT NULL DEFAULT 0,
+    duration_ms REAL NOT NULL DEFAULT 0,
+    aside       TEXT NOT NULL DEFAULT ''
+) STRICT;
+CREATE TABLE backup_states (
+    node           TEXT NOT NULL,
+    module         TEXT NOT NULL,
+    name           TEXT NOT NULL,
+    attempt_at     TEXT,
+    attempt_ok     INTEGER NOT NULL DEFAULT 0,
+    attempt_why    TEXT NOT NULL DEFAULT '',
+    snapshot       TEXT NOT NULL DEFAULT '',
+    files          INTEGER NOT NULL DEFAULT 0,
+    bytes          INTEGER NOT NULL DEFAULT 0,
+    bytes_added    INTEGER NOT NULL DEFAULT 0,
+    duration_ms    REAL NOT NULL DEFAULT 0,
+    drill_at       TEXT,
+    drill_ok       INTEGER NOT NULL DEFAULT 0,
+    drill_why      TEXT NOT NULL DEFAULT '',
+    drill_snapshot TEXT NOT NULL DEFAULT '',
+    verified_at    TEXT,
+    PRIMARY KEY (node, module, name)
+) STRICT;
 CREATE TABLE backups (
     node        TEXT NOT NULL,
     module      TEXT NOT NULL,
@@ -203,6 +245,8 @@ CREATE TABLE take_previews (
     shown_at TEXT NOT NULL
 ) STRICT;
 CREATE INDEX assignments_module ON assignments (module);
+CREATE INDEX backup_runs_ask ON backup_runs (ask);
+CREATE INDEX backup_runs_set ON backup_runs (node, module, name, id);
 CREATE INDEX declarations_versions ON declarations (node, serial, plan_version);
 CREATE UNIQUE INDEX nodes_overlay_index ON nodes (overlay_index);
 CREATE INDEX retirements_node ON retirements (node, module);
