@@ -299,6 +299,7 @@ func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
 		{"host of node N", hostPermissions("N")},
 		{"module M on node N", modulePermissions(inventory.Manifest{Module: "M", Emits: []string{"EMITS"}, Consumes: []string{"CONSUMES"}}, "N")},
 		{"builder on node N (added to the module user of the build seat's holder)", builderPermissions("N")},
+		{"backup holder on node N (added to the module user of the backup seat's holder)", backupPermissions("N")},
 		{"controller pushing account JWTs (in the system account, with an external broker)", broker.SystemPermissions()},
 	} {
 		v.Users = append(v.Users, UserView{User: u.name, Publish: u.p.Publish, Subscribe: u.p.Subscribe, MaxPayload: u.p.MaxPayload})

@@ -367,7 +367,24 @@ func modulePermissions(m inventory.Manifest, node string) broker.Permissions {
 	if canBuild(m) {
 		p = mergePermissions(p, builderPermissions(node))
 	}
+	if slices.ContainsFunc(m.Seats, func(s inventory.Seat) bool { return s.Seat == backupSeat }) {
+		p = mergePermissions(p, backupPermissions(node))
+	}
 	return p
+}
+
+// backupSeat is the seat whose holder keeps the mesh's backups.
+const backupSeat = "backup"
+
+// backupPermissions are the backup seat holder's on node: say a line is
+// due, hand over a node's sealed access and report a drill, each on its
+// node's own subject (the broker says which holder sent it), the answers
+// in its own inbox beneath its node's.
+func backupPermissions(node string) broker.Permissions {
+	return broker.Permissions{
+		Publish:   []string{protocol.BackupDueSubject(node), protocol.BackupAccessSubject(node), protocol.DrillSubject(node)},
+		Subscribe: []string{protocol.BackupInboxPrefix(node) + ".>"},
+	}
 }
 
 // canBuild says a manifest can fill the build seat: its module's user is a

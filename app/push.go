@@ -83,7 +83,11 @@ func (d *declarer) planner(ctx context.Context, snap *inventory.Snapshot) (*plan
 	if err != nil {
 		return nil, err
 	}
-	return plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)), nil
+	recipients, err := hostRecipients(ctx, d.ids)
+	if err != nil {
+		return nil, err
+	}
+	return plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)).WithRecipients(recipients), nil
 }
 
 // declare computes, signs and keeps each node's plan as its next

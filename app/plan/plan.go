@@ -138,6 +138,8 @@ type Planner struct {
 	// overlay is the mesh's overlay, computed once (on the first plan) for
 	// all the plans of this snapshot.
 	overlay *overlay.Mesh
+	// recipients are the hosts' age recipients, by node (WithRecipients).
+	recipients map[string]string
 }
 
 // Overlay is the node's overlay part as computed from the snapshot, less
@@ -326,6 +328,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		for _, seat := range pl.seatsOf[holder] {
 			why = append(why, "holds seat "+seat)
 			p.Body.Seats = append(p.Body.Seats, seat)
+			pm.Seats = append(pm.Seats, seat)
 			if seat == snap.Seats.SeatName("backup") {
 				p.Body.BackupLines = pl.backupLines()
 			}
@@ -361,6 +364,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
 		}
 	}
+	p.Body.Backups = pl.backups(node)
 	p.Body.Overlay = pl.Overlay(node)
 	// Last: the filter is rendered from the rest of the body.
 	if f, ok := snap.Filters[node]; ok {
@@ -375,24 +379,6 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		}
 	}
 	return p, nil
-}
-
-// backupLines are every data set needing backup, for the backup seat's holder.
-func (pl *Planner) backupLines() []protocol.BackupLine {
-	lines := []protocol.BackupLine{}
-	for _, a := range pl.snap.Assignments {
-		for _, d := range pl.snap.Manifests[a.Module][a.Version].Data {
-			if d.Precious == inventory.Rebuildable {
-				continue
-			}
-			l := protocol.BackupLine{Node: a.Node, Module: a.Module, Data: d.Name, Path: d.Path, Precious: d.Precious, Cadence: BackupCadence(d).String()}
-			if t, ok := pl.snap.Seats.Backups[a.Node+"/"+a.Module+"/"+d.Name]; ok {
-				l.LastBackup = &t
-			}
-			lines = append(lines, l)
-		}
-	}
-	return lines
 }
 
 // waitingReasons says why each missing secret is missing.

@@ -249,3 +249,8 @@ type GrantAsk struct {
 // BackupTag is the tag a snapshot of a data set carries
 // (mesh:MODULE/DATA), by which the holder and hosts find its snapshots.
 func BackupTag(module, data string) string { return "mesh:" + module + "/" + data }
+
+// BackupInboxPrefix is the inbox prefix of the backup module on node: its
+// requests' answers come there, beneath the node's own inbox, so no other
+// node's user reads them.
+func BackupInboxPrefix(node string) string { return HostInboxPrefix(node) + ".backup" }

@@ -113,7 +113,8 @@ func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Tim
 				return fmt.Errorf("mark %s joined: %w", node, err)
 			}
 		}
-		return nil
+		// A joined host's recipient is in the backup holder's lines.
+		return bumpBackupHolders(ctx, tx)
 	})
 }
 
