@@ -262,7 +262,7 @@ func TestRule_SecretOperatorKeys(t *testing.T) {
 func meshWithData(backup *time.Time, withHolder bool, cadence string) *checkInputs {
 	return inputs(func(in *checkInputs) {
 		in.snap.Manifests["paperless"] = map[string]inventory.Manifest{"1.0.0": {Module: "paperless", Version: "1.0.0",
-			Data: []inventory.DataSpec{{Name: "media", Path: "/m", Precious: inventory.Irreplaceable, Backup: cadence}, {Name: "index", Path: "/i", Precious: inventory.Rebuildable}}}}
+			Data: []inventory.DataSpec{{Name: "media", Path: "/m", Precious: inventory.Irreplaceable, Backup: inventory.DataBackup{Every: cadence}}, {Name: "index", Path: "/i", Precious: inventory.Rebuildable}}}}
 		in.snap.Assignments = []inventory.Assignment{{Node: "web1", Module: "paperless", Version: "1.0.0"}}
 		if withHolder {
 			in.snap.Manifests["backup"] = map[string]inventory.Manifest{"1.0.0": {Module: "backup", Version: "1.0.0", Seats: []inventory.Seat{{Seat: "backup"}}}}

@@ -215,6 +215,15 @@ type UseCases struct {
 	// BuildAsked returns nil if build id is in flight on builder node: the
 	// builder may hand over its archive (app/archive's Server).
 	BuildAsked func(ctx context.Context, node, id string) error
+	// BackupDue asks the data's host to back up a line the holder on
+	// holder says is due; BackupAccess keeps a node's access the holder
+	// sealed; BackupDrilled records the holder's restore drill; BackedUp a
+	// host's outcome of a backup or restore. Nil BackupDue: backups are not
+	// served.
+	BackupDue     func(ctx context.Context, nc *nats.Conn, holder string, due protocol.BackupDue) error
+	BackupAccess  func(ctx context.Context, holder string, a protocol.BackupAccessIssued) error
+	BackupDrilled func(ctx context.Context, holder string, o protocol.DrillOutcome) error
+	BackedUp      func(ctx context.Context, node string, o protocol.BackupOutcome) error
 	// ArchiveDeclared says whether node's latest declaration names the
 	// archive: the host may read it. Nil: archives are not served.
 	ArchiveDeclared func(ctx context.Context, node, digest string) (bool, error)
@@ -326,6 +335,8 @@ type daemon struct {
 	srv  *broker.Server // nil with an external broker
 	// archives serves archives to hosts and takes them from builders.
 	archives *archive.Server
+	// backupSlots bound the backup holder's requests handled at once.
+	backupSlots chan struct{}
 
 	keys   hostKeys
 	events chan *event

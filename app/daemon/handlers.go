@@ -107,6 +107,7 @@ func (d *daemon) subscribe(ctx context.Context) error {
 			subs[protocol.ArchiveUploadSubject("*")] = d.archives.OnUpload
 		}
 	}
+	d.subscribeBackups(subs)
 	if d.u.TakeIn != nil {
 		subs[protocol.BuildResultSubject("*")] = d.onBuildResult
 		subs[BuildKickSubject] = func(*nats.Msg) { d.kickBuilds() }
@@ -738,6 +739,7 @@ var budgets = map[string][2]float64{
 	protocol.DataReport:     {50, 5},
 	protocol.DeclarationAsk: {20, 2},
 	protocol.BackupReport:   {1000, 100},
+	protocol.BackedUp:       {1000, 100},
 }
 
 func (l *limiter) allow(node, what string, now time.Time) bool {

@@ -254,3 +254,8 @@ func BackupTag(module, data string) string { return "mesh:" + module + "/" + dat
 // requests' answers come there, beneath the node's own inbox, so no other
 // node's user reads them.
 func BackupInboxPrefix(node string) string { return HostInboxPrefix(node) + ".backup" }
+
+// BackupInbox and RestoreInbox are where node's host is asked to back up
+// and to restore (mesh.node.N.inbox.backup, .restore).
+func BackupInbox(node string) string  { return NodeSubject(node, "inbox."+BackupAskName) }
+func RestoreInbox(node string) string { return NodeSubject(node, "inbox."+RestoreAskName) }

@@ -46,8 +46,17 @@ type BackupRun struct {
 	Bytes      int64
 	BytesAdded int64
 	DurationMS float64
-	// Aside is where a restore moved the data set's contents.
-	Aside string
+	// Aside is where a restore moved the data set's contents: kept as a
+	// retired data set (AsideName) of the data set's Precious, listed by
+	// data and deleted only by cleanup delete.
+	Aside    string
+	Precious string
+}
+
+// AsideName names the retired data set a restore moved a data set's
+// contents aside to, from the data set's name and when.
+func AsideName(name string, at time.Time) string {
+	return name + "-before-restore-" + at.UTC().Format("20060102t150405")
 }
 
 // Kinds of a BackupRun.
@@ -105,6 +114,12 @@ func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
 				_, err = tx.ExecContext(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
 					ON CONFLICT (node, module, name) DO UPDATE SET last_backup = CASE WHEN backups.last_backup > excluded.last_backup THEN backups.last_backup ELSE excluded.last_backup END`,
 					r.Node, r.Module, r.Name, at)
+			}
+		case RunRestore:
+			if r.OK && r.Aside != "" {
+				_, err = tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, retired_at, why) VALUES (?, ?, ?, ?, ?, '', 'retired', ?, ?)`,
+					r.Node, r.Module, AsideName(r.Name, r.At), r.Aside, r.Precious, at,
+					fmt.Sprintf("moved aside by a restore of %s from snapshot %s", r.Name, r.Snapshot))
 			}
 		case RunDrill:
 			_, err = tx.ExecContext(ctx, `UPDATE backup_states SET drill_at = ?, drill_ok = ?, drill_why = ?, drill_snapshot = ?,
