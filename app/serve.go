@@ -150,6 +150,10 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		CatchUp:         c.catchUp,
 		TakeIn:          c.TakeIn,
 		BuildAsked:      c.BuildAsked,
+		BackupDue:       c.BackupDue,
+		BackupAccess:    c.BackupAccess,
+		BackupDrilled:   c.BackupDrilled,
+		BackedUp:        c.BackedUp,
 		ArchiveDeclared: c.ArchiveDeclared,
 		ReAsk: func(ctx context.Context, id string) error {
 			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})

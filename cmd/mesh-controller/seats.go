@@ -379,13 +379,22 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 	return err
 }
 
-// DataCmd is data.
+// DataCmd groups the data commands; alone it lists.
 type DataCmd struct {
+	List      DataListCmd      `cmd:"" default:"withargs" hidden:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
+	Backup    DataBackupCmd    `cmd:"" help:"Back data sets up now (NODE/MODULE/DATASET…), each waited for: its snapshot, files, bytes added."`
+	Snapshots DataSnapshotsCmd `cmd:"" help:"What the repository holds of a data set, newest first."`
+	Restore   DataRestoreCmd   `cmd:"" help:"Restore a data set from a snapshot: its module stopped, what is there moved aside (kept, retired), the snapshot restored, the module started."`
+	Verify    DataVerifyCmd    `cmd:"" help:"A restore drill of a data set's latest snapshot now: restored into a scratch dir on the holder, every file verified, the repository checked."`
+}
+
+// DataListCmd is data [list].
+type DataListCmd struct {
 	JSON bool `name:"json" help:"Print one JSON array."`
 }
 
 // Run lists every data set every machine declares.
-func (c *DataCmd) Run(env *Env) error {
+func (c *DataListCmd) Run(env *Env) error {
 	ds, err := env.App.Data(env.Ctx)
 	if err != nil {
 		return err
