@@ -302,6 +302,9 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 	if in.data, err = inv.AllDataSets(ctx); err != nil {
 		return err
 	}
+	if in.resticFacts, err = inv.FactNamed(ctx, protocol.FactRestic); err != nil {
+		return err
+	}
 	if in.filterFacts, err = inv.FactNamed(ctx, protocol.FilterFact); err != nil {
 		return err
 	}

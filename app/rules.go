@@ -60,6 +60,9 @@ type checkInputs struct {
 	// filterFacts are the nodes' reports of the mesh's packet filter
 	// (protocol.FilterFact), by node.
 	filterFacts map[string]inventory.Fact
+	// resticFacts are the nodes' reports of the restic they have
+	// (protocol.FactRestic), by node.
+	resticFacts map[string]inventory.Fact
 	// silentPeers are the overlay pairs the daemon found silent.
 	silentPeers []inventory.SilentPeer
 	// keyRefusals are the WireGuard keys refused as another node's when
@@ -573,46 +576,116 @@ var rules = []rule{
 	{kind: "data.no-backup", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
 		holder := in.snap.BackupHolders()
 		var out []health.Condition
-		for _, a := range in.snap.Assignments {
-			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
-				if d.Precious == inventory.Rebuildable {
-					continue
-				}
-				if in.lastBackup(a.Node, a.Module, d.Name) != nil {
-					continue
-				}
-				sev := health.Urgent
-				if d.Precious == inventory.Costly {
-					sev = health.Warning
-				}
-				why := "no module holds the backup seat"
-				if holder != "" {
-					why = "no backup of it heard yet (the backup seat is held by " + holder + ")"
-				}
-				out = append(out, health.Condition{Key: fmt.Sprintf("data.no-backup/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.no-backup",
-					Scope: "module", Machine: a.Node, Module: a.Module, Severity: sev,
-					Summary:  fmt.Sprintf("%s data %s on %s (%s) has no backup: %s", a.Module, d.Name, a.Node, d.Precious, why),
-					Evidence: map[string]any{"path": d.Path, "precious": d.Precious, "backup_holder": holder}})
+		for _, b := range plan.BackupSets(in.snap) {
+			d := b.Data
+			if in.lastBackup(b.Node, b.Module, d.Name) != nil {
+				continue
 			}
+			sev := health.Urgent
+			if d.Precious == inventory.Costly {
+				sev = health.Warning
+			}
+			why := "no module holds the backup seat"
+			if holder != "" {
+				why = "no backup of it heard yet (the backup seat is held by " + holder + ")"
+			}
+			what := "data"
+			if b.Retired {
+				what = "retired data"
+			}
+			out = append(out, health.Condition{Key: fmt.Sprintf("data.no-backup/%s/%s/%s", b.Node, b.Module, d.Name), Kind: "data.no-backup",
+				Scope: "module", Machine: b.Node, Module: b.Module, Severity: sev,
+				Summary:  fmt.Sprintf("%s %s %s on %s (%s) has no backup: %s", b.Module, what, d.Name, b.Node, d.Precious, why),
+				Evidence: map[string]any{"path": d.Path, "precious": d.Precious, "backup_holder": holder, "retired": b.Retired}})
 		}
 		return out
 	}},
 	{kind: "data.backup-stale", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
 		var out []health.Condition
-		for _, a := range in.snap.Assignments {
-			for _, d := range in.snap.Manifests[a.Module][a.Version].Data {
-				last := in.lastBackup(a.Node, a.Module, d.Name)
-				if d.Precious == inventory.Rebuildable || last == nil {
-					continue
-				}
-				cadence := plan.BackupCadence(d)
-				if age := in.now.Sub(*last); age > 2*cadence {
-					out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-stale/%s/%s/%s", a.Node, a.Module, d.Name), Kind: "data.backup-stale",
-						Scope: "module", Machine: a.Node, Module: a.Module, Severity: health.Warning,
-						Summary:  fmt.Sprintf("%s data %s on %s: last backup %s, older than twice its cadence (%s)", a.Module, d.Name, a.Node, last.UTC().Format(time.RFC3339), cadence),
-						Evidence: map[string]any{"last_backup": last.UTC().Format(time.RFC3339), "cadence": cadence.String()}})
-				}
+		for _, b := range plan.BackupSets(in.snap) {
+			d := b.Data
+			last := in.lastBackup(b.Node, b.Module, d.Name)
+			if last == nil {
+				continue
 			}
+			cadence := plan.BackupCadence(d)
+			if age := in.now.Sub(*last); age > 2*cadence {
+				out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-stale/%s/%s/%s", b.Node, b.Module, d.Name), Kind: "data.backup-stale",
+					Scope: "module", Machine: b.Node, Module: b.Module, Severity: health.Warning,
+					Summary:  fmt.Sprintf("%s data %s on %s: last backup %s, older than twice its cadence (%s)", b.Module, d.Name, b.Node, last.UTC().Format(time.RFC3339), cadence),
+					Evidence: map[string]any{"last_backup": last.UTC().Format(time.RFC3339), "cadence": cadence.String()}})
+			}
+		}
+		return out
+	}},
+	{kind: "data.backup-failed", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, b := range plan.BackupSets(in.snap) {
+			st, ok := in.snap.Seats.BackupStates[b.Key()]
+			if !ok || st.AttemptAt == nil || st.AttemptOK {
+				continue
+			}
+			sev := health.Warning
+			if b.Data.Precious == inventory.Irreplaceable {
+				sev = health.Urgent
+			}
+			ev := map[string]any{"attempt_at": st.AttemptAt.UTC().Format(time.RFC3339), "why": st.AttemptWhy}
+			if last := in.lastBackup(b.Node, b.Module, b.Data.Name); last != nil {
+				ev["last_backup"] = last.UTC().Format(time.RFC3339)
+			}
+			out = append(out, health.Condition{Key: fmt.Sprintf("data.backup-failed/%s/%s/%s", b.Node, b.Module, b.Data.Name), Kind: "data.backup-failed",
+				Scope: "module", Machine: b.Node, Module: b.Module, Severity: sev,
+				Summary: fmt.Sprintf("the last backup of %s data %s on %s failed (%s): %s; data backup %s --why … tries again now",
+					b.Module, b.Data.Name, b.Node, st.AttemptAt.UTC().Format(time.RFC3339), st.AttemptWhy, b.Key()),
+				Evidence: ev})
+		}
+		return out
+	}},
+	{kind: "data.restore-unverified", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		var out []health.Condition
+		for _, b := range plan.BackupSets(in.snap) {
+			st, ok := in.snap.Seats.BackupStates[b.Key()]
+			if !ok || st.FirstBackup == nil {
+				continue // nothing to drill yet: data.no-backup says so
+			}
+			bound := plan.DrillBound(b.Data)
+			var why string
+			switch {
+			case st.DrillAt != nil && !st.DrillOK && (st.VerifiedAt == nil || st.DrillAt.After(*st.VerifiedAt)):
+				why = fmt.Sprintf("the last restore drill (%s, of snapshot %s) failed: %s", st.DrillAt.UTC().Format(time.RFC3339), st.DrillSnapshot, st.DrillWhy)
+			case st.VerifiedAt == nil && in.now.Sub(*st.FirstBackup) > bound:
+				why = fmt.Sprintf("no restore drill has passed since its first backup (%s), more than %s ago", st.FirstBackup.UTC().Format(time.RFC3339), bound)
+			case st.VerifiedAt != nil && in.now.Sub(*st.VerifiedAt) > bound:
+				why = fmt.Sprintf("the last restore drill that passed was %s, more than %s ago", st.VerifiedAt.UTC().Format(time.RFC3339), bound)
+			default:
+				continue
+			}
+			sev := health.Warning
+			if b.Data.Precious == inventory.Irreplaceable && st.DrillAt != nil && !st.DrillOK {
+				sev = health.Urgent
+			}
+			out = append(out, health.Condition{Key: fmt.Sprintf("data.restore-unverified/%s/%s/%s", b.Node, b.Module, b.Data.Name), Kind: "data.restore-unverified",
+				Scope: "module", Machine: b.Node, Module: b.Module, Severity: sev,
+				Summary:  fmt.Sprintf("%s data %s on %s is not known to restore: %s; data verify %s drills one now", b.Module, b.Data.Name, b.Node, why, b.Key()),
+				Evidence: map[string]any{"bound": bound.String(), "why": why}})
+		}
+		return out
+	}},
+	{kind: "data.no-backup-tool", needs: []string{"inventory"}, eval: func(in *checkInputs) []health.Condition {
+		nodes := map[string]int{}
+		for _, b := range plan.BackupSets(in.snap) {
+			nodes[b.Node]++
+		}
+		var out []health.Condition
+		for _, node := range slices.Sorted(maps.Keys(nodes)) {
+			f, reported := in.resticFacts[node]
+			if !reported || f.Value != "" {
+				continue // a host from before the fact, or one with restic
+			}
+			out = append(out, health.Condition{Key: "data.no-backup-tool/" + node, Kind: "data.no-backup-tool", Scope: "machine", Machine: node, Severity: health.Urgent,
+				Summary: fmt.Sprintf("%s keeps %s the mesh backs up and has no restic to back it up with: install it there (apt-get install --no-install-recommends restic)",
+					node, Plural(nodes[node], "data set")),
+				Evidence: map[string]any{"why": f.Why}})
 		}
 		return out
 	}},

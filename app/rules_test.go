@@ -317,7 +317,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 // Every kind in the catalogue whose subject exists has a rule.
 func TestRules_Catalogue(t *testing.T) {
 	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "overlay.key-conflict", "overlay.peer-refused", "node.bad-signature", "token.reused", "module.behind-source",
-		"data.no-backup", "data.backup-stale", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
+		"data.no-backup", "data.backup-stale", "data.backup-failed", "data.restore-unverified", "data.no-backup-tool", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
 		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld"} {
 		ruleOf(t, kind)
 	}
@@ -392,4 +392,64 @@ func TestRule_LicenceRefreshFailed(t *testing.T) {
 	}
 	raiseChangeClear(t, "licence.refresh-failed", "licence.refresh-failed/chat",
 		failed(t0, true), failed(t0.Add(time.Minute), true), failed(t0, false))
+}
+
+// withState is meshWithData with web1's media's backup state.
+func withState(st inventory.BackupState) *checkInputs {
+	in := meshWithData(ptr(t0.Add(-time.Hour)), true, "daily")
+	in.snap.Seats.BackupStates = map[string]inventory.BackupState{"web1/paperless/media": st}
+	return in
+}
+
+func TestRule_DataBackupFailed(t *testing.T) {
+	raiseChangeClear(t, "data.backup-failed", "data.backup-failed/web1/paperless/media",
+		withState(inventory.BackupState{AttemptAt: ptr(t0), AttemptWhy: "its host did not answer: it is away"}),
+		withState(inventory.BackupState{AttemptAt: ptr(t0.Add(time.Hour)), AttemptWhy: "restic backup: no space left on device"}),
+		withState(inventory.BackupState{AttemptAt: ptr(t0.Add(2 * time.Hour)), AttemptOK: true}))
+}
+
+func TestRule_DataRestoreUnverified(t *testing.T) {
+	day := 24 * time.Hour
+	raiseChangeClear(t, "data.restore-unverified", "data.restore-unverified/web1/paperless/media",
+		// never drilled, first backed up more than seven days ago
+		withState(inventory.BackupState{FirstBackup: ptr(t0.Add(-8 * day))}),
+		// a drill failed since the last that passed (a tampered repository)
+		withState(inventory.BackupState{FirstBackup: ptr(t0.Add(-8 * day)), VerifiedAt: ptr(t0.Add(-2 * day)), DrillAt: ptr(t0.Add(-day)), DrillWhy: "pack 1f… is damaged"}),
+		// a drill passed lately
+		withState(inventory.BackupState{FirstBackup: ptr(t0.Add(-8 * day)), VerifiedAt: ptr(t0.Add(-day)), DrillAt: ptr(t0.Add(-day)), DrillOK: true}))
+	// A first backup a day old is not yet due a drill.
+	if got := ruleOf(t, "data.restore-unverified").eval(withState(inventory.BackupState{FirstBackup: ptr(t0.Add(-day))})); len(got) != 0 {
+		t.Fatalf("raised a day after the first backup: %+v", got)
+	}
+}
+
+func TestRule_DataNoBackupTool(t *testing.T) {
+	tool := func(version, why string, precious bool) *checkInputs {
+		in := meshWithData(ptr(t0), true, "daily")
+		in.resticFacts = map[string]inventory.Fact{"web1": {Name: "restic", Value: version, Why: why}}
+		if !precious {
+			in.snap.Manifests["paperless"]["1.0.0"].Data[0].Precious = inventory.Rebuildable
+		}
+		return in
+	}
+	raiseChangeClear(t, "data.no-backup-tool", "data.no-backup-tool/web1",
+		tool("", "restic not found on PATH", true), tool("", "restic version: exec format error", true), tool("0.14.0", "restic version", true))
+	if got := ruleOf(t, "data.no-backup-tool").eval(tool("", "restic not found on PATH", false)); len(got) != 0 {
+		t.Fatalf("raised on a node with nothing the mesh backs up: %+v", got)
+	}
+}
+
+// Retired precious data keeps its line and its conditions until a person
+// deletes it; the backup holder's own data sets have none.
+func TestRule_DataNoBackupRetired(t *testing.T) {
+	in := meshWithData(nil, true, "daily")
+	in.snap.Assignments = in.snap.Assignments[1:] // paperless unassigned from web1
+	in.snap.Current = map[string]string{"paperless": "1.0.0"}
+	in.snap.Manifests["backup"]["1.0.0"] = inventory.Manifest{Module: "backup", Version: "1.0.0", Seats: []inventory.Seat{{Seat: "backup"}},
+		Data: []inventory.DataSpec{{Name: "repository", Path: "/srv/r", Precious: inventory.Irreplaceable}}}
+	in.snap.Seats.Retired = []inventory.Retirement{{Node: "web1", Module: "paperless", DataSet: "media", Path: "/m", Precious: inventory.Irreplaceable, State: "retired"}}
+	got := ruleOf(t, "data.no-backup").eval(in)
+	if len(got) != 1 || got[0].Key != "data.no-backup/web1/paperless/media" || !strings.Contains(got[0].Summary, "retired data") {
+		t.Fatalf("retired data with no backup: %+v", got)
+	}
 }

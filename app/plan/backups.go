@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"time"
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
@@ -188,3 +189,10 @@ func Repository(address string, port int, node string) string {
 	}
 	return "rest:http://" + host + ":" + strconv.Itoa(port) + "/" + node + "/"
 }
+
+// DrillEvery is how many cadences may pass between restore drills that
+// pass: the holder drills each data set at least once in that many.
+const DrillEvery = 7
+
+// DrillBound is how long a data set may go without a passing drill.
+func DrillBound(d inventory.DataSpec) time.Duration { return DrillEvery * BackupCadence(d) }

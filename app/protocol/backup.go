@@ -47,6 +47,10 @@ type BackupAccess struct {
 	RepositoryPassword string `json:"repository_password"`
 }
 
+// FactRestic is the fact a host reports the restic it has in: its version,
+// "" when it has none (a node with precious data then cannot back it up).
+const FactRestic = "restic"
+
 // BackupModule is the module the backup seat's holder runs, whose name the
 // sealed accesses carry, and BackupAccessName a sealed access's name.
 const (

@@ -28,6 +28,8 @@ type BackupState struct {
 	DrillWhy      string
 	DrillSnapshot string
 	VerifiedAt    *time.Time
+	// FirstBackup is when the first backup that made a snapshot was made.
+	FirstBackup *time.Time
 }
 
 // BackupRun is one backup, restore or drill of a data set.
@@ -110,6 +112,10 @@ func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
 				bytes_added = CASE WHEN ? = 1 THEN ? ELSE bytes_added END, duration_ms = ?
 				WHERE node = ? AND module = ? AND name = ?`, at, b2i(r.OK), r.Why,
 				ok, r.Snapshot, ok, r.Files, ok, r.Bytes, ok, r.BytesAdded, r.DurationMS, r.Node, r.Module, r.Name)
+			if err == nil && r.OK {
+				_, err = tx.ExecContext(ctx, `UPDATE backup_states SET first_backup = coalesce(first_backup, ?) WHERE node = ? AND module = ? AND name = ?`,
+					at, r.Node, r.Module, r.Name)
+			}
 			if err == nil && r.OK {
 				_, err = tx.ExecContext(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
 					ON CONFLICT (node, module, name) DO UPDATE SET last_backup = CASE WHEN backups.last_backup > excluded.last_backup THEN backups.last_backup ELSE excluded.last_backup END`,
@@ -202,17 +208,17 @@ func (s *Store) KeepBackupAccess(ctx context.Context, node string, a BackupAcces
 func readBackups(ctx context.Context, tx *sql.Tx, st *SeatState) error {
 	st.BackupStates, st.Access = map[string]BackupState{}, map[string]BackupAccess{}
 	if err := each(ctx, tx, `SELECT node, module, name, attempt_at, attempt_ok, attempt_why, snapshot, files, bytes, bytes_added, duration_ms,
-		drill_at, drill_ok, drill_why, drill_snapshot, verified_at FROM backup_states`, func(r *sql.Rows) error {
+		drill_at, drill_ok, drill_why, drill_snapshot, verified_at, first_backup FROM backup_states`, func(r *sql.Rows) error {
 		var n, m, name string
 		var b BackupState
-		var attempt, drill, verified sql.NullString
+		var attempt, drill, verified, first sql.NullString
 		var aok, dok int64
 		if err := r.Scan(&n, &m, &name, &attempt, &aok, &b.AttemptWhy, &b.Snapshot, &b.Files, &b.Bytes, &b.BytesAdded, &b.DurationMS,
-			&drill, &dok, &b.DrillWhy, &b.DrillSnapshot, &verified); err != nil {
+			&drill, &dok, &b.DrillWhy, &b.DrillSnapshot, &verified, &first); err != nil {
 			return err
 		}
 		b.AttemptOK, b.DrillOK = aok != 0, dok != 0
-		b.AttemptAt, b.DrillAt, b.VerifiedAt = nullTime(attempt), nullTime(drill), nullTime(verified)
+		b.AttemptAt, b.DrillAt, b.VerifiedAt, b.FirstBackup = nullTime(attempt), nullTime(drill), nullTime(verified), nullTime(first)
 		st.BackupStates[n+"/"+m+"/"+name] = b
 		return nil
 	}); err != nil {

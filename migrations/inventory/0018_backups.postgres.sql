@@ -4,7 +4,8 @@
 -- What became of each data set's backups (issue 29): the last attempt
 -- (a host's outcome, failed or not, with its snapshot and what it did) and
 -- the last restore drill of the backup seat's holder, with when one last
--- passed. backups keeps the last backup heard, as before.
+-- passed, and when its first backup was made (a drill is due within seven
+-- cadences of it). backups keeps the last backup heard, as before.
 CREATE TABLE backup_states (
     node           TEXT NOT NULL,
     module         TEXT NOT NULL,
@@ -22,6 +23,7 @@ CREATE TABLE backup_states (
     drill_why      TEXT NOT NULL DEFAULT '',
     drill_snapshot TEXT NOT NULL DEFAULT '',
     verified_at    TEXT,
+    first_backup   TEXT,
     PRIMARY KEY (node, module, name)
 );
 -- Every backup, restore and drill, newest last, a bounded number a data

@@ -53,7 +53,8 @@ CREATE TABLE backup_states (
     drill_ok bigint NOT NULL DEFAULT 0,
     drill_why text NOT NULL DEFAULT ''::text,
     drill_snapshot text NOT NULL DEFAULT ''::text,
-    verified_at text
+    verified_at text,
+    first_backup text
 );
 CREATE TABLE backups (
     node text NOT NULL,

@@ -54,6 +54,7 @@ CREATE TABLE backup_states (
     drill_why      TEXT NOT NULL DEFAULT '',
     drill_snapshot TEXT NOT NULL DEFAULT '',
     verified_at    TEXT,
+    first_backup   TEXT,
     PRIMARY KEY (node, module, name)
 ) STRICT;
 CREATE TABLE backups (
