@@ -57,8 +57,12 @@ type Cleanable struct {
 	// Cadence is how often it should be backed up (hourly, daily, weekly);
 	// "" when it needs no backup.
 	Cadence string `json:"cadence"`
+	// VerifiedAt is the last restore drill of it that passed (the backup
+	// seat's holder restored its snapshot and verified every file).
+	VerifiedAt *time.Time `json:"verified_at"`
 	// NeedsDigest says it is deleted only with --yes Digest: irreplaceable
-	// or costly, and no backup heard within its cadence.
+	// or costly, and no verified backup within its cadence (a backup heard
+	// within its cadence, and a drill passed within its drill bound).
 	NeedsDigest bool `json:"needs_digest"`
 	// Digest is the digest of its preview (see previewDigest).
 	Digest string `json:"digest"`
@@ -144,6 +148,7 @@ func cleanables(snap *inventory.Snapshot, retirements []inventory.Retirement, da
 				cl.Bytes = &d.Bytes
 			}
 			cl.LastBackup = lastBackupHeard(snap, data, r.Node, r.Module, r.DataSet)
+			cl.VerifiedAt = snap.Seats.BackupStates[r.Node+"/"+r.Module+"/"+r.DataSet].VerifiedAt
 		}
 		out = append(out, finish(cl, spec, now))
 	}
@@ -174,7 +179,8 @@ func finish(cl Cleanable, spec inventory.DataSpec, now time.Time) Cleanable {
 	cl.AgeDays = int(now.Sub(cl.Since).Hours() / 24)
 	if spec.Precious == inventory.Irreplaceable || spec.Precious == inventory.Costly {
 		cl.Cadence = plan.CadenceWord(spec)
-		cl.NeedsDigest = cl.LastBackup == nil || now.Sub(*cl.LastBackup) > plan.BackupCadence(spec)
+		cl.NeedsDigest = cl.LastBackup == nil || now.Sub(*cl.LastBackup) > plan.BackupCadence(spec) ||
+			cl.VerifiedAt == nil || now.Sub(*cl.VerifiedAt) > plan.DrillBound(spec)
 	}
 	cl.Digest = previewDigest(cl)
 	return cl
@@ -299,6 +305,61 @@ type CleanupResult struct {
 	// --confirm never deletes them.
 	Refused []Cleanable `json:"refused"`
 	Pushed  []Pushed    `json:"pushed"`
+	// Fresh are the snapshots taken of the data sets just before they were
+	// deleted (the mesh backs them up), or why none could be.
+	Fresh []FreshSnapshot `json:"fresh"`
+}
+
+// FreshSnapshot is a snapshot taken before a risky act, or why none was.
+type FreshSnapshot struct {
+	Set      string `json:"set"`
+	Snapshot string `json:"snapshot,omitempty"`
+	Why      string `json:"why,omitempty"`
+}
+
+// freshSnapshots backs up, just before a risky act, each of the data sets
+// it touches that the mesh backs up, one after the other, and says of each
+// its snapshot or why there is none; it never stops the act.
+func (c *Controller) freshSnapshots(ctx context.Context, st *Stores, sets []SetRef, reason string) []FreshSnapshot {
+	if len(sets) == 0 {
+		return nil
+	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		return nil
+	}
+	var todo []plan.BackupSet
+	for _, ref := range sets {
+		if s, err := backupSet(snap, ref); err == nil {
+			todo = append(todo, s)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	var out []FreshSnapshot
+	nc, err := c.dialBroker(ctx, st.Identity)
+	if err != nil {
+		for _, s := range todo {
+			out = append(out, FreshSnapshot{Set: s.Key(), Why: err.Error()})
+		}
+		return out
+	}
+	defer nc.Close()
+	for _, s := range todo {
+		f := FreshSnapshot{Set: s.Key()}
+		run, err := c.backupNow(ctx, st, nc, s, reason, 0)
+		switch {
+		case err != nil:
+			f.Why = err.Error()
+		case !run.OK:
+			f.Why = run.Why
+		default:
+			f.Snapshot = run.Snapshot
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // DigestError refuses a cleanup delete until a person confirms, with the
@@ -325,10 +386,15 @@ func (e *DigestError) Unwrap() error { return e.Err }
 
 // backupState says how a precious target stands against its cadence.
 func backupState(cl Cleanable) string {
-	if cl.LastBackup == nil {
+	switch {
+	case cl.LastBackup == nil:
 		return "no backup of it was ever heard"
+	case time.Since(*cl.LastBackup) > plan.BackupCadence(inventory.DataSpec{Backup: inventory.DataBackup{Every: cl.Cadence}}):
+		return fmt.Sprintf("its last backup (%s) is older than its cadence (%s)", cl.LastBackup.UTC().Format(time.RFC3339), cl.Cadence)
+	case cl.VerifiedAt == nil:
+		return fmt.Sprintf("its last backup (%s) was never verified by a restore drill (data verify drills one)", cl.LastBackup.UTC().Format(time.RFC3339))
 	}
-	return fmt.Sprintf("its last backup (%s) is older than its cadence (%s)", cl.LastBackup.UTC().Format(time.RFC3339), cl.Cadence)
+	return fmt.Sprintf("its last restore drill that passed (%s) is older than its bound (data verify drills one)", cl.VerifiedAt.UTC().Format(time.RFC3339))
 }
 
 // RefusedError says which targets an --older-than --confirm left alone
@@ -437,6 +503,13 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 		chosen = []Cleanable{cl}
 	}
+	var touched []SetRef
+	for _, cl := range chosen {
+		if cl.Kind == "data" && !cl.OnRemovedNode() {
+			touched = append(touched, SetRef{cl.Node, cl.Module, cl.Target})
+		}
+	}
+	out.Fresh = c.freshSnapshots(ctx, st, touched, "before cleanup delete: "+r.Why)
 	if out.Deleted, out.Pushed, err = c.deleteCleanables(ctx, st, chosen, r); err != nil {
 		return out, err
 	}

@@ -165,3 +165,14 @@ func bytesShown(n int64) string {
 func msShown(ms float64) string {
 	return (time.Duration(ms * float64(time.Millisecond))).Round(time.Millisecond).String()
 }
+
+// printFresh says the snapshots taken before a risky act, or why none.
+func printFresh(env *Env, fresh []app.FreshSnapshot) {
+	for _, f := range fresh {
+		if f.Snapshot != "" {
+			fmt.Fprintf(env.Stdout, "first, a fresh snapshot of %s: %s\n", f.Set, f.Snapshot)
+		} else {
+			fmt.Fprintf(env.Stderr, "no fresh snapshot of %s first: %s\n", f.Set, f.Why)
+		}
+	}
+}

@@ -368,6 +368,7 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 		}
 		return nil
 	}
+	printFresh(env, r.Fresh)
 	for _, cl := range r.Deleted {
 		if cl.OnRemovedNode() {
 			fmt.Fprintf(env.Stdout, "%s/%s %s (%s) recorded deleted by hand: %s was removed, no host can act; wipe its disk if that is not done\n", cl.Node, cl.Module, cl.Target, cl.Kind, cl.Node)
