@@ -322,6 +322,9 @@ type Unassigned struct {
 	Waiting []inventory.Consumer `json:"waiting"`
 	// Licences are the licences its modules held, taken away from them.
 	Licences []string `json:"licences,omitempty"`
+	// Empty says, of each consumer moved off a provider taken off this
+	// node, that its new provider starts without what the old one kept.
+	Empty []string `json:"empty,omitempty"`
 	Pushed   []Pushed `json:"pushed"`
 }
 
@@ -404,6 +407,28 @@ func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (Unassigne
 	after := snap.Clone()
 	after.Unassign(ch.Unassign...)
 	ch = withBindings(after, ch, append(bumps, after.HolderNodes("backup")...)...)
+	// A consumer bound to a provider that leaves moves to another, which
+	// starts without what the old one kept for it: said, and raised
+	// (data.empty-replacement) until a person records it or the data is
+	// reported there.
+	for _, b := range ch.Bindings {
+		old, ok := snap.Seats.Bindings[inventory.BindingKey(b.Node, b.Module, b.Provision)]
+		if !ok || old.Provider == b.Provider || !slices.Contains(ch.Unassign, old.Provider) {
+			continue
+		}
+		level, precious := snap.KeepsPrecious(old.Provider, b.Provision)
+		if !precious {
+			continue
+		}
+		empty := fmt.Sprintf("%s/%s's %s data (%s) stays on %s; %s starts without it", b.Node, b.Module, b.Provision, level, old.Provider, b.Provider)
+		ch.Replacements = append(ch.Replacements, inventory.Replacement{What: "binding " + b.Node + " " + b.Provision, NewHolder: b.Provider.String(),
+			OldHolder: old.Provider.String(), Data: empty})
+		for i := range out.Nodes {
+			if out.Nodes[i].Node == old.Provider.Node {
+				out.Nodes[i].Empty = append(out.Nodes[i].Empty, empty)
+			}
+		}
+	}
 	for i := range out.Nodes {
 		for _, cs := range after.Seats.Consumers {
 			if cs.State == "waiting" && consumerOf(cs.Consumer, out.Nodes[i].Node, r.Modules) {

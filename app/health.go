@@ -60,21 +60,15 @@ func nodeSignals(nodes []inventory.NodeState, data map[string][]inventory.DataSe
 	return out
 }
 
-// backupSignals are the backup signals of every assigned data set that is
-// not rebuildable.
+// backupSignals are the backup signals of every data set the mesh backs
+// up (plan.BackupSets: assigned or retired, precious), each read as data
+// and cleanup read it (lastBackupHeard: its host's report or the holder's,
+// the later), so every view says the same last backup.
 func backupSignals(snap *inventory.Snapshot, data map[string][]inventory.DataSet, now time.Time) []Signal {
 	out := []Signal{}
-	for _, a := range snap.Assignments {
-		for _, d := range snap.Manifests[a.Module][a.Version].Data {
-			if d.Precious == inventory.Rebuildable {
-				continue
-			}
-			var last *time.Time
-			if r := reportedSet(data[a.Node], a.Module, d.Name); r != nil {
-				last = r.LastBackup
-			}
-			out = append(out, signal("backup", a.Node+"/"+a.Module+"/"+d.Name, last, 2*plan.BackupCadence(d), now))
-		}
+	for _, b := range plan.BackupSets(snap) {
+		last := lastBackupHeard(snap, data, b.Node, b.Module, b.Data.Name)
+		out = append(out, signal("backup", b.Key(), last, 2*plan.BackupCadence(b.Data), now))
 	}
 	return out
 }

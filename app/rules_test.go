@@ -453,3 +453,24 @@ func TestRule_DataNoBackupRetired(t *testing.T) {
 		t.Fatalf("retired data with no backup: %+v", got)
 	}
 }
+
+// Every view reads the same last backup: a backup the holder reported (and
+// no data report says) is heard by the signals status and doctor signals
+// show, as by data and cleanup, and so is a retired set's.
+func TestBackupSignals_ReadWhatDataReads(t *testing.T) {
+	in := meshWithData(nil, true, "daily")
+	in.snap.Seats.Backups = map[string]time.Time{"web1/paperless/media": t0.Add(-time.Hour)}
+	sigs := backupSignals(in.snap, in.data, t0)
+	if len(sigs) != 1 || sigs[0].Subject != "web1/paperless/media" || sigs[0].Last == nil || sigs[0].Quiet {
+		t.Fatalf("signals %+v", sigs)
+	}
+	if got := lastBackupHeard(in.snap, in.data, "web1", "paperless", "media"); got == nil || !got.Equal(*sigs[0].Last) {
+		t.Fatalf("data reads %v, the signal %v", got, sigs[0].Last)
+	}
+	in.snap.Assignments = in.snap.Assignments[1:]
+	in.snap.Current = map[string]string{"paperless": "1.0.0"}
+	in.snap.Seats.Retired = []inventory.Retirement{{Node: "web1", Module: "paperless", DataSet: "media", Path: "/m", Precious: inventory.Irreplaceable, State: "retired"}}
+	if sigs := backupSignals(in.snap, in.data, t0); len(sigs) != 1 || sigs[0].Last == nil {
+		t.Fatalf("a retired set's signal: %+v", sigs)
+	}
+}

@@ -406,6 +406,9 @@ func printUnassigned(env *Env, r app.Unassigned) {
 	for _, l := range r.Licences {
 		fmt.Fprintf(env.Stdout, "  licence %s taken away: its copy on %s is dropped\n", l, r.Node)
 	}
+	for _, e := range r.Empty {
+		fmt.Fprintf(env.Stdout, "  moved: %s (data.empty-replacement is raised until a person records it)\n", e)
+	}
 }
 
 // PlanCmd is plan.

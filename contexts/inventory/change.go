@@ -33,6 +33,9 @@ type Change struct {
 	// starts without the data the old one kept.
 	Seats       []SeatChange
 	Replacement *Replacement
+	// Replacements are more of them: a provider's removal may move several
+	// consumers' bindings at once.
+	Replacements []Replacement
 	// Pins sets pins (a zero Provider removes the pin).
 	Pins []Pin
 	// Bindings and Consumers are the bindings chosen and consumer states.
@@ -104,6 +107,11 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 	}
 	if err := changeSeats(ctx, tx, ch.Seats, now); err != nil {
 		return err
+	}
+	for i := range ch.Replacements {
+		if err := recordReplacement(ctx, tx, &ch.Replacements[i], now); err != nil {
+			return err
+		}
 	}
 	if err := recordReplacement(ctx, tx, ch.Replacement, now); err != nil {
 		return err
