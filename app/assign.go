@@ -324,8 +324,8 @@ type Unassigned struct {
 	Licences []string `json:"licences,omitempty"`
 	// Empty says, of each consumer moved off a provider taken off this
 	// node, that its new provider starts without what the old one kept.
-	Empty []string `json:"empty,omitempty"`
-	Pushed   []Pushed `json:"pushed"`
+	Empty  []string `json:"empty,omitempty"`
+	Pushed []Pushed `json:"pushed"`
 }
 
 // Unassign takes modules off a node. Their precious data is retired and

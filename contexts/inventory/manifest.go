@@ -479,9 +479,6 @@ func (m *Manifest) judge() []Problem {
 		if d.Backup.Every != "" && !slices.Contains([]string{"hourly", "daily", "weekly"}, d.Backup.Every) {
 			bad(field, "%q is not hourly, daily or weekly", d.Backup.Every)
 		}
-		if !d.Backup.IsZero() && d.Precious == Rebuildable {
-			bad(f+".backup", "a rebuildable data set is not backed up: say costly or irreplaceable, or drop backup")
-		}
 		if b := d.Backup.Before; len(b) > 0 && (b[0] == "" || len(b) > MaxListed) {
 			bad(f+".backup.before", "a command names its program first, in at most %d words", MaxListed)
 		}

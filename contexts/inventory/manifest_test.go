@@ -254,8 +254,4 @@ func TestParseManifest_DataBackup(t *testing.T) {
 			t.Errorf("backup %s: problems %v, want one on %s", c.backup, ps, c.field)
 		}
 	}
-	_, ps = ParseManifest([]byte(`{"module": "db", "version": "1.0.0", "data": [{"name": "i", "path": "/var/lib/i", "precious": "rebuildable", "backup": "daily"}]}`))
-	if len(ps) != 1 || ps[0].Field != "data[0].backup" {
-		t.Errorf("a rebuildable set with a backup: %v", ps)
-	}
 }
