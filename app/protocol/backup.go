@@ -47,6 +47,11 @@ type BackupAccess struct {
 	RepositoryPassword string `json:"repository_password"`
 }
 
+// FactRestic is the fact in which a host reports the restic it backs up
+// and restores with: its version ("0.14.0"), or "" when there is none on
+// its PATH (its why says so).
+const FactRestic = "restic"
+
 // BackupModule is the module the backup seat's holder runs, whose name the
 // sealed accesses carry, and BackupAccessName a sealed access's name.
 const (
