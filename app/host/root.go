@@ -327,13 +327,20 @@ func (r root) removeFile(rel string) error {
 	})
 }
 
-// removeEmptyDir removes the directory rel beneath the root if it is empty.
-func (r root) removeEmptyDir(rel string) error {
+// openParent opens the directory holding rel beneath the root, never
+// through a link, and returns rel's names; the caller closes it.
+func (r root) openParent(rel string) (int, []string, error) {
 	names, err := split(rel)
 	if err != nil {
-		return err
+		return -1, nil, err
 	}
 	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	return fd, names, err
+}
+
+// removeEmptyDir removes the directory rel beneath the root if it is empty.
+func (r root) removeEmptyDir(rel string) error {
+	fd, names, err := r.openParent(rel)
 	if err != nil {
 		return err
 	}
@@ -403,22 +410,30 @@ func removeAllAt(dirfd int, name string) error {
 // size adds up the regular files under the directory rel beneath the root,
 // following no link; a path it cannot walk counts 0.
 func (r root) size(rel string) int64 {
+	_, bytes := r.tally(rel)
+	return bytes
+}
+
+// tally counts the regular files under the directory rel beneath the root
+// and adds up their sizes, following no link; a path it cannot walk counts
+// 0.
+func (r root) tally(rel string) (files, bytes int64) {
 	names, err := split(rel)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	fd, err := r.openDir(names, false, 0)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	return sizeAt(fd)
+	return tallyAt(fd)
 }
 
-// sizeAt adds up the regular files under the open directory fd, and closes it.
-func sizeAt(fd int) int64 {
+// tallyAt counts and adds up the regular files under the open directory
+// fd, and closes it.
+func tallyAt(fd int) (files, total int64) {
 	d := os.NewFile(uintptr(fd), "")
 	defer d.Close()
-	var total int64
 	for {
 		entries, err := d.Readdirnames(1024)
 		for _, e := range entries {
@@ -428,18 +443,89 @@ func sizeAt(fd int) int64 {
 			}
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFREG:
+				files++
 				total += st.Size
 			case unix.S_IFDIR:
 				if sub, err := openChildDir(fd, e); err == nil {
-					total += sizeAt(sub)
+					f, b := tallyAt(sub)
+					files, total = files+f, total+b
 				}
 			}
 		}
-		if err == io.EOF || len(entries) == 0 {
-			return total
-		}
-		if err != nil {
-			return total
+		if err == io.EOF || len(entries) == 0 || err != nil {
+			return files, total
 		}
 	}
+}
+
+// mkdirNew makes the directory rel beneath the root, 0700, where nothing
+// is: its parent must be there (never through a link), and something
+// already in its place is refused (EEXIST).
+func (r root) mkdirNew(rel string) error {
+	fd, names, err := r.openParent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mkdirat(fd, names[len(names)-1], 0o700); err != nil {
+		return pathError(names, err)
+	}
+	return nil
+}
+
+// dirState says what rel beneath the root is: absent, an empty directory,
+// or a directory with something in it; anything else (a file, a link) is
+// refused.
+func (r root) dirState(rel string) (exists, empty bool, err error) {
+	names, err := split(rel)
+	if err != nil {
+		return false, false, err
+	}
+	fd, err := r.openDir(names, false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	d := os.NewFile(uintptr(fd), rel)
+	defer d.Close()
+	entries, err := d.Readdirnames(1)
+	if err != nil && err != io.EOF {
+		return true, false, pathError(names, err)
+	}
+	return true, len(entries) == 0, nil
+}
+
+// rename moves from to to, both beneath the root, each parent opened
+// without following a link: never over anything at to (renameat2's
+// RENAME_NOREPLACE; where the filesystem has none, to is looked at first).
+// Both must be on one filesystem.
+func (r root) rename(from, to string) error {
+	ffd, fnames, err := r.openParent(from)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ffd)
+	tfd, tnames, err := r.openParent(to)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	fname, tname := fnames[len(fnames)-1], tnames[len(tnames)-1]
+	if isLink(ffd, fname) {
+		return pathError(fnames, ErrSymlink)
+	}
+	err = unix.Renameat2(ffd, fname, tfd, tname, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		var st unix.Stat_t
+		if unix.Fstatat(tfd, tname, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			return pathError(tnames, unix.EEXIST)
+		}
+		err = unix.Renameat(ffd, fname, tfd, tname)
+	}
+	if err != nil {
+		return fmt.Errorf("move %s to %s: %w", from, to, err)
+	}
+	return nil
 }
