@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -116,6 +117,9 @@ func (r Repo) run(ctx context.Context, args ...string) ([]byte, error) {
 		return stdout.Bytes(), nil
 	}
 	last := lastLine(stderr.String())
+	if fatal := fatalLine(stderr.String()); fatal != "" {
+		last = fatal // what went wrong, not restic's "at the following location?"
+	}
 	switch {
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("restic %s stopped: %w", args[0], context.Cause(ctx))
@@ -126,9 +130,33 @@ func (r Repo) run(ctx context.Context, args ...string) ([]byte, error) {
 	case last == "":
 		return nil, fmt.Errorf("restic %s: %w", args[0], err)
 	}
-	// restic may name the repository, credential and all: never repeat it.
-	last = strings.ReplaceAll(last, r.Repository, r.Shown())
-	return nil, fmt.Errorf("restic %s: %s", args[0], last)
+	return nil, fmt.Errorf("restic %s: %s", args[0], r.redact(last))
+}
+
+// redact takes the repository's credential out of a line of restic's:
+// restic may name the repository, credential and all; it hides the
+// password itself, and this never repeats it, however it is written.
+func (r Repo) redact(line string) string {
+	line = strings.ReplaceAll(line, r.Repository, r.Shown())
+	rest, ok := strings.CutPrefix(r.Repository, "rest:")
+	if u, err := url.Parse(rest); ok && err == nil && u.User != nil {
+		if pw, set := u.User.Password(); set && pw != "" {
+			line = strings.ReplaceAll(line, pw, "***")
+			line = strings.ReplaceAll(line, url.PathEscape(pw), "***")
+			line = strings.ReplaceAll(line, url.QueryEscape(pw), "***")
+		}
+	}
+	return line
+}
+
+// fatalLine is restic's "Fatal: …" line, less its lead-in, or "".
+func fatalLine(stderr string) string {
+	for _, l := range strings.Split(stderr, "\n") {
+		if after, ok := strings.CutPrefix(strings.TrimSpace(l), "Fatal: "); ok {
+			return after
+		}
+	}
+	return ""
 }
 
 // Init makes the repository if it is not there; one there already is left

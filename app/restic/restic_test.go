@@ -140,3 +140,19 @@ func TestRepo_StaleLock(t *testing.T) {
 		t.Fatalf("after unlock: %v", err)
 	}
 }
+
+// A repository restic cannot open is said by restic's Fatal line, not its
+// "is there a repository at the following location?"; and restic's words
+// never carry the REST password, however restic wrote it.
+func TestRepo_FailureSaid(t *testing.T) {
+	restictest.Need(t)
+	r := Repo{Repository: "rest:http://n1:s3cret%2Fpw@127.0.0.1:1/n1/", Password: "x"}
+	_, err := r.Snapshots(context.Background(), "")
+	if err == nil || !strings.Contains(err.Error(), "unable to open config file") || !strings.Contains(err.Error(), "connection refused") ||
+		strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("an unreachable repository: %v", err)
+	}
+	if got := r.redact("Head http://n1:s3cret/pw@127.0.0.1:1/n1/config and s3cret%2Fpw"); strings.Contains(got, "s3cret") {
+		t.Fatalf("redacted: %s", got)
+	}
+}
