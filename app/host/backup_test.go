@@ -11,10 +11,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,7 +54,8 @@ type bkMesh struct {
 	repoDir  string // the REST server's directory: n1's repository is repoDir/n1
 	restURL  string // http://127.0.0.1:PORT
 	access   protocol.BackupAccess
-	sealed   string // access, sealed to n1
+	sealed   string                // access, sealed to n1
+	access2  protocol.BackupAccess // n2's, in the same REST server
 	outcomes chan protocol.BackupOutcome
 
 	mu      sync.Mutex
@@ -59,9 +63,10 @@ type bkMesh struct {
 	serial  int
 	applied chan int64
 
-	sup  *Supervisor
-	stop func() // stops the host running
-	hold atomic.Pointer[netHold]
+	sup   *Supervisor
+	users bool   // the host runs modules as their own users
+	stop  func() // stops the host running
+	hold  atomic.Pointer[netHold]
 }
 
 // netHold holds packs' uploads: midway is told of each, release lets
@@ -182,9 +187,11 @@ func newBkMesh(t *testing.T) *bkMesh {
 	// as the holder makes it.
 	m.repoDir = t.TempDir()
 	m.access = protocol.BackupAccess{User: "n1", Password: "rest-" + rand.Text(), RepositoryPassword: "repo-" + rand.Text()}
+	m.access2 = protocol.BackupAccess{User: "n2", Password: "rest-" + rand.Text(), RepositoryPassword: "repo2-" + rand.Text()}
 	hash, _ := bcrypt.GenerateFromPassword([]byte(m.access.Password), bcrypt.MinCost)
+	hash2, _ := bcrypt.GenerateFromPassword([]byte(m.access2.Password), bcrypt.MinCost)
 	htpasswd := filepath.Join(t.TempDir(), "htpasswd")
-	if err := os.WriteFile(htpasswd, []byte("n1:"+string(hash)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(htpasswd, []byte("n1:"+string(hash)+"\nn2:"+string(hash2)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h, err := restserver.NewHandler(&restserver.Server{Path: m.repoDir, HtpasswdPath: htpasswd, AppendOnly: true, PrivateRepos: true})
@@ -212,12 +219,20 @@ func newBkMesh(t *testing.T) *bkMesh {
 	if err := (restic.Repo{Repository: filepath.Join(m.repoDir, "n1"), Password: m.access.RepositoryPassword}).Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(m.access)
-	m.sealed, err = protocol.SealSecret(protocol.NewSecret(b), protocol.Label{Node: "n1", Module: protocol.BackupModule, Name: protocol.BackupAccessName}, id.Recipient())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m.sealed = m.seal(m.access)
 	return m
+}
+
+// seal seals an access to n1, as the holder issues n1's own and grants it
+// another node's.
+func (m *bkMesh) seal(a protocol.BackupAccess) string {
+	m.t.Helper()
+	b, _ := json.Marshal(a)
+	sealed, err := protocol.SealSecret(protocol.NewSecret(b), protocol.Label{Node: "n1", Module: protocol.BackupModule, Name: protocol.BackupAccessName}, m.st.Age.Recipient())
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return sealed
 }
 
 // answer answers requests on subject with what f says.
@@ -236,7 +251,8 @@ func (m *bkMesh) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sup := &Supervisor{BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond}
 	m.sup = sup
-	r := &Runner{State: m.st, Root: m.root, Heartbeat: time.Second, Log: m.log, Supervisor: sup, NoOverlayInterface: true, BeforeTimeout: 2 * time.Second}
+	r := &Runner{State: m.st, Root: m.root, Heartbeat: time.Second, Log: m.log, Supervisor: sup, NoOverlayInterface: true, BeforeTimeout: 2 * time.Second,
+		ModuleUsers: m.users}
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	// Heard beating, it hears its inbox.
@@ -345,11 +361,16 @@ func (m *bkMesh) repo() restic.Repo {
 // dbModule is a module db holding the data set main at path, running a
 // sleep, and its backup line, with before as its hook.
 func (m *bkMesh) dbModule(path string, before []string) map[string]any {
+	return m.moduleDecl("db", path, before)
+}
+
+// moduleDecl is dbModule with another module's name.
+func (m *bkMesh) moduleDecl(module, path string, before []string) map[string]any {
 	return map[string]any{
-		"modules": []any{map[string]any{"module": "db", "version": "1.0.0",
+		"modules": []any{map[string]any{"module": module, "version": "1.0.0",
 			"data": []any{map[string]any{"name": "main", "path": path, "precious": "irreplaceable"}},
 			"run":  map[string]any{"command": []any{"sh", "-c", "sleep 1000"}, "ready": map[string]any{"after": "100ms"}}}},
-		"backups": []any{map[string]any{"module": "db", "data": "main", "path": path, "cadence": "daily", "before": before,
+		"backups": []any{map[string]any{"module": module, "data": "main", "path": path, "cadence": "daily", "before": before,
 			"repository": "rest:" + m.restURL + "/n1/", "access": m.sealed}},
 	}
 }
@@ -576,7 +597,9 @@ func TestRestore_MovedAside(t *testing.T) {
 // A snapshot taken where the data set was (/var/lib/old) is restored where
 // it is now (/var/lib/new): the snapshot's own path is found in it; what
 // is at the new place, an empty directory, needs no aside; the old place
-// is left alone.
+// is left alone. Then another node's snapshot (data restore --to: n2's
+// repository, its access granted to n1), taken beneath n2's root, is
+// restored onto n1.
 func TestRestore_PathChanged(t *testing.T) {
 	m := newBkMesh(t)
 	m.start()
@@ -594,6 +617,71 @@ func TestRestore_PathChanged(t *testing.T) {
 	sameTree(t, "restored at the new path", m.tree("var/lib/new"), files)
 	sameTree(t, "the old path", m.tree("var/lib/old"), map[string]string{"x": "changed since", "d/y": "too"})
 	m.scratchLeft("var/lib/new")
+
+	// n2's host backs up its own db/main, beneath its own root.
+	ctx := context.Background()
+	n2 := restic.Repo{Repository: filepath.Join(m.repoDir, "n2"), Password: m.access2.RepositoryPassword}
+	if err := n2.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n2data := filepath.Join(t.TempDir(), "n2root", "var/lib/db")
+	os.MkdirAll(n2data, 0o755)
+	os.WriteFile(filepath.Join(n2data, "from-n2"), []byte("n2's"), 0o644)
+	if _, err := n2.Backup(ctx, n2data, "n2", protocol.BackupTag("db", "main")); err != nil {
+		t.Fatal(err)
+	}
+	to := protocol.RestoreAsk{ID: "r2", Module: "db", Data: "main", Snapshot: "latest", From: "n2",
+		Repository: "rest:" + m.restURL + "/n2/", Access: m.seal(m.access2), SnapshotPath: "/var/lib/db"}
+	out = m.restored(to)
+	if !out.OK || !strings.HasPrefix(out.Aside, "/var/lib/new.before-restore-") {
+		t.Fatalf("r2: %+v", out)
+	}
+	sameTree(t, "n2's restored on n1", m.tree("var/lib/new"), map[string]string{"from-n2": "n2's"})
+	sameTree(t, "n1's moved aside", m.tree(out.Aside), files)
+	// n1's own access opens no other node's repository.
+	to.ID, to.Access = "r3", m.sealed
+	if out := m.restored(to); out.OK || !strings.Contains(out.Why, "Unauthorized") {
+		t.Fatalf("n2's repository with n1's access: %+v", out)
+	}
+}
+
+// A before hook runs as its module's own user where modules run as their
+// own users: what it writes into the data set is that user's.
+func TestBackup_BeforeAsItsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make users")
+	}
+	if _, err := exec.LookPath("useradd"); err != nil {
+		t.Skip("no useradd")
+	}
+	m := newBkMesh(t)
+	m.users = true
+	module := fmt.Sprintf("bu%d", time.Now().UnixNano()%1_000_000)
+	t.Cleanup(func() {
+		m.stop() // before userdel, which refuses a user with processes
+		if out, err := exec.Command("userdel", "mesh-"+module).CombinedOutput(); err != nil {
+			t.Errorf("userdel mesh-%s: %v: %s", module, err, out)
+		}
+	})
+	for dir := m.root; dir != "/"; dir = filepath.Dir(dir) {
+		if strings.HasPrefix(dir, os.TempDir()+"/") {
+			os.MkdirAll(dir, 0o755)
+			os.Chmod(dir, 0o755) // t.TempDir's are 0700: its user must pass through
+		}
+	}
+	m.start()
+	m.declare(m.moduleDecl(module, "/var/lib/"+module, []string{"sh", "-c", "id -u > $MESH_DATA_MAIN/dump.uid"}))
+	m.backedUp("b1", module, "main")
+	u, err := user.Lookup("mesh-" + module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := filepath.Join(m.root, "var/lib", module, "dump.uid")
+	b, err := os.ReadFile(dump)
+	fi, serr := os.Stat(dump)
+	if err != nil || serr != nil || strings.TrimSpace(string(b)) != u.Uid || strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)) != u.Uid {
+		t.Fatalf("the hook ran as %q (its file %v), want uid %s: %v", b, fi, u.Uid, err)
+	}
 }
 
 // A host killed in the middle of a backup (here stopped while restic was
