@@ -545,6 +545,18 @@ func (r *Runner) restore(ctx context.Context, ask protocol.RestoreAsk, ds dataSe
 	if exists, _, err := rt.dirState(restored); err != nil || !exists {
 		return fmt.Errorf("snapshot %s restored no directory %s (%v)", snap.ShortID, from, err)
 	}
+	// The module's, as a data directory the host made is (apply), when
+	// modules run as their own users: restic restores the owners of the
+	// machine the snapshot was taken on.
+	uid, gid := -1, -1
+	if ids := r.userIDs(); ids != nil && ds.Made && givable(ds.Path) {
+		if uid, gid, err = ids(ask.Module); err != nil {
+			return err
+		}
+	}
+	if err := rt.settle(restored, uid, gid); err != nil {
+		return fmt.Errorf("snapshot %s: %w", snap.ShortID, err)
+	}
 	out.Files, out.Bytes = rt.tally(restored)
 
 	// Restored whole: now the module stops, and nothing else moves the

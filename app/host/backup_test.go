@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nkeys"
 	restserver "github.com/restic/rest-server"
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"mesh-controller/app/protocol"
@@ -533,6 +534,10 @@ func TestRestore_MovedAside(t *testing.T) {
 	m.start()
 	good := map[string]string{"a": "one", "sub/b": "two"}
 	m.write("var/lib/db", good)
+	// A set-user-id file is restored without its bit.
+	if err := os.Chmod(filepath.Join(m.root, "var/lib/db/a"), 0o4755); err != nil {
+		t.Fatal(err)
+	}
 	m.declare(m.dbModule("/var/lib/db", nil))
 	before := waitState(t, m.sup, "db", protocol.StateReady)
 	snap := m.backedUp("b1", "db", "main")
@@ -556,6 +561,9 @@ func TestRestore_MovedAside(t *testing.T) {
 	}
 	sameTree(t, "restored", m.tree("var/lib/db"), good)
 	sameTree(t, "moved aside", m.tree(out.Aside), damaged)
+	if fi, err := os.Stat(filepath.Join(m.root, "var/lib/db/a")); err != nil || fi.Mode() != 0o755 {
+		t.Fatalf("restored as %v: %v", fi.Mode(), err)
+	}
 	m.scratchLeft("var/lib/db")
 	after := waitState(t, m.sup, "db", protocol.StateReady)
 	if after.Pid == before.Pid {
@@ -580,6 +588,19 @@ func TestRestore_MovedAside(t *testing.T) {
 		t.Fatalf("a failed restore stopped the module: %+v", st)
 	}
 	sameTree(t, "after a failed restore", m.tree("var/lib/db"), good)
+	m.scratchLeft("var/lib/db")
+
+	// A snapshot holding a device file (a holder could make one: it has
+	// the repository's password) is refused, and nothing moves.
+	if err := unix.Mknod(filepath.Join(m.root, "var/lib/db/disk"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	m.backedUp("b3", "db", "main")
+	refused := m.restored(protocol.RestoreAsk{ID: "r5", Module: "db", Data: "main", Snapshot: "latest", From: "n1"})
+	if refused.OK || !strings.Contains(refused.Why, "/disk is a device file: refused") {
+		t.Fatalf("r5: %+v", refused)
+	}
+	sameTree(t, "after a refused restore", m.tree("var/lib/db"), good)
 	m.scratchLeft("var/lib/db")
 
 	for why, ask := range map[string]protocol.RestoreAsk{
@@ -671,7 +692,12 @@ func TestBackup_BeforeAsItsUser(t *testing.T) {
 	}
 	m.start()
 	m.declare(m.moduleDecl(module, "/var/lib/"+module, []string{"sh", "-c", "id -u > $MESH_DATA_MAIN/dump.uid"}))
+	// A file of root's in the snapshot is the module's once restored.
+	m.write("var/lib/"+module, map[string]string{"roots": "r"})
 	m.backedUp("b1", module, "main")
+	if out := m.restored(protocol.RestoreAsk{ID: "r1", Module: module, Data: "main", Snapshot: "latest", From: "n1"}); !out.OK {
+		t.Fatalf("r1: %+v", out)
+	}
 	u, err := user.Lookup("mesh-" + module)
 	if err != nil {
 		t.Fatal(err)
@@ -681,6 +707,12 @@ func TestBackup_BeforeAsItsUser(t *testing.T) {
 	fi, serr := os.Stat(dump)
 	if err != nil || serr != nil || strings.TrimSpace(string(b)) != u.Uid || strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)) != u.Uid {
 		t.Fatalf("the hook ran as %q (its file %v), want uid %s: %v", b, fi, u.Uid, err)
+	}
+	for _, name := range []string{"", "roots"} {
+		fi, err := os.Lstat(filepath.Join(m.root, "var/lib", module, name))
+		if err != nil || strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)) != u.Uid || strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Gid)) != u.Gid {
+			t.Fatalf("restored %q is not the module's: %v %v", name, fi, err)
+		}
 	}
 }
 

@@ -529,3 +529,86 @@ func (r root) rename(from, to string) error {
 	}
 	return nil
 }
+
+// settle makes a restored tree, the directory rel beneath the root, fit to
+// hand a module: no set-user or set-group id bit is left on anything in
+// it, no device file is let in (a repository's snapshot, made by whoever
+// holds its password, could hold the machine's disk as a file), and, when
+// uid >= 0, everything in it is that user's and group's. Links are changed
+// as links, never followed.
+func (r root) settle(rel string, uid, gid int) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names, false, 0)
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return pathError(names, err)
+	}
+	if uid >= 0 {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			unix.Close(fd)
+			return pathError(names, err)
+		}
+	}
+	if err := unix.Fchmod(fd, st.Mode&0o1777); err != nil {
+		unix.Close(fd)
+		return pathError(names, err)
+	}
+	return settleAt(fd, rel, uid, gid)
+}
+
+// settleAt settles what is in the open directory fd (at rel), and closes it.
+func settleAt(fd int, rel string, uid, gid int) error {
+	d := os.NewFile(uintptr(fd), rel)
+	defer d.Close()
+	for {
+		entries, err := d.Readdirnames(1024)
+		for _, e := range entries {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, e, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s/%s: %w", rel, e, err)
+			}
+			kind := st.Mode & unix.S_IFMT
+			if kind == unix.S_IFBLK || kind == unix.S_IFCHR {
+				return fmt.Errorf("%s/%s is a device file: refused", rel, e)
+			}
+			if uid >= 0 {
+				if err := unix.Fchownat(fd, e, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+			}
+			switch kind {
+			case unix.S_IFREG:
+				if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+					if err := unix.Fchmodat(fd, e, st.Mode&0o1777, 0); err != nil {
+						return fmt.Errorf("%s/%s: %w", rel, e, err)
+					}
+				}
+			case unix.S_IFDIR:
+				sub, err := openChildDir(fd, e)
+				if err != nil {
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+				if err := unix.Fchmod(sub, st.Mode&0o1777); err != nil {
+					unix.Close(sub)
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+				if err := settleAt(sub, rel+"/"+e, uid, gid); err != nil {
+					return err
+				}
+			}
+		}
+		if err == io.EOF || len(entries) == 0 {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+	}
+}
