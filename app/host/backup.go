@@ -529,7 +529,13 @@ func (r *Runner) restore(ctx context.Context, ask protocol.RestoreAsk, ds dataSe
 		return err
 	}
 	out.Snapshot = snap.ID
-	scratch := path.Join(path.Dir(rel), "."+path.Base(rel)+".restore-"+strings.ToLower(rand.Text()[:10]))
+	// Beside the data set (one filesystem: the restored tree is moved,
+	// not copied), in a directory no module may write in.
+	beside, err := rt.hostsOwn(rel)
+	if err != nil {
+		return err
+	}
+	scratch := path.Join(beside, "."+path.Base(rel)+".restore-"+strings.ToLower(rand.Text()[:10]))
 	if err := rt.mkdirNew(scratch); err != nil {
 		return fmt.Errorf("make the scratch directory: %w", err)
 	}

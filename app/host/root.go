@@ -612,3 +612,69 @@ func settleAt(fd int, rel string, uid, gid int) error {
 		}
 	}
 }
+
+// hostsOwn is the deepest directory above rel beneath the root (the root
+// itself being ".") that, with every directory above it, is this
+// process's own and no one else may write in, on the filesystem rel's
+// parent is on: in a directory a module could write in, a link could be
+// swapped in beneath a path another program (restic) is given by name.
+func (r root) hostsOwn(rel string) (string, error) {
+	names, err := split(rel)
+	if err != nil {
+		return "", err
+	}
+	fd, err := r.openRoot()
+	if err != nil {
+		return "", err
+	}
+	type dir struct {
+		rel string
+		dev uint64
+	}
+	var safe []dir
+	for i := 0; ; i++ {
+		var st unix.Stat_t
+		err := unix.Fstat(fd, &st)
+		if err != nil || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+			break
+		}
+		safe = append(safe, dir{strings.Join(names[:i], "/"), st.Dev})
+		if i == len(names)-1 {
+			break
+		}
+		next, err := openChildDir(fd, names[i])
+		unix.Close(fd)
+		if err != nil {
+			return "", pathError(names[:i+1], err)
+		}
+		fd = next
+	}
+	// fd is rel's parent, or the first directory not the host's alone.
+	var parent unix.Stat_t
+	if len(safe) == len(names) {
+		parent.Dev = safe[len(safe)-1].dev
+	} else if err := r.statParent(names, &parent); err != nil {
+		unix.Close(fd)
+		return "", err
+	}
+	unix.Close(fd)
+	for i := len(safe) - 1; i >= 0; i-- {
+		if safe[i].dev == parent.Dev {
+			if safe[i].rel == "" {
+				return ".", nil
+			}
+			return safe[i].rel, nil
+		}
+	}
+	return "", fmt.Errorf("no directory above %s on its filesystem is the host's alone", rel)
+}
+
+// statParent stats the directory holding the path of names.
+func (r root) statParent(names []string, st *unix.Stat_t) error {
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fstat(fd, st)
+}
