@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,6 +36,18 @@ type applied struct {
 	// Overlay is the overlay declared: brought up again when the host
 	// starts.
 	Overlay *protocol.DeclaredOverlay `json:"overlay,omitempty"`
+	// Backups are the node's data sets it backs up when asked, each with
+	// its access still sealed (opened only for a backup, never kept open).
+	Backups []protocol.DeclaredBackup `json:"backups,omitempty"`
+}
+
+// holdsBackupSeat says a module holds the backup seat: its host writes the
+// declaration's backup lines for it (protocol.Files lists the file too).
+func holdsBackupSeat(m protocol.DeclaredModule) bool { return slices.Contains(m.Seats, "backup") }
+
+// linesFile is, beneath the root, the backup seat holder's lines file.
+func linesFile(module string) string {
+	return path.Join(protocol.ModulesDir, module, protocol.BackupLinesName)
 }
 
 type dataSet struct {
@@ -166,6 +179,11 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 		}
 		docs[i] = append(docs[i], document{path.Join(protocol.ModulesDir, m.Module, protocol.BindingsFile), bindingsDocument(dir, m)})
 		sealed[i] = protocol.SealedFiles(st.Node, m)
+		if holdsBackupSeat(m) {
+			rel := linesFile(m.Module)
+			declared[rel] = true
+			touched = append(touched, rel)
+		}
 		for _, doc := range docs[i] {
 			declared[doc.rel] = true
 			touched = append(touched, doc.rel)
@@ -228,7 +246,8 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 	}
 
 	t = time.Now()
-	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken, Overlay: d.Overlay}
+	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken, Overlay: d.Overlay,
+		Backups: d.Backups}
 	var waiting []string
 	for i, m := range d.Modules {
 		// The sealed files are written below, opened with the host's own key.
@@ -287,6 +306,28 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 			}
 			if err := r.writeFileAs(rel, v.Reveal(), 0o700, a); err != nil {
 				return failPath(d.Serial, fmt.Sprintf("write %s of %s", path.Base(rel), m.Module), err)
+			}
+			next.Files = append(next.Files, rel)
+		}
+		// The backup seat's holder's lines: not secret, but its module's
+		// alone to read, as its secrets are; rewritten whole with every
+		// declaration, and no restart: the module reads it again.
+		if holdsBackupSeat(m) {
+			rel := linesFile(m.Module)
+			a := access{perm: 0o600, gid: -1}
+			if gid := owners[m.Module][1]; gid >= 0 {
+				a = access{perm: 0o640, gid: gid}
+			}
+			lines := protocol.BackupLines{Lines: d.BackupLines}
+			if lines.Lines == nil {
+				lines.Lines = []protocol.BackupLine{}
+			}
+			b, err := json.MarshalIndent(lines, "", "  ")
+			if err != nil {
+				return fail(d.Serial, "write %s of %s: %v", protocol.BackupLinesName, m.Module, err)
+			}
+			if err := r.writeFileAs(rel, append(b, '\n'), 0o755, a); err != nil {
+				return failPath(d.Serial, "write "+rel, err)
 			}
 			next.Files = append(next.Files, rel)
 		}

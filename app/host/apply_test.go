@@ -3,10 +3,15 @@ package host
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"mesh-controller/app/protocol"
 )
@@ -106,5 +111,92 @@ func TestGivable(t *testing.T) {
 		if givable(p) != want {
 			t.Errorf("givable(%s) = %v", p, !want)
 		}
+	}
+}
+
+// The backup seat's holder is given the declaration's backup lines in its
+// lines file (a BackupLines document, its module's alone to read), named
+// in its environment with its ports (MESH_PORT_<NAME>); lines that change
+// alone rewrite the file and leave the module running; a module that no
+// longer holds the seat loses the file.
+func TestApply_BackupLines(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	st := &State{Node: "h1", ControllerKey: pub, BrokerURLs: []string{"nats://127.0.0.1:4222"}}
+	root := t.TempDir()
+	decl := func(serial int, seats []any, lines ...protocol.BackupLine) protocol.Envelope {
+		return sealed(t, priv, map[string]any{"node": "h1", "serial": serial, "backup_lines": lines, "modules": []any{map[string]any{
+			"module": "backup", "version": "1.0.0", "seats": seats,
+			"ports": []any{map[string]any{"name": "rest", "port": 8420}, map[string]any{"name": "metrics-http", "port": 9100}},
+			"run":   map[string]any{"command": []any{"sh", "-c", "env > env.txt; exec sleep 1000"}, "ready": map[string]any{"after": "100ms"}}}}})
+	}
+	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	one := protocol.BackupLine{Node: "n1", Module: "db", Data: "main", Path: "/var/lib/db", Cadence: "daily", Precious: "irreplaceable", Keep: protocol.DefaultRetention, Recipient: "age1x"}
+	two := one
+	two.LastBackup = &at
+	dir := filepath.Join(root, protocol.ModulesDir, "backup")
+	file := filepath.Join(dir, protocol.BackupLinesName)
+	read := func() protocol.BackupLines {
+		t.Helper()
+		var l protocol.BackupLines
+		b, err := os.ReadFile(file)
+		if err == nil {
+			err = json.Unmarshal(b, &l)
+		}
+		if err != nil {
+			t.Fatalf("the lines file: %v", err)
+		}
+		return l
+	}
+	// Modules as their own users: the file is their group's to read.
+	const nogroup = 65534
+	ids := func(string) (int, int, error) { return nogroup, nogroup, nil }
+	report, last := apply(st, root, applied{}, decl(1, []any{"backup"}, one), ids, nil)
+	if !report.OK {
+		t.Fatal(report.Error)
+	}
+	if l := read(); len(l.Lines) != 1 || l.Lines[0] != one {
+		t.Fatalf("lines %+v", l)
+	}
+	var fst syscall.Stat_t
+	if err := syscall.Stat(file, &fst); err != nil || fst.Mode&0o777 != 0o640 || fst.Gid != nogroup {
+		t.Fatalf("the lines file is %o, group %d: %v", fst.Mode&0o777, fst.Gid, err)
+	}
+	if !slices.Contains(last.Files, path.Join(protocol.ModulesDir, "backup", protocol.BackupLinesName)) {
+		t.Fatalf("the lines file is not remembered: %v", last.Files)
+	}
+
+	sup, _ := newSup(t)
+	sup.Apply(specs(st, root, last.Runs))
+	first := waitState(t, sup, "backup", protocol.StateReady)
+	env, _ := os.ReadFile(filepath.Join(dir, "env.txt"))
+	for _, want := range []string{protocol.BackupLinesEnv + "=" + file, "MESH_PORT_REST=8420", "MESH_PORT_METRICS_HTTP=9100"} {
+		if !strings.Contains(string(env), want+"\n") {
+			t.Fatalf("the module's environment has no %s:\n%s", want, env)
+		}
+	}
+
+	report, last = apply(st, root, last, decl(2, []any{"backup"}, two), ids, nil)
+	if !report.OK {
+		t.Fatal(report.Error)
+	}
+	sup.Apply(specs(st, root, last.Runs))
+	if l := read(); len(l.Lines) != 1 || l.Lines[0].LastBackup == nil || !l.Lines[0].LastBackup.Equal(at) {
+		t.Fatalf("lines after: %+v", l)
+	}
+	if st, _ := stateOf(sup, "backup"); st.Pid != first.Pid || st.Serial != 1 {
+		t.Fatalf("new lines restarted the module: %+v, before %+v", st, first)
+	}
+
+	// No lines: an empty list, not null.
+	report, last = apply(st, root, last, decl(3, []any{"backup"}), ids, nil)
+	if b, _ := os.ReadFile(file); !report.OK || !strings.Contains(string(b), `"lines": []`) {
+		t.Fatalf("no lines: %s %s", b, report.Error)
+	}
+	report, last = apply(st, root, last, decl(4, nil), ids, nil)
+	if _, err := os.Stat(file); !report.OK || !os.IsNotExist(err) {
+		t.Fatalf("the seat gone, the file stays: %v %s", err, report.Error)
+	}
+	if sp := specs(st, root, last.Runs); slices.ContainsFunc(sp[0].Env, func(e string) bool { return strings.HasPrefix(e, protocol.BackupLinesEnv+"=") }) {
+		t.Fatalf("the seat gone, its environment names the file: %v", sp[0].Env)
 	}
 }

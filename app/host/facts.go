@@ -2,14 +2,18 @@ package host
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/restic"
 )
 
 // Facts reports what this machine can do, each with the evidence it was read
@@ -34,8 +38,48 @@ func Facts(root string) protocol.FactsBody {
 	if h, err := os.Hostname(); err == nil {
 		facts = append(facts, protocol.Fact{Name: "hostname", Value: h, Why: "gethostname"})
 	}
+	facts = append(facts, resticFact())
 	fs, more := found()
 	return protocol.FactsBody{Facts: append(facts, more...), Found: fs}
+}
+
+// resticSeen is the restic last asked its version: asked again only when
+// the program on the PATH changed, not at every look at the machine.
+var resticSeen struct {
+	sync.Mutex
+	key  string
+	fact protocol.Fact
+}
+
+// resticFact is the restic this host backs up and restores with: its
+// version, or "" with why (the controller says to install it on a node
+// with precious data).
+func resticFact() protocol.Fact {
+	prog, err := exec.LookPath("restic")
+	if err != nil {
+		return protocol.Fact{Name: protocol.FactRestic, Value: "", Why: "restic not found on PATH"}
+	}
+	key := prog
+	if fi, err := os.Stat(prog); err == nil {
+		key = fmt.Sprintf("%s %d %d", prog, fi.Size(), fi.ModTime().UnixNano())
+	}
+	resticSeen.Lock()
+	defer resticSeen.Unlock()
+	if resticSeen.key == key {
+		return resticSeen.fact
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), protocol.AnswerTimeout)
+	defer cancel()
+	f := protocol.Fact{Name: protocol.FactRestic, Why: "restic version"}
+	v, err := restic.Version(ctx)
+	if err != nil {
+		f.Why = err.Error()
+	} else {
+		f.Value = v
+		resticSeen.key = key // a failure is asked again next time
+	}
+	resticSeen.fact = f
+	return f
 }
 
 func osRelease() string {

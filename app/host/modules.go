@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +53,9 @@ type runRecord struct {
 	Licences []string `json:"licences,omitempty"`
 	// Manages are the licences whose refresh tokens it holds.
 	Manages []string `json:"manages,omitempty"`
+	// BackupLines says it holds the backup seat: its host writes the
+	// declaration's backup lines to its lines file (MESH_BACKUP_LINES).
+	BackupLines bool `json:"backup_lines,omitempty"`
 }
 
 // runRecords are the modules of a verified declaration as the host runs
@@ -85,6 +89,7 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 		}
 		_, settings := protocol.DocumentFiles(m)
 		r.Settings = settings != ""
+		r.BackupLines = holdsBackupSeat(m)
 		for _, ds := range m.Data {
 			r.Data[ds.Name] = ds.Path
 		}
@@ -148,54 +153,11 @@ func itoa(n int) string {
 // a root, for a host whose broker is at brokerURLs.
 func specs(st *State, root string, records []runRecord) []ModuleSpec {
 	out := make([]ModuleSpec, 0, len(records))
-	abs := func(rel string) string { return filepath.Join(root, filepath.FromSlash(rel)) }
 	for _, r := range records {
 		if r.Run == nil || len(r.Run.Command) == 0 {
 			continue // nothing to run: its files are all it has
 		}
-		dir := abs(path.Join(protocol.ModulesDir, r.Module))
-		// A built module runs from its archive's directory; HOME stays its
-		// module's directory.
-		workDir := dir
-		if r.Archive != nil {
-			workDir = abs(versionDir(r.Module, r.Version))
-		}
-		env := []string{
-			"MESH_NODE=" + st.Node, "MESH_MODULE=" + r.Module, "MESH_VERSION=" + r.Version,
-			"MESH_SECRETS_DIR=" + filepath.Join(dir, "secrets"),
-			"MESH_BINDINGS=" + filepath.Join(dir, bindingsFile),
-			"MESH_BROKER=" + strings.Join(st.BrokerURLs, ","),
-			"PATH=" + hostPath(), "HOME=" + dir,
-		}
-		if r.Settings {
-			env = append(env, "MESH_SETTINGS="+filepath.Join(dir, "settings.json"))
-		}
-		if r.Creds {
-			env = append(env, "MESH_BROKER_CREDS="+filepath.Join(dir, protocol.BrokerCredsName))
-		}
-		names := make([]string, 0, len(r.Data))
-		for name := range r.Data {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			p := abs(strings.TrimPrefix(r.Data[name], "/"))
-			env = append(env, "MESH_DATA_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))+"="+p)
-		}
-		for _, l := range r.Licences {
-			env = append(env, protocol.LicenceEnv(l)+"="+abs(protocol.LicenceFile(r.Module, l)))
-		}
-		for _, l := range r.Manages {
-			env = append(env, protocol.RefreshEnv(l)+"="+abs(protocol.RefreshFile(r.Module, l)))
-		}
-		keys := make([]string, 0, len(r.Run.Env))
-		for k := range r.Run.Env {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			env = append(env, k+"="+r.Run.Env[k])
-		}
+		workDir, env := moduleEnv(st, root, r)
 		ports := map[string]int{}
 		for _, p := range r.Ports {
 			ports[p.Name] = p.Port
@@ -206,6 +168,74 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 			WaitingFor: r.WaitingFor})
 	}
 	return out
+}
+
+// moduleEnv is where a module runs and its whole environment: what the
+// supervisor starts it with, and what its backup's before hook runs with.
+// Each declared port is MESH_PORT_<NAME> (its name upper-cased, '-' as
+// '_'); the backup seat's holder has MESH_BACKUP_LINES, its lines file,
+// which its host rewrites whenever the lines change without restarting
+// it: the module reads the file again when it changes.
+func moduleEnv(st *State, root string, r runRecord) (workDir string, env []string) {
+	abs := func(rel string) string { return filepath.Join(root, filepath.FromSlash(rel)) }
+	dir := abs(path.Join(protocol.ModulesDir, r.Module))
+	// A built module runs from its archive's directory; HOME stays its
+	// module's directory.
+	workDir = dir
+	if r.Archive != nil {
+		workDir = abs(versionDir(r.Module, r.Version))
+	}
+	env = []string{
+		"MESH_NODE=" + st.Node, "MESH_MODULE=" + r.Module, "MESH_VERSION=" + r.Version,
+		"MESH_SECRETS_DIR=" + filepath.Join(dir, "secrets"),
+		"MESH_BINDINGS=" + filepath.Join(dir, bindingsFile),
+		"MESH_BROKER=" + strings.Join(st.BrokerURLs, ","),
+		"PATH=" + hostPath(), "HOME=" + dir,
+	}
+	if r.Settings {
+		env = append(env, "MESH_SETTINGS="+filepath.Join(dir, "settings.json"))
+	}
+	if r.Creds {
+		env = append(env, "MESH_BROKER_CREDS="+filepath.Join(dir, protocol.BrokerCredsName))
+	}
+	if r.BackupLines {
+		env = append(env, protocol.BackupLinesEnv+"="+filepath.Join(dir, protocol.BackupLinesName))
+	}
+	names := make([]string, 0, len(r.Data))
+	for name := range r.Data {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		p := abs(strings.TrimPrefix(r.Data[name], "/"))
+		env = append(env, envName("MESH_DATA_", name)+"="+p)
+	}
+	for _, p := range r.Ports {
+		env = append(env, envName("MESH_PORT_", p.Name)+"="+strconv.Itoa(p.Port))
+	}
+	for _, l := range r.Licences {
+		env = append(env, protocol.LicenceEnv(l)+"="+abs(protocol.LicenceFile(r.Module, l)))
+	}
+	for _, l := range r.Manages {
+		env = append(env, protocol.RefreshEnv(l)+"="+abs(protocol.RefreshFile(r.Module, l)))
+	}
+	if r.Run != nil {
+		keys := make([]string, 0, len(r.Run.Env))
+		for k := range r.Run.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			env = append(env, k+"="+r.Run.Env[k])
+		}
+	}
+	return workDir, env
+}
+
+// envName is a variable of a family named for a data set or port: the
+// name upper-cased, '-' as '_'.
+func envName(prefix, name string) string {
+	return prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // hostPath is the host's PATH, which a module's bare command is looked up

@@ -327,13 +327,20 @@ func (r root) removeFile(rel string) error {
 	})
 }
 
-// removeEmptyDir removes the directory rel beneath the root if it is empty.
-func (r root) removeEmptyDir(rel string) error {
+// openParent opens the directory holding rel beneath the root, never
+// through a link, and returns rel's names; the caller closes it.
+func (r root) openParent(rel string) (int, []string, error) {
 	names, err := split(rel)
 	if err != nil {
-		return err
+		return -1, nil, err
 	}
 	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	return fd, names, err
+}
+
+// removeEmptyDir removes the directory rel beneath the root if it is empty.
+func (r root) removeEmptyDir(rel string) error {
+	fd, names, err := r.openParent(rel)
 	if err != nil {
 		return err
 	}
@@ -403,22 +410,30 @@ func removeAllAt(dirfd int, name string) error {
 // size adds up the regular files under the directory rel beneath the root,
 // following no link; a path it cannot walk counts 0.
 func (r root) size(rel string) int64 {
+	_, bytes := r.tally(rel)
+	return bytes
+}
+
+// tally counts the regular files under the directory rel beneath the root
+// and adds up their sizes, following no link; a path it cannot walk counts
+// 0.
+func (r root) tally(rel string) (files, bytes int64) {
 	names, err := split(rel)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	fd, err := r.openDir(names, false, 0)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	return sizeAt(fd)
+	return tallyAt(fd)
 }
 
-// sizeAt adds up the regular files under the open directory fd, and closes it.
-func sizeAt(fd int) int64 {
+// tallyAt counts and adds up the regular files under the open directory
+// fd, and closes it.
+func tallyAt(fd int) (files, total int64) {
 	d := os.NewFile(uintptr(fd), "")
 	defer d.Close()
-	var total int64
 	for {
 		entries, err := d.Readdirnames(1024)
 		for _, e := range entries {
@@ -428,18 +443,238 @@ func sizeAt(fd int) int64 {
 			}
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFREG:
+				files++
 				total += st.Size
 			case unix.S_IFDIR:
 				if sub, err := openChildDir(fd, e); err == nil {
-					total += sizeAt(sub)
+					f, b := tallyAt(sub)
+					files, total = files+f, total+b
+				}
+			}
+		}
+		if err == io.EOF || len(entries) == 0 || err != nil {
+			return files, total
+		}
+	}
+}
+
+// mkdirNew makes the directory rel beneath the root, 0700, where nothing
+// is: its parent must be there (never through a link), and something
+// already in its place is refused (EEXIST).
+func (r root) mkdirNew(rel string) error {
+	fd, names, err := r.openParent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mkdirat(fd, names[len(names)-1], 0o700); err != nil {
+		return pathError(names, err)
+	}
+	return nil
+}
+
+// dirState says what rel beneath the root is: absent, an empty directory,
+// or a directory with something in it; anything else (a file, a link) is
+// refused.
+func (r root) dirState(rel string) (exists, empty bool, err error) {
+	names, err := split(rel)
+	if err != nil {
+		return false, false, err
+	}
+	fd, err := r.openDir(names, false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, err
+	}
+	d := os.NewFile(uintptr(fd), rel)
+	defer d.Close()
+	entries, err := d.Readdirnames(1)
+	if err != nil && err != io.EOF {
+		return true, false, pathError(names, err)
+	}
+	return true, len(entries) == 0, nil
+}
+
+// rename moves from to to, both beneath the root, each parent opened
+// without following a link: never over anything at to (renameat2's
+// RENAME_NOREPLACE; where the filesystem has none, to is looked at first).
+// Both must be on one filesystem.
+func (r root) rename(from, to string) error {
+	ffd, fnames, err := r.openParent(from)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ffd)
+	tfd, tnames, err := r.openParent(to)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	fname, tname := fnames[len(fnames)-1], tnames[len(tnames)-1]
+	if isLink(ffd, fname) {
+		return pathError(fnames, ErrSymlink)
+	}
+	err = unix.Renameat2(ffd, fname, tfd, tname, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		var st unix.Stat_t
+		if unix.Fstatat(tfd, tname, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			return pathError(tnames, unix.EEXIST)
+		}
+		err = unix.Renameat(ffd, fname, tfd, tname)
+	}
+	if err != nil {
+		return fmt.Errorf("move %s to %s: %w", from, to, err)
+	}
+	return nil
+}
+
+// settle makes a restored tree, the directory rel beneath the root, fit to
+// hand a module: no set-user or set-group id bit is left on anything in
+// it, no device file is let in (a repository's snapshot, made by whoever
+// holds its password, could hold the machine's disk as a file), and, when
+// uid >= 0, everything in it is that user's and group's. Links are changed
+// as links, never followed.
+func (r root) settle(rel string, uid, gid int) error {
+	names, err := split(rel)
+	if err != nil {
+		return err
+	}
+	fd, err := r.openDir(names, false, 0)
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return pathError(names, err)
+	}
+	if uid >= 0 {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			unix.Close(fd)
+			return pathError(names, err)
+		}
+	}
+	if err := unix.Fchmod(fd, st.Mode&0o1777); err != nil {
+		unix.Close(fd)
+		return pathError(names, err)
+	}
+	return settleAt(fd, rel, uid, gid)
+}
+
+// settleAt settles what is in the open directory fd (at rel), and closes it.
+func settleAt(fd int, rel string, uid, gid int) error {
+	d := os.NewFile(uintptr(fd), rel)
+	defer d.Close()
+	for {
+		entries, err := d.Readdirnames(1024)
+		for _, e := range entries {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, e, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s/%s: %w", rel, e, err)
+			}
+			kind := st.Mode & unix.S_IFMT
+			if kind == unix.S_IFBLK || kind == unix.S_IFCHR {
+				return fmt.Errorf("%s/%s is a device file: refused", rel, e)
+			}
+			if uid >= 0 {
+				if err := unix.Fchownat(fd, e, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+			}
+			switch kind {
+			case unix.S_IFREG:
+				if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+					if err := unix.Fchmodat(fd, e, st.Mode&0o1777, 0); err != nil {
+						return fmt.Errorf("%s/%s: %w", rel, e, err)
+					}
+				}
+			case unix.S_IFDIR:
+				sub, err := openChildDir(fd, e)
+				if err != nil {
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+				if err := unix.Fchmod(sub, st.Mode&0o1777); err != nil {
+					unix.Close(sub)
+					return fmt.Errorf("%s/%s: %w", rel, e, err)
+				}
+				if err := settleAt(sub, rel+"/"+e, uid, gid); err != nil {
+					return err
 				}
 			}
 		}
 		if err == io.EOF || len(entries) == 0 {
-			return total
+			return nil
 		}
 		if err != nil {
-			return total
+			return fmt.Errorf("%s: %w", rel, err)
 		}
 	}
+}
+
+// hostsOwn is the deepest directory above rel beneath the root (the root
+// itself being ".") that, with every directory above it, is this
+// process's own and no one else may write in, on the filesystem rel's
+// parent is on: in a directory a module could write in, a link could be
+// swapped in beneath a path another program (restic) is given by name.
+func (r root) hostsOwn(rel string) (string, error) {
+	names, err := split(rel)
+	if err != nil {
+		return "", err
+	}
+	fd, err := r.openRoot()
+	if err != nil {
+		return "", err
+	}
+	type dir struct {
+		rel string
+		dev uint64
+	}
+	var safe []dir
+	for i := 0; ; i++ {
+		var st unix.Stat_t
+		err := unix.Fstat(fd, &st)
+		if err != nil || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+			break
+		}
+		safe = append(safe, dir{strings.Join(names[:i], "/"), st.Dev})
+		if i == len(names)-1 {
+			break
+		}
+		next, err := openChildDir(fd, names[i])
+		unix.Close(fd)
+		if err != nil {
+			return "", pathError(names[:i+1], err)
+		}
+		fd = next
+	}
+	// fd is rel's parent, or the first directory not the host's alone.
+	var parent unix.Stat_t
+	if len(safe) == len(names) {
+		parent.Dev = safe[len(safe)-1].dev
+	} else if err := r.statParent(names, &parent); err != nil {
+		unix.Close(fd)
+		return "", err
+	}
+	unix.Close(fd)
+	for i := len(safe) - 1; i >= 0; i-- {
+		if safe[i].dev == parent.Dev {
+			if safe[i].rel == "" {
+				return ".", nil
+			}
+			return safe[i].rel, nil
+		}
+	}
+	return "", fmt.Errorf("no directory above %s on its filesystem is the host's alone", rel)
+}
+
+// statParent stats the directory holding the path of names.
+func (r root) statParent(names []string, st *unix.Stat_t) error {
+	fd, err := r.openDir(names[:len(names)-1], false, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fstat(fd, st)
 }

@@ -497,3 +497,27 @@ func TestApply_RememberedFileOutsideLeftAlone(t *testing.T) {
 		}
 	}
 }
+
+// A restore's scratch goes in the nearest directory above the data set
+// that is the host's alone: not one a module owns or may write in.
+func TestRoot_HostsOwn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a directory away")
+	}
+	dir := t.TempDir()
+	r := root{dir: dir}
+	for _, rel := range []string{"var/lib/x/sub/deeper", "var/lib/open/sub"} {
+		if err := r.mkdirAll(rel, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chown(filepath.Join(dir, "var/lib/x"), 65534, 65534)
+	os.Chmod(filepath.Join(dir, "var/lib/open"), 0o777)
+	// var/lib/x/sub is the host's, but beneath a module's directory.
+	for rel, want := range map[string]string{"var/lib/db": "var/lib", "var/lib/x/sub": "var/lib", "var/lib/x/sub/deeper/d": "var/lib",
+		"var/lib/open/sub": "var/lib", "db": "."} {
+		if got, err := r.hostsOwn(rel); err != nil || got != want {
+			t.Errorf("hostsOwn(%s) = %q, %v; want %q", rel, got, err, want)
+		}
+	}
+}

@@ -49,6 +49,9 @@ type Runner struct {
 	// brings mesh0 up from the file on that machine (or a test's hosts
 	// share one network namespace, which holds one mesh0).
 	NoOverlayInterface bool
+	// BeforeTimeout bounds a backup's before hook (DefaultBeforeTimeout
+	// if zero).
+	BeforeTimeout time.Duration
 
 	mu   sync.Mutex
 	last applied
@@ -67,6 +70,8 @@ type Runner struct {
 	confirming context.CancelFunc
 	// ov is the overlay here: its interface and what the facts say of it.
 	ov overlayState
+	// bk is the backups and restores running.
+	bk backupWork
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -209,6 +214,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if _, err := nc.Subscribe(protocol.NodeSubject(r.State.Node, protocol.LookInbox), func(m *nats.Msg) {
 		go r.answerLook(m)
 	}); err != nil {
+		return err
+	}
+	// Backups and restores end (their restic stopped with ctx) before
+	// the connection they report on closes.
+	defer r.waitBackups()
+	if err := r.subscribeBackups(nc); err != nil {
 		return err
 	}
 

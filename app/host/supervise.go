@@ -84,6 +84,7 @@ type Supervisor struct {
 	live   map[*supervised]struct{} // every module goroutine not yet returned, including replaced runs
 	logs   map[string]*moduleLog    // one per module name ever run: lumberjack keeps a goroutine per logger
 	closed bool                     // StopAll was called: Apply starts nothing more
+	held   map[string]chan struct{} // modules held stopped (Hold), each closed by its release
 
 	onceMu   sync.Mutex // guards the once-only notes below
 	saidOnce map[string]bool
@@ -104,6 +105,7 @@ type supervised struct {
 	stopReq  chan struct{} // closed to ask the module to stop
 	stopOnce sync.Once
 	done     chan struct{} // closed when its goroutine returned, its processes gone
+	release  chan struct{} // non-nil: held (Hold); it starts once this is closed
 
 	// Under Supervisor.mu.
 	removed  bool // no longer declared: forgotten once stopped
@@ -141,9 +143,11 @@ func (s *Supervisor) Apply(specs []ModuleSpec) {
 		if old != nil && !old.removed && old.spec.Fingerprint == spec.Fingerprint {
 			continue
 		}
-		m := &supervised{spec: spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{})}
+		m := &supervised{spec: spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: s.held[spec.Module]}
 		m.st = protocol.ModuleState{Module: spec.Module, Version: spec.Version, State: protocol.StateStarting, Serial: spec.Serial, Since: time.Now()}
-		if len(spec.WaitingFor) > 0 {
+		if m.release != nil {
+			m.st.State, m.st.Detail = protocol.StateStopped, heldDetail
+		} else if len(spec.WaitingFor) > 0 {
 			m.st.State = protocol.StateWaiting
 			m.st.Detail = "for secrets: " + strings.Join(spec.WaitingFor, ", ")
 		} else if old != nil {
@@ -164,6 +168,62 @@ func (s *Supervisor) Apply(specs []ModuleSpec) {
 		}
 	}
 	s.changed()
+}
+
+// heldDetail is a held module's state's detail.
+const heldDetail = "stopped while its data is restored"
+
+// ErrHeld means a module is held already.
+var ErrHeld = errors.New("the module is stopped for a restore already")
+
+// Hold stops module, as a declaration that no longer lists it would
+// (SIGTERM, SIGKILL after its grace), and keeps it from starting again —
+// neither restarted nor started by an Apply that changes it — until the
+// release it returns is called: its data is restored meanwhile. It returns
+// once the module's processes are gone. A module held already is refused
+// (ErrHeld); one not running is held all the same.
+func (s *Supervisor) Hold(module string) (release func(), err error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("the host is stopping")
+	}
+	if _, ok := s.held[module]; ok {
+		s.mu.Unlock()
+		return nil, ErrHeld
+	}
+	if s.held == nil {
+		s.held = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	s.held[module] = ch
+	var stopped <-chan struct{}
+	if old := s.mods[module]; old != nil && !old.removed {
+		// The run is replaced by one of the same spec that waits: a
+		// restart, or an Apply of the same fingerprint, starts nothing.
+		m := &supervised{spec: old.spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: ch}
+		m.st = old.st
+		m.st.Detail, m.restarts = "stopping while its data is restored", old.restarts
+		old.stop()
+		s.mods[module] = m
+		s.live[m] = struct{}{}
+		go s.drive(m)
+		stopped = old.done
+	}
+	s.mu.Unlock()
+	s.changed()
+	if stopped != nil {
+		<-stopped
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			delete(s.held, module)
+			s.mu.Unlock()
+			close(ch)
+		})
+	}, nil
 }
 
 // States reports every module of the last Apply, sorted by name, and the
@@ -226,6 +286,23 @@ func (s *Supervisor) drive(m *supervised) {
 			// runs of a module never overlap, nor share a pid file).
 			<-m.prev.done
 			s.update(m, stoppedState(""))
+			return
+		}
+	}
+	if m.release != nil {
+		s.update(m, func(st *protocol.ModuleState) {
+			st.State, st.Pid, st.Detail, st.LogTail = protocol.StateStopped, 0, heldDetail, nil
+		})
+		select {
+		case <-m.release:
+			s.update(m, func(st *protocol.ModuleState) {
+				st.State, st.Detail = protocol.StateStarting, ""
+				if len(m.spec.WaitingFor) > 0 {
+					st.State, st.Detail = protocol.StateWaiting, "for secrets: "+strings.Join(m.spec.WaitingFor, ", ")
+				}
+			})
+		case <-m.stopReq:
+			s.update(m, func(st *protocol.ModuleState) { st.Detail = "" })
 			return
 		}
 	}

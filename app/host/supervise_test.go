@@ -1243,3 +1243,62 @@ func TestSupervisor_ReadyPortMustBeItsOwn(t *testing.T) {
 	}
 	s.StopAll()
 }
+
+// A held module is stopped (its processes gone when Hold returns), is not
+// started again by a crash's restart nor by an Apply that changes it, and
+// starts again once released; a second hold is refused; one not running
+// is held all the same and starts only when released.
+func TestSupervisor_Hold(t *testing.T) {
+	t.Parallel()
+	s, _ := newSup(t)
+	dir := t.TempDir()
+	spec := testSpec("m", dir, script(t, dir, "run.sh", "echo run >> runs\nsleep 1000 &\nwait\n"))
+	s.Apply([]ModuleSpec{spec})
+	first := waitState(t, s, "m", protocol.StateReady)
+
+	release, err := s.Hold("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := process.GroupMembers(first.Pid, 0); len(left) > 0 {
+		t.Fatalf("held, processes %v still run", left)
+	}
+	if _, err := s.Hold("m"); !errors.Is(err, ErrHeld) {
+		t.Fatalf("a second hold: %v", err)
+	}
+	st := waitState(t, s, "m", protocol.StateStopped)
+	if st.Detail != heldDetail || st.Pid != 0 {
+		t.Fatalf("held: %+v", st)
+	}
+	changed := spec
+	changed.Serial, changed.Fingerprint = 2, "b"
+	s.Apply([]ModuleSpec{changed})
+	time.Sleep(300 * time.Millisecond) // a start would be ready by now (100ms)
+	if st, _ := stateOf(s, "m"); st.State != protocol.StateStopped || st.Detail != heldDetail {
+		t.Fatalf("an Apply while held: %+v", st)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "runs")); string(b) != "run\n" {
+		t.Fatalf("runs while held: %q", b)
+	}
+	release()
+	release() // once is enough; twice is harmless
+	if again := waitState(t, s, "m", protocol.StateReady); again.Serial != 2 || again.Pid == first.Pid {
+		t.Fatalf("released: %+v", again)
+	}
+
+	// Not running yet: held, an Apply starts nothing until released.
+	release, err = s.Hold("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testSpec("n", dir, script(t, dir, "n.sh", "echo n >> nruns\nsleep 1000\n"))
+	s.Apply([]ModuleSpec{changed, n})
+	if st := waitState(t, s, "n", protocol.StateStopped); st.Detail != heldDetail {
+		t.Fatalf("n held: %+v", st)
+	}
+	release()
+	waitState(t, s, "n", protocol.StateReady)
+	if b, _ := os.ReadFile(filepath.Join(dir, "nruns")); string(b) != "n\n" {
+		t.Fatalf("n ran %q", b)
+	}
+}

@@ -47,8 +47,9 @@ type BackupAccess struct {
 	RepositoryPassword string `json:"repository_password"`
 }
 
-// FactRestic is the fact a host reports the restic it has in: its version,
-// "" when it has none (a node with precious data then cannot back it up).
+// FactRestic is the fact in which a host reports the restic it backs up
+// and restores with: its version ("0.14.0"), or "" when there is none on
+// its PATH (its why says so).
 const FactRestic = "restic"
 
 // BackupModule is the module the backup seat's holder runs, whose name the

@@ -14,11 +14,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"mesh-controller/app/process"
 )
 
 // ErrNotInstalled means there is no restic on the PATH.
@@ -27,10 +31,16 @@ var ErrNotInstalled = errors.New("restic is not installed: install Debian's rest
 // ErrWrongPassword means the repository did not open with the password.
 var ErrWrongPassword = errors.New("the repository password is wrong: give the repository_password the repository was made with")
 
+// ErrLocked means another restic holds the repository locked (or one
+// killed midway left its lock): Unlock removes a lock whose restic is gone.
+var ErrLocked = errors.New("the repository is locked")
+
 // Repo is one repository and how to reach it.
 type Repo struct {
 	// Repository is restic's name for it: a directory, or
-	// rest:http://USER:PASSWORD@HOST:PORT/NODE/ (never printed: see Shown).
+	// rest:http://USER:PASSWORD@HOST:PORT/NODE/ (never printed: see Shown;
+	// given in the child's environment, RESTIC_REPOSITORY, never on its
+	// command line, which every user of the machine may read).
 	Repository string
 	// Password encrypts it (RESTIC_PASSWORD, given in the child's
 	// environment alone, never on its command line).
@@ -73,7 +83,9 @@ func Version(ctx context.Context) (string, error) {
 }
 
 // run runs restic with args, stdin closed, and returns its standard
-// output; its error is one line: restic's last line on stderr.
+// output; its error is one line: restic's last line on stderr. The child
+// dies with its parent (a host killed midway leaves no restic running on
+// behind it: the lock it leaves is stale, and Unlock removes it).
 func (r Repo) run(ctx context.Context, args ...string) ([]byte, error) {
 	prog := r.Program
 	if prog == "" {
@@ -83,33 +95,68 @@ func (r Repo) run(ctx context.Context, args ...string) ([]byte, error) {
 		}
 		prog = p
 	}
-	full := append([]string{"--repo", r.Repository}, args...)
-	if r.CacheDir == "" {
-		full = append(full, "--no-cache")
-	} else {
-		full = append(full, "--cache-dir", r.CacheDir)
+	// The global flags go first: after a backup's "--" they would be paths.
+	full := []string{"--no-cache"}
+	if r.CacheDir != "" {
+		full = []string{"--cache-dir", r.CacheDir}
 	}
+	full = append(full, args...)
 	cmd := exec.CommandContext(ctx, prog, full...)
-	cmd.Env = []string{"RESTIC_PASSWORD=" + r.Password, "PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "LC_ALL=C"}
+	cmd.Env = []string{"RESTIC_REPOSITORY=" + r.Repository, "RESTIC_PASSWORD=" + r.Password, "PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "LC_ALL=C"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &limited{w: &stderr, left: 64 << 10}
 	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
+	// Started on the one thread that never ends: the parent-death signal
+	// is sent when the thread that started the child ends, not the process.
+	err := process.Start(cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	if err == nil {
 		return stdout.Bytes(), nil
 	}
 	last := lastLine(stderr.String())
+	if fatal := fatalLine(stderr.String()); fatal != "" {
+		last = fatal // what went wrong, not restic's "at the following location?"
+	}
 	switch {
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("restic %s stopped: %w", args[0], context.Cause(ctx))
 	case strings.Contains(last, "wrong password") || strings.Contains(stderr.String(), "wrong password or no key found"):
 		return nil, ErrWrongPassword
+	case strings.Contains(stderr.String(), "repository is already locked"):
+		return nil, fmt.Errorf("restic %s: %w (%s)", args[0], ErrLocked, lockedBy(stderr.String()))
 	case last == "":
 		return nil, fmt.Errorf("restic %s: %w", args[0], err)
 	}
-	// restic may name the repository, credential and all: never repeat it.
-	last = strings.ReplaceAll(last, r.Repository, r.Shown())
-	return nil, fmt.Errorf("restic %s: %s", args[0], last)
+	return nil, fmt.Errorf("restic %s: %s", args[0], r.redact(last))
+}
+
+// redact takes the repository's credential out of a line of restic's:
+// restic may name the repository, credential and all; it hides the
+// password itself, and this never repeats it, however it is written.
+func (r Repo) redact(line string) string {
+	line = strings.ReplaceAll(line, r.Repository, r.Shown())
+	rest, ok := strings.CutPrefix(r.Repository, "rest:")
+	if u, err := url.Parse(rest); ok && err == nil && u.User != nil {
+		if pw, set := u.User.Password(); set && pw != "" {
+			line = strings.ReplaceAll(line, pw, "***")
+			line = strings.ReplaceAll(line, url.PathEscape(pw), "***")
+			line = strings.ReplaceAll(line, url.QueryEscape(pw), "***")
+		}
+	}
+	return line
+}
+
+// fatalLine is restic's "Fatal: …" line, less its lead-in, or "".
+func fatalLine(stderr string) string {
+	for _, l := range strings.Split(stderr, "\n") {
+		if after, ok := strings.CutPrefix(strings.TrimSpace(l), "Fatal: "); ok {
+			return after
+		}
+	}
+	return ""
 }
 
 // Init makes the repository if it is not there; one there already is left
@@ -231,6 +278,17 @@ func (r Repo) Forget(ctx context.Context, tag string, keep Keep) error {
 func (r Repo) Unlock(ctx context.Context) error {
 	_, err := r.run(ctx, "unlock")
 	return err
+}
+
+// lockedBy is restic's line that says who holds the lock ("… locked
+// exclusively by PID 12 on n1 by root …"), less its lead-in.
+func lockedBy(stderr string) string {
+	for _, l := range strings.Split(stderr, "\n") {
+		if _, after, ok := strings.Cut(l, "repository is already "); ok {
+			return strings.TrimSpace(after)
+		}
+	}
+	return "by another restic"
 }
 
 func lastLine(s string) string {

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"mesh-controller/app/restic/restictest"
 )
 
 // The real restic, on a repository in a directory: made, a data set
@@ -15,17 +18,7 @@ import (
 // refused in one line.
 func TestRepo_RealRestic(t *testing.T) {
 	ctx := context.Background()
-	if _, err := Version(ctx); err != nil {
-		if os.Getenv("MESH_TEST_TOOLS") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	dir := t.TempDir()
-	r := Repo{Repository: filepath.Join(dir, "repo"), Password: "correct horse"}
-	if err := r.Init(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dir, r := newRepo(t)
 	if err := r.Init(ctx); err != nil {
 		t.Fatalf("again: %v", err)
 	}
@@ -78,6 +71,17 @@ func TestRepo_RealRestic(t *testing.T) {
 	}
 }
 
+// newRepo makes a repository in a directory with the real restic.
+func newRepo(t *testing.T) (string, Repo) {
+	restictest.Need(t)
+	dir := t.TempDir()
+	r := Repo{Repository: filepath.Join(dir, "repo"), Password: "correct horse"}
+	if err := r.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return dir, r
+}
+
 func TestRepo_Shown(t *testing.T) {
 	for in, want := range map[string]string{
 		"rest:http://n1:s3cret@10.0.0.1:8000/n1/": "rest:http://10.0.0.1:8000/n1/",
@@ -87,5 +91,68 @@ func TestRepo_Shown(t *testing.T) {
 		if got := (Repo{Repository: in}).Shown(); got != want {
 			t.Errorf("%s shown as %s", in, got)
 		}
+	}
+}
+
+// The repository (a REST one names its credential) and its password reach
+// restic in its environment alone: never on its command line, which every
+// user of the machine may read in /proc.
+func TestRepo_CredentialNotOnCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "restic")
+	seen := filepath.Join(dir, "seen")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + seen + ".args\nenv > " + seen + ".env\necho '[]'\n"
+	if err := os.WriteFile(prog, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := Repo{Repository: "rest:http://n1:s3cret-rest@10.0.0.1:8000/n1/", Password: "s3cret-repo", Program: prog}
+	if _, err := r.Snapshots(context.Background(), "mesh:db/pg"); err != nil {
+		t.Fatal(err)
+	}
+	args, _ := os.ReadFile(seen + ".args")
+	env, _ := os.ReadFile(seen + ".env")
+	if bytes.Contains(args, []byte("s3cret")) || !bytes.HasPrefix(args, []byte("--no-cache\nsnapshots\n")) {
+		t.Fatalf("the command line:\n%s", args)
+	}
+	if !bytes.Contains(env, []byte("RESTIC_REPOSITORY="+r.Repository+"\n")) || !bytes.Contains(env, []byte("RESTIC_PASSWORD=s3cret-repo\n")) {
+		t.Fatalf("the environment:\n%s", env)
+	}
+}
+
+// A restic killed while it held the repository locked exclusively leaves
+// its lock: the next backup is refused as locked (ErrLocked, saying by
+// whom), Unlock removes the stale lock, and the backup then goes.
+func TestRepo_StaleLock(t *testing.T) {
+	ctx := context.Background()
+	dir, r := newRepo(t)
+	data := filepath.Join(dir, "data")
+	os.MkdirAll(data, 0o755)
+	os.WriteFile(filepath.Join(data, "f"), []byte("kept"), 0o644)
+	restictest.StaleLock(t, r.Repository, r.Password)
+	_, err := r.Backup(ctx, data, "n1", "mesh:db/pg")
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked exclusively by PID") {
+		t.Fatalf("a backup of a locked repository: %v", err)
+	}
+	if err := r.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Backup(ctx, data, "n1", "mesh:db/pg"); err != nil {
+		t.Fatalf("after unlock: %v", err)
+	}
+}
+
+// A repository restic cannot open is said by restic's Fatal line, not its
+// "is there a repository at the following location?"; and restic's words
+// never carry the REST password, however restic wrote it.
+func TestRepo_FailureSaid(t *testing.T) {
+	restictest.Need(t)
+	r := Repo{Repository: "rest:http://n1:s3cret%2Fpw@127.0.0.1:1/n1/", Password: "x"}
+	_, err := r.Snapshots(context.Background(), "")
+	if err == nil || !strings.Contains(err.Error(), "unable to open config file") || !strings.Contains(err.Error(), "connection refused") ||
+		strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("an unreachable repository: %v", err)
+	}
+	if got := r.redact("Head http://n1:s3cret/pw@127.0.0.1:1/n1/config and s3cret%2Fpw"); strings.Contains(got, "s3cret") {
+		t.Fatalf("redacted: %s", got)
 	}
 }
