@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -105,18 +106,14 @@ func (c *Controller) BackupDue(ctx context.Context, nc *nats.Conn, holder string
 // than being busy with it, is a failed attempt, recorded as one.
 func (c *Controller) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s plan.BackupSet, reason string) (string, error) {
 	id := newRunID("bk")
-	body, _ := json.Marshal(protocol.BackupAsk{ID: id, Module: s.Module, Data: s.Data.Name, Reason: reason})
-	m, err := nc.Request(protocol.BackupInbox(s.Node), body, protocol.AnswerTimeout)
+	taken, err := c.askHost(ctx, st, nc, s.Node, protocol.BackupInbox(s.Node), protocol.BackupAsk{ID: id, Module: s.Module, Data: s.Data.Name, Reason: reason})
 	var why string
-	var taken protocol.BackupTaken
 	switch {
-	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout):
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		why = "its host did not answer: it is away"
 	case err != nil:
-		return "", err
-	case json.Unmarshal(m.Data, &taken) != nil:
-		why = "its host answered something that is not JSON"
-	case !taken.Taken && strings.Contains(taken.Why, "already"):
+		why = err.Error()
+	case !taken.Taken && (strings.Contains(taken.Why, "already") || strings.Contains(taken.Why, "busy")):
 		return "", fmt.Errorf("a backup of %s/%s/%s %w: %s", s.Node, s.Module, s.Data.Name, ErrBackupNotTaken, taken.Why)
 	case !taken.Taken:
 		why = "its host did not take it: " + taken.Why
@@ -126,6 +123,37 @@ func (c *Controller) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s
 	err = st.Inventory.RecordBackupRun(ctx, inventory.BackupRun{Ask: id, Node: s.Node, Module: s.Module, Name: s.Data.Name, Kind: inventory.RunBackup,
 		At: c.Now(), Why: why})
 	return "", errors.Join(fmt.Errorf("a backup of %s/%s/%s %w: %s", s.Node, s.Module, s.Data.Name, ErrBackupNotTaken, why), err)
+}
+
+// askHost asks a node's host on its inbox subject and opens its signed
+// answer with the key it joined with: the answer comes to the asker's
+// inbox, where another host could publish too.
+func (c *Controller) askHost(ctx context.Context, st *Stores, nc *nats.Conn, node, subject string, ask any) (protocol.BackupTaken, error) {
+	var taken protocol.BackupTaken
+	hosts, err := st.Identity.Hosts(ctx)
+	if err != nil {
+		return taken, err
+	}
+	var key ed25519.PublicKey
+	for _, h := range hosts {
+		if h.Node == node {
+			key = h.HostKey
+		}
+	}
+	if key == nil {
+		return taken, fmt.Errorf("node %s %w", node, ErrNotJoined)
+	}
+	body, _ := json.Marshal(ask)
+	wctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
+	defer cancel()
+	m, err := nc.RequestWithContext(wctx, subject, body)
+	if err != nil {
+		return taken, err
+	}
+	if err := protocol.Open(m.Data, key, &taken); err != nil {
+		return taken, fmt.Errorf("the answer of %s's host: %w", node, err)
+	}
+	return taken, nil
 }
 
 // BackupAccess keeps a node's access the holder sealed to it.
@@ -496,13 +524,11 @@ func (c *Controller) DataRestore(ctx context.Context, r RestoreRequest) (DataRes
 	if before, err := c.backupNow(ctx, st, nc, target, "before a restore: "+r.Why, r.Wait); err == nil {
 		out.Before = &before
 	}
-	body, _ := json.Marshal(ask)
-	m, err := nc.Request(protocol.RestoreInbox(to), body, protocol.AnswerTimeout)
+	taken, err := c.askHost(ctx, st, nc, to, protocol.RestoreInbox(to), ask)
 	if err != nil {
 		return out, fmt.Errorf("the host of %s did not take the restore: %w", to, err)
 	}
-	var taken protocol.BackupTaken
-	if json.Unmarshal(m.Data, &taken) != nil || !taken.Taken {
+	if !taken.Taken {
 		return out, fmt.Errorf("the restore %w by %s's host: %s", ErrBackupNotTaken, to, taken.Why)
 	}
 	run, err := c.waitRun(ctx, st, ask.ID, r.Wait)
