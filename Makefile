@@ -18,10 +18,11 @@ modules:
 		$(GO) mod download; }
 
 build: modules
-	@echo "building bin/mesh-controller, bin/mesh-host and bin/mesh-builder (static, CGO_ENABLED=0)"
+	@echo "building bin/mesh-controller, bin/mesh-host, bin/mesh-builder and bin/mesh-backup (static, CGO_ENABLED=0)"
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-controller ./cmd/mesh-controller
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-host ./cmd/mesh-host
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-builder ./cmd/mesh-builder
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-backup ./cmd/mesh-backup
 
 # nats-server is the NATS server of the version go.mod names, built from
 # its module: what a broker cluster's servers run ('mesh-controller broker

@@ -72,6 +72,7 @@ func (d *daemon) fromHolder(what, prefix string, do func(ctx context.Context, ho
 				d.log.Warn("the backup holder's request refused", "what", what, "node", holder, "err", err)
 			}
 			d.respond(m, reply)
+			d.kick() // a drill or an access moves conditions and plans now
 		}()
 	}
 }

@@ -105,8 +105,9 @@ func Retention(d inventory.DataSpec) protocol.Retention {
 }
 
 // DefaultBackupPort is where the backup module listens for its REST
-// server when its manifest names no port "rest".
-const DefaultBackupPort = 8420
+// server when neither its manifest (a port named rest) nor its settings
+// ("port") name one.
+const DefaultBackupPort = protocol.DefaultBackupPort
 
 // BackupHolder is the backup seat's holder, and where nodes reach its
 // repositories ("": no holder; Address "" with Why: it cannot be reached
@@ -128,17 +129,22 @@ func (pl *Planner) Backup() BackupHolder {
 	}
 	h := BackupHolder{Holder: hs[0], Port: DefaultBackupPort}
 	m := pl.snap.Manifests[h.Module][pl.snap.VersionOn(h.Node, h.Module)]
+	named := false
 	for _, p := range m.Ports {
 		if p.Name == "rest" {
-			h.Port = p.Port
+			h.Port, named = p.Port, true
 		}
 	}
 	if sch, err := pl.schema(m); err == nil {
 		settings, _ := pl.effective(m, sch, h.Node)
 		var s struct {
 			Address string `json:"address"`
+			Port    int    `json:"port"`
 		}
-		if json.Unmarshal(settings, &s) == nil && s.Address != "" {
+		if json.Unmarshal(settings, &s) == nil && s.Port > 0 && s.Port < 65536 && !named {
+			h.Port = s.Port
+		}
+		if s.Address != "" {
 			h.Address = s.Address
 			return h
 		}

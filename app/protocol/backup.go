@@ -211,6 +211,10 @@ type DrillOutcome struct {
 	At         time.Time `json:"at"`
 }
 
+// DefaultBackupPort is where the backup module's REST server listens when
+// neither its manifest (a port named rest) nor its settings ("port") say.
+const DefaultBackupPort = 8420
+
 // The backup module's tools (mesh.tool.backup.T), asked by the controller.
 const (
 	// ToolSnapshots lists a data set's snapshots, newest first:

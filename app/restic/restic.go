@@ -49,6 +49,9 @@ type Repo struct {
 	CacheDir string
 	// Program is the restic program ("" : restic on the PATH).
 	Program string
+	// LockWait bounds how long a command waits for a lock another restic
+	// holds (0: DefaultLockWait; negative: it does not wait).
+	LockWait time.Duration
 }
 
 // Shown is the repository as it may be printed: no credential.
@@ -87,6 +90,37 @@ func Version(ctx context.Context) (string, error) {
 // dies with its parent (a host killed midway leaves no restic running on
 // behind it: the lock it leaves is stale, and Unlock removes it).
 func (r Repo) run(ctx context.Context, args ...string) ([]byte, error) {
+	// restic 0.14 (Debian's) does not wait for a lock: the holder's prune
+	// holds its repository exclusively a while, and a node's backup or
+	// restore that finds it locked waits here, bounded, then says so.
+	wait := r.LockWait
+	if wait == 0 {
+		wait = DefaultLockWait
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		out, err := r.runOnce(ctx, args...)
+		if !errors.Is(err, ErrLocked) || wait < 0 || time.Now().After(deadline) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(lockRetry):
+		}
+		// A lock whose restic is gone (killed midway) goes; a live one stays.
+		_, _ = r.runOnce(ctx, "unlock")
+	}
+}
+
+// DefaultLockWait is how long a command waits for a repository another
+// restic holds locked; lockRetry how often it tries again meanwhile.
+const (
+	DefaultLockWait = 5 * time.Minute
+	lockRetry       = time.Second
+)
+
+func (r Repo) runOnce(ctx context.Context, args ...string) ([]byte, error) {
 	prog := r.Program
 	if prog == "" {
 		p, err := exec.LookPath("restic")
@@ -254,8 +288,12 @@ func (r Repo) Check(ctx context.Context, subset string) error {
 	return err
 }
 
-// Keep is what Forget keeps of each period.
-type Keep struct{ Hourly, Daily, Weekly, Monthly int }
+// Keep is what Forget keeps of each period, and every snapshot taken
+// Within the last while (whole hours; 0: none so).
+type Keep struct {
+	Hourly, Daily, Weekly, Monthly int
+	Within                         time.Duration
+}
 
 // Forget drops the snapshots carrying tag beyond keep and prunes what no
 // snapshot holds any more. Only the holder runs it, on its own disk: nodes
@@ -269,6 +307,9 @@ func (r Repo) Forget(ctx context.Context, tag string, keep Keep) error {
 		if k.n > 0 {
 			args = append(args, k.flag, strconv.Itoa(k.n))
 		}
+	}
+	if h := int(keep.Within.Hours()); h > 0 {
+		args = append(args, "--keep-within", strconv.Itoa(h)+"h")
 	}
 	_, err := r.run(ctx, args...)
 	return err

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"mesh-controller/app/restic/restictest"
 )
@@ -129,6 +130,7 @@ func TestRepo_StaleLock(t *testing.T) {
 	os.MkdirAll(data, 0o755)
 	os.WriteFile(filepath.Join(data, "f"), []byte("kept"), 0o644)
 	restictest.StaleLock(t, r.Repository, r.Password)
+	r.LockWait = -1 // refused at once, not waited for
 	_, err := r.Backup(ctx, data, "n1", "mesh:db/pg")
 	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked exclusively by PID") {
 		t.Fatalf("a backup of a locked repository: %v", err)
@@ -138,6 +140,32 @@ func TestRepo_StaleLock(t *testing.T) {
 	}
 	if _, err := r.Backup(ctx, data, "n1", "mesh:db/pg"); err != nil {
 		t.Fatalf("after unlock: %v", err)
+	}
+}
+
+// A repository another restic holds locked is waited for (Debian's restic
+// 0.14 does not wait by itself): a backup asked while the holder prunes
+// goes once the prune is done; a stale lock is removed on the way.
+func TestRepo_LockWaitedFor(t *testing.T) {
+	ctx := context.Background()
+	dir, r := newRepo(t)
+	data := filepath.Join(dir, "data")
+	os.MkdirAll(data, 0o755)
+	os.WriteFile(filepath.Join(data, "f"), []byte("kept"), 0o644)
+	kill := restictest.HeldLock(t, r.Repository, r.Password)
+	released := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(2 * time.Second)
+		kill() // its lock is stale now: the waiting backup removes it
+		released <- time.Now()
+	}()
+	if _, err := r.Backup(ctx, data, "n1", "mesh:db/pg"); err != nil {
+		t.Fatalf("a backup waiting for a lock: %v", err)
+	}
+	select {
+	case <-released:
+	default:
+		t.Fatal("the backup went while the repository was locked")
 	}
 }
 

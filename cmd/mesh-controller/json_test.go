@@ -117,6 +117,12 @@ func TestJSON_SnakeCase(t *testing.T) {
 	// take looks at a node's host live: its documents' keys are checked
 	// where a host answers (app, TestTake_AdoptedNode).
 	ran["take"] = true
+	// data backup, snapshots, restore and verify ask the backup seat's
+	// holder: their documents' keys are checked where a real holder
+	// answers (app, TestBackups_EndToEnd).
+	for _, c := range []string{"data backup", "data snapshots", "data restore", "data verify"} {
+		ran[c] = true
+	}
 	for _, path := range jsonCommands(parser.Model.Node) {
 		if !ran[path] {
 			t.Errorf("%s offers --json but this test does not run it: add it to the listings", path)

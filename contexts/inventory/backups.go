@@ -34,25 +34,25 @@ type BackupState struct {
 
 // BackupRun is one backup, restore or drill of a data set.
 type BackupRun struct {
-	ID         int64
-	Ask        string
-	Node       string
-	Module     string
-	Name       string
-	Kind       string // backup, restore, drill
-	At         time.Time
-	OK         bool
-	Why        string
-	Snapshot   string
-	Files      int64
-	Bytes      int64
-	BytesAdded int64
-	DurationMS float64
+	ID         int64     `json:"id"`
+	Ask        string    `json:"ask"`
+	Node       string    `json:"node"`
+	Module     string    `json:"module"`
+	Name       string    `json:"name"`
+	Kind       string    `json:"kind"` // backup, restore, drill
+	At         time.Time `json:"at"`
+	OK         bool      `json:"ok"`
+	Why        string    `json:"why,omitempty"`
+	Snapshot   string    `json:"snapshot,omitempty"`
+	Files      int64     `json:"files"`
+	Bytes      int64     `json:"bytes"`
+	BytesAdded int64     `json:"bytes_added"`
+	DurationMS float64   `json:"duration_ms"`
 	// Aside is where a restore moved the data set's contents: kept as a
 	// retired data set (AsideName) of the data set's Precious, listed by
 	// data and deleted only by cleanup delete.
-	Aside    string
-	Precious string
+	Aside    string `json:"aside,omitempty"`
+	Precious string `json:"precious,omitempty"`
 }
 
 // AsideName names the retired data set a restore moved a data set's

@@ -11,11 +11,15 @@ import (
 )
 
 // StaleLock leaves the repository locked exclusively by a restic of this
-// machine that is gone, as one killed midway does: restic key passwd holds
-// an exclusive lock while it waits for the new password on its standard
-// input, and is killed (and reaped: a zombie's lock is not stale) once a
-// lock of its own is listed. The repository must hold no lock before.
-func StaleLock(t testing.TB, repository, password string) {
+// machine that is gone, as one killed midway does: HeldLock's restic is
+// killed (and reaped: a zombie's lock is not stale).
+func StaleLock(t testing.TB, repository, password string) { HeldLock(t, repository, password)() }
+
+// HeldLock locks the repository exclusively with a live restic until kill
+// is called: restic key passwd holds an exclusive lock while it waits for
+// the new password on its standard input, and is returned once a lock of
+// its own is listed. The repository must hold no lock before.
+func HeldLock(t testing.TB, repository, password string) (kill func()) {
 	t.Helper()
 	env := append(os.Environ(), "RESTIC_REPOSITORY="+repository, "RESTIC_PASSWORD="+password)
 	locks := func() string {
@@ -38,7 +42,6 @@ func StaleLock(t testing.TB, repository, password string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer in.Close()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +57,11 @@ func StaleLock(t testing.TB, repository, password string) {
 			t.Fatal("restic key passwd took no lock within 30s")
 		}
 	}
-	cmd.Process.Kill()
-	<-exited
+	return func() {
+		cmd.Process.Kill()
+		<-exited
+		in.Close()
+	}
 }
 
 // Need skips the test when there is no restic on the PATH, and fails it
