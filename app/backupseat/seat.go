@@ -137,12 +137,9 @@ func (s *Seat) Serve(ctx context.Context) error {
 	if _, err := restic.Version(ctx); err != nil {
 		return err
 	}
-	// No .htpasswd: the node's REST password is derived from the
-	// repository password (nothing to store), checked here, and the node
-	// handed to rest-server as the proxy's user.
-	h, err := restserver.NewHandler(&restserver.Server{Path: o.Repositories, AppendOnly: true, PrivateRepos: true, ProxyAuthUsername: nodeHeader})
+	h, err := s.Handler()
 	if err != nil {
-		return fmt.Errorf("the REST server: %w", err)
+		return err
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -150,7 +147,7 @@ func (s *Seat) Serve(ctx context.Context) error {
 	}
 	s.Addr = ln.Addr()
 	s.addrc <- ln.Addr()
-	hs := &http.Server{Handler: s.auth(h), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	go hs.Serve(ln)
 	defer hs.Close()
 
@@ -185,6 +182,20 @@ func (s *Seat) Serve(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// Handler is the holder's REST server: rest-server over the repositories
+// (append-only, each node's repository its own) behind the nodes' REST
+// users. Serve serves it; a test may serve it without a broker.
+func (s *Seat) Handler() (http.Handler, error) {
+	// No .htpasswd: the node's REST password is derived from the
+	// repository password (nothing to store), checked here, and the node
+	// handed to rest-server as the proxy's user.
+	h, err := restserver.NewHandler(&restserver.Server{Path: s.o.Repositories, AppendOnly: true, PrivateRepos: true, ProxyAuthUsername: nodeHeader})
+	if err != nil {
+		return nil, fmt.Errorf("the REST server: %w", err)
+	}
+	return s.auth(h), nil
 }
 
 // nodeHeader carries the node a request's REST user is to rest-server; a
