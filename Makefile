@@ -98,6 +98,26 @@ demo: build
 	for i in $$(seq 100); do $$mc node show web1 | grep -q '^  greeter .* ready ' && break; sleep 0.1; done; \
 	$$mc node show web1 | grep '^  greeter .* ready ' | tr -s ' ' || { echo "greeter is not ready on web1"; tail -20 $$dir/web1.log; exit 1; }; \
 	echo "  it runs from $$(ls -d $$dir/web1/root/etc/mesh/modules/greeter/1.0.0) and answers: $$(curl -s --max-time 2 telnet://127.0.0.1:18490 </dev/null || true)"; \
+	echo; echo "backups: web2 runs the example backup module (mesh-backup: a restic repository per node behind a REST server); web1's paperless media is backed up on its cadence, by hand, and restored:"; \
+	command -v restic >/dev/null || { echo "make demo needs Debian's restic: apt-get install --no-install-recommends restic"; exit 1; }; \
+	mkdir -p $$dir/web2/root/etc/mesh/modules/backup/bin && cp $(BIN)/mesh-backup $$dir/web2/root/etc/mesh/modules/backup/bin/backup; \
+	$$mc module add $$ex/backup.json >/dev/null 2>&1; \
+	printf '{"address": "127.0.0.1", "port": 18491}' >$$dir/backup-settings.json; $$mc settings set backup $$dir/backup-settings.json >/dev/null; \
+	$$mc assign web2 backup >/dev/null 2>&1; \
+	printf 'demo-repository-password' >$$dir/rp.txt; $$mc secret accept web2 backup repository_password --from $$dir/rp.txt >/dev/null; \
+	media=$$dir/web1/root/var/lib/paperless/media; mkdir -p $$media; echo "scan 1: the lease" >$$media/scan1.txt; \
+	verified() { $$mc data --json | tr -d ' \n' | grep -q '"node":"web1","module":"paperless","name":"media","[^}]*"last_verified":"'; }; \
+	for i in $$(seq 600); do verified && break; sleep 0.1; done; \
+	verified || { echo "web1's media was not backed up and drilled within a minute"; tail -20 $$dir/web2/root/var/log/mesh/backup.log; exit 1; }; \
+	echo "  on its cadence, no one asking, and a restore drill passed: $$($$mc data | grep ' media ' | tr -s ' ')"; \
+	echo "scan 2: the deed" >$$media/scan2.txt; \
+	$$mc data backup web1/paperless/media --why "the demo" | sed 's/^/  by hand: /'; \
+	echo damaged >$$media/scan1.txt; rm $$media/scan2.txt; echo "  scan1.txt damaged, scan2.txt deleted; mesh-controller data restore web1/paperless/media:"; \
+	$$mc data restore web1/paperless/media --why "the demo damaged it" | sed 's/^/  /'; \
+	[ "$$(cat $$media/scan1.txt)" = "scan 1: the lease" ] && [ "$$(cat $$media/scan2.txt)" = "scan 2: the deed" ] || { echo "the restore did not bring the scans back"; exit 1; }; \
+	echo "  restored: $$(cat $$media/scan1.txt); $$(cat $$media/scan2.txt)"; \
+	echo "  break-glass, Debian's restic and the repository password alone:"; \
+	RESTIC_PASSWORD=demo-repository-password restic --no-cache -r $$dir/web2/root/srv/backup/repository/web1 snapshots --tag mesh:paperless/media | sed 's/^/    /'; \
 	echo; echo "an adopted machine, old1, already runs a service on 127.0.0.1:18482 (a stand-in, perl) and keeps its data in /var/lib/hello; take moves it under the mesh:"; \
 	tok=$$($$mc token issue --new old1 --adopted 2>/dev/null); \
 	$$mh join --broker $$url --token $$tok --node old1 --state $$dir/old1/state 2>/dev/null; \
@@ -127,8 +147,8 @@ demo: build
 	$$mc plan old1 | grep -q '^  why: taken by a person' || { echo "plan old1 does not say guestbook was taken"; exit 1; }; \
 	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
 	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
-	kill $$pid_web1; : > $$dir/web2/root/srv; \
-	echo '{"modules": [{"module": "broken", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/d", "precious": "costly"}]}]}' > $$dir/broken.json; \
+	kill $$pid_web1; : > $$dir/web2/root/opt; \
+	echo '{"modules": [{"module": "broken", "version": "1.0.0", "data": [{"name": "d", "path": "/opt/d", "precious": "costly"}]}]}' > $$dir/broken.json; \
 	$$mc declare web2 $$dir/broken.json --why "the demo shows a failed apply" >/dev/null 2>&1; sleep 5; \
 	$$mc doctor run 2>/dev/null | head -1; echo; $$mc status 2>/dev/null; echo; $$mc durations --kind apply; echo; $$mc healers | tail -n +3; echo; $$mc hand-acts; echo; \
 	$$mc board --listen 127.0.0.1:0 > $$dir/board.out & pids="$$pids $$!"; \

@@ -20,8 +20,10 @@ type DataView struct {
 	// State is active (declared), retired (precious data whose module left)
 	// or dropped (rebuildable data whose module left): the last two stay on
 	// the node's disk until 'cleanup delete'.
-	State        string     `json:"state"`
-	LastBackup   *time.Time `json:"last_backup"`
+	State      string     `json:"state"`
+	LastBackup *time.Time `json:"last_backup"`
+	// LastVerified is the last restore drill of it that passed.
+	LastVerified *time.Time `json:"last_verified"`
 	BackupHolder string     `json:"backup_holder"`
 	Since        *time.Time `json:"since,omitempty"`
 	// NodeRemovedAt says its node was removed (and when); its size and last
@@ -58,6 +60,7 @@ func dataViews(snap *inventory.Snapshot, data map[string][]inventory.DataSet, rs
 			v.Bytes = &d.Bytes
 		}
 		v.LastBackup = lastBackupHeard(snap, data, v.Node, v.Module, v.Name)
+		v.LastVerified = snap.Seats.BackupStates[v.Node+"/"+v.Module+"/"+v.Name].VerifiedAt
 		return v
 	}
 	for _, a := range snap.Assignments {

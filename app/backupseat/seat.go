@@ -505,15 +505,24 @@ func (s *Seat) background(ctx context.Context, f func(context.Context)) {
 	}()
 }
 
-// keep is a line's retention (the default where it names none), and every
-// snapshot of its last two cadences: one taken by hand or before a risky
-// act is not forgotten by the next backup of the same hour.
+// keep is a line's retention (the default where it names none), less the
+// periods finer than its cadence (restic's --keep-hourly 24 keeps the last
+// of each of the 24 latest hours that have one: a daily line would keep 24
+// days), and every snapshot of its last two cadences: one taken by hand or
+// before a risky act is not forgotten by the next backup of the same hour.
 func keep(l protocol.BackupLine) restic.Keep {
 	k := l.Keep
 	if k == (protocol.Retention{}) {
 		k = protocol.DefaultRetention
 	}
-	return restic.Keep{Hourly: k.Hourly, Daily: k.Daily, Weekly: k.Weekly, Monthly: k.Monthly, Within: 2 * Period(l.Cadence)}
+	p := Period(l.Cadence)
+	if p >= 24*time.Hour {
+		k.Hourly = 0
+	}
+	if p >= 7*24*time.Hour {
+		k.Daily = 0
+	}
+	return restic.Keep{Hourly: k.Hourly, Daily: k.Daily, Weekly: k.Weekly, Monthly: k.Monthly, Within: 2 * p}
 }
 
 // prune forgets a line's snapshots beyond its retention and prunes.

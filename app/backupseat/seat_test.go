@@ -302,6 +302,7 @@ func TestSeat_AppendOnlyAndPrivate(t *testing.T) {
 // (507) ten times, backing off, before it gives up, and nothing shortens
 // that.
 func TestSeat_FullDisk(t *testing.T) {
+	t.Parallel() // its minute overlaps the others'
 	restictest.Need(t)
 	if testing.Short() {
 		t.Skip("-short: restic takes most of a minute to give up on a full disk")
@@ -411,6 +412,25 @@ func TestPeriod(t *testing.T) {
 	} {
 		if got := Period(c.cadence); got != c.want {
 			t.Errorf("Period(%q) = %v, want %v", c.cadence, got, c.want)
+		}
+	}
+}
+
+// A line keeps its manifest's retention less the periods finer than its
+// cadence (a daily line keeping 24 hourlies would keep 24 days), and every
+// snapshot of its last two cadences.
+func TestKeep(t *testing.T) {
+	for _, c := range []struct {
+		cadence string
+		keep    protocol.Retention
+		want    restic.Keep
+	}{
+		{"1h0m0s", protocol.Retention{}, restic.Keep{Hourly: 24, Daily: 7, Weekly: 5, Monthly: 12, Within: 2 * time.Hour}},
+		{"24h0m0s", protocol.Retention{}, restic.Keep{Daily: 7, Weekly: 5, Monthly: 12, Within: 48 * time.Hour}},
+		{"weekly", protocol.Retention{Daily: 3, Weekly: 8}, restic.Keep{Weekly: 8, Within: 14 * 24 * time.Hour}},
+	} {
+		if got := keep(protocol.BackupLine{Cadence: c.cadence, Keep: c.keep}); got != c.want {
+			t.Errorf("a %s line keeping %+v: %+v, want %+v", c.cadence, c.keep, got, c.want)
 		}
 	}
 }

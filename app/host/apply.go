@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -43,7 +42,7 @@ type applied struct {
 
 // holdsBackupSeat says a module holds the backup seat: its host writes the
 // declaration's backup lines for it (protocol.Files lists the file too).
-func holdsBackupSeat(m protocol.DeclaredModule) bool { return slices.Contains(m.Seats, "backup") }
+func holdsBackupSeat(m protocol.DeclaredModule) bool { return m.HoldsBackup }
 
 // linesFile is, beneath the root, the backup seat holder's lines file.
 func linesFile(module string) string {

@@ -125,7 +125,7 @@ func TestApply_BackupLines(t *testing.T) {
 	root := t.TempDir()
 	decl := func(serial int, seats []any, lines ...protocol.BackupLine) protocol.Envelope {
 		return sealed(t, priv, map[string]any{"node": "h1", "serial": serial, "backup_lines": lines, "modules": []any{map[string]any{
-			"module": "backup", "version": "1.0.0", "seats": seats,
+			"module": "backup", "version": "1.0.0", "seats": seats, "holds_backup": len(seats) > 0,
 			"ports": []any{map[string]any{"name": "rest", "port": 8420}, map[string]any{"name": "metrics-http", "port": 9100}},
 			"run":   map[string]any{"command": []any{"sh", "-c", "env > env.txt; exec sleep 1000"}, "ready": map[string]any{"after": "100ms"}}}}})
 	}

@@ -331,6 +331,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			pm.Seats = append(pm.Seats, seat)
 			if seat == snap.Seats.SeatName("backup") {
 				p.Body.BackupLines = pl.backupLines()
+				pm.HoldsBackup = true
 			}
 		}
 		for _, cs := range snap.Seats.Consumers {

@@ -130,6 +130,10 @@ type DeclaredModule struct {
 	// Consumers are a provider's consumers, their access and credentials.
 	Consumers []DeclaredConsumer `json:"consumers,omitempty"`
 	Data      []DeclaredData     `json:"data"`
+	// HoldsBackup says it holds the backup seat, whatever the seat is
+	// called now (seat rename): its host gives it the declaration's backup
+	// lines in a file (BackupLinesName).
+	HoldsBackup bool `json:"holds_backup,omitempty"`
 	// Licences are the licences it holds, each sealed to the node (and the
 	// operator): its host writes each beside its secrets and names it in
 	// its environment (LicenceEnv).
@@ -146,8 +150,7 @@ type DeclaredModule struct {
 	Ports []Port `json:"ports,omitempty"`
 	// Run is how the module is started, as its manifest says.
 	Run *Run `json:"run,omitempty"`
-	// Seats are the seats it holds: the holder of the backup seat is given
-	// the declaration's backup lines in a file (BackupLinesName).
+	// Seats are the seats it holds, by their names now.
 	Seats   []string         `json:"seats,omitempty"`
 	Secrets []DeclaredSecret `json:"secrets"`
 	// Settings are its effective settings: one JSON object, canonical.

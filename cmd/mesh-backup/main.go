@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -41,7 +42,7 @@ type DaemonCmd struct {
 	Repositories string        `env:"MESH_DATA_REPOSITORY" required:"" help:"Its repository data set: one restic repository per node beneath it."`
 	Scratch      string        `env:"MESH_DATA_CACHE" help:"Where drills restore (its cache data set; default: a drills directory beside the repositories)."`
 	Secrets      string        `env:"MESH_SECRETS_DIR" required:"" type:"existingdir" help:"Its secrets directory, which holds repository_password."`
-	Lines        string        `env:"MESH_BACKUP_LINES" required:"" help:"The file its host writes its backup lines to."`
+	Lines        string        `env:"MESH_BACKUP_LINES" help:"The file its host writes its backup lines to (a host sets it on the backup seat's holder alone)."`
 	Settings     string        `env:"MESH_SETTINGS" help:"Its settings file: address and port its REST server listens on."`
 	Port         int           `env:"MESH_PORT_REST" help:"The port its REST server listens on (its manifest's port rest; else settings, else 8420)."`
 	Listen       string        `help:"Where its REST server listens, host:port (default: its settings' address and port, else every address)."`
@@ -56,6 +57,13 @@ type Env struct {
 
 // Run serves the backups.
 func (c *DaemonCmd) Run(env *Env) error {
+	if c.Lines == "" {
+		// Assigned beside the holder (a seat handed over, a spare): its
+		// host starts it again with its lines when it takes the seat.
+		fmt.Fprintf(env.Stderr, "mesh-backup: %s does not hold the backup seat (no MESH_BACKUP_LINES): idle until it does\n", c.Node)
+		<-env.Ctx.Done()
+		return nil
+	}
 	pw, err := os.ReadFile(filepath.Join(c.Secrets, "repository_password"))
 	if errors.Is(err, fs.ErrNotExist) {
 		return errors.New("no repository_password in its secrets: accept it (mesh-controller secret accept NODE backup repository_password --from FILE)")

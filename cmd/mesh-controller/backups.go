@@ -48,7 +48,7 @@ func (c *DataBackupCmd) Run(env *Env) error {
 	}
 	for _, d := range done {
 		if d.Run.OK {
-			fmt.Fprintf(env.Stdout, "%s: snapshot %s, %d files, %s added of %s, in %s\n", d.Set, d.Run.Snapshot, d.Run.Files,
+			fmt.Fprintf(env.Stdout, "%s: snapshot %s, %s, %s added of %s, in %s\n", d.Set, d.Run.Snapshot, filesShown(d.Run.Files),
 				bytesShown(d.Run.BytesAdded), bytesShown(d.Run.Bytes), msShown(d.Run.DurationMS))
 		}
 	}
@@ -115,7 +115,7 @@ func (c *DataRestoreCmd) Run(env *Env) error {
 	if to == "" {
 		to, _, _ = strings.Cut(string(c.Set), "/")
 	}
-	fmt.Fprintf(env.Stdout, "restored %s onto %s from snapshot %s: %d files, %s, in %s\n", c.Set, to, r.Restore.Snapshot, r.Restore.Files,
+	fmt.Fprintf(env.Stdout, "restored %s onto %s from snapshot %s: %s, %s, in %s\n", c.Set, to, r.Restore.Snapshot, filesShown(r.Restore.Files),
 		bytesShown(r.Restore.Bytes), msShown(r.Restore.DurationMS))
 	if r.Restore.Aside != "" {
 		fmt.Fprintf(env.Stdout, "what was there is kept at %s, retired as %s: data lists it, cleanup delete deletes it\n", r.Restore.Aside, r.AsideName)
@@ -144,7 +144,7 @@ func (c *DataVerifyCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "%s: snapshot %s restored and verified on the holder: %d files, %s, in %s\n", c.Set, o.Snapshot, o.Files, bytesShown(o.Bytes), msShown(o.DurationMS))
+	fmt.Fprintf(env.Stdout, "%s: snapshot %s restored and verified on the holder: %s, %s, in %s\n", c.Set, o.Snapshot, filesShown(o.Files), bytesShown(o.Bytes), msShown(o.DurationMS))
 	return nil
 }
 
@@ -175,4 +175,12 @@ func printFresh(env *Env, fresh []app.FreshSnapshot) {
 			fmt.Fprintf(env.Stderr, "no fresh snapshot of %s first: %s\n", f.Set, f.Why)
 		}
 	}
+}
+
+// filesShown is a count of files as a sentence says it.
+func filesShown(n int64) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return fmt.Sprintf("%d files", n)
 }

@@ -54,8 +54,8 @@ func TestREADME_Walkthrough(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs the whole walkthrough")
 	}
-	readmeTools(t, "bash", "jq", "curl")
-	repo := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder") // make build, as the README asks first
+	readmeTools(t, "bash", "jq", "curl", "restic")
+	repo := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder", "mesh-backup") // make build, as the README asks first
 	script := walkthrough(t, filepath.Join(repo, "README.md"))
 	// MESH_HOST_MODULE_USERS=false: as root, a host makes a system user
 	// per module; the test leaves the machine's users as it found them.
@@ -64,7 +64,8 @@ func TestREADME_Walkthrough(t *testing.T) {
 		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out)
 	}
 	// What a reader is told to expect, there.
-	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "the-translation-key", "waits for licence translation", "licence chat refreshed by nas1/refresher: version 2", "node.silent/web1", "What is wrong", "node rack20 removed"} {
+	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "the-translation-key", "waits for licence translation", "licence chat refreshed by nas1/refresher: version 2", "node.silent/web1", "What is wrong", "node rack20 removed",
+		"restored db1/postgres/cluster onto db1 from snapshot", "retired as cluster-before-restore-", "restored and verified on the holder", "/var/lib/postgres/data/PG_VERSION"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the walkthrough's output lacks %q", want)
 		}
