@@ -84,6 +84,10 @@ type AssignedMany struct {
 // (each naming its node), then one write to each store and one declaration
 // to each node affected.
 func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
+	return retryAct(ctx, func() (AssignedMany, error) { return c.assignMany(ctx, r) })
+}
+
+func (c *Controller) assignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
 	ms, err := c.startMany(ctx, "assign", "to", r)
 	if err != nil {
 		return AssignedMany{}, err
@@ -354,6 +358,10 @@ type UnassignedMany struct {
 // listed; a provision whose every provider leaves is judged as one), then
 // one write to each store and one declaration to each node affected.
 func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
+	return retryAct(ctx, func() (UnassignedMany, error) { return c.unassignMany(ctx, r) })
+}
+
+func (c *Controller) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
 	ms, err := c.startMany(ctx, "unassign", "from", r)
 	if err != nil {
 		return UnassignedMany{}, err

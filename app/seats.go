@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	mathrand "math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
@@ -105,6 +107,10 @@ type HandoverRequest struct {
 // the old holder kept is said first, and needs Yes; that choice is recorded
 // in the hand-act log with its Why.
 func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
+	return retryAct(ctx, func() (Handover, error) { return c.seatHandover(ctx, r) })
+}
+
+func (c *Controller) seatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
 	name, to, add, yes := r.Seat, r.To, r.Add, r.Yes
 	node, module, err := parseHolder(to)
 	if err != nil {
@@ -176,7 +182,7 @@ func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Hando
 		}
 	}
 	// One transaction: the new holder is added and the old removed together.
-	if err := inv.Apply(ctx, inventory.Change{Seats: []inventory.SeatChange{change}, Replacement: replacement, Bump: bumps}, c.Now()); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Seats: []inventory.SeatChange{change}, Replacement: replacement, Bump: bumps, Based: snap.Revision}, c.Now()); err != nil {
 		return h, err
 	}
 	fault("seat:after-inventory")
@@ -264,6 +270,10 @@ type PinRequest struct {
 // empty replacement first, and needs Yes; that choice is recorded in the
 // hand-act log with its Why.
 func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
+	return retryAct(ctx, func() (Pinned, error) { return c.pin(ctx, r) })
+}
+
+func (c *Controller) pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	node, provision, fromNode, module, yes := r.Node, r.Provision, r.FromNode, r.Module, r.Yes
 	if err := CheckNames(node, provision, fromNode, module); err != nil {
 		return Pinned{}, err
@@ -348,6 +358,9 @@ func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory
 // are (nil: nobody).
 func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
 	progress func(stage string, done, total int)) ([]Pushed, error) {
+	if actJudged != nil {
+		actJudged(act)
+	}
 	fault(act + ":before-inventory")
 	// Said before the first write and until declared, so that a serving
 	// controller's catch-up leaves these nodes to this act.
@@ -356,6 +369,9 @@ func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *i
 		return nil, err
 	}
 	defer st.Inventory.EndAct(context.WithoutCancel(ctx), under, c.Now())
+	if ch.Based == 0 {
+		ch.Based = after.Revision // judged on it: refused if another act committed since
+	}
 	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
 		return nil, err
 	}
@@ -382,6 +398,10 @@ func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *i
 // Unpin puts the choice back to the mesh; a binding whose provider keeps
 // precious data for its consumer stays where it is (stickiness).
 func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned, error) {
+	return retryAct(ctx, func() (Pinned, error) { return c.unpin(ctx, node, provision) })
+}
+
+func (c *Controller) unpin(ctx context.Context, node, provision string) (Pinned, error) {
 	if err := CheckNames(node, provision); err != nil {
 		return Pinned{}, err
 	}
@@ -479,4 +499,34 @@ func (c *Controller) recordHand(ctx context.Context, what, why, cause, condition
 	}
 	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
 	return err
+}
+
+// actJudged, when a test sets it, is called once an act is judged and
+// before it commits: two acts held there are judged on one snapshot.
+var actJudged func(act string)
+
+// actTries bounds how often an act is judged again when another committed
+// between its snapshot and its commit.
+const actTries = 20
+
+// retryAct runs an act (read a snapshot, judge, commit with Change.Based)
+// again while another act committed in between (inventory.ErrActConflict):
+// the acts' outcome is then one of them after the other, whatever their
+// timing, on SQLite and PostgreSQL alike.
+func retryAct[T any](ctx context.Context, act func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		out, err := act()
+		if !errors.Is(err, inventory.ErrActConflict) {
+			return out, err
+		}
+		if try == actTries || ctx.Err() != nil {
+			return out, fmt.Errorf("%w, %d times: run it again", err, try)
+		}
+		// A pause growing with the tries, jittered: acts that met once do
+		// not meet again in step.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * time.Duration(1+mathrand.IntN(20)) * time.Millisecond):
+		}
+	}
 }

@@ -43,12 +43,48 @@ type Change struct {
 	Consumers []ConsumerChange
 	// Bump moves these nodes' plans: their declarations are then behind.
 	Bump []string
+	// Based is the revision of the snapshot the change was judged on
+	// (Snapshot.Revision): Apply refuses it with ErrActConflict once
+	// another write moved the revision, and the act is judged again. 0:
+	// not judged on a snapshot (applied whatever came before).
+	Based int64
+}
+
+// ErrActConflict means another act committed after the snapshot a change
+// was judged on was read: judge it again on a new snapshot (RetryActs).
+var ErrActConflict = errors.New("another act changed the mesh meanwhile")
+
+// moveRevision moves the act revision, as the first write of a
+// transaction, from based (0: whatever it is): it takes the store's write
+// lock (SQLite) or the row's (PostgreSQL, which checks the row again once
+// a concurrent mover commits), so of two acts judged on one revision only
+// the first commits.
+func moveRevision(ctx context.Context, tx *sql.Tx, based int64) error {
+	q, args := `UPDATE act_revision SET rev = rev + 1 WHERE id = 1`, []any{}
+	if based != 0 {
+		q, args = q+` AND rev = ?`, []any{based}
+	}
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n != 1 {
+		return ErrActConflict
+	}
+	return nil
 }
 
 // Apply writes a change in one transaction.
 func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error { return apply(ctx, tx, ch, now) })
-	if err != nil && !errors.Is(err, ErrAssigned) && !errors.Is(err, ErrNotAssigned) {
+	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		if err := moveRevision(ctx, tx, ch.Based); err != nil {
+			return err
+		}
+		return apply(ctx, tx, ch, now)
+	})
+	if err != nil && !errors.Is(err, ErrAssigned) && !errors.Is(err, ErrNotAssigned) && !errors.Is(err, ErrActConflict) {
 		return fmt.Errorf("record the change: %w", err)
 	}
 	return err

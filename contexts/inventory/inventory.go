@@ -77,6 +77,9 @@ func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Time) (Node, error) {
 	n := Node{Name: name, Mode: mode, CreatedAt: now.UTC().Truncate(time.Millisecond)}
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		var exists int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE name = ?`, name).Scan(&exists); err != nil {
 			return err

@@ -39,6 +39,9 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 	at := sqlite.FormatTime(now)
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		out = Removal{}
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		known := make(map[string]bool, len(nodes))
 		err := sqlite.InChunks(nodes, func(marks string, args []any) error {
 			names, err := sqlite.Strings(ctx, tx, `SELECT name FROM nodes WHERE name IN (`+marks+`)`, args...)

@@ -40,6 +40,10 @@ func (n NodeState) Behind() bool {
 // Snapshot is everything plans are computed from, read in one transaction
 // so that every plan sees the same mesh.
 type Snapshot struct {
+	// Revision is the act revision it was read at (read first: what
+	// follows is at least as new). An act judged on it commits only while
+	// it is still the store's (Change.Based).
+	Revision  int64
 	Nodes     map[string]NodeState
 	NodeNames []string
 	Manifests map[string]map[string]Manifest // module -> version -> manifest
@@ -114,6 +118,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	defer tx.Rollback()
 	snap := &Snapshot{Nodes: map[string]NodeState{}, Manifests: map[string]map[string]Manifest{},
 		Current: map[string]string{}, Settings: map[string]map[string]json.RawMessage{}}
+	if err := tx.QueryRowContext(ctx, `SELECT rev FROM act_revision WHERE id = 1`).Scan(&snap.Revision); err != nil {
+		return nil, fmt.Errorf("read the act revision: %w", err)
+	}
 	if withNodes {
 		err = each(ctx, tx, nodeStateQuery+` ORDER BY n.name`, func(r *sql.Rows) error {
 			n, err := scanNodeState(r)

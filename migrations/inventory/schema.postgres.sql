@@ -1,3 +1,7 @@
+CREATE TABLE act_revision (
+    id bigint NOT NULL,
+    rev bigint NOT NULL
+);
 CREATE TABLE acts_under_way (
     id text NOT NULL,
     what text NOT NULL,
@@ -252,6 +256,8 @@ CREATE TABLE take_previews (
     preview text NOT NULL,
     shown_at text NOT NULL
 );
+ALTER TABLE act_revision ADD CONSTRAINT act_revision_id_check CHECK ((id = 1));
+ALTER TABLE act_revision ADD CONSTRAINT act_revision_pkey PRIMARY KEY (id);
 ALTER TABLE acts_under_way ADD CONSTRAINT acts_under_way_pkey PRIMARY KEY (id);
 ALTER TABLE assignments ADD CONSTRAINT assignments_module_version_fkey FOREIGN KEY (module, version) REFERENCES module_versions(module, version);
 ALTER TABLE assignments ADD CONSTRAINT assignments_node_fkey FOREIGN KEY (node) REFERENCES nodes(name) ON DELETE CASCADE;

@@ -1,3 +1,7 @@
+CREATE TABLE act_revision (
+    id  INTEGER PRIMARY KEY CHECK (id = 1),
+    rev INTEGER NOT NULL
+) STRICT;
 CREATE TABLE acts_under_way (
     id    TEXT PRIMARY KEY,
     what  TEXT NOT NULL,
