@@ -515,7 +515,7 @@ func (c *Controller) DataRestore(ctx context.Context, r RestoreRequest) (DataRes
 		b := plan.New(snap, nil).Backup()
 		ask.Repository, ask.Access = plan.Repository(b.Address, b.Port, ref.Node), g.Sealed
 	}
-	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("data restore %s from snapshot %s onto %s", ref, shortSnapshot(chosen.ID), to),
+	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("data restore %s from snapshot %s onto %s", ref, protocol.ShortSnapshot(chosen.ID), to),
 		Why: r.Why, Cause: "restore", Who: who()}); err != nil {
 		return DataRestored{}, err
 	}
@@ -543,12 +543,4 @@ func (c *Controller) DataRestore(ctx context.Context, r RestoreRequest) (DataRes
 		return out, fmt.Errorf("the restore of %s onto %s failed: %s", ref, to, run.Why)
 	}
 	return out, nil
-}
-
-// shortSnapshot is a snapshot id as restic shows it short.
-func shortSnapshot(id string) string {
-	if len(id) > 8 {
-		return id[:8]
-	}
-	return id
 }

@@ -45,7 +45,7 @@ func (s *Seat) Drill(ctx context.Context, node, module, data string) protocol.Dr
 	}
 	defer os.RemoveAll(scratch)
 	if err := repo.Restore(ctx, o.Snapshot, scratch); err != nil {
-		return fail("the restore of snapshot %s failed: %v", short(o.Snapshot), err)
+		return fail("the restore of snapshot %s failed: %v", protocol.ShortSnapshot(o.Snapshot), err)
 	}
 	err = filepath.WalkDir(scratch, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -68,11 +68,4 @@ func (s *Seat) Drill(ctx context.Context, node, module, data string) protocol.Dr
 	o.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	o.At = time.Now().UTC()
 	return o
-}
-
-func short(id string) string {
-	if len(id) > 8 {
-		return id[:8]
-	}
-	return id
 }

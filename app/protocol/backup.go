@@ -268,3 +268,11 @@ func BackupInboxPrefix(node string) string { return HostInboxPrefix(node) + ".ba
 // and to restore (mesh.node.N.inbox.backup, .restore).
 func BackupInbox(node string) string  { return NodeSubject(node, "inbox."+BackupAskName) }
 func RestoreInbox(node string) string { return NodeSubject(node, "inbox."+RestoreAskName) }
+
+// ShortSnapshot is a snapshot id as restic shows it short.
+func ShortSnapshot(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
