@@ -265,6 +265,8 @@ func judgeAssign(snap *inventory.Snapshot, node string, factList []inventory.Fac
 	}
 	// Ports: two modules on one node may not claim the same port.
 	problems = append(problems, inventory.PortClashes(node, here, given)...)
+	// Data: two modules on one node may not keep one place.
+	problems = append(problems, inventory.DataPathClashes(node, here, given)...)
 	return out, problems
 }
 
@@ -444,24 +446,27 @@ func (c *Controller) unassignMany(ctx context.Context, r ManyRequest) (Unassigne
 			}
 		}
 	}
-	// The licences they held are taken away as they come off, before the
-	// act commits: a holding that outlived its module would be listed as
-	// held by nothing that runs, while one lost to a failed commit is given
-	// again with 'licence use'.
+	// The licences they held are taken away once the act has committed (a
+	// kill in between leaves holdings of modules no longer assigned, which
+	// serve's catch-up forgets: finishActs).
 	var holders []licences.Holder
 	for _, h := range ch.Unassign {
 		holders = append(holders, licences.Holder{Node: h.Node, Module: h.Module})
 	}
-	stopped, err := st.Licences.Forget(ctx, holders, now)
-	if err != nil {
-		return out, err
-	}
-	for i, one := range out.Nodes {
-		for _, m := range r.Modules {
-			out.Nodes[i].Licences = append(out.Nodes[i].Licences, stopped[one.Node+"/"+m]...)
+	forget := func(ctx context.Context) error {
+		stopped, err := st.Licences.Forget(ctx, holders, now)
+		if err != nil {
+			return err
 		}
+		for i, one := range out.Nodes {
+			out.Nodes[i].Licences = nil
+			for _, m := range r.Modules {
+				out.Nodes[i].Licences = append(out.Nodes[i].Licences, stopped[one.Node+"/"+m]...)
+			}
+		}
+		return nil
 	}
-	if out.Pushed, err = c.commitActProgress(ctx, st, after, ch, "unassign", progress); err != nil {
+	if out.Pushed, err = c.commitActWith(ctx, st, after, ch, "unassign", progress, forget); err != nil {
 		return out, err
 	}
 	return out, c.recordActor(ctx, st, r, what)

@@ -460,10 +460,19 @@ func (e *RefusedError) Unwrap() error { return ErrNeedsDigest }
 // recorded deleted by hand. Every deletion is asked in one inventory
 // transaction and every hand act kept in one health transaction.
 func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
+	return retryAct(ctx, func() (CleanupResult, error) { return c.cleanupDelete(ctx, r) })
+}
+
+func (c *Controller) cleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
 	if r.Why == "" {
 		return CleanupResult{}, health.ErrNoWhy
 	}
 	st, err := c.stores(ctx)
+	if err != nil {
+		return CleanupResult{}, err
+	}
+	// Read before what is judged: an act committed since refuses the asks.
+	based, err := st.Inventory.Revision(ctx)
 	if err != nil {
 		return CleanupResult{}, err
 	}
@@ -503,6 +512,17 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 		chosen = []Cleanable{cl}
 	}
+	snap, err := st.Inventory.Snapshot(ctx)
+	if err != nil {
+		return out, err
+	}
+	what := fmt.Sprintf("cleanup delete %s %s %s", r.Node, r.Module, r.Target)
+	if r.OlderThanDays > 0 {
+		what = fmt.Sprintf("cleanup delete --older-than %d", r.OlderThanDays)
+	}
+	if err := refuse(what, heldElsewhere(snap, chosen)); err != nil {
+		return out, err
+	}
 	var touched []SetRef
 	for _, cl := range chosen {
 		if cl.Kind == "data" && !cl.OnRemovedNode() {
@@ -510,7 +530,7 @@ func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 	}
 	out.Fresh = c.freshSnapshots(ctx, st, touched, "before cleanup delete: "+r.Why)
-	if out.Deleted, out.Pushed, err = c.deleteCleanables(ctx, st, chosen, r); err != nil {
+	if out.Deleted, out.Pushed, err = c.deleteCleanables(ctx, st, chosen, r, based); err != nil {
 		return out, err
 	}
 	if len(out.Refused) > 0 {
@@ -564,7 +584,7 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, []Cleanable, erro
 // deleteCleanables asks hosts to delete what was chosen (and records what
 // lies on removed nodes deleted by hand), keeping one hand act for each,
 // saying what was known of its backup.
-func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []Cleanable, r CleanupRequest) ([]Cleanable, []Pushed, error) {
+func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []Cleanable, r CleanupRequest, based int64) ([]Cleanable, []Pushed, error) {
 	if len(chosen) == 0 {
 		return nil, nil, nil
 	}
@@ -582,7 +602,7 @@ func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []
 		}
 		acts = append(acts, health.HandAct{At: now, What: cleanupWhat(cl), Why: r.Why, Cause: "cleanup", Who: who()})
 	}
-	if err := st.Inventory.AskDeletions(ctx, asks, byHand, now); err != nil {
+	if err := st.Inventory.AskDeletions(ctx, asks, byHand, based, now); err != nil {
 		return nil, nil, err
 	}
 	if _, err := st.Health.RecordHandActs(ctx, acts); err != nil {
@@ -613,4 +633,25 @@ func cleanupWhat(cl Cleanable) string {
 		return fmt.Sprintf("%s: backed up at %s", what, cl.LastBackup.UTC().Format(time.RFC3339))
 	}
 	return what + ": needs no backup"
+}
+
+// heldElsewhere says, of the data chosen for deletion, each whose path a
+// module assigned on its node keeps (or lies inside or around): a deletion
+// never removes a place another live data set holds.
+func heldElsewhere(snap *inventory.Snapshot, chosen []Cleanable) []string {
+	var problems []string
+	for _, cl := range chosen {
+		if cl.Kind != "data" || cl.OnRemovedNode() || cl.Path == "" {
+			continue
+		}
+		for _, a := range snap.AssignmentsOf(cl.Node) {
+			for _, d := range snap.Manifests[a.Module][a.Version].Data {
+				if inventory.PathsOverlap(d.Path, cl.Path) {
+					problems = append(problems, fmt.Sprintf("%s/%s %s (%s) is where %s/%s keeps its data %s (%s): nothing deleted; deleting it would delete what %s serves from",
+						cl.Node, cl.Module, cl.Target, cl.Path, cl.Node, a.Module, d.Name, d.Path, a.Module))
+				}
+			}
+		}
+	}
+	return problems
 }

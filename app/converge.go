@@ -59,6 +59,9 @@ type Listener struct {
 // what would stop being kept, the filter the mesh would own, the digest.
 type ConvergePreview struct {
 	Node string `json:"node"`
+	// revision is the act revision the preview was judged on: converging
+	// is refused, and judged again, if another act committed since.
+	revision int64
 	// Mode is the node's mode now; Filter and CloseSSH its filter now.
 	Mode     string `json:"mode"`
 	Filter   string `json:"filter"`
@@ -104,6 +107,18 @@ type Converged struct {
 // stops nothing that runs there: what no module declares is said, closed
 // by the filter, and raised as node.unmanaged-listener until it goes.
 func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
+	type converged struct {
+		p   ConvergePreview
+		out *Converged
+	}
+	got, err := retryAct(ctx, func() (converged, error) {
+		p, out, err := c.converge(ctx, r)
+		return converged{p, out}, err
+	})
+	return got.p, got.out, err
+}
+
+func (c *Controller) converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
 	if err := CheckName(r.Node); err != nil {
 		return ConvergePreview{}, nil, err
 	}
@@ -149,7 +164,7 @@ func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergeP
 	if r.Filter != "" {
 		f = &inventory.Filter{Kind: r.Filter, CloseSSH: r.CloseSSH, Since: c.Now()}
 	}
-	if err := st.Inventory.Converge(ctx, r.Node, f); err != nil {
+	if err := st.Inventory.Converge(ctx, r.Node, f, p.revision); err != nil {
 		return p, nil, err
 	}
 	pushed, err := c.sendPlans(ctx, st, []string{r.Node})
@@ -185,7 +200,7 @@ func (c *Controller) convergePreview(ctx context.Context, r ConvergeRequest) (Co
 		return ConvergePreview{}, fmt.Errorf("node %s %w", r.Node, inventory.ErrNodeNotFound)
 	}
 	p := ConvergePreview{Node: r.Node, Mode: string(n.Mode), ToFilter: r.Filter, ToCloseSSH: r.CloseSSH,
-		Kept: []string{}, Unmanaged: []Listener{}, Loopback: []Listener{}, Units: []string{}, Does: []string{}}
+		Kept: []string{}, Unmanaged: []Listener{}, Loopback: []Listener{}, Units: []string{}, Does: []string{}, revision: snap.Revision}
 	if f, ok := snap.Filters[r.Node]; ok {
 		p.Filter, p.CloseSSH = f.Kind, f.CloseSSH
 	}

@@ -65,10 +65,17 @@ const maxListed = 20
 // connections; their records, facts, tokens and host keys go, their open
 // conditions are cleared. What they keep on their disks stays listed, as
 // retired (or dropped) on a removed node, until a person cleans it up.
-// Each store is changed in one transaction; the identity store first, so
-// that a removal that fails half-way leaves no broker user of a removed
-// node alive and may simply be run again.
+// Each store is changed in one transaction, the inventory first (the act's
+// commit point, judged on the snapshot it read: another act committed in
+// between has it judged again), then the identity store and health. A
+// removal killed after the inventory leaves the node's broker users alive
+// until node remove is run again (a name the identity store alone still
+// knows is finished there) or serve's catch-up forgets them (finishActs).
 func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
+	return retryAct(ctx, func() (NodesRemoved, error) { return c.nodeRemove(ctx, r) })
+}
+
+func (c *Controller) nodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
 	if len(r.Names) == 0 {
 		return NodesRemoved{}, fmt.Errorf("node remove %w", ErrNoNodes)
 	}
@@ -88,13 +95,28 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 	}
 	what := "node remove " + nameList(r.Names)
 	removing := make(map[string]bool, len(r.Names))
-	var problems []string
+	var problems, inInventory []string
+	var known map[string]bool // by the identity store: a removal to finish
 	for _, n := range r.Names {
 		if removing[n] {
 			problems = append(problems, fmt.Sprintf("%s %v: name each node once", n, ErrNamedTwice))
 		}
 		removing[n] = true
-		if _, ok := snap.Nodes[n]; !ok {
+		if _, ok := snap.Nodes[n]; ok {
+			inInventory = append(inInventory, n)
+			continue
+		}
+		if known == nil {
+			names, err := st.Identity.KnownNodes(ctx)
+			if err != nil {
+				return NodesRemoved{}, err
+			}
+			known = map[string]bool{}
+			for _, k := range names {
+				known[k] = true
+			}
+		}
+		if !known[n] {
 			problems = append(problems, fmt.Sprintf("node %s %v: see 'mesh-controller node list'", n, inventory.ErrNodeNotFound))
 		}
 	}
@@ -167,15 +189,18 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 		}
 	}
 
+	removal := inventory.Removal{}
+	if len(inInventory) > 0 {
+		if removal, err = st.Inventory.RemoveNodes(ctx, inInventory, consumerDataOn(snap, removing, now), snap.Revision, now); err != nil {
+			return out, err
+		}
+	}
+	fault("node-remove:after-inventory")
 	forgotten, err := st.Identity.ForgetNodes(ctx, r.Names, now)
 	if err != nil {
-		return out, err
+		return out, fmt.Errorf("%w (the nodes are out of the inventory; their broker users are not revoked yet: run node remove again)", err)
 	}
 	out.Revoked = forgotten.Revoked
-	removal, err := st.Inventory.RemoveNodes(ctx, r.Names, consumerDataOn(snap, removing, now), now)
-	if err != nil {
-		return out, fmt.Errorf("%w (their broker users are revoked already; run node remove again)", err)
-	}
 	for _, d := range removal.Cancelled {
 		out.Cancelled = append(out.Cancelled, fmt.Sprintf("%s/%s %s (%s)", d.Node, d.Module, d.Target, d.Kind))
 	}
@@ -193,12 +218,7 @@ func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 	}
 	out.Cleared = len(f.Cleared)
 	if out.Revoked > 0 {
-		// The broker disconnects a revoked user only when told: the serving
-		// controller gives it an account JWT revoking them, as module forget does.
-		if nc, err := c.dialBroker(ctx, st.Identity); err == nil {
-			out.Disconnected = nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
-			nc.Close()
-		}
+		out.Disconnected = c.announceRevoked(ctx, st)
 	}
 	// A removed node's rows are judged from the retirement alone and the
 	// manifests, which removal leaves as they were: the snapshot already
@@ -342,4 +362,17 @@ func nameList(names []string) string {
 	sorted := slices.Clone(names)
 	sort.Strings(sorted)
 	return fmt.Sprintf("%s … %s (%d nodes)", strings.Join(sorted[:3], ", "), sorted[len(sorted)-1], len(names))
+}
+
+// announceRevoked tells the serving controller that broker users were
+// revoked: the broker disconnects a revoked user only when told, by the
+// account JWT the serving controller then gives it. It says whether the
+// word was delivered (otherwise serve does it when it starts).
+func (c *Controller) announceRevoked(ctx context.Context, st *Stores) bool {
+	nc, err := c.dialBroker(ctx, st.Identity)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	return nc.Publish(RevokedSubject, []byte("{}")) == nil && nc.FlushTimeout(3*time.Second) == nil
 }

@@ -236,7 +236,7 @@ func TestPlan_Filter(t *testing.T) {
 		t.Fatal(err)
 	}
 	inv := st.Inventory
-	if err := inv.Converge(ctx, "n1", &inventory.Filter{Kind: inventory.FilterNftables, Since: time.Now()}); err != nil {
+	if err := inv.Converge(ctx, "n1", &inventory.Filter{Kind: inventory.FilterNftables, Since: time.Now()}, 0); err != nil {
 		t.Fatal(err)
 	}
 	planOf := func(rs string) plan.Plan {

@@ -31,6 +31,9 @@ type Pushed struct {
 	// Declared says another act had declared this plan already (a declarer
 	// asked for nodes still behind only): Serial is that act's.
 	Declared bool `json:"already_declared,omitempty"`
+	// NotJoined says the node's host has not joined yet: what is sent waits
+	// for it, and is delivered when it joins (it asks for its latest).
+	NotJoined bool `json:"not_joined,omitempty"`
 }
 
 // declarer makes declarations from plans and sends them.
@@ -117,6 +120,9 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 	for i, node := range nodes {
 		tell("planned", i, len(nodes))
 		p := Pushed{Node: node}
+		if n, ok := snap.Nodes[node]; ok && !n.Joined {
+			p.NotJoined = true
+		}
 		np, err := pl.Plan(node)
 		switch {
 		case err != nil:
@@ -304,6 +310,11 @@ type PushRequest struct {
 
 // Push signs and sends nodes their declarations built from their plans.
 func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) {
+	recorded := false // the hand act, once whatever the tries
+	return retryAct(ctx, func() ([]Pushed, error) { return c.push(ctx, r, &recorded) })
+}
+
+func (c *Controller) push(ctx context.Context, r PushRequest, recorded *bool) ([]Pushed, error) {
 	if r.Node != "" {
 		if err := CheckName(r.Node); err != nil {
 			return nil, err
@@ -325,7 +336,7 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 			return nil, fmt.Errorf("node %s %w", r.Node, inventory.ErrNodeNotFound)
 		}
 	}
-	if r.Why != "" {
+	if r.Why != "" && !*recorded {
 		what := "push every node"
 		if r.Node != "" {
 			what = "push " + r.Node
@@ -336,11 +347,12 @@ func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) 
 		if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: r.Why, Cause: "push", Who: who()}); err != nil {
 			return nil, err
 		}
+		*recorded = true
 	}
 	if r.Behind {
 		// Versions recorded by 'upgrade record' are sent now: moved, with
 		// the plans of their nodes, in one transaction.
-		ch := inventory.Change{}
+		ch := inventory.Change{Based: snap.Revision}
 		for _, a := range snap.Assignments {
 			if a.Pending != "" && slices.Contains(nodes, a.Node) {
 				ch.Versions = append(ch.Versions, inventory.Assignment{Node: a.Node, Module: a.Module, Version: a.Pending})

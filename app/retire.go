@@ -44,6 +44,19 @@ func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
 // RetireDecide approves (access off, data kept) or rejects (kept active;
 // retire.rejected stays open) the retirements a provider waits with: a hand act.
 func (c *Controller) RetireDecide(ctx context.Context, node, module, why string, approve bool) ([]inventory.Consumer, []Pushed, error) {
+	type decision struct {
+		decided []inventory.Consumer
+		pushed  []Pushed
+	}
+	recorded := false // the hand act, once whatever the tries
+	got, err := retryAct(ctx, func() (decision, error) {
+		decided, pushed, err := c.retireDecide(ctx, node, module, why, approve, &recorded)
+		return decision{decided, pushed}, err
+	})
+	return got.decided, got.pushed, err
+}
+
+func (c *Controller) retireDecide(ctx context.Context, node, module, why string, approve bool, recorded *bool) ([]inventory.Consumer, []Pushed, error) {
 	if err := CheckNames(node, module); err != nil {
 		return nil, nil, err
 	}
@@ -75,10 +88,13 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	}
 	// The hand act is written first: a person's word of what they asked
 	// outlives a process stopped before the act is recorded.
-	if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%s)", verb, provider, Plural(len(decided), "consumer")), why, "retire", ""); err != nil {
-		return nil, nil, err
+	if !*recorded {
+		if err := c.recordHand(ctx, fmt.Sprintf("%s %s (%s)", verb, provider, Plural(len(decided), "consumer")), why, "retire", ""); err != nil {
+			return nil, nil, err
+		}
+		*recorded = true
 	}
-	if err := inv.Apply(ctx, inventory.Change{Consumers: changes, Bump: []string{node}}, c.Now()); err != nil {
+	if err := inv.Apply(ctx, inventory.Change{Consumers: changes, Bump: []string{node}, Based: snap.Revision}, c.Now()); err != nil {
 		return nil, nil, err
 	}
 	pushed, err := c.sendPlans(ctx, st, []string{node})

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	mathrand "math/rand/v2"
 	"slices"
 	"strings"
-	"time"
 
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/inventory"
@@ -107,10 +105,11 @@ type HandoverRequest struct {
 // the old holder kept is said first, and needs Yes; that choice is recorded
 // in the hand-act log with its Why.
 func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
-	return retryAct(ctx, func() (Handover, error) { return c.seatHandover(ctx, r) })
+	recorded := false // the hand act, once whatever the tries
+	return retryAct(ctx, func() (Handover, error) { return c.seatHandover(ctx, r, &recorded) })
 }
 
-func (c *Controller) seatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
+func (c *Controller) seatHandover(ctx context.Context, r HandoverRequest, recorded *bool) (Handover, error) {
 	name, to, add, yes := r.Seat, r.To, r.Add, r.Yes
 	node, module, err := parseHolder(to)
 	if err != nil {
@@ -175,8 +174,11 @@ func (c *Controller) seatHandover(ctx context.Context, r HandoverRequest) (Hando
 			// --yes was what let it start empty: the log says who chose
 			// that, and why; written first, as a person's word of what
 			// they asked.
-			if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
-				return h, err
+			if !*recorded {
+				if err := c.recordHand(ctx, fmt.Sprintf("seat %s handed to %s, which starts empty: %s", seat.Seat, h.To, h.Empty), r.Why, "seat", ""); err != nil {
+					return h, err
+				}
+				*recorded = true
 			}
 			h.Recorded = true
 		}
@@ -270,10 +272,11 @@ type PinRequest struct {
 // empty replacement first, and needs Yes; that choice is recorded in the
 // hand-act log with its Why.
 func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
-	return retryAct(ctx, func() (Pinned, error) { return c.pin(ctx, r) })
+	recorded := false // the hand act, once whatever the tries
+	return retryAct(ctx, func() (Pinned, error) { return c.pin(ctx, r, &recorded) })
 }
 
-func (c *Controller) pin(ctx context.Context, r PinRequest) (Pinned, error) {
+func (c *Controller) pin(ctx context.Context, r PinRequest, recorded *bool) (Pinned, error) {
 	node, provision, fromNode, module, yes := r.Node, r.Provision, r.FromNode, r.Module, r.Yes
 	if err := CheckNames(node, provision, fromNode, module); err != nil {
 		return Pinned{}, err
@@ -316,8 +319,11 @@ func (c *Controller) pin(ctx context.Context, r PinRequest) (Pinned, error) {
 		replacement = &inventory.Replacement{What: "binding " + node + " " + provision, NewHolder: provider.String(), OldHolder: moving[0].Provider.String(), Data: out.Empty}
 		// --yes was what let it start empty: the log says who chose that,
 		// and why; written first, as a person's word of what they asked.
-		if err := c.recordHand(ctx, fmt.Sprintf("pin %s %s to %s, which starts empty: %s", node, provision, out.Provider, out.Empty), r.Why, "pin", ""); err != nil {
-			return out, err
+		if !*recorded {
+			if err := c.recordHand(ctx, fmt.Sprintf("pin %s %s to %s, which starts empty: %s", node, provision, out.Provider, out.Empty), r.Why, "pin", ""); err != nil {
+				return out, err
+			}
+			*recorded = true
 		}
 		out.Recorded = true
 	}
@@ -341,58 +347,6 @@ func withBindings(after *inventory.Snapshot, ch inventory.Change, bumps ...strin
 	}
 	ch.Bump = slices.Sorted(maps.Keys(set))
 	return ch
-}
-
-// commitAct records an act's change in one inventory transaction, its
-// commit point; then makes the secrets and credentials the mesh as it will
-// be (after) needs (or when their nodes join), sealed, their plaintext
-// dropped; then declares the nodes the change moves. The fault points
-// act:before-inventory, act:after-inventory and act:after-secrets prove a
-// process stopped between those writes leaves the act whole once serve
-// catches up, or not done.
-func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
-	return c.commitActProgress(ctx, st, after, ch, act, nil)
-}
-
-// commitActProgress is commitAct telling progress how far the declarations
-// are (nil: nobody).
-func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
-	progress func(stage string, done, total int)) ([]Pushed, error) {
-	if actJudged != nil {
-		actJudged(act)
-	}
-	fault(act + ":before-inventory")
-	// Said before the first write and until declared, so that a serving
-	// controller's catch-up leaves these nodes to this act.
-	under, err := st.Inventory.BeginAct(ctx, act, c.Now().Add(actUnderWayFor))
-	if err != nil {
-		return nil, err
-	}
-	defer st.Inventory.EndAct(context.WithoutCancel(ctx), under, c.Now())
-	if ch.Based == 0 {
-		ch.Based = after.Revision // judged on it: refused if another act committed since
-	}
-	if err := st.Inventory.Apply(ctx, ch, c.Now()); err != nil {
-		return nil, err
-	}
-	fault(act + ":after-inventory")
-	if _, err := c.ensureMade(ctx, st, after, ch.Bump); err != nil {
-		return nil, err
-	}
-	fault(act + ":after-secrets")
-	if len(ch.Bump) == 0 {
-		return nil, nil
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
-	d, err := c.newDeclarer(ctx, st)
-	if err != nil {
-		return nil, err
-	}
-	d.progress = progress
-	return d.declareVia(ctx, c, st, snap, ch.Bump), nil
 }
 
 // Unpin puts the choice back to the mesh; a binding whose provider keeps
@@ -499,34 +453,4 @@ func (c *Controller) recordHand(ctx context.Context, what, why, cause, condition
 	}
 	_, err = st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: cause, Who: who(), Condition: condition})
 	return err
-}
-
-// actJudged, when a test sets it, is called once an act is judged and
-// before it commits: two acts held there are judged on one snapshot.
-var actJudged func(act string)
-
-// actTries bounds how often an act is judged again when another committed
-// between its snapshot and its commit.
-const actTries = 20
-
-// retryAct runs an act (read a snapshot, judge, commit with Change.Based)
-// again while another act committed in between (inventory.ErrActConflict):
-// the acts' outcome is then one of them after the other, whatever their
-// timing, on SQLite and PostgreSQL alike.
-func retryAct[T any](ctx context.Context, act func() (T, error)) (T, error) {
-	for try := 1; ; try++ {
-		out, err := act()
-		if !errors.Is(err, inventory.ErrActConflict) {
-			return out, err
-		}
-		if try == actTries || ctx.Err() != nil {
-			return out, fmt.Errorf("%w, %d times: run it again", err, try)
-		}
-		// A pause growing with the tries, jittered: acts that met once do
-		// not meet again in step.
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(try) * time.Duration(1+mathrand.IntN(20)) * time.Millisecond):
-		}
-	}
 }

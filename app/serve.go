@@ -389,7 +389,7 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start, thorough
 	if err != nil {
 		return nil, 0, err
 	}
-	return c.catchUpFrom(ctx, nc, st, snap, start)
+	return c.catchUpFrom(ctx, nc, st, snap, start, thorough)
 }
 
 // actUnderWayFor bounds how long an act's command is taken to be declaring
@@ -415,13 +415,18 @@ func (c *Controller) actUnderWay(ctx context.Context, st *Stores) (bool, error) 
 
 // catchUpFrom is catchUp from a snapshot already read: an act may have
 // declared since.
-func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
+func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start, thorough bool) (out []daemon.Declared, made int, err error) {
 	if !start {
 		// A person's act is making its users and secrets and declaring its
 		// nodes: doing it beside it would make them twice (revoking the
 		// act's) and declare every node a second time. Its nodes are
 		// caught up once it ends, or once its command is gone.
 		if busy, err := c.actUnderWay(ctx, st); err != nil || busy {
+			return nil, 0, err
+		}
+	}
+	if thorough {
+		if err := c.finishActs(ctx, st, snap); err != nil {
 			return nil, 0, err
 		}
 	}

@@ -95,16 +95,12 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 	case "record":
 		// Recorded, not sent: the catch-up leaves these nodes alone until
 		// 'push --behind' or a roll-out.
-		ch := inventory.Change{}
-		for _, s := range v.Steps {
-			ch.Pending = append(ch.Pending, inventory.Assignment{Node: s.Node, Module: r.Module, Version: cur})
+		all := make([]int, len(v.Steps))
+		for i := range all {
+			all[i] = i
 		}
-		if len(ch.Pending) > 0 {
-			if err := inv.Apply(ctx, ch, c.Now()); err != nil {
-				return v, err
-			}
-		}
-		return v, nil
+		_, err := c.moveVersions(ctx, inv, v, all, false)
+		return v, err
 	}
 	if len(v.Steps) == 0 {
 		return v, nil
@@ -132,13 +128,8 @@ func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 			return err
 		}
 		defer inv.EndAct(context.WithoutCancel(ctx), under, c.Now())
-		ch := inventory.Change{}
-		for _, i := range steps {
-			ch.Versions = append(ch.Versions, inventory.Assignment{Node: v.Steps[i].Node, Module: r.Module, Version: cur})
-			ch.Bump = append(ch.Bump, v.Steps[i].Node)
-		}
-		// One transaction for every node moved at once.
-		if err := inv.Apply(ctx, ch, c.Now()); err != nil {
+		ch, err := c.moveVersions(ctx, inv, v, steps, true)
+		if err != nil {
 			return err
 		}
 		// Declared from the mesh as just written: a declaration records the
@@ -295,4 +286,58 @@ func (c *Controller) waitApplied(ctx context.Context, st *Stores, snap *inventor
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// moveVersions judges and commits, as one act, these steps of an upgrade
+// (to its current version, v.Current): each node still runs the module, and
+// the new version claims no port or data path another module there has.
+// They are recorded pending (a record) or moved (a roll-out's step, its
+// nodes' plans with them) in one transaction, judged again if another act
+// committed in between. It returns the change committed.
+func (c *Controller) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeView, steps []int, move bool) (inventory.Change, error) {
+	if len(steps) == 0 {
+		return inventory.Change{}, nil
+	}
+	return retryAct(ctx, func() (inventory.Change, error) {
+		snap, err := inv.Snapshot(ctx)
+		if err != nil {
+			return inventory.Change{}, err
+		}
+		m, ok := snap.Manifests[v.Module][v.Current]
+		if !ok {
+			return inventory.Change{}, fmt.Errorf("module %s %s %w", v.Module, v.Current, inventory.ErrModuleNotFound)
+		}
+		ch := inventory.Change{Based: snap.Revision}
+		var problems []string
+		for _, i := range steps {
+			node := v.Steps[i].Node
+			here := map[string]inventory.Manifest{}
+			on := false
+			for _, a := range snap.AssignmentsOf(node) {
+				if a.Module == v.Module {
+					on = true
+					continue
+				}
+				here[a.Module] = snap.Manifests[a.Module][a.Version]
+			}
+			if !on {
+				problems = append(problems, fmt.Sprintf("%s is no longer on %s", v.Module, node))
+				continue
+			}
+			problems = append(problems, inventory.PortClashes(node, here, []inventory.Manifest{m})...)
+			problems = append(problems, inventory.DataPathClashes(node, here, []inventory.Manifest{m})...)
+			a := inventory.Assignment{Node: node, Module: v.Module, Version: v.Current}
+			if move {
+				ch.Versions = append(ch.Versions, a)
+				ch.Bump = append(ch.Bump, node)
+			} else {
+				ch.Pending = append(ch.Pending, a)
+			}
+		}
+		if err := refuse("upgrade "+v.Module+" to "+v.Current, problems); err != nil {
+			return inventory.Change{}, err
+		}
+		// One transaction for every node moved at once.
+		return ch, inv.Apply(ctx, ch, c.Now())
+	})
 }

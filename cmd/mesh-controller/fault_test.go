@@ -136,6 +136,45 @@ func TestActs_KilledBetweenWritesAreDoneWholeOrNotAtAll(t *testing.T) {
 			t.Fatal("the handover is not whole")
 		}
 	})
+	t.Run("node remove killed after the inventory is finished when run again", func(t *testing.T) {
+		fault("node-remove:after-inventory", "node", "remove", "db2", "--and-unassign")
+		if out := must("node", "list"); strings.Contains(out, "db2") {
+			t.Fatalf("db2 is still in the inventory after its removal's commit point:\n%s", out)
+		}
+		// Its host's broker user is alive yet: run again, node remove
+		// revokes it (or serve's catch-up did, finishing the act, first).
+		live := func() string {
+			t.Helper()
+			out, err := exec.Command("sqlite3", filepath.Join(data, "identity.db"),
+				"SELECT (SELECT count(*) FROM hosts WHERE node = 'db2') + (SELECT count(*) FROM issued_users WHERE node = 'db2' AND revoked_at IS NULL)").CombinedOutput()
+			if err != nil {
+				t.Fatalf("sqlite3: %v\n%s", err, out)
+			}
+			return strings.TrimSpace(string(out))
+		}
+		try := func(args ...string) (string, error) {
+			cmd := exec.Command(bin, append([]string{"--data", data}, args...)...)
+			cmd.Dir = work
+			out, err := cmd.Output()
+			return string(out), err
+		}
+		out, err := try("node", "remove", "db2", "--json")
+		if err == nil {
+			var removed struct {
+				Revoked int `json:"revoked_users"`
+			}
+			decodeJSON(t, out, &removed)
+			if removed.Revoked == 0 {
+				t.Fatal("node remove run again revoked no broker user of db2")
+			}
+		}
+		if n := live(); n != "0" {
+			t.Fatalf("db2's host keys and broker users are still there (%s) after node remove ran again (%v)", n, err)
+		}
+		if _, err := try("node", "remove", "db2"); err == nil {
+			t.Fatal("a third node remove of db2 found it still known")
+		}
+	})
 }
 
 // killed says a command was stopped by a signal (the fault point's SIGKILL).

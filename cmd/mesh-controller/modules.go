@@ -238,13 +238,23 @@ const manyLines = 20
 
 // printPushed says, per node, whether its new declaration was sent.
 func printPushed(env *Env, pushed []app.Pushed) {
-	var later []string
+	var later, unjoined []string
 	sent, kept := 0, 0
 	many := len(pushed) > manyLines
 	for _, p := range pushed {
 		switch {
 		case p.Problem != "":
 			fmt.Fprintf(env.Stderr, "%s: not declared: %s\n", p.Node, p.Problem)
+		case p.NotJoined:
+			// Sent or kept, it reaches no host before one joins.
+			kept++
+			if !many {
+				fmt.Fprintf(env.Stdout, "%s: declaration %d kept: delivered when its host joins\n", p.Node, p.Serial)
+			}
+			unjoined = append(unjoined, p.Node)
+			if !p.Sent {
+				later = append(later, p.Node)
+			}
 		case p.Sent:
 			sent++
 			if !many {
@@ -267,6 +277,16 @@ func printPushed(env *Env, pushed []app.Pushed) {
 			who = app.Plural(len(later), "node")
 		}
 		fmt.Fprintf(env.Stderr, "%s will be sent theirs when 'mesh-controller serve' runs (%s)\n", who, pushedWhy(pushed))
+	}
+	switch {
+	case len(unjoined) == 1:
+		fmt.Fprintf(env.Stderr, "%s has not joined yet: its declaration waits for its host; give it a join token with 'mesh-controller token issue --node %s'\n", unjoined[0], unjoined[0])
+	case len(unjoined) > 1:
+		who := strings.Join(unjoined, ", ")
+		if len(unjoined) > manyLines {
+			who = app.Plural(len(unjoined), "node")
+		}
+		fmt.Fprintf(env.Stderr, "%s have not joined yet: their declarations wait for their hosts; give each a join token with 'mesh-controller token issue --node NAME'\n", who)
 	}
 }
 

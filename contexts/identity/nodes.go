@@ -104,3 +104,18 @@ func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) 
 	}
 	return f, nil
 }
+
+// KnownNodes returns every node the identity store still knows: a joined
+// host's keys, a join token, or a broker user not revoked; by name. Serve's
+// catch-up forgets those the inventory no longer has (a node remove killed
+// between its two stores).
+func (s *Store) KnownNodes(ctx context.Context) ([]string, error) {
+	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT node FROM hosts
+		UNION SELECT node FROM join_tokens
+		UNION SELECT node FROM issued_users WHERE revoked_at IS NULL AND node <> ''
+		ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("identity store: list known nodes: %w", err)
+	}
+	return names, nil
+}

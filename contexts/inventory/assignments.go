@@ -101,6 +101,10 @@ func nonNil(s []string) []string {
 // SetSettings keeps a settings layer; the plans of the bump nodes move.
 func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO settings_layers (module, node, body, set_at) VALUES (?, ?, ?, ?) ON CONFLICT (module, node) DO UPDATE SET body = excluded.body, set_at = excluded.set_at`,
 			l.Module, l.Node, string(l.Body), sqlite.FormatTime(l.SetAt)); err != nil {
 			return err
@@ -112,6 +116,10 @@ func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []st
 // ClearSettings takes a settings layer away; cleared says there was one.
 func (s *Store) ClearSettings(ctx context.Context, module, node string, bumpNodes []string) (cleared bool, err error) {
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM settings_layers WHERE module = ? AND node = ?`, module, node)
 		if err != nil {
 			return err

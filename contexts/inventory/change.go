@@ -299,3 +299,14 @@ func (s *Snapshot) BindingChanges() (bindings []Binding, consumers []ConsumerCha
 	}
 	return bindings, consumers, slices.Sorted(maps.Keys(moved))
 }
+
+// Revision returns the act revision now: an act that reads it before what
+// it judges, and commits with it as based, is refused if another act
+// committed in between.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	var rev int64
+	if err := s.db.Reader.QueryRowContext(ctx, `SELECT rev FROM act_revision WHERE id = 1`).Scan(&rev); err != nil {
+		return 0, fmt.Errorf("inventory store: read the act revision: %w", err)
+	}
+	return rev, nil
+}

@@ -31,11 +31,15 @@ type Filter struct {
 // Converge makes a node converged, the mesh owning the filter f on it (nil:
 // none), in one transaction; its plan moves, so its next declaration
 // carries the filter (or none).
-func (s *Store) Converge(ctx context.Context, node string, f *Filter) error {
+func (s *Store) Converge(ctx context.Context, node string, f *Filter, based int64) error {
 	if f != nil && f.Kind != FilterNftables {
 		return fmt.Errorf("filter %q: only %s is known", f.Kind, FilterNftables)
 	}
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, based); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, `UPDATE nodes SET mode = ?, plan_version = plan_version + 1 WHERE name = ?`, string(Converged), node)
 		if err != nil {
 			return err
@@ -61,6 +65,10 @@ func (s *Store) Converge(ctx context.Context, node string, f *Filter) error {
 // included, stay as they are. ErrNodeNotFound, or ErrAdoptedAlready.
 func (s *Store) Adopt(ctx context.Context, node string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		var mode string
 		err := tx.QueryRowContext(ctx, `SELECT mode FROM nodes WHERE name = ?`, node).Scan(&mode)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -22,13 +22,13 @@ func TestStore_ConvergeAdopt(t *testing.T) {
 	if err := s.Adopt(ctx, "nope"); !errors.Is(err, ErrNodeNotFound) {
 		t.Fatalf("adopting an unknown node: %v", err)
 	}
-	if err := s.Converge(ctx, "nope", nil); !errors.Is(err, ErrNodeNotFound) {
+	if err := s.Converge(ctx, "nope", nil, 0); !errors.Is(err, ErrNodeNotFound) {
 		t.Fatalf("converging an unknown node: %v", err)
 	}
-	if err := s.Converge(ctx, "web1", &Filter{Kind: "iptables", Since: now}); err == nil {
+	if err := s.Converge(ctx, "web1", &Filter{Kind: "iptables", Since: now}, 0); err == nil {
 		t.Fatal("an unknown filter kind was recorded")
 	}
-	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, CloseSSH: true, Since: now}); err != nil {
+	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, CloseSSH: true, Since: now}, 0); err != nil {
 		t.Fatal(err)
 	}
 	n, _ := s.Node(ctx, "web1")
@@ -40,13 +40,13 @@ func TestStore_ConvergeAdopt(t *testing.T) {
 		t.Fatalf("converged: %+v, filters %+v", n, fs)
 	}
 	// Converged again without a filter: the mesh owns none.
-	if err := s.Converge(ctx, "web1", nil); err != nil {
+	if err := s.Converge(ctx, "web1", nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	if fs, _ := s.NodeFilters(ctx); len(fs) != 0 {
 		t.Fatalf("a filter left: %+v", fs)
 	}
-	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, Since: now}); err != nil {
+	if err := s.Converge(ctx, "web1", &Filter{Kind: FilterNftables, Since: now}, 0); err != nil {
 		t.Fatal(err)
 	}
 	converged, _ := s.Node(ctx, "web1")

@@ -98,6 +98,10 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 	}
 	var a Added
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		var current string
 		err := tx.QueryRowContext(ctx, `SELECT current_version FROM modules WHERE name = ?`, m.Module).Scan(&current)
 		switch {
@@ -235,6 +239,10 @@ func holdings(ctx context.Context, tx *sql.Tx, module string) (Holdings, error) 
 func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (Holdings, error) {
 	var h Holdings
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM modules WHERE name = ?`, name).Scan(&n); err != nil {
 			return err

@@ -161,6 +161,10 @@ func (s *Store) SetPlacement(ctx context.Context, node string, p Placement, move
 		return s
 	}
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		if err := mustExist(ctx, tx, node); err != nil {
 			return err
 		}

@@ -42,7 +42,7 @@ func TestStore_OverlayIndexes(t *testing.T) {
 	if got := indexes(); got["a1"] != 1 || got["b1"] != 2 || got["b2"] != 3 {
 		t.Fatalf("indexes %v", got)
 	}
-	if _, err := s.RemoveNodes(ctx, []string{"b2"}, nil, now); err != nil {
+	if _, err := s.RemoveNodes(ctx, []string{"b2"}, nil, 0, now); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.AddNode(ctx, "c1", Converged, now); err != nil {
@@ -152,7 +152,7 @@ func TestStore_Placement(t *testing.T) {
 	}
 	// Removing a node of the overlay moves the plans of those with a key.
 	before = plans()
-	if _, err := s.RemoveNodes(ctx, []string{"nat1"}, nil, now); err != nil {
+	if _, err := s.RemoveNodes(ctx, []string{"nat1"}, nil, 0, now); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"pub1", "idle1"} {
@@ -288,7 +288,7 @@ func TestStore_KeyRefused(t *testing.T) {
 		t.Fatalf("keys %v", k)
 	}
 	// A node removed takes its refusal with it.
-	if _, err := s.RemoveNodes(ctx, []string{"b1"}, nil, t1); err != nil {
+	if _, err := s.RemoveNodes(ctx, []string{"b1"}, nil, 0, t1); err != nil {
 		t.Fatal(err)
 	}
 	if rs := refusals(); len(rs) != 0 {

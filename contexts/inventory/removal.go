@@ -33,13 +33,15 @@ type Removal struct {
 // record, facts, data reports, declaration, pins, settings layer and
 // pending deletions go; pins naming it as a provider go; replacements it
 // was to take over are resolved. A node added later under the same name
-// is a fresh record.
-func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, now time.Time) (Removal, error) {
+// is a fresh record. based is the act revision the removal was judged on
+// (0: not judged on a snapshot): another act committed since refuses it
+// with ErrActConflict.
+func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, based int64, now time.Time) (Removal, error) {
 	var out Removal
 	at := sqlite.FormatTime(now)
 	err := s.db.Write(ctx, func(tx *sql.Tx) error {
 		out = Removal{}
-		if err := moveRevision(ctx, tx, 0); err != nil {
+		if err := moveRevision(ctx, tx, based); err != nil {
 			return err
 		}
 		known := make(map[string]bool, len(nodes))
@@ -145,7 +147,7 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 		}
 		return nil
 	})
-	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrStillAssigned) {
+	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrStillAssigned) || errors.Is(err, ErrActConflict) {
 		return Removal{}, err
 	}
 	if err != nil {

@@ -58,21 +58,21 @@ func TestStore_RemoveNodes(t *testing.T) {
 
 	t1 := t0.Add(time.Hour)
 	t.Run("refused while assigned", func(t *testing.T) {
-		if _, err := s.RemoveNodes(ctx, []string{"web1"}, nil, t1); !errors.Is(err, ErrStillAssigned) {
+		if _, err := s.RemoveNodes(ctx, []string{"web1"}, nil, 0, t1); !errors.Is(err, ErrStillAssigned) {
 			t.Fatalf("got %v", err)
 		}
 	})
 	if err := s.Apply(ctx, Change{Unassign: []Holder{{Node: "web1", Module: "paperless"}}, Retirements: rs}, t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AskDeletions(ctx, []Deletion{{Node: "web1", Module: "paperless", Target: "index", Kind: "data", Path: "/var/lib/paperless/index", Why: "x"}}, nil, t0); err != nil {
+	if err := s.AskDeletions(ctx, []Deletion{{Node: "web1", Module: "paperless", Target: "index", Kind: "data", Path: "/var/lib/paperless/index", Why: "x"}}, nil, 0, t0); err != nil {
 		t.Fatal(err)
 	}
 	t.Run("all or nothing", func(t *testing.T) {
-		if _, err := s.RemoveNodes(ctx, []string{"web1", "web9"}, nil, t1); !errors.Is(err, ErrNodeNotFound) {
+		if _, err := s.RemoveNodes(ctx, []string{"web1", "web9"}, nil, 0, t1); !errors.Is(err, ErrNodeNotFound) {
 			t.Fatalf("got %v", err)
 		}
-		if _, err := s.RemoveNodes(ctx, []string{"web1", "web2"}, nil, t1); !errors.Is(err, ErrStillAssigned) {
+		if _, err := s.RemoveNodes(ctx, []string{"web1", "web2"}, nil, 0, t1); !errors.Is(err, ErrStillAssigned) {
 			t.Fatalf("got %v", err)
 		}
 		if _, err := s.Node(ctx, "web1"); err != nil {
@@ -81,7 +81,7 @@ func TestStore_RemoveNodes(t *testing.T) {
 	})
 
 	consumer := []Retirement{{Node: "web1", Module: "postgres", DataSet: "postgres", Precious: Irreplaceable, Consumer: "web2/paperless", State: "retired", RetiredAt: t0, Why: "its node was removed"}}
-	r, err := s.RemoveNodes(ctx, []string{"web1"}, consumer, t1)
+	r, err := s.RemoveNodes(ctx, []string{"web1"}, consumer, 0, t1)
 	if err != nil || r.Kept != 3 || len(r.Cancelled) != 1 || r.Cancelled[0].Target != "index" {
 		t.Fatalf("remove: %+v, %v", r, err)
 	}
@@ -124,10 +124,10 @@ func TestStore_RemoveNodes(t *testing.T) {
 
 	t.Run("recorded deleted by hand", func(t *testing.T) {
 		id := got[0].ID
-		if err := s.AskDeletions(ctx, nil, []int64{id}, t1); err != nil {
+		if err := s.AskDeletions(ctx, nil, []int64{id}, 0, t1); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.AskDeletions(ctx, nil, []int64{id}, t1); !errors.Is(err, ErrNotCleanable) {
+		if err := s.AskDeletions(ctx, nil, []int64{id}, 0, t1); !errors.Is(err, ErrNotCleanable) {
 			t.Fatalf("twice: %v", err)
 		}
 	})

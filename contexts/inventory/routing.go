@@ -75,6 +75,10 @@ func (s *Store) SetNetworks(ctx context.Context, node string, networks []string)
 // caller's word) when it differs, moving the node's plan.
 func (s *Store) setRouting(ctx context.Context, node, column string, value any) (changed bool, err error) {
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		if err := mustExist(ctx, tx, node); err != nil {
 			return err
 		}

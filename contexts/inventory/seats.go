@@ -250,6 +250,10 @@ func recordReplacement(ctx context.Context, tx *sql.Tx, r *Replacement, now time
 // in the same transaction.
 func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []string) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, 0); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE seat_holders SET seat = ? WHERE seat = ?`, to, from); err != nil {
 			return err
 		}
@@ -316,8 +320,12 @@ var ErrNotCleanable = errors.New("is no longer retired data on a removed node")
 // AskDeletions records a cleanup in one transaction: deletions its hosts are
 // asked to carry out (their nodes' plans move), and retirements on removed
 // nodes recorded deleted by hand, since no host is left to act on them.
-func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand []int64, now time.Time) error {
+func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand []int64, based int64, now time.Time) error {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An act: judged acts committing after it are judged again.
+		if err := moveRevision(ctx, tx, based); err != nil {
+			return err
+		}
 		nodes := map[string]bool{}
 		for _, d := range asks {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO deletions (node, module, target, kind, path, asked_at, why) VALUES (?, ?, ?, ?, ?, ?, ?)`,

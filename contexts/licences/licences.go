@@ -803,3 +803,25 @@ func (s *Store) Due(ctx context.Context, part float64, now time.Time) ([]Licence
 	}
 	return out, rows.Err()
 }
+
+// AllHolders returns every module on a node that holds or manages a
+// licence, each once, by node then module: what serve's catch-up compares
+// with what is assigned, to forget what an act stopped half-way left held.
+func (s *Store) AllHolders(ctx context.Context) ([]Holder, error) {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, module FROM licence_holders
+		UNION SELECT manager_node, manager_module FROM licences WHERE manager_node IS NOT NULL
+		ORDER BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("licences store: list holders: %w", err)
+	}
+	defer rows.Close()
+	var out []Holder
+	for rows.Next() {
+		var h Holder
+		if err := rows.Scan(&h.Node, &h.Module); err != nil {
+			return nil, fmt.Errorf("licences store: list holders: %w", err)
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
