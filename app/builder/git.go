@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // DefaultGitTimeout bounds clone, checkout and every other git step of
@@ -33,7 +33,7 @@ type gitFailed struct {
 func (g *gitFailed) Error() string {
 	s := fmt.Sprintf("git %s exited with status %d", g.args[0], g.status)
 	if g.last != "" {
-		s += ": " + inventory.RedactText(g.last)
+		s += ": " + manifest.RedactText(g.last)
 	}
 	return s
 }
@@ -109,11 +109,11 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // id; "" is the repository's default branch) and returns the commit.
 func (b *Builder) checkout(ctx context.Context, lg *buildLog, dir, src, repository, ref string) (string, error) {
 	deadline := time.Now().Add(b.gitTimeout())
-	lg.step("git clone %s", inventory.RedactRepository(repository))
+	lg.step("git clone %s", manifest.RedactRepository(repository))
 	// No checkout yet: the ref is resolved first, among branches, tags and
 	// commits alike, then checked out detached.
 	if _, err := b.git(ctx, deadline, lg, dir, "clone", "--no-checkout", "--quiet", "--", repository, src); err != nil {
-		return "", fmt.Errorf("clone %s: %w", inventory.RedactRepository(repository), err)
+		return "", fmt.Errorf("clone %s: %w", manifest.RedactRepository(repository), err)
 	}
 	var commit string
 	for _, c := range candidates(ref) {
@@ -128,7 +128,7 @@ func (b *Builder) checkout(ctx context.Context, lg *buildLog, dir, src, reposito
 		break
 	}
 	if commit == "" {
-		return "", fmt.Errorf("ref %q is not a branch, tag or commit of %s: push it, or ask for one that exists", ref, inventory.RedactRepository(repository))
+		return "", fmt.Errorf("ref %q is not a branch, tag or commit of %s: push it, or ask for one that exists", ref, manifest.RedactRepository(repository))
 	}
 	lg.step("git checkout %s (%s)", commit, refName(ref))
 	if _, err := b.git(ctx, deadline, lg, src, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit); err != nil {
@@ -175,8 +175,8 @@ func checkAsk(repository, ref string) error {
 	case strings.ContainsFunc(repository+ref, func(r rune) bool { return r < 0x20 || r == 0x7f }):
 		return fmt.Errorf("the repository or ref holds control characters: ask again without them")
 	}
-	if err := inventory.CheckRepository(repository); err != nil {
-		return fmt.Errorf("%w: %s", err, inventory.RepositoryCredentialHint)
+	if err := manifest.CheckRepository(repository); err != nil {
+		return fmt.Errorf("%w: %s", err, manifest.RepositoryCredentialHint)
 	}
 	return nil
 }
