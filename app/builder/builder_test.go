@@ -324,6 +324,15 @@ func TestBuilder_Failures(t *testing.T) {
 	}{
 		{name: "repository missing", repository: filepath.Join(t.TempDir(), "nope.git"),
 			why: []string{"clone ", "git clone exited with status 128", "does not exist"}},
+		// git ends with "and the repository exists.": the why is its line
+		// that says why.
+		{name: "repository not a repository", repository: "file://" + t.TempDir(),
+			why: []string{"git clone exited with status 128: fatal: '", "' does not appear to be a git repository"},
+			check: func(t *testing.T, o builder.Outcome) {
+				if strings.Contains(o.Why, "repository exists") || strings.Contains(o.Why, "Could not read") {
+					t.Fatalf("why %q is git's follow-up, not why", o.Why)
+				}
+			}},
 		{name: "repository unreachable", repository: "http://127.0.0.1:1/hello.git",
 			why: []string{"clone http://127.0.0.1:1/hello.git", "status 128"}},
 		{name: "repository does not answer", repository: "http://" + ln.Addr().String() + "/hello.git", gitTimeout: time.Second,
@@ -421,6 +430,66 @@ func TestBuilder_Failures(t *testing.T) {
 	}
 	if _, err := os.Stat(owned); err == nil {
 		t.Fatalf("an option smuggled in as a repository or ref ran")
+	}
+}
+
+// When git's own last word is only that it could not read the remote,
+// the why is what ssh said before it.
+func TestBuilder_WhySSHSaid(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("no ssh on PATH")
+	}
+	h := newHarness(t)
+	o := h.build(t, t.Context(), builder.Ask{ID: "b-11-ssh", Repository: "ssh://nohost.invalid/hello.git"})
+	if !o.Failed || !strings.Contains(o.Why, "git clone exited with status 128: ssh: Could not resolve hostname nohost.invalid") {
+		t.Fatalf("why %q, want ssh's line", o.Why)
+	}
+}
+
+// A builder runs as its module's own user: a local repository another
+// user owns is cloned all the same (git refuses one of "dubious
+// ownership" unless told it is safe), bare or not, however it is named.
+func TestBuilder_RepositoryOfAnotherUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give the repository to another user")
+	}
+	r := newRepo(t)
+	commit := r.commit(map[string]string{"mesh.json": meshJSON(helloBuild("theirs"))})
+	link := filepath.Join(t.TempDir(), "link.git")
+	if err := os.Symlink(r.bare, link); err != nil {
+		t.Fatal(err)
+	}
+	// The link is theirs too: git judges a link by its own owner.
+	for _, p := range []string{filepath.Dir(r.bare), link} {
+		if err := exec.Command("chown", "-R", "-h", "65534:65534", p).Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The builder's git reads its user's global config: an empty one here.
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	plain := exec.Command("git", "clone", "--quiet", "--", r.bare, filepath.Join(home, "plain"))
+	plain.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := plain.CombinedOutput(); err == nil || !strings.Contains(string(out), "dubious ownership") {
+		t.Skipf("this machine's git clones another user's repository without being told (%v): nothing to test\n%s", err, out)
+	}
+	h := newHarness(t)
+	for _, tc := range []struct{ name, repository string }{
+		{"bare", r.bare},
+		{"trailing slash", r.bare + "/"},
+		{"file URL", "file://" + r.bare},
+		{"through a link", link},
+		{"work tree", r.work},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := h.build(t, t.Context(), builder.Ask{ID: "b-10-" + strings.ReplaceAll(tc.name, " ", "-"), Repository: tc.repository})
+			if o.Failed {
+				t.Fatalf("failed: %s\n%s", o.Why, strings.Join(o.LogTail, "\n"))
+			}
+			if o.Commit != commit {
+				t.Fatalf("built %s, want %s", o.Commit, commit)
+			}
+		})
 	}
 }
 
