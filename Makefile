@@ -293,6 +293,6 @@ clean:
 	rm -rf $(BIN)
 
 # fuzz the manifest parser (module check); new corpus entries land in the Go cache:
-# copy the interesting ones to contexts/inventory/testdata/fuzz/ to keep them.
+# copy the interesting ones to contexts/inventory/manifest/testdata/fuzz/ to keep them.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseManifest -fuzztime 60s ./contexts/inventory/
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./contexts/inventory/manifest/

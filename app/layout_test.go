@@ -21,15 +21,27 @@ func goList(t *testing.T, args ...string) []string {
 	return strings.Fields(string(out))
 }
 
+// contextOf is the context a package belongs to (inventory for
+// mesh-controller/contexts/inventory/manifest), "" outside contexts/.
+func contextOf(pkg string) string {
+	rest, ok := strings.CutPrefix(pkg, "mesh-controller/contexts/")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	return name
+}
+
 // Contexts never import each other, app or cmd (house rule 2): only app
-// crosses contexts.
+// crosses contexts. A context's own subpackages (its model without its
+// store, say) are its own.
 func TestContextsImportNoOtherContext(t *testing.T) {
 	for _, pkg := range goList(t, "./contexts/...") {
 		for _, dep := range goList(t, "-deps", pkg) {
 			if dep == pkg {
 				continue
 			}
-			if strings.HasPrefix(dep, "mesh-controller/contexts/") ||
+			if (contextOf(dep) != "" && contextOf(dep) != contextOf(pkg)) ||
 				strings.HasPrefix(dep, "mesh-controller/app") ||
 				strings.HasPrefix(dep, "mesh-controller/cmd") {
 				t.Errorf("%s imports %s", pkg, dep)
@@ -100,6 +112,17 @@ func TestLayout_Dependencies(t *testing.T) {
 	}
 	bad("mesh-controller/app/daemon", "the daemon is scheduled by app, never the other way",
 		func(d string) bool { return d == "mesh-controller/app" })
+	// A builder, a host and a backup module keep no store: a context's root
+	// package holds its store, its store-free subpackages (inventory's
+	// manifest) are what they may read.
+	store := func(d string) bool {
+		return d == "database/sql" || strings.HasPrefix(d, "modernc.org/sqlite") || strings.HasPrefix(d, "github.com/jackc/pgx") ||
+			strings.HasPrefix(d, "mesh-controller/embedded/sqlite") || strings.HasPrefix(d, "mesh-controller/embedded/postgres") ||
+			(contextOf(d) != "" && d == "mesh-controller/contexts/"+contextOf(d))
+	}
+	for _, bin := range []string{"mesh-builder", "mesh-host", "mesh-backup"} {
+		bad("mesh-controller/cmd/"+bin, "only the controller keeps stores: no store driver, no database/sql, no context's store", store)
+	}
 }
 
 // One name rule: the inventory judges manifests by its own copy (a context

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"mesh-controller/app/archive"
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // maxManifestBytes bounds the mesh.json read from a checkout, as module
@@ -121,7 +121,7 @@ func (b *Builder) gitTimeout() time.Duration {
 
 // Build clones the repository at the ref with the real git command,
 // records the commit, reads mesh.json from the checkout and judges it
-// exactly as module check does (inventory.ParseManifest, the build
+// exactly as module check does (manifest.Parse, the build
 // section included), runs build.command in the checkout (no shell, its
 // own process group, env = only the declared env plus PATH and HOME=the
 // build's dir), kills the whole group at the timeout, when ctx is done
@@ -135,7 +135,7 @@ func (b *Builder) Build(ctx context.Context, a Ask) Outcome {
 	start := time.Now()
 	// The repository as the controller prints it: an ask from a controller
 	// that let a credential into the URL does not send it back.
-	o := Outcome{ID: a.ID, Repository: inventory.RedactRepository(a.Repository), Ref: a.Ref, On: b.Node, DryRun: a.DryRun}
+	o := Outcome{ID: a.ID, Repository: manifest.RedactRepository(a.Repository), Ref: a.Ref, On: b.Node, DryRun: a.DryRun}
 	lg := newLog(func(line string) {
 		if b.Progress != nil {
 			b.Progress(a.ID, line)
@@ -149,7 +149,7 @@ func (b *Builder) Build(ctx context.Context, a Ask) Outcome {
 		}
 	}
 	if err != nil {
-		o.Failed, o.Why = true, inventory.RedactText(oneLine(err.Error()))
+		o.Failed, o.Why = true, manifest.RedactText(oneLine(err.Error()))
 		lg.step("failed: %s", o.Why)
 	} else {
 		lg.step("built %s %s from %s in %v", o.Module, o.Version, short(o.Commit), time.Since(start).Round(time.Millisecond))
@@ -204,7 +204,7 @@ func (b *Builder) build(ctx context.Context, a Ask, dir string, o *Outcome, lg *
 	if err != nil {
 		return err
 	}
-	timeout := inventory.DefaultBuildTimeout
+	timeout := manifest.DefaultBuildTimeout
 	if m.Build.Timeout != "" {
 		timeout, _ = time.ParseDuration(m.Build.Timeout) // judged already
 	}
@@ -237,39 +237,39 @@ func (b *Builder) build(ctx context.Context, a Ask, dir string, o *Outcome, lg *
 // readManifest reads mesh.json from the checkout's root and judges it as
 // module check does, filling the outcome's manifest, module, version and
 // problems.
-func readManifest(src string, o *Outcome) (inventory.Manifest, error) {
+func readManifest(src string, o *Outcome) (manifest.Manifest, error) {
 	root, err := os.OpenRoot(src)
 	if err != nil {
-		return inventory.Manifest{}, fmt.Errorf("open the checkout: %w", err)
+		return manifest.Manifest{}, fmt.Errorf("open the checkout: %w", err)
 	}
 	defer root.Close()
 	info, err := root.Lstat("mesh.json")
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return inventory.Manifest{}, errors.New("the checkout has no mesh.json at its root: commit one to build this module")
+		return manifest.Manifest{}, errors.New("the checkout has no mesh.json at its root: commit one to build this module")
 	case err != nil:
-		return inventory.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
+		return manifest.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
 	case !info.Mode().IsRegular():
-		return inventory.Manifest{}, errors.New("mesh.json is not a regular file (a link?): commit the manifest itself")
+		return manifest.Manifest{}, errors.New("mesh.json is not a regular file (a link?): commit the manifest itself")
 	case info.Size() > maxManifestBytes:
-		return inventory.Manifest{}, fmt.Errorf("mesh.json is %d bytes, more than %d: trim it", info.Size(), maxManifestBytes)
+		return manifest.Manifest{}, fmt.Errorf("mesh.json is %d bytes, more than %d: trim it", info.Size(), maxManifestBytes)
 	}
 	f, err := root.Open("mesh.json")
 	if err != nil {
-		return inventory.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
+		return manifest.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
 	if err != nil {
-		return inventory.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
+		return manifest.Manifest{}, fmt.Errorf("read mesh.json: %w", err)
 	}
 	if len(data) > maxManifestBytes {
-		return inventory.Manifest{}, fmt.Errorf("mesh.json is more than %d bytes: trim it", maxManifestBytes)
+		return manifest.Manifest{}, fmt.Errorf("mesh.json is more than %d bytes: trim it", maxManifestBytes)
 	}
 	if json.Valid(data) {
 		o.Manifest = json.RawMessage(data)
 	}
-	m, problems := inventory.ParseManifest(data)
+	m, problems := manifest.Parse(data)
 	o.Module, o.Version = m.Module, m.Version
 	for _, p := range problems {
 		o.Problems = append(o.Problems, p.String())
@@ -284,7 +284,7 @@ func readManifest(src string, o *Outcome) (inventory.Manifest, error) {
 }
 
 // runBuild runs the build command in the checkout.
-func (b *Builder) runBuild(ctx context.Context, lg *buildLog, dir, src string, spec *inventory.Build, timeout time.Duration) error {
+func (b *Builder) runBuild(ctx context.Context, lg *buildLog, dir, src string, spec *manifest.Build, timeout time.Duration) error {
 	prog, err := lookPath(spec.Command[0], src, b.path())
 	if err != nil {
 		return fmt.Errorf("build.command: %v: fix build.command or the builder's PATH", err)

@@ -21,7 +21,7 @@ import (
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/builder"
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // git runs the real git for the test's own repositories.
@@ -79,8 +79,8 @@ func (r *repo) commit(files map[string]string) string {
 	return git(r.t, r.work, "rev-parse", "HEAD")
 }
 
-// manifest is a valid mesh.json with the given build section.
-func manifest(build string) string {
+// meshJSON is a valid mesh.json with the given build section.
+func meshJSON(build string) string {
 	return `{"module":"hello","version":"1.0.0","run":{"command":["bin/hello"]},"build":` + build + `}`
 }
 
@@ -129,7 +129,7 @@ func (h *harness) build(t *testing.T, ctx context.Context, a builder.Ask) builde
 	if des, err := os.ReadDir(h.b.WorkDir); err == nil && len(des) != 0 {
 		t.Errorf("work dir holds %v after the build, want nothing", des)
 	}
-	if o.ID != a.ID || o.On != "builder-1" || o.Repository != inventory.RedactRepository(a.Repository) || o.Ref != a.Ref {
+	if o.ID != a.ID || o.On != "builder-1" || o.Repository != manifest.RedactRepository(a.Repository) || o.Ref != a.Ref {
 		t.Errorf("outcome names %q on %q of %q at %q, want the ask's", o.ID, o.On, o.Repository, o.Ref)
 	}
 	if len(o.LogTail) == 0 || len(o.LogTail) > builder.LogTailLines {
@@ -168,11 +168,11 @@ func (h *harness) checkArchive(t *testing.T, o builder.Outcome) string {
 
 func TestBuilder_Build(t *testing.T) {
 	r := newRepo(t)
-	mesh1 := manifest(helloBuild("hi"))
+	mesh1 := meshJSON(helloBuild("hi"))
 	first := r.commit(map[string]string{"mesh.json": mesh1, "README": "hello"})
 	git(t, r.work, "tag", "v1")
 	git(t, r.work, "push", "--quiet", "origin", "v1")
-	mesh2 := manifest(helloBuild("hi2"))
+	mesh2 := meshJSON(helloBuild("hi2"))
 	second := r.commit(map[string]string{"mesh.json": mesh2})
 	h := newHarness(t)
 
@@ -251,7 +251,7 @@ func TestBuilder_Build(t *testing.T) {
 
 	t.Run("environment", func(t *testing.T) {
 		t.Setenv("BUILDER_SECRET", "do-not-leak")
-		env := repoWith(t, manifest(`{"command":["sh","-c","echo env GREETING=$GREETING SECRET=${BUILDER_SECRET:-unset} HOME=$HOME; mkdir bin; : > bin/x"],"outputs":["bin"],"env":{"GREETING":"hello"}}`))
+		env := repoWith(t, meshJSON(`{"command":["sh","-c","echo env GREETING=$GREETING SECRET=${BUILDER_SECRET:-unset} HOME=$HOME; mkdir bin; : > bin/x"],"outputs":["bin"],"env":{"GREETING":"hello"}}`))
 		o := h.build(t, t.Context(), builder.Ask{ID: "b-3-env", Repository: env})
 		if o.Failed {
 			t.Fatalf("failed: %s", o.Why)
@@ -284,7 +284,7 @@ func repoWith(t *testing.T, mesh string, files ...string) string {
 }
 
 func TestBuilder_Failures(t *testing.T) {
-	good := repoWith(t, manifest(helloBuild("hi")))
+	good := repoWith(t, meshJSON(helloBuild("hi")))
 	owned := filepath.Join(t.TempDir(), "owned")
 	invalid := `{"module":"Bad Name","version":"one","typo":true,"build":{"command":[],"outputs":["../x","/abs","bin/"],"timeout":"25h","env":{"PATH":"/x","bad name":"y"}}}`
 	// A server that accepts and never answers: git must be given up on.
@@ -324,6 +324,15 @@ func TestBuilder_Failures(t *testing.T) {
 	}{
 		{name: "repository missing", repository: filepath.Join(t.TempDir(), "nope.git"),
 			why: []string{"clone ", "git clone exited with status 128", "does not exist"}},
+		// git ends with "and the repository exists.": the why is its line
+		// that says why.
+		{name: "repository not a repository", repository: "file://" + t.TempDir(),
+			why: []string{"git clone exited with status 128: fatal: '", "' does not appear to be a git repository"},
+			check: func(t *testing.T, o builder.Outcome) {
+				if strings.Contains(o.Why, "repository exists") || strings.Contains(o.Why, "Could not read") {
+					t.Fatalf("why %q is git's follow-up, not why", o.Why)
+				}
+			}},
 		{name: "repository unreachable", repository: "http://127.0.0.1:1/hello.git",
 			why: []string{"clone http://127.0.0.1:1/hello.git", "status 128"}},
 		{name: "repository does not answer", repository: "http://" + ln.Addr().String() + "/hello.git", gitTimeout: time.Second,
@@ -358,7 +367,7 @@ func TestBuilder_Failures(t *testing.T) {
 			why: []string{"mesh.json has 9 problem(s), the first is typo: unknown field"},
 			check: func(t *testing.T, o builder.Outcome) {
 				// Exactly what module check says, every problem.
-				_, ps := inventory.ParseManifest([]byte(invalid))
+				_, ps := manifest.Parse([]byte(invalid))
 				var want []string
 				for _, p := range ps {
 					want = append(want, p.String())
@@ -378,20 +387,20 @@ func TestBuilder_Failures(t *testing.T) {
 			}},
 		{name: "no build section", repository: repoWith(t, `{"module":"hello","version":"1.0.0"}`),
 			why: []string{"no build section"}},
-		{name: "command fails", repository: repoWith(t, manifest(`{"command":["sh","-c","for i in $(seq 1 200); do echo line $i; done; echo about to fail >&2; exit 3"],"outputs":["bin/"]}`)),
+		{name: "command fails", repository: repoWith(t, meshJSON(`{"command":["sh","-c","for i in $(seq 1 200); do echo line $i; done; echo about to fail >&2; exit 3"],"outputs":["bin/"]}`)),
 			why: []string{"build command sh exited with status 3", `(last line: "about to fail")`},
 			check: func(t *testing.T, o builder.Outcome) {
 				if len(o.LogTail) != builder.LogTailLines || !slices.Contains(o.LogTail, "line 200") || slices.Contains(o.LogTail, "line 100") {
 					t.Fatalf("log tail of %d lines: %q", len(o.LogTail), o.LogTail)
 				}
 			}},
-		{name: "command not found", repository: repoWith(t, manifest(`{"command":["no-such-program"],"outputs":["bin/"]}`)),
+		{name: "command not found", repository: repoWith(t, meshJSON(`{"command":["no-such-program"],"outputs":["bin/"]}`)),
 			why: []string{"build.command: no-such-program not found"}},
-		{name: "script not executable", repository: repoWith(t, manifest(`{"command":["./build.sh"],"outputs":["bin/"]}`), "build.sh", "#!/bin/sh\n"),
+		{name: "script not executable", repository: repoWith(t, meshJSON(`{"command":["./build.sh"],"outputs":["bin/"]}`), "build.sh", "#!/bin/sh\n"),
 			why: []string{"build.command: ./build.sh not found or not executable"}},
-		{name: "outputs missing", repository: repoWith(t, manifest(`{"command":["mkdir","bin"],"outputs":["bin/","share/","lib/x"]}`)),
+		{name: "outputs missing", repository: repoWith(t, meshJSON(`{"command":["mkdir","bin"],"outputs":["bin/","share/","lib/x"]}`)),
 			why: []string{"the build did not make share/, lib/x"}},
-		{name: "output a link", repository: repoWith(t, manifest(`{"command":["sh","-c","mkdir bin && ln -s /etc/passwd bin/passwd"],"outputs":["bin/"]}`)),
+		{name: "output a link", repository: repoWith(t, meshJSON(`{"command":["sh","-c","mkdir bin && ln -s /etc/passwd bin/passwd"],"outputs":["bin/"]}`)),
 			why: []string{"pack the outputs: bin/passwd is a symlink"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -421,6 +430,66 @@ func TestBuilder_Failures(t *testing.T) {
 	}
 	if _, err := os.Stat(owned); err == nil {
 		t.Fatalf("an option smuggled in as a repository or ref ran")
+	}
+}
+
+// When git's own last word is only that it could not read the remote,
+// the why is what ssh said before it.
+func TestBuilder_WhySSHSaid(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("no ssh on PATH")
+	}
+	h := newHarness(t)
+	o := h.build(t, t.Context(), builder.Ask{ID: "b-11-ssh", Repository: "ssh://nohost.invalid/hello.git"})
+	if !o.Failed || !strings.Contains(o.Why, "git clone exited with status 128: ssh: Could not resolve hostname nohost.invalid") {
+		t.Fatalf("why %q, want ssh's line", o.Why)
+	}
+}
+
+// A builder runs as its module's own user: a local repository another
+// user owns is cloned all the same (git refuses one of "dubious
+// ownership" unless told it is safe), bare or not, however it is named.
+func TestBuilder_RepositoryOfAnotherUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give the repository to another user")
+	}
+	r := newRepo(t)
+	commit := r.commit(map[string]string{"mesh.json": meshJSON(helloBuild("theirs"))})
+	link := filepath.Join(t.TempDir(), "link.git")
+	if err := os.Symlink(r.bare, link); err != nil {
+		t.Fatal(err)
+	}
+	// The link is theirs too: git judges a link by its own owner.
+	for _, p := range []string{filepath.Dir(r.bare), link} {
+		if err := exec.Command("chown", "-R", "-h", "65534:65534", p).Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The builder's git reads its user's global config: an empty one here.
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	plain := exec.Command("git", "clone", "--quiet", "--", r.bare, filepath.Join(home, "plain"))
+	plain.Env = append(os.Environ(), "LC_ALL=C")
+	if out, err := plain.CombinedOutput(); err == nil || !strings.Contains(string(out), "dubious ownership") {
+		t.Skipf("this machine's git clones another user's repository without being told (%v): nothing to test\n%s", err, out)
+	}
+	h := newHarness(t)
+	for _, tc := range []struct{ name, repository string }{
+		{"bare", r.bare},
+		{"trailing slash", r.bare + "/"},
+		{"file URL", "file://" + r.bare},
+		{"through a link", link},
+		{"work tree", r.work},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := h.build(t, t.Context(), builder.Ask{ID: "b-10-" + strings.ReplaceAll(tc.name, " ", "-"), Repository: tc.repository})
+			if o.Failed {
+				t.Fatalf("failed: %s\n%s", o.Why, strings.Join(o.LogTail, "\n"))
+			}
+			if o.Commit != commit {
+				t.Fatalf("built %s, want %s", o.Commit, commit)
+			}
+		})
 	}
 }
 
@@ -454,7 +523,7 @@ func marked(mark string) []string {
 func markedBuild(t *testing.T, h *harness, ctx context.Context, build string, want int) (string, <-chan builder.Outcome) {
 	t.Helper()
 	mark := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
-	r := repoWith(t, manifest(strings.Replace(build, "MARK", `"env":{"MESH_TEST_MARK":"`+mark+`"}`, 1)))
+	r := repoWith(t, meshJSON(strings.Replace(build, "MARK", `"env":{"MESH_TEST_MARK":"`+mark+`"}`, 1)))
 	done := make(chan builder.Outcome, 1)
 	go func() { done <- h.b.Build(ctx, builder.Ask{ID: "b-5-group", Repository: r}) }()
 	deadline := time.Now().Add(20 * time.Second)

@@ -24,7 +24,7 @@ func TestBuilder_GitCredentials(t *testing.T) {
 	rand.Read(raw[:])
 	token := "tok-" + hex.EncodeToString(raw[:])
 	r := newRepo(t)
-	r.commit(map[string]string{"mesh.json": manifest(`{"command":["sh","-c","mkdir -p bin && env > bin/env && : > bin/hello"],"outputs":["bin/"]}`)})
+	r.commit(map[string]string{"mesh.json": meshJSON(`{"command":["sh","-c","mkdir -p bin && env > bin/env && : > bin/hello"],"outputs":["bin/"]}`)})
 	url := gittest.PrivateRepo(t, r.bare, "ci", token)
 
 	h := newHarness(t)

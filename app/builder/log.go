@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync"
 
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // LogTailLines is how many of a build log's last lines an Outcome carries.
@@ -86,7 +86,7 @@ func (l *buildLog) step(format string, a ...any) {
 func (l *buildLog) emit() {
 	// A URL's credentials (git names the remote in its messages) never
 	// leave the builder.
-	line := inventory.RedactText(strings.ToValidUTF8(strings.TrimSuffix(string(l.partial), "\r"), "\uFFFD"))
+	line := manifest.RedactText(strings.ToValidUTF8(strings.TrimSuffix(string(l.partial), "\r"), "\uFFFD"))
 	l.partial = l.partial[:0]
 	l.tail[l.n%LogTailLines] = line
 	l.n++

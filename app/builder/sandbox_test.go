@@ -139,13 +139,13 @@ func TestBuilder_HostileBuildTakesNothing(t *testing.T) {
 	h := newHarness(t)
 	moduleDir, files := builderFiles(t, secret)
 	h.b.Hide = []string{moduleDir}
-	bad := repoWith(t, manifest(`{"command":["sh","hostile.sh"],"outputs":["bin/"]}`), "hostile.sh", hostile(h.b.WorkDir, files...))
+	bad := repoWith(t, meshJSON(`{"command":["sh","hostile.sh"],"outputs":["bin/"]}`), "hostile.sh", hostile(h.b.WorkDir, files...))
 	o := h.build(t, t.Context(), builder.Ask{ID: "b-6-hostile", Repository: bad})
 	checkHostile(t, o, h.b.WorkDir)
 	if !strings.Contains(strings.Join(o.LogTail, "\n"), "as throw-away uid") {
 		t.Errorf("the log does not say whom the build ran as:\n%s", strings.Join(o.LogTail, "\n"))
 	}
-	good := h.build(t, t.Context(), builder.Ask{ID: "b-6-clean", Repository: repoWith(t, manifest(helloBuild("clean")))})
+	good := h.build(t, t.Context(), builder.Ask{ID: "b-6-clean", Repository: repoWith(t, meshJSON(helloBuild("clean")))})
 	if good.Failed || good.Module != "hello" {
 		t.Fatalf("the next build: %+v", good)
 	}
@@ -215,7 +215,7 @@ func TestBuilder_SandboxUnprivileged(t *testing.T) {
 	if err := os.Mkdir(work, 0o700); err != nil || os.Chown(work, nobody, nobody) != nil {
 		t.Fatalf("make the work dir: %v", err)
 	}
-	repo := repoWith(t, manifest(`{"command":["sh","hostile.sh"],"outputs":["bin/"]}`), "hostile.sh", hostile(work, files...))
+	repo := repoWith(t, meshJSON(`{"command":["sh","hostile.sh"],"outputs":["bin/"]}`), "hostile.sh", hostile(work, files...))
 	filepath.WalkDir(filepath.Dir(repo), func(p string, d os.DirEntry, err error) error {
 		if err == nil {
 			os.Chmod(p, map[bool]os.FileMode{true: 0o755, false: 0o644}[d.IsDir()])

@@ -16,7 +16,7 @@ import (
 
 	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // ServeOptions are what a builder module is given (its environment, as a
@@ -90,7 +90,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		busy, cancel = a.ID, c
 		mu.Unlock()
 		respond(m, protocol.BuildTaken{Taken: true})
-		logf("took %s: %s at %q", a.ID, inventory.RedactRepository(a.Repository), a.Ref)
+		logf("took %s: %s at %q", a.ID, manifest.RedactRepository(a.Repository), a.Ref)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -15,7 +15,7 @@ import (
 
 	"mesh-controller/app/builder"
 	"mesh-controller/cmd/clirun"
-	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 )
 
 // CLI is mesh-builder's command line: flags only, each defaulting to what
@@ -40,7 +40,7 @@ type Env struct {
 func (c *CLI) Run(env *Env) error {
 	credentials := ""
 	if c.Secrets != "" {
-		credentials = filepath.Join(c.Secrets, inventory.GitCredentialsSecret)
+		credentials = filepath.Join(c.Secrets, manifest.GitCredentialsSecret)
 	}
 	return builder.Serve(env.Ctx, builder.ServeOptions{Broker: c.Broker, Creds: c.Creds, Node: c.Node, WorkDir: c.Work,
 		Hide: ownPaths(c.Creds), GitCredentials: credentials, Put: builder.PutArchive, Log: env.Stderr})

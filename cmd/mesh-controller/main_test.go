@@ -39,7 +39,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("MESH_DATA", e.WorkDir+"/data")
 			e.Setenv("HOME", e.WorkDir+"/home")
 			e.Setenv("XDG_DATA_HOME", "")
-			// The shared example manifests, as kept beside the manifest tests.
+			// The shared example manifests, as kept for the inventory's tests.
 			examples, err := filepath.Abs("../../contexts/inventory/testdata")
 			if err != nil {
 				return err

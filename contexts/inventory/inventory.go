@@ -1,7 +1,8 @@
 // Package inventory owns nodes, modules and their versions, assignments,
 // settings layers, seats, provisions, bindings, pins, data sets and
 // retirements, what was declared to each node, the rules judged over them,
-// and the inventory store. It imports no other context.
+// and the inventory store. A module's manifest is its subpackage manifest,
+// which holds no store. It imports no other context.
 package inventory
 
 import (

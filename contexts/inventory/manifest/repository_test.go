@@ -1,4 +1,4 @@
-package inventory
+package manifest
 
 import (
 	"errors"
@@ -75,8 +75,8 @@ func TestRedactText(t *testing.T) {
 	}
 }
 
-func TestParseManifest_SourceWithCredential(t *testing.T) {
-	_, ps := ParseManifest([]byte(`{"module": "greeter", "version": "1.0.0", "source": "https://ada:Xq9zz@git.example/greeter",
+func TestParse_SourceWithCredential(t *testing.T) {
+	_, ps := Parse([]byte(`{"module": "greeter", "version": "1.0.0", "source": "https://ada:Xq9zz@git.example/greeter",
 		"data": [{"name": "d", "path": "/d", "precious": "rebuildable"}]}`))
 	if len(ps) != 1 || ps[0].Field != "source" || strings.Contains(ps[0].What, "Xq9zz") {
 		t.Fatalf("problems %v", ps)

@@ -1,4 +1,4 @@
-package inventory
+package manifest
 
 import (
 	"encoding/json"
@@ -10,8 +10,10 @@ import (
 	"testing"
 )
 
-func TestParseManifest_Examples(t *testing.T) {
-	files, _ := filepath.Glob("testdata/*.json")
+// The example manifests are the inventory's test data (its store tests
+// register them too).
+func TestParse_Examples(t *testing.T) {
+	files, _ := filepath.Glob("../testdata/*.json")
 	if len(files) < 5 {
 		t.Fatalf("examples: %v", files)
 	}
@@ -20,7 +22,7 @@ func TestParseManifest_Examples(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, ps := ParseManifest(b)
+		m, ps := Parse(b)
 		if len(ps) > 0 {
 			t.Errorf("%s: %v", f, ps)
 		}
@@ -30,7 +32,7 @@ func TestParseManifest_Examples(t *testing.T) {
 	}
 }
 
-func TestParseManifest_EveryProblem(t *testing.T) {
+func TestParse_EveryProblem(t *testing.T) {
 	doc := `{
 	  "module": "Paper_less", "version": "2.14", "colour": "blue",
 	  "requires": {"arch": ["amd64"], "gpu": true},
@@ -46,7 +48,7 @@ func TestParseManifest_EveryProblem(t *testing.T) {
 	    {"name": "rel", "path": "relative", "precious": "costly", "extra": 1}
 	  ]
 	}`
-	_, ps := ParseManifest([]byte(doc))
+	_, ps := Parse([]byte(doc))
 	var got []string
 	for _, p := range ps {
 		got = append(got, p.String())
@@ -86,7 +88,7 @@ func TestParseManifest_EveryProblem(t *testing.T) {
 	}
 }
 
-func TestParseManifest_NotAManifest(t *testing.T) {
+func TestParse_NotAManifest(t *testing.T) {
 	for doc, want := range map[string]string{
 		`{"module": `:                   "not JSON",
 		`[1]`:                           "not a JSON object",
@@ -94,7 +96,7 @@ func TestParseManifest_NotAManifest(t *testing.T) {
 		`{}`:                            "module: missing",
 		`{"module":"a","version":"1.0.0","settings":{"schema":{"type":"nonsense"}}}`: "settings.schema: does not compile",
 	} {
-		_, ps := ParseManifest([]byte(doc))
+		_, ps := Parse([]byte(doc))
 		if len(ps) == 0 || !strings.Contains(ps[0].String()+"|"+func() string {
 			var s []string
 			for _, p := range ps {
@@ -107,17 +109,17 @@ func TestParseManifest_NotAManifest(t *testing.T) {
 	}
 }
 
-// FuzzParseManifest: no input panics the parser, and a manifest it accepts
+// FuzzParse: no input panics the parser, and a manifest it accepts
 // survives being written out and read again.
-func FuzzParseManifest(f *testing.F) {
-	files, _ := filepath.Glob("testdata/*.json")
+func FuzzParse(f *testing.F) {
+	files, _ := filepath.Glob("../testdata/*.json")
 	for _, file := range files {
 		b, _ := os.ReadFile(file)
 		f.Add(b)
 	}
 	f.Add([]byte(`{"module":"a","version":"1.0.0","data":[{"name":"d","path":"/x","precious":"costly"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, ps := ParseManifest(data)
+		m, ps := Parse(data)
 		if len(ps) > 0 {
 			return
 		}
@@ -125,14 +127,14 @@ func FuzzParseManifest(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ps := ParseManifest(again); len(ps) > 0 {
+		if _, ps := Parse(again); len(ps) > 0 {
 			t.Fatalf("accepted %s but not its re-encoding %s: %v", data, again, ps)
 		}
 	})
 }
 
 // Every problem of run (manifest.md, "Running") is reported at once.
-func TestParseManifest_RunEveryProblem(t *testing.T) {
+func TestParse_RunEveryProblem(t *testing.T) {
 	doc := `{
 	  "module": "hello", "version": "1.0.0",
 	  "ports": [{"name": "http", "port": 8080}],
@@ -141,7 +143,7 @@ func TestParseManifest_RunEveryProblem(t *testing.T) {
 	          "env": {"MESH_NODE": "x", "2BAD": "y", "GOOD": "${settings.greeting}", "MISSING": "${settings.nope}", "LEAK": "${secrets.pw}"},
 	          "ready": {"port": "admin", "after": "-1s", "wait": true}}
 	}`
-	_, ps := ParseManifest([]byte(doc))
+	_, ps := Parse([]byte(doc))
 	var got []string
 	for _, p := range ps {
 		got = append(got, p.String())
@@ -170,16 +172,16 @@ func TestParseManifest_RunEveryProblem(t *testing.T) {
 	if len(got) != 11 {
 		t.Errorf("%d problems, want 11:\n%s", len(got), joined)
 	}
-	_, ps = ParseManifest([]byte(`{"module": "hello", "version": "1.0.0", "run": {}}`))
+	_, ps = Parse([]byte(`{"module": "hello", "version": "1.0.0", "run": {}}`))
 	if len(ps) != 1 || !strings.Contains(ps[0].String(), "run.command: missing") {
 		t.Errorf("empty run: %v", ps)
 	}
 }
 
 // A data set may not be what a host keeps for itself.
-func TestParseManifest_DataOverlapsHost(t *testing.T) {
+func TestParse_DataOverlapsHost(t *testing.T) {
 	for _, p := range []string{"/etc/mesh/x", "/var/log/mesh", "/var/log"} {
-		_, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0", "data": [{"name": "d", "path": "` + p + `", "precious": "costly"}]}`))
+		_, ps := Parse([]byte(`{"module": "m", "version": "1.0.0", "data": [{"name": "d", "path": "` + p + `", "precious": "costly"}]}`))
 		if len(ps) != 1 || !strings.Contains(ps[0].String(), "which a host keeps for itself") {
 			t.Errorf("%s: %v", p, ps)
 		}
@@ -187,8 +189,8 @@ func TestParseManifest_DataOverlapsHost(t *testing.T) {
 }
 
 // Every problem of build is reported at once.
-func TestParseManifest_BuildEveryProblem(t *testing.T) {
-	_, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0",
+func TestParse_BuildEveryProblem(t *testing.T) {
+	_, ps := Parse([]byte(`{"module": "m", "version": "1.0.0",
 	  "build": {"command": [], "outputs": ["/abs", "../up", "bin/", "bin", "mesh.json"], "timeout": "forever", "env": {"PATH": "/x", "GOOS": "linux"}, "cache": true}}`))
 	var got []string
 	for _, p := range ps {
@@ -212,7 +214,7 @@ func TestParseManifest_BuildEveryProblem(t *testing.T) {
 	if len(got) != 8 {
 		t.Errorf("%d problems, want 8:\n%s", len(got), joined)
 	}
-	m, ps := ParseManifest([]byte(`{"module": "m", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/m", "."], "outputs": ["bin/"], "timeout": "5m"}}`))
+	m, ps := Parse([]byte(`{"module": "m", "version": "1.0.0", "build": {"command": ["go", "build", "-o", "bin/m", "."], "outputs": ["bin/"], "timeout": "5m"}}`))
 	if len(ps) != 0 || m.Build == nil || m.Build.Outputs[0] != "bin/" {
 		t.Fatalf("a good build section: %v %+v", ps, m.Build)
 	}
@@ -221,18 +223,18 @@ func TestParseManifest_BuildEveryProblem(t *testing.T) {
 // A data set's backup is a cadence word, or an object with the cadence, a
 // command to run first and what to keep; each part judged, and written
 // back as the word alone when that is all it says.
-func TestParseManifest_DataBackup(t *testing.T) {
+func TestParse_DataBackup(t *testing.T) {
 	doc := func(backup string) []byte {
 		return []byte(`{"module": "db", "version": "1.0.0", "data": [{"name": "pg", "path": "/var/lib/db", "precious": "irreplaceable", "backup": ` + backup + `}]}`)
 	}
-	m, ps := ParseManifest(doc(`{"every": "hourly", "before": ["bin/dump", "--into", "/var/lib/db/dump"], "keep": {"hourly": 48, "daily": 7, "weekly": 0, "monthly": 3}}`))
+	m, ps := Parse(doc(`{"every": "hourly", "before": ["bin/dump", "--into", "/var/lib/db/dump"], "keep": {"hourly": 48, "daily": 7, "weekly": 0, "monthly": 3}}`))
 	if len(ps) != 0 {
 		t.Fatalf("problems: %v", ps)
 	}
 	if b := m.Data[0].Backup; b.Every != "hourly" || len(b.Before) != 3 || b.Keep == nil || b.Keep.Hourly != 48 || b.Keep.Monthly != 3 {
 		t.Fatalf("backup %+v", b)
 	}
-	m, ps = ParseManifest(doc(`"weekly"`))
+	m, ps = Parse(doc(`"weekly"`))
 	if len(ps) != 0 || m.Data[0].Backup.Every != "weekly" {
 		t.Fatalf("the word alone: %+v %v", m.Data[0].Backup, ps)
 	}
@@ -249,7 +251,7 @@ func TestParseManifest_DataBackup(t *testing.T) {
 		{`{"keep": {"yearly": 2}}`, "data[0].backup.keep.yearly"},
 		{`3`, "data.backup"},
 	} {
-		_, ps := ParseManifest(doc(c.backup))
+		_, ps := Parse(doc(c.backup))
 		if !slices.ContainsFunc(ps, func(p Problem) bool { return p.Field == c.field }) {
 			t.Errorf("backup %s: problems %v, want one on %s", c.backup, ps, c.field)
 		}
