@@ -469,6 +469,9 @@ func (m *Manifest) judge() []Problem {
 			bad(f+".path", "missing")
 		case !strings.HasPrefix(d.Path, "/") || strings.Contains(d.Path, "/../") || strings.HasSuffix(d.Path, "/..") || d.Path == "/":
 			bad(f+".path", "%q must be an absolute path below /", d.Path)
+		case path.Clean(d.Path) != d.Path:
+			// A host refuses any other: judged here, not found at assign.
+			bad(f+".path", "%q must be written clean: %q", d.Path, path.Clean(d.Path))
 		case seenPaths[d.Path]:
 			bad(f+".path", "%q is used twice", d.Path)
 		case overlapsHost(d.Path):

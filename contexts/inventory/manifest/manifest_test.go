@@ -257,3 +257,18 @@ func TestParse_DataBackup(t *testing.T) {
 		}
 	}
 }
+
+// A data path a host would refuse (not clean: a trailing slash, a double
+// slash, a dot) is refused where the manifest is judged, not at assign.
+func TestParse_DataPathsAreClean(t *testing.T) {
+	for p, clean := range map[string]string{"/srv/x/": "/srv/x", "/srv//x": "/srv/x", "/srv/./x": "/srv/x"} {
+		_, ps := Parse([]byte(`{"module": "a", "version": "1.0.0", "data": [{"name": "d", "path": "` + p + `", "precious": "rebuildable"}]}`))
+		want := `data[0].path: "` + p + `" must be written clean: "` + clean + `"`
+		if len(ps) != 1 || ps[0].String() != want {
+			t.Errorf("%s: problems %v, want %s", p, ps, want)
+		}
+	}
+	if _, ps := Parse([]byte(`{"module": "a", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/x", "precious": "rebuildable"}]}`)); len(ps) != 0 {
+		t.Errorf("a clean path refused: %v", ps)
+	}
+}
