@@ -58,6 +58,46 @@ var ErrRollOutStopped = errors.New("the roll-out stopped")
 // host has not yet applied the declaration that carries it — a roll-out
 // judges by what hosts report applied.
 func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
+	v, err := c.upgrade(ctx, r)
+	if err != nil && ctx.Err() != nil && r.Action == "roll-out" {
+		err = interrupted(v, ctx.Err())
+	}
+	return v, err
+}
+
+// ErrRollOutInterrupted means a roll-out was stopped by its command being
+// interrupted (Ctrl-C) or its context ending.
+var ErrRollOutInterrupted = errors.New("roll-out interrupted")
+
+// interrupted says where an interrupted roll-out stopped and how to go on:
+// which nodes run the new version, which were sent it and not yet heard
+// ready (their hosts go on applying it), which were not sent it.
+func interrupted(v UpgradeView, cause error) error {
+	var done, sent, left []string
+	for _, s := range v.Steps {
+		switch {
+		case s.Ready:
+			done = append(done, s.Node)
+		case s.Serial != 0:
+			sent = append(sent, fmt.Sprintf("%s (declaration %d)", s.Node, s.Serial))
+		default:
+			left = append(left, s.Node)
+		}
+	}
+	list := func(nodes []string) string {
+		if len(nodes) == 0 {
+			return "none"
+		}
+		if len(nodes) > 10 {
+			return strings.Join(nodes[:10], ", ") + fmt.Sprintf(" and %d more", len(nodes)-10)
+		}
+		return strings.Join(nodes, ", ")
+	}
+	return fmt.Errorf("%w (%w): %s %s runs on %s of %d: %s; sent, not yet heard ready (their hosts go on applying it): %s; not sent: %s; run 'mesh-controller upgrade %s roll-out' again to go on from there",
+		ErrRollOutInterrupted, cause, v.Module, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), v.Module)
+}
+
+func (c *Controller) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	if err := CheckName(r.Module); err != nil {
 		return UpgradeView{}, err
 	}
