@@ -160,6 +160,10 @@ func (c *Controller) Status(ctx context.Context) (StatusView, error) {
 		case n.SerialApplied < n.SerialDeclared:
 			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name,
 				Why: fmt.Sprintf("applied %d of declaration %d", n.SerialApplied, n.SerialDeclared)})
+		case n.Pending > 0:
+			// Recorded by upgrade record: nothing was sent, and it is out
+			// of date until push --behind sends it.
+			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name, Why: behindWhy(n)})
 		}
 	}
 	mods, err := inv.Modules(ctx)

@@ -25,8 +25,11 @@ type NodeView struct {
 	// highest its host reported applied (0 when none).
 	SerialDeclared int64 `json:"serial_declared"`
 	SerialApplied  int64 `json:"serial_applied"`
-	// Behind says its declaration is older than its plan, or not yet applied.
-	Behind bool `json:"behind"`
+	// Behind says its declaration is older than its plan, or not yet
+	// applied, or an upgrade is recorded for it and not sent; BehindWhy
+	// says which.
+	Behind    bool   `json:"behind"`
+	BehindWhy string `json:"behind_why,omitempty"`
 	// HeartbeatS is the interval its host beats at (0 until heard).
 	HeartbeatS float64 `json:"heartbeat_interval_s"`
 	// LastApply is its host's latest apply report.
@@ -115,7 +118,7 @@ func nodeView(n inventory.Node) NodeView {
 	v := NodeView{
 		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
 		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
-		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS, Behind: n.Behind(),
+		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS, Behind: n.Behind(), BehindWhy: BehindWhy(n),
 	}
 	if o := n.LastOutcome; o != nil {
 		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}
@@ -343,4 +346,27 @@ func (c *Controller) TokenIssueMany(ctx context.Context, prefix string, count in
 		return TokenBatch{}, err
 	}
 	return TokenBatch{Count: count, First: names[0], Last: names[count-1], Out: out}, nil
+}
+
+// BehindWhy says why a node is behind ("" when it is not): its plan moved
+// and is not yet declared, its host has not applied its latest declaration,
+// or versions recorded by upgrade record wait for push --behind.
+func BehindWhy(n inventory.Node) string {
+	return behindWhy(inventory.NodeState{PlanVersion: n.PlanVersion, DeclaredPlanVersion: n.DeclaredPlanVersion,
+		SerialApplied: n.SerialApplied, SerialDeclared: n.SerialDeclared, Pending: n.Pending})
+}
+
+func behindWhy(n inventory.NodeState) string {
+	var why []string
+	if n.PlanVersion > n.DeclaredPlanVersion {
+		why = append(why, "its plan moved and is not declared yet")
+	}
+	if n.SerialApplied < n.SerialDeclared {
+		why = append(why, fmt.Sprintf("its host applied %d of declaration %d", n.SerialApplied, n.SerialDeclared))
+	}
+	if n.Pending > 0 {
+		why = append(why, fmt.Sprintf("%s recorded by upgrade record, not sent: 'mesh-controller push --behind' sends %s",
+			Plural(n.Pending, "module version"), map[bool]string{true: "it", false: "them"}[n.Pending == 1]))
+	}
+	return strings.Join(why, "; ")
 }

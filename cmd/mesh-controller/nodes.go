@@ -142,8 +142,12 @@ func applyState(n app.NodeView) string {
 	switch {
 	case n.SerialDeclared == 0 && n.SerialApplied == 0:
 		return "-"
-	case n.SerialApplied >= n.SerialDeclared:
+	case !n.Behind:
 		return fmt.Sprintf("%d (current)", n.SerialApplied)
+	case n.SerialApplied >= n.SerialDeclared:
+		// Applied what it was sent, yet behind: its plan moved, or an
+		// upgrade is recorded for it and not sent.
+		return fmt.Sprintf("%d (behind: %s)", n.SerialApplied, n.BehindWhy)
 	case n.LastApply != nil && !n.LastApply.OK && n.LastApply.Serial > n.SerialApplied:
 		return fmt.Sprintf("%s (behind; %d failed)", serial(n.SerialApplied), n.LastApply.Serial)
 	}

@@ -282,7 +282,8 @@ type Watch struct {
 // NodesToJudge returns, by name, the nodes status must look at: the joined
 // nodes not heard within their silence bound, or with a data set reported
 // longer ago than w.DataReport, each less a second, and the nodes whose
-// plan is undelivered (NodeState.Undelivered). It is a superset of what
+// plan is undelivered (NodeState.Undelivered) or a version is recorded for
+// them and not sent (NodeState.Behind). It is a superset of what
 // is past a bound (the caller judges each node exactly, as it would have
 // judged every node) that a well mesh keeps empty, however large.
 func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) {
@@ -295,6 +296,7 @@ func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) 
 	var out []NodeState
 	err = each(ctx, tx, nodeStateQuery+`
 		WHERE n.plan_version > coalesce(d.plan_version, 0) OR n.serial_applied < coalesce(d.serial, 0)
+		OR EXISTS (SELECT 1 FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL)
 		OR n.joined_at IS NOT NULL AND (n.last_heard IS NULL
 			OR `+s.db.Seconds("?1", "n.last_heard")+` > ?2 * CASE WHEN n.heartbeat_interval_s > 0 THEN n.heartbeat_interval_s ELSE ?3 END - 1
 			OR EXISTS (SELECT 1 FROM node_data_sets s WHERE s.node = n.name AND `+s.db.Seconds("?1", "s.reported_at")+` > ?4 - 1))
@@ -308,6 +310,12 @@ func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) 
 	}, now, w.HeartbeatFactor, w.DefaultInterval.Seconds(), w.DataReport.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("read the nodes to judge: %w", err)
+	}
+	// Few (a well mesh has none): each one's recorded versions counted.
+	for i := range out {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND pending_version IS NOT NULL`, out[i].Name).Scan(&out[i].Pending); err != nil {
+			return nil, fmt.Errorf("read the nodes to judge: %w", err)
+		}
 	}
 	return out, nil
 }
