@@ -183,11 +183,18 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 		return "", err
 	}
 	shown := inventory.RedactRepository(a.Repository)
-	if o.DurationMS > 0 && o.Module != "" {
-		_ = st.Health.RecordDurations(ctx, []health.Duration{{Kind: "build", Subject: o.Module, MS: o.DurationMS, At: now}})
+	if a.DryRun {
+		// Looked at, never taken in: nothing registered, and its time is
+		// not a build's.
+		return fmt.Sprintf("build %s of %s: a dry run, %s %s; looked at, nothing registered", a.ID, shown, a.State, a.Why), nil
 	}
-	if a.State != builds.Done || a.DryRun {
-		return fmt.Sprintf("build %s of %s: %s %s", a.ID, shown, a.State, a.Why), nil
+	if o.Module != "" && !a.AskedAt.IsZero() {
+		// What a person waits for: from the ask to its outcome heard, not
+		// the builder's own part of it.
+		_ = st.Health.RecordDurations(ctx, []health.Duration{{Kind: "build", Subject: o.Module, MS: max(float64(now.Sub(a.AskedAt).Milliseconds()), o.DurationMS), At: now}})
+	}
+	if a.State != builds.Done {
+		return fmt.Sprintf("build %s of %s: %s %s (taken in by serve)", a.ID, shown, a.State, a.Why), nil
 	}
 	m, problems := inventory.ParseManifest(o.Manifest)
 	if len(problems) > 0 {
@@ -196,14 +203,14 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 	}
 	if cur, ok := snap.Current[m.Module]; ok && inventory.CompareVersions(m.Version, cur) < 0 && !a.AllowOlder {
 		_, err := st.Builds.MarkSuperseded(ctx, a.ID, fmt.Sprintf("%s %s is older than the registered %s", m.Module, m.Version, cur))
-		return fmt.Sprintf("build %s: superseded: %s %s is older than %s", a.ID, m.Module, m.Version, cur), err
+		return fmt.Sprintf("build %s: superseded: %s %s is older than %s (taken in by serve)", a.ID, m.Module, m.Version, cur), err
 	}
 	if why, err := c.newerBuildOfVersion(ctx, st, a, m); err != nil || why != "" {
 		if err != nil {
 			return "", err
 		}
 		_, err := st.Builds.MarkSuperseded(ctx, a.ID, why)
-		return fmt.Sprintf("build %s: superseded: %s", a.ID, why), err
+		return fmt.Sprintf("build %s: superseded: %s (taken in by serve)", a.ID, why), err
 	}
 	canon, err := protocol.Canonical(m)
 	if err != nil {
@@ -213,7 +220,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 		Archive: inventory.Archive{Digest: o.Digest, Bytes: o.Bytes, UnpackedBytes: o.UnpackedBytes}}, now)
 	if err != nil {
 		_, merr := st.Builds.MarkSuperseded(ctx, a.ID, err.Error())
-		return fmt.Sprintf("build %s: not registered: %v", a.ID, err), merr
+		return fmt.Sprintf("build %s: not registered: %v (taken in by serve)", a.ID, err), merr
 	}
 	if _, err := st.Builds.MarkRegistered(ctx, a.ID); err != nil {
 		return "", err
@@ -222,7 +229,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 	if added.Rebuilt {
 		again = ", its archive replaced (push --behind sends it to the nodes that run it)"
 	}
-	return fmt.Sprintf("build %s: %s %s registered from %s at %s%s", a.ID, m.Module, m.Version, shown, ShortID(o.Commit), again), nil
+	return fmt.Sprintf("build %s: %s %s registered from %s at %s%s (taken in by serve)", a.ID, m.Module, m.Version, shown, ShortID(o.Commit), again), nil
 }
 
 // newerBuildOfVersion says why a build of a version the mesh registered

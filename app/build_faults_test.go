@@ -332,9 +332,9 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	if got := m.waitEnded(t, asks[2].ID, nc); got.State != builds.Done || !got.DryRun || got.Registered || got.Late || got.Module != "later" || got.Digest == "" {
 		t.Fatalf("the dry run across the restart: %+v\n%s", got, m.logs.String())
 	}
-	waitFor(t, "the daemon to say it took the dry run in", func() bool {
+	waitFor(t, "the daemon to say it looked at the dry run", func() bool {
 		l := m.logLine("build " + asks[2].ID + " of ")
-		return strings.Contains(l, ": done") && strings.Contains(l, "(taken in by serve)")
+		return strings.Contains(l, "a dry run, done") && strings.Contains(l, "looked at, nothing registered")
 	})
 	if got := m.waitEnded(t, asks[1].ID, nc); got.State != builds.Done || !got.Registered || got.Module != "quick" || got.Builder != "b1/builder" {
 		t.Fatalf("the quick build: %+v", got)

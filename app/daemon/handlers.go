@@ -780,7 +780,7 @@ func (d *daemon) onBuildResult(m *nats.Msg) {
 		reply.Error = err.Error()
 		d.log.Error("a build outcome not taken in", "err", err)
 	} else {
-		d.logf("%s (taken in by serve)", line)
+		d.logf("%s", line)
 	}
 	if m.Reply != "" {
 		b, _ := json.Marshal(reply)

@@ -43,7 +43,20 @@ func (c *BuildCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "plan %s made: %s\n", p.ID, app.Plural(len(p.Steps), "build"))
 			fmt.Fprintln(env.Stderr, "a serving controller asks for each build once its bases are built; see 'mesh-controller plans'")
 		default:
-			fmt.Fprintf(env.Stdout, "plan %s done: %s built and registered\n", p.ID, app.Plural(len(p.Steps), "module"))
+			var superseded []string
+			for _, st := range p.Steps {
+				if strings.HasPrefix(st.Why, "superseded: ") {
+					superseded = append(superseded, st.Module+" ("+st.Why+")")
+				}
+			}
+			registered := len(p.Steps) - len(superseded)
+			if len(superseded) == 0 {
+				fmt.Fprintf(env.Stdout, "plan %s done: %s built and registered\n", p.ID, app.Plural(registered, "module"))
+			} else {
+				// A superseded step was built and not registered: said so.
+				fmt.Fprintf(env.Stdout, "plan %s done: %s built and registered, %d built and not registered: %s\n", p.ID,
+					app.Plural(registered, "module"), len(superseded), strings.Join(superseded, "; "))
+			}
 			fmt.Fprintln(env.Stderr, "next: send the new versions with 'mesh-controller upgrade MODULE roll-out', or rebuilt archives with 'mesh-controller push --behind'")
 		}
 		return nil

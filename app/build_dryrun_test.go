@@ -1,0 +1,58 @@
+package app
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A dry run is looked at, never taken in: serve's log says so (not "taken
+// in by serve") and its time is not counted among build durations; a
+// build's duration is from its ask to its outcome heard (issue 30, what a
+// new user hit, 8).
+func TestBuild_DryRunIsNotABuild(t *testing.T) {
+	m := newTestMesh(t)
+	m.builderOn(t, "b1")
+	ctx := context.Background()
+	asked := time.Now()
+	first, err := m.c.Build(ctx, BuildRequest{Repository: greeterRepo(t, "1.0.0", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	heard := time.Since(asked)
+	dry, err := m.c.Replay(ctx, first.ID, false, false, "", BuildRequest{})
+	if err != nil || !dry.DryRun {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	st, err := m.c.stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		logs := m.logs.String()
+		if strings.Contains(logs, "build "+dry.ID+" of ") {
+			if !strings.Contains(logs, "a dry run, done") || !strings.Contains(logs, "looked at, nothing registered") {
+				t.Fatalf("the dry run is not said looked at:\n%s", logs)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never logged the dry run %s:\n%s", dry.ID, logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ds, err := st.Health.Durations(ctx, "build", asked.Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 1 {
+		t.Fatalf("build durations %+v: want the first build's alone", ds)
+	}
+	// Asked to heard: at least the builder's own part, at most what the
+	// command waited.
+	if ms := ds[0].MS; ms < float64(first.DurationMS) || ms > float64(heard.Milliseconds())+1000 {
+		t.Fatalf("the build's duration is %.0f ms; the builder took %.0f ms and the command waited %s", ms, first.DurationMS, heard)
+	}
+}
