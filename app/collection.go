@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -92,8 +93,16 @@ func (c *Controller) collection(ctx context.Context, nc *nats.Conn) (Collection,
 	if err != nil {
 		return Collection{}, err
 	}
-	runOn := map[string][]string{} // module@version → nodes
+	// What runs where is what hosts report: the archive each runs from
+	// (a rebuild replaces a version's archive while hosts still run the
+	// old one), or, from a host that does not say, its version's.
+	runOn := map[string][]string{}      // module@version → nodes
+	runsDigest := map[string][]string{} // archive digest → nodes
 	for _, m := range running {
+		if m.Archive != "" {
+			runsDigest[m.Archive] = append(runsDigest[m.Archive], m.Node)
+			continue
+		}
 		runOn[m.Module+"@"+m.Version] = append(runOn[m.Module+"@"+m.Version], m.Node)
 	}
 	byDigest := map[string]*KeptArchive{}
@@ -118,7 +127,9 @@ func (c *Controller) collection(ctx context.Context, nc *nats.Conn) (Collection,
 	}
 	for i := range out.Archives {
 		k := &out.Archives[i]
+		k.RunOn = append(k.RunOn, runsDigest[k.Digest]...)
 		sort.Strings(k.RunOn)
+		k.RunOn = slices.Compact(k.RunOn)
 		age := now.Sub(k.StoredAt)
 		switch {
 		case k.Current:

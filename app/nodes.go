@@ -365,7 +365,7 @@ func behindWhy(n inventory.NodeState) string {
 		why = append(why, fmt.Sprintf("its host applied %d of declaration %d", n.SerialApplied, n.SerialDeclared))
 	}
 	if n.Pending > 0 {
-		why = append(why, fmt.Sprintf("%s recorded by upgrade record, not sent: 'mesh-controller push --behind' sends %s",
+		why = append(why, fmt.Sprintf("%s recorded by upgrade record (or a rebuilt archive), not sent: 'mesh-controller push --behind' sends %s",
 			Plural(n.Pending, "module version"), map[bool]string{true: "it", false: "them"}[n.Pending == 1]))
 	}
 	return strings.Join(why, "; ")

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"mesh-controller/app/archive"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 )
@@ -41,7 +42,11 @@ func (d *daemon) absorbModules(_ context.Context, node string, at time.Time, ms 
 		for i := range tail {
 			tail[i] = clip(tail[i])
 		}
-		states = append(states, health.ModuleState{Node: node, Module: m.Module, Version: clip(m.Version), State: clip(m.State), Serial: m.Serial,
+		digest := m.Archive
+		if !archive.IsDigest(digest) {
+			digest = "" // a host's word, kept only when it is a digest
+		}
+		states = append(states, health.ModuleState{Node: node, Module: m.Module, Version: clip(m.Version), Archive: digest, State: clip(m.State), Serial: m.Serial,
 			Pid: m.Pid, Since: m.Since, Restarts1h: m.Restarts1h, LastExit: clip(m.LastExit), Detail: clip(m.Detail), LogTail: tail, HeardAt: at})
 	}
 	// A quiet module reports the same state, pid and since each beat: only

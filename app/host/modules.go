@@ -163,7 +163,11 @@ func specs(st *State, root string, records []runRecord) []ModuleSpec {
 			ports[p.Name] = p.Port
 		}
 		grace, _ := time.ParseDuration(r.Run.StopGrace) // judged by Problems; "" is the default
-		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Serial: r.Serial, Fingerprint: r.Digest, Dir: workDir,
+		archive := ""
+		if r.Archive != nil {
+			archive = r.Archive.Digest
+		}
+		out = append(out, ModuleSpec{Module: r.Module, Version: r.Version, Archive: archive, Serial: r.Serial, Fingerprint: r.Digest, Dir: workDir,
 			Command: r.Run.Command, Env: env, Ready: r.Run.Ready, Ports: ports, StopGrace: grace, MemoryMB: r.MemoryMB,
 			WaitingFor: r.WaitingFor})
 	}

@@ -17,6 +17,9 @@ import (
 type ModuleSpec struct {
 	// Module and Version name it and what it runs.
 	Module, Version string
+	// Archive is the digest of the archive it runs from ("" when none):
+	// reported in ModuleState.Archive.
+	Archive string
 	// Serial is the declaration that (re)started it; reported in ModuleState.Serial.
 	Serial int64
 	// Fingerprint is a digest of the module's part of the declaration: while
@@ -144,7 +147,7 @@ func (s *Supervisor) Apply(specs []ModuleSpec) {
 			continue
 		}
 		m := &supervised{spec: spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: s.held[spec.Module]}
-		m.st = protocol.ModuleState{Module: spec.Module, Version: spec.Version, State: protocol.StateStarting, Serial: spec.Serial, Since: time.Now()}
+		m.st = protocol.ModuleState{Module: spec.Module, Version: spec.Version, Archive: spec.Archive, State: protocol.StateStarting, Serial: spec.Serial, Since: time.Now()}
 		if m.release != nil {
 			m.st.State, m.st.Detail = protocol.StateStopped, heldDetail
 		} else if len(spec.WaitingFor) > 0 {

@@ -154,6 +154,9 @@ const (
 type ModuleState struct {
 	Module  string `json:"module"`
 	Version string `json:"version"`
+	// Archive is the digest of the archive it runs from ("" for a module
+	// the mesh did not build): the collection reads what runs where from it.
+	Archive string `json:"archive,omitempty"`
 	State   string `json:"state"`
 	// Serial is the declaration whose apply last (re)started it, and
 	// DeclaredAt when the controller issued that declaration: a start is

@@ -11,9 +11,12 @@ import (
 
 // ModuleState is one supervised module as its host last reported it.
 type ModuleState struct {
-	Node       string    `json:"node"`
-	Module     string    `json:"module"`
-	Version    string    `json:"version"`
+	Node    string `json:"node"`
+	Module  string `json:"module"`
+	Version string `json:"version"`
+	// Archive is the digest of the archive its host runs it from ("" from
+	// a host that does not say).
+	Archive    string    `json:"archive,omitempty"`
 	State      string    `json:"state"`
 	Serial     int64     `json:"serial"`
 	Pid        int       `json:"pid,omitempty"`
@@ -45,15 +48,15 @@ func (s *Store) RecordModuleStates(ctx context.Context, byNode map[string][]Modu
 					tail = []byte("[]")
 				}
 				if _, err := tx.ExecContext(ctx, `INSERT INTO module_states
-					(node, module, version, state, serial, pid, since, restarts_1h, last_exit, detail, log_tail, heard_at, changed_at)
-					VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-					ON CONFLICT (node, module) DO UPDATE SET version = excluded.version, state = excluded.state, serial = excluded.serial,
+					(node, module, version, state, serial, pid, since, restarts_1h, last_exit, detail, log_tail, heard_at, changed_at, archive)
+					VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+					ON CONFLICT (node, module) DO UPDATE SET version = excluded.version, archive = excluded.archive, state = excluded.state, serial = excluded.serial,
 						pid = excluded.pid, since = excluded.since, restarts_1h = excluded.restarts_1h, last_exit = excluded.last_exit,
 						detail = excluded.detail, log_tail = excluded.log_tail, heard_at = excluded.heard_at,
 						changed_at = CASE WHEN module_states.state = excluded.state AND module_states.version = excluded.version
 							THEN module_states.changed_at ELSE excluded.changed_at END`,
 					node, m.Module, m.Version, m.State, m.Serial, m.Pid, sqlite.FormatTime(m.Since), m.Restarts1h, m.LastExit, m.Detail, string(tail),
-					sqlite.FormatTime(m.HeardAt), sqlite.FormatTime(m.HeardAt)); err != nil {
+					sqlite.FormatTime(m.HeardAt), sqlite.FormatTime(m.HeardAt), m.Archive); err != nil {
 					return err
 				}
 				keep = append(keep, m.Module)
@@ -77,7 +80,7 @@ func (s *Store) RecordModuleStates(ctx context.Context, byNode map[string][]Modu
 // ModuleStates returns the modules' states of one node, or of every node
 // when node is "", by node and module.
 func (s *Store) ModuleStates(ctx context.Context, node string) ([]ModuleState, error) {
-	q := `SELECT node, module, version, state, serial, pid, since, restarts_1h, last_exit, detail, log_tail, heard_at, changed_at FROM module_states`
+	q := `SELECT node, module, version, state, serial, pid, since, restarts_1h, last_exit, detail, log_tail, heard_at, changed_at, archive FROM module_states`
 	var args []any
 	if node != "" {
 		q += ` WHERE node = ?`
@@ -92,7 +95,7 @@ func (s *Store) ModuleStates(ctx context.Context, node string) ([]ModuleState, e
 	for rows.Next() {
 		var m ModuleState
 		var since, heard, changed, tail string
-		if err := rows.Scan(&m.Node, &m.Module, &m.Version, &m.State, &m.Serial, &m.Pid, &since, &m.Restarts1h, &m.LastExit, &m.Detail, &tail, &heard, &changed); err != nil {
+		if err := rows.Scan(&m.Node, &m.Module, &m.Version, &m.State, &m.Serial, &m.Pid, &since, &m.Restarts1h, &m.LastExit, &m.Detail, &tail, &heard, &changed, &m.Archive); err != nil {
 			return nil, err
 		}
 		m.Since, _ = sqlite.ParseTime(since)

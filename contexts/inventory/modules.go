@@ -127,9 +127,20 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 			// version): the version runs from the new archive, and is
 			// known built from that commit (it is no longer behind it).
 			a.Rebuilt = o.Archive.Digest != digest
-			_, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?,
+			if _, err := tx.ExecContext(ctx, `UPDATE module_versions SET source = ?, commit_id = ?, build_id = ?, archive_digest = ?, archive_bytes = ?,
 				archive_unpacked_bytes = ? WHERE module = ? AND version = ?`, source, o.Commit, o.BuildID, o.Archive.Digest, o.Archive.Bytes,
-				o.Archive.UnpackedBytes, m.Module, m.Version)
+				o.Archive.UnpackedBytes, m.Module, m.Version); err != nil {
+				return err
+			}
+			if !a.Rebuilt {
+				return nil
+			}
+			// The nodes that run it run the old archive until sent the new:
+			// recorded behind, as upgrade record does (push --behind or a
+			// roll-out sends it; the catch-up does not, so a rebuild never
+			// rolls out by itself).
+			_, err := tx.ExecContext(ctx, `UPDATE assignments SET pending_version = version WHERE module = ? AND version = ? AND pending_version IS NULL`,
+				m.Module, m.Version)
 			return err
 		case err == nil:
 			return fmt.Errorf("%s %s %w", m.Module, m.Version, ErrVersionConflict)

@@ -96,7 +96,8 @@ CREATE TABLE module_states (
     detail text NOT NULL DEFAULT ''::text,
     log_tail text NOT NULL DEFAULT '[]'::text,
     heard_at text NOT NULL,
-    changed_at text NOT NULL
+    changed_at text NOT NULL,
+    archive text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE schema_migrations (
     version integer NOT NULL,

@@ -100,7 +100,7 @@ CREATE TABLE module_states (
     heard_at    TEXT NOT NULL,
     -- changed_at is when the controller heard this state begin: a bound
     -- (module.not-ready) is timed on the controller's clock.
-    changed_at  TEXT NOT NULL,
+    changed_at  TEXT NOT NULL, archive TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (node, module)
 ) STRICT;
 CREATE TABLE schema_migrations (
