@@ -27,6 +27,7 @@ import (
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/licences"
 	"mesh-controller/embedded/broker"
 )
 
@@ -130,55 +131,13 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 		}
 	}()
 	u := daemon.UseCases{
-		Now: c.Now,
-		ControllerUser: func(context.Context) (string, []byte, error) {
-			return sv.keys.NewUser("controller", controllerPermissions())
-		},
-		Admitter: func(context.Context) (string, []byte, error) {
-			return sv.keys.NewAdmitter("controller joins", admitPermissions())
-		},
-		Trust: func(ctx context.Context) (broker.Trust, error) {
-			return trustOf(ctx, st.Identity, sv.keys, c.Broker != "")
-		},
-		// The system account's key is kept with the operator's: the
-		// controller signs its own user there, to push account JWTs to an
-		// external broker's resolver.
-		SystemUser: func(context.Context) (string, []byte, error) {
-			return sv.keys.NewSystemUser("controller system")
-		},
-		Join:            sv.joinMany,
-		CatchUp:         c.catchUp,
-		TakeIn:          c.TakeIn,
-		BuildAsked:      c.BuildAsked,
-		BackupDue:       c.BackupDue,
-		BackupAccess:    c.BackupAccess,
-		BackupDrilled:   c.BackupDrilled,
-		BackedUp:        c.BackedUp,
-		ArchiveDeclared: c.ArchiveDeclared,
-		ReAsk: func(ctx context.Context, id string) error {
-			_, err := c.Rebuild(ctx, id, BuildRequest{NoWait: true})
-			return err
-		},
-		Due: func(ctx context.Context, nc *nats.Conn) ([]daemon.Due, error) {
-			return c.licencesDue(ctx, st, nc)
-		},
-		Connected:      archive.EnsureBucket,
-		DispatchBuilds: c.DispatchBuilds,
-		Sweep: func(ctx context.Context, nc *nats.Conn) (string, error) {
-			r, err := c.Sweep(ctx, nc)
-			// Superseded licence versions past their grace period, a
-			// bounded number each sweep, whatever became of the archives.
-			n, derr := st.Licences.Discard(ctx, c.Now(), maxDiscards)
-			line := r.String()
-			if n > 0 {
-				line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
-			}
-			return line, errors.Join(err, derr)
-		},
-		SelfCheck: func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
-			r, err := c.SelfCheck(ctx, CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Holder: holder, NC: nc, Logger: log, Notify: notify})
-			return r.Open, err
-		},
+		Now:         c.Now,
+		Credentials: &serveCredentials{keys: sv.keys, ids: st.Identity, external: c.Broker != ""},
+		Hosts:       &serveHosts{sv: sv, check: CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Notify: notify}},
+		Builds:      serveBuilds{c},
+		Backups:     c,
+		Archives:    &serveArchives{c: c, lic: st.Licences},
+		DueActs:     serveDueActs{c: c, st: st},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: log, BrokerStore: filepath.Join(c.DataDir, "broker"),
@@ -480,4 +439,111 @@ func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores,
 		out = append(out, daemon.Declared{Node: p.Node, Serial: p.Serial, Sent: p.Sent, NotSent: p.NotSent, Problem: p.Problem})
 	}
 	return out, made, nil
+}
+
+// serveCredentials sign the daemon's own broker users with the broker's
+// keys, and read what the broker trusts from the identity store.
+type serveCredentials struct {
+	keys     broker.Keys
+	ids      *identity.Store
+	external bool
+}
+
+// ControllerUser is the daemon's user in the mesh account.
+func (s *serveCredentials) ControllerUser(context.Context) (string, []byte, error) {
+	return s.keys.NewUser("controller", controllerPermissions())
+}
+
+// Admitter is the daemon's user that answers joins in the admit account.
+func (s *serveCredentials) Admitter(context.Context) (string, []byte, error) {
+	return s.keys.NewAdmitter("controller joins", admitPermissions())
+}
+
+// SystemUser is the controller's user of the system account, whose key is
+// kept with the operator's: it pushes account JWTs to an external broker's
+// resolver.
+func (s *serveCredentials) SystemUser(context.Context) (string, []byte, error) {
+	return s.keys.NewSystemUser("controller system")
+}
+
+// Trust is what the broker holds, revoked users included.
+func (s *serveCredentials) Trust(ctx context.Context) (broker.Trust, error) {
+	return trustOf(ctx, s.ids, s.keys, s.external)
+}
+
+// serveHosts admit hosts, keep them declared and judge the mesh.
+type serveHosts struct {
+	sv *serving
+	// check is how the self-check judges (its bounds, the alert hook);
+	// the holder, connection and logger are the daemon's.
+	check CheckOptions
+}
+
+// Join admits hosts presenting tokens.
+func (h *serveHosts) Join(ctx context.Context, rs []protocol.JoinRequest, urls []string) []daemon.JoinResult {
+	return h.sv.joinMany(ctx, rs, urls)
+}
+
+// CatchUp declares the nodes behind their plans.
+func (h *serveHosts) CatchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) ([]daemon.Declared, int, error) {
+	return h.sv.c.catchUp(ctx, nc, start, thorough)
+}
+
+// SelfCheck judges the mesh.
+func (h *serveHosts) SelfCheck(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
+	o := h.check
+	o.Holder, o.NC, o.Logger = holder, nc, log
+	r, err := h.sv.c.SelfCheck(ctx, o)
+	return r.Open, err
+}
+
+// serveBuilds are the controller's build acts; ReAsk asks a dead build
+// again under a new id.
+type serveBuilds struct{ *Controller }
+
+// ReAsk asks a build again, not waiting for it.
+func (b serveBuilds) ReAsk(ctx context.Context, id string) error {
+	_, err := b.Rebuild(ctx, id, BuildRequest{NoWait: true})
+	return err
+}
+
+// serveArchives serve the archives hosts run, and sweep what no one needs
+// (with superseded licence versions past their grace period).
+type serveArchives struct {
+	c   *Controller
+	lic *licences.Store
+}
+
+// ArchiveDeclared says whether node's latest declaration names the archive.
+func (a *serveArchives) ArchiveDeclared(ctx context.Context, node, digest string) (bool, error) {
+	return a.c.ArchiveDeclared(ctx, node, digest)
+}
+
+// Connected makes the archives bucket on the daemon's connection.
+func (a *serveArchives) Connected(ctx context.Context, nc *nats.Conn, replicas int) error {
+	return archive.EnsureBucket(ctx, nc, replicas)
+}
+
+// Sweep lets go the archives nobody needs and, a bounded number each
+// sweep whatever became of the archives, the superseded licence versions
+// past their grace period.
+func (a *serveArchives) Sweep(ctx context.Context, nc *nats.Conn) (string, error) {
+	r, err := a.c.Sweep(ctx, nc)
+	n, derr := a.lic.Discard(ctx, a.c.Now(), maxDiscards)
+	line := r.String()
+	if n > 0 {
+		line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
+	}
+	return line, errors.Join(err, derr)
+}
+
+// serveDueActs are the timed healers' acts: licences due a refresh.
+type serveDueActs struct {
+	c  *Controller
+	st *Stores
+}
+
+// Due are the licence refreshes due now.
+func (d serveDueActs) Due(ctx context.Context, nc *nats.Conn) ([]daemon.Due, error) {
+	return d.c.licencesDue(ctx, d.st, nc)
 }

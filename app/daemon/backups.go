@@ -18,7 +18,7 @@ const backupWorkers = 8
 // data's hosts say of backups (protocol's backup.go), when the daemon
 // serves them.
 func (d *daemon) subscribeBackups(subs map[string]nats.MsgHandler) {
-	if d.u.BackupDue == nil {
+	if d.u.Backups == nil {
 		return
 	}
 	d.backupSlots = make(chan struct{}, backupWorkers)
@@ -27,21 +27,21 @@ func (d *daemon) subscribeBackups(subs map[string]nats.MsgHandler) {
 		if err := json.Unmarshal(data, &due); err != nil {
 			return err
 		}
-		return d.u.BackupDue(ctx, d.nc, holder, due)
+		return d.u.Backups.BackupDue(ctx, d.nc, holder, due)
 	})
 	subs[protocol.BackupAccessSubject("*")] = d.fromHolder("an access", protocol.BackupAccessSubject(""), func(ctx context.Context, holder string, data []byte) error {
 		var a protocol.BackupAccessIssued
 		if err := json.Unmarshal(data, &a); err != nil {
 			return err
 		}
-		return d.u.BackupAccess(ctx, holder, a)
+		return d.u.Backups.BackupAccess(ctx, holder, a)
 	})
 	subs[protocol.DrillSubject("*")] = d.fromHolder("a drill", protocol.DrillSubject(""), func(ctx context.Context, holder string, data []byte) error {
 		var o protocol.DrillOutcome
 		if err := json.Unmarshal(data, &o); err != nil {
 			return err
 		}
-		return d.u.BackupDrilled(ctx, holder, o)
+		return d.u.Backups.BackupDrilled(ctx, holder, o)
 	})
 	subs[protocol.NodeWildcard(protocol.BackedUp)] = d.onBackedUp
 }
@@ -89,7 +89,7 @@ func (d *daemon) onBackedUp(m *nats.Msg) {
 		return
 	}
 	reply := protocol.OKReply{OK: true}
-	if err := d.u.BackedUp(d.bg, node, o); err != nil {
+	if err := d.u.Backups.BackedUp(d.bg, node, o); err != nil {
 		d.deposed(err)
 		reply = protocol.OKReply{Error: err.Error()}
 		d.log.Warn("a backup outcome not recorded", "node", node, "module", clip(o.Module), "data", clip(o.Data), "err", err)

@@ -175,27 +175,51 @@ type Declared struct {
 	Problem string
 }
 
-// UseCases are the application's acts the daemon schedules.
+// UseCases are the application's acts the daemon schedules, by the part
+// of serving each is for: each part is an interface the application
+// implements with only the stores it needs. A nil Builds, Backups,
+// Archives or DueActs is not served.
 type UseCases struct {
 	// Now is the clock.
 	Now func() time.Time
+	// Credentials sign the daemon's own broker users and say what the
+	// broker trusts.
+	Credentials Credentials
+	// Hosts admit hosts and keep them declared and judged.
+	Hosts Hosts
+	// Builds take builders' outcomes in and dispatch the queue.
+	Builds Builds
+	// Backups answer the backup seat's holders and the data's hosts.
+	Backups Backups
+	// Archives serve and sweep the archives hosts run.
+	Archives Archives
+	// DueActs are the timed healers' acts.
+	DueActs DueActs
+}
+
+// Credentials sign the daemon's broker users and say what the broker trusts.
+type Credentials interface {
 	// ControllerUser signs a fresh broker user for the daemon's connection
 	// to the mesh account.
-	ControllerUser func(ctx context.Context) (userJWT string, seed []byte, err error)
+	ControllerUser(ctx context.Context) (userJWT string, seed []byte, err error)
 	// Admitter signs a fresh broker user for the daemon's connection that
 	// answers joins, in the admit account.
-	Admitter func(ctx context.Context) (userJWT string, seed []byte, err error)
-	// Trust is what the embedded broker holds, revoked users included.
-	Trust func(ctx context.Context) (broker.Trust, error)
+	Admitter(ctx context.Context) (userJWT string, seed []byte, err error)
 	// SystemUser signs a fresh user of the system account for the
 	// daemon's connection that pushes account JWTs to an external
-	// broker's resolver. Nil: they are not pushed.
-	SystemUser func(ctx context.Context) (userJWT string, seed []byte, err error)
+	// broker's resolver (asked only with an external broker).
+	SystemUser(ctx context.Context) (userJWT string, seed []byte, err error)
+	// Trust is what the embedded broker holds, revoked users included.
+	Trust(ctx context.Context) (broker.Trust, error)
+}
+
+// Hosts admit hosts, keep them declared, and judge the mesh.
+type Hosts interface {
 	// Join admits hosts presenting tokens, each judged alone; urls are
 	// where hosts dial. Each result is what admitting one made, a *Refusal
 	// saying why it refused, or another error when it could not decide;
 	// out[i] is rs[i]'s.
-	Join func(ctx context.Context, rs []protocol.JoinRequest, urls []string) (out []JoinResult)
+	Join(ctx context.Context, rs []protocol.JoinRequest, urls []string) (out []JoinResult)
 	// CatchUp makes the secrets the mesh makes that can be made now (made
 	// counts the nodes they were made for), declares every node whose plan
 	// moved past its declaration and, at start, sends nodes the latest
@@ -204,44 +228,60 @@ type UseCases struct {
 	// could not be made before it joined. Unless thorough, it first asks
 	// the store whether any node's plan moved past its declaration, and
 	// stops there when none did.
-	CatchUp func(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []Declared, made int, err error)
+	CatchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []Declared, made int, err error)
 	// SelfCheck judges the mesh, logging its raisings and clearings to
 	// log. It returns the conditions it left open.
-	SelfCheck func(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
+	SelfCheck(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
+}
+
+// Builds take builders' outcomes in and dispatch the build queue.
+type Builds interface {
 	// TakeIn records the outcome builder (the node the broker says sent
 	// it) reported, and registers what it built; the line says what came
-	// of it. Nil: builds are not served.
-	TakeIn func(ctx context.Context, outcome []byte, builder string) (line string, err error)
+	// of it.
+	TakeIn(ctx context.Context, outcome []byte, builder string) (line string, err error)
 	// BuildAsked returns nil if build id is in flight on builder node: the
 	// builder may hand over its archive (app/archive's Server).
-	BuildAsked func(ctx context.Context, node, id string) error
+	BuildAsked(ctx context.Context, node, id string) error
+	// DispatchBuilds offers waiting asks to builders and expires the late.
+	DispatchBuilds(ctx context.Context, nc *nats.Conn) (lines []string, err error)
+	// ReAsk asks a dead build again under a new id (the re-ask healer).
+	ReAsk(ctx context.Context, id string) error
+}
+
+// Backups answer the backup seat's holders and the data's hosts.
+type Backups interface {
 	// BackupDue asks the data's host to back up a line the holder on
-	// holder says is due; BackupAccess keeps a node's access the holder
-	// sealed; BackupDrilled records the holder's restore drill; BackedUp a
-	// host's outcome of a backup or restore. Nil BackupDue: backups are not
-	// served.
-	BackupDue     func(ctx context.Context, nc *nats.Conn, holder string, due protocol.BackupDue) error
-	BackupAccess  func(ctx context.Context, holder string, a protocol.BackupAccessIssued) error
-	BackupDrilled func(ctx context.Context, holder string, o protocol.DrillOutcome) error
-	BackedUp      func(ctx context.Context, node string, o protocol.BackupOutcome) error
+	// holder says is due.
+	BackupDue(ctx context.Context, nc *nats.Conn, holder string, due protocol.BackupDue) error
+	// BackupAccess keeps a node's access the holder sealed.
+	BackupAccess(ctx context.Context, holder string, a protocol.BackupAccessIssued) error
+	// BackupDrilled records the holder's restore drill.
+	BackupDrilled(ctx context.Context, holder string, o protocol.DrillOutcome) error
+	// BackedUp records a host's outcome of a backup or restore.
+	BackedUp(ctx context.Context, node string, o protocol.BackupOutcome) error
+}
+
+// Archives serve and sweep the archives hosts run.
+type Archives interface {
 	// ArchiveDeclared says whether node's latest declaration names the
-	// archive: the host may read it. Nil: archives are not served.
-	ArchiveDeclared func(ctx context.Context, node, digest string) (bool, error)
+	// archive: the host may read it.
+	ArchiveDeclared(ctx context.Context, node, digest string) (bool, error)
 	// Connected is told the daemon's connection once it is made (the
 	// archives bucket is made there), and how many copies the broker can
 	// keep of what it stores: 3 on a JetStream cluster of three servers or
 	// more, else 1.
-	Connected func(ctx context.Context, nc *nats.Conn, replicas int) error
-	// ReAsk asks a dead build again under a new id (the re-ask healer).
-	ReAsk func(ctx context.Context, id string) error
-	// Due are the timed healers' acts due now (a licence to refresh),
-	// each done once under the brake, after the self-check. Nil: none.
-	Due func(ctx context.Context, nc *nats.Conn) ([]Due, error)
-	// DispatchBuilds offers waiting asks to builders and expires the late.
-	DispatchBuilds func(ctx context.Context, nc *nats.Conn) (lines []string, err error)
+	Connected(ctx context.Context, nc *nats.Conn, replicas int) error
 	// Sweep lets go the archives nobody needs and prunes the builds
 	// record, every SweepEvery, off the loop; the line says what went.
-	Sweep func(ctx context.Context, nc *nats.Conn) (line string, err error)
+	Sweep(ctx context.Context, nc *nats.Conn) (line string, err error)
+}
+
+// DueActs are the timed healers' acts.
+type DueActs interface {
+	// Due are the acts due now (a licence to refresh), each done once
+	// under the brake, after the self-check.
+	Due(ctx context.Context, nc *nats.Conn) ([]Due, error)
 }
 
 // BuildKickSubject is where a person's command says an ask is waiting.
@@ -570,7 +610,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		workers.Wait()
 		close(joinsDone)
 	}()
-	if u.DispatchBuilds != nil {
+	if u.Builds != nil {
 		dctx, stopDispatch := context.WithCancel(ctx)
 		dispatched := make(chan struct{})
 		go func() {
@@ -603,7 +643,7 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 	}()
 	var inProcess nats.Option
 	if d.o.Broker == "" {
-		trust, err := d.u.Trust(ctx)
+		trust, err := d.u.Credentials.Trust(ctx)
 		if err != nil {
 			return stop, err
 		}
@@ -671,17 +711,17 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 			}
 		}
 	}
-	if d.nc, err = dial("mesh-controller", d.u.ControllerUser); err != nil {
+	if d.nc, err = dial("mesh-controller", d.u.Credentials.ControllerUser); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.nc.Close)
-	if d.jc, err = dial("mesh-controller joins", d.u.Admitter); err != nil {
+	if d.jc, err = dial("mesh-controller joins", d.u.Credentials.Admitter); err != nil {
 		return stop, err
 	}
 	undo = append(undo, d.jc.Close)
 	replicas, jetStream := 1, d.srv != nil
-	if d.srv == nil && d.u.SystemUser != nil {
-		if d.sc, err = dial("mesh-controller system", d.u.SystemUser); err != nil {
+	if d.srv == nil {
+		if d.sc, err = dial("mesh-controller system", d.u.Credentials.SystemUser); err != nil {
 			return stop, err
 		}
 		undo = append(undo, d.sc.Close)
@@ -697,8 +737,8 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 		}
 		jetStream = n > 0
 	}
-	if d.u.Connected != nil {
-		if err := d.u.Connected(ctx, d.nc, replicas); err != nil {
+	if d.u.Archives != nil {
+		if err := d.u.Archives.Connected(ctx, d.nc, replicas); err != nil {
 			if d.o.Broker == "" {
 				return stop, err
 			}
@@ -728,7 +768,7 @@ func (d *daemon) connectedLater(ctx context.Context, replicas int) {
 			return
 		case <-time.After(connectedRetry):
 		}
-		if err := d.u.Connected(ctx, d.nc, replicas); err == nil {
+		if err := d.u.Archives.Connected(ctx, d.nc, replicas); err == nil {
 			d.logf("the broker's JetStream answers: the archives bucket is ready")
 			return
 		} else if ctx.Err() != nil {
@@ -1062,7 +1102,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 	if thorough {
 		d.thoroughAt = time.Now()
 	}
-	out, made, err := d.u.CatchUp(ctx, d.nc, start, thorough)
+	out, made, err := d.u.Hosts.CatchUp(ctx, d.nc, start, thorough)
 	if joined != "" && made > 0 {
 		d.log.Info("secrets made and sealed", "node", joined, "count", made)
 	}
@@ -1092,7 +1132,7 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 
 // selfCheck judges the mesh, then lets the healers act on what it left open.
 func (d *daemon) selfCheck(ctx context.Context, holder string) {
-	open, err := d.u.SelfCheck(ctx, d.nc, holder, d.log)
+	open, err := d.u.Hosts.SelfCheck(ctx, d.nc, holder, d.log)
 	if err != nil {
 		d.deposed(err)
 		if ctx.Err() == nil {

@@ -88,7 +88,7 @@ func (d *daemon) subscribe(ctx context.Context) error {
 		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
 	}
-	if d.u.ArchiveDeclared != nil {
+	if d.u.Archives != nil {
 		// The archives hosts read are copied out of the bucket once, beside
 		// the broker's own files; without a data dir, into a temporary one.
 		cache := filepath.Join(d.o.DataDir, "archive-cache")
@@ -99,16 +99,20 @@ func (d *daemon) subscribe(ctx context.Context) error {
 			}
 			cache = tmp
 		}
-		d.archives = archive.NewServer(d.nc, archive.ServerOptions{Declared: d.u.ArchiveDeclared, Asked: d.u.BuildAsked, CacheDir: cache,
+		var asked func(ctx context.Context, node, id string) error // nil: no builder uploads
+		if d.u.Builds != nil {
+			asked = d.u.Builds.BuildAsked
+		}
+		d.archives = archive.NewServer(d.nc, archive.ServerOptions{Declared: d.u.Archives.ArchiveDeclared, Asked: asked, CacheDir: cache,
 			Refused: func(node, reason string) { d.dropAnswer("an archive's piece", node, reason) }})
 		d.archives.Start(ctx)
 		subs[protocol.NodeWildcard(protocol.ArchiveRead)] = d.archives.OnRead
-		if d.u.BuildAsked != nil {
+		if d.u.Builds != nil {
 			subs[protocol.ArchiveUploadSubject("*")] = d.archives.OnUpload
 		}
 	}
 	d.subscribeBackups(subs)
-	if d.u.TakeIn != nil {
+	if d.u.Builds != nil {
 		subs[protocol.BuildResultSubject("*")] = d.onBuildResult
 		subs[BuildKickSubject] = func(*nats.Msg) { d.kickBuilds() }
 	}
@@ -539,7 +543,7 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 		asked = append(asked, i)
 	}
 	if len(asks) > 0 {
-		for k, r := range d.u.Join(ctx, asks, d.urls) {
+		for k, r := range d.u.Hosts.Join(ctx, asks, d.urls) {
 			results[asked[k]] = r
 		}
 	}
@@ -657,7 +661,7 @@ func (d *daemon) disconnectRevoked(what string, attrs ...any) {
 		d.pushAccount(what, attrs...)
 		return
 	}
-	trust, err := d.u.Trust(d.bg)
+	trust, err := d.u.Credentials.Trust(d.bg)
 	if err == nil {
 		err = d.srv.UpdateAccount(trust)
 	}
@@ -678,7 +682,7 @@ func (d *daemon) pushAccount(what string, attrs ...any) {
 		d.log.Warn(what+": give the external broker the mesh account's JWT ('mesh-controller broker show --broker URL')", attrs...)
 		return
 	}
-	trust, err := d.u.Trust(context.Background())
+	trust, err := d.u.Credentials.Trust(context.Background())
 	if err != nil {
 		d.log.Error(what+": revoke", append(attrs, "err", err)...)
 		return
@@ -774,7 +778,7 @@ func (d *daemon) onBuildResult(m *nats.Msg) {
 		d.dropAnswer("a build's outcome", builder, "answer outside its inbox")
 		return
 	}
-	line, err := d.u.TakeIn(d.bg, m.Data, builder)
+	line, err := d.u.Builds.TakeIn(d.bg, m.Data, builder)
 	reply := protocol.OKReply{OK: err == nil}
 	if err != nil {
 		reply.Error = err.Error()
@@ -815,10 +819,10 @@ func (d *daemon) dispatcher(ctx context.Context) {
 		case <-d.buildKick:
 		case <-sweep.C:
 			sweep.Reset(d.o.SweepEvery)
-			if d.u.Sweep == nil {
+			if d.u.Archives == nil {
 				continue
 			}
-			line, err := d.u.Sweep(ctx, d.nc)
+			line, err := d.u.Archives.Sweep(ctx, d.nc)
 			if err != nil && ctx.Err() == nil {
 				d.log.Error("the sweep", "err", err)
 			} else if line != "" {
@@ -826,7 +830,7 @@ func (d *daemon) dispatcher(ctx context.Context) {
 			}
 			continue
 		}
-		lines, err := d.u.DispatchBuilds(ctx, d.nc)
+		lines, err := d.u.Builds.DispatchBuilds(ctx, d.nc)
 		for _, l := range lines {
 			d.logf("%s", l)
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"io"
 	"log/slog"
+	"mesh-controller/contexts/health"
 	"testing"
 	"time"
 
@@ -20,14 +21,14 @@ import (
 func TestJoinWorker_StaleJoinIsNotAdmitted(t *testing.T) {
 	admitted := make(chan string, 2)
 	d := &daemon{o: Options{Counters: &Counters{}}, logger: &logger{log: slog.New(slog.DiscardHandler)}, joins: make(chan queued, 2), events: make(chan *event, 4),
-		u: UseCases{Now: time.Now, Join: func(_ context.Context, rs []protocol.JoinRequest, _ []string) []JoinResult {
+		u: UseCases{Now: time.Now, Hosts: joinOnly(func(_ context.Context, rs []protocol.JoinRequest, _ []string) []JoinResult {
 			out := make([]JoinResult, len(rs))
 			for i, r := range rs {
 				admitted <- r.Node
 				out[i].Err = &Refusal{Reason: "unknown token", Err: io.EOF}
 			}
 			return out
-		}}}
+		})}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.joinWorker(ctx); close(done) }()
@@ -113,4 +114,19 @@ func TestAskWorker_StaleAskIsNotAnswered(t *testing.T) {
 	if n := d.o.Counters.Dropped.Load(); n != 2 {
 		t.Fatalf("%d dropped, want the stale one and the unknown sender", n)
 	}
+}
+
+// joinOnly is Hosts that only join, as the function says.
+type joinOnly func(ctx context.Context, rs []protocol.JoinRequest, urls []string) []JoinResult
+
+func (j joinOnly) Join(ctx context.Context, rs []protocol.JoinRequest, urls []string) []JoinResult {
+	return j(ctx, rs, urls)
+}
+
+func (joinOnly) CatchUp(context.Context, *nats.Conn, bool, bool) ([]Declared, int, error) {
+	return nil, 0, nil
+}
+
+func (joinOnly) SelfCheck(context.Context, *nats.Conn, string, *slog.Logger) ([]health.Condition, error) {
+	return nil, nil
 }

@@ -46,11 +46,11 @@ var Healers = []Healer{
 	{Name: "re-ask", Kind: "build.dead", What: "ask a build no builder answered again, once, under a new id",
 		detail: func(c health.Condition) string { return fmt.Sprintf("build %v", c.Evidence["build"]) },
 		act: func(ctx context.Context, d *daemon, c health.Condition) error {
-			if d.u.ReAsk == nil {
+			if d.u.Builds == nil {
 				return fmt.Errorf("builds are not served here")
 			}
 			id, _ := c.Evidence["build"].(string)
-			if err := d.u.ReAsk(ctx, id); err != nil {
+			if err := d.u.Builds.ReAsk(ctx, id); err != nil {
 				return err
 			}
 			d.kickBuilds()
@@ -141,10 +141,10 @@ func (d *daemon) heal(ctx context.Context, open []health.Condition) error {
 			}
 		}
 	}
-	if d.u.Due == nil {
+	if d.u.DueActs == nil {
 		return nil
 	}
-	due, err := d.u.Due(ctx, d.nc)
+	due, err := d.u.DueActs.Due(ctx, d.nc)
 	if err != nil {
 		return fmt.Errorf("read the acts due: %w", err)
 	}
