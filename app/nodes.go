@@ -34,6 +34,18 @@ type NodeView struct {
 	HeartbeatS float64 `json:"heartbeat_interval_s"`
 	// LastApply is its host's latest apply report.
 	LastApply *ApplyView `json:"last_apply"`
+	// Applying is the declaration its host's latest beat said it was
+	// applying, while not applied yet; absent otherwise.
+	Applying *ApplyingView `json:"applying,omitempty"`
+}
+
+// ApplyingView is a declaration a node's host is applying.
+type ApplyingView struct {
+	Serial int64 `json:"serial"`
+	// Since is when its host began, on the host's clock.
+	Since time.Time `json:"since"`
+	// Phase is the part under way (verify, archives, files…), "" if not said.
+	Phase string `json:"phase,omitempty"`
 }
 
 // NodeDetail is one node whole, as node show tells it.
@@ -122,6 +134,10 @@ func nodeView(n inventory.Node) NodeView {
 	}
 	if o := n.LastOutcome; o != nil {
 		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}
+	}
+	// A beat sent before the apply's report may be written after it.
+	if a := n.Applying; a != nil && a.Serial > n.SerialApplied {
+		v.Applying = &ApplyingView{Serial: a.Serial, Since: a.Since, Phase: a.Phase}
 	}
 	return v
 }

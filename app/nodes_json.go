@@ -75,6 +75,19 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 			}
 			b = append(b, "\n    }"...)
 		}
+		if a := n.Applying; a != nil {
+			b = append(b, ",\n    \"applying\": {\n      \"serial\": "...)
+			b = strconv.AppendInt(b, a.Serial, 10)
+			b = append(b, ",\n      \"since\": "...)
+			if b, err = appendJSONTime(b, a.Since); err != nil {
+				return err
+			}
+			if a.Phase != "" {
+				b = append(b, ",\n      \"phase\": "...)
+				b = appendJSONString(b, a.Phase)
+			}
+			b = append(b, "\n    }"...)
+		}
 		b = append(b, "\n  }"...)
 	}
 	b = append(b, "\n]\n"...)

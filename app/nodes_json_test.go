@@ -33,6 +33,11 @@ func nodeViews(n int) []NodeView {
 			v.HeartbeatS = 0.5
 		case 5:
 			v.HeartbeatS = math.Copysign(0, -1)
+		case 6:
+			v.Applying = &ApplyingView{Serial: int64(i + 1), Since: heard, Phase: "archives"}
+		}
+		if i%11 == 10 {
+			v.Applying = &ApplyingView{Serial: int64(i + 1), Since: heard.In(time.FixedZone("y", -7200))}
 		}
 		out = append(out, v)
 	}

@@ -958,7 +958,8 @@ func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 func (d *daemon) absorb(ctx context.Context, ev event) bool {
 	switch ev.kind {
 	case evBeat:
-		d.beats[ev.node] = inventory.Beat{Node: ev.node, HeardAt: ev.at, IntervalS: ev.beat.IntervalS, SerialApplied: ev.beat.SerialApplied, UptimeS: ev.beat.UptimeS}
+		d.beats[ev.node] = inventory.Beat{Node: ev.node, HeardAt: ev.at, IntervalS: ev.beat.IntervalS, SerialApplied: ev.beat.SerialApplied, UptimeS: ev.beat.UptimeS,
+			Applying: applying(ev.beat.Applying)}
 		if last, ok := d.lastBeat[ev.node]; ok {
 			k := health.HourKey{Node: ev.node, Hour: ev.at.UTC().Truncate(time.Hour)}
 			h := d.intervals[k]
@@ -986,6 +987,15 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		d.catchUp(ctx, false, ev.node)
 	}
 	return false
+}
+
+// applying is what a beat says of the apply under way, its phase bounded
+// as every text a host reports.
+func applying(a *protocol.Applying) *inventory.Applying {
+	if a == nil {
+		return nil
+	}
+	return &inventory.Applying{Serial: a.Serial, Since: a.Since, Phase: clip(a.Phase)}
 }
 
 // handOver gives the loop an event without ever blocking a handler: past the

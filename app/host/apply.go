@@ -106,39 +106,133 @@ const maxReported = 10
 // would pass through a link beneath the root; all but the last before any
 // file is touched, and that one too when the link is there to be seen.
 func apply(st *State, dir string, last applied, env protocol.Envelope, ids userIDs, fetch fetcher) (protocol.AppliedBody, applied) {
-	start := time.Now()
-	r := root{dir: dir}
-	var tiers []protocol.Tier
-	tier := func(name string, since time.Time) {
-		tiers = append(tiers, protocol.Tier{Tier: name, MS: float64(time.Since(since).Microseconds()) / 1000})
-	}
-	fail := func(serial int64, format string, args ...any) (protocol.AppliedBody, applied) {
-		return protocol.AppliedBody{Serial: serial, OK: false, Error: fmt.Sprintf(format, args...), Tiers: tiers,
-			TotalMS: float64(time.Since(start).Microseconds()) / 1000}, last
-	}
-	// failPath reports a failed file operation (what, if given, says which);
-	// one the root refused (an escape, a link) is a refusal, not an accident.
-	failPath := func(serial int64, what string, err error) (protocol.AppliedBody, applied) {
-		msg := err.Error()
-		if what != "" {
-			msg = what + ": " + msg
-		}
-		if errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotBeneath) {
-			msg = "refused: " + msg
-		}
-		return fail(serial, "%s", msg)
-	}
+	return (&applyJob{st: st, r: root{dir: dir}, last: last, env: env, ids: ids, fetch: fetch}).run()
+}
 
-	t := time.Now()
-	d, err := env.Verify(st.ControllerKey)
+// applyJob is one declaration being applied: what it starts from, and what
+// each phase works out for the phases after it.
+type applyJob struct {
+	st    *State
+	r     root
+	last  applied
+	env   protocol.Envelope
+	ids   userIDs
+	fetch fetcher
+	// phase, if set, is told the name of each phase as it begins: the
+	// host's beats say it while the apply runs.
+	phase func(name string)
+
+	start time.Time
+	tiers []protocol.Tier
+	// d is the declaration once its signature verified; raw its modules
+	// exactly as signed.
+	d   protocol.Declaration
+	raw []json.RawMessage
+	// Worked out by verify, and written below from these lists only: each
+	// module's documents (protocol.Files: module.json, settings.json,
+	// bindings.json) and sealed files, every file declared, and each
+	// deletion's target.
+	docs     [][]document
+	sealed   [][]protocol.SealedFile
+	declared map[string]bool
+	targets  []string
+	// owners are each module's uid and gid (-1 for the host's own).
+	owners map[string][2]int
+	// next is what the host remembers once the declaration is applied;
+	// waiting says which modules wait rather than run.
+	next    applied
+	waiting []string
+}
+
+// document is one JSON document a declaration has the host write.
+type document struct {
+	rel  string
+	body json.RawMessage
+}
+
+// applyPhase is one phase of an apply, timed as the report's tier name;
+// when, if set, says whether the declaration calls for it at all (a phase
+// not called for is not reported).
+type applyPhase struct {
+	name string
+	run  func(*applyJob) error
+	when func(*applyJob) bool
+}
+
+// applyPhases are an apply's phases, in order: every path is judged and
+// every archive unpacked before any file is written, so that a
+// declaration refused for either is refused whole; the modules start
+// after (Runner.commit).
+var applyPhases = []applyPhase{
+	{name: "verify", run: (*applyJob).verify},
+	{name: "archives", run: (*applyJob).archives},
+	{name: "cutover", run: (*applyJob).cutover, when: func(j *applyJob) bool { return len(j.d.Taken) > 0 }},
+	{name: "files", run: (*applyJob).files},
+	{name: "secrets", run: (*applyJob).secrets},
+	{name: "data", run: (*applyJob).data},
+	{name: "delete", run: (*applyJob).deletions},
+	{name: "cleanup", run: (*applyJob).cleanup},
+}
+
+// run runs the phases, stopping at the first that fails: its error is the
+// report's, and what the host remembers stays the last applied.
+func (j *applyJob) run() (protocol.AppliedBody, applied) {
+	j.start = time.Now()
+	for _, p := range applyPhases {
+		if p.when != nil && !p.when(j) {
+			continue
+		}
+		if j.phase != nil {
+			j.phase(p.name)
+		}
+		t := time.Now()
+		if err := p.run(j); err != nil {
+			return protocol.AppliedBody{Serial: j.d.Serial, OK: false, Error: err.Error(), Tiers: j.tiers, TotalMS: msSince(j.start)}, j.last
+		}
+		j.tiers = append(j.tiers, protocol.Tier{Tier: p.name, MS: msSince(t)})
+	}
+	return protocol.AppliedBody{Serial: j.d.Serial, OK: true, Tiers: j.tiers, Waiting: j.waiting, TotalMS: msSince(j.start)}, j.next
+}
+
+// msSince is the time since t in milliseconds, to the microsecond.
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+// pathFailure words a failed file operation (what, if given, says which);
+// one the root refused (an escape, a link) is a refusal, not an accident.
+func pathFailure(what string, err error) error {
+	refused := ""
+	if errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotBeneath) {
+		refused = "refused: "
+	}
+	if what == "" {
+		return fmt.Errorf("%s%w", refused, err) // the error names the path
+	}
+	return fmt.Errorf("%s%s: %w", refused, what, err)
+}
+
+// verify judges the declaration, then every path it touches.
+func (j *applyJob) verify() error {
+	if err := j.verifySigned(); err != nil {
+		return err
+	}
+	return j.checkPaths()
+}
+
+// verifySigned judges the declaration itself: signed by the controller
+// key received at join, for this node, newer than the last applied, with
+// no problem protocol finds in it, and an overlay this host can be in.
+func (j *applyJob) verifySigned() error {
+	d, err := j.env.Verify(j.st.ControllerKey)
 	if err != nil {
-		return fail(0, "refused: %v against the controller key received at join", err)
+		return fmt.Errorf("refused: %v against the controller key received at join", err)
 	}
-	if d.Node != st.Node {
-		return fail(d.Serial, "refused: declaration %d is for node %q, this is %q", d.Serial, d.Node, st.Node)
+	if d.Node != j.st.Node {
+		j.d.Serial = d.Serial
+		return fmt.Errorf("refused: declaration %d is for node %q, this is %q", d.Serial, d.Node, j.st.Node)
 	}
-	if d.Serial <= last.Serial {
-		return fail(d.Serial, "refused: serial %d is not above the last applied %d (replayed or old)", d.Serial, last.Serial)
+	j.d = d
+	if d.Serial <= j.last.Serial {
+		return fmt.Errorf("refused: serial %d is not above the last applied %d (replayed or old)", d.Serial, j.last.Serial)
 	}
 	if ps := d.Problems(); len(ps) > 0 {
 		more := ""
@@ -146,271 +240,289 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 			more = fmt.Sprintf(" (and %d more)", len(ps)-maxReported)
 			ps = ps[:maxReported]
 		}
-		return fail(d.Serial, "refused: %s%s", strings.Join(ps, "; "), more)
+		return fmt.Errorf("refused: %s%s", strings.Join(ps, "; "), more)
 	}
-	if err := checkOverlay(d.Overlay, st.WireGuard); err != nil {
-		return fail(d.Serial, "refused: the overlay: %v", err)
+	if err := checkOverlay(d.Overlay, j.st.WireGuard); err != nil {
+		return fmt.Errorf("refused: the overlay: %v", err)
 	}
 	var raw struct {
 		Modules []json.RawMessage `json:"modules"`
 	}
-	if err := json.Unmarshal([]byte(env.Declaration), &raw); err != nil {
-		return fail(d.Serial, "refused: modules: %v", err)
+	if err := json.Unmarshal([]byte(j.env.Declaration), &raw); err != nil {
+		return fmt.Errorf("refused: modules: %v", err)
 	}
+	j.raw = raw.Modules
+	j.next = applied{Serial: d.Serial, Signature: j.env.Signature, Runs: runRecords(d, raw.Modules, j.last.Runs), Overlay: d.Overlay, Backups: d.Backups}
+	return nil
+}
 
-	// Every path this declaration touches, checked before any is: a link
-	// planted on one refuses the whole declaration, not half of it. Each
-	// module's files (protocol.Files: its documents, then its sealed files)
-	// are worked out once, here, and written below from these lists only.
-	type document struct {
-		rel  string
-		body json.RawMessage
-	}
-	docs := make([][]document, len(d.Modules))
-	sealed := make([][]protocol.SealedFile, len(d.Modules))
-	declared := map[string]bool{}
+// checkPaths works out every path the declaration touches and checks each
+// before any is touched: a link planted on one refuses the whole
+// declaration, not half of it.
+func (j *applyJob) checkPaths() error {
+	d := j.d
+	j.docs = make([][]document, len(d.Modules))
+	j.sealed = make([][]protocol.SealedFile, len(d.Modules))
+	j.declared = map[string]bool{}
 	var touched []string
+	declare := func(rel string) {
+		j.declared[rel] = true
+		touched = append(touched, rel)
+	}
 	for i, m := range d.Modules {
 		module, settings := protocol.DocumentFiles(m)
-		docs[i] = []document{{module, raw.Modules[i]}}
+		j.docs[i] = []document{{module, j.raw[i]}}
 		if settings != "" {
-			docs[i] = append(docs[i], document{settings, m.Settings})
+			j.docs[i] = append(j.docs[i], document{settings, m.Settings})
 		}
-		docs[i] = append(docs[i], document{path.Join(protocol.ModulesDir, m.Module, protocol.BindingsFile), bindingsDocument(dir, m)})
-		sealed[i] = protocol.SealedFiles(st.Node, m)
+		j.docs[i] = append(j.docs[i], document{path.Join(protocol.ModulesDir, m.Module, protocol.BindingsFile), bindingsDocument(j.r.dir, m)})
+		j.sealed[i] = protocol.SealedFiles(j.st.Node, m)
 		if holdsBackupSeat(m) {
-			rel := linesFile(m.Module)
-			declared[rel] = true
-			touched = append(touched, rel)
+			declare(linesFile(m.Module))
 		}
-		for _, doc := range docs[i] {
-			declared[doc.rel] = true
-			touched = append(touched, doc.rel)
+		for _, doc := range j.docs[i] {
+			declare(doc.rel)
 		}
-		for _, sf := range sealed[i] {
-			declared[sf.Rel] = true
-			touched = append(touched, sf.Rel)
+		for _, sf := range j.sealed[i] {
+			declare(sf.Rel)
 		}
 		for _, ds := range m.Data {
 			rel, err := dataRel(ds.Path)
 			if err != nil {
-				return failPath(d.Serial, fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
+				return pathFailure(fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
 			}
 			touched = append(touched, rel)
 		}
 	}
-	targets := make([]string, len(d.Delete))
+	j.targets = make([]string, len(d.Delete))
 	for i, del := range d.Delete {
-		if targets[i], err = deletionTarget(del); err != nil {
-			return failPath(d.Serial, fmt.Sprintf("deletion of %s %s", del.Module, del.Target), err)
+		var err error
+		if j.targets[i], err = deletionTarget(del); err != nil {
+			return pathFailure(fmt.Sprintf("deletion of %s %s", del.Module, del.Target), err)
 		}
-		touched = append(touched, targets[i])
+		touched = append(touched, j.targets[i])
 	}
-	for _, f := range last.Files {
-		if !declared[f] && beneath(f) {
+	for _, f := range j.last.Files {
+		if !j.declared[f] && beneath(f) {
 			touched = append(touched, path.Dir(f)) // a link in the file's own place is removed as a link
 		}
 	}
 	for _, rel := range touched {
-		if err := r.check(rel); err != nil {
-			return failPath(d.Serial, "", err) // the error names the path
+		if err := j.r.check(rel); err != nil {
+			return pathFailure("", err)
 		}
 	}
-	tier("verify", t)
+	return nil
+}
 
-	// Archives: each built module's, fetched, verified and unpacked into its
-	// version's directory before any file is written, so that a declaration
-	// whose archive cannot be had is refused whole. One unpacked already is
-	// not fetched again.
-	t = time.Now()
-	for _, m := range d.Modules {
+// archives fetches, verifies and unpacks each built module's archive into
+// its version's directory before any file is written, so that a
+// declaration whose archive cannot be had is refused whole. One unpacked
+// already is not fetched again.
+func (j *applyJob) archives() error {
+	for _, m := range j.d.Modules {
 		if m.Archive == nil {
 			continue
 		}
-		if err := unpackArchive(r, m, last.Runs, fetch); err != nil {
-			return fail(d.Serial, "refused: archive of %s %s: %v", m.Module, m.Version, err)
+		if err := unpackArchive(j.r, m, j.last.Runs, j.fetch); err != nil {
+			return fmt.Errorf("refused: archive of %s %s: %v", m.Module, m.Version, err)
 		}
 	}
-	tier("archives", t)
+	return nil
+}
 
-	// Cutovers of modules taken onto this adopted node, before any of them
-	// starts: what a person approved is stopped; the data is not touched.
-	t = time.Now()
-	taken, err := cutover(d.Taken, last.Taken)
+// cutover does the cutovers of modules taken onto this adopted node,
+// before any of them starts: what a person approved is stopped; the data
+// is not touched.
+func (j *applyJob) cutover() error {
+	taken, err := cutover(j.d.Taken, j.last.Taken)
 	if err != nil {
-		return fail(d.Serial, "cutover: %v", err)
+		return fmt.Errorf("cutover: %v", err)
 	}
-	if len(d.Taken) > 0 {
-		tier("cutover", t)
-	}
+	j.next.Taken = taken
+	return nil
+}
 
-	t = time.Now()
-	next := applied{Serial: d.Serial, Signature: env.Signature, Runs: runRecords(d, raw.Modules, last.Runs), Taken: taken, Overlay: d.Overlay,
-		Backups: d.Backups}
-	var waiting []string
-	for i, m := range d.Modules {
-		// The sealed files are written below, opened with the host's own key.
-		for _, doc := range docs[i] {
+// files writes each module's documents, indented. The sealed files are
+// written by secrets, opened with the host's own key.
+func (j *applyJob) files() error {
+	for i, m := range j.d.Modules {
+		for _, doc := range j.docs[i] {
 			rel := doc.rel
 			var v any
 			if err := json.Unmarshal(doc.body, &v); err != nil {
-				return fail(d.Serial, "refused: %s of %s is not JSON: %v", path.Base(rel), m.Module, err)
+				return fmt.Errorf("refused: %s of %s is not JSON: %v", path.Base(rel), m.Module, err)
 			}
 			b, err := json.MarshalIndent(v, "", "  ")
 			if err != nil {
-				return fail(d.Serial, "write %s of %s: %v", path.Base(rel), m.Module, err)
+				return fmt.Errorf("write %s of %s: %v", path.Base(rel), m.Module, err)
 			}
 			// Not secret: readable by the module's user (a module's sealed
 			// values in module.json open only with the host's key).
-			if err := r.writeFileAs(rel, append(b, '\n'), 0o755, access{perm: 0o644, gid: -1}); err != nil {
-				return failPath(d.Serial, "write "+rel, err)
+			if err := j.r.writeFileAs(rel, append(b, '\n'), 0o755, access{perm: 0o644, gid: -1}); err != nil {
+				return pathFailure("write "+rel, err)
 			}
-			next.Files = append(next.Files, rel)
+			j.next.Files = append(j.next.Files, rel)
 		}
 	}
-	tier("files", t)
+	return nil
+}
 
-	// Secrets: each opened with this host's age identity, inside a declaration
-	// whose signature verified, checked to be the one named, written 0600.
-	t = time.Now()
-	owners := map[string][2]int{}
-	for _, m := range d.Modules {
+// secrets writes each module's sealed files, each opened with this host's
+// age identity, inside a declaration whose signature verified, checked to
+// be the one named, and the backup seat holder's lines; each readable by
+// its module's user alone. It makes each module's user first.
+func (j *applyJob) secrets() error {
+	j.owners = map[string][2]int{}
+	for _, m := range j.d.Modules {
 		uid, gid := -1, -1
-		if ids != nil && m.Run != nil {
+		if j.ids != nil && m.Run != nil {
 			var err error
-			if uid, gid, err = ids(m.Module); err != nil {
-				return fail(d.Serial, "module %s: %v", m.Module, err)
+			if uid, gid, err = j.ids(m.Module); err != nil {
+				return fmt.Errorf("module %s: %v", m.Module, err)
 			}
 		}
-		owners[m.Module] = [2]int{uid, gid}
+		j.owners[m.Module] = [2]int{uid, gid}
 	}
-	for i, m := range d.Modules {
+	for i, m := range j.d.Modules {
 		if len(m.WaitingFor) > 0 {
-			waiting = append(waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
+			j.waiting = append(j.waiting, fmt.Sprintf("%s waits for %v", m.Module, m.WaitingFor))
 		}
 		if len(m.WaitingForLicences) > 0 {
-			waiting = append(waiting, fmt.Sprintf("%s waits for licences %v", m.Module, m.WaitingForLicences))
+			j.waiting = append(j.waiting, fmt.Sprintf("%s waits for licences %v", m.Module, m.WaitingForLicences))
 		}
-		for _, sf := range sealed[i] {
+		for _, sf := range j.sealed[i] {
 			rel := sf.Rel
-			v, _, err := protocol.OpenSealed(sf.Sealed, sf.Label, st.Age)
+			v, _, err := protocol.OpenSealed(sf.Sealed, sf.Label, j.st.Age)
 			if err != nil {
-				return fail(d.Serial, "%s of %s: %v", path.Base(rel), m.Module, err)
+				return fmt.Errorf("%s of %s: %v", path.Base(rel), m.Module, err)
 			}
 			// Readable by the module's group, in a directory it may read
 			// and not write; the module's own directory stays the host's.
 			a := access{perm: 0o600, gid: -1}
-			if gid := owners[m.Module][1]; gid >= 0 {
+			if gid := j.owners[m.Module][1]; gid >= 0 {
 				a = access{perm: 0o640, gid: gid, groupDir: path.Dir(rel) != path.Join(protocol.ModulesDir, m.Module)}
 			}
-			if err := r.writeFileAs(rel, v.Reveal(), 0o700, a); err != nil {
-				return failPath(d.Serial, fmt.Sprintf("write %s of %s", path.Base(rel), m.Module), err)
+			if err := j.r.writeFileAs(rel, v.Reveal(), 0o700, a); err != nil {
+				return pathFailure(fmt.Sprintf("write %s of %s", path.Base(rel), m.Module), err)
 			}
-			next.Files = append(next.Files, rel)
+			j.next.Files = append(j.next.Files, rel)
 		}
-		// The backup seat's holder's lines: not secret, but its module's
-		// alone to read, as its secrets are; rewritten whole with every
-		// declaration, and no restart: the module reads it again.
 		if holdsBackupSeat(m) {
-			rel := linesFile(m.Module)
-			a := access{perm: 0o600, gid: -1}
-			if gid := owners[m.Module][1]; gid >= 0 {
-				a = access{perm: 0o640, gid: gid}
+			if err := j.backupLines(m); err != nil {
+				return err
 			}
-			lines := protocol.BackupLines{Lines: d.BackupLines}
-			if lines.Lines == nil {
-				lines.Lines = []protocol.BackupLine{}
-			}
-			b, err := json.MarshalIndent(lines, "", "  ")
-			if err != nil {
-				return fail(d.Serial, "write %s of %s: %v", protocol.BackupLinesName, m.Module, err)
-			}
-			if err := r.writeFileAs(rel, append(b, '\n'), 0o755, a); err != nil {
-				return failPath(d.Serial, "write "+rel, err)
-			}
-			next.Files = append(next.Files, rel)
 		}
 	}
-	sort.Strings(next.Files)
-	tier("secrets", t)
+	sort.Strings(j.next.Files)
+	return nil
+}
 
-	t = time.Now()
+// backupLines writes the backup seat holder's lines: not secret, but its
+// module's alone to read, as its secrets are; rewritten whole with every
+// declaration, and no restart: the module reads it again.
+func (j *applyJob) backupLines(m protocol.DeclaredModule) error {
+	rel := linesFile(m.Module)
+	a := access{perm: 0o600, gid: -1}
+	if gid := j.owners[m.Module][1]; gid >= 0 {
+		a = access{perm: 0o640, gid: gid}
+	}
+	lines := protocol.BackupLines{Lines: j.d.BackupLines}
+	if lines.Lines == nil {
+		lines.Lines = []protocol.BackupLine{}
+	}
+	b, err := json.MarshalIndent(lines, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s of %s: %v", protocol.BackupLinesName, m.Module, err)
+	}
+	if err := j.r.writeFileAs(rel, append(b, '\n'), 0o755, a); err != nil {
+		return pathFailure("write "+rel, err)
+	}
+	j.next.Files = append(j.next.Files, rel)
+	return nil
+}
+
+// data makes each declared data set's directory, given to its module's
+// user when the host made it where a module may be given one (givable).
+func (j *applyJob) data() error {
 	madeBefore := map[string]bool{}
-	for _, ds := range last.Data {
+	for _, ds := range j.last.Data {
 		madeBefore[ds.Module+"/"+ds.Name+"/"+ds.Path] = ds.Made
 	}
-	for _, m := range d.Modules {
+	for _, m := range j.d.Modules {
 		for _, ds := range m.Data {
-			rel, _ := dataRel(ds.Path) // judged above
+			rel, _ := dataRel(ds.Path) // judged by verify
 			before := madeBefore[m.Module+"/"+ds.Name+"/"+ds.Path]
-			uid, gid := owners[m.Module][0], owners[m.Module][1]
+			uid, gid := j.owners[m.Module][0], j.owners[m.Module][1]
 			if !givable(ds.Path) {
 				uid, gid = -1, -1 // made, and kept the host's: see givable
 			}
-			made, err := r.mkdirData(rel, uid, gid, before)
+			made, err := j.r.mkdirData(rel, uid, gid, before)
 			if err != nil {
-				return failPath(d.Serial, fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
+				return pathFailure(fmt.Sprintf("module %s data %s", m.Module, ds.Name), err)
 			}
-			next.Data = append(next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious, Made: made || before})
+			j.next.Data = append(j.next.Data, dataSet{Module: m.Module, Name: ds.Name, Path: ds.Path, Precious: ds.Precious, Made: made || before})
 		}
 	}
-	tier("data", t)
+	return nil
+}
 
-	// Deletions a person asked for with cleanup delete: the only data a host
-	// ever removes, and only because a verified declaration says so.
-	t = time.Now()
-	for i, del := range d.Delete {
-		if err := r.removeAll(targets[i]); err != nil {
-			return failPath(d.Serial, fmt.Sprintf("delete %s of %s", del.Target, del.Module), err)
+// deletions carries out the deletions a person asked for with cleanup
+// delete: the only data a host ever removes, and only because a verified
+// declaration says so. Data sets no longer declared and not deleted stay
+// where they are, and are still reported (their size is what cleanup
+// shows) until deleted.
+func (j *applyJob) deletions() error {
+	for i, del := range j.d.Delete {
+		if err := j.r.removeAll(j.targets[i]); err != nil {
+			return pathFailure(fmt.Sprintf("delete %s of %s", del.Target, del.Module), err)
 		}
-		next.Deleted = append(next.Deleted, del)
+		j.next.Deleted = append(j.next.Deleted, del)
 	}
-	tier("delete", t)
-
-	// Data sets no longer declared stay where they are, and are still
-	// reported (their size is what cleanup shows) until deleted.
 	declaredData := map[string]bool{}
-	for _, ds := range next.Data {
+	for _, ds := range j.next.Data {
 		declaredData[ds.Module+"/"+ds.Name] = true
 	}
 	gone := map[string]bool{}
-	for _, del := range next.Deleted {
+	for _, del := range j.next.Deleted {
 		if del.Kind == "data" {
 			gone[del.Module+"/"+del.Target] = true
 		}
 	}
-	for _, ds := range last.Data {
+	for _, ds := range j.last.Data {
 		if !declaredData[ds.Module+"/"+ds.Name] && !gone[ds.Module+"/"+ds.Name] {
-			next.Data = append(next.Data, ds)
+			j.next.Data = append(j.next.Data, ds)
 		}
 	}
+	return nil
+}
 
-	// Files an earlier declaration made and this one no longer declares go,
-	// and so do the directories they leave empty, up to the modules
-	// directory; data directories never do: only a declaration that says so
-	// explicitly may delete data (above).
-	t = time.Now()
-	for _, f := range last.Files {
-		if declared[f] || !beneath(f) {
+// cleanup removes the files an earlier declaration made and this one no
+// longer declares, and the directories they leave empty, up to the
+// modules directory; data directories never go: only a declaration that
+// says so explicitly may delete data (deletions). Version directories no
+// longer kept (older than the one before) go too: they are the host's
+// copies of archives, never data.
+func (j *applyJob) cleanup() error {
+	for _, f := range j.last.Files {
+		if j.declared[f] || !beneath(f) {
 			// One not beneath the modules directory was written by a host
 			// before this one judged names; it is left alone rather than
 			// removed, and no longer remembered.
 			continue
 		}
-		if err := r.removeFile(f); err != nil {
-			return failPath(d.Serial, "remove "+f, err)
+		if err := j.r.removeFile(f); err != nil {
+			return pathFailure("remove "+f, err)
 		}
 		for dir := path.Dir(f); strings.HasPrefix(dir, protocol.ModulesDir+"/"); dir = path.Dir(dir) {
-			if r.removeEmptyDir(dir) != nil {
+			if j.r.removeEmptyDir(dir) != nil {
 				break // not empty, or gone already
 			}
 		}
 	}
-	// Version directories no longer kept (older than the one before) go:
-	// they are the host's copies of archives, never data.
-	for _, old := range last.Runs {
+	for _, old := range j.last.Runs {
 		keep := map[string]bool{}
-		for _, run := range next.Runs {
+		for _, run := range j.next.Runs {
 			if run.Module == old.Module {
 				for _, v := range run.Kept {
 					keep[v] = true
@@ -419,15 +531,13 @@ func apply(st *State, dir string, last applied, env protocol.Envelope, ids userI
 		}
 		for _, v := range old.Kept {
 			if !keep[v] {
-				if err := r.removeAll(versionDir(old.Module, v)); err != nil {
-					return failPath(d.Serial, "remove "+versionDir(old.Module, v), err)
+				if err := j.r.removeAll(versionDir(old.Module, v)); err != nil {
+					return pathFailure("remove "+versionDir(old.Module, v), err)
 				}
 			}
 		}
 	}
-	tier("cleanup", t)
-
-	return protocol.AppliedBody{Serial: d.Serial, OK: true, Tiers: tiers, Waiting: waiting, TotalMS: float64(time.Since(start).Microseconds()) / 1000}, next
+	return nil
 }
 
 // beneath says whether a file remembered as written is where this host

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -15,24 +14,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"filippo.io/age"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	restserver "github.com/restic/rest-server"
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/sys/unix"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/app/restic"
 	"mesh-controller/app/restic/restictest"
-	"mesh-controller/embedded/broker"
 )
 
 // The tests of backups run a real host (Runner) on the real embedded
@@ -45,13 +39,7 @@ import (
 // bkMesh is a broker, a REST server holding node n1's repository, and a
 // host of n1.
 type bkMesh struct {
-	t        *testing.T
-	srv      *broker.Server
-	ctl      *nats.Conn
-	ctlKey   ed25519.PrivateKey
-	st       *State
-	root     string
-	log      *syncBuf
+	*liveMesh
 	repoDir  string // the REST server's directory: n1's repository is repoDir/n1
 	restURL  string // http://127.0.0.1:PORT
 	access   protocol.BackupAccess
@@ -59,14 +47,8 @@ type bkMesh struct {
 	access2  protocol.BackupAccess // n2's, in the same REST server
 	outcomes chan protocol.BackupOutcome
 
-	mu      sync.Mutex
-	latest  *protocol.Envelope
-	serial  int
-	applied chan int64
-
 	sup   *Supervisor
-	users bool   // the host runs modules as their own users
-	stop  func() // stops the host running
+	users bool // the host runs modules as their own users
 	hold  atomic.Pointer[netHold]
 }
 
@@ -77,106 +59,13 @@ type netHold struct {
 	release chan struct{}
 }
 
-// syncBuf is a log many goroutines write.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func newBkMesh(t *testing.T) *bkMesh {
 	t.Helper()
 	restictest.Need(t)
-	op, acc, sys, err := broker.NewSeeds()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := broker.KeysFromSeeds(op, acc, sys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := keys.Trust(broker.JoinUser{Services: []string{protocol.JoinSubject}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := broker.Start("127.0.0.1:0", tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	m := &bkMesh{t: t, srv: srv, log: &syncBuf{}, outcomes: make(chan protocol.BackupOutcome, 16), applied: make(chan int64, 16)}
-
-	// The host's user, with a host's permissions (app/broker.go).
-	kp, _ := nkeys.CreateUser()
-	pub, _ := kp.PublicKey()
-	seed, _ := kp.Seed()
-	hostJWT, err := keys.IssueUser("host n1", pub, broker.Permissions{
-		Publish:   []string{"mesh.node.n1.>", "_INBOX.*.*"},
-		Subscribe: []string{"mesh.node.n1.inbox.>", protocol.HostInboxPrefix("n1") + ".>"},
-	}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := broker.Creds(hostJWT, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctlPub, ctlKey, _ := ed25519.GenerateKey(rand.Reader)
-	_, hostKey, _ := ed25519.GenerateKey(rand.Reader)
-	id, _ := age.GenerateX25519Identity()
-	wg, _ := wgtypes.GeneratePrivateKey()
-	m.ctlKey = ctlKey
-	m.st = &State{Dir: filepath.Join(t.TempDir(), "state"), Node: "n1", HostKey: hostKey, Age: id, Creds: creds,
-		ControllerKey: ctlPub, BrokerURLs: []string{srv.ClientURL()}, WireGuard: wg}
-	if err := m.st.save(); err != nil {
-		t.Fatal(err)
-	}
-	m.root = filepath.Join(t.TempDir(), "root")
-
-	// The controller's side.
-	ctlJWT, ctlSeed, err := keys.NewUser("controller", broker.Permissions{Publish: []string{"mesh.>", "_INBOX.>"}, Subscribe: []string{"mesh.>", "_INBOX.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.ctl, err = nats.Connect(srv.ClientURL(), nats.UserJWTAndSeed(ctlJWT, string(ctlSeed)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.ctl.Close)
-	hostPub := hostKey.Public().(ed25519.PublicKey)
-	m.answer(protocol.NodeSubject("n1", protocol.DeclarationAsk), func(*nats.Msg) any {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.latest == nil {
-			return protocol.None{None: true}
-		}
-		return m.latest
-	})
-	m.answer(protocol.NodeSubject("n1", protocol.Applied), func(msg *nats.Msg) any {
-		var body protocol.AppliedBody
-		if err := protocol.Open(msg.Data, hostPub, &body); err != nil {
-			t.Errorf("an applied report: %v", err)
-		} else if !body.OK {
-			t.Errorf("declaration %d not applied: %s", body.Serial, body.Error)
-		} else {
-			m.applied <- body.Serial
-		}
-		return protocol.OKReply{OK: true}
-	})
+	m := &bkMesh{liveMesh: newLiveMesh(t, false), outcomes: make(chan protocol.BackupOutcome, 16)}
 	m.answer(protocol.NodeSubject("n1", protocol.BackedUp), func(msg *nats.Msg) any {
 		var out protocol.BackupOutcome
-		if err := protocol.Open(msg.Data, hostPub, &out); err != nil {
+		if err := m.opened(msg, &out); err != nil {
 			t.Errorf("an outcome not signed by the host: %v", err)
 			return protocol.OKReply{Error: err.Error()}
 		}
@@ -236,76 +125,10 @@ func (m *bkMesh) seal(a protocol.BackupAccess) string {
 	return sealed
 }
 
-// answer answers requests on subject with what f says.
-func (m *bkMesh) answer(subject string, f func(*nats.Msg) any) {
-	m.t.Helper()
-	if _, err := m.ctl.Subscribe(subject, func(msg *nats.Msg) {
-		b, _ := json.Marshal(f(msg))
-		msg.Respond(b)
-	}); err != nil {
-		m.t.Fatal(err)
-	}
-}
-
 // start runs the host until the test ends or stop is called.
 func (m *bkMesh) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	sup := &Supervisor{BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond}
-	m.sup = sup
-	r := &Runner{State: m.st, Root: m.root, Heartbeat: time.Second, Log: m.log, Supervisor: sup, NoOverlayInterface: true, BeforeTimeout: 2 * time.Second,
-		ModuleUsers: m.users}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	// Heard beating, it hears its inbox.
-	beats, err := m.ctl.SubscribeSync(protocol.NodeSubject("n1", protocol.Heartbeat))
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	defer beats.Unsubscribe()
-	if _, err := beats.NextMsg(20 * time.Second); err != nil {
-		m.t.Fatalf("the host does not beat: %v; its log:\n%s", err, m.log.String())
-	}
-	var once sync.Once
-	m.stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				m.t.Errorf("the host: %v", err)
-			}
-		})
-	}
-	m.t.Cleanup(m.stop)
-}
-
-// declare pushes n1 a declaration with these modules and backups, and
-// waits until the host applied it.
-func (m *bkMesh) declare(body map[string]any) {
-	m.t.Helper()
-	m.mu.Lock()
-	m.serial++
-	body["node"], body["serial"] = "n1", m.serial
-	if body["modules"] == nil {
-		body["modules"] = []any{}
-	}
-	env := sealed(m.t, m.ctlKey, body)
-	m.latest = &env
-	serial := m.serial
-	m.mu.Unlock()
-	b, _ := json.Marshal(env)
-	if err := m.ctl.Publish(protocol.DeclarationInbox("n1"), b); err != nil {
-		m.t.Fatal(err)
-	}
-	deadline := time.After(20 * time.Second)
-	for {
-		select {
-		case got := <-m.applied:
-			if got == int64(serial) {
-				return
-			}
-		case <-deadline:
-			m.t.Fatalf("declaration %d not applied; the host's log:\n%s", serial, m.log.String())
-		}
-	}
+	m.sup = &Supervisor{BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond}
+	m.run(&Runner{Heartbeat: time.Second, Supervisor: m.sup, BeforeTimeout: 2 * time.Second, ModuleUsers: m.users})
 }
 
 // ask asks the host on its inbox (backup or restore) and returns its

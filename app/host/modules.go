@@ -363,7 +363,8 @@ func (r *Runner) adoptRuns(dl delivery) bool {
 // verified against its digest before it is used.
 func (r *Runner) fetcher(nc *nats.Conn) fetcher {
 	return func(a protocol.Archive) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), archiveFetchTimeout(a.Bytes))
+		// Ended with the host too: a fetch of minutes does not hold it.
+		ctx, cancel := context.WithTimeout(r.ctx, archiveFetchTimeout(a.Bytes))
 		defer cancel()
 		tmp := filepath.Join(r.State.Dir, "archives")
 		if err := os.MkdirAll(tmp, 0o700); err != nil {

@@ -72,6 +72,8 @@ type Runner struct {
 	ov overlayState
 	// bk is the backups and restores running.
 	bk backupWork
+	// applies is the declarations' worker's: what waits, what it applies.
+	applies applyWork
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -83,7 +85,8 @@ const DefaultFactsEvery = time.Minute
 const beatSoon = 200 * time.Millisecond
 
 // Run beats, reports facts and data, receives, verifies and applies
-// declarations (asking for the latest whenever it connects), and reports each
+// declarations (asking for the latest whenever it connects; applied one at
+// a time by a worker beside the beats, applying.go), and reports each
 // outcome. It reconnects by itself and returns when ctx ends.
 func (r *Runner) Run(ctx context.Context) error {
 	if r.Heartbeat <= 0 {
@@ -223,6 +226,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 
+	// Declarations are applied beside this loop, which keeps beating; the
+	// worker ends, its apply with it, before what it uses is stopped.
+	r.applies.wake = make(chan struct{}, 1)
+	var worker sync.WaitGroup
+	worker.Go(func() { r.applyLoop(ctx, nc) })
+	defer worker.Wait()
+
 	soon := time.NewTimer(time.Hour)
 	soon.Stop()
 	beat := time.NewTicker(r.Heartbeat)
@@ -244,7 +254,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			soon.Reset(beatSoon)
 			asks.start(ctx, func(ctx context.Context) { r.askLatest(ctx, nc, envelopes, beatAgain) })
 		case dl := <-envelopes:
-			r.applyOne(nc, dl)
+			r.offer(dl)
 		case <-changed:
 			soon.Reset(beatSoon)
 		case <-soon.C:
@@ -290,15 +300,15 @@ func (r *Runner) userIDs() userIDs {
 	}
 }
 
-// beat sends a heartbeat with the modules' states and the overlay's
-// peers' last handshakes.
+// beat sends a heartbeat with the modules' states, the overlay's peers'
+// last handshakes and the apply under way.
 func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	r.mu.Lock()
 	serial := r.last.Serial
 	peers := r.peerHandshakes()
 	r.mu.Unlock()
 	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
-		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers})
+		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers, Applying: r.applies.applying()})
 }
 
 func (r *Runner) logf(format string, args ...any) {
@@ -353,6 +363,8 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 type delivery struct {
 	env   protocol.Envelope
 	asked bool
+	// serial is what it verifies as (0 if it does not), once offered.
+	serial int64
 }
 
 // stale says why a declaration is not applied, or "" if it is to be
@@ -376,77 +388,6 @@ func stale(st *State, last applied, dl delivery) string {
 		return ""
 	}
 	return fmt.Sprintf("the latest declaration, asked for, is %d; %d is applied already", d.Serial, last.Serial)
-}
-
-func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
-	r.mu.Lock()
-	if r.adoptRuns(dl) {
-		r.mu.Unlock()
-		return
-	}
-	if why := stale(r.State, r.last, dl); why != "" {
-		r.mu.Unlock()
-		r.logf("%s", why)
-		// The controller hears the applied serial with the next beat, sent
-		// soon: whoever re-sent it thought this host behind.
-		r.beatAgain()
-		return
-	}
-	filter, serial, refused := declaredFilter(r.State, r.last.Serial, dl.env)
-	filterWas := r.filter
-	ovWas := r.ov.fact
-	var report protocol.AppliedBody
-	next := r.last
-	if refused != "" {
-		report = protocol.AppliedBody{Serial: serial, Error: refused}
-	} else {
-		report, next = apply(r.State, r.Root, r.last, dl.env, r.userIDs(), r.fetcher(nc))
-	}
-	if report.OK {
-		if err := saveApplied(r.State.Dir, next); err != nil {
-			report.OK, report.Error = false, "remember what was applied: "+err.Error()
-		} else {
-			r.last = next
-			// The files are applied: the modules follow. One that cannot
-			// start is reported in its state, not as a failed apply.
-			r.sup.Apply(specs(r.State, r.Root, next.Runs))
-			// Last, the filter: the declaration's files and modules are
-			// in place whatever becomes of it.
-			// Then the overlay: a peer's module may need it, not the
-			// other way round.
-			if err := r.setOverlay(next.Overlay, next.Serial); err != nil {
-				report.OK, report.Error = false, err.Error()
-			}
-			if err := r.setFilter(nc, filter, next.Serial); err != nil && report.OK {
-				report.OK, report.Error = false, err.Error()
-			}
-		}
-	}
-	last := r.last
-	filterMoved := r.filter != filterWas || r.ov.fact != ovWas
-	r.mu.Unlock()
-	if filterMoved {
-		r.reportFacts(nc, true)
-	}
-	report.Modules = r.states()
-	if report.OK {
-		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
-		for _, w := range report.Waiting {
-			r.logf("not started: %s", w)
-		}
-	} else {
-		r.logf("did not apply: %s", report.Error)
-	}
-	b, err := protocol.Sign(r.State.HostKey, report)
-	if err != nil {
-		return
-	}
-	if _, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, protocol.AnswerTimeout); err != nil {
-		r.logf("report the outcome: %v", err)
-	}
-	if report.OK {
-		r.publish(nc, protocol.DataReport, dataReport(r.Root, last))
-	}
 }
 
 // BackupDone tells the controller that a backup line was done: what the

@@ -137,6 +137,21 @@ type HeartbeatBody struct {
 	Modules []ModuleState `json:"modules,omitempty"`
 	// Peers are its overlay peers' last handshakes, when it has an overlay.
 	Peers []PeerHandshake `json:"peers,omitempty"`
+	// Applying is the declaration its host is applying, while it is: an
+	// apply that fetches a large archive takes minutes, and the host beats
+	// meanwhile. Absent between applies, and from hosts that predate it;
+	// a controller that predates it ignores it.
+	Applying *Applying `json:"applying,omitempty"`
+}
+
+// Applying is a declaration a host is applying.
+type Applying struct {
+	Serial int64 `json:"serial"`
+	// Since is when the host began applying it, on its own clock.
+	Since time.Time `json:"since"`
+	// Phase is the part of the apply under way, named as the apply
+	// report's tiers are (verify, archives, files…).
+	Phase string `json:"phase,omitempty"`
 }
 
 // Module states a host reports (protocol.md, "Added in the second round").

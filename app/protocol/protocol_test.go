@@ -56,6 +56,33 @@ func TestSignOpen(t *testing.T) {
 	}
 }
 
+// A beat says what its host is applying only while it applies: between
+// applies the key is not there at all, as from a host that predates it,
+// and a controller that predates it opens a beat that carries it.
+func TestHeartbeat_Applying(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	since := time.Date(2026, 12, 3, 12, 0, 3, 0, time.UTC)
+	msg, err := Sign(priv, HeartbeatBody{SerialApplied: 6, Applying: &Applying{Serial: 7, Since: since, Phase: "archives"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hb HeartbeatBody
+	if err := Open(msg, pub, &hb); err != nil || hb.Applying == nil || *hb.Applying != (Applying{Serial: 7, Since: since, Phase: "archives"}) {
+		t.Fatalf("got %+v, %v", hb.Applying, err)
+	}
+	var older struct {
+		SerialApplied int64 `json:"serial_applied"`
+		UptimeS       int64 `json:"uptime_s"`
+	}
+	if err := Open(msg, pub, &older); err != nil || older.SerialApplied != 6 {
+		t.Fatalf("a controller that predates applying: %+v, %v", older, err)
+	}
+	idle, _ := json.Marshal(HeartbeatBody{SerialApplied: 7})
+	if strings.Contains(string(idle), "applying") {
+		t.Fatalf("a beat between applies says %s", idle)
+	}
+}
+
 func TestEnvelope(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	env, err := Seal(Declaration{Node: "web1", Serial: 3, Modules: []DeclaredModule{}}, func(b []byte) []byte { return ed25519.Sign(priv, b) }, "k")

@@ -61,7 +61,11 @@ func (c *NodeListCmd) Run(env *Env) error {
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), applyState(n))
+		state := applyState(n)
+		if a := n.Applying; a != nil {
+			state += fmt.Sprintf(", applying %d", a.Serial)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), state)
 	}
 	return tw.Flush()
 }
@@ -90,6 +94,9 @@ func (c *NodeShowCmd) Run(env *Env) error {
 	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
 	fmt.Fprintf(tw, "declared\t%s\n", serial(n.SerialDeclared))
 	fmt.Fprintf(tw, "applied\t%s\n", applyState(n.NodeView))
+	if a := n.Applying; a != nil {
+		fmt.Fprintf(tw, "applying\t%s\n", applyingLine(*a))
+	}
 	fmt.Fprintf(tw, "public domain\t%s\n", orNone(n.PublicDomain))
 	fmt.Fprintf(tw, "networks\t%s\n", orNone(strings.Join(n.Networks, ", ")))
 	if a := n.LastApply; a != nil && !a.OK {
@@ -152,6 +159,16 @@ func applyState(n app.NodeView) string {
 		return fmt.Sprintf("%s (behind; %d failed)", serial(n.SerialApplied), n.LastApply.Serial)
 	}
 	return fmt.Sprintf("%s (behind)", serial(n.SerialApplied))
+}
+
+// applyingLine says which declaration a node's host is applying, since
+// when (its host's clock) and in which phase, as its last beat said.
+func applyingLine(a app.ApplyingView) string {
+	s := fmt.Sprintf("%d since %s", a.Serial, a.Since.UTC().Format(timeShown))
+	if a.Phase != "" {
+		s += " (" + shown(a.Phase) + ")" // the host's word
+	}
+	return s
 }
 
 func tokenLine(t *app.TokenView) string {

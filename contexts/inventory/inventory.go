@@ -51,6 +51,9 @@ type Node struct {
 	UptimeS int64
 	// LastOutcome is its host's latest apply report; nil if none.
 	LastOutcome *Outcome
+	// Applying is what its host's latest beat said it was applying; nil
+	// if nothing.
+	Applying *Applying
 	// PlanVersion moves each time its plan changes; DeclaredPlanVersion is
 	// the plan version its latest declaration was made from.
 	PlanVersion, DeclaredPlanVersion int64
@@ -106,7 +109,8 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, coalesce(d.serial, 0), n.serial_applied,
 	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at,
 	n.plan_version, coalesce(d.plan_version, 0),
-	(SELECT count(*) FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL)`
+	(SELECT count(*) FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL),
+	n.applying_serial, n.applying_since, coalesce(n.applying_phase, '')`
 
 const nodesFrom = ` FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name`
 
@@ -114,13 +118,22 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var n Node
 	var mode, created string
 	var joined, heard, appliedAt sql.NullString
-	var appliedSerial sql.NullInt64
+	var appliedSerial, applyingSerial sql.NullInt64
+	var applyingSince sql.NullString
+	var applyingPhase string
 	var appliedOK sql.NullBool
 	var o Outcome
 	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard, &n.SerialDeclared, &n.SerialApplied,
 		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt,
-		&n.PlanVersion, &n.DeclaredPlanVersion, &n.Pending); err != nil {
+		&n.PlanVersion, &n.DeclaredPlanVersion, &n.Pending, &applyingSerial, &applyingSince, &applyingPhase); err != nil {
 		return Node{}, err
+	}
+	if applyingSerial.Valid && applyingSince.Valid {
+		since, err := sqlite.ParseTime(applyingSince.String)
+		if err != nil {
+			return Node{}, err
+		}
+		n.Applying = &Applying{Serial: applyingSerial.Int64, Since: since, Phase: applyingPhase}
 	}
 	if appliedSerial.Valid && appliedAt.Valid {
 		o.Serial, o.OK = appliedSerial.Int64, appliedOK.Bool

@@ -97,3 +97,28 @@ func TestStore_DeclarationFenced(t *testing.T) {
 		t.Fatalf("the fence was lowered to %d (%v)", g, err)
 	}
 }
+
+// A beat that says its host is applying a declaration is read back with
+// the node; the next beat that says nothing of it clears it.
+func TestStore_RecordBeatsApplying(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	if _, err := s.AddNode(ctx, "web1", Converged, t0); err != nil {
+		t.Fatal(err)
+	}
+	since := t0.Add(-90 * time.Second)
+	if err := s.RecordBeats(ctx, []Beat{{Node: "web1", HeardAt: t0, IntervalS: 10, SerialApplied: 6, Applying: &Applying{Serial: 7, Since: since, Phase: "archives"}}}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Node(ctx, "web1")
+	if err != nil || n.Applying == nil || n.Applying.Serial != 7 || !n.Applying.Since.Equal(since) || n.Applying.Phase != "archives" {
+		t.Fatalf("applying %+v, %v", n.Applying, err)
+	}
+	if err := s.RecordBeats(ctx, []Beat{{Node: "web1", HeardAt: t0.Add(10 * time.Second), IntervalS: 10, SerialApplied: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Node(ctx, "web1"); err != nil || n.Applying != nil || n.SerialApplied != 7 {
+		t.Fatalf("after the apply: applying %+v, applied %d, %v", n.Applying, n.SerialApplied, err)
+	}
+}

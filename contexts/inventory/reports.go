@@ -19,6 +19,18 @@ type Beat struct {
 	IntervalS     float64
 	SerialApplied int64
 	UptimeS       int64
+	// Applying is the declaration its host said it was applying; nil
+	// between applies.
+	Applying *Applying
+}
+
+// Applying is a declaration a node's host is applying, as its beat says.
+type Applying struct {
+	Serial int64
+	// Since is when the host began, on its own clock.
+	Since time.Time
+	// Phase is the part of the apply under way (verify, archives…).
+	Phase string
 }
 
 // Fact is one thing a host reported about its machine, with its evidence.
@@ -121,20 +133,26 @@ func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Tim
 // RecordBeats writes many heartbeats in one transaction: each node's row is
 // updated in place, so beats cost a few writes a second, not one each. A
 // beat never moves the applied serial back: one sent before an apply may be
-// written after the apply's report.
+// written after the apply's report. What a beat says of an apply under
+// way replaces what the last one said.
 func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 	if len(beats) == 0 {
 		return nil
 	}
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?1, heartbeat_interval_s = ?2,
-			serial_applied = CASE WHEN serial_applied > ?3 THEN serial_applied ELSE ?3 END, uptime_s = ?4 WHERE name = ?5`)
+			serial_applied = CASE WHEN serial_applied > ?3 THEN serial_applied ELSE ?3 END, uptime_s = ?4,
+			applying_serial = ?6, applying_since = ?7, applying_phase = ?8 WHERE name = ?5`)
 		if err != nil {
 			return err
 		}
 		defer stmt.Close()
 		for _, b := range beats {
-			if _, err := stmt.ExecContext(ctx, sqlite.FormatTime(b.HeardAt), b.IntervalS, b.SerialApplied, b.UptimeS, b.Node); err != nil {
+			var serial, since, phase any // NULL between applies
+			if a := b.Applying; a != nil {
+				serial, since, phase = a.Serial, sqlite.FormatTime(a.Since), a.Phase
+			}
+			if _, err := stmt.ExecContext(ctx, sqlite.FormatTime(b.HeardAt), b.IntervalS, b.SerialApplied, b.UptimeS, b.Node, serial, since, phase); err != nil {
 				return fmt.Errorf("record heartbeat of %s: %w", b.Node, err)
 			}
 		}

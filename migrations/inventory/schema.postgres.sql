@@ -177,7 +177,10 @@ CREATE TABLE nodes (
     overlay_index integer,
     overlay_endpoint text,
     overlay_site text,
-    overlay_reach text
+    overlay_reach text,
+    applying_serial bigint,
+    applying_since text,
+    applying_phase text
 );
 CREATE TABLE overlay_key_refusals (
     node text NOT NULL,

@@ -168,7 +168,7 @@ CREATE TABLE nodes (
     created_at TEXT NOT NULL,
     joined_at  TEXT,
     last_heard TEXT
-, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT, overlay_index INTEGER, overlay_endpoint TEXT, overlay_site TEXT, overlay_reach TEXT CHECK (overlay_reach IN ('public', 'behind-nat'))) STRICT;
+, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT, overlay_index INTEGER, overlay_endpoint TEXT, overlay_site TEXT, overlay_reach TEXT CHECK (overlay_reach IN ('public', 'behind-nat')), applying_serial INTEGER, applying_since TEXT, applying_phase TEXT) STRICT;
 CREATE TABLE overlay_key_refusals (
     node   TEXT PRIMARY KEY REFERENCES nodes (name) ON DELETE CASCADE,
     holder TEXT NOT NULL,
