@@ -299,20 +299,6 @@ func all(checks ...func() error) func() error {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after a deadline.
-//
-// Deprecated: checkFor says what was not so; waitFor goes once no test
-// calls it.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	checkFor(t, settle, func() error {
-		if !cond() {
-			return fmt.Errorf("waited for %s", what)
-		}
-		return nil
-	})
-}
-
 // applied is a check that node has applied declaration serial; it says
 // what it applied instead, and why its last apply failed if one did.
 func (m *testMesh) applied(node string, serial int64) func() error {
