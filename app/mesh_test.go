@@ -286,9 +286,9 @@ func checkFor(t testing.TB, timeout time.Duration, check func() error) {
 	}
 }
 
-// all is a check that every one of checks passes at once; it says the
+// allOf is a check that every one of checks passes at once; it says the
 // first that does not.
-func all(checks ...func() error) func() error {
+func allOf(checks ...func() error) func() error {
 	return func() error {
 		for _, check := range checks {
 			if err := check(); err != nil {

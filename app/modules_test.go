@@ -60,7 +60,7 @@ func TestMesh_AssignPushApply(t *testing.T) {
 	if len(r.Pushed) != 2 {
 		t.Fatalf("pushed: %+v", r.Pushed)
 	}
-	checkFor(t, settle, all(m.upToDate("web1"), m.notBehind("db1")))
+	checkFor(t, settle, allOf(m.upToDate("web1"), m.notBehind("db1")))
 	b, err := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json"))
 	if err != nil || !strings.Contains(string(b), `"workers": 2`) {
 		t.Fatalf("settings.json: %s, %v", b, err)
@@ -131,7 +131,7 @@ func TestMesh_RollOut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkFor(t, settle, all(m.upToDate("db1"), m.upToDate("db2"), m.upToDate("db3")))
+	checkFor(t, settle, allOf(m.upToDate("db1"), m.upToDate("db2"), m.upToDate("db3")))
 	m.addModule(v2)
 
 	// Watch the order: while db1 has not applied its new declaration, db2 must not have been sent one.
@@ -197,7 +197,7 @@ func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkFor(t, settle, all(m.notBehind("db1"), m.notBehind("db2")))
+	checkFor(t, settle, allOf(m.notBehind("db1"), m.notBehind("db2")))
 	m.addModule(writeManifest(t, `{"module": "store", "version": "2.0.0", "data": [{"name": "d", "path": "/srv/new", "precious": "costly"}]}`))
 	os.WriteFile(filepath.Join(hosts[0].root, "srv"), []byte("in the way"), 0o600)
 	declared := m.node("db2").SerialDeclared

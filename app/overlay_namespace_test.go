@@ -267,11 +267,16 @@ func TestOverlay_Namespaces(t *testing.T) {
 		}
 	}
 	parts := map[string]protocol.DeclaredOverlay{}
+	// Each host applied the declaration of the last placement: what its
+	// interface is read against below.
 	checkFor(t, settle, func() error {
 		for _, h := range hosts {
-			d, _ := declaredOverlay(t, m, h.node)
+			d, applied := declaredOverlay(t, m, h.node)
 			if d == nil || len(d.Peers) == 0 {
 				return fmt.Errorf("%s's overlay part is not declared with peers: %s", h.node, jsonText(d))
+			}
+			if !applied {
+				return fmt.Errorf("%s has not applied its latest declaration: %s", h.node, jsonText(d))
 			}
 			parts[h.node] = *d
 		}

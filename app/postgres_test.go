@@ -37,7 +37,7 @@ func TestMesh_OnPostgres(t *testing.T) {
 	if _, err := m.c.Assign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, settle, all(m.upToDate("web1"), m.notBehind("db1"), m.reported("web1"), m.beating("web1")))
+	checkFor(t, settle, allOf(m.upToDate("web1"), m.notBehind("db1"), m.reported("web1"), m.beating("web1")))
 	before := m.node("web1").SerialApplied
 	d := m.declare("web1", moduleBody("hello", "/srv/hello"))
 	if !d.Sent || d.Serial != before+1 {

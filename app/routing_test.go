@@ -86,7 +86,7 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 		t.Fatal("web1 is not behind its plan after its domain changed")
 	}
 	m.start()
-	checkFor(t, settle, all(m.appliedFrom("web1", serial+1), m.notBehind("web1")))
+	checkFor(t, settle, allOf(m.appliedFrom("web1", serial+1), m.notBehind("web1")))
 	d, err := st.Inventory.LatestDeclaration(ctx, "web1")
 	if err != nil || d == nil {
 		t.Fatalf("latest declaration: %v, %v", d, err)

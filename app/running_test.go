@@ -151,7 +151,7 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 		if err := syscall.Kill(first.Pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		checkFor(t, settle, all(m.readyAgain("web1", "hello", first.Pid), func() error {
+		checkFor(t, settle, allOf(m.readyAgain("web1", "hello", first.Pid), func() error {
 			if s := m.moduleState("web1", "hello"); s.Restarts1h < 1 {
 				return fmt.Errorf("hello on web1 counts %d restarts in the hour, not 1", s.Restarts1h)
 			}
@@ -195,7 +195,7 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 		if _, err := m.c.Unassign(ctx, "web1", []string{"hello"}); err != nil {
 			t.Fatal(err)
 		}
-		checkFor(t, settle, all(stopped(pid, "hello"), m.moduleGone("web1", "hello")))
+		checkFor(t, settle, allOf(stopped(pid, "hello"), m.moduleGone("web1", "hello")))
 		if _, err := os.Stat(filepath.Join(web1.root, "var/lib/hello/starts")); err != nil {
 			t.Fatalf("its data: %v", err)
 		}
@@ -519,7 +519,7 @@ func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
 	}
 	before := m.moduleState("web1", "hello").Pid
 	web1.start()
-	checkFor(t, settle, all(m.readyAgain("web1", "hello", before), func() error {
+	checkFor(t, settle, allOf(m.readyAgain("web1", "hello", before), func() error {
 		if pid := m.moduleState("web1", "hello").Pid; !alive(pid) {
 			return fmt.Errorf("hello on web1 is reported ready as pid %d, which does not run", pid)
 		}

@@ -232,7 +232,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	})
 	t.Run("a genuine newer one still applies", func(t *testing.T) {
 		m.declare("web1", moduleBody("three", "/srv/three"))
-		checkFor(t, settle, all(m.applied("web1", 3), func() error {
+		checkFor(t, settle, allOf(m.applied("web1", 3), func() error {
 			if e := lastError(); e != "" {
 				return fmt.Errorf("web1's last apply failed: %s", e)
 			}

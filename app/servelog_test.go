@@ -96,7 +96,7 @@ func TestServeLog_JSONWithSubjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := filepath.Join(web1.root, "etc/mesh/modules/paperless/secrets/ocr_licence")
-	checkFor(t, settle, all(fileHolds(secret, value), m.notBehind("web1")))
+	checkFor(t, settle, allOf(fileHolds(secret, value), m.notBehind("web1")))
 	// An alert raised: db1 silent, once its heartbeat's interval is known
 	// (the bound is a multiple of it).
 	checkFor(t, settle, m.beating("db1"))

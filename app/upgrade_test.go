@@ -74,7 +74,7 @@ func TestUpgrade_RecordIsNotSentUntilPushBehind(t *testing.T) {
 	if _, err := m.c.Push(ctx, PushRequest{Behind: true}); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, settle, all(m.notBehind("db1"), func() error {
+	checkFor(t, settle, allOf(m.notBehind("db1"), func() error {
 		if v := moduleVersionOn(t, hosts[0], "store"); v != "2.0.0" {
 			return fmt.Errorf("db1 runs store %q, not 2.0.0", v)
 		}
