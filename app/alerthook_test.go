@@ -2,6 +2,7 @@ package app
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -68,16 +69,19 @@ func newReceiver(t *testing.T, answer func(n int) int) *receiver {
 	return r
 }
 
-// has says whether the receiver accepted an alert of event for key.
-func (r *receiver) has(event, key string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, a := range r.got {
-		if a.Event == event && a.Condition.Key == key && a.Type != "" && !a.At.IsZero() {
-			return true
+// accepted is a check that the receiver accepted an alert of event for
+// key; it says what it accepted instead, after how many attempts.
+func (r *receiver) accepted(event, key string) func() error {
+	return func() error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, a := range r.got {
+			if a.Event == event && a.Condition.Key == key && a.Type != "" && !a.At.IsZero() {
+				return nil
+			}
 		}
+		return fmt.Errorf("the receiver has not accepted %s %s; in %d attempts it accepted %+v", key, event, r.attempts, r.got)
 	}
-	return false
 }
 
 func (r *receiver) tries() int {
@@ -105,14 +109,14 @@ func TestAlertWebhook_RaisedAndClearedReachTheReceiverRetried(t *testing.T) {
 		AlertWebhook: strings.Replace(r.srv.URL, "http://", "http://ops:"+token+"-pw@", 1) + "/hook?token=" + token,
 		AlertHook:    alerthook.Options{Backoff: 10 * time.Millisecond}})
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil && m.node("web1").HeartbeatS > 0 })
+	checkFor(t, settle, m.beating("web1"))
 	h.stop()
-	waitFor(t, "the receiver to accept node.silent/web1 raised", func() bool { return r.has("raised", "node.silent/web1") })
+	checkFor(t, settle, r.accepted("raised", "node.silent/web1"))
 	if n := r.tries(); n < 3 {
 		t.Fatalf("accepted after %d attempts; the first two were refused", n)
 	}
 	h.start()
-	waitFor(t, "the receiver to accept node.silent/web1 cleared", func() bool { return r.has("cleared", "node.silent/web1") })
+	checkFor(t, settle, r.accepted("cleared", "node.silent/web1"))
 	logs := m.logs.String()
 	if strings.Contains(logs, token) {
 		t.Fatalf("the webhook's token is in the log:\n%s", logs)
@@ -132,20 +136,23 @@ func TestAlertWebhook_HangingReceiverHoldsTheDaemonUpNot(t *testing.T) {
 		AlertWebhook: r.srv.URL + "/hook",
 		AlertHook:    alerthook.Options{Queue: 1, Timeout: time.Hour}})
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil && m.node("web1").HeartbeatS > 0 })
+	checkFor(t, settle, m.beating("web1"))
 	// Raised (posted: hangs), cleared (queued), raised (dropped), cleared (dropped).
 	for i := 0; i < 2; i++ {
 		h.stop()
-		waitFor(t, "node.silent/web1 to be raised", func() bool { return m.open(t, "node.silent/web1") })
+		checkFor(t, settle, m.opened(t, "node.silent/web1"))
 		h.start()
-		waitFor(t, "node.silent/web1 to clear", func() bool { return !m.open(t, "node.silent/web1") })
+		checkFor(t, settle, m.cleared(t, "node.silent/web1"))
 	}
 	if r.tries() != 1 {
 		t.Fatalf("the receiver was sent %d attempts; it hangs on the first", r.tries())
 	}
 	last := *m.node("web1").LastHeard
-	waitFor(t, "web1's heartbeats to be absorbed still", func() bool { return m.node("web1").LastHeard.After(last) })
-	waitFor(t, "the log to say alerts were dropped", func() bool {
-		return strings.Contains(m.logs.String(), " waiting=1 dropped_so_far=2")
+	checkFor(t, settle, func() error {
+		if heard := m.node("web1").LastHeard; !heard.After(last) {
+			return fmt.Errorf("web1 was last heard from at %s, not after %s", timeOf(heard), timeOf(&last))
+		}
+		return nil
 	})
+	checkFor(t, settle, m.logSays(" waiting=1 dropped_so_far=2"))
 }

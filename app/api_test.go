@@ -221,9 +221,11 @@ func TestAPI_Tokens(t *testing.T) {
 	old := is.token(t, nil, admin, nil)
 	is.rotate(t)
 	rotated := is.token(t, nil, admin, nil)
-	waitFor(t, "a token of the rotated key taken", func() bool {
-		got, _ := call(t, "GET", base+"/v1/nodes", rotated, "")
-		return got == 200
+	checkFor(t, settle, func() error {
+		if got, b := call(t, "GET", base+"/v1/nodes", rotated, ""); got != 200 {
+			return fmt.Errorf("a token of the rotated key is not taken: %d %s", got, b)
+		}
+		return nil
 	})
 	if got, b := call(t, "GET", base+"/v1/nodes", old, ""); got != 401 {
 		t.Fatalf("a token of the key rotated out: %d %s", got, b)
@@ -300,17 +302,17 @@ func TestAPI_KeyRefetchBounded(t *testing.T) {
 	before, since := is.fetches.Load(), time.Now()
 	is.rotate(t)
 	rotated := is.token(t, nil, read, nil)
-	taken := false
-	for i := 0; !taken && time.Since(since) < 10*time.Second; i++ {
+	i := 0
+	checkFor(t, 10*time.Second, func() error {
+		i++
 		call(t, "GET", base+"/v1/status", unknown(i), "")
-		got, _ := call(t, "GET", base+"/v1/status", rotated, "")
-		taken = got == 200
-	}
+		if got, b := call(t, "GET", base+"/v1/status", rotated, ""); got != 200 {
+			return fmt.Errorf("a token of the rotated key is not taken (%d fetches): %d %s", is.fetches.Load()-before, got, b)
+		}
+		return nil
+	})
 	took, fetched := time.Since(since), is.fetches.Load()-before
 	t.Logf("the rotated key taken after %s, %d fetches", took.Round(time.Millisecond), fetched)
-	if !taken {
-		t.Fatalf("the rotated key was not taken in 10 s (%d fetches)", fetched)
-	}
 	if most := int64(took/is.refetch) + 1; fetched > most {
 		t.Fatalf("%d fetches in %s, over one per %s (%d)", fetched, took, is.refetch, most)
 	}
@@ -396,7 +398,7 @@ func TestAPI_Endpoints(t *testing.T) {
 	// The read views, once the mesh is still (web1 applied, its host and
 	// the daemon stopped, so nothing changes between two reads): the same
 	// documents as the commands' --json.
-	waitFor(t, "web1 to apply", func() bool { n := m.node("web1"); return !n.Behind && n.SerialApplied > 0 })
+	checkFor(t, settle, m.upToDate("web1"))
 	h.stop()
 	m.stop()
 	same := func(path string, v any, err error) {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -75,9 +76,11 @@ func TestBuild_ArchiveTooLargeForTheHostsDisk(t *testing.T) {
 
 	m.assign(t, "web1", "zeros")
 	var apply *ApplyView
-	waitFor(t, "web1 to report its apply refused", func() bool {
-		apply = m.node("web1").LastApply
-		return apply != nil && !apply.OK
+	checkFor(t, settle, func() error {
+		if apply = m.node("web1").LastApply; apply == nil || apply.OK {
+			return fmt.Errorf("web1 has not reported an apply refused; its last apply: %+v", apply)
+		}
+		return nil
 	})
 	for _, want := range []string{"refused: archive of zeros 1.0.0: ", "not enough free disk: it unpacks to 256.0 MiB",
 		"128.0 MiB free: free space there, or give the module a node with more disk"} {

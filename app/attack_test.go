@@ -135,9 +135,11 @@ func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
 			t.Fatalf("a plain message on %s passed for an alert: %v", AlertSubject, err)
 		}
 		web1.stop()
-		waitFor(t, "web1 to be silent", func() bool {
-			n := m.node("web1")
-			return n.LastHeard != nil && time.Since(*n.LastHeard) > time.Second
+		checkFor(t, settle, func() error {
+			if n := m.node("web1"); n.LastHeard == nil || time.Since(*n.LastHeard) <= time.Second {
+				return fmt.Errorf("web1 is not silent for a second: last heard from at %s", timeOf(n.LastHeard))
+			}
+			return nil
 		})
 		if _, err := m.c.SelfCheck(ctx, CheckOptions{NC: ctl}); err != nil {
 			t.Fatal(err)
@@ -200,9 +202,9 @@ func (m *testMesh) openAfterCheck(t *testing.T, key string) bool {
 func TestAttack_RepliesSteerTheControllersAnswers(t *testing.T) {
 	m := newTestMesh(t)
 	web1, web2 := m.join("web1"), m.join("web2")
-	waitFor(t, "web2 to beat", func() bool { return m.node("web2").LastHeard != nil })
+	checkFor(t, settle, m.heard("web2"))
 	m.declare("web1", moduleBody("one", "/srv/one"))
-	waitFor(t, "web1 to apply 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 	ctl := m.controllerConn(t)
 	// Only the attacker's messages arrive on web2's subjects from now.
 	web2.stop()
@@ -264,14 +266,7 @@ func TestAttack_RepliesSteerTheControllersAnswers(t *testing.T) {
 		nothingOn(t, declarations, "web1's declaration")
 		nothingOn(t, inbox, "web1's declaration")
 		nothingOn(t, alerts, "web1's declaration", "serial")
-		waitFor(t, "the three answers to be refused and counted", func() bool {
-			for _, d := range m.node("web1").Dropped {
-				if d.Reason == "answer outside its inbox" && d.Count == 3 {
-					return true
-				}
-			}
-			return false
-		})
+		checkFor(t, settle, m.droppedFor("web1", "answer outside its inbox", 3))
 		if failedApply("web2") || m.openAfterCheck(t, "node.apply-failed/web2") {
 			t.Fatal("web2 failed to apply web1's declaration")
 		}
@@ -411,10 +406,10 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 			t.Fatalf("300 refusals took %s", took)
 		}
 		var c *health.Condition
-		waitFor(t, "join.refused/127.0.0.1", func() bool {
+		checkFor(t, settle, func() error {
 			c = nil
 			if !m.openAfterCheck(t, "join.refused/127.0.0.1") {
-				return false
+				return fmt.Errorf("join.refused/127.0.0.1 is not open after a self-check")
 			}
 			cs, _ := m.c.Conditions(ctx, ConditionFilter{})
 			for i := range cs {
@@ -422,7 +417,13 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 					c = &cs[i]
 				}
 			}
-			return c != nil && c.Evidence["count"].(float64) >= 300
+			if c == nil {
+				return fmt.Errorf("join.refused/127.0.0.1 closed again")
+			}
+			if n, _ := c.Evidence["count"].(float64); n < 300 {
+				return fmt.Errorf("join.refused/127.0.0.1 counts %v refusals, not 300: %+v", c.Evidence["count"], c)
+			}
+			return nil
 		})
 		if c.Evidence["source"] != "127.0.0.1" || c.Severity != "warning" || !strings.Contains(c.Summary, "unknown token") {
 			t.Fatalf("join.refused: %+v", c)
@@ -475,7 +476,7 @@ func TestAttack_RejoinedNodesOldCredentials(t *testing.T) {
 
 	// The machine is replaced: a new token for the node, a new machine.
 	replacement := joinAs("web1", false)
-	waitFor(t, "the old machine's connection to close", func() bool { return oldNC.IsClosed() })
+	checkFor(t, settle, connClosed(oldNC, "the old machine's connection"))
 	m.declare("web1", moduleBody("one", "/srv/one"))
 	if msg, err := heard.NextMsg(500 * time.Millisecond); err == nil {
 		t.Fatalf("the old machine received web1's declaration: %.60q…", msg.Data)
@@ -552,7 +553,7 @@ func heapInUse() int64 {
 func TestAttack_AnonymousFlood(t *testing.T) {
 	m := newTestMesh(t)
 	m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > 0 })
+	checkFor(t, settle, m.beatsAbove(0))
 	controllerConnLost := func() bool {
 		// The daemon's own connection to the mesh account logs as
 		// connection=mesh-controller; the join connection as "… joins".

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -62,9 +63,9 @@ func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
 	m.start()
 	h := m.join("web1")
 	m.declare("web1", moduleBody("one", "/srv/one"))
-	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 	beats := m.count.Beats.Load()
-	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > beats })
+	checkFor(t, settle, m.beatsAbove(beats))
 	original, err := m.c.IdentityShow(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -74,12 +75,13 @@ func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
 	// while the host beats and its beats are written every 20 ms.
 	after := "mesh-backup-" + time.Now().UTC().Add(time.Second).Format(backupTimeLayout) + ".age"
 	var archive string
-	waitFor(t, "a backup begun after web1 applied", func() bool {
+	checkFor(t, settle, func() error {
 		names := daemonBackups(t, dir)
 		if len(names) > 0 && filepath.Base(names[len(names)-1]) >= after {
 			archive = names[len(names)-1]
+			return nil
 		}
-		return archive != ""
+		return fmt.Errorf("no backup from %s on yet; written: %q", after, names)
 	})
 	m.stop() // the mesh is lost; the host keeps trying to reconnect
 
@@ -99,14 +101,14 @@ func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
 	restored := &testMesh{t: t, c: c, listen: m.listen, logs: &syncBuffer{}, operator: m.operator}
 	restored.start()
 	t.Cleanup(restored.stop)
-	waitFor(t, "web1's heartbeat absorbed by the restored controller", func() bool { return restored.count.Beats.Load() > 0 })
+	checkFor(t, settle, restored.beatsAbove(0))
 	// Above the serials the backup holds (the restored controller's catch-up
 	// may have declared web1's plan first: its key moved it).
 	d := restored.declare("web1", moduleBody("two", "/srv/two"))
 	if !d.Sent || d.Serial < 2 {
 		t.Fatalf("declared %+v", d)
 	}
-	waitFor(t, "web1 to apply the restored controller's declaration", func() bool { return restored.node("web1").SerialApplied == d.Serial })
+	checkFor(t, settle, restored.applied("web1", d.Serial))
 	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/two/module.json")); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +136,12 @@ func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
 	m.stop()
 	m.opts.BackupEvery, m.opts.BackupDir, m.opts.BackupKeep = time.Second, dir, 2
 	m.start()
-	waitFor(t, "four backups", func() bool { return strings.Count(m.logs.String(), "msg=\"backup written\"") >= 4 })
+	checkFor(t, settle, func() error {
+		if n := strings.Count(m.logs.String(), "msg=\"backup written\""); n < 4 {
+			return fmt.Errorf("%d backups written, not 4 yet", n)
+		}
+		return nil
+	})
 	m.stop()
 
 	var written []string
@@ -169,7 +176,7 @@ func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a failed backup logged", func() bool { return strings.Contains(m.logs.String(), "msg=\"backup failed\" err=") })
+	checkFor(t, settle, m.logSays("msg=\"backup failed\" err="))
 }
 
 // The archive holds the signing key and the broker seeds, sealed: none of
@@ -451,13 +458,13 @@ func TestBackup_RestoreNumbersAboveWhatHostsApplied(t *testing.T) {
 	m := newTestMesh(t)
 	m.join("web1")
 	m.declare("web1", moduleBody("one", "/srv/one"))
-	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 	archive := filepath.Join(t.TempDir(), "b.age")
 	if _, err := m.c.Backup(ctx, archive); err != nil {
 		t.Fatal(err)
 	}
 	m.declare("web1", moduleBody("two", "/srv/two")) // after the backup
-	waitFor(t, "web1 to apply declaration 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	checkFor(t, settle, m.applied("web1", 2))
 	m.stop()
 
 	c := New(filepath.Join(t.TempDir(), "restored"))
@@ -468,10 +475,10 @@ func TestBackup_RestoreNumbersAboveWhatHostsApplied(t *testing.T) {
 	restored := &testMesh{t: t, c: c, listen: m.listen, logs: &syncBuffer{}, operator: m.operator}
 	restored.start()
 	t.Cleanup(restored.stop)
-	waitFor(t, "the restored controller to hear web1 applied 2", func() bool { return restored.node("web1").SerialApplied == 2 })
+	checkFor(t, settle, restored.applied("web1", 2))
 	d := restored.declare("web1", moduleBody("three", "/srv/three"))
 	if d.Serial != 3 {
 		t.Fatalf("the restored controller numbered %d; web1 applied 2 and refuses anything not above it", d.Serial)
 	}
-	waitFor(t, "web1 to apply declaration 3", func() bool { return restored.node("web1").SerialApplied == 3 })
+	checkFor(t, settle, restored.applied("web1", 3))
 }

@@ -142,6 +142,17 @@ func (b *backupMesh) state(t *testing.T) inventory.BackupState {
 	return snap.Seats.BackupStates["db1/notes/files"]
 }
 
+// backedUp is a check that db1/notes/files' last backup made a snapshot;
+// it says why not.
+func (b *backupMesh) backedUp(t *testing.T) func() error {
+	return func() error {
+		if s := b.state(t); !s.AttemptOK {
+			return fmt.Errorf("db1/notes/files not backed up yet; the last attempt: at %s, %s", timeOf(s.AttemptAt), s.AttemptWhy)
+		}
+		return nil
+	}
+}
+
 // stockRestic runs Debian's restic on the holder's repository of db1 with
 // the repository password alone.
 func (b *backupMesh) stockRestic(t *testing.T, args ...string) (string, error) {
@@ -179,12 +190,17 @@ func TestBackups_EndToEnd(t *testing.T) {
 	})
 
 	// On its cadence: never backed up, it is due at once.
-	waitFor(t, "db1's notes backed up on their cadence", func() bool { return b.state(t).AttemptOK })
+	checkFor(t, settle, b.backedUp(t))
 	first := b.state(t)
 	if first.Snapshot == "" || first.Files != 2 || first.BytesAdded <= 0 {
 		t.Fatalf("the first backup: %+v", first)
 	}
-	waitFor(t, "a drill of db1's notes to pass", func() bool { s := b.state(t); return s.VerifiedAt != nil })
+	checkFor(t, settle, func() error {
+		if s := b.state(t); s.VerifiedAt == nil {
+			return fmt.Errorf("no drill of db1's notes passed yet; the last: at %s, ok %v, %s", timeOf(s.DrillAt), s.DrillOK, s.DrillWhy)
+		}
+		return nil
+	})
 
 	// By hand, after a change: only what changed is added.
 	b.write(t, map[string]string{"c.txt": "a new note\n"})
@@ -312,7 +328,7 @@ func TestBackups_EndToEnd(t *testing.T) {
 	if o, err := b.c.DataVerify(ctx, VerifyRequest{Set: "db1/notes/files", Wait: time.Minute}); err == nil || o.OK {
 		t.Fatalf("a drill of a tampered repository passed: %+v", o)
 	}
-	waitFor(t, "data.restore-unverified to open", func() bool { return b.open(t, "data.restore-unverified/db1/notes/files") })
+	checkFor(t, settle, b.opened(t, "data.restore-unverified/db1/notes/files"))
 
 	// Every document's keys are snake_case, as --json prints them.
 	for _, v := range outputs {
@@ -358,7 +374,7 @@ func TestBackups_HolderAway(t *testing.T) {
 	}
 	b := newBackupMesh(t)
 	ctx := context.Background()
-	waitFor(t, "db1's notes backed up on their cadence", func() bool { return b.state(t).AttemptOK })
+	checkFor(t, settle, b.backedUp(t))
 	kept := b.state(t).Snapshot
 	b.nas1.stop()
 	b.nas1.sup.StopAll()
@@ -367,7 +383,7 @@ func TestBackups_HolderAway(t *testing.T) {
 		t.Fatalf("a backup with the holder away: %v", err)
 	}
 	t.Logf("with the holder away: %v", err)
-	waitFor(t, "data.backup-failed to open", func() bool { return b.open(t, "data.backup-failed/db1/notes/files") })
+	checkFor(t, settle, b.opened(t, "data.backup-failed/db1/notes/files"))
 	b.nas1.sup = &host.Supervisor{BackoffBase: 50 * time.Millisecond, BackoffCap: time.Second}
 	b.nas1.start()
 	checkFor(t, time.Minute, func() error {
@@ -377,5 +393,5 @@ func TestBackups_HolderAway(t *testing.T) {
 	if out, err := b.stockRestic(t, "snapshots", kept); err != nil {
 		t.Fatalf("the snapshot kept before is gone: %v\n%s", err, out)
 	}
-	waitFor(t, "data.backup-failed to close", func() bool { return !b.open(t, "data.backup-failed/db1/notes/files") })
+	checkFor(t, settle, b.cleared(t, "data.backup-failed/db1/notes/files"))
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -42,16 +43,21 @@ func TestBoard_InABrowser(t *testing.T) {
 	if _, err := m.c.Assign(ctx, "web1", []string{"paperless", "postgres"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web1 to apply and beat", func() bool { n := m.node("web1"); return !n.Behind && n.HeartbeatS > 0 })
+	checkFor(t, settle, func() error {
+		if n := m.node("web1"); n.Behind || n.HeartbeatS == 0 {
+			return fmt.Errorf("web1 behind %v (applied %d of %d), beating every %vs%s", n.Behind, n.SerialApplied, n.SerialDeclared, n.HeartbeatS, applyFailure(n))
+		}
+		return nil
+	})
 	h.stop()
 	// The daemon stops too (it flushes what it heard), so its own checks do
 	// not change what the page shows while the browser reads it.
 	m.stop()
-	waitFor(t, "the self-check to find web1 silent", func() bool {
+	checkFor(t, settle, func() error {
 		if _, err := m.c.SelfCheck(ctx, CheckOptions{Bounds: &Bounds{HeartbeatFactor: 2, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}}); err != nil {
 			t.Fatal(err)
 		}
-		return m.open(t, "node.silent/web1")
+		return m.opened(t, "node.silent/web1")()
 	})
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config.Handler = m.c.BoardHandler(BoardHosts(srv.Listener.Addr().String())...)

@@ -69,9 +69,13 @@ func TestMesh_ReportsAreBounded(t *testing.T) {
 		publish(protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now(), IntervalS: 1})
 	}
 	nc.Flush()
-	waitFor(t, "the refusals counted", func() bool {
-		return m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too large'`) == 1 &&
-			m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too many applied reports'`) > 0
+	checkFor(t, settle, func() error {
+		large := m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too large'`)
+		many := m.countRows(t, "health", `SELECT sum(count) FROM dropped_messages WHERE node = 'web1' AND reason = 'too many applied reports'`)
+		if large != 1 || many == 0 {
+			return fmt.Errorf("web1's messages refused as too large: %d, not 1; as too many applied reports: %d", large, many)
+		}
+		return nil
 	})
 	m.stop() // writes the heartbeat aggregates
 	if n := m.countRows(t, "health", `SELECT count(*) FROM durations WHERE kind = 'tier'`); n > 60 {

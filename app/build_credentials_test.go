@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -89,7 +90,7 @@ func TestBuild_RepositoryCredentialsNeverKept(t *testing.T) {
 	if _, err := m.c.SecretAccept(ctx, "b1", "builder", inventory.GitCredentialsSecret, protocol.NewSecret([]byte(withToken+"\n"))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the builder ready with its secret", func() bool { return m.moduleState("b1", "builder").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("b1", "builder", protocol.StateReady))
 	a, err := m.c.Build(ctx, BuildRequest{Repository: url, Progress: progress})
 	if err != nil || !a.Registered || a.Repository != url {
 		t.Fatalf("the private repository through the secret: %+v %v\n%s", a, err, m.logs)
@@ -108,9 +109,12 @@ func TestBuild_RepositoryCredentialsNeverKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.c.kickBuilds(ctx, st)
-	waitFor(t, "the kept ask refused by the builder", func() bool {
+	checkFor(t, settle, func() error {
 		got, err := st.Builds.Get(ctx, kept.ID)
-		return err == nil && got.State == builds.Failed
+		if err == nil && got.State != builds.Failed {
+			err = fmt.Errorf("the kept ask is %s, not refused by the builder: %s", got.State, got.Why)
+		}
+		return err
 	})
 	got := m.ask(t, kept.ID)
 	if !strings.Contains(got.Why, "holds a credential") {

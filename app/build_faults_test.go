@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,7 +57,7 @@ func (m *testMesh) builderWith(t testing.TB, node string, sup *host.Supervisor) 
 	if _, err := m.c.Assign(context.Background(), node, []string{"builder"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the builder ready on "+node, func() bool { return m.moduleState(node, "builder").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn(node, "builder", protocol.StateReady))
 	return h
 }
 
@@ -135,19 +136,17 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the build in flight on b1", func() bool {
-		got := m.ask(t, a.ID)
-		return got.State == builds.InFlight && got.Builder == "b1/builder"
-	})
+	checkFor(t, settle, m.inFlightOn(t, a.ID, "b1/builder"))
 	// The build command is the builder's own child (run in a session of
 	// its own, so the supervisor's kill of the module's group misses it).
 	var sleeper int
-	waitFor(t, "the build command running under the builder", func() bool {
+	checkFor(t, settle, func() error {
 		out, _ := exec.Command("pgrep", "-P", strconv.Itoa(builderPid), "-x", "sleep").Output()
 		if f := strings.Fields(string(out)); len(f) == 1 {
 			sleeper, _ = strconv.Atoi(f[0])
+			return nil
 		}
-		return sleeper > 0
+		return fmt.Errorf("not one build command (sleep) under the builder, pid %d: %q", builderPid, out)
 	})
 	// Should it outlive the test, it is killed after (if still the same
 	// process: its pid is not taken by another since it started).
@@ -164,11 +163,13 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 	if err := syscall.Kill(builderPid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b1's host to report the builder killed and not restarted", func() bool {
-		s := m.moduleState("b1", "builder")
-		return s.State == protocol.StateBackingOff && strings.Contains(s.LastExit, "killed")
+	checkFor(t, settle, func() error {
+		if s := m.moduleState("b1", "builder"); s.State != protocol.StateBackingOff || !strings.Contains(s.LastExit, "killed") {
+			return fmt.Errorf("b1's host reports the builder %s (last exit %q), not killed and backing off", s.State, s.LastExit)
+		}
+		return nil
 	})
-	waitFor(t, "the build's process gone with its builder", func() bool { return !alive(sleeper) })
+	checkFor(t, settle, stopped(sleeper, "the build's process"))
 
 	// Past the in-flight bound: the try is given up, the ask waits again.
 	// The dispatcher is kicked over a connection made before the clock
@@ -184,7 +185,7 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 	clk.advance(inventory.DefaultBuildTimeout + buildTryMargin + time.Minute)
 	kick()
 	requeued := "build " + a.ID + ": no outcome from b1/builder in time; asked again"
-	waitFor(t, "the daemon to ask again: "+requeued, func() bool { return strings.Contains(m.logs.String(), requeued) })
+	checkFor(t, settle, m.logSays(requeued))
 	if got := m.ask(t, a.ID); got.State != builds.Waiting || got.Tries != 1 || got.LastTryAt == nil {
 		t.Fatalf("after its try was given up: %+v", got)
 	}
@@ -192,7 +193,7 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 	clk.advance(askWaitBound + time.Minute)
 	kick()
 	died := "build " + a.ID + ": no builder took it within " + askWaitBound.String() + ": dead"
-	waitFor(t, "the daemon to say: "+died, func() bool { return strings.Contains(m.logs.String(), died) })
+	checkFor(t, settle, m.logSays(died))
 	got := m.ask(t, a.ID)
 	if got.State != builds.Dead || got.Tries != 1 || got.FinishedAt == nil || !strings.Contains(got.Why, "no builder took it") {
 		t.Fatalf("after the waiting bound: %+v", got)
@@ -241,7 +242,12 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 		if len(asks) == 1 {
 			// Asks asked within one millisecond go in the order of their
 			// ids: the gated one is to be the oldest.
-			waitFor(t, "a millisecond after the first ask", func() bool { return m.c.Now().Truncate(time.Millisecond).After(a.AskedAt) })
+			checkFor(t, settle, func() error {
+				if now := m.c.Now().Truncate(time.Millisecond); !now.After(a.AskedAt) {
+					return fmt.Errorf("the clock says %s, not a millisecond after the first ask at %s", now.Format(time.RFC3339Nano), a.AskedAt.Format(time.RFC3339Nano))
+				}
+				return nil
+			})
 		}
 	}
 
@@ -252,10 +258,7 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.c.kickBuilds(ctx, st)
-	waitFor(t, "the gated build in flight on b1", func() bool {
-		got := m.ask(t, asks[0].ID)
-		return got.State == builds.InFlight && got.Builder == "b1/builder"
-	})
+	checkFor(t, settle, m.inFlightOn(t, asks[0].ID, "b1/builder"))
 	taken := *m.ask(t, asks[0].ID).TakenAt
 
 	m.restartWith(ServeOptions{})
@@ -271,16 +274,16 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	// with the same build: a probe ask is answered so.
 	nc := m.controllerConn(t)
 	probe, _ := json.Marshal(builder.Ask{ID: "b-probe", Repository: quick})
-	waitFor(t, "the builder to answer through the new controller's broker", func() bool {
+	checkFor(t, settle, func() error {
 		reply, err := nc.Request(protocol.BuildAskSubject("b1"), probe, time.Second)
 		if err != nil {
-			return false
+			return fmt.Errorf("the builder does not answer through the new controller's broker: %w", err)
 		}
 		var bt protocol.BuildTaken
 		if json.Unmarshal(reply.Data, &bt) != nil || bt.Taken || bt.Why != "busy with "+asks[0].ID {
 			t.Fatalf("the builder's answer after the restart: %s", reply.Data)
 		}
-		return true
+		return nil
 	})
 
 	// The build ends now: its archive and outcome go to the new controller.
@@ -306,13 +309,19 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	}
 	// The daemon says so once the stores hold it.
 	registered := "build " + asks[0].ID + ": gated 1.0.0 registered from"
-	waitFor(t, "the daemon to say: "+registered, func() bool { return strings.Contains(m.logs.String(), registered) })
+	checkFor(t, settle, m.logSays(registered))
 
 	// The asks that waited through the restart are taken in turn (these
 	// two were asked within a millisecond or not: either may go first).
 	// The dry run waits on its gate.
 	kick := m.kicker(nc)
-	waitFor(t, "the dry run in flight on b1", func() bool { kick(); return m.ask(t, asks[2].ID).State == builds.InFlight })
+	checkFor(t, settle, func() error {
+		kick()
+		if got := m.ask(t, asks[2].ID); got.State != builds.InFlight {
+			return fmt.Errorf("the dry run is %s, not in flight on b1: %s", got.State, got.Why)
+		}
+		return nil
+	})
 	// No controller serves when it ends: the builder's work dir for it is
 	// removed as Build returns, and the outcome is sent next.
 	m.stop()
@@ -323,7 +332,12 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	if err := os.WriteFile(gate2, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the dry run ended on b1", func() bool { dirs, _ := filepath.Glob(work); return len(dirs) == 0 })
+	checkFor(t, settle, func() error {
+		if dirs, _ := filepath.Glob(work); len(dirs) != 0 {
+			return fmt.Errorf("the dry run has not ended on b1: its work dir is there, %q", dirs)
+		}
+		return nil
+	})
 	if got := m.ask(t, asks[2].ID); got.State != builds.InFlight {
 		t.Fatalf("the dry run's outcome recorded with no controller serving: %+v", got)
 	}
@@ -332,9 +346,11 @@ func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
 	if got := m.waitEnded(t, asks[2].ID, nc); got.State != builds.Done || !got.DryRun || got.Registered || got.Late || got.Module != "later" || got.Digest == "" {
 		t.Fatalf("the dry run across the restart: %+v\n%s", got, m.logs.String())
 	}
-	waitFor(t, "the daemon to say it looked at the dry run", func() bool {
-		l := m.logLine("build " + asks[2].ID + " of ")
-		return strings.Contains(l, "a dry run, done") && strings.Contains(l, "looked at, nothing registered")
+	checkFor(t, settle, func() error {
+		if l := m.logLine("build " + asks[2].ID + " of "); !strings.Contains(l, "a dry run, done") || !strings.Contains(l, "looked at, nothing registered") {
+			return fmt.Errorf("the daemon does not say it looked at the dry run: %q", l)
+		}
+		return nil
 	})
 	if got := m.waitEnded(t, asks[1].ID, nc); got.State != builds.Done || !got.Registered || got.Module != "quick" || got.Builder != "b1/builder" {
 		t.Fatalf("the quick build: %+v", got)
@@ -371,10 +387,24 @@ func (m *testMesh) waitEnded(t *testing.T, id string, nc *nats.Conn) builds.Ask 
 	t.Helper()
 	var a builds.Ask
 	kick := m.kicker(nc)
-	waitFor(t, "build "+id+" to end", func() bool {
+	checkFor(t, settle, func() error {
 		kick()
 		a = m.ask(t, id)
-		return a.State != builds.Waiting && a.State != builds.InFlight && (a.State != builds.Done || a.Registered || a.DryRun || a.Why != "")
+		if a.State != builds.Waiting && a.State != builds.InFlight && (a.State != builds.Done || a.Registered || a.DryRun || a.Why != "") {
+			return nil
+		}
+		return fmt.Errorf("build %s has not ended: %s on %q, registered %v (%s)", id, a.State, a.Builder, a.Registered, a.Why)
 	})
 	return a
+}
+
+// inFlightOn is a check that ask id is in flight on builder; it says where
+// the ask is instead.
+func (m *testMesh) inFlightOn(t testing.TB, id, builder string) func() error {
+	return func() error {
+		if a := m.ask(t, id); a.State != builds.InFlight || a.Builder != builder {
+			return fmt.Errorf("build %s is %s on %q, not in flight on %s: %s", id, a.State, a.Builder, builder, a.Why)
+		}
+		return nil
+	}
 }

@@ -142,7 +142,7 @@ func TestBuild_SourceToRunningModule(t *testing.T) {
 	}
 
 	m.assign(t, "web1", "greeter")
-	waitFor(t, "greeter ready on web1", func() bool { return m.moduleState("web1", "greeter").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("web1", "greeter", protocol.StateReady))
 	ran := filepath.Join(web1.root, protocol.ModulesDir, "greeter", "1.0.0", "bin", "greeter")
 	if _, err := os.Stat(ran); err != nil {
 		t.Fatalf("the built program is not where its archive was unpacked: %v", err)
@@ -237,25 +237,38 @@ func TestBuild_KilledByHand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the build in flight", func() bool {
+	checkFor(t, settle, func() error {
 		got, err := m.c.stores(ctx)
 		if err != nil {
-			return false
+			return err
 		}
 		cur, err := got.Builds.Get(ctx, a.ID)
-		return err == nil && cur.State == builds.InFlight
+		if err == nil && cur.State != builds.InFlight {
+			err = fmt.Errorf("the build is %s, not in flight: %s", cur.State, cur.Why)
+		}
+		return err
 	})
 	sleepers := func() int {
 		out, _ := exec.Command("pgrep", "-f", "^sleep 4321$").Output()
 		return len(strings.Fields(string(out)))
 	}
-	waitFor(t, "the build command running", func() bool { return sleepers() > 0 })
+	checkFor(t, settle, func() error {
+		if sleepers() == 0 {
+			return fmt.Errorf("the build command (sleep 4321) is not running")
+		}
+		return nil
+	})
 	k, told, err := m.c.BuildKill(ctx, a.ID, "it hangs")
 	if err != nil || !told || k.State != builds.Killed {
 		t.Fatalf("kill: %+v told %v: %v", k, told, err)
 	}
-	waitFor(t, "the build's processes gone", func() bool { return sleepers() == 0 })
-	waitFor(t, "the builder's outcome refused as ended", func() bool { return strings.Contains(m.logs.String(), "a build outcome not taken in") })
+	checkFor(t, settle, func() error {
+		if n := sleepers(); n > 0 {
+			return fmt.Errorf("%d of the build's processes (sleep 4321) outlive its kill", n)
+		}
+		return nil
+	})
+	checkFor(t, settle, m.logSays("a build outcome not taken in"))
 	st, _ := m.c.stores(ctx)
 	if got, _ := st.Builds.Get(ctx, a.ID); got.State != builds.Killed || got.Why != "killed by hand" {
 		t.Fatalf("after the kill: %+v", got)
@@ -338,29 +351,32 @@ func TestBuild_DeadAskedAgainOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var again builds.Ask
-	waitFor(t, "the dead ask asked again", func() bool {
+	checkFor(t, settle, func() error {
 		q, err := st.Builds.Queue(ctx)
 		if err != nil {
-			return false
+			return err
 		}
 		for _, a := range q {
 			if a.AgainOf == dead.ID {
 				again = a
-				return true
+				return nil
 			}
 		}
-		return false
+		return fmt.Errorf("the dead ask %s is not asked again; the queue: %s", dead.ID, jsonText(q))
 	})
 	if again.State != builds.Waiting || again.Repository != dead.Repository {
 		t.Fatalf("asked again: %+v", again)
 	}
-	waitFor(t, "build.dead cleared", func() bool { return !m.open(t, "build.dead/"+dead.ID) })
+	checkFor(t, settle, m.cleared(t, "build.dead/"+dead.ID))
 	// Once: through several more self-checks, the healer does not ask it a
 	// second time.
 	since := time.Now()
-	waitFor(t, "more self-checks", func() bool {
+	checkFor(t, settle, func() error {
 		v, err := st.Health.LastVerdict(ctx)
-		return err == nil && v.At.After(since.Add(300*time.Millisecond))
+		if err == nil && !v.At.After(since.Add(300*time.Millisecond)) {
+			err = fmt.Errorf("the last self-check was at %s, not 300ms after %s", v.At.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
+		}
+		return err
 	})
 	q, _ := st.Builds.Queue(ctx)
 	n := 0

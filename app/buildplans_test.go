@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -261,9 +262,12 @@ func TestBuild_TwoAtOnceNewerCommitWins(t *testing.T) {
 	st, _ := m.c.stores(ctx)
 	ended := func(id string) builds.Ask {
 		var a builds.Ask
-		waitFor(t, "build "+id+" ended", func() bool {
+		checkFor(t, settle, func() error {
 			a, _ = st.Builds.Get(ctx, id)
-			return !a.State.Open() && (a.State != builds.Done || a.Registered)
+			if !a.State.Open() && (a.State != builds.Done || a.Registered) {
+				return nil
+			}
+			return fmt.Errorf("build %s has not ended: %s on %q, registered %v (%s)", id, a.State, a.Builder, a.Registered, a.Why)
 		})
 		return a
 	}

@@ -48,7 +48,7 @@ func (m *testMesh) push(t *testing.T, node string) {
 	if err != nil || len(ps) != 1 || !ps[0].Sent {
 		t.Fatalf("push %s: %+v, %v", node, ps, err)
 	}
-	waitFor(t, fmt.Sprintf("%s to apply %d", node, ps[0].Serial), func() bool { return m.node(node).SerialApplied >= ps[0].Serial })
+	checkFor(t, settle, m.appliedFrom(node, ps[0].Serial))
 }
 
 // Irreplaceable data never backed up is deleted by its real host only
@@ -67,9 +67,11 @@ func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.settled(t, "web1")
-	waitFor(t, "the retired media's size", func() bool {
-		d := m.dataOf(t, "web1", "paperless", "media")
-		return d != nil && d.State == "retired" && d.Bytes != nil && *d.Bytes == 16
+	checkFor(t, settle, func() error {
+		if d := m.dataOf(t, "web1", "paperless", "media"); d == nil || d.State != "retired" || d.Bytes == nil || *d.Bytes != 16 {
+			return fmt.Errorf("media is not retired with 16 bytes: %s", jsonText(d))
+		}
+		return nil
 	})
 
 	asked := CleanupRequest{Node: "web1", Module: "paperless", Target: "media", Why: "scanned elsewhere"}
@@ -87,7 +89,12 @@ func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.push(t, "web1")
-	waitFor(t, "the new size", func() bool { d := m.dataOf(t, "web1", "paperless", "media"); return *d.Bytes == 26 })
+	checkFor(t, settle, func() error {
+		if d := m.dataOf(t, "web1", "paperless", "media"); *d.Bytes != 26 {
+			return fmt.Errorf("media's size is %d, not 26 yet", *d.Bytes)
+		}
+		return nil
+	})
 	asked.Yes = first.Digest
 	r, err = m.c.CleanupDelete(ctx, asked)
 	if !errors.Is(err, ErrDigestChanged) || len(r.Preview) != 1 || r.Preview[0].Digest == first.Digest || *r.Preview[0].Bytes != 26 {
@@ -106,9 +113,14 @@ func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
 	if r, err = m.c.CleanupDelete(ctx, asked); err != nil || len(r.Deleted) != 1 {
 		t.Fatalf("with the digest: %+v, %v", r, err)
 	}
-	waitFor(t, "the host to delete media and report it gone", func() bool {
-		_, err := os.Stat(media)
-		return os.IsNotExist(err) && m.cleanable(t, "web1", "paperless", "media") == nil
+	checkFor(t, settle, func() error {
+		if _, err := os.Stat(media); !os.IsNotExist(err) {
+			return fmt.Errorf("the host has not deleted media: %v", err)
+		}
+		if cl := m.cleanable(t, "web1", "paperless", "media"); cl != nil {
+			return fmt.Errorf("media is still cleanable: %s", jsonText(cl))
+		}
+		return nil
 	})
 	if m.dataOf(t, "web1", "paperless", "media") != nil {
 		t.Fatal("deleted data still listed")
@@ -144,9 +156,11 @@ func TestCleanup_DroppedDataStaysUntilCleaned(t *testing.T) {
 	}
 	m.settled(t, "web1")
 	m.push(t, "web1") // a later apply: the host still reports what it no longer declares
-	waitFor(t, "data to list the dropped index with its size", func() bool {
-		d := m.dataOf(t, "web1", "paperless", "index")
-		return d != nil && d.State == "dropped" && d.Bytes != nil && *d.Bytes == 5 && d.Since != nil
+	checkFor(t, settle, func() error {
+		if d := m.dataOf(t, "web1", "paperless", "index"); d == nil || d.State != "dropped" || d.Bytes == nil || *d.Bytes != 5 || d.Since == nil {
+			return fmt.Errorf("data does not list the index dropped since a time, with 5 bytes: %s", jsonText(d))
+		}
+		return nil
 	})
 	cl := m.cleanable(t, "web1", "paperless", "index")
 	if cl == nil || cl.Kind != "data" || cl.Precious != "rebuildable" || cl.State != "dropped" || cl.NeedsDigest || *cl.Bytes != 5 {
@@ -173,9 +187,17 @@ func TestCleanup_DroppedDataStaysUntilCleaned(t *testing.T) {
 	if err != nil || len(r.Deleted) != 1 {
 		t.Fatalf("cleanup delete: %+v, %v", r, err)
 	}
-	waitFor(t, "the host to delete the index and report it gone", func() bool {
-		_, err := os.Stat(index)
-		return os.IsNotExist(err) && m.cleanable(t, "web1", "paperless", "index") == nil && m.dataOf(t, "web1", "paperless", "index") == nil
+	checkFor(t, settle, func() error {
+		if _, err := os.Stat(index); !os.IsNotExist(err) {
+			return fmt.Errorf("the host has not deleted the index: %v", err)
+		}
+		if cl := m.cleanable(t, "web1", "paperless", "index"); cl != nil {
+			return fmt.Errorf("the index is still cleanable: %s", jsonText(cl))
+		}
+		if d := m.dataOf(t, "web1", "paperless", "index"); d != nil {
+			return fmt.Errorf("data still lists the index: %s", jsonText(d))
+		}
+		return nil
 	})
 	if _, err := os.Stat(filepath.Join(web1.root, "var/lib/paperless/media")); err != nil {
 		t.Fatal("cleanup deleted what it was not asked to")

@@ -48,7 +48,7 @@ func TestCollection_RunsWhatHostsReport(t *testing.T) {
 		t.Fatalf("archive %s is not kept", digest)
 		return nil
 	}
-	until(t, 20*time.Second, func() error { return running(first.Digest) })
+	checkFor(t, settle, func() error { return running(first.Digest) })
 	again, err := m.c.Rebuild(ctx, "kept", BuildRequest{})
 	if err != nil || !again.Registered || again.Digest == first.Digest {
 		t.Fatalf("the rebuild: %+v %v", again, err)
@@ -62,28 +62,11 @@ func TestCollection_RunsWhatHostsReport(t *testing.T) {
 	if _, err := m.c.Push(ctx, PushRequest{Behind: true}); err != nil {
 		t.Fatal(err)
 	}
-	until(t, 20*time.Second, func() error { return running(again.Digest) })
+	checkFor(t, settle, func() error { return running(again.Digest) })
 	if on := runsOn(first.Digest); len(on) != 0 {
 		t.Fatalf("the replaced archive runs on %v after web1 moved to the new one", on)
 	}
 	if on := runsOn(again.Digest); !slices.Equal(on, []string{"web1"}) {
 		t.Fatalf("the new archive runs on %v", on)
-	}
-}
-
-// until polls check until it returns nil, failing the test with its last
-// error once timeout passes.
-func until(t testing.TB, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -35,9 +36,11 @@ func TestCollection_SweepLetsGoOnlyWhatNothingNeeds(t *testing.T) {
 		digest[v] = a.Digest
 		if v == "1.0.0" {
 			m.assign(t, "web1", "kept") // web1 runs 1.0.0 until a roll-out
-			waitFor(t, "kept 1.0.0 running on web1", func() bool {
-				s := m.moduleState("web1", "kept")
-				return s.Version == "1.0.0" && s.Pid > 0
+			checkFor(t, settle, func() error {
+				if s := m.moduleState("web1", "kept"); s.Version != "1.0.0" || s.Pid == 0 {
+					return fmt.Errorf("kept on web1 is %s at %q, pid %d, not 1.0.0 running", s.State, s.Version, s.Pid)
+				}
+				return nil
 			})
 		}
 	}
@@ -103,9 +106,7 @@ func TestCollection_SweepLetsGoOnlyWhatNothingNeeds(t *testing.T) {
 	later := time.Now().Add(CollectAfter + 24*time.Hour)
 	m.c.Now = func() time.Time { return later }
 	m.restartWith(ServeOptions{SweepEvery: 200 * time.Millisecond})
-	waitFor(t, "the sweep", func() bool {
-		return strings.Contains(m.logs.String(), "the sweep let go 1 archive")
-	})
+	checkFor(t, settle, m.logSays("the sweep let go 1 archive"))
 	if !strings.Contains(m.logs.String(), "and 1 leftover of puts that never ended") {
 		t.Errorf("the sweep's line:\n%s", m.logs.String())
 	}

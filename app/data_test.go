@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,7 +58,7 @@ func (m *testMesh) assign(t *testing.T, node string, modules ...string) {
 func (m *testMesh) settled(t *testing.T, nodes ...string) {
 	t.Helper()
 	for _, n := range nodes {
-		waitFor(t, n+" to apply its plan", func() bool { nd := m.node(n); return !nd.Behind && nd.SerialApplied > 0 })
+		checkFor(t, settle, m.upToDate(n))
 	}
 }
 
@@ -105,7 +106,14 @@ func TestData_SeatHandoverNeverEmpty(t *testing.T) {
 	if err != nil || !h.Changed || h.Empty == "" {
 		t.Fatalf("handover: %+v, %v", h, err)
 	}
-	waitFor(t, "both declarations of the handover", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) >= 2 })
+	checkFor(t, settle, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) < 2 {
+			return fmt.Errorf("%d declarations of the handover seen, not 2", len(seen))
+		}
+		return nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if violation != "" {
@@ -136,7 +144,12 @@ func TestData_RotateBothEnds(t *testing.T) {
 	consumerFile := filepath.Join(web1.root, "etc/mesh/modules/paperless/bindings/postgres.credential")
 	providerFile := filepath.Join(db1.root, "etc/mesh/modules/postgres/consumers/web1_paperless/postgres.credential")
 	read := func(f string) string { b, _ := os.ReadFile(f); return string(b) }
-	waitFor(t, "both ends to hold the credential", func() bool { return read(consumerFile) != "" && read(consumerFile) == read(providerFile) })
+	checkFor(t, settle, func() error {
+		if c, p := read(consumerFile), read(providerFile); c == "" || c != p {
+			return fmt.Errorf("the ends do not hold one credential: the consumer's %d bytes, the provider's %d", len(c), len(p))
+		}
+		return nil
+	})
 	before := read(consumerFile)
 	if fileMode(t, consumerFile) != 0o600 || fileMode(t, providerFile) != 0o600 {
 		t.Fatal("a credential file is not 0600")
@@ -156,10 +169,20 @@ func TestData_RotateBothEnds(t *testing.T) {
 	if err != nil || len(r.Credentials) != 1 || len(r.Pushed) != 2 || !r.Pushed[0].Sent || !r.Pushed[1].Sent {
 		t.Fatalf("rotate: %+v, %v", r, err)
 	}
-	waitFor(t, "both ends to hold the new credential", func() bool {
-		return read(consumerFile) != before && read(consumerFile) == read(providerFile)
+	checkFor(t, settle, func() error {
+		if c, p := read(consumerFile), read(providerFile); c == before || c != p {
+			return fmt.Errorf("the ends do not hold one new credential: the consumer's is new %v, the provider's the same %v", c != before, c == p)
+		}
+		return nil
 	})
-	waitFor(t, "the watcher to see the push", func() bool { mu.Lock(); defer mu.Unlock(); return len(sent) >= 2 })
+	checkFor(t, settle, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sent) < 2 {
+			return fmt.Errorf("the watcher saw declarations for %v, not two", sent)
+		}
+		return nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if len(sent) != 2 || sent[0] == sent[1] {
@@ -180,14 +203,11 @@ func TestData_CleanupDeleteFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.settled(t, "web1")
-	waitFor(t, "data to list the retired media with its size", func() bool {
-		ds, _ := m.c.Data(ctx)
-		for _, d := range ds {
-			if d.Node == "web1" && d.Name == "media" && d.State == "retired" && d.Bytes != nil && *d.Bytes == int64(len("a scanned letter")) {
-				return true
-			}
+	checkFor(t, settle, func() error {
+		if d := m.dataOf(t, "web1", "paperless", "media"); d == nil || d.State != "retired" || d.Bytes == nil || *d.Bytes != int64(len("a scanned letter")) {
+			return fmt.Errorf("data does not list media retired with %d bytes: %s", len("a scanned letter"), jsonText(d))
 		}
-		return false
+		return nil
 	})
 	if _, err := os.Stat(filepath.Join(media, "scan.pdf")); err != nil {
 		t.Fatal("unassigning deleted data")
@@ -202,15 +222,17 @@ func TestData_CleanupDeleteFlow(t *testing.T) {
 	if _, err := m.c.CleanupDelete(ctx, asked); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the host to delete media and report it gone", func() bool {
-		_, err := os.Stat(media)
+	checkFor(t, settle, func() error {
 		cls, _ := m.c.Cleanup(ctx)
 		for _, cl := range cls {
 			if cl.Target == "media" {
-				return false
+				return fmt.Errorf("media is still cleanable: %s", jsonText(cl))
 			}
 		}
-		return os.IsNotExist(err)
+		if _, err := os.Stat(media); !os.IsNotExist(err) {
+			return fmt.Errorf("the host has not deleted media: %v", err)
+		}
+		return nil
 	})
 	ds, _ := m.c.Data(ctx)
 	for _, d := range ds {

@@ -103,9 +103,11 @@ func TestFilter_OverlayOnlyThroughOverlay(t *testing.T) {
 	// fresh link's neighbours take a moment).
 	for _, p := range paths {
 		for _, network := range []string{"tcp", "udp"} {
-			waitFor(t, fmt.Sprintf("%s %s answered without a filter", network, p.name), func() bool {
-				ok, _ := peer.answered(network, net.JoinHostPort(p.to, strconv.Itoa(port)))
-				return ok
+			checkFor(t, settle, func() error {
+				if ok, err := peer.answered(network, net.JoinHostPort(p.to, strconv.Itoa(port))); !ok {
+					return fmt.Errorf("%s %s not answered without a filter: %v", network, p.name, err)
+				}
+				return nil
 			})
 		}
 	}

@@ -367,6 +367,17 @@ func (p *hostProc) kill() {
 	p.done = nil
 }
 
+// filterIs is a check that node reports the mesh's filter as value; it
+// says what it reports instead.
+func (m *testMesh) filterIs(node, value string) func() error {
+	return func() error {
+		if f := m.filterFact(node); f.Value != value {
+			return fmt.Errorf("%s reports its filter %q, not %q: %s", node, f.Value, value, f.Why)
+		}
+		return nil
+	}
+}
+
 // filterFact is the node's report of the mesh's filter, "" if none.
 func (m *testMesh) filterFact(node string) protocol.Fact {
 	for _, f := range m.node(node).Facts {
@@ -383,7 +394,7 @@ func TestFilter_Namespace(t *testing.T) {
 	m := newTestMeshOn(t, nil, n.near+":0")
 	const confirm = 3 * time.Second
 	logs := m.hostIn(t, n, "web1", confirm)
-	waitFor(t, "web1's facts", func() bool { return len(m.node("web1").Facts) > 0 })
+	checkFor(t, settle, m.reported("web1"))
 
 	open, undeclared := n.listen(t), n.listen(t)
 	if !n.connects(t, open) || !n.connects(t, undeclared) {
@@ -401,7 +412,7 @@ func TestFilter_Namespace(t *testing.T) {
 	// one does not, and the host keeps it once it hears the controller.
 	good := meshRuleset(true, open)
 	d := m.declare("web1", filterBody(good))
-	waitFor(t, "the filter applied and kept", func() bool { return m.filterFact("web1").Value == protocol.FilterKept })
+	checkFor(t, settle, m.filterIs("web1", protocol.FilterKept))
 	if !strings.Contains(m.filterFact("web1").Why, fmt.Sprintf("declaration %d's filter applied and kept", d.Serial)) {
 		t.Fatalf("kept, but says: %+v", m.filterFact("web1"))
 	}
@@ -419,10 +430,7 @@ func TestFilter_Namespace(t *testing.T) {
 	// A ruleset nft -c refuses is refused whole, in one line, and the
 	// filter kept stays.
 	refused := m.declare("web1", filterBody(strings.Replace(good, "accept\n", "accept\n\t\ttcp dport 70000 accept\n", 1)))
-	waitFor(t, "the bad ruleset refused", func() bool {
-		a := m.node("web1").LastApply
-		return a != nil && a.Serial == refused.Serial
-	})
+	checkFor(t, settle, m.answered("web1", refused.Serial))
 	if a := m.node("web1").LastApply; a.OK || !strings.HasPrefix(a.Error, "refused: the packet filter: nft -c -f -:") || strings.Contains(a.Error, "\n") {
 		t.Fatalf("the bad ruleset: %+v", a)
 	}
@@ -436,20 +444,25 @@ func TestFilter_Namespace(t *testing.T) {
 	// node.filter-rolled-back.
 	applied := time.Now()
 	bad := m.declare("web1", filterBody(meshRuleset(false, open)))
-	waitFor(t, "the locking-out filter applied", func() bool {
-		out, _ := n.nft("list", "table", "inet", "mesh")
-		return !strings.Contains(out, "established")
+	checkFor(t, settle, func() error {
+		if out, _ := n.nft("list", "table", "inet", "mesh"); strings.Contains(out, "established") {
+			return fmt.Errorf("the locking-out filter is not applied; the mesh's table:\n%s", out)
+		}
+		return nil
 	})
 	var back time.Duration
-	waitFor(t, "the filter rolled back", func() bool {
+	checkFor(t, settle, func() error {
 		out, _ := n.nft("list", "table", "inet", "mesh")
 		back = time.Since(applied)
-		return out == kept
+		if out != kept {
+			return fmt.Errorf("the filter is not rolled back; the mesh's table:\n%s", out)
+		}
+		return nil
 	})
 	if back < confirm-500*time.Millisecond || back > confirm+5*time.Second {
 		t.Fatalf("rolled back after %s, the confirm window being %s", back, confirm)
 	}
-	waitFor(t, "the rollback reported", func() bool { return m.filterFact("web1").Value == protocol.FilterRolledBack })
+	checkFor(t, settle, m.filterIs("web1", protocol.FilterRolledBack))
 	if f := m.filterFact("web1"); !strings.Contains(f.Why, fmt.Sprintf("declaration %d's filter rolled back", bad.Serial)) || !strings.Contains(f.Why, "not heard within 3s") || !strings.Contains(f.Why, "restored") {
 		t.Fatalf("the rollback says: %+v", f)
 	}
@@ -467,7 +480,7 @@ func TestFilter_Namespace(t *testing.T) {
 	if err != nil || !p.Sent {
 		t.Fatalf("adopt: %+v %v", p, err)
 	}
-	waitFor(t, "the mesh's table removed", func() bool { return m.filterFact("web1").Value == protocol.FilterRemoved })
+	checkFor(t, settle, m.filterIs("web1", protocol.FilterRemoved))
 	if out, err := n.nft("list", "table", "inet", "mesh"); err == nil {
 		t.Fatalf("the mesh's table is still there:\n%s", out)
 	}
@@ -498,7 +511,7 @@ func TestConverge_Namespace(t *testing.T) {
 	open, undeclared := n.listen(t), n.listen(t)
 	m := newTestMeshOn(t, nil, n.near+":0")
 	m.hostIn(t, n, "web1", 10*time.Second)
-	waitFor(t, "web1's facts", func() bool { return len(m.node("web1").Facts) > 0 })
+	checkFor(t, settle, m.reported("web1"))
 	ctx := context.Background()
 	m.addModule(writeManifest(t, fmt.Sprintf(`{"module": "site", "version": "1.0.0", "ports": [{"name": "http", "port": %d, "expose": "public"}]}`, open)))
 	m.assign(t, "web1", "site")
@@ -521,7 +534,7 @@ func TestConverge_Namespace(t *testing.T) {
 	if _, done, err = m.c.Converge(ctx, ConvergeRequest{Node: "web1", Filter: "nftables", Yes: p.Digest}); err != nil || !done.Pushed.Sent {
 		t.Fatalf("converge --yes: %v %+v", err, done)
 	}
-	waitFor(t, "the filter applied and kept", func() bool { return m.filterFact("web1").Value == protocol.FilterKept })
+	checkFor(t, settle, m.filterIs("web1", protocol.FilterKept))
 	if out, err := n.nft("list", "table", "inet", "mesh"); err != nil || !strings.Contains(out, fmt.Sprintf("tcp dport %d accept", open)) {
 		t.Fatalf("the mesh's table: %v\n%s", err, out)
 	}
@@ -539,7 +552,7 @@ func TestConverge_Namespace(t *testing.T) {
 	if _, err := m.c.Adopt(ctx, "web1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the mesh's table removed", func() bool { return m.filterFact("web1").Value == protocol.FilterRemoved })
+	checkFor(t, settle, m.filterIs("web1", protocol.FilterRemoved))
 	if !n.connects(t, undeclared) {
 		t.Fatal("adopted, the undeclared port must connect again")
 	}

@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,18 +13,40 @@ import (
 	"mesh-controller/contexts/health"
 )
 
+// open says whether the condition key is open.
 func (m *testMesh) open(t *testing.T, key string) bool {
+	t.Helper()
+	return slices.Contains(m.openKeys(t), key)
+}
+
+// openKeys are the keys of the open conditions.
+func (m *testMesh) openKeys(t *testing.T) []string {
 	t.Helper()
 	cs, err := m.c.Conditions(context.Background(), ConditionFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range cs {
-		if c.Key == key {
-			return true
-		}
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		keys[i] = c.Key
 	}
-	return false
+	return keys
+}
+
+// checkedAfter waits for a self-check that ran after at, and says when
+// it ran.
+func (m *testMesh) checkedAfter(t *testing.T, at time.Time) time.Time {
+	t.Helper()
+	var ran time.Time
+	checkFor(t, settle, func() error {
+		v, err := m.c.DoctorLast(context.Background())
+		if err == nil && !v.At.After(at) {
+			err = fmt.Errorf("the last self-check ran at %s, not after %s", v.At.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
+		}
+		ran = v.At
+		return err
+	})
+	return ran
 }
 
 // restartWith restarts the controller with other serve options.
@@ -38,7 +62,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 	m := newTestMesh(t)
 	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond, Bounds: &Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil && m.node("web1").HeartbeatS > 0 })
+	checkFor(t, settle, m.beating("web1"))
 	if m.open(t, "node.silent/web1") {
 		t.Fatal("silent while beating")
 	}
@@ -61,7 +85,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.stop()
-	waitFor(t, "node.silent/web1 to be raised", func() bool { return m.open(t, "node.silent/web1") })
+	checkFor(t, settle, m.opened(t, "node.silent/web1"))
 	for {
 		msg, err := alerts.NextMsg(5 * time.Second)
 		if err != nil {
@@ -90,7 +114,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 		t.Fatalf("status does not call web1's heartbeat quiet: %+v", v.Quiet)
 	}
 	h.start()
-	waitFor(t, "node.silent/web1 to clear", func() bool { return !m.open(t, "node.silent/web1") })
+	checkFor(t, settle, m.cleared(t, "node.silent/web1"))
 	hist, _ := m.c.ConditionsHistory(context.Background(), 1, "node.silent/web1")
 	if len(hist) < 2 || hist[0].Event != "cleared" {
 		t.Fatalf("history: %+v", hist)
@@ -102,7 +126,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 func TestHealth_HealersBrake(t *testing.T) {
 	m := newTestMesh(t)
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	checkFor(t, settle, m.heard("web1"))
 	h.stop() // so every declaration stays unapplied: node.behind
 	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond,
 		Bounds:  &Bounds{HeartbeatFactor: 1000, Apply: 10 * time.Millisecond, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour},
@@ -116,35 +140,34 @@ func TestHealth_HealersBrake(t *testing.T) {
 		return v.Acts
 	}
 	m.declare("web1", `{"modules": []}`)
-	waitFor(t, "redeclare to act on declaration 1", func() bool { return len(acts()) == 1 })
+	actsAre := func(n int) func() error {
+		return func() error {
+			if got := acts(); len(got) != n {
+				return fmt.Errorf("%d healer acts, not %d: %s", len(got), n, jsonText(got))
+			}
+			return nil
+		}
+	}
+	checkFor(t, settle, actsAre(1))
 	if a := acts()[0]; a.Healer != "redeclare" || a.Subject != "node.behind/web1" || a.Outcome != "done" {
 		t.Fatalf("act: %+v", a)
 	}
 	m.declare("web1", `{"modules": []}`)
-	waitFor(t, "the brake to engage and healers.brake to be raised", func() bool { return m.open(t, "healers.brake") })
+	checkFor(t, settle, m.opened(t, "healers.brake"))
 	if n := len(acts()); n != 2 {
 		t.Fatalf("%d acts, want 2", n)
 	}
 	m.declare("web1", `{"modules": []}`)
 	// Two self-checks after declaration 3 is behind: healers run after each; none may act.
 	behindAt := time.Now().Add(10 * time.Millisecond)
-	var first time.Time
-	waitFor(t, "a self-check after declaration 3 is behind", func() bool {
-		v, err := m.c.DoctorLast(ctx)
-		first = v.At
-		return err == nil && v.At.After(behindAt)
-	})
-	waitFor(t, "the self-check after that one", func() bool {
-		v, err := m.c.DoctorLast(ctx)
-		return err == nil && v.At.After(first)
-	})
+	m.checkedAfter(t, m.checkedAfter(t, behindAt))
 	if n := len(acts()); n != 2 {
 		t.Fatalf("a healer acted with the brake engaged: %d acts", n)
 	}
 	if err := m.c.HealersRelease(ctx, "looked at web1: it is off for maintenance"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "healers to act again after the release", func() bool { return len(acts()) == 3 })
+	checkFor(t, settle, actsAre(3))
 	hand, _ := m.c.HandActs(ctx, 1)
 	if len(hand.Acts) == 0 || hand.Acts[0].Cause != "brake" {
 		t.Fatalf("the release is not a hand act: %+v", hand.Acts)

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 	m := newTestMesh(t)
 	h := m.join("web1")
 	m.declare("web1", moduleBody("paperless", "/var/lib/paperless/media"))
-	waitFor(t, "web1 to apply 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 
 	// Beside the root (and the host's state dir) lies what an escape would
 	// reach: a file, and a directory shaped like a provider's consumers.
@@ -83,7 +84,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 		if err := nc.Publish(protocol.DeclarationInbox("web1"), b); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "web1 to report on the hostile declaration", func() bool { return answered(m, 99) })
+		checkFor(t, settle, m.answered("web1", 99))
 		roottest.Unchanged(t, "", before, roottest.Tree(t, base))
 		if e := lastError(); !strings.HasPrefix(e, "refused: ") || !strings.Contains(e, "modules[0].secrets[0].name") || !strings.Contains(e, "delete[0].module") {
 			t.Fatalf("want a refusal naming the secret and the deletion, got %q", e)
@@ -102,7 +103,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 		}
 		before := roottest.Tree(t, base)
 		d := m.declare("web1", moduleBody("wiki", "/var/lib/wiki"))
-		waitFor(t, "web1 to report on the declaration", func() bool { return answered(m, d.Serial) })
+		checkFor(t, settle, m.answered("web1", d.Serial))
 		roottest.Unchanged(t, "", before, roottest.Tree(t, base))
 		if e := lastError(); !strings.HasPrefix(e, "refused: etc/mesh/modules/wiki is a symbolic link") {
 			t.Fatalf("want a refusal naming the link, got %q", e)
@@ -110,8 +111,13 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 	})
 }
 
-// answered says whether web1 has reported applying or refusing serial.
-func answered(m *testMesh, serial int64) bool {
-	n := m.node("web1")
-	return n.LastApply != nil && n.LastApply.Serial == serial
+// answered is a check that node has reported applying or refusing
+// declaration serial; it says what it reported last.
+func (m *testMesh) answered(node string, serial int64) func() error {
+	return func() error {
+		if a := m.node(node).LastApply; a == nil || a.Serial != serial {
+			return fmt.Errorf("%s has not reported on declaration %d; its last report: %s", node, serial, jsonText(a))
+		}
+		return nil
+	}
 }

@@ -51,6 +51,17 @@ func (m *testMesh) addRefreshable(t *testing.T, name, expires string) (access, r
 }
 
 // encodings are a value as the plaintext tests look for it.
+// licenceAt is a check that the first licence listed is name at version.
+func (m *testMesh) licenceAt(ctx context.Context, name string, version int64) func() error {
+	return func() error {
+		l, err := m.c.LicenceList(ctx)
+		if err == nil && (l[0].Name != name || l[0].Version != version) {
+			err = fmt.Errorf("the first licence is %s at version %d, not %s at %d", l[0].Name, l[0].Version, name, version)
+		}
+		return err
+	}
+}
+
 func encodings(v string) []string {
 	return []string{v, base64.StdEncoding.EncodeToString([]byte(v)), base64.RawURLEncoding.EncodeToString([]byte(v)), hex.EncodeToString([]byte(v))}
 }
@@ -108,10 +119,7 @@ func TestLicences_Refresh(t *testing.T) {
 	}
 	record(managed)
 	refreshFile := filepath.Join(mgr1.root, filepath.FromSlash(protocol.RefreshFile("refresher", "translation")))
-	waitFor(t, "mgr1 to hold the refresh token", func() bool {
-		b, err := os.ReadFile(refreshFile)
-		return err == nil && string(b) == refresh
-	})
+	checkFor(t, settle, fileHolds(refreshFile, refresh))
 	if mode := fileMode(t, refreshFile); mode != 0o600 {
 		t.Fatalf("the refresh token's file has mode %v", mode)
 	}
@@ -138,9 +146,11 @@ func TestLicences_Refresh(t *testing.T) {
 	holding := func(what, value string) {
 		t.Helper()
 		for _, h := range []*testHost{web1, web2} {
-			waitFor(t, h.name+" to hold "+what, func() bool {
-				b, err := os.ReadFile(file(h))
-				return err == nil && string(b) == value
+			checkFor(t, settle, func() error {
+				if err := fileHolds(file(h), value)(); err != nil {
+					return fmt.Errorf("%s does not hold %s: %w", h.name, what, err)
+				}
+				return nil
 			})
 		}
 	}
@@ -199,7 +209,7 @@ func TestLicences_Refresh(t *testing.T) {
 	// serve refreshes by itself at 80 % of a version's life: a licence of
 	// 3 s, a short check interval.
 	mgr1.start()
-	waitFor(t, "refresher ready again", func() bool { return m.moduleState("mgr1", "refresher").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("mgr1", "refresher", protocol.StateReady))
 	m.restartWith(ServeOptions{CheckEvery: 50 * time.Millisecond})
 	chatAccess, chatRefresh := m.addRefreshable(t, "chat", "3s")
 	if _, err := m.c.LicenceUse(ctx, LicenceUseRequest{Name: "chat", Holder: "web1/translator", KeyFile: key}); err != nil {
@@ -208,10 +218,7 @@ func TestLicences_Refresh(t *testing.T) {
 	if _, err := m.c.LicenceManager(ctx, LicenceManagerRequest{Name: "chat", Manager: "mgr1/refresher", KeyFile: key}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "serve to refresh chat", func() bool {
-		l, err := m.c.LicenceList(ctx)
-		return err == nil && l[0].Name == "chat" && l[0].Version == 2
-	})
+	checkFor(t, settle, m.licenceAt(ctx, "chat", 2))
 	chatFile := filepath.Join(web1.root, filepath.FromSlash(protocol.LicenceFile("translator", "chat")))
 	recovered := func(name string, v int64) string {
 		out := filepath.Join(t.TempDir(), "recovered")
@@ -225,10 +232,7 @@ func TestLicences_Refresh(t *testing.T) {
 	if chatSecond == chatAccess {
 		t.Fatal("serve's refresh kept the token")
 	}
-	waitFor(t, "web1 to hold chat's refreshed token", func() bool {
-		b, err := os.ReadFile(chatFile)
-		return err == nil && string(b) == chatSecond
-	})
+	checkFor(t, settle, fileHolds(chatFile, chatSecond))
 	if !m.logs.logged("healer acted", "healer", "refresh-licence", "condition", "licence/chat", "detail", "version 1", "outcome", "done") {
 		t.Fatalf("serve's refresh is not a healer's act:\n%s", m.logs.String())
 	}
@@ -247,26 +251,14 @@ func TestLicences_Refresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	dueAt := time.Now().Add(2 * time.Second)
-	var first time.Time
-	waitFor(t, "a self-check after braked is due", func() bool {
-		v, err := m.c.DoctorLast(ctx)
-		first = v.At
-		return err == nil && v.At.After(dueAt)
-	})
-	waitFor(t, "the self-check after that one", func() bool {
-		v, err := m.c.DoctorLast(ctx)
-		return err == nil && v.At.After(first)
-	})
+	m.checkedAfter(t, m.checkedAfter(t, dueAt))
 	if l, _ := m.c.LicenceList(ctx); l[0].Name != "braked" || l[0].Version != 1 {
 		t.Fatalf("refreshed under the brake: %+v", l[0])
 	}
 	if err := m.c.HealersRelease(ctx, "the test releases it"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "serve to refresh braked once released", func() bool {
-		l, err := m.c.LicenceList(ctx)
-		return err == nil && l[0].Version == 2
-	})
+	checkFor(t, settle, m.licenceAt(ctx, "braked", 2))
 
 	// A refresh that succeeds clears licence.refresh-failed.
 	r, err = m.c.LicenceRefresh(ctx, "translation")
@@ -275,7 +267,7 @@ func TestLicences_Refresh(t *testing.T) {
 	}
 	third := recovered("translation", 3)
 	holding("the third token", third)
-	waitFor(t, "licence.refresh-failed cleared", func() bool { return !m.open(t, "licence.refresh-failed/translation") })
+	checkFor(t, settle, m.cleared(t, "licence.refresh-failed/translation"))
 
 	for _, v := range []string{access, refresh, second, third, chatAccess, chatRefresh, chatSecond, brakedAccess, brakedRefresh} {
 		for _, enc := range encodings(v) {
@@ -304,7 +296,7 @@ func TestLicences_RefreshBadAnswers(t *testing.T) {
 	if _, err := m.c.LicenceManager(ctx, LicenceManagerRequest{Name: "chat", Manager: "mgr1/badrefresher", KeyFile: m.operatorKeyFile(t)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "badrefresher ready", func() bool { return m.moduleState("mgr1", "badrefresher").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("mgr1", "badrefresher", protocol.StateReady))
 	for i, want := range []string{"its manager answered an error: the provider refused", "its manager's answer holds no access_token",
 		`its manager's expires_at "2001-01-01T00:00:00Z" is not a future RFC 3339 time`, "its manager did not answer {"} {
 		_, err := m.c.LicenceRefresh(ctx, "chat")
@@ -351,9 +343,11 @@ func TestLicences_DiscardAfterGrace(t *testing.T) {
 	m.c.Now = func() time.Time { return time.Now().Add(licences.GracePeriod + time.Hour) }
 	m.opts = ServeOptions{SweepEvery: 50 * time.Millisecond}
 	m.start()
-	waitFor(t, "version 1 discarded", func() bool {
-		_, err := st.Licences.OperatorCopy(ctx, "chat", 1)
-		return errors.Is(err, licences.ErrNoCopy)
+	checkFor(t, settle, func() error {
+		if _, err := st.Licences.OperatorCopy(ctx, "chat", 1); !errors.Is(err, licences.ErrNoCopy) {
+			return fmt.Errorf("chat's version 1 is not discarded: %v", err)
+		}
+		return nil
 	})
 	if _, err := st.Licences.OperatorCopy(ctx, "chat", 2); err != nil {
 		t.Fatalf("the current version went too: %v", err)
@@ -361,5 +355,5 @@ func TestLicences_DiscardAfterGrace(t *testing.T) {
 	if _, err := st.Licences.RefreshCopy(ctx, "chat"); err != nil {
 		t.Fatalf("the refresh token went: %v", err)
 	}
-	waitFor(t, "the sweep to say so", func() bool { return strings.Contains(m.logs.String(), "1 superseded licence version discarded") })
+	checkFor(t, settle, m.logSays("1 superseded licence version discarded"))
 }

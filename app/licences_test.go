@@ -3,7 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,9 +48,11 @@ func TestLicences_UseOnTwoNodes(t *testing.T) {
 			t.Fatalf("assign does not warn of the licence not held: %+v", a.Modules[0])
 		}
 	}
-	waitFor(t, "translator waiting for its licence on web1", func() bool {
-		s := m.moduleState("web1", "translator")
-		return s.State == protocol.StateWaiting && strings.Contains(s.Detail, "licence translation")
+	checkFor(t, settle, func() error {
+		if s := m.moduleState("web1", "translator"); s.State != protocol.StateWaiting || !strings.Contains(s.Detail, "licence translation") {
+			return fmt.Errorf("translator on web1 is %s (%s), not waiting for its licence", s.State, s.Detail)
+		}
+		return nil
 	})
 
 	value, encodings := knownValue(t)
@@ -72,14 +74,11 @@ func TestLicences_UseOnTwoNodes(t *testing.T) {
 		return filepath.Join(h.root, filepath.FromSlash(protocol.LicenceFile("translator", "translation")))
 	}
 	for _, h := range []*testHost{web1, web2} {
-		waitFor(t, h.name+" to hold the licence", func() bool {
-			b, err := os.ReadFile(file(h))
-			return err == nil && string(b) == value
-		})
+		checkFor(t, settle, fileHolds(file(h), value))
 		if mode := fileMode(t, file(h)); mode != 0o600 {
 			t.Fatalf("%s's licence file has mode %v", h.name, mode)
 		}
-		waitFor(t, "translator ready on "+h.name, func() bool { return m.moduleState(h.name, "translator").State == protocol.StateReady })
+		checkFor(t, settle, m.moduleIn(h.name, "translator", protocol.StateReady))
 		environ, err := os.ReadFile("/proc/" + strconv.Itoa(m.moduleState(h.name, "translator").Pid) + "/environ")
 		if err != nil {
 			t.Fatal(err)
@@ -105,10 +104,7 @@ func TestLicences_UseOnTwoNodes(t *testing.T) {
 	if _, err := m.c.LicenceStop(ctx, "translation", "web2/translator"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web2's licence file removed", func() bool {
-		_, err := os.Stat(file(web2))
-		return errors.Is(err, os.ErrNotExist)
-	})
+	checkFor(t, settle, gone(file(web2)))
 	if b, _ := os.ReadFile(file(web1)); string(b) != value {
 		t.Fatal("web1 lost its licence when web2's was taken away")
 	}
@@ -146,10 +142,7 @@ func TestLicences_UseOnTwoNodes(t *testing.T) {
 	if err != nil || len(u.Licences) != 1 {
 		t.Fatalf("unassign: %+v, %v", u, err)
 	}
-	waitFor(t, "web1's licence file removed", func() bool {
-		_, err := os.Stat(file(web1))
-		return errors.Is(err, os.ErrNotExist)
-	})
+	checkFor(t, settle, gone(file(web1)))
 	if list, _ := m.c.LicenceList(ctx); len(list[0].Holders) != 0 {
 		t.Fatalf("holders after unassign and stop: %v", list[0].Holders)
 	}

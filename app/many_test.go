@@ -29,14 +29,13 @@ func TestMany_AssignUnassignPushAll(t *testing.T) {
 	}
 	applied := func(what string) {
 		t.Helper()
-		waitFor(t, what, func() bool {
+		checkFor(t, settle, func() error {
 			for _, n := range nodes {
-				d := m.node(n)
-				if d.SerialApplied == 0 || d.SerialApplied < d.SerialDeclared {
-					return false
+				if d := m.node(n); d.SerialApplied == 0 || d.SerialApplied < d.SerialDeclared {
+					return fmt.Errorf("not %s: %s applied %d of %d%s", what, n, d.SerialApplied, d.SerialDeclared, applyFailure(d))
 				}
 			}
-			return true
+			return nil
 		})
 	}
 	// push --all: every node its declaration (those given nothing yet too).

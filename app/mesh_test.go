@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
@@ -262,16 +263,281 @@ func (h *testHost) stop() {
 	h.cancel = nil
 }
 
-// waitFor polls cond until it holds, failing the test after a deadline.
-func waitFor(t testing.TB, what string, cond func() bool) {
+// settle is how long a test waits for the mesh to come to what it awaits
+// (a host to beat, apply, report; a condition to open): long, for a
+// machine shared with other work.
+const settle = 15 * time.Second
+
+// checkFor polls check until it returns nil, failing the test after
+// timeout with the last error check returned: the failure says what was
+// not so yet, and what was seen instead.
+func checkFor(t testing.TB, timeout time.Duration, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("waited 15s for %s", what)
+			t.Fatalf("after %s: %v", timeout, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// allOf is a check that every one of checks passes at once; it says the
+// first that does not.
+func allOf(checks ...func() error) func() error {
+	return func() error {
+		for _, check := range checks {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// applied is a check that node has applied declaration serial; it says
+// what it applied instead, and why its last apply failed if one did.
+func (m *testMesh) applied(node string, serial int64) func() error {
+	return func() error {
+		n := m.node(node)
+		if n.SerialApplied == serial {
+			return nil
+		}
+		return fmt.Errorf("%s has applied declaration %d, not %d (declared %d)%s", node, n.SerialApplied, serial, n.SerialDeclared, applyFailure(n))
+	}
+}
+
+// appliedFrom is a check that node has applied declaration serial or a
+// later one.
+func (m *testMesh) appliedFrom(node string, serial int64) func() error {
+	return func() error {
+		n := m.node(node)
+		if n.SerialApplied >= serial {
+			return nil
+		}
+		return fmt.Errorf("%s has applied declaration %d, not %d yet (declared %d)%s", node, n.SerialApplied, serial, n.SerialDeclared, applyFailure(n))
+	}
+}
+
+// applyFailure says why a node's last apply failed, "" if it did not.
+func applyFailure(n NodeDetail) string {
+	if a := n.LastApply; a != nil && !a.OK {
+		return fmt.Sprintf("; its apply of %d failed: %s", a.Serial, a.Error)
+	}
+	return ""
+}
+
+// upToDate is a check that node applied the declaration of its plan as it
+// is now (it is not behind), and some declaration at all.
+func (m *testMesh) upToDate(node string) func() error {
+	return func() error {
+		n := m.node(node)
+		if !n.Behind && n.SerialApplied > 0 {
+			return nil
+		}
+		return fmt.Errorf("%s is behind its plan: applied %d, declared %d%s", node, n.SerialApplied, n.SerialDeclared, applyFailure(n))
+	}
+}
+
+// reported is a check that node's host reported its facts.
+func (m *testMesh) reported(node string) func() error {
+	return func() error {
+		if n := m.node(node); len(n.Facts) == 0 {
+			return fmt.Errorf("%s has reported no facts (joined %v, heard from at %s)", node, n.Joined, timeOf(n.LastHeard))
+		}
+		return nil
+	}
+}
+
+// notBehind is a check that node is not behind its plan: it applied the
+// declaration of its plan as it is now, or was never declared one.
+func (m *testMesh) notBehind(node string) func() error {
+	return func() error {
+		if n := m.node(node); n.Behind {
+			return fmt.Errorf("%s is behind its plan: applied %d, declared %d%s", node, n.SerialApplied, n.SerialDeclared, applyFailure(n))
+		}
+		return nil
+	}
+}
+
+// connClosed is a check that the broker connection nc (what) is closed.
+func connClosed(nc *nats.Conn, what string) func() error {
+	return func() error {
+		if !nc.IsClosed() {
+			return fmt.Errorf("%s is %s, not closed", what, nc.Status())
+		}
+		return nil
+	}
+}
+
+// disconnected is a check that the broker connection nc (what) is not
+// connected.
+func disconnected(nc *nats.Conn, what string) func() error {
+	return func() error {
+		if nc.IsConnected() {
+			return fmt.Errorf("%s is still connected", what)
+		}
+		return nil
+	}
+}
+
+// heard is a check that node's host has been heard from (joining is).
+func (m *testMesh) heard(node string) func() error {
+	return func() error {
+		if n := m.node(node); n.LastHeard == nil {
+			return fmt.Errorf("%s has not been heard from (joined %v)", node, n.Joined)
+		}
+		return nil
+	}
+}
+
+// beating is a check that node's host has beaten: heard, and saying how
+// often it beats.
+func (m *testMesh) beating(node string) func() error {
+	return func() error {
+		n := m.node(node)
+		if n.LastHeard == nil {
+			return fmt.Errorf("%s has not been heard from (joined %v)", node, n.Joined)
+		}
+		if n.HeartbeatS == 0 {
+			return fmt.Errorf("%s has not beaten (heard from at %s)", node, timeOf(n.LastHeard))
+		}
+		return nil
+	}
+}
+
+// droppedFor is a check that count messages claiming to be node's were
+// refused for reason; it says which were.
+func (m *testMesh) droppedFor(node, reason string, count int64) func() error {
+	return func() error {
+		dropped := m.node(node).Dropped
+		for _, d := range dropped {
+			if d.Reason == reason && d.Count == count {
+				return nil
+			}
+		}
+		return fmt.Errorf("not %d of %s's messages refused for %s; refused: %+v", count, node, reason, dropped)
+	}
+}
+
+// fileHolds is a check that file holds value (a secret: a failure says only
+// how much it holds).
+func fileHolds(file, value string) func() error {
+	return func() error {
+		b, err := os.ReadFile(file)
+		if err == nil && string(b) != value {
+			err = fmt.Errorf("%s holds %d bytes, not the %d expected", file, len(b), len(value))
+		}
+		return err
+	}
+}
+
+// gone is a check that nothing is at path.
+func gone(path string) func() error {
+	return func() error {
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s is still there (%v)", path, err)
+		}
+		return nil
+	}
+}
+
+// timeOf is a time that may be missing, to be read in a failure.
+func timeOf(at *time.Time) string {
+	if at == nil {
+		return "never"
+	}
+	return at.Format(time.RFC3339Nano)
+}
+
+// beatsAbove is a check that the mesh absorbed more than n heartbeats.
+func (m *testMesh) beatsAbove(n int64) func() error {
+	return func() error {
+		if got := m.count.Beats.Load(); got <= n {
+			return fmt.Errorf("%d heartbeats absorbed, not more than %d (%d dropped)", got, n, m.count.Dropped.Load())
+		}
+		return nil
+	}
+}
+
+// opened is a check that the condition key is open; it says which are.
+func (m *testMesh) opened(t *testing.T, key string) func() error {
+	return func() error {
+		open := m.openKeys(t)
+		if slices.Contains(open, key) {
+			return nil
+		}
+		return fmt.Errorf("%s is not open; open: %q", key, open)
+	}
+}
+
+// cleared is a check that the condition key is not open.
+func (m *testMesh) cleared(t *testing.T, key string) func() error {
+	return func() error {
+		if m.open(t, key) {
+			return fmt.Errorf("%s is still open", key)
+		}
+		return nil
+	}
+}
+
+// moduleIn is a check that module on node is reported in state; it says
+// the state it is in, and why.
+func (m *testMesh) moduleIn(node, module, state string) func() error {
+	return func() error {
+		s := m.moduleState(node, module)
+		if s.State == state {
+			return nil
+		}
+		if s.State == "" {
+			return fmt.Errorf("%s on %s is not %s: not assigned there", module, node, state)
+		}
+		return fmt.Errorf("%s on %s is %s, not %s (detail %q, last exit %q)", module, node, s.State, state, s.Detail, s.LastExit)
+	}
+}
+
+// readyAgain is a check that module on node is ready in another process
+// than pid; it says what it is instead.
+func (m *testMesh) readyAgain(node, module string, pid int) func() error {
+	return func() error {
+		if s := m.moduleState(node, module); s.State != protocol.StateReady || s.Pid == pid {
+			return fmt.Errorf("%s on %s is %s as pid %d, not ready again after pid %d (detail %q, last exit %q)", module, node, s.State, s.Pid, pid, s.Detail, s.LastExit)
+		}
+		return nil
+	}
+}
+
+// moduleGone is a check that node no longer reports module, nor has it
+// assigned.
+func (m *testMesh) moduleGone(node, module string) func() error {
+	return func() error {
+		if s := m.moduleState(node, module); s.Module != "" {
+			return fmt.Errorf("%s on %s is still reported, %s as pid %d", module, node, s.State, s.Pid)
+		}
+		return nil
+	}
+}
+
+// logSays is a check that the daemon's log holds s; it says what the log
+// said last.
+func (m *testMesh) logSays(s string) func() error {
+	return func() error {
+		logs := m.logs.String()
+		if strings.Contains(logs, s) {
+			return nil
+		}
+		return fmt.Errorf("the log does not say %q; it ends:\n%s", s, lastLines(logs, 5))
+	}
+}
+
+// lastLines is s's last n lines.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func (m *testMesh) node(name string) NodeDetail {
@@ -301,9 +567,11 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 	m := newTestMesh(t)
 	hosts := []*testHost{m.join("web1"), m.join("web2"), m.join("web3")}
 	for _, h := range hosts {
-		waitFor(t, h.name+"'s facts and beats", func() bool {
-			n := m.node(h.name)
-			return n.Joined && len(n.Facts) > 0 && n.HeartbeatS > 0
+		checkFor(t, settle, func() error {
+			if n := m.node(h.name); !n.Joined || len(n.Facts) == 0 || n.HeartbeatS == 0 {
+				return fmt.Errorf("%s joined %v, with %d facts, beating every %vs", h.name, n.Joined, len(n.Facts), n.HeartbeatS)
+			}
+			return nil
 		})
 	}
 	n := m.node("web1")
@@ -324,7 +592,7 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 	if !d.Sent || d.Serial != 1 {
 		t.Fatalf("declare: %+v", d)
 	}
-	waitFor(t, "web1 to apply declaration 1", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 	h := hosts[0]
 	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/paperless/settings.json")); err != nil {
 		t.Fatal(err)
@@ -336,7 +604,7 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 
 	// A second declaration without paperless: its files go, its data stays.
 	m.declare("web1", moduleBody("smtp-relay", "/var/spool/relay"))
-	waitFor(t, "web1 to apply declaration 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	checkFor(t, settle, m.applied("web1", 2))
 	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/paperless/module.json")); !os.IsNotExist(err) {
 		t.Errorf("an undeclared module's file was kept: %v", err)
 	}
@@ -345,9 +613,12 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 	}
 	// The data report has the new module's data set, and still the old one's:
 	// data no longer declared stays, and stays reported, until deleted.
-	waitFor(t, "web1's data report", func() bool {
+	checkFor(t, settle, func() error {
 		ds := m.node("web1").Data
-		return len(ds) == 2 && ds[0].Module == "paperless" && ds[0].Bytes == int64(len("precious")) && ds[1].Module == "smtp-relay" && ds[1].Path == "/var/spool/relay"
+		if len(ds) == 2 && ds[0].Module == "paperless" && ds[0].Bytes == int64(len("precious")) && ds[1].Module == "smtp-relay" && ds[1].Path == "/var/spool/relay" {
+			return nil
+		}
+		return fmt.Errorf("web1 reports data %+v, not paperless's %d bytes and smtp-relay's /var/spool/relay", ds, len("precious"))
 	})
 	list, err := m.c.NodeList(context.Background())
 	if err != nil {
@@ -363,13 +634,13 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 func TestMesh_OfflineHostAndController(t *testing.T) {
 	m := newTestMesh(t)
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	checkFor(t, settle, m.heard("web1"))
 
 	h.stop()
 	m.declare("web1", moduleBody("one", "/srv/one"))
 	m.declare("web1", moduleBody("two", "/srv/two"))
 	h.start()
-	waitFor(t, "web1 to apply the latest, 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	checkFor(t, settle, m.applied("web1", 2))
 	if _, err := os.Stat(filepath.Join(h.root, "etc/mesh/modules/two/module.json")); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +651,7 @@ func TestMesh_OfflineHostAndController(t *testing.T) {
 		t.Fatalf("declared while down: %+v", d)
 	}
 	m.start() // same address: the host reconnects by itself
-	waitFor(t, "web1 to apply 3 after the controller came back", func() bool { return m.node("web1").SerialApplied == 3 })
+	checkFor(t, settle, m.applied("web1", 3))
 }
 
 func TestMesh_TokenUsedTwice(t *testing.T) {
@@ -429,7 +700,7 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 func TestMesh_BadSignatureDroppedAndCounted(t *testing.T) {
 	m := newTestMesh(t)
 	h := m.join("web1")
-	waitFor(t, "web1 to beat", func() bool { return m.count.Beats.Load() > 0 })
+	checkFor(t, settle, m.beatsAbove(0))
 	h.stop()
 
 	// web1's own broker user, but a key that is not the one it joined with.
@@ -443,14 +714,7 @@ func TestMesh_BadSignatureDroppedAndCounted(t *testing.T) {
 	if err := publishSigned(nc, st, "heartbeat"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the forged heartbeat to be counted", func() bool {
-		for _, d := range m.node("web1").Dropped {
-			if d.Reason == "bad signature" && d.Count == 1 {
-				return true
-			}
-		}
-		return false
-	})
+	checkFor(t, settle, m.droppedFor("web1", "bad signature", 1))
 	if m.count.Beats.Load() != beats {
 		t.Fatal("a forged heartbeat was absorbed")
 	}
@@ -521,7 +785,7 @@ func TestMesh_ExternalBroker(t *testing.T) {
 	}
 	m.join("web1")
 	m.declare("web1", moduleBody("one", "/srv/one"))
-	waitFor(t, "web1 to apply through the external broker", func() bool { return m.node("web1").SerialApplied == 1 })
+	checkFor(t, settle, m.applied("web1", 1))
 	// A broker without a full resolver cannot be given revocations by the
 	// controller: the log says what a person must do.
 	if !strings.Contains(m.logs.String(), "no broker server took the account JWT: give the broker a full resolver") {

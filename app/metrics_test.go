@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -82,12 +83,12 @@ next:
 	return -1
 }
 
-// waitMetric waits until the metric satisfies ok, scraping the real
-// endpoint each time.
-func waitMetric(t *testing.T, url, what string, ok func(scrape) bool) scrape {
+// waitMetric waits until check passes on the metrics, scraping the real
+// endpoint each time; check says what the metrics are instead.
+func waitMetric(t *testing.T, url string, check func(scrape) error) scrape {
 	t.Helper()
 	var s scrape
-	waitFor(t, what, func() bool { s = scrapeOf(t, url); return ok(s) })
+	checkFor(t, settle, func() error { s = scrapeOf(t, url); return check(s) })
 	return s
 }
 
@@ -106,10 +107,14 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	}
 
 	h := m.join("web1")
-	waitMetric(t, url, "web1 joined, beating, connected, its join written", func(s scrape) bool {
-		return s.value("mesh_nodes", "state=joined") == 1 && s.value("mesh_heartbeats_absorbed_total") > 0 &&
-			s.value("mesh_broker_connections") > clients &&
-			s.value("mesh_store_write_duration_seconds", "store=identity") > s0.value("mesh_store_write_duration_seconds", "store=identity")
+	waitMetric(t, url, func(s scrape) error {
+		joined, beats, conns := s.value("mesh_nodes", "state=joined"), s.value("mesh_heartbeats_absorbed_total"), s.value("mesh_broker_connections")
+		writes, writes0 := s.value("mesh_store_write_duration_seconds", "store=identity"), s0.value("mesh_store_write_duration_seconds", "store=identity")
+		if joined == 1 && beats > 0 && conns > clients && writes > writes0 {
+			return nil
+		}
+		return fmt.Errorf("not web1 joined, beating, connected, its join written: joined %v, heartbeats %v, connections %v (%v before), identity writes %v (%v before)",
+			joined, beats, conns, clients, writes, writes0)
 	})
 	for _, store := range fencedContexts {
 		if s0.value("mesh_store_size_bytes", "store="+store) <= 0 {
@@ -118,7 +123,12 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	}
 
 	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, "web1's apply observed", func(s scrape) bool { return s.value("mesh_apply_duration_seconds") >= 1 })
+	waitMetric(t, url, func(s scrape) error {
+		if n := s.value("mesh_apply_duration_seconds"); n < 1 {
+			return fmt.Errorf("web1's apply not observed: %v applies timed", n)
+		}
+		return nil
+	})
 
 	// web1's plan moved with no declaration made (an act stopped half-way):
 	// the catch-up declares it, and times its parts.
@@ -130,9 +140,12 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	if err := st.Inventory.Apply(context.Background(), inventory.Change{Bump: []string{"web1"}}, m.c.Now()); err != nil {
 		t.Fatal(err)
 	}
-	waitMetric(t, url, "the catch-up's declaration sent and timed", func(s scrape) bool {
-		return s.value("mesh_declarations_sent_total") > sent && s.value("mesh_declare_duration_seconds", "part=plan") >= 1 &&
-			s.value("mesh_declare_duration_seconds", "part=send") >= 1
+	waitMetric(t, url, func(s scrape) error {
+		now, plan, send := s.value("mesh_declarations_sent_total"), s.value("mesh_declare_duration_seconds", "part=plan"), s.value("mesh_declare_duration_seconds", "part=send")
+		if now > sent && plan >= 1 && send >= 1 {
+			return nil
+		}
+		return fmt.Errorf("the catch-up's declaration not sent and timed: %v sent (%v before), plan timed %v, send %v", now, sent, plan, send)
 	})
 
 	// A heartbeat signed with another key than web1 joined with.
@@ -145,12 +158,19 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 	if err := publishSigned(connectAs(t, m.url, hs), hs, "heartbeat"); err != nil {
 		t.Fatal(err)
 	}
-	waitMetric(t, url, "the forged heartbeat dropped as a bad signature", func(s scrape) bool {
-		return s.value("mesh_messages_dropped_total", "reason=bad signature") == 1
+	waitMetric(t, url, func(s scrape) error {
+		if n := s.value("mesh_messages_dropped_total", "reason=bad signature"); n != 1 {
+			return fmt.Errorf("%v messages dropped as a bad signature, not the forged heartbeat's 1", n)
+		}
+		return nil
 	})
 
-	waitMetric(t, url, "web1 silent, its condition open", func(s scrape) bool {
-		return s.value("mesh_nodes", "state=silent") == 1 && s.value("mesh_conditions_open", "kind=node.silent", "severity=urgent") == 1
+	waitMetric(t, url, func(s scrape) error {
+		silent, open := s.value("mesh_nodes", "state=silent"), s.value("mesh_conditions_open", "kind=node.silent", "severity=urgent")
+		if silent == 1 && open == 1 {
+			return nil
+		}
+		return fmt.Errorf("not web1 silent, its condition open: %v silent, %v node.silent open", silent, open)
 	})
 
 	// Behind and unapplied: the redeclare healer acts (a declaration sent),
@@ -159,13 +179,21 @@ func TestMetrics_MoveWithTheirEvents(t *testing.T) {
 		Bounds:  &Bounds{HeartbeatFactor: 1000, Apply: 10 * time.Millisecond, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour},
 		Healers: HealerLimits{Acts: 1, Window: time.Hour, Same: 100, SameWindow: time.Hour}})
 	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, "web1 behind, the healer's act and its declaration", func(s scrape) bool {
-		return s.value("mesh_nodes", "state=behind") == 1 && s.value("mesh_healer_acts_total", "healer=redeclare", "outcome=done") == 1 &&
-			s.value("mesh_declarations_sent_total") >= 1
+	waitMetric(t, url, func(s scrape) error {
+		behind, acts, sent := s.value("mesh_nodes", "state=behind"), s.value("mesh_healer_acts_total", "healer=redeclare", "outcome=done"), s.value("mesh_declarations_sent_total")
+		if behind == 1 && acts == 1 && sent >= 1 {
+			return nil
+		}
+		return fmt.Errorf("not web1 behind, the healer's act and its declaration: %v behind, %v redeclares done, %v declarations sent", behind, acts, sent)
 	})
 	if s := scrapeOf(t, url); s.value("mesh_healer_brake_engaged_total") != 0 {
 		t.Fatalf("brake engaged after one act: %v", s.value("mesh_healer_brake_engaged_total"))
 	}
 	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, "the brake engaged", func(s scrape) bool { return s.value("mesh_healer_brake_engaged_total") == 1 })
+	waitMetric(t, url, func(s scrape) error {
+		if n := s.value("mesh_healer_brake_engaged_total"); n != 1 {
+			return fmt.Errorf("the brake engaged %v times, not once", n)
+		}
+		return nil
+	})
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,9 +60,7 @@ func TestMesh_AssignPushApply(t *testing.T) {
 	if len(r.Pushed) != 2 {
 		t.Fatalf("pushed: %+v", r.Pushed)
 	}
-	waitFor(t, "both hosts to apply their plans", func() bool {
-		return !m.node("web1").Behind && !m.node("db1").Behind && m.node("web1").SerialApplied > 0
-	})
+	checkFor(t, settle, allOf(m.upToDate("web1"), m.notBehind("db1")))
 	b, err := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json"))
 	if err != nil || !strings.Contains(string(b), `"workers": 2`) {
 		t.Fatalf("settings.json: %s, %v", b, err)
@@ -80,11 +79,13 @@ func TestMesh_AssignPushApply(t *testing.T) {
 	if _, err := m.c.SettingsSet(ctx, SettingsRequest{Module: "paperless", Node: "web1", Body: []byte(`{"workers": 6}`), From: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web1 to apply its new settings", func() bool {
-		b, _ := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json"))
-		return strings.Contains(string(b), `"workers": 6`)
+	checkFor(t, settle, func() error {
+		if b, err := os.ReadFile(filepath.Join(web1.root, "etc/mesh/modules/paperless/settings.json")); !strings.Contains(string(b), `"workers": 6`) {
+			return fmt.Errorf("web1 has not applied its new settings: %s %v", b, err)
+		}
+		return nil
 	})
-	waitFor(t, "web1's report of applying them", func() bool { return !m.node("web1").Behind })
+	checkFor(t, settle, m.notBehind("web1"))
 
 	// push --behind sends nothing when nobody is behind.
 	pushed, err := m.c.Push(ctx, PushRequest{Behind: true})
@@ -98,7 +99,7 @@ func TestMesh_ServeCatchesUp(t *testing.T) {
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	m.addModule(example("postgres"))
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	checkFor(t, settle, m.heard("web1"))
 	m.stop()
 	r, err := m.c.Assign(context.Background(), "web1", []string{"postgres"})
 	if err != nil {
@@ -108,9 +109,11 @@ func TestMesh_ServeCatchesUp(t *testing.T) {
 		t.Fatalf("pushed while down: %+v", r.Pushed)
 	}
 	m.start()
-	waitFor(t, "web1 to apply what was assigned while the controller was down", func() bool {
-		_, err := os.Stat(filepath.Join(web1.root, "etc/mesh/modules/postgres/module.json"))
-		return err == nil && !m.node("web1").Behind
+	checkFor(t, settle, func() error {
+		if _, err := os.Stat(filepath.Join(web1.root, "etc/mesh/modules/postgres/module.json")); err != nil {
+			return fmt.Errorf("web1 has not applied what was assigned while the controller was down: %w", err)
+		}
+		return m.notBehind("web1")()
 	})
 }
 
@@ -128,14 +131,7 @@ func TestMesh_RollOut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every host to apply 1.0.0", func() bool {
-		for _, h := range hosts {
-			if n := m.node(h.name); n.Behind || n.SerialApplied == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	checkFor(t, settle, allOf(m.upToDate("db1"), m.upToDate("db2"), m.upToDate("db3")))
 	m.addModule(v2)
 
 	// Watch the order: while db1 has not applied its new declaration, db2 must not have been sent one.
@@ -201,7 +197,7 @@ func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both to apply", func() bool { return !m.node("db1").Behind && !m.node("db2").Behind })
+	checkFor(t, settle, allOf(m.notBehind("db1"), m.notBehind("db2")))
 	m.addModule(writeManifest(t, `{"module": "store", "version": "2.0.0", "data": [{"name": "d", "path": "/srv/new", "precious": "costly"}]}`))
 	os.WriteFile(filepath.Join(hosts[0].root, "srv"), []byte("in the way"), 0o600)
 	declared := m.node("db2").SerialDeclared
@@ -284,7 +280,7 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	if _, err := m.c.Unassign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the revoked user's connection to close", func() bool { return !nc.IsConnected() })
+	checkFor(t, settle, disconnected(nc, "the revoked user's connection"))
 	if _, err := nats.Connect(m.url, nats.UserCredentials(credsFile), nats.NoReconnect()); err == nil {
 		t.Fatal("a user issued for a module unassigned connected again")
 	}
@@ -295,7 +291,7 @@ func TestMesh_ModuleIssue(t *testing.T) {
 	if _, err := m.c.Unassign(ctx, "web2", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web2's issued user's connection to close", func() bool { return !nc2.IsConnected() })
+	checkFor(t, settle, disconnected(nc2, "web2's issued user's connection"))
 	f, err := m.c.ModuleForget(ctx, ForgetRequest{Name: "paperless", AndWhatItHolds: true, Why: "paperless left the mesh"})
 	if err != nil {
 		t.Fatalf("forget: %+v, %v", f, err)

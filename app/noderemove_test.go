@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,7 +27,12 @@ func TestNodeRemove_ClosesItsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.push(t, "web1")
-	waitFor(t, "media's size", func() bool { d := m.dataOf(t, "web1", "paperless", "media"); return d.Bytes != nil && *d.Bytes == 16 })
+	checkFor(t, settle, func() error {
+		if d := m.dataOf(t, "web1", "paperless", "media"); d.Bytes == nil || *d.Bytes != 16 {
+			return fmt.Errorf("media's size is not 16 bytes: %s", jsonText(d))
+		}
+		return nil
+	})
 
 	// web1's host user, and its module's, each on a connection of its own.
 	hostOpts, err := web1.state.ConnectOptions()
@@ -61,7 +67,8 @@ func TestNodeRemove_ClosesItsConnections(t *testing.T) {
 	if err != nil || r.Revoked != 1 || !r.Disconnected || len(r.Nodes) != 1 || r.Nodes[0].Unassigned == nil {
 		t.Fatalf("remove: %+v, %v", r, err)
 	}
-	waitFor(t, "the host's and the module's connections to close", func() bool { return hostConn.IsClosed() && moduleConn.IsClosed() })
+	checkFor(t, settle, connClosed(hostConn, "the host's connection"))
+	checkFor(t, settle, connClosed(moduleConn, "the module's connection"))
 	for what, opts := range map[string][]nats.Option{"host": hostOpts, "module": {nats.UserCredentials(credsFile), nats.NoReconnect()}} {
 		if nc, err := nats.Connect(m.url, opts...); err == nil {
 			nc.Close()
@@ -95,7 +102,13 @@ func TestNodeRemove_ClosesItsConnections(t *testing.T) {
 	// A new machine joins as web1: a fresh record, its host heard, the old
 	// record still listed under its removal.
 	m.join("web1")
-	waitFor(t, "the new web1 to be heard", func() bool { n, err := m.c.NodeShow(ctx, "web1"); return err == nil && n.LastHeard != nil })
+	checkFor(t, settle, func() error {
+		n, err := m.c.NodeShow(ctx, "web1")
+		if err == nil && n.LastHeard == nil {
+			err = fmt.Errorf("the new web1 has not been heard from (joined %v)", n.Joined)
+		}
+		return err
+	})
 	ds, _ = m.c.Data(ctx)
 	if len(ds) != 3 { // db1's cluster, and web1's media and index under the removal
 		t.Fatalf("data after web1 joined again: %+v", ds)

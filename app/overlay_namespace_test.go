@@ -235,7 +235,12 @@ func TestOverlay_Namespaces(t *testing.T) {
 	// state dir, 0600.
 	pub := map[string]string{}
 	for _, h := range hosts {
-		waitFor(t, h.node+"'s WireGuard key", func() bool { return m.overlayFact(h.node, protocol.FactWireGuardKey).Value != "" })
+		checkFor(t, settle, func() error {
+			if m.overlayFact(h.node, protocol.FactWireGuardKey).Value == "" {
+				return fmt.Errorf("%s has not reported its WireGuard key", h.node)
+			}
+			return nil
+		})
 		pub[h.node] = m.overlayFact(h.node, protocol.FactWireGuardKey).Value
 		fi, err := os.Stat(filepath.Join(h.state, "wireguard.key"))
 		if err != nil || fi.Mode().Perm() != 0o600 {
@@ -262,15 +267,20 @@ func TestOverlay_Namespaces(t *testing.T) {
 		}
 	}
 	parts := map[string]protocol.DeclaredOverlay{}
-	waitFor(t, "each host's overlay part declared with its peers", func() bool {
+	// Each host applied the declaration of the last placement: what its
+	// interface is read against below.
+	checkFor(t, settle, func() error {
 		for _, h := range hosts {
-			d, _ := declaredOverlay(t, m, h.node)
+			d, applied := declaredOverlay(t, m, h.node)
 			if d == nil || len(d.Peers) == 0 {
-				return false
+				return fmt.Errorf("%s's overlay part is not declared with peers: %s", h.node, jsonText(d))
+			}
+			if !applied {
+				return fmt.Errorf("%s has not applied its latest declaration: %s", h.node, jsonText(d))
 			}
 			parts[h.node] = *d
 		}
-		return true
+		return nil
 	})
 	peerIn := func(of, name string) protocol.DeclaredPeer {
 		for _, p := range parts[of].Peers {
@@ -396,10 +406,7 @@ func TestOverlay_Namespaces(t *testing.T) {
 	bad := parts["b"]
 	bad.Peers = []protocol.DeclaredPeer{bad.Peers[0], bad.Peers[0]}
 	refused := m.declareUnjudged(t, "b", bad)
-	waitFor(t, "b's refusal", func() bool {
-		a := m.node("b").LastApply
-		return a != nil && a.Serial == refused.Serial
-	})
+	checkFor(t, settle, m.answered("b", refused.Serial))
 	if ap := m.node("b").LastApply; ap.OK || ap.Error != "refused: the overlay: peer a: repeated (its node a is a's too)" {
 		t.Fatalf("a repeated peer: %+v", ap)
 	}

@@ -32,14 +32,17 @@ func reportedKey(t *testing.T, m *testMesh, h *testHost) string {
 		t.Fatal(err)
 	}
 	var key string
-	waitFor(t, h.name+"'s WireGuard key in its facts", func() bool {
+	checkFor(t, settle, func() error {
 		facts, _, err := st.Inventory.Facts(ctx, h.name)
 		for _, f := range facts {
 			if err == nil && f.Name == protocol.FactWireGuardKey {
 				key = f.Value
 			}
 		}
-		return key != ""
+		if err == nil && key == "" {
+			err = fmt.Errorf("%s has not reported its WireGuard key in its %d facts", h.name, len(facts))
+		}
+		return err
 	})
 	return key
 }
@@ -107,24 +110,30 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the mesh to compute three hosts' keys", func() bool {
+	checkFor(t, settle, func() error {
 		if mesh, err = m.c.OverlayShow(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return len(mesh.Declared) == 4
+		if len(mesh.Declared) != 4 {
+			return fmt.Errorf("the mesh computed %d nodes' overlay parts, not 4: %s", len(mesh.Declared), sortedKeys(mesh.Declared))
+		}
+		return nil
 	})
 	got := map[string]*protocol.DeclaredOverlay{}
-	waitFor(t, "each host to apply a declaration with its overlay part as computed", func() bool {
+	checkFor(t, settle, func() error {
 		for n := range hosts {
 			d, applied := declaredOverlay(t, m, n)
 			want, _ := json.Marshal(mesh.Declared[n])
 			have, _ := json.Marshal(d)
-			if !applied || string(want) != string(have) {
-				return false
+			if !applied {
+				return fmt.Errorf("%s has not applied its latest declaration", n)
+			}
+			if string(want) != string(have) {
+				return fmt.Errorf("%s's overlay part is not as computed:\n%s\nwant\n%s", n, have, want)
 			}
 			got[n] = d
 		}
-		return true
+		return nil
 	})
 	peer := func(of, name string) protocol.DeclaredPeer {
 		t.Helper()
@@ -210,9 +219,17 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 		long := time.Now().Add(-protocol.OverlayPeerSilentAfter - time.Minute)
 		// A host beats no faster than its budget allows: each poll beats
 		// again, as a host keeps beating.
-		waitFor(t, "nat1's silent peers to be written", func() bool {
+		silentAre := func(want ...string) func() error {
+			return func() error {
+				if got := silent(); !slices.Equal(got, want) {
+					return fmt.Errorf("the silent peers are %q, not %q", got, want)
+				}
+				return nil
+			}
+		}
+		checkFor(t, settle, func() error {
 			beat(&long)
-			return slices.Equal(silent(), []string{"nat1/pub1", "nat1/pub3"})
+			return silentAre("nat1/pub1", "nat1/pub3")()
 		})
 		if !m.openAfterCheck(t, "node.overlay-peer-silent/nat1/pub1") {
 			t.Fatal("no node.overlay-peer-silent/nat1/pub1")
@@ -220,9 +237,9 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 		if m.open(t, "node.overlay-peer-silent/nat1/pub2") {
 			t.Fatal("raised for a peer heard just now")
 		}
-		waitFor(t, "pub1 to be heard again", func() bool {
+		checkFor(t, settle, func() error {
 			beat(ptr(time.Now()))
-			return slices.Equal(silent(), []string{"nat1/pub3"})
+			return silentAre("nat1/pub3")()
 		})
 		if m.openAfterCheck(t, "node.overlay-peer-silent/nat1/pub1") {
 			t.Fatal("node.overlay-peer-silent/nat1/pub1 still open after a handshake")
@@ -250,13 +267,13 @@ func TestOverlay_KeyOfAnotherRefused(t *testing.T) {
 	for n, h := range hosts {
 		keys[n] = reportedKey(t, m, h)
 	}
-	waitFor(t, "each host to apply a declaration peering with the two others", func() bool {
+	checkFor(t, settle, func() error {
 		for n := range hosts {
 			if d, applied := declaredOverlay(t, m, n); !applied || d == nil || len(d.Peers) != 2 {
-				return false
+				return fmt.Errorf("%s has not applied a declaration peering with the two others: applied %v, %s", n, applied, jsonText(d))
 			}
 		}
-		return true
+		return nil
 	})
 
 	c1 := hosts["c1"]
@@ -275,9 +292,12 @@ func TestOverlay_KeyOfAnotherRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "c1's report to be absorbed, its key refused", func() bool {
+	checkFor(t, settle, func() error {
 		rs, err := st.Inventory.KeyRefusals(ctx)
-		return err == nil && len(rs) == 1 && rs[0].Node == "c1" && rs[0].Holder == "a1"
+		if err == nil && (len(rs) != 1 || rs[0].Node != "c1" || rs[0].Holder != "a1") {
+			err = fmt.Errorf("the key refusals are %+v, not c1's of a1's key", rs)
+		}
+		return err
 	})
 	o, err := st.Inventory.ReadOverlay(ctx)
 	if err != nil {
@@ -314,16 +334,19 @@ func TestOverlay_KeyOfAnotherRefused(t *testing.T) {
 	}
 	for _, pair := range [][2]string{{"a1", "b1"}, {"b1", "a1"}} {
 		n, other := pair[0], pair[1]
-		waitFor(t, n+" to apply the declaration with teller", func() bool {
+		checkFor(t, settle, func() error {
 			v := m.node(n)
 			d, err := st.Inventory.LatestDeclaration(ctx, n)
 			if err != nil || d == nil || !strings.Contains(d.Body, `"teller"`) || v.SerialApplied < d.Serial {
 				if o := v.LastApply; o != nil && !o.OK {
 					t.Fatalf("%s refused declaration %d: %s", n, o.Serial, o.Error)
 				}
-				return false
+				if err == nil {
+					err = fmt.Errorf("%s has not applied a declaration with teller: applied %d, declared %d", n, v.SerialApplied, v.SerialDeclared)
+				}
+				return err
 			}
-			return true
+			return nil
 		})
 		d, _ := declaredOverlay(t, m, n)
 		if len(d.Peers) != 1 || d.Peers[0].Node != other || d.Peers[0].PublicKey != keys[other] {

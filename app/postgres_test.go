@@ -37,16 +37,13 @@ func TestMesh_OnPostgres(t *testing.T) {
 	if _, err := m.c.Assign(ctx, "web1", []string{"paperless"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "both hosts to apply their plans, beat and report", func() bool {
-		w, d := m.node("web1"), m.node("db1")
-		return !w.Behind && !d.Behind && w.SerialApplied > 0 && len(w.Facts) > 0 && w.HeartbeatS > 0
-	})
+	checkFor(t, settle, allOf(m.upToDate("web1"), m.notBehind("db1"), m.reported("web1"), m.beating("web1")))
 	before := m.node("web1").SerialApplied
 	d := m.declare("web1", moduleBody("hello", "/srv/hello"))
 	if !d.Sent || d.Serial != before+1 {
 		t.Fatalf("declare: %+v after serial %d", d, before)
 	}
-	waitFor(t, "web1 to apply the hand declaration", func() bool { return m.node("web1").SerialApplied == d.Serial })
+	checkFor(t, settle, m.applied("web1", d.Serial))
 	if _, err := m.c.SelfCheck(ctx, CheckOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +76,7 @@ func TestMesh_PostgresRestart(t *testing.T) {
 	m := newTestMeshEnv(t, env)
 	m.join("web1")
 	first := m.declare("web1", moduleBody("hello", "/srv/hello"))
-	waitFor(t, "web1 to apply the first declaration", func() bool { return m.node("web1").SerialApplied == first.Serial })
+	checkFor(t, settle, m.applied("web1", first.Serial))
 
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
@@ -91,13 +88,13 @@ func TestMesh_PostgresRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d Declared
-	waitFor(t, "a declaration once PostgreSQL is back", func() bool {
+	checkFor(t, settle, func() error {
 		var err error
 		d, err = m.c.Declare(context.Background(), DeclareRequest{Node: "web1", Body: []byte(moduleBody("hello", "/srv/again")), From: "test", Why: "the server is back"})
-		return err == nil
+		return err
 	})
 	if d.Serial != first.Serial+1 {
 		t.Fatalf("serial %d after %d: the refused declaration left something behind", d.Serial, first.Serial)
 	}
-	waitFor(t, "web1 to apply it", func() bool { return m.node("web1").SerialApplied == d.Serial })
+	checkFor(t, settle, m.applied("web1", d.Serial))
 }

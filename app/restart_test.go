@@ -14,23 +14,6 @@ import (
 	"mesh-controller/embedded/sqlite"
 )
 
-// checkFor polls check until it returns nil, failing the test with its last
-// error after within.
-func checkFor(t testing.TB, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // simulated starts hosts simulated hosts joining m, beating every second,
 // until the test ends; stop ends them and returns what they did.
 func simulated(t *testing.T, m *testMesh, hosts int) (stop func() host.SimStats) {

@@ -40,7 +40,7 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 	if err := nc.Flush(); err != nil { // the broker has the subscription before anything is sent
 		t.Fatal(err)
 	}
-	waitFor(t, "web1 to beat", func() bool { return m.node("web1").LastHeard != nil })
+	checkFor(t, settle, m.heard("web1"))
 
 	if _, err := m.c.SetPublicDomain(ctx, "web1", "example.org"); err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 	if got.PublicDomain != "example.org" || !slices.Equal(got.Networks, []string{"10.20.0.0/16", "2001:db8::/48"}) {
 		t.Fatalf("declaration %d: public domain %q, networks %v", serial, got.PublicDomain, got.Networks)
 	}
-	waitFor(t, "web1 to apply it", func() bool { return m.node("web1").SerialApplied >= serial })
+	checkFor(t, settle, m.appliedFrom("web1", serial))
 
 	// The command's first write alone, as if it stopped there: the catch-up
 	// of a controller that starts declares it.
@@ -86,10 +86,7 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 		t.Fatal("web1 is not behind its plan after its domain changed")
 	}
 	m.start()
-	waitFor(t, "web1 to apply the domain the catch-up declared", func() bool {
-		n := m.node("web1")
-		return n.SerialApplied > serial && !n.Behind
-	})
+	checkFor(t, settle, allOf(m.appliedFrom("web1", serial+1), m.notBehind("web1")))
 	d, err := st.Inventory.LatestDeclaration(ctx, "web1")
 	if err != nil || d == nil {
 		t.Fatalf("latest declaration: %v, %v", d, err)

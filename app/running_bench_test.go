@@ -34,13 +34,13 @@ func BenchmarkAssignToReady(b *testing.B) {
 		if _, err := m.c.Assign(ctx, "web1", []string{"hello"}); err != nil {
 			b.Fatal(err)
 		}
-		waitFor(b, "hello ready", func() bool { return m.moduleState("web1", "hello").State == protocol.StateReady })
+		checkFor(b, settle, m.moduleIn("web1", "hello", protocol.StateReady))
 		took = append(took, float64(time.Since(start).Microseconds())/1000)
 		b.StopTimer()
 		if _, err := m.c.Unassign(ctx, "web1", []string{"hello"}); err != nil {
 			b.Fatal(err)
 		}
-		waitFor(b, "hello stopped", func() bool { return m.moduleState("web1", "hello").Module == "" })
+		checkFor(b, settle, m.moduleGone("web1", "hello"))
 		b.StartTimer()
 	}
 	slices.Sort(took)
@@ -69,10 +69,10 @@ func BenchmarkRollOutTogether100(b *testing.B) {
 		simDone <- err
 	}()
 	b.Cleanup(func() { stop(); <-simDone })
-	waitFor(b, "every simulated host joined", func() bool {
+	checkFor(b, settle, func() error {
 		ns, err := m.c.NodeList(ctx)
 		if err != nil {
-			return false
+			return err
 		}
 		joined := 0
 		for _, n := range ns {
@@ -80,7 +80,10 @@ func BenchmarkRollOutTogether100(b *testing.B) {
 				joined++
 			}
 		}
-		return joined == hosts
+		if joined != hosts {
+			return fmt.Errorf("%d of %d simulated hosts joined", joined, hosts)
+		}
+		return nil
 	})
 	base, err := os.ReadFile(helloManifest)
 	if err != nil {

@@ -82,8 +82,18 @@ func (m *testMesh) helloOn(t testing.TB, node string) *testHost {
 	if _, err := m.c.Assign(context.Background(), node, []string{"hello"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "hello ready on "+node, func() bool { return m.moduleState(node, "hello").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn(node, "hello", protocol.StateReady))
 	return h
+}
+
+// stopped is a check that the process pid (what) no longer runs.
+func stopped(pid int, what string) func() error {
+	return func() error {
+		if alive(pid) {
+			return fmt.Errorf("%s, pid %d, still runs", what, pid)
+		}
+		return nil
+	}
 }
 
 func alive(pid int) bool {
@@ -141,10 +151,12 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 		if err := syscall.Kill(first.Pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "hello restarted", func() bool {
-			s := m.moduleState("web1", "hello")
-			return s.State == protocol.StateReady && s.Pid != first.Pid && s.Restarts1h >= 1
-		})
+		checkFor(t, settle, allOf(m.readyAgain("web1", "hello", first.Pid), func() error {
+			if s := m.moduleState("web1", "hello"); s.Restarts1h < 1 {
+				return fmt.Errorf("hello on web1 counts %d restarts in the hour, not 1", s.Restarts1h)
+			}
+			return nil
+		}))
 		s := m.moduleState("web1", "hello")
 		if !strings.Contains(s.LastExit, "killed") {
 			t.Errorf("last exit %q, want the kill", s.LastExit)
@@ -156,15 +168,23 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 	})
 
 	t.Run("start measured", func(t *testing.T) {
-		waitFor(t, "a start duration", func() bool {
+		checkFor(t, settle, func() error {
 			ds, err := m.c.Durations(ctx, "start", 1)
-			return err == nil && len(ds) == 1 && ds[0].Subject == "web1/hello"
+			if err == nil && (len(ds) != 1 || ds[0].Subject != "web1/hello") {
+				err = fmt.Errorf("the start durations are %+v, not web1/hello's", ds)
+			}
+			return err
 		})
 		// A controller started again finds hello ready: not a start.
 		m.stop()
 		restarted := time.Now()
 		m.start()
-		waitFor(t, "web1's states heard by the new controller", func() bool { return m.moduleState("web1", "hello").HeardAt.After(restarted) })
+		checkFor(t, settle, func() error {
+			if at := m.moduleState("web1", "hello").HeardAt; !at.After(restarted) {
+				return fmt.Errorf("web1's states not heard by the new controller: hello heard at %s, restarted at %s", at.Format(time.RFC3339Nano), restarted.Format(time.RFC3339Nano))
+			}
+			return nil
+		})
 		if ds, _ := m.c.Durations(ctx, "start", 1); len(ds) != 1 || ds[0].Count != 1 {
 			t.Fatalf("starts after the controller restarted: %+v", ds)
 		}
@@ -175,7 +195,7 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 		if _, err := m.c.Unassign(ctx, "web1", []string{"hello"}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "hello stopped", func() bool { return !alive(pid) && m.moduleState("web1", "hello").Module == "" })
+		checkFor(t, settle, allOf(stopped(pid, "hello"), m.moduleGone("web1", "hello")))
 		if _, err := os.Stat(filepath.Join(web1.root, "var/lib/hello/starts")); err != nil {
 			t.Fatalf("its data: %v", err)
 		}
@@ -191,7 +211,7 @@ func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
 	m.addModule(helloManifest)
 	m.assign(t, "web1", "hello")
 	m.settled(t, "web1")
-	waitFor(t, "hello failed", func() bool { return m.moduleState("web1", "hello").State == protocol.StateFailed })
+	checkFor(t, settle, m.moduleIn("web1", "hello", protocol.StateFailed))
 	n := m.node("web1")
 	if n.LastApply == nil || !n.LastApply.OK {
 		t.Fatalf("the apply: %+v", n.LastApply)
@@ -243,7 +263,7 @@ func TestRunning_CrashLoopRaisesCondition(t *testing.T) {
 	web1.install(t, "crash", "bin/crash", script)
 	m.addModule(writeManifest(t, `{"module": "crash", "version": "1.0.0", "run": {"command": ["bin/crash"], "ready": {"after": "1s"}}}`))
 	m.assign(t, "web1", "crash")
-	waitFor(t, "crash crash-looping", func() bool { return m.moduleState("web1", "crash").State == protocol.StateCrashLooping })
+	checkFor(t, settle, m.moduleIn("web1", "crash", protocol.StateCrashLooping))
 	if _, err := m.c.SelfCheck(context.Background(), CheckOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -398,11 +418,8 @@ func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
 	m.addModule(hello)
 	m.addModule(writeManifest(t, `{"module": "sleeper", "version": "1.0.0", "run": {"command": ["bin/sleeper"], "ready": {"after": "200ms"}}}`))
 	m.assign(t, "web1", "hello", "sleeper")
-	ready := func(module string) func() bool {
-		return func() bool { return m.moduleState("web1", module).State == protocol.StateReady }
-	}
-	waitFor(t, "hello ready", ready("hello"))
-	waitFor(t, "sleeper ready", ready("sleeper"))
+	checkFor(t, settle, m.moduleIn("web1", "hello", protocol.StateReady))
+	checkFor(t, settle, m.moduleIn("web1", "sleeper", protocol.StateReady))
 	helloPid, sleeperPid := m.moduleState("web1", "hello").Pid, m.moduleState("web1", "sleeper").Pid
 	ctx := context.Background()
 
@@ -411,10 +428,7 @@ func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
 	if _, err := m.c.SettingsSet(ctx, SettingsRequest{Module: "hello", Body: []byte(`{"greeting": "hi", "port": ` + port + `}`)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "hello restarted with its new settings", func() bool {
-		s := m.moduleState("web1", "hello")
-		return s.State == protocol.StateReady && s.Pid != helloPid
-	})
+	checkFor(t, settle, m.readyAgain("web1", "hello", helloPid))
 	out, err := m.c.Ask(ctx, AskRequest{Module: "hello", Tool: "greet", Input: []byte(`{"name":"ada"}`)})
 	if err != nil || !strings.Contains(string(out), `"hi, ada"`) {
 		t.Fatalf("after the change: %s %v", out, err)
@@ -488,7 +502,7 @@ func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
 	m := newTestMesh(t)
 	web1 := m.helloOn(t, "web1")
 	web1.stop()
-	waitFor(t, "hello stopped with its host", func() bool { return !alive(m.moduleState("web1", "hello").Pid) })
+	checkFor(t, settle, func() error { return stopped(m.moduleState("web1", "hello").Pid, "hello")() })
 	file := filepath.Join(web1.state.Dir, "applied.json")
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -505,10 +519,12 @@ func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
 	}
 	before := m.moduleState("web1", "hello").Pid
 	web1.start()
-	waitFor(t, "hello running again", func() bool {
-		s := m.moduleState("web1", "hello")
-		return s.State == protocol.StateReady && s.Pid != before && alive(s.Pid)
-	})
+	checkFor(t, settle, allOf(m.readyAgain("web1", "hello", before), func() error {
+		if pid := m.moduleState("web1", "hello").Pid; !alive(pid) {
+			return fmt.Errorf("hello on web1 is reported ready as pid %d, which does not run", pid)
+		}
+		return nil
+	}))
 	if n := m.node("web1"); n.LastApply == nil || !n.LastApply.OK {
 		t.Fatalf("the host reported %+v", n.LastApply)
 	}
@@ -570,7 +586,7 @@ func TestRunning_AsItsOwnUser(t *testing.T) {
 	body = strings.Replace(body, `"data": [`, `"data": [{"name": "taken", "path": "/srv/taken", "precious": "rebuildable"}, {"name": "keys", "path": "/root/.ssh", "precious": "rebuildable"}, `, 1)
 	m.addModule(writeManifest(t, body))
 	m.assign(t, "web1", module)
-	waitFor(t, module+" ready as its own user", func() bool { return m.moduleState("web1", module).State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("web1", module, protocol.StateReady))
 
 	u, err := user.Lookup(name)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -80,9 +81,11 @@ func TestSecrets_Paperless(t *testing.T) {
 		t.Fatal(err)
 	}
 	secretsDir := filepath.Join(web1.root, "etc/mesh/modules/paperless/secrets")
-	waitFor(t, "web1 to receive its mesh-made admin_password", func() bool {
-		_, err := os.Stat(filepath.Join(secretsDir, "admin_password"))
-		return err == nil && !m.node("web1").Behind
+	checkFor(t, settle, func() error {
+		if _, err := os.Stat(filepath.Join(secretsDir, "admin_password")); err != nil {
+			return fmt.Errorf("web1 has not received its mesh-made admin_password: %w", err)
+		}
+		return m.notBehind("web1")()
 	})
 	if mode := fileMode(t, filepath.Join(secretsDir, "admin_password")); mode != 0o600 {
 		t.Fatalf("admin_password has mode %v", mode)
@@ -136,10 +139,7 @@ func TestSecrets_Paperless(t *testing.T) {
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte(value))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web1 to write ocr_licence", func() bool {
-		b, err := os.ReadFile(filepath.Join(secretsDir, "ocr_licence"))
-		return err == nil && string(b) == value
-	})
+	checkFor(t, settle, fileHolds(filepath.Join(secretsDir, "ocr_licence"), value))
 	if mode := fileMode(t, filepath.Join(secretsDir, "ocr_licence")); mode != 0o600 {
 		t.Fatalf("ocr_licence has mode %v", mode)
 	}

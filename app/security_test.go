@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +175,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	env1 := latest()
 	m.declare("web1", moduleBody("two", "/srv/two"))
 	env2 := latest()
-	waitFor(t, "web1 to apply 2", func() bool { return m.node("web1").SerialApplied == 2 })
+	checkFor(t, settle, m.applied("web1", 2))
 
 	nc, err := m.c.dialBroker(ctx, st.Identity)
 	if err != nil {
@@ -188,6 +189,14 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 		}
 		return n.LastApply.Error
 	}
+	refusedWith := func(why string) func() error {
+		return func() error {
+			if e := lastError(); !strings.Contains(e, why) {
+				return fmt.Errorf("web1 has not reported a refusal saying %q; its last error: %q", why, e)
+			}
+			return nil
+		}
+	}
 
 	t.Run("signed by another key", func(t *testing.T) {
 		_, other, _ := newEd25519()
@@ -198,7 +207,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 		}
 		b, _ := json.Marshal(env)
 		nc.Publish(protocol.DeclarationInbox("web1"), b)
-		waitFor(t, "web1 to report the refusal", func() bool { return strings.Contains(lastError(), "signature does not verify") })
+		checkFor(t, settle, refusedWith("signature does not verify"))
 		if m.node("web1").SerialApplied != 2 {
 			t.Fatal("a forged declaration moved the applied serial")
 		}
@@ -213,7 +222,7 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 			b, _ := json.Marshal(env)
 			nc.Publish(protocol.DeclarationInbox("web1"), b)
 		}
-		waitFor(t, "web1 to refuse the replay", func() bool { return strings.Contains(lastError(), "serial 1 is not above the last applied 2") })
+		checkFor(t, settle, refusedWith("serial 1 is not above the last applied 2"))
 		if m.logs.logged("declaration refused or failed", "node", "web1", "serial", 2) {
 			t.Fatalf("the applied declaration again was reported as refused:\n%s", m.logs.String())
 		}
@@ -223,6 +232,11 @@ func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
 	})
 	t.Run("a genuine newer one still applies", func(t *testing.T) {
 		m.declare("web1", moduleBody("three", "/srv/three"))
-		waitFor(t, "web1 to apply 3", func() bool { return m.node("web1").SerialApplied == 3 && lastError() == "" })
+		checkFor(t, settle, allOf(m.applied("web1", 3), func() error {
+			if e := lastError(); e != "" {
+				return fmt.Errorf("web1's last apply failed: %s", e)
+			}
+			return nil
+		}))
 	})
 }

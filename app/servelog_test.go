@@ -89,24 +89,19 @@ func TestServeLog_JSONWithSubjects(t *testing.T) {
 	// Applied before web1's assign moves db1's plan again (binding web1's
 	// needs to it): a host that was not listening yet when declaration 1
 	// was pushed asks, and could be answered 2.
-	waitFor(t, "db1 to apply 1", func() bool { return m.node("db1").SerialApplied >= 1 })
+	checkFor(t, settle, m.appliedFrom("db1", 1))
 	m.assign(t, "web1", "paperless")
 	value, encodings := knownValue(t)
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte(value))); err != nil {
 		t.Fatal(err)
 	}
 	secret := filepath.Join(web1.root, "etc/mesh/modules/paperless/secrets/ocr_licence")
-	waitFor(t, "web1 to hold the accepted secret", func() bool {
-		b, _ := os.ReadFile(secret)
-		return string(b) == value && !m.node("web1").Behind
-	})
+	checkFor(t, settle, allOf(fileHolds(secret, value), m.notBehind("web1")))
 	// An alert raised: db1 silent, once its heartbeat's interval is known
 	// (the bound is a multiple of it).
-	waitFor(t, "db1 to beat", func() bool { return m.node("db1").LastHeard != nil && m.node("db1").HeartbeatS > 0 })
+	checkFor(t, settle, m.beating("db1"))
 	db1.stop()
-	waitFor(t, "node.silent/db1 logged as raised", func() bool {
-		return strings.Contains(m.logs.String(), `"condition":"node.silent/db1"`)
-	})
+	checkFor(t, settle, m.logSays(`"condition":"node.silent/db1"`))
 	m.stop()
 
 	logs := m.logs.String()

@@ -374,7 +374,7 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 	}
 	pids := map[string]int{}
 	for _, node := range nodes {
-		waitFor(t, "hello ready on "+node, func() bool { return m.moduleState(node, "hello-"+node).State == protocol.StateReady })
+		checkFor(t, settle, m.moduleIn(node, "hello-"+node, protocol.StateReady))
 		pids[node] = m.moduleState(node, "hello-"+node).Pid
 	}
 	procs := []*serveProc{serving}
@@ -391,7 +391,7 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 		// moves those before it) is declared by the one serving then.
 		before := map[string]int64{}
 		for _, node := range nodes {
-			waitFor(t, node+" to be declared and apply its plan", func() bool { return !m.node(node).Behind })
+			checkFor(t, settle, m.notBehind(node))
 			before[node] = m.node(node).SerialApplied
 		}
 

@@ -121,7 +121,7 @@ func TestTake_AdoptedNode(t *testing.T) {
 	case <-time.After(protocol.TakeGrace + 5*time.Second):
 		t.Fatalf("the holder (pid %d) still runs after the cutover", now.Pid())
 	}
-	waitFor(t, "takenhello ready on db1", func() bool { return m.moduleState("db1", "takenhello").State == protocol.StateReady })
+	checkFor(t, settle, m.moduleIn("db1", "takenhello", protocol.StateReady))
 	if b, err := os.ReadFile(filepath.Join(data, "kept-from-before")); err != nil || string(b) != "twelve bytes" {
 		t.Fatalf("the data from before the take: %q, %v", b, err)
 	}

@@ -101,7 +101,13 @@ func TestUnmanagedListener(t *testing.T) {
 		}
 		return slices.Contains(names, name)
 	}
-	waitFor(t, "web1's listener raised", named)
+	checkFor(t, settle, func() error {
+		if !named() {
+			_, names, open := m.unmanagedNamed(t, "web1")
+			return fmt.Errorf("web1's listener %s is not raised: node.unmanaged-listener/web1 open %v, naming %q", name, open, names)
+		}
+		return nil
+	})
 	c, names, _ := m.unmanagedNamed(t, "web1")
 	if c.Severity != "notice" || c.Machine != "web1" || !strings.Contains(c.Summary, "web1, converged, listens on ") ||
 		!strings.Contains(c.Summary, name+" at ") || !strings.Contains(c.Summary, "held by "+comm) || slices.Contains(names, loName) {
@@ -137,7 +143,12 @@ func TestUnmanagedListener(t *testing.T) {
 		t.Fatal("undeclared again, the listener was not named again")
 	}
 	reachable.Close()
-	waitFor(t, "the listener gone from the condition", func() bool { return !named() })
+	checkFor(t, settle, func() error {
+		if named() {
+			return fmt.Errorf("node.unmanaged-listener/web1 still names %s", name)
+		}
+		return nil
+	})
 }
 
 // What a host reports is bounded in effect: a converged node's listeners,

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"mesh-controller/app/host"
 	"os"
 	"path/filepath"
@@ -23,13 +24,13 @@ func upgradeMesh(t *testing.T, names ...string) (*testMesh, []*testHost) {
 	for _, n := range names {
 		m.assign(t, n, "store")
 	}
-	waitFor(t, "every host to apply store 1.0.0", func() bool {
+	checkFor(t, settle, func() error {
 		for _, n := range names {
-			if m.node(n).Behind {
-				return false
+			if err := m.notBehind(n)(); err != nil {
+				return err
 			}
 		}
-		return true
+		return nil
 	})
 	m.addModule(writeManifest(t, `{"module": "store", "version": "2.0.0"}`))
 	return m, hosts
@@ -73,7 +74,12 @@ func TestUpgrade_RecordIsNotSentUntilPushBehind(t *testing.T) {
 	if _, err := m.c.Push(ctx, PushRequest{Behind: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "db1 to apply store 2.0.0", func() bool { return !m.node("db1").Behind && moduleVersionOn(t, hosts[0], "store") == "2.0.0" })
+	checkFor(t, settle, allOf(m.notBehind("db1"), func() error {
+		if v := moduleVersionOn(t, hosts[0], "store"); v != "2.0.0" {
+			return fmt.Errorf("db1 runs store %q, not 2.0.0", v)
+		}
+		return nil
+	}))
 }
 
 // A roll-out right after a record sends the recorded version and waits for
@@ -147,9 +153,18 @@ func TestMesh_JoinsDuringCatchUp(t *testing.T) {
 		}
 	}
 	for name := range tokens {
-		waitFor(t, name+"'s secret made and declared", func() bool {
+		checkFor(t, settle, func() error {
 			p, err := m.c.PlanShow(ctx, name)
-			return err == nil && len(p.Plan.Body.Modules) == 1 && len(p.Plan.Body.Modules[0].Secrets) == 1 && m.node(name).SerialDeclared > 0
+			if err != nil {
+				return err
+			}
+			if len(p.Plan.Body.Modules) != 1 || len(p.Plan.Body.Modules[0].Secrets) != 1 {
+				return fmt.Errorf("%s's plan has not one module with its one secret made: %d modules", name, len(p.Plan.Body.Modules))
+			}
+			if n := m.node(name); n.SerialDeclared == 0 {
+				return fmt.Errorf("%s has not been declared its plan", name)
+			}
+			return nil
 		})
 	}
 }

@@ -87,7 +87,10 @@ func TestSoak(t *testing.T) {
 		return total, all
 	}
 	// Joined and beating first; then the window.
-	time.Sleep(time.Duration(hosts/200+15) * time.Second)
+	within := time.Duration(hosts/100+60) * time.Second
+	if n := c.untilBeating(hosts, beat, within); n < hosts {
+		t.Fatalf("%d of %d hosts beat every %s after %s", n, hosts, beat, within)
+	}
 	before, rowsBefore := measure()
 	start := time.Now()
 	fmt.Printf("\nsoak: %d hosts beating every %s for %d minutes\n", hosts, beat, minutes)

@@ -118,6 +118,23 @@ func brokerURL(t *testing.T, showJSON string) string {
 	return v.URLs[0]
 }
 
+// checkFor polls check until it returns nil, failing the test after
+// timeout with the last error check returned.
+func checkFor(t testing.TB, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // decodeJSON decodes a command's --json output, failing the test if it is not.
 func decodeJSON(t *testing.T, out string, v any) {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -114,7 +115,28 @@ func TestServe_StoresKeepWritesWhileOthersOpenThem(t *testing.T) {
 			t.Fatalf("after %d joins, serve writes to a deleted file: %s\n%s", i, d, serveErr.String())
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // at least two more self-checks while stores are touched
+	// Two more of serve's self-checks (what reopened the stores) while they
+	// are touched.
+	checked := time.Now()
+	for range 2 {
+		checkFor(t, 20*time.Second, func() error {
+			out, err := exec.Command(bin, "--data", data, "doctor", "last", "--json").Output()
+			if err != nil {
+				return fmt.Errorf("doctor last: %v", err)
+			}
+			var v struct {
+				At time.Time `json:"at"`
+			}
+			if err := json.Unmarshal(out, &v); err != nil {
+				return fmt.Errorf("doctor last --json: %v: %s", err, out)
+			}
+			if !v.At.After(checked) {
+				return fmt.Errorf("serve's last self-check ran at %s, not after %s", v.At.Format(time.RFC3339Nano), checked.Format(time.RFC3339Nano))
+			}
+			checked = v.At
+			return nil
+		})
+	}
 	if n := stopTouching(); n < 5 {
 		t.Fatalf("the stores were opened and closed only %d times", n)
 	}

@@ -1,17 +1,37 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
 )
+
+// checkFor polls check until it returns nil, failing the test after
+// timeout with the last error check returned.
+func checkFor(t testing.TB, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
@@ -243,31 +263,32 @@ func TestBusyTimeout_SecondProcess(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWriter$")
 	cmd.Env = append(os.Environ(), "MESH_TEST_WRITER="+path)
-	out := make(chan error, 1)
 	var output strings.Builder
 	cmd.Stdout, cmd.Stderr = &output, &output
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { out <- cmd.Wait() }()
-	// Hold the lock until the other process is surely waiting on it: its
-	// marker file says it is about to write.
-	marker := path + ".started"
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(marker); err == nil {
-			break
+	ended := make(chan error, 1)
+	go func() { ended <- cmd.Wait() }()
+	// Hold the lock until the other process waits on it: its marker file
+	// says its write is in SQLite's busy handler. A writer that does not
+	// wait fails at once, before saying so, and so does the test.
+	waiting := path + ".waiting"
+	checkFor(t, 20*time.Second, func() error {
+		select {
+		case err := <-ended:
+			t.Fatalf("the second process ended (%v) before its write waited on the lock:\n%s", err, output.String())
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("helper never started: %s", output.String())
+		if _, err := os.Stat(waiting); err != nil {
+			return fmt.Errorf("the second process's write is not waiting on the lock: %v", err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // the helper now blocks in BEGIN IMMEDIATE
+		return nil
+	})
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-out; err != nil {
+	if err := <-ended; err != nil {
 		t.Fatalf("second process failed: %v\n%s", err, output.String())
 	}
 	var n int
@@ -284,9 +305,18 @@ func TestHelperWriter(t *testing.T) {
 		t.Skip("only run as the helper of TestBusyTimeout_SecondProcess")
 	}
 	db := open(t, path, false)
-	if err := os.WriteFile(path+".started", nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	// Say when the write below waits in SQLite's busy handler (its frame
+	// on this process's stacks): the first process holds its lock until then.
+	go func() {
+		buf := make([]byte, 1<<20)
+		for {
+			if n := runtime.Stack(buf, true); bytes.Contains(buf[:n], []byte("sqliteDefaultBusyCallback")) {
+				os.WriteFile(path+".waiting", nil, 0o600)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
 	start := time.Now()
 	err := db.Write(context.Background(), func(tx *sql.Tx) error {
 		_, err := tx.Exec(`INSERT INTO t VALUES ('second')`)
