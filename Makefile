@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules nats-server run demo demo-ha test tools lint bench bench-postgres soak measure-archives fuzz clean
+.PHONY: build modules nats-server run demo demo-ha test tools gotestsum lint bench bench-postgres soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -43,19 +43,21 @@ run: build
 # stopped by its host, plan saying it was taken); health and the board; then all stopped.
 demo: build
 	@set -eu; dir=$$(mktemp -d); export MESH_DATA=$$dir/controller; mc=$(BIN)/mesh-controller; mh=$(BIN)/mesh-host; \
-	pids=""; trap 'kill $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
+	pids=""; alive() { for p in $$pids; do kill -0 $$p 2>/dev/null && return 0; done; return 1; }; \
+	trap 'kill $$pids 2>/dev/null || true; for i in $$(seq 300); do alive || break; sleep 0.1; done; kill -9 $$pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $$dir' EXIT; \
+	waitfor() { end=$$(( $$(date +%s) + $$1 )); until eval "$$3"; do \
+		[ $$(date +%s) -lt $$end ] || { echo "demo: gave up after $$1 s waiting for $$2 ($$3)" >&2; return 1; }; sleep 0.1; done; }; \
 	$$mc migrate >/dev/null 2>&1; \
 	$$mc serve --listen 127.0.0.1:0 >$$dir/serve.log 2>&1 & pids="$$pids $$!"; \
-	for i in $$(seq 100); do grep -q '^ready' $$dir/serve.log && break; sleep 0.1; done; \
-	grep '^ready' $$dir/serve.log || { cat $$dir/serve.log; exit 1; }; \
+	waitfor 30 "serve's ready line" "grep -q '^ready' $$dir/serve.log" || { cat $$dir/serve.log; exit 1; }; \
+	grep '^ready' $$dir/serve.log; \
 	url=$$(sed -n 's/^ready: broker \([^,]*\),.*/\1/p' $$dir/serve.log); \
 	for n in web1 web2; do \
 		tok=$$($$mc token issue --new $$n 2>/dev/null); \
 		$$mh join --broker $$url --token $$tok --node $$n --state $$dir/$$n/state 2>/dev/null; \
 		$$mh run --state $$dir/$$n/state --root $$dir/$$n/root --heartbeat 1s --no-module-users --no-overlay-interface >$$dir/$$n.log 2>&1 & pids="$$pids $$!"; eval "pid_$$n=$$!"; \
 	done; \
-	for i in $$(seq 100); do [ $$($$mc node list --json | grep -c '"serial_applied"') -eq 2 ] && \
-		[ -n "$$($$mc node show web2 --json | grep '"name": "arch"')" ] && break; sleep 0.1; done; \
+	waitfor 30 "web1 and web2 to join and report their facts" '[ $$($$mc node list --json | grep -c "\"serial_applied\"") -eq 2 ] && $$mc node show web2 --json | grep -q "\"name\": \"arch\""'; \
 	ex=../shared/examples; [ -d $$ex ] || ex=contexts/inventory/testdata; \
 	$$mc module check $$ex/*.json; \
 	for m in postgres smtp-relay paperless; do $$mc module add $$ex/$$m.json 2>/dev/null; done; \
@@ -63,7 +65,7 @@ demo: build
 	$$mc assign web2 postgres smtp-relay 2>/dev/null; $$mc assign web1 paperless 2>/dev/null; \
 	printf 'demo-licence-key' >$$dir/ocr.txt; $$mc secret accept web1 paperless ocr_licence --from $$dir/ocr.txt; \
 	printf 'upstream-pass' >$$dir/up.txt; $$mc secret accept web2 smtp-relay upstream_password --from $$dir/up.txt 2>/dev/null; \
-	for i in $$(seq 100); do [ -z "$$($$mc node list --json | grep '"behind": true')" ] && break; sleep 0.1; done; \
+	waitfor 30 "every node to apply its plan" '! $$mc node list --json | grep -q "\"behind\": true"'; \
 	echo; $$mc node list; echo; $$mc plan web1; echo; $$mc node show web1 | head -30; echo; $$mc data; \
 	echo; echo "web1 wrote under its root:"; (cd $$dir/web1/root && find . -mindepth 1 | sort | sed 's/^/  /'); \
 	echo; echo "break-glass, with the operator key alone:"; $$mc secret export --out $$dir/export.json; \
@@ -73,21 +75,20 @@ demo: build
 	$(GO) build -o $$dir/web1/root/etc/mesh/modules/hello/bin/hello ./app/host/testdata/hello; \
 	$$mc module add app/host/testdata/hello/mesh.json; $$mc assign web1 hello; \
 	state() { $$mc node show web1 | grep '^  hello '; }; \
-	for i in $$(seq 100); do state | grep -q ' ready ' && break; sleep 0.1; done; \
-	echo "  $$(state | tr -s ' ')"; state | grep -q ' ready ' || { echo "hello is not ready"; tail -20 $$dir/web1.log; exit 1; }; \
+	waitfor 30 "hello ready on web1" "state | grep -q ' ready '" || { tail -20 $$dir/web1.log; exit 1; }; \
+	echo "  $$(state | tr -s ' ')"; \
 	echo "asked: mesh-controller ask hello greet '{\"name\": \"demo\"}'"; $$mc ask hello greet '{"name": "demo"}'; \
 	pid=$$(state | sed -n 's/.*pid \([0-9]*\).*/\1/p'); echo "killed with kill -9 $$pid; its host restarts it:"; kill -9 $$pid; \
-	for i in $$(seq 100); do state | grep ' ready ' | grep -qvw "pid $$pid" && break; sleep 0.1; done; \
-	echo "  $$(state | tr -s ' ')"; state | grep ' ready ' | grep -qvw "pid $$pid" || { echo "hello was not restarted"; exit 1; }; \
+	waitfor 30 "hello restarted" "state | grep ' ready ' | grep -qvw 'pid $$pid'"; \
+	echo "  $$(state | tr -s ' ')"; \
 	echo "its log, from its host over the broker (mesh-controller logs web1 hello --lines 8):"; $$mc logs web1 hello --lines 8 | sed 's/^/  | /'; \
 	$$mc unassign web1 hello >/dev/null 2>&1; \
-	for i in $$(seq 100); do state >/dev/null || break; sleep 0.1; done; \
-	if state >/dev/null; then echo "hello was not stopped"; exit 1; fi; \
+	waitfor 30 "hello stopped" "! state >/dev/null"; \
 	echo "unassigned: stopped (no process left: $$(pgrep -f $$dir/web1/root/etc/mesh/modules/hello/bin/hello || echo none)); its data kept: starts = $$(cat $$dir/web1/root/var/lib/hello/starts)"; \
 	echo; echo "a build: web2 runs the example builder module (mesh-builder), which builds a Go program from a local git repository; web1 runs what it built:"; \
 	mkdir -p $$dir/web2/root/etc/mesh/modules/builder/bin && cp $(BIN)/mesh-builder $$dir/web2/root/etc/mesh/modules/builder/bin/builder; \
 	$$mc module add $$ex/builder.json >/dev/null 2>&1; $$mc assign web2 builder >/dev/null 2>&1; \
-	for i in $$(seq 100); do $$mc node show web2 | grep -q '^  builder .* ready ' && break; sleep 0.1; done; \
+	waitfor 30 "the builder ready on web2" "$$mc node show web2 | grep -q '^  builder .* ready '" || { tail -20 $$dir/web2.log; exit 1; }; \
 	g=$$dir/greeter; mkdir -p $$g && git -C $$g init -q -b main; \
 	printf 'package main\n\nimport ("fmt"; "net"; "os"; "os/signal"; "syscall")\n\nfunc main() {\n\tln, err := net.Listen("tcp", "127.0.0.1:18490")\n\tif err != nil { fmt.Println(err); os.Exit(1) }\n\tfmt.Println("greeter listening on", ln.Addr())\n\tgo func() { for { c, err := ln.Accept(); if err != nil { return }; fmt.Fprintln(c, "hello from a built module"); c.Close() } }()\n\tstop := make(chan os.Signal, 1); signal.Notify(stop, syscall.SIGTERM); <-stop\n}\n' > $$g/main.go; \
 	printf 'module greeter\n\ngo 1.22\n' > $$g/go.mod; \
@@ -95,8 +96,8 @@ demo: build
 	git -C $$g add . && git -C $$g -c user.name=demo -c user.email=demo@example commit -q -m "greeter 1.0.0"; \
 	$$mc build $$g 2>&1 | grep -v '^  |' | sed 's/^/  /'; \
 	$$mc assign web1 greeter >/dev/null 2>&1; \
-	for i in $$(seq 100); do $$mc node show web1 | grep -q '^  greeter .* ready ' && break; sleep 0.1; done; \
-	$$mc node show web1 | grep '^  greeter .* ready ' | tr -s ' ' || { echo "greeter is not ready on web1"; tail -20 $$dir/web1.log; exit 1; }; \
+	waitfor 60 "greeter ready on web1" "$$mc node show web1 | grep -q '^  greeter .* ready '" || { tail -20 $$dir/web1.log; exit 1; }; \
+	$$mc node show web1 | grep '^  greeter .* ready ' | tr -s ' '; \
 	echo "  it runs from $$(ls -d $$dir/web1/root/etc/mesh/modules/greeter/1.0.0) and answers: $$(curl -s --max-time 2 telnet://127.0.0.1:18490 </dev/null || true)"; \
 	echo; echo "backups: web2 runs the example backup module (mesh-backup: a restic repository per node behind a REST server); web1's paperless media is backed up on its cadence, by hand, and restored:"; \
 	command -v restic >/dev/null || { echo "make demo needs Debian's restic: apt-get install --no-install-recommends restic"; exit 1; }; \
@@ -107,8 +108,7 @@ demo: build
 	printf 'demo-repository-password' >$$dir/rp.txt; $$mc secret accept web2 backup repository_password --from $$dir/rp.txt >/dev/null; \
 	media=$$dir/web1/root/var/lib/paperless/media; mkdir -p $$media; echo "scan 1: the lease" >$$media/scan1.txt; \
 	verified() { $$mc data --json | tr -d ' \n' | grep -q '"node":"web1","module":"paperless","name":"media","[^}]*"last_verified":"'; }; \
-	for i in $$(seq 600); do verified && break; sleep 0.1; done; \
-	verified || { echo "web1's media was not backed up and drilled within a minute"; tail -20 $$dir/web2/root/var/log/mesh/backup.log; exit 1; }; \
+	waitfor 120 "web1's media backed up and drilled" verified || { tail -20 $$dir/web2/root/var/log/mesh/backup.log; exit 1; }; \
 	echo "  on its cadence, no one asking, and a restore drill passed: $$($$mc data | grep ' media ' | tr -s ' ')"; \
 	echo "scan 2: the deed" >$$media/scan2.txt; \
 	$$mc data backup web1/paperless/media --why "the demo" | sed 's/^/  by hand: /'; \
@@ -125,34 +125,33 @@ demo: build
 	mkdir -p $$dir/old1/root/var/lib/hello; echo 41 >$$dir/old1/root/var/lib/hello/starts; \
 	perl -MIO::Socket::INET -e '$$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:18482", Listen => 5) or die "$$!\n"; print "listening\n"; close STDOUT; sleep' >$$dir/standin.out & \
 	standin=$$!; pids="$$pids $$standin"; \
-	for i in $$(seq 100); do grep -qs listening $$dir/standin.out && break; sleep 0.1; done; \
-	grep -qs listening $$dir/standin.out || { echo "the stand-in does not listen on 18482"; exit 1; }; \
+	waitfor 10 "the stand-in to listen on 18482" "grep -qs listening $$dir/standin.out"; \
 	sed 's/"module": "hello"/"module": "guestbook"/; s/18480/18482/g' app/host/testdata/hello/mesh.json >$$dir/guestbook.json; \
 	$$mc module add $$dir/guestbook.json >/dev/null 2>&1; \
 	$(GO) build -o $$dir/old1/root/etc/mesh/modules/guestbook/bin/hello ./app/host/testdata/hello; \
-	for i in $$(seq 100); do $$mc node show old1 | grep -q '^  arch' && break; sleep 0.1; done; \
+	waitfor 30 "old1's facts" "$$mc node show old1 | grep -q '^  arch'" || { tail -20 $$dir/old1.log; exit 1; }; \
 	echo "mesh-controller take old1 guestbook (the example module hello as guestbook, on 18482): a preview"; \
 	$$mc take old1 guestbook >$$dir/preview.txt; sed 's/^/  /' $$dir/preview.txt; \
 	digest=$$(awk '$$1 == "digest:" {print $$2}' $$dir/preview.txt); \
 	echo "confirmed: mesh-controller take old1 guestbook --yes $$digest"; \
 	$$mc take old1 guestbook --yes $$digest >$$dir/took.txt; sed -n 's/^took /  took /p' $$dir/took.txt; \
 	gb() { $$mc node show old1 | grep '^  guestbook .* ready ' | tr -s ' '; }; \
-	for i in $$(seq 150); do gb | grep -q ready && break; sleep 0.1; done; \
-	gb | grep -q ready || { echo "guestbook is not ready on old1"; tail -20 $$dir/old1.log; exit 1; }; echo " $$(gb)"; \
-	st=0; wait $$standin || st=$$?; \
+	waitfor 60 "guestbook ready on old1" "gb | grep -q ready" || { tail -20 $$dir/old1.log; exit 1; }; echo " $$(gb)"; \
+	waitfor 30 "the stand-in to end" "! kill -0 $$standin 2>/dev/null"; st=0; wait $$standin || st=$$?; \
 	[ $$st -eq 143 ] || { echo "the stand-in was not ended by SIGTERM (status $$st)"; exit 1; }; \
 	[ "$$(cat $$dir/old1/root/var/lib/hello/starts)" = 42 ] || { echo "guestbook did not start on the data that was there"; exit 1; }; \
 	echo "  the stand-in (pid $$standin) ended by its host's SIGTERM (status 143); guestbook started on the data there: its 42nd start"; \
 	$$mc plan old1 | grep '^  why: taken ' | sed 's/^ *why:/  plan old1, why:/'; \
 	$$mc plan old1 | grep -q '^  why: taken by a person' || { echo "plan old1 does not say guestbook was taken"; exit 1; }; \
 	echo; echo "now web1's host stops, and web2 is declared something it cannot apply:"; \
-	for i in $$(seq 50); do $$mc node show web1 --json | grep -q '"heartbeat_interval_s": 1,' && break; sleep 0.1; done; \
+	waitfor 30 "web1's heartbeat interval" "$$mc node show web1 --json | grep -q '\"heartbeat_interval_s\": 1,'"; \
 	kill $$pid_web1; : > $$dir/web2/root/opt; \
 	echo '{"modules": [{"module": "broken", "version": "1.0.0", "data": [{"name": "d", "path": "/opt/d", "precious": "costly"}]}]}' > $$dir/broken.json; \
-	$$mc declare web2 $$dir/broken.json --why "the demo shows a failed apply" >/dev/null 2>&1; sleep 5; \
+	$$mc declare web2 $$dir/broken.json --why "the demo shows a failed apply" >/dev/null 2>&1; \
+	waitfor 60 "web1 silent and web2's apply failed" '$$mc doctor run >/dev/null 2>&1; $$mc conditions 2>/dev/null | grep -q node.silent/web1 && $$mc conditions 2>/dev/null | grep -q node.apply-failed/web2'; \
 	$$mc doctor run 2>/dev/null | head -1; echo; $$mc status 2>/dev/null; echo; $$mc durations --kind apply; echo; $$mc healers | tail -n +3; echo; $$mc hand-acts; echo; \
 	$$mc board --listen 127.0.0.1:0 > $$dir/board.out & pids="$$pids $$!"; \
-	for i in $$(seq 50); do grep -q '^board:' $$dir/board.out && break; sleep 0.1; done; \
+	waitfor 30 "the board's address" "grep -q '^board:' $$dir/board.out"; \
 	board=$$(sed -n 's/^board: //p' $$dir/board.out); echo "the board at $$board shows:"; \
 	curl -s $$board | grep -o '<h2>[^<]*</h2>' | sed 's/<[^>]*>//g; s/^/  /'; \
 	echo; echo "demo done: stopping the hosts and the controller"
@@ -243,10 +242,42 @@ PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 # network namespace (the README's walkthrough, the demo's) write their
 # overlay's configuration and bring no mesh0 up on the machine; the overlay's
 # own test brings them up in namespaces of their own.
-test: tools nats-server
-	scripts/with-postgres env MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -count=1 -timeout 12m ./...
-	@echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"
-	scripts/with-postgres env CGO_ENABLED=1 MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server $(GO) test -race -count=1 -timeout 10m -run 'TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives' ./app/ ./app/host/
+#
+# Each run goes through gotestsum (the version below, installed into bin/
+# through the Go module proxy on first use): a line a package, every failed
+# test's output, and "DONE N tests, N skipped, N failures in T"; its exit
+# status is go test's. The last line, failed or not, is both runs' count,
+# "tests: N passed, N failed, N skipped" (scripts/test-summary), and make
+# test fails when either run did. Every test's time is kept in
+# bin/test-main.json and bin/test-race.json: 'bin/gotestsum tool slowest
+# --jsonfile bin/test-main.json' lists the slowest.
+#
+# The race run is the end-to-end tests whose concurrency is in this
+# process (controller, broker, hosts, supervisor, archives, builds'
+# lifecycles), not those whose time goes elsewhere: a build's cold go build
+# in the builder's sandbox, one host's thousand listeners, a disk too
+# small (RACE_SKIP; about 45 s of its 270 under the race detector).
+# -timeout 14m only stops a hang: cmd/mesh-controller, the longest package,
+# took 10 minutes on this 2-core machine at a load of 10.
+GOTESTSUM := gotest.tools/gotestsum@v1.13.0
+TEST_ENV  := MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server
+RACE_RUN  := TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives
+RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|TestBuild_ArchiveTooLargeForTheHostsDisk
+test: tools nats-server gotestsum
+	@rm -f $(BIN)/test-main.json $(BIN)/test-race.json; status=0; \
+	echo "every test (go test ./..., beside a throw-away PostgreSQL)"; \
+	scripts/with-postgres env $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-main.json -- -count=1 -timeout 14m ./... || status=$$?; \
+	if [ $$status = 0 ]; then \
+		echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"; \
+		scripts/with-postgres env CGO_ENABLED=1 $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-race.json -- -race -count=1 -timeout 10m \
+			-run '$(RACE_RUN)' -skip '$(RACE_SKIP)' ./app/ ./app/host/ || status=$$?; \
+	fi; \
+	scripts/test-summary $(BIN)/test-main.json $(BIN)/test-race.json; exit $$status
+
+# gotestsum: make test's runner, of the version GOTESTSUM names, into bin/.
+gotestsum:
+	@[ -x $(BIN)/gotestsum ] && $(BIN)/gotestsum --version | grep -q " $(lastword $(subst @, ,$(GOTESTSUM)))$$" || \
+		GOBIN=$(CURDIR)/$(BIN) CGO_ENABLED=0 $(GO) install $(GOTESTSUM)
 
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \

@@ -37,6 +37,22 @@ var ErrRefused = errors.New("the controller refused the join")
 // ErrJoinedAlready means the state dir already holds a joined host.
 var ErrJoinedAlready = errors.New("this state dir has joined already")
 
+// UnreachableError is a broker URL no server of which took a connection:
+// a person checks the URL, the controller and the way there, none of
+// which the host can tell apart.
+type UnreachableError struct {
+	URL string
+	Err error
+}
+
+// Error says which URL was not reached, and the connection's why.
+func (e *UnreachableError) Error() string {
+	return "reach the broker at " + e.URL + ": " + e.Err.Error()
+}
+
+// Unwrap is the connection's own error.
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
 // State is what a joined host keeps in its state dir.
 type State struct {
 	Dir           string
@@ -209,7 +225,7 @@ func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply
 		return protocol.JoinReply{}, err
 	}
 	if err != nil {
-		return protocol.JoinReply{}, fmt.Errorf("reach the broker at %s: %w", o.Broker, err)
+		return protocol.JoinReply{}, &UnreachableError{URL: o.Broker, Err: err}
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, askWithin)

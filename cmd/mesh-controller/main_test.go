@@ -27,7 +27,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){"mesh-controller": main})
+	testscript.Main(removingReadmeBin{m}, map[string]func(){"mesh-controller": main})
 }
 
 // TestScripts runs every scenario under testdata/: one behaviour each,

@@ -3,12 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	mathrand "math/rand/v2"
 	"mesh-controller/embedded/sqlite/sqlitetest"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,11 +60,15 @@ func TestREADME_Walkthrough(t *testing.T) {
 		t.Skip("builds the binaries and runs the whole walkthrough")
 	}
 	readmeTools(t, "bash", "jq", "curl", "restic")
-	repo := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder", "mesh-backup") // make build, as the README asks first
-	script := walkthrough(t, filepath.Join(repo, "README.md"))
+	repo, bin := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder", "mesh-backup") // make build, as the README asks first
+	script := withBin(t, walkthrough(t, filepath.Join(repo, "README.md")), bin)
+	ports := freePorts(t, 3, 1)
 	// MESH_HOST_MODULE_USERS=false: as root, a host makes a system user
 	// per module; the test leaves the machine's users as it found them.
-	out, err := runScript(t, repo, script, 5*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	// 8 minutes: it took 4.3 to 4.7 on this 2-core machine at a load of 10;
+	// each wait of the README's gives up sooner, saying what it waited for.
+	out, err := runScript(t, repo, script, 8*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false",
+		fmt.Sprintf("HELLO_PORT=%d", ports[0]), fmt.Sprintf("GREETER_PORT=%d", ports[1]), fmt.Sprintf("BACKUP_PORT=%d", ports[2]))
 	if err != nil {
 		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out)
 	}
@@ -104,17 +113,21 @@ func TestREADME_Outgrowing(t *testing.T) {
 	if natsServer == "" {
 		need("nats-server", "make test builds it (make nats-server)")
 	}
-	repo := buildForReadme(t, "mesh-controller", "mesh-host")
+	repo, bin := buildForReadme(t, "mesh-controller", "mesh-host")
 	// The roles and databases the block makes are the server's: dropped after.
 	t.Cleanup(func() {
 		for _, c := range []string{"inventory", "identity", "secrets", "licences", "builds", "health"} {
 			exec.Command("psql", admin, "-q", "-c", "DROP DATABASE IF EXISTS mesh_"+c+" WITH (FORCE)", "-c", "DROP ROLE IF EXISTS mesh_"+c).Run()
 		}
 	})
-	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- outgrowing", "<!-- end of outgrowing -->", 1)
+	script := withBin(t, readmeScript(t, filepath.Join(repo, "README.md"), "<!-- outgrowing", "<!-- end of outgrowing -->", 1), bin)
 	// nats-server on PATH as make nats-server leaves it in bin/.
 	path := filepath.Dir(natsServer) + string(os.PathListSeparator) + os.Getenv("PATH")
-	out, err := runScript(t, repo, script, 3*time.Minute, "PATH="+path, "PGADMIN="+admin, "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	// NATS_BASE: the servers' client ports are the three above it, their
+	// route ports the three above it + 2000.
+	base := freePorts(t, 1, 2004, 1, 2, 3, 2001, 2002, 2003)[0]
+	out, err := runScript(t, repo, script, 3*time.Minute, "PATH="+path, "PGADMIN="+admin, "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false",
+		fmt.Sprintf("NATS_BASE=%d", base))
 	if err != nil {
 		t.Fatalf("the README's outgrowing block stopped: %v\n%s", err, out)
 	}
@@ -135,8 +148,8 @@ func TestREADME_Overlay(t *testing.T) {
 		t.Skip("builds the binary and runs the README's overlay block")
 	}
 	readmeTools(t, "bash")
-	repo := buildForReadme(t, "mesh-controller")
-	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- overlay", "<!-- end of overlay -->", 1)
+	repo, bin := buildForReadme(t, "mesh-controller")
+	script := withBin(t, readmeScript(t, filepath.Join(repo, "README.md"), "<!-- overlay", "<!-- end of overlay -->", 1), bin)
 	out, err := runScript(t, repo, script, time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=")
 	if err != nil {
 		t.Fatalf("the README's overlay block stopped: %v\n%s", err, out)
@@ -166,26 +179,28 @@ func TestREADME_Adopted(t *testing.T) {
 		t.Skip("builds the binaries and takes a module onto an adopted host")
 	}
 	readmeTools(t, "bash", "perl")
-	repo := buildForReadme(t, "mesh-controller", "mesh-host")
-	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- adopted", "<!-- end of adopted -->", 5)
-	out, err := runScript(t, repo, script, 3*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false")
+	repo, bin := buildForReadme(t, "mesh-controller", "mesh-host")
+	script := withBin(t, readmeScript(t, filepath.Join(repo, "README.md"), "<!-- adopted", "<!-- end of adopted -->", 5), bin)
+	port := fmt.Sprint(freePorts(t, 1, 1)[0])
+	out, err := runScript(t, repo, script, 3*time.Minute, "XDG_DATA_HOME=", "MESH_DATA=", "MESH_BROKER=", "MESH_HOST_MODULE_USERS=false", "GUESTBOOK_PORT="+port)
 	if err != nil {
 		t.Fatalf("the README's adopted block stopped: %v\n%s", err, out)
 	}
+	// onPort: where the README's output shows its port, 18481, the test's.
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^  http 18481: tcp on 127\.0\.0\.1 held by pid \d+ \(perl\)$`),
+		regexp.MustCompile(onPort(`(?m)^  http 18481: tcp on 127\.0\.0\.1 held by pid \d+ \(perl\)$`, port)),
 		regexp.MustCompile(`(?m)^digest: [0-9a-f]{16}$`),
-		regexp.MustCompile(`nothing taken: what runs there changed since that preview: tcp/18481 on 127\.0\.0\.1 was held by pid \d+ \(perl\), now held by pid \d+ \(perl\)`),
+		regexp.MustCompile(onPort(`nothing taken: what runs there changed since that preview: tcp/18481 on 127\.0\.0\.1 was held by pid \d+ \(perl\), now held by pid \d+ \(perl\)`, port)),
 		regexp.MustCompile(`(?m)^took guestbook 1\.0\.0 onto old1, as previewed \([0-9a-f]{16}\)$`),
 		// the stand-in ended by the host's SIGTERM: 128 + 15
 		regexp.MustCompile(`(?m)^the stand-in ended: status 143$`),
 		// started on the data that was there, never wiped: 41 starts, then its own
 		regexp.MustCompile(`(?m)^42$`),
-		regexp.MustCompile(`(?m)^  why: taken by a person on \S+ \(preview [0-9a-f]{16}\) from: tcp/18481 on 127\.0\.0\.1 held by pid \d+ \(perl\)$`),
-		regexp.MustCompile(`(?m)^  public: http \(port 18481\) routed as http\.guestbook\.example\.org$`),
+		regexp.MustCompile(onPort(`(?m)^  why: taken by a person on \S+ \(preview [0-9a-f]{16}\) from: tcp/18481 on 127\.0\.0\.1 held by pid \d+ \(perl\)$`, port)),
+		regexp.MustCompile(onPort(`(?m)^  public: http \(port 18481\) routed as http\.guestbook\.example\.org$`, port)),
 		regexp.MustCompile(`(?m)^  networks: 10\.20\.0\.0/16, 192\.168\.10\.0/24$`),
 		regexp.MustCompile(`(?m)^to be: converged, the mesh's nftables filter, SSH kept open$`),
-		regexp.MustCompile(`(?m)^  \t\ttcp dport 18481 accept comment "guestbook/http"$`),
+		regexp.MustCompile(onPort(`(?m)^  \t\ttcp dport 18481 accept comment "guestbook/http"$`, port)),
 		regexp.MustCompile(`(?m)^converged old1, as previewed \([0-9a-f]{16}\)$`),
 		regexp.MustCompile(`(?m)^old1\s+converged\b`),
 		regexp.MustCompile(`node web2 is converged: take is for adopted nodes`),
@@ -205,7 +220,7 @@ func TestREADME_Elsewhere(t *testing.T) {
 		t.Skip("builds the binary and runs the README's block")
 	}
 	readmeTools(t, "bash", "jq", "curl")
-	repo := buildForReadme(t, "mesh-controller")
+	repo, bin := buildForReadme(t, "mesh-controller")
 	issuer, err := mockoidc.Run()
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +234,7 @@ func TestREADME_Elsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := readmeScript(t, filepath.Join(repo, "README.md"), "<!-- elsewhere", "<!-- end of elsewhere -->", 3)
+	script := withBin(t, readmeScript(t, filepath.Join(repo, "README.md"), "<!-- elsewhere", "<!-- end of elsewhere -->", 3), bin)
 	out, err := runScript(t, repo, script, 2*time.Minute, "ISSUER="+issuer.Issuer(), "TOKEN="+admin, "READ_TOKEN="+read, "MESH_DATA=", "MESH_BROKER=")
 	if err != nil {
 		t.Fatalf("the README's block stopped: %v\n%s", err, out)
@@ -256,29 +271,118 @@ func readmeTools(t *testing.T, tools ...string) {
 	}
 }
 
-// buildForReadme builds each command into the repository's bin/, as make
-// build does, and returns the repository's root.
-func buildForReadme(t *testing.T, cmds ...string) string {
+// readmeBin is where the README tests' binaries are built, each once a
+// run: never into the repository's bin/, which keeps what make build
+// stamped there. TestMain removes it after the run.
+var readmeBin struct {
+	sync.Mutex
+	dir   string
+	built map[string]bool
+}
+
+// removingReadmeBin runs the tests, then removes readmeBin's dir.
+type removingReadmeBin struct{ m *testing.M }
+
+// Run runs the tests and removes what they built.
+func (r removingReadmeBin) Run() int {
+	code := r.m.Run()
+	if readmeBin.dir != "" {
+		os.RemoveAll(readmeBin.dir)
+	}
+	return code
+}
+
+// buildForReadme builds each command (as make build does, unstamped) into
+// a dir of the run's own, and returns the repository's root and that dir.
+func buildForReadme(t *testing.T, cmds ...string) (repo, bin string) {
 	t.Helper()
 	repo, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
+	readmeBin.Lock()
+	defer readmeBin.Unlock()
+	if readmeBin.dir == "" {
+		if readmeBin.dir, err = os.MkdirTemp("", "mesh-readme-bin-"); err != nil {
+			t.Fatal(err)
+		}
+		readmeBin.built = map[string]bool{}
+	}
 	for _, c := range cmds {
-		build := exec.Command("go", "build", "-o", filepath.Join(repo, "bin", c), "./cmd/"+c)
+		if readmeBin.built[c] {
+			continue
+		}
+		build := exec.Command("go", "build", "-o", filepath.Join(readmeBin.dir, c), "./cmd/"+c)
 		build.Dir = repo
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", c, err, out)
 		}
+		readmeBin.built[c] = true
 	}
-	return repo
+	return repo, readmeBin.dir
+}
+
+// readmeBinPath is how the README names the binaries make build made.
+var readmeBinPath = regexp.MustCompile(`\$(repo|PWD)/bin\b`)
+
+// withBin points a README script at bin wherever it names the
+// repository's bin/ ("$repo/bin", or "$PWD/bin" from the repository's
+// root); a script that names neither finds its binaries elsewhere, which
+// fails the test.
+func withBin(t *testing.T, script, bin string) string {
+	t.Helper()
+	if !readmeBinPath.MatchString(script) {
+		t.Fatal("the README's block names no $repo/bin or $PWD/bin: the test cannot give it the binaries it built")
+	}
+	return readmeBinPath.ReplaceAllLiteralString(script, bin)
+}
+
+// onPort is a pattern of the README's output with its port, 18481, as
+// the test chose it.
+func onPort(pattern, port string) string { return strings.ReplaceAll(pattern, "18481", port) }
+
+// freePorts returns n ports of loopback, each with every port at the
+// given offsets from it free too (none given: the port alone), apart
+// from each other by span. They are drawn below the kernel's ephemeral
+// range, where an outgoing connection never takes one meanwhile.
+func freePorts(t *testing.T, n, span int, offsets ...int) []int {
+	t.Helper()
+	if len(offsets) == 0 {
+		offsets = []int{0}
+	}
+	free := func(p int) bool {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		return true
+	}
+	var ports []int
+	for try := 0; len(ports) < n; try++ {
+		if try == 1000 {
+			t.Fatalf("no %d free ports found between 20000 and 30000", n)
+		}
+		p := 20000 + mathrand.IntN(10000-span*n)
+		ok := true
+		for _, q := range ports {
+			ok = ok && (p+span <= q || q+span <= p)
+		}
+		for _, o := range offsets {
+			ok = ok && free(p+o)
+		}
+		if ok {
+			ports = append(ports, p)
+		}
+	}
+	return ports
 }
 
 // runScript runs a README script in one bash (-euo pipefail) from the
 // repository's root, in a temporary dir and home of its own, with env added,
 // and returns what it printed. Its own process group: whatever it started in
-// the background is stopped with it, whatever happens.
+// the background is stopped with it, whatever happens (stopScript).
 func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -288,7 +392,9 @@ func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...
 	tmp := t.TempDir()
 	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home")), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// SIGTERM first, as a person's Ctrl-C would: hosts stop their modules.
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 20 * time.Second
 	// A file, not a pipe: what the script left running in the background
 	// may hold its output open, and must not keep Run from returning.
 	out, err := os.Create(filepath.Join(tmp, "script.out"))
@@ -298,12 +404,53 @@ func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	err = cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("stopped after %s, its deadline: %w", timeout, err)
+	}
 	if cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		stopScript(cmd.Process.Pid, tmp)
 	}
 	b, rerr := os.ReadFile(out.Name())
 	if rerr != nil {
 		t.Fatal(rerr)
 	}
 	return string(b), err
+}
+
+// stopScript ends what a script left running: SIGTERM to its process group,
+// so hosts stop their modules (each in a process group of its own, which a
+// SIGKILL of its host would leave running, holding its port for the next
+// run); then, within 20 s, SIGKILL to the group and to every process still
+// working or running beneath the script's dir.
+func stopScript(pgid int, dir string) {
+	syscall.Kill(-pgid, syscall.SIGTERM)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if syscall.Kill(-pgid, 0) != nil && len(runningBeneath(dir)) == 0 {
+			return
+		}
+	}
+	syscall.Kill(-pgid, syscall.SIGKILL)
+	for _, pid := range runningBeneath(dir) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// runningBeneath is every process whose working dir or program is beneath
+// dir.
+func runningBeneath(dir string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		for _, link := range []string{"cwd", "exe"} {
+			if to, err := os.Readlink(filepath.Join("/proc", e.Name(), link)); err == nil && strings.HasPrefix(to, dir+string(filepath.Separator)) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
 }

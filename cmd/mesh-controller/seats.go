@@ -192,7 +192,8 @@ func (c *RetireListCmd) Run(env *Env) error {
 		return printJSON(env.Stdout, ws)
 	}
 	if len(ws) == 0 {
-		fmt.Fprintln(env.Stderr, "no provider waits for a retirement")
+		fmt.Fprintln(env.Stderr, "no provider waits for a retirement; what was retired is listed by 'mesh-controller cleanup'")
+		return nil
 	}
 	for _, w := range ws {
 		fmt.Fprintf(env.Stdout, "%s waits to retire:\n", w.Provider)
@@ -200,6 +201,8 @@ func (c *RetireListCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "  %s (%s) since %s: %s\n", cs.Consumer, cs.Provision, cs.Since.Format(timeShown), cs.Why)
 		}
 	}
+	// What a person does next, on stderr: the list itself stays the list.
+	fmt.Fprintln(env.Stderr, "next: 'mesh-controller retire approve NODE MODULE --why …' turns their access off and keeps their data, which 'mesh-controller cleanup' then lists and 'cleanup delete' removes; 'retire reject' keeps them active")
 	return nil
 }
 
@@ -219,7 +222,8 @@ func (c *RetireDecideCmd) Run(env *Env, kctx *kong.Context) error {
 	}
 	for _, cs := range decided {
 		if approve {
-			fmt.Fprintf(env.Stdout, "%s at %s/%s retired: access off, data kept ('mesh-controller cleanup' lists it)\n", cs.Consumer, c.Node, c.Module)
+			fmt.Fprintf(env.Stdout, "%s at %s/%s retired: access off, data kept; 'mesh-controller cleanup' lists it, 'mesh-controller cleanup delete %s %s %s --why …' deletes it\n",
+				cs.Consumer, c.Node, c.Module, c.Node, c.Module, cs.Consumer)
 		} else {
 			fmt.Fprintf(env.Stdout, "%s at %s/%s kept active; retire.rejected stays open\n", cs.Consumer, c.Node, c.Module)
 		}

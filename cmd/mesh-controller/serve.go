@@ -85,7 +85,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "metrics: http://%s/metrics\n", metricsAt.Addr())
 		syncOut(env)
 	}
-	return env.App.Serve(env.Ctx, app.ServeOptions{
+	err = env.App.Serve(env.Ctx, app.ServeOptions{
 		Metrics:             metricsAt,
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
@@ -110,6 +110,13 @@ func (c *ServeCmd) Run(env *Env) error {
 			syncOut(env)
 		},
 	})
+	// The only address serve binds itself (--metrics is opened above) is
+	// its embedded broker's: say which, that it is another program's, and
+	// how to choose another.
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("the embedded broker cannot listen on %s: something else holds that port (another 'mesh-controller serve', or a NATS server); stop it, or choose another address with --listen HOST:PORT (port 0 picks a free one)", c.Listen)
+	}
+	return err
 }
 
 // listenMetrics opens --metrics's address, nil without it. A port taken

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,7 +80,7 @@ func (c *SimulateCmd) Run(env *Env) error {
 
 // BackupDoneCmd is mesh-host backup-done.
 type BackupDoneCmd struct {
-	State string    `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
+	State string    `required:"" type:"path" placeholder:"DIR" help:"The state dir made by join."`
 	Line  string    `arg:"" placeholder:"NODE/MODULE/DATA" help:"The backup line done."`
 	At    time.Time `help:"When the backup was taken (RFC 3339); now if not given."`
 }
@@ -89,6 +90,9 @@ func (c *BackupDoneCmd) Run(env *Env) error {
 	parts := strings.Split(c.Line, "/")
 	if len(parts) != 3 {
 		return fmt.Errorf("%q is not NODE/MODULE/DATA", c.Line)
+	}
+	if err := joinedDir(c.State); err != nil {
+		return err
 	}
 	st, err := host.Load(c.State)
 	if err != nil {
@@ -117,7 +121,7 @@ type JoinCmd struct {
 	Broker string `required:"" placeholder:"URL" help:"The broker to dial (see 'mesh-controller broker show'); a cluster's servers separated by commas. The controller's answer gives every server, which the host dials from then on."`
 	Token  string `required:"" help:"The one-time token from 'mesh-controller token issue'."`
 	Node   string `required:"" help:"The node's name, as recorded by the controller."`
-	State  string `required:"" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700)."`
+	State  string `required:"" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700, with its parents, when missing)."`
 }
 
 // Run joins.
@@ -133,7 +137,7 @@ func (c *JoinCmd) Run(env *Env) error {
 
 // RunCmd is mesh-host run.
 type RunCmd struct {
-	State     string        `required:"" type:"existingdir" placeholder:"DIR" help:"The state dir made by join."`
+	State     string        `required:"" type:"path" placeholder:"DIR" help:"The state dir made by join."`
 	Root      string        `required:"" type:"path" placeholder:"DIR" help:"Where declarations are applied: /var/lib/x becomes DIR/var/lib/x."`
 	Heartbeat time.Duration `default:"10s" help:"The interval between heartbeats."`
 	// FilterConfirm is short only in tests: a person's machine keeps the
@@ -150,6 +154,9 @@ type RunCmd struct {
 
 // Run works until SIGINT or SIGTERM.
 func (c *RunCmd) Run(env *Env) error {
+	if err := joinedDir(c.State); err != nil {
+		return err
+	}
 	st, err := host.Load(c.State)
 	if err != nil {
 		return err
@@ -158,6 +165,22 @@ func (c *RunCmd) Run(env *Env) error {
 		NoOverlayInterface: !c.OverlayInterface}
 	fmt.Fprintf(env.Stdout, "running as %s, applying under %s; module logs in %s\n", st.Node, c.Root, filepath.Join(c.Root, "var", "log", "mesh"))
 	return r.Run(env.Ctx)
+}
+
+// joinedDir refuses a --state dir that is not there as a usage error that
+// says where one comes from: only join makes it, since a state dir without
+// the keys join made is no host.
+func joinedDir(dir string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return clirun.UsageError{Msg: fmt.Sprintf("--state %s does not exist: 'mesh-host join --state %s' makes it when the host joins; join first, or give the state dir join made", dir, dir)}
+	case err != nil:
+		return err
+	case !fi.IsDir():
+		return clirun.UsageError{Msg: fmt.Sprintf("--state %s is not a directory: give the state dir 'mesh-host join' made", dir)}
+	}
+	return nil
 }
 
 // VersionCmd is mesh-host version.
@@ -189,6 +212,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return "ask for a new token with 'mesh-controller token issue --node NAME'"
 			case errors.Is(err, host.ErrJoinedAlready):
 				return "run it with 'mesh-host run', or join with a fresh --state dir"
+			case errors.As(err, new(*host.UnreachableError)):
+				return "check the URL ('mesh-controller broker show' prints where hosts dial), that 'mesh-controller serve' runs there, and that this machine reaches that host and port (a firewall, a listen address on loopback only)"
 			}
 			return ""
 		},
