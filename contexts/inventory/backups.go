@@ -81,8 +81,10 @@ type BackupAccess struct {
 
 // RecordBackupRun keeps a backup's, restore's or drill's outcome: the run,
 // the data set's state, for a backup that made a snapshot its last backup,
-// for a drill that passed its last verification; and moves the plans of
-// the backup seat's holders, whose lines carry those. One transaction.
+// for a drill that passed its last verification, for a restore that moved
+// the data set's contents aside a retired data set (its node's plan moved:
+// it declares that set's backup); and moves the plans of the backup seat's
+// holders, whose lines carry those. One transaction.
 func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
 	if r.Kind != RunBackup && r.Kind != RunRestore && r.Kind != RunDrill {
 		return fmt.Errorf("record a backup run: kind %q", r.Kind)
@@ -126,6 +128,11 @@ func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
 				_, err = tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, retired_at, why) VALUES (?, ?, ?, ?, ?, '', 'retired', ?, ?)`,
 					r.Node, r.Module, AsideName(r.Name, r.At), r.Aside, r.Precious, at,
 					fmt.Sprintf("moved aside by a restore of %s from snapshot %s", r.Name, r.Snapshot))
+				if err == nil {
+					// Its node declares the backup of what was moved aside, as
+					// of any retired data: its plan moves with the holders'.
+					err = bump(ctx, tx, []string{r.Node})
+				}
 			}
 		case RunDrill:
 			_, err = tx.ExecContext(ctx, `UPDATE backup_states SET drill_at = ?, drill_ok = ?, drill_why = ?, drill_snapshot = ?,

@@ -71,6 +71,21 @@ func TestStore_BackupRuns(t *testing.T) {
 	if st := state(); st.DrillOK || st.DrillWhy != tampered.Why || st.VerifiedAt == nil || !st.VerifiedAt.Equal(drill.At) {
 		t.Fatalf("after a failed drill: %+v", st)
 	}
+	// A restore that moved the data aside keeps it retired, and the data's
+	// node declares its backup: its plan moves (before, its host refused
+	// the holder's first due line for it: "declares no backup").
+	db1 := planOf("db1")
+	restored := BackupRun{Ask: "rs-1", Node: "db1", Module: "postgres", Name: "pg", Kind: RunRestore, At: t0.Add(4 * time.Hour), OK: true, Snapshot: "0a1b2c3d",
+		Aside: "/var/lib/postgres/data.before-restore-20261201T070000", Precious: Irreplaceable}
+	if err := s.RecordBackupRun(ctx, restored); err != nil {
+		t.Fatal(err)
+	}
+	if planOf("db1") == db1 {
+		t.Error("a restore that moved data aside did not move its node's plan")
+	}
+	if snap, _ := s.Snapshot(ctx); len(snap.Seats.Retired) != 1 || snap.Seats.Retired[0].DataSet != AsideName("pg", restored.At) {
+		t.Fatalf("retired after the restore: %+v", snap.Seats.Retired)
+	}
 	if r, err := s.BackupRunOf(ctx, "bk-2"); err != nil || r == nil || r.OK || r.Why != failed.Why {
 		t.Fatalf("run of bk-2: %+v, %v", r, err)
 	}
@@ -94,8 +109,8 @@ func TestStore_BackupRuns(t *testing.T) {
 			backups++
 		}
 	}
-	if backups != RunsKept || len(runs) != RunsKept+2 {
-		t.Fatalf("%d backup runs kept (%d in all), want %d and the 2 drills", backups, len(runs), RunsKept)
+	if backups != RunsKept || len(runs) != RunsKept+3 {
+		t.Fatalf("%d backup runs kept (%d in all), want %d, the 2 drills and the restore", backups, len(runs), RunsKept)
 	}
 	if err := s.RecordBackupRun(ctx, BackupRun{Kind: "other"}); err == nil {
 		t.Fatal("a run of no kind was kept")
