@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -98,8 +99,8 @@ func (s *Store) RecordDurations(ctx context.Context, ds []Duration) error {
 
 // Durations returns the durations of a kind ("" for every kind) since a time.
 func (s *Store) Durations(ctx context.Context, kind string, since time.Time) ([]Duration, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT kind, subject, name, ms, at FROM durations WHERE at >= ? AND (? = '' OR kind = ?)`,
-		sqlite.FormatTime(since), kind, kind)
+	query, args := durationsQuery(kind, since)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +118,27 @@ func (s *Store) Durations(ctx context.Context, kind string, since time.Time) ([]
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// durationKinds are the kinds of duration the durations table holds: the
+// kinds its CHECK allows (migration 0007).
+var durationKinds = []string{"apply", "heartbeat", "tier", "build", "start", "declare"}
+
+// durationsQuery reads one kind's durations since a time, or every kind's.
+// Every kind is named, not left out, so that both find their rows through
+// the index on (kind, at): without a kind, the table has no index on at
+// alone to search, and would be scanned whole.
+func durationsQuery(kind string, since time.Time) (string, []any) {
+	kinds := []string{kind}
+	if kind == "" {
+		kinds = durationKinds
+	}
+	args := make([]any, 0, len(kinds)+1)
+	for _, k := range kinds {
+		args = append(args, k)
+	}
+	args = append(args, sqlite.FormatTime(since))
+	return `SELECT kind, subject, name, ms, at FROM durations WHERE kind IN (?` + strings.Repeat(", ?", len(kinds)-1) + `) AND at >= ?`, args
 }
 
 // HealerAct is one automatic act a healer took.

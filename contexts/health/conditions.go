@@ -216,7 +216,8 @@ func scanCondition(sc interface{ Scan(...any) error }) (Condition, error) {
 }
 
 func conditions(ctx context.Context, q sqlite.Querier, key string) ([]Condition, error) {
-	rows, err := q.QueryContext(ctx, `SELECT `+conditionColumns+` FROM conditions WHERE ? = '' OR key = ?`, key, key)
+	query, args := conditionsQuery(key)
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +231,17 @@ func conditions(ctx context.Context, q sqlite.Querier, key string) ([]Condition,
 		out = append(out, c)
 	}
 	return out, rows.Err()
+}
+
+// conditionsQuery reads one open condition, or all. The WHERE clause is
+// written per case: one statement for both (the key compared to the
+// empty string in SQL) has one plan for both, and it scans the table even
+// for one key.
+func conditionsQuery(key string) (string, []any) {
+	if key == "" {
+		return `SELECT ` + conditionColumns + ` FROM conditions`, nil
+	}
+	return `SELECT ` + conditionColumns + ` FROM conditions WHERE key = ?`, []any{key}
 }
 
 // Conditions returns every open condition, urgent first, then by key.
@@ -262,8 +274,8 @@ func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
 // History returns the raisings, changes, clearings and silencings since a
 // time, of one key or ("") of all, newest first.
 func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Change, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT key, kind, event, severity, summary, evidence, at FROM condition_history
-		WHERE at >= ? AND (? = '' OR key = ?) ORDER BY at DESC, id DESC`, sqlite.FormatTime(since), key, key)
+	query, args := historyQuery(key, since)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +294,19 @@ func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Cha
 		out = append(out, ch)
 	}
 	return out, rows.Err()
+}
+
+// historyQuery reads one key's history since a time, or every key's: the
+// first through the index on (key, at), the second through the one on at.
+// One statement for both (the key compared to the empty string in SQL)
+// has one plan for both, the second's: every key's rows since, read to
+// keep one key's.
+func historyQuery(key string, since time.Time) (string, []any) {
+	const columns = `SELECT key, kind, event, severity, summary, evidence, at FROM condition_history`
+	if key == "" {
+		return columns + ` WHERE at >= ? ORDER BY at DESC, id DESC`, []any{sqlite.FormatTime(since)}
+	}
+	return columns + ` WHERE key = ? AND at >= ? ORDER BY at DESC, id DESC`, []any{key, sqlite.FormatTime(since)}
 }
 
 // Silence stops a condition's messages until a time; it stays open and listed.

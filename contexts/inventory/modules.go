@@ -282,11 +282,24 @@ type BuiltVersion struct {
 	AddedAt           time.Time
 }
 
+// builtVersionsQuery reads one module's versions, or every module's. The
+// WHERE clause is written per case: one statement for both (the module
+// compared to the empty string in SQL) has one plan for both, and it scans
+// every version even for one module.
+func builtVersionsQuery(module string) (string, []any) {
+	const columns = `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.archive_unpacked_bytes, v.added_at, m.current_version
+		FROM module_versions v JOIN modules m ON m.name = v.module`
+	if module == "" {
+		return columns + ` ORDER BY v.module`, nil
+	}
+	return columns + ` WHERE v.module = ? ORDER BY v.module`, []any{module}
+}
+
 // BuiltVersions returns the registered versions that hold an archive, of
 // one module or (module "") of every module, by module and version.
 func (s *Store) BuiltVersions(ctx context.Context, module string) ([]BuiltVersion, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.archive_unpacked_bytes, v.added_at, m.current_version
-		FROM module_versions v JOIN modules m ON m.name = v.module WHERE (? = '' OR v.module = ?) ORDER BY v.module`, module, module)
+	query, args := builtVersionsQuery(module)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read built versions: %w", err)
 	}
