@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -20,7 +19,7 @@ const (
 )
 
 // ErrNoCondition means no open condition has that key.
-var ErrNoCondition = errors.New("no open condition has that key")
+var ErrNoCondition = sqlite.Refusal("no open condition has that key")
 
 // Condition is something wrong now.
 type Condition struct {
@@ -121,10 +120,11 @@ func capHistory(ctx context.Context, tx *sql.Tx, written map[string]bool) error 
 // cleared. A kind the check could not evaluate (its store was unreadable)
 // keeps its conditions. Every change is kept in the history, which keeps
 // HistoryPerSubject rows a subject.
-func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) ([]Change, error) {
+func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) (_ []Change, err error) {
+	defer s.db.Failing(&err, "reconcile conditions")
 	var changes []Change
 	at := sqlite.FormatTime(now)
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		open, err := conditions(ctx, tx, "")
 		if err != nil {
 			return err
@@ -187,7 +187,7 @@ func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[
 		return capHistory(ctx, tx, written)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile conditions: %w", err)
+		return nil, err
 	}
 	return changes, nil
 }
@@ -245,7 +245,8 @@ func conditionsQuery(key string) (string, []any) {
 }
 
 // Conditions returns every open condition, urgent first, then by key.
-func (s *Store) Conditions(ctx context.Context) ([]Condition, error) {
+func (s *Store) Conditions(ctx context.Context) (_ []Condition, err error) {
+	defer s.db.Failing(&err, "read the open conditions")
 	cs, err := conditions(ctx, s.db.Reader, "")
 	if err != nil {
 		return nil, err
@@ -260,7 +261,8 @@ func (s *Store) Conditions(ctx context.Context) ([]Condition, error) {
 }
 
 // Condition returns one open condition, or ErrNoCondition.
-func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
+func (s *Store) Condition(ctx context.Context, key string) (_ Condition, err error) {
+	defer s.db.Failing(&err, "read condition %s", key)
 	cs, err := conditions(ctx, s.db.Reader, key)
 	if err != nil {
 		return Condition{}, err
@@ -273,7 +275,8 @@ func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
 
 // History returns the raisings, changes, clearings and silencings since a
 // time, of one key or ("") of all, newest first.
-func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Change, error) {
+func (s *Store) History(ctx context.Context, key string, since time.Time) (_ []Change, err error) {
+	defer s.db.Failing(&err, "read the conditions' history")
 	query, args := historyQuery(key, since)
 	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -310,9 +313,10 @@ func historyQuery(key string, since time.Time) (string, []any) {
 }
 
 // Silence stops a condition's messages until a time; it stays open and listed.
-func (s *Store) Silence(ctx context.Context, key string, until time.Time, why string, now time.Time) (Condition, error) {
+func (s *Store) Silence(ctx context.Context, key string, until time.Time, why string, now time.Time) (_ Condition, err error) {
+	defer s.db.Failing(&err, "silence condition %s", key)
 	var c Condition
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		cs, err := conditions(ctx, tx, key)
 		if err != nil {
 			return err
@@ -342,7 +346,8 @@ type OpenCount struct {
 
 // CountOpen counts the open conditions by kind and severity, without
 // reading each one: a scrape at 10,000 silent nodes reads a few rows.
-func (s *Store) CountOpen(ctx context.Context) ([]OpenCount, error) {
+func (s *Store) CountOpen(ctx context.Context) (_ []OpenCount, err error) {
+	defer s.db.Failing(&err, "count the open conditions")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT kind, severity, count(*) FROM conditions GROUP BY kind, severity ORDER BY kind, severity`)
 	if err != nil {
 		return nil, err

@@ -154,3 +154,27 @@ func TestStore_DurationKinds(t *testing.T) {
 		t.Fatalf("since later: %+v, %v", later, err)
 	}
 }
+
+// A database's error says the store and the act it came from; the
+// context's refusals come as they were, their words the whole answer.
+func TestStore_ErrorsSayTheStore(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	if _, err := s.LastVerdict(ctx); err != ErrNoVerdict {
+		t.Fatalf("no verdict: %v, want ErrNoVerdict as it is", err)
+	}
+	if _, err := s.Condition(ctx, "node.silent/web1"); !errors.Is(err, ErrNoCondition) || err.Error() != "node.silent/web1: no open condition has that key" {
+		t.Fatalf("no condition: %q", err)
+	}
+	if _, err := db.Writer.Exec(`DROP TABLE hand_acts`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.HandActs(ctx, time.Time{})
+	if err == nil || !strings.HasPrefix(err.Error(), "health store: read hand acts: ") {
+		t.Fatalf("a lost table: %v", err)
+	}
+	if _, err := s.RecordHandAct(ctx, HandAct{What: "x", Why: "y"}); err == nil || !strings.HasPrefix(err.Error(), "health store: record a hand act: ") {
+		t.Fatalf("a lost table, written: %v", err)
+	}
+}

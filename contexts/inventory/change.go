@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -52,7 +51,7 @@ type Change struct {
 
 // ErrActConflict means another act committed after the snapshot a change
 // was judged on was read: judge it again on a new snapshot (RetryActs).
-var ErrActConflict = errors.New("another act changed the mesh meanwhile")
+var ErrActConflict = sqlite.Refusal("another act changed the mesh meanwhile")
 
 // moveRevision moves the act revision, as the first write of a
 // transaction, from based (0: whatever it is): it takes the store's write
@@ -77,16 +76,14 @@ func moveRevision(ctx context.Context, tx *sql.Tx, based int64) error {
 }
 
 // Apply writes a change in one transaction.
-func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record the change")
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		if err := moveRevision(ctx, tx, ch.Based); err != nil {
 			return err
 		}
 		return apply(ctx, tx, ch, now)
 	})
-	if err != nil && !errors.Is(err, ErrAssigned) && !errors.Is(err, ErrNotAssigned) && !errors.Is(err, ErrActConflict) {
-		return fmt.Errorf("record the change: %w", err)
-	}
 	return err
 }
 

@@ -12,7 +12,7 @@ import (
 )
 
 // ErrStillAssigned means a node to be removed still has modules assigned.
-var ErrStillAssigned = errors.New("still has modules assigned")
+var ErrStillAssigned = sqlite.Refusal("still has modules assigned")
 
 // Removal is what removing nodes did to the inventory.
 type Removal struct {
@@ -34,10 +34,11 @@ type Removal struct {
 // pending deletions go; pins naming it as a provider go; replacements it
 // was to take over are resolved. A node added later under the same name
 // is a fresh record.
-func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, now time.Time) (Removal, error) {
+func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, now time.Time) (_ Removal, err error) {
+	defer s.db.Failing(&err, "remove nodes")
 	var out Removal
 	at := sqlite.FormatTime(now)
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		out = Removal{}
 		if err := moveRevision(ctx, tx, 0); err != nil {
 			return err
@@ -145,11 +146,8 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 		}
 		return nil
 	})
-	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrStillAssigned) {
-		return Removal{}, err
-	}
 	if err != nil {
-		return Removal{}, fmt.Errorf("remove nodes: %w", err)
+		return Removal{}, err
 	}
 	return out, nil
 }
