@@ -465,7 +465,7 @@ func (c *Controller) followBuild(ctx context.Context, st *Stores, a builds.Ask, 
 	for {
 		select {
 		case <-ctx.Done():
-			return a, fmt.Errorf("%s goes on without you: see 'mesh-controller builds'", a.ID)
+			return a, fmt.Errorf("%s goes on without you: see 'mesh-controller build list'", a.ID)
 		case l := <-lines:
 			r.Progress("  | " + inventory.RedactText(l))
 			continue

@@ -270,7 +270,7 @@ func (c *Controller) followPlan(ctx context.Context, p builds.Plan, progress fun
 	for p.State == builds.PlanRunning {
 		select {
 		case <-ctx.Done():
-			return p, fmt.Errorf("plan %s goes on without you: see 'mesh-controller plans'", p.ID)
+			return p, fmt.Errorf("plan %s goes on without you: see 'mesh-controller build plans'", p.ID)
 		case <-tick.C:
 		}
 		if p, err = st.Builds.Plan(ctx, p.ID); err != nil {

@@ -47,6 +47,9 @@ type exit int
 
 // Run parses args into cli, runs the chosen command and returns the exit status.
 func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status int) {
+	// No command at all shows the help, and exits 1: nothing was done, and
+	// a script that lost its arguments must not read that as success.
+	bare := len(args) == 0 && !p.RunBare
 	defer func() {
 		if r := recover(); r != nil {
 			code, ok := r.(exit)
@@ -54,6 +57,9 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 				panic(r)
 			}
 			status = int(code)
+			if bare && status == 0 {
+				status = 1
+			}
 		}
 	}()
 	opts := append([]kong.Option{kong.Name(p.Name), kong.Writers(stdout, stderr),
@@ -63,7 +69,7 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
 		return 1
 	}
-	if len(args) == 0 && !p.RunBare {
+	if bare {
 		args = []string{"--help"}
 	}
 	kctx, err := parser.Parse(args)

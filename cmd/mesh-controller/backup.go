@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// BackupCmd is backup.
+// BackupCmd is store backup.
 type BackupCmd struct {
 	Out string `required:"" placeholder:"FILE" help:"Where to write it (created 0600, never overwritten)."`
 }
@@ -26,13 +26,13 @@ func (c *BackupCmd) Run(env *Env) error {
 	fmt.Fprintf(env.Stdout, "backup written to %s: %d bytes, sealed to the operator key %s, in %d ms\n",
 		b.File, b.Bytes, b.Recipient, b.Took.Milliseconds())
 	fmt.Fprintf(env.Stderr, "restore needs it and the operator key's private half: keep both off this machine, and apart; "+
-		"'mesh-controller restore %s --data DIR --key OPERATOR-KEY-FILE'\n", b.File)
+		"'mesh-controller store restore %s --data DIR --key OPERATOR-KEY-FILE'\n", b.File)
 	return nil
 }
 
-// RestoreCmd is restore.
+// RestoreCmd is store restore.
 type RestoreCmd struct {
-	File InputFile `arg:"" help:"A file 'mesh-controller backup' or 'serve --backup-every' wrote."`
+	File InputFile `arg:"" help:"A file 'mesh-controller store backup' or 'serve --backup-every' wrote."`
 	Key  InputFile `required:"" placeholder:"FILE" help:"The operator key file (its private half)."`
 }
 

@@ -11,17 +11,34 @@ import (
 	"mesh-controller/contexts/builds"
 )
 
-// BuildCmd is build.
+// BuildCmd groups the build commands; alone (build REPOSITORY, build
+// --behind, build --on MODULE) it builds.
 type BuildCmd struct {
+	Run     BuildRunCmd     `cmd:"" default:"withargs" hidden:"" help:"Have a holder of the build seat build a repository (or --behind, --on: a plan); wait for the outcome and register what it built."`
+	List    BuildsCmd       `cmd:"" help:"What has been built lately, and what came of it."`
+	Queue   QueueCmd        `cmd:"" help:"Every ask in the build queue: waiting, in flight (where, for how long), dead."`
+	Cancel  CancelCmd       `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
+	Clear   ClearCmd        `cmd:"" help:"Cancel every waiting build ask (--dead: and the dead); never one in flight (a hand act: --why)."`
+	Rebuild RebuildCmd      `cmd:"" help:"Ask a module's source again, or a build's repository and ref, under a new id."`
+	Replay  ReplayCmd       `cmd:"" help:"Build a build's commit again: a dry run, or --register (--older) it (a hand act)."`
+	Kill    KillCmd         `cmd:"" help:"End a build where it runs; recorded killed by hand (--why)."`
+	Pause   PauseCmd        `cmd:"" help:"The build seat's holder on a node (or every holder) takes nothing new (a hand act: --why)."`
+	Resume  ResumeCmd       `cmd:"" help:"A paused builder (or every one) takes asks again."`
+	Plans   PlansCmd        `cmd:"" help:"Build plans and their steps (retry, stop, close)."`
+	Issue   BuilderIssueCmd `cmd:"" help:"A broker user for a build machine on a node, scoped to build work; prints a .creds document."`
+}
+
+// BuildRunCmd is build REPOSITORY (and --behind, --on).
+type BuildRunCmd struct {
 	Repository string `arg:"" optional:"" help:"The module's source: a git repository URL or path, with mesh.json at its root (never a credential in it: a private repository's goes to the builder, as its git-credentials secret)."`
 	Ref        string `help:"A branch, tag or commit (default: the repository's default branch)."`
 	Behind     bool   `help:"Build every module the mesh holds older than its source ('module moved'), bases first: a build plan."`
 	On         string `placeholder:"MODULE" help:"Rebuild every module that stands on this one, bases first: a build plan."`
-	NoWait     bool   `help:"Queue the ask (or make the plan) and return; 'mesh-controller builds' and 'mesh-controller plans' show what came of it."`
+	NoWait     bool   `help:"Queue the ask (or make the plan) and return; 'mesh-controller build list' and 'mesh-controller build plans' show what came of it."`
 }
 
 // Run queues the ask and follows it, or makes a plan and follows that.
-func (c *BuildCmd) Run(env *Env) error {
+func (c *BuildRunCmd) Run(env *Env) error {
 	switch n := countTrue(c.Repository != "", c.Behind, c.On != ""); {
 	case n != 1:
 		return clirun.UsageError{Msg: "give a repository, --behind, or --on MODULE: one of them"}
@@ -41,7 +58,7 @@ func (c *BuildCmd) Run(env *Env) error {
 			fmt.Fprintf(env.Stdout, "no module stands on %s: nothing to build\n", c.On)
 		case c.NoWait:
 			fmt.Fprintf(env.Stdout, "plan %s made: %s\n", p.ID, app.Plural(len(p.Steps), "build"))
-			fmt.Fprintln(env.Stderr, "a serving controller asks for each build once its bases are built; see 'mesh-controller plans'")
+			fmt.Fprintln(env.Stderr, "a serving controller asks for each build once its bases are built; see 'mesh-controller build plans'")
 		default:
 			var superseded []string
 			for _, st := range p.Steps {
@@ -67,7 +84,7 @@ func (c *BuildCmd) Run(env *Env) error {
 	}
 	if c.NoWait {
 		fmt.Fprintf(env.Stdout, "%s queued\n", a.ID)
-		fmt.Fprintf(env.Stderr, "a serving controller asks a builder for it; see 'mesh-controller queue' and 'mesh-controller builds'\n")
+		fmt.Fprintf(env.Stderr, "a serving controller asks a builder for it; see 'mesh-controller build queue' and 'mesh-controller build list'\n")
 		return nil
 	}
 	fmt.Fprintf(env.Stdout, "%s %s registered from %s at %s (build %s, archive %s, %s)\n", a.Module, a.Version, a.Repository, app.ShortID(a.Commit),
@@ -87,7 +104,7 @@ func countTrue(bs ...bool) int {
 	return n
 }
 
-// PlansCmd is plans.
+// PlansCmd is build plans.
 type PlansCmd struct {
 	List  PlansListCmd  `cmd:"" default:"withargs" hidden:"" help:"Build plans and their steps."`
 	Retry PlansRetryCmd `cmd:"" help:"Ask a failed plan's failed builds again and carry the plan on."`
@@ -95,7 +112,7 @@ type PlansCmd struct {
 	Close PlansCloseCmd `cmd:"" help:"End a failed plan by hand, not to be retried (a hand act: --why)."`
 }
 
-// PlansListCmd is plans.
+// PlansListCmd is build plans.
 type PlansListCmd struct {
 	JSON bool `name:"json" help:"Print one JSON array."`
 }
@@ -131,7 +148,7 @@ func printPlan(env *Env, p builds.Plan) {
 	}
 }
 
-// PlansRetryCmd is plans retry.
+// PlansRetryCmd is build plans retry.
 type PlansRetryCmd struct {
 	ID string `arg:"" help:"The plan's id (p-…)."`
 }
@@ -143,11 +160,11 @@ func (c *PlansRetryCmd) Run(env *Env) error {
 		return err
 	}
 	printPlan(env, p)
-	fmt.Fprintf(env.Stderr, "a serving controller asks for each build; follow it with 'mesh-controller plans'\n")
+	fmt.Fprintf(env.Stderr, "a serving controller asks for each build; follow it with 'mesh-controller build plans'\n")
 	return nil
 }
 
-// PlansStopCmd is plans stop.
+// PlansStopCmd is build plans stop.
 type PlansStopCmd struct {
 	ID  string `arg:"" help:"The plan's id (p-…)."`
 	Why string `required:"" help:"Why, for the hand-act log."`
@@ -161,12 +178,12 @@ func (c *PlansStopCmd) Run(env *Env) error {
 	}
 	printPlan(env, p)
 	for _, id := range inFlight {
-		fmt.Fprintf(env.Stderr, "%s was in flight: it is taken in when it ends ('mesh-controller kill %s --why ...' ends it now)\n", id, id)
+		fmt.Fprintf(env.Stderr, "%s was in flight: it is taken in when it ends ('mesh-controller build kill %s --why ...' ends it now)\n", id, id)
 	}
 	return nil
 }
 
-// PlansCloseCmd is plans close.
+// PlansCloseCmd is build plans close.
 type PlansCloseCmd struct {
 	ID  string `arg:"" help:"The plan's id (p-…)."`
 	Why string `required:"" help:"Why, for the hand-act log."`
@@ -222,7 +239,7 @@ func (c *CollectionCmd) Run(env *Env) error {
 	return nil
 }
 
-// BuildsCmd is builds.
+// BuildsCmd is build list.
 type BuildsCmd struct {
 	Module Name `arg:"" optional:"" help:"Only this module's builds."`
 	JSON   bool `name:"json" help:"Print one JSON array."`
@@ -240,7 +257,7 @@ func (c *BuildsCmd) Run(env *Env) error {
 	return printAsks(env, as, "no builds yet: 'mesh-controller build REPOSITORY' asks for one")
 }
 
-// QueueCmd is queue.
+// QueueCmd is build queue.
 type QueueCmd struct {
 	JSON bool `name:"json" help:"Print one JSON array."`
 }
@@ -288,7 +305,7 @@ func printAsks(env *Env, as []builds.Ask, none string) error {
 	return tw.Flush()
 }
 
-// CancelCmd is cancel.
+// CancelCmd is build cancel.
 type CancelCmd struct {
 	ID  string `arg:"" help:"The build's id (b-…)."`
 	Why string `required:"" help:"Why, for the hand-act log."`
@@ -304,7 +321,7 @@ func (c *CancelCmd) Run(env *Env) error {
 	return nil
 }
 
-// ClearCmd is clear.
+// ClearCmd is build clear.
 type ClearCmd struct {
 	Dead bool   `help:"Cancel the dead asks too."`
 	Why  string `required:"" help:"Why, for the hand-act log."`
@@ -320,7 +337,7 @@ func (c *ClearCmd) Run(env *Env) error {
 	return nil
 }
 
-// RebuildCmd is rebuild.
+// RebuildCmd is build rebuild.
 type RebuildCmd struct {
 	Target string `arg:"" help:"A module (its source is asked again) or a build's id (its repository and ref)."`
 	NoWait bool   `help:"Queue the ask and return."`
@@ -340,7 +357,7 @@ func (c *RebuildCmd) Run(env *Env) error {
 	return nil
 }
 
-// KillCmd is kill.
+// KillCmd is build kill.
 type KillCmd struct {
 	ID  string `arg:"" help:"The build in flight (b-…)."`
 	Why string `required:"" help:"Why, for the hand-act log."`
@@ -359,7 +376,7 @@ func (c *KillCmd) Run(env *Env) error {
 	return nil
 }
 
-// PauseCmd is pause.
+// PauseCmd is build pause.
 type PauseCmd struct {
 	Node Name   `arg:"" optional:"" help:"The node whose builder takes nothing new; every builder if none."`
 	Why  string `required:"" help:"Why, for the hand-act log."`
@@ -380,11 +397,11 @@ func (c *PauseCmd) Run(env *Env) error {
 		return nil
 	}
 	fmt.Fprintf(env.Stdout, "%s takes nothing new; a build in flight goes on\n", who)
-	fmt.Fprintf(env.Stderr, "undo with 'mesh-controller resume%s'\n", map[bool]string{true: " " + string(c.Node), false: ""}[c.Node != ""])
+	fmt.Fprintf(env.Stderr, "undo with 'mesh-controller build resume%s'\n", map[bool]string{true: " " + string(c.Node), false: ""}[c.Node != ""])
 	return nil
 }
 
-// ResumeCmd is resume.
+// ResumeCmd is build resume.
 type ResumeCmd struct {
 	Node Name `arg:"" optional:"" help:"The node whose builder takes asks again; every builder if none."`
 }
@@ -405,12 +422,12 @@ func (c *ResumeCmd) Run(env *Env) error {
 	return nil
 }
 
-// BuilderCmd groups builder commands.
+// BuilderCmd is builder, the former group of build issue.
 type BuilderCmd struct {
-	Issue BuilderIssueCmd `cmd:"" help:"A broker user for a build machine on a node, scoped to build work; prints a .creds document."`
+	Issue BuilderIssueCmd `cmd:"" help:"The former spelling of build issue."`
 }
 
-// BuilderIssueCmd is builder issue.
+// BuilderIssueCmd is build issue.
 type BuilderIssueCmd struct {
 	Node Name `arg:"" help:"The node the build machine is."`
 }
@@ -426,7 +443,7 @@ func (c *BuilderIssueCmd) Run(env *Env) error {
 	return nil
 }
 
-// ReplayCmd is replay.
+// ReplayCmd is build replay.
 type ReplayCmd struct {
 	ID       string `arg:"" help:"The build whose commit is built again (b-…)."`
 	Register bool   `help:"Register what it builds (a hand act: --why); without it, a dry run, looked at and never taken in."`

@@ -86,7 +86,7 @@ func hint(err error) string {
 	case errors.Is(err, sqlite.ErrNotSQLite) && isStore:
 		return fmt.Sprintf("check %s, or move that file away and run 'mesh-controller migrate'", se.Location.Var)
 	case errors.Is(err, app.ErrIdentityLost):
-		return "restore the controller's stores from a backup ('mesh-controller restore FILE --data DIR --key OPERATOR-KEY'), or, to start a new identity, run 'mesh-controller migrate --new-identity' and join every node again"
+		return "restore the controller's stores from a backup ('mesh-controller store restore FILE --data DIR --key OPERATOR-KEY'), or, to start a new identity, run 'mesh-controller migrate --new-identity' and join every node again"
 	case errors.Is(err, sqlite.ErrSymlink):
 		return fmt.Sprintf("give %s a real file's path, not a link", storeVar(se))
 	case errors.Is(err, sqlite.ErrOpenTwice):
@@ -124,21 +124,21 @@ func hint(err error) string {
 	case errors.Is(err, inventory.ErrRepositoryCredential):
 		return inventory.RepositoryCredentialHint
 	case errors.Is(err, app.ErrBuildFailed):
-		return "see its log with 'mesh-controller builds --json', mend the source and build again"
+		return "see its log with 'mesh-controller build list --json', mend the source and build again"
 	case errors.Is(err, app.ErrStandsOnCycle):
 		return "remove one of those stands_on, register the manifest, and build again"
 	case errors.Is(err, app.ErrPlanFailed):
-		return "see why with 'mesh-controller plans' and 'mesh-controller builds MODULE', mend it, then 'mesh-controller plans retry ID' (or close it)"
+		return "see why with 'mesh-controller build plans' and 'mesh-controller build list MODULE', mend it, then 'mesh-controller build plans retry ID' (or close it)"
 	case errors.Is(err, app.ErrPlanProblems):
 		return "mend each, then make the plan again"
 	case errors.Is(err, builds.ErrPlanNotFound):
-		return "see 'mesh-controller plans' for the ids"
+		return "see 'mesh-controller build plans' for the ids"
 	case errors.Is(err, builds.ErrPlanNotRunning), errors.Is(err, builds.ErrPlanNotFailed):
-		return "see where it stands with 'mesh-controller plans': a running plan is stopped, a failed one retried or closed"
+		return "see where it stands with 'mesh-controller build plans': a running plan is stopped, a failed one retried or closed"
 	case errors.Is(err, builds.ErrNotFound), errors.Is(err, builds.ErrBadID):
-		return "see 'mesh-controller queue' and 'mesh-controller builds' for the ids"
+		return "see 'mesh-controller build queue' and 'mesh-controller build list' for the ids"
 	case errors.Is(err, builds.ErrEnded), errors.Is(err, builds.ErrInFlight):
-		return "see 'mesh-controller queue'"
+		return "see 'mesh-controller build queue'"
 	case errors.Is(err, app.ErrConverged):
 		return "assign the module instead ('mesh-controller assign NODE MODULE'): the mesh owns what runs there"
 	case errors.Is(err, app.ErrTakeDigestUnknown), errors.Is(err, app.ErrTakeChanged):
@@ -234,11 +234,11 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrBadCause):
 		return "give --cause one word, such as disk or network"
 	case errors.Is(err, inventory.ErrSeatNotFound):
-		return "see the seats with 'mesh-controller seats'"
+		return "see the seats with 'mesh-controller seat list'"
 	case errors.Is(err, app.ErrHolderForm):
 		return "write it as NODE/MODULE, such as web1/paperless"
 	case errors.Is(err, app.ErrNotReplicated), errors.Is(err, app.ErrCannotHold):
-		return "see 'mesh-controller seats'"
+		return "see 'mesh-controller seat list'"
 	case errors.Is(err, app.ErrEmptyReplace):
 		return "back the data up or move it first, or add --yes --why \"...\" to go ahead all the same (the hand-act log records that choice)"
 	case errors.Is(err, app.ErrNotAProvider):
@@ -274,9 +274,9 @@ func hint(err error) string {
 	case errors.Is(err, app.ErrBackupOtherKey):
 		return "give the operator key that was set when the backup was made"
 	case errors.Is(err, app.ErrNotABackup):
-		return "give a file 'mesh-controller backup' or 'serve --backup-every' wrote"
+		return "give a file 'mesh-controller store backup' or 'serve --backup-every' wrote"
 	case errors.Is(err, sqlite.ErrCopyIncomplete):
-		return "run 'mesh-controller backup' again; if it recurs, report it"
+		return "run 'mesh-controller store backup' again; if it recurs, report it"
 	case errors.Is(err, app.ErrBackupDamaged), errors.Is(err, sqlite.ErrIntegrity):
 		return "restore another backup ('serve --backup-every' keeps the newest few in --backup-dir)"
 	case isStore:

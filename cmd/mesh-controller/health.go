@@ -283,12 +283,18 @@ func (c *DoctorSignalsCmd) Run(env *Env) error {
 	return tw.Flush()
 }
 
-// HandActCmd groups hand-act commands.
-type HandActCmd struct {
+// HandActsCmd groups the hand-act commands; alone it lists them.
+type HandActsCmd struct {
+	List   HandActsListCmd  `cmd:"" default:"withargs" hidden:"" help:"What was done by hand lately, and which causes repeat."`
 	Record HandActRecordCmd `cmd:"" help:"Record an act done by hand outside the mesh."`
 }
 
-// HandActRecordCmd is hand-act record.
+// HandActCmd is hand-act, the former group of hand-acts record.
+type HandActCmd struct {
+	Record HandActRecordCmd `cmd:"" help:"The former spelling of hand-acts record."`
+}
+
+// HandActRecordCmd is hand-acts record.
 type HandActRecordCmd struct {
 	What      string `arg:"" help:"What was done."`
 	Why       string `required:"" help:"Why it was done."`
@@ -306,14 +312,14 @@ func (c *HandActRecordCmd) Run(env *Env) error {
 	return nil
 }
 
-// HandActsCmd is hand-acts.
-type HandActsCmd struct {
+// HandActsListCmd is hand-acts.
+type HandActsListCmd struct {
 	Days int  `default:"30" help:"How many days back."`
 	JSON bool `name:"json" help:"Print one JSON object."`
 }
 
 // Run lists hand acts and the causes that repeat.
-func (c *HandActsCmd) Run(env *Env) error {
+func (c *HandActsListCmd) Run(env *Env) error {
 	v, err := env.App.HandActs(env.Ctx, c.Days)
 	if err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 )
 
 // A command run when its group is given alone (kong's default:"withargs":
-// seat NAME --to, doctor, healers, retire, conditions, cleanup) is named
+// build REPOSITORY, seat NAME --to, doctor, healers, hand-acts…) is named
 // in help by that bare form, never by the name it has in the CLI struct:
 // "seat hand" is not something a person can type usefully, "seat" is.
 

@@ -49,18 +49,7 @@ type CLI struct {
 	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
 	Take       TakeCmd       `cmd:"" help:"On an adopted node, preview a module's cutover from what runs there now, and its digest; --yes DIGEST cuts over exactly so."`
 	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
-	Build      BuildCmd      `cmd:"" help:"Have a holder of the build seat build a repository (or --behind, --on: a plan); wait for the outcome and register what it built."`
-	Builds     BuildsCmd     `cmd:"" help:"What has been built lately, and what came of it."`
-	Queue      QueueCmd      `cmd:"" help:"Every ask in the build queue: waiting, in flight (where, for how long), dead."`
-	Cancel     CancelCmd     `cmd:"" help:"Drop a waiting or dead build ask (a hand act: --why)."`
-	Clear      ClearCmd      `cmd:"" help:"Cancel every waiting build ask (--dead: and the dead); never one in flight (a hand act: --why)."`
-	Rebuild    RebuildCmd    `cmd:"" help:"Ask a module's source again, or a build's repository and ref, under a new id."`
-	Replay     ReplayCmd     `cmd:"" help:"Build a build's commit again: a dry run, or --register (--older) it (a hand act)."`
-	Kill       KillCmd       `cmd:"" help:"End a build where it runs; recorded killed by hand (--why)."`
-	Pause      PauseCmd      `cmd:"" help:"The build seat's holder on a node (or every holder) takes nothing new (a hand act: --why)."`
-	Resume     ResumeCmd     `cmd:"" help:"A paused builder (or every one) takes asks again."`
-	Builder    BuilderCmd    `cmd:"" help:"Build machines' broker users (issue)."`
-	Plans      PlansCmd      `cmd:"" help:"Build plans and their steps (retry, stop, close)."`
+	Build      BuildCmd      `cmd:"" help:"Builds: have a holder of the build seat build a repository (or --behind, --on: a plan), and what was built, the queue, plans and builders."`
 	Collection CollectionCmd `cmd:"" help:"Kept archives, held and not held by any registered manifest, and what the sweep may let go."`
 	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
 	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
@@ -75,22 +64,42 @@ type CLI struct {
 	Conditions ConditionsCmd `cmd:"" help:"Open conditions, urgent first (show, silence, history)."`
 	Doctor     DoctorCmd     `cmd:"" help:"The self-check: the last verdict (run, probes, signals)."`
 	Healers    HealersCmd    `cmd:"" help:"The healers, what they did lately, and their brake (release)."`
-	HandAct    HandActCmd    `cmd:"" name:"hand-act" help:"Record an act done by hand."`
-	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat."`
+	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat (record)."`
 	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build, start): count, p50, p90, p99, max."`
 	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
 	API        APICmd        `cmd:"" name:"api" help:"Assign, unassign and the read views over HTTP, to bearers of a token the OpenID Connect issuer (--issuer) signed."`
-	Seats      SeatsCmd      `cmd:"" help:"Every seat the mesh defines, what it delivers, and who holds it."`
-	Seat       SeatCmd       `cmd:"" help:"Hand a seat over (NAME --to NODE/MODULE), add a holder (--add), or rename it."`
-	Pin        PinCmd        `cmd:"" help:"Which provider a node's consumers get a provision from."`
-	Unpin      UnpinCmd      `cmd:"" help:"Put that question back to the mesh (stickiness still keeps a binding that holds precious data)."`
-	Rotate     RotateCmd     `cmd:"" help:"New per-consumer credentials for a provision; both ends in the same push."`
+	Seat       SeatCmd       `cmd:"" help:"Seats: hand one over (NAME --to NODE/MODULE), add a holder (--add), list or rename them."`
+	Provision  ProvisionCmd  `cmd:"" help:"Provisions: which provider a node's consumers get one from (pin, unpin), and new credentials (rotate)."`
 	Retire     RetireCmd     `cmd:"" help:"Providers waiting for a person to approve a retirement (approve, reject)."`
 	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
 	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
-	Backup     BackupCmd     `cmd:"" help:"A consistent copy of every store, taken while serve runs, sealed with age to the operator key."`
-	Restore    RestoreCmd    `cmd:"" help:"A backup into a new or empty data dir (--data), opened with the operator key; integrity and schema checked."`
-	Store      StoreCmd      `cmd:"" help:"The stores as a whole: copy them onto PostgreSQL, or back."`
+	Store      StoreCmd      `cmd:"" help:"The stores as a whole: back them up, restore a backup, copy them onto PostgreSQL or back."`
+
+	Former
+}
+
+// Former are the spellings the commands had before they were grouped by
+// noun (build queue was queue, store backup was backup…): still run, so
+// that no script breaks, and hidden, so that help shows one way to say each.
+type Former struct {
+	Builds  BuildsCmd  `cmd:"" hidden:"" help:"The former spelling of build list."`
+	Queue   QueueCmd   `cmd:"" hidden:"" help:"The former spelling of build queue."`
+	Cancel  CancelCmd  `cmd:"" hidden:"" help:"The former spelling of build cancel."`
+	Clear   ClearCmd   `cmd:"" hidden:"" help:"The former spelling of build clear."`
+	Rebuild RebuildCmd `cmd:"" hidden:"" help:"The former spelling of build rebuild."`
+	Replay  ReplayCmd  `cmd:"" hidden:"" help:"The former spelling of build replay."`
+	Kill    KillCmd    `cmd:"" hidden:"" help:"The former spelling of build kill."`
+	Pause   PauseCmd   `cmd:"" hidden:"" help:"The former spelling of build pause."`
+	Resume  ResumeCmd  `cmd:"" hidden:"" help:"The former spelling of build resume."`
+	Builder BuilderCmd `cmd:"" hidden:"" help:"The former group of build issue."`
+	Plans   PlansCmd   `cmd:"" hidden:"" help:"The former spelling of build plans."`
+	HandAct HandActCmd `cmd:"" hidden:"" name:"hand-act" help:"The former group of hand-acts record."`
+	Seats   SeatsCmd   `cmd:"" hidden:"" help:"The former spelling of seat list."`
+	Pin     PinCmd     `cmd:"" hidden:"" help:"The former spelling of provision pin."`
+	Unpin   UnpinCmd   `cmd:"" hidden:"" help:"The former spelling of provision unpin."`
+	Rotate  RotateCmd  `cmd:"" hidden:"" help:"The former spelling of provision rotate."`
+	Backup  BackupCmd  `cmd:"" hidden:"" help:"The former spelling of store backup."`
+	Restore RestoreCmd `cmd:"" hidden:"" help:"The former spelling of store restore."`
 }
 
 // Env is what every Run is given: the application and where to print.

@@ -12,7 +12,7 @@ import (
 	"mesh-controller/cmd/clirun"
 )
 
-// SeatsCmd is seats.
+// SeatsCmd is seat list.
 type SeatsCmd struct {
 	JSON bool `name:"json" help:"Print one JSON array."`
 }
@@ -42,10 +42,11 @@ func (c *SeatsCmd) Run(env *Env) error {
 	return tw.Flush()
 }
 
-// SeatCmd is seat: a handover, an addition, or (with rename) a new name.
-// Its bare form (seat NAME --to|--add) is listed first in help.
+// SeatCmd is seat: a handover, an addition, the list, or (with rename) a
+// new name. Its bare form (seat NAME --to|--add) is listed first in help.
 type SeatCmd struct {
 	Hand   SeatHandCmd   `cmd:"" default:"withargs" hidden:"" help:"Hand a seat over (NAME --to NODE/MODULE), or add a holder beside the others (NAME --add NODE/MODULE)."`
+	List   SeatsCmd      `cmd:"" help:"Every seat the mesh defines, what it delivers, and who holds it."`
 	Rename SeatRenameCmd `cmd:"" help:"Rename a seat; the former name still resolves."`
 }
 
@@ -101,7 +102,15 @@ func (c *SeatHandCmd) Run(env *Env) error {
 	return nil
 }
 
-// PinCmd is pin.
+// ProvisionCmd groups the acts on provisions: which provider a node's
+// consumers get one from, and their credentials.
+type ProvisionCmd struct {
+	Pin    PinCmd    `cmd:"" help:"Which provider a node's consumers get a provision from."`
+	Unpin  UnpinCmd  `cmd:"" help:"Put that question back to the mesh (stickiness still keeps a binding that holds precious data)."`
+	Rotate RotateCmd `cmd:"" help:"New per-consumer credentials for a provision; both ends in the same push."`
+}
+
+// PinCmd is provision pin.
 type PinCmd struct {
 	Node      Name   `arg:"" help:"The consuming node."`
 	Provision Name   `arg:"" help:"The provision."`
@@ -129,7 +138,7 @@ func (c *PinCmd) Run(env *Env) error {
 	return nil
 }
 
-// UnpinCmd is unpin.
+// UnpinCmd is provision unpin.
 type UnpinCmd struct {
 	Node      Name `arg:"" help:"The consuming node."`
 	Provision Name `arg:"" help:"The provision."`
@@ -149,7 +158,7 @@ func (c *UnpinCmd) Run(env *Env) error {
 	return nil
 }
 
-// RotateCmd is rotate.
+// RotateCmd is provision rotate.
 type RotateCmd struct {
 	Provision Name `arg:"" help:"The provision."`
 	Consumer  Name `help:"Only this consuming node's credentials."`

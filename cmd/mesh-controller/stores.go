@@ -117,7 +117,9 @@ func helpWithStores(options kong.HelpOptions, kctx *kong.Context) error {
 
 // StoreCmd is store: the stores themselves, as a whole.
 type StoreCmd struct {
-	Copy StoreCopyCmd `cmd:"" help:"Copy contexts' stores onto others (SQLite to PostgreSQL, or back) while no controller serves; counts and digests compared."`
+	Backup  BackupCmd    `cmd:"" help:"A consistent copy of every store, taken while serve runs, sealed with age to the operator key."`
+	Restore RestoreCmd   `cmd:"" help:"A backup into a new or empty data dir (--data), opened with the operator key; integrity and schema checked."`
+	Copy    StoreCopyCmd `cmd:"" help:"Copy contexts' stores onto others (SQLite to PostgreSQL, or back) while no controller serves; counts and digests compared."`
 }
 
 // StoreCopyCmd is store copy.

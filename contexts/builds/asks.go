@@ -17,7 +17,8 @@ import (
 // made by NewID unless the ask carries one (which must be a build id no
 // other ask has); its repository, ref, module, dry run, plan and again-of
 // are kept, anything else it carries is not. It returns the ask as kept.
-func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (Ask, error) {
+func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "enqueue build")
 	if a.Repository == "" {
 		return Ask{}, ErrNoRepository
 	}
@@ -27,7 +28,7 @@ func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (Ask, error) 
 		return Ask{}, fmt.Errorf("enqueue build: %w", err)
 	}
 	var out Ask
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		// Asked in the transaction rather than left to the primary key, so
 		// that a clash is known by its sentinel, not by the driver's message.
 		if _, err := getAsk(ctx, tx, a.ID); err == nil {
@@ -44,7 +45,7 @@ func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (Ask, error) 
 		return err
 	})
 	if err != nil {
-		return Ask{}, fmt.Errorf("enqueue build %s: %w", a.ID, err)
+		return Ask{}, s.said(err, "enqueue build %s", a.ID)
 	}
 	return out, nil
 }
@@ -53,7 +54,8 @@ func (s *Store) Enqueue(ctx context.Context, a Ask, now time.Time) (Ask, error) 
 // other ask is ErrNotWaiting, saying where it stands. Whether the builder
 // is paused is the caller's to ask before it offers the ask: a builder that
 // already said it took one is recorded as having it.
-func (s *Store) Take(ctx context.Context, id, builder string, now time.Time) (Ask, error) {
+func (s *Store) Take(ctx context.Context, id, builder string, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "take build %s", id)
 	return s.act(ctx, "take", id, func(tx *sql.Tx, a Ask) error {
 		if a.State != Waiting {
 			return refuse(ErrNotWaiting, a)
@@ -72,12 +74,13 @@ func (s *Store) Take(ctx context.Context, id, builder string, now time.Time) (As
 // (cancelled, killed, or finished by an earlier outcome) refuses it with
 // ErrEnded, saying how it ended. The outcome is bounded as it is kept:
 // its why one line, its log tail the last LogTailLines lines.
-func (s *Store) Finish(ctx context.Context, id string, o Outcome, now time.Time) (Ask, error) {
+func (s *Store) Finish(ctx context.Context, id string, o Outcome, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "finish build %s", id)
 	manifest := ""
 	if len(o.Manifest) > 0 {
 		var b bytes.Buffer
 		if err := json.Compact(&b, o.Manifest); err != nil {
-			return Ask{}, fmt.Errorf("finish build %s: the outcome's manifest is not JSON: %w", id, err)
+			return Ask{}, fmt.Errorf("the outcome's manifest is not JSON: %w", err)
 		}
 		manifest = b.String()
 	}
@@ -135,7 +138,8 @@ func (s *Store) Finish(ctx context.Context, id string, o Outcome, now time.Time)
 // A dry run is ErrDryRun; a build that is not done is ErrNotDone. Marking
 // a registered build again changes nothing, so a take-in that is retried
 // after a crash does not fail on its own earlier half.
-func (s *Store) MarkRegistered(ctx context.Context, id string) (Ask, error) {
+func (s *Store) MarkRegistered(ctx context.Context, id string) (_ Ask, err error) {
+	defer s.db.Failing(&err, "mark build %s registered", id)
 	return s.act(ctx, "register", id, func(tx *sql.Tx, a Ask) error {
 		if a.DryRun {
 			return refuse(ErrDryRun, a)
@@ -151,7 +155,8 @@ func (s *Store) MarkRegistered(ctx context.Context, id string) (Ask, error) {
 // MarkSuperseded records that a done build was not registered because the
 // mesh holds a newer commit of its module; why says which. Only a done
 // build that is not registered may be superseded (ErrNotDone, ErrRegistered).
-func (s *Store) MarkSuperseded(ctx context.Context, id, why string) (Ask, error) {
+func (s *Store) MarkSuperseded(ctx context.Context, id, why string) (_ Ask, err error) {
+	defer s.db.Failing(&err, "mark build %s superseded", id)
 	return s.act(ctx, "supersede", id, func(tx *sql.Tx, a Ask) error {
 		if a.State != Done {
 			return refuse(ErrNotDone, a)
@@ -167,7 +172,8 @@ func (s *Store) MarkSuperseded(ctx context.Context, id, why string) (Ask, error)
 // Cancel drops a waiting or dead ask by hand: it is cancelled. One in
 // flight is ErrInFlight, naming where it runs (kill ends it there); one
 // that ended is ErrEnded.
-func (s *Store) Cancel(ctx context.Context, id string, now time.Time) (Ask, error) {
+func (s *Store) Cancel(ctx context.Context, id string, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "cancel build %s", id)
 	return s.act(ctx, "cancel", id, func(tx *sql.Tx, a Ask) error {
 		switch a.State {
 		case Waiting, Dead:
@@ -184,14 +190,15 @@ func (s *Store) Cancel(ctx context.Context, id string, now time.Time) (Ask, erro
 
 // Clear cancels every waiting ask, and with includeDead every dead one,
 // and returns how many. An ask in flight is never touched.
-func (s *Store) Clear(ctx context.Context, includeDead bool, now time.Time) (int, error) {
+func (s *Store) Clear(ctx context.Context, includeDead bool, now time.Time) (_ int, err error) {
+	defer s.db.Failing(&err, "clear the build queue")
 	query := `UPDATE asks SET state = 'cancelled', finished_at = ?, why = 'cleared by hand' WHERE state = 'waiting'`
 	if includeDead {
 		query = `UPDATE asks SET state = 'cancelled', finished_at = ?, why = 'cleared by hand' WHERE state IN ('waiting', 'dead')`
 	}
 	n, err := s.execCount(ctx, query, sqlite.FormatTime(now))
 	if err != nil {
-		return 0, fmt.Errorf("clear the build queue: %w", err)
+		return 0, err
 	}
 	return n, nil
 }
@@ -215,7 +222,8 @@ func (s *Store) execCount(ctx context.Context, query string, args ...any) (int, 
 // is killed, and an outcome that comes after is refused. The returned ask
 // names its builder, where the kill is to be sent. Any other ask is
 // ErrNotInFlight.
-func (s *Store) Kill(ctx context.Context, id string, now time.Time) (Ask, error) {
+func (s *Store) Kill(ctx context.Context, id string, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "kill build %s", id)
 	return s.act(ctx, "kill", id, func(tx *sql.Tx, a Ask) error {
 		if a.State != InFlight {
 			return refuse(ErrNotInFlight, a)
@@ -230,7 +238,8 @@ func (s *Store) Kill(ctx context.Context, id string, now time.Time) (Ask, error)
 // time): it waits again, one try more, its waiting bound counted from now.
 // Any other ask is ErrNotInFlight. ExpireInFlight does this for every ask
 // past its bound.
-func (s *Store) Requeue(ctx context.Context, id string, now time.Time) (Ask, error) {
+func (s *Store) Requeue(ctx context.Context, id string, now time.Time) (_ Ask, err error) {
+	defer s.db.Failing(&err, "requeue build %s", id)
 	return s.act(ctx, "requeue", id, func(tx *sql.Tx, a Ask) error {
 		if a.State != InFlight {
 			return refuse(ErrNotInFlight, a)
@@ -246,6 +255,7 @@ func (s *Store) Requeue(ctx context.Context, id string, now time.Time) (Ask, err
 // maxTries times (at least once), is dead. It returns the asks as they now
 // stand, each list oldest asked first.
 func (s *Store) ExpireInFlight(ctx context.Context, bound time.Duration, maxTries int, now time.Time) (requeued, dead []Ask, err error) {
+	defer s.db.Failing(&err, "expire builds in flight")
 	cutoff := sqlite.FormatTime(now.Add(-bound))
 	at := sqlite.FormatTime(now)
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
@@ -278,7 +288,7 @@ func (s *Store) ExpireInFlight(ctx context.Context, bound time.Duration, maxTrie
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("expire builds in flight: %w", err)
+		return nil, nil, err
 	}
 	return requeued, dead, nil
 }
@@ -286,11 +296,12 @@ func (s *Store) ExpireInFlight(ctx context.Context, bound time.Duration, maxTrie
 // ExpireWaiting makes dead every ask that waited more than bound before now
 // (counted from when it was asked, or from its last try given up) with no
 // builder taking it, and returns them, oldest asked first.
-func (s *Store) ExpireWaiting(ctx context.Context, bound time.Duration, now time.Time) ([]Ask, error) {
+func (s *Store) ExpireWaiting(ctx context.Context, bound time.Duration, now time.Time) (_ []Ask, err error) {
+	defer s.db.Failing(&err, "expire waiting builds")
 	cutoff := sqlite.FormatTime(now.Add(-bound))
 	at := sqlite.FormatTime(now)
 	var dead []Ask
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		dead = nil
 		expired, err := queryAsks(ctx, tx, `SELECT `+askColumns+` FROM asks WHERE state = 'waiting' AND coalesce(last_try_at, asked_at) < ? ORDER BY asked_at, id`, cutoff)
 		if err != nil {
@@ -310,7 +321,7 @@ func (s *Store) ExpireWaiting(ctx context.Context, bound time.Duration, now time
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("expire waiting builds: %w", err)
+		return nil, err
 	}
 	return dead, nil
 }
@@ -332,7 +343,7 @@ func (s *Store) act(ctx context.Context, doing, id string, fn func(tx *sql.Tx, a
 		return err
 	})
 	if err != nil {
-		return Ask{}, fmt.Errorf("%s build %s: %w", doing, id, err)
+		return Ask{}, s.said(err, "%s build %s", doing, id)
 	}
 	return out, nil
 }

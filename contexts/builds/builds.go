@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -67,32 +66,32 @@ const DefaultListLimit = 50
 
 var (
 	// ErrNotFound means no build has that id.
-	ErrNotFound = errors.New("no build has that id")
+	ErrNotFound = sqlite.Refusal("no build has that id")
 	// ErrBadID means an id is not a build id (b-<unix-millis>-<random>).
-	ErrBadID = errors.New("is not a build id (b-<unix-millis>-<random>)")
+	ErrBadID = sqlite.Refusal("is not a build id (b-<unix-millis>-<random>)")
 	// ErrExists means a build has that id already.
-	ErrExists = errors.New("a build has that id already")
+	ErrExists = sqlite.Refusal("a build has that id already")
 	// ErrNoRepository means an ask named no repository.
-	ErrNoRepository = errors.New("an ask must name a repository")
+	ErrNoRepository = sqlite.Refusal("an ask must name a repository")
 	// ErrNotWaiting means only a waiting ask may be taken.
-	ErrNotWaiting = errors.New("it is not waiting")
+	ErrNotWaiting = sqlite.Refusal("it is not waiting")
 	// ErrInFlight means the ask is in flight: it can be killed, not cancelled.
-	ErrInFlight = errors.New("it is in flight")
+	ErrInFlight = sqlite.Refusal("it is in flight")
 	// ErrNotInFlight means the act is for an ask in flight only.
-	ErrNotInFlight = errors.New("it is not in flight")
+	ErrNotInFlight = sqlite.Refusal("it is not in flight")
 	// ErrEnded means the ask ended already (done, failed, superseded,
 	// cancelled or killed) and takes no outcome or act that would change it.
-	ErrEnded = errors.New("it has ended already")
+	ErrEnded = sqlite.Refusal("it has ended already")
 	// ErrNotDone means only a done build may be registered or superseded.
-	ErrNotDone = errors.New("it is not a done build")
+	ErrNotDone = sqlite.Refusal("it is not a done build")
 	// ErrDryRun means a dry run is looked at, never taken in.
-	ErrDryRun = errors.New("it is a dry run: looked at, never taken in")
+	ErrDryRun = sqlite.Refusal("it is a dry run: looked at, never taken in")
 	// ErrRegistered means a registered build cannot be superseded.
-	ErrRegistered = errors.New("it is registered already")
+	ErrRegistered = sqlite.Refusal("it is registered already")
 	// ErrNotPaused means the holder was not paused (by itself).
-	ErrNotPaused = errors.New("is not paused")
+	ErrNotPaused = sqlite.Refusal("is not paused")
 	// ErrNoHolder means a pause named no holder.
-	ErrNoHolder = errors.New("a pause must name a node, or * for every holder")
+	ErrNoHolder = sqlite.Refusal("a pause must name a node, or * for every holder")
 )
 
 // Ask is one build ask and, once a builder answered, its outcome.
@@ -187,6 +186,17 @@ type Outcome struct {
 // Store is the builds context's store.
 type Store struct {
 	db *sqlite.DB
+}
+
+// said is err as the act it came from says it: a refusal as "<act>:
+// <refusal>", since the act names the build or plan the refusal is about
+// ("cancel build b-…: it has ended already"); anything else as Failed says
+// it ("builds store: cancel build b-…: database is locked").
+func (s *Store) said(err error, act string, args ...any) error {
+	if sqlite.IsRefusal(err) {
+		return fmt.Errorf(act+": %w", append(args, err)...)
+	}
+	return s.db.Failed(err, act, args...)
 }
 
 // NewStore wraps an open, migrated builds store.

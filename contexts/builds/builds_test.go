@@ -697,7 +697,6 @@ func TestStore_Prune(t *testing.T) {
 // scan of the table.
 func TestStore_QueryPlans(t *testing.T) {
 	s := open(t)
-	ctx := context.Background()
 	for name, q := range map[string]string{
 		"queue":          queueQuery,
 		"waiting":        waitingQuery,
@@ -707,30 +706,10 @@ func TestStore_QueryPlans(t *testing.T) {
 		"list states":    `SELECT ` + askColumns + ` FROM asks WHERE state IN ('failed') ORDER BY asked_at DESC, id DESC LIMIT 50`,
 		"expire waiting": `SELECT ` + askColumns + ` FROM asks WHERE state = 'waiting' AND coalesce(last_try_at, asked_at) < '' ORDER BY asked_at, id`,
 	} {
+		plan := sqlitetest.QueryPlan(t, s.db, q, placeholders(q)...)
 		if s.db.Postgres {
-			// PostgreSQL plans by its statistics, which an empty table
-			// has none of: that each query is PostgreSQL's too is checked.
-			rows, err := s.db.Reader.QueryContext(ctx, `EXPLAIN `+q, placeholders(q)...)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			rows.Close()
 			continue
 		}
-		rows, err := s.db.Reader.QueryContext(ctx, `EXPLAIN QUERY PLAN `+q, placeholders(q)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var id, parent, unused int
-			var detail string
-			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, detail)
-		}
-		rows.Close()
 		t.Logf("%s: %q", name, plan)
 		for _, step := range plan {
 			if (strings.HasPrefix(step, "SCAN asks") || strings.HasPrefix(step, "SCAN b")) && !strings.Contains(step, "INDEX") {

@@ -24,6 +24,7 @@ type Pause struct {
 // resumed; what it has in flight goes on. A holder paused already stays
 // paused as it was, since and why unchanged, and added is false.
 func (s *Store) Pause(ctx context.Context, holder, why string, now time.Time) (p Pause, added bool, err error) {
+	defer s.db.Failing(&err, "pause builds on %s", holder)
 	if holder == "" {
 		return Pause{}, false, ErrNoHolder
 	}
@@ -45,7 +46,7 @@ func (s *Store) Pause(ctx context.Context, holder, why string, now time.Time) (p
 		return err
 	})
 	if err != nil {
-		return Pause{}, false, fmt.Errorf("pause builds on %s: %w", holder, err)
+		return Pause{}, false, err
 	}
 	return p, added, nil
 }
@@ -54,12 +55,13 @@ func (s *Store) Pause(ctx context.Context, holder, why string, now time.Time) (p
 // Every lifts every pause, each node's too; a node lifts its own. A node
 // not paused by itself is ErrNotPaused, saying so when every holder is
 // paused (only resuming every holder lifts that).
-func (s *Store) Resume(ctx context.Context, holder string) ([]Pause, error) {
+func (s *Store) Resume(ctx context.Context, holder string) (_ []Pause, err error) {
+	defer s.db.Failing(&err, "resume builds")
 	if holder == "" {
 		return nil, ErrNoHolder
 	}
 	var lifted []Pause
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		all, err := paused(ctx, tx, `SELECT holder, since, why FROM paused_builders ORDER BY holder`)
 		if err != nil {
 			return err
@@ -84,16 +86,17 @@ func (s *Store) Resume(ctx context.Context, holder string) ([]Pause, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("resume builds: %w", err)
+		return nil, s.said(err, "resume builds")
 	}
 	return lifted, nil
 }
 
 // Paused returns every pause in force, by holder (Every first).
-func (s *Store) Paused(ctx context.Context) ([]Pause, error) {
+func (s *Store) Paused(ctx context.Context) (_ []Pause, err error) {
+	defer s.db.Failing(&err, "read paused builders")
 	ps, err := paused(ctx, s.db.Reader, `SELECT holder, since, why FROM paused_builders ORDER BY holder`)
 	if err != nil {
-		return nil, fmt.Errorf("read paused builders: %w", err)
+		return nil, err
 	}
 	return ps, nil
 }

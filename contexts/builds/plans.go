@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -87,15 +86,15 @@ type Step struct {
 
 var (
 	// ErrPlanNotFound means no plan has that id.
-	ErrPlanNotFound = errors.New("no build plan has that id")
+	ErrPlanNotFound = sqlite.Refusal("no build plan has that id")
 	// ErrPlanOrder means a plan's steps are not bases first.
-	ErrPlanOrder = errors.New("a step must come after its bases, and name each module once")
+	ErrPlanOrder = sqlite.Refusal("a step must come after its bases, and name each module once")
 	// ErrPlanNotRunning means only a running plan may be stopped.
-	ErrPlanNotRunning = errors.New("it is not running")
+	ErrPlanNotRunning = sqlite.Refusal("it is not running")
 	// ErrPlanNotFailed means only a failed plan may be retried or closed.
-	ErrPlanNotFailed = errors.New("it has not failed")
+	ErrPlanNotFailed = sqlite.Refusal("it has not failed")
 	// ErrEmptyPlan means a plan must have a step.
-	ErrEmptyPlan = errors.New("a build plan must build at least one module")
+	ErrEmptyPlan = sqlite.Refusal("a build plan must build at least one module")
 )
 
 // NewPlanID makes a plan id, p-<unix-millis>-<random>.
@@ -104,7 +103,8 @@ func NewPlanID(now time.Time) string { return "p" + strings.TrimPrefix(NewID(now
 // MakePlan keeps a new running plan and, in the same transaction, asks for
 // the build of every step that has no base. Its steps must come bases
 // first (ErrPlanOrder). It returns the plan as kept.
-func (s *Store) MakePlan(ctx context.Context, p Plan, now time.Time) (Plan, error) {
+func (s *Store) MakePlan(ctx context.Context, p Plan, now time.Time) (_ Plan, err error) {
+	defer s.db.Failing(&err, "make build plan")
 	if len(p.Steps) == 0 {
 		return Plan{}, ErrEmptyPlan
 	}
@@ -123,7 +123,7 @@ func (s *Store) MakePlan(ctx context.Context, p Plan, now time.Time) (Plan, erro
 	if p.ID == "" {
 		p.ID = NewPlanID(now)
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO plans (id, kind, base, state, made_at) VALUES (?, ?, ?, ?, ?)`,
 			p.ID, p.Kind, p.Base, PlanRunning, sqlite.FormatTime(now)); err != nil {
 			return err
@@ -139,7 +139,7 @@ func (s *Store) MakePlan(ctx context.Context, p Plan, now time.Time) (Plan, erro
 		return err
 	})
 	if err != nil {
-		return Plan{}, fmt.Errorf("make build plan: %w", err)
+		return Plan{}, err
 	}
 	return s.Plan(ctx, p.ID)
 }
@@ -149,7 +149,8 @@ func (s *Store) MakePlan(ctx context.Context, p Plan, now time.Time) (Plan, erro
 // are all done is asked for, and a plan with nothing left to do ends,
 // done or failed. One transaction per plan; it returns a line for each
 // thing it did.
-func (s *Store) AdvancePlans(ctx context.Context, now time.Time) ([]string, error) {
+func (s *Store) AdvancePlans(ctx context.Context, now time.Time) (_ []string, err error) {
+	defer s.db.Failing(&err, "carry build plans on")
 	ids, err := sqlite.Strings(ctx, s.db.Reader, `SELECT id FROM plans WHERE state = 'running' ORDER BY made_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("read running plans: %w", err)
@@ -162,7 +163,7 @@ func (s *Store) AdvancePlans(ctx context.Context, now time.Time) ([]string, erro
 			return err
 		})
 		if err != nil {
-			return lines, fmt.Errorf("carry build plan %s on: %w", id, err)
+			return lines, s.said(err, "carry build plan %s on", id)
 		}
 	}
 	return lines, nil
@@ -280,7 +281,8 @@ func followAgain(ctx context.Context, q sqlite.Querier, id string) (Ask, error) 
 // asked again of the one that failed), lets its stopped steps wait for
 // their bases again, and runs the plan on. Any plan but a failed one is
 // ErrPlanNotFailed.
-func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (Plan, error) {
+func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (_ Plan, err error) {
+	defer s.db.Failing(&err, "retry build plan %s", id)
 	return s.planAct(ctx, "retry", id, PlanFailed, ErrPlanNotFailed, func(tx *sql.Tx, p Plan) error {
 		for i, st := range p.Steps {
 			switch st.State {
@@ -308,7 +310,8 @@ func (s *Store) RetryPlan(ctx context.Context, id string, now time.Time) (Plan, 
 // taken in when it ends, as any build) with its step stopped. It returns
 // the plan and the builds left in flight. Any plan but a running one is
 // ErrPlanNotRunning.
-func (s *Store) StopPlan(ctx context.Context, id, why string, now time.Time) (Plan, []string, error) {
+func (s *Store) StopPlan(ctx context.Context, id, why string, now time.Time) (_ Plan, _ []string, err error) {
+	defer s.db.Failing(&err, "stop build plan %s", id)
 	var inFlight []string
 	p, err := s.planAct(ctx, "stop", id, PlanRunning, ErrPlanNotRunning, func(tx *sql.Tx, p Plan) error {
 		stamp := sqlite.FormatTime(now)
@@ -346,7 +349,8 @@ func (s *Store) StopPlan(ctx context.Context, id, why string, now time.Time) (Pl
 
 // ClosePlan ends a failed plan by hand, not to be retried. Any plan but a
 // failed one is ErrPlanNotFailed.
-func (s *Store) ClosePlan(ctx context.Context, id, why string, now time.Time) (Plan, error) {
+func (s *Store) ClosePlan(ctx context.Context, id, why string, now time.Time) (_ Plan, err error) {
+	defer s.db.Failing(&err, "close build plan %s", id)
 	return s.planAct(ctx, "close", id, PlanFailed, ErrPlanNotFailed, func(tx *sql.Tx, _ Plan) error {
 		_, err := tx.ExecContext(ctx, `UPDATE plans SET state = 'closed', ended_at = ?, why = ? WHERE id = ?`, sqlite.FormatTime(now), oneLine(why, MaxWhyBytes), id)
 		return err
@@ -368,7 +372,7 @@ func (s *Store) planAct(ctx context.Context, doing, id string, want PlanState, s
 		return fn(tx, p)
 	})
 	if err != nil {
-		return Plan{}, fmt.Errorf("%s build plan: %w", doing, err)
+		return Plan{}, s.said(err, "%s build plan", doing)
 	}
 	return s.Plan(ctx, id)
 }
@@ -381,10 +385,11 @@ func insertAsk(ctx context.Context, tx *sql.Tx, a Ask, now time.Time) error {
 }
 
 // Plan returns one plan with its steps, or ErrPlanNotFound.
-func (s *Store) Plan(ctx context.Context, id string) (Plan, error) {
+func (s *Store) Plan(ctx context.Context, id string) (_ Plan, err error) {
+	defer s.db.Failing(&err, "read build plan %s", id)
 	p, err := readPlan(ctx, s.db.Reader, id)
 	if err != nil {
-		return Plan{}, fmt.Errorf("read build plan %s: %w", id, err)
+		return Plan{}, s.said(err, "read build plan %s", id)
 	}
 	return p, nil
 }
@@ -396,7 +401,8 @@ const DefaultPlanLimit = 20
 // Plans returns every running or failed plan (they wait for the builds or
 // for a person), then the latest limit others (0 is DefaultPlanLimit),
 // newest first, with their steps.
-func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
+func (s *Store) Plans(ctx context.Context, limit int) (_ []Plan, err error) {
+	defer s.db.Failing(&err, "list build plans")
 	if limit <= 0 {
 		limit = DefaultPlanLimit
 	}
@@ -406,7 +412,7 @@ func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
 		SELECT id, made_at, 1 FROM (SELECT id, made_at FROM plans WHERE state NOT IN ('running', 'failed') ORDER BY made_at DESC, id DESC LIMIT ?) AS ended
 	) AS listed ORDER BY rank, made_at DESC, id DESC`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list build plans: %w", err)
+		return nil, err
 	}
 	out := []Plan{}
 	for _, id := range ids {
@@ -422,12 +428,13 @@ func (s *Store) Plans(ctx context.Context, limit int) ([]Plan, error) {
 // PrunePlans deletes ended plans (done, stopped, closed) beyond the newest
 // keep that ended before olderThan, and returns how many went. Running and
 // failed plans are never deleted: they wait for a person.
-func (s *Store) PrunePlans(ctx context.Context, keep int, olderThan time.Time) (int, error) {
+func (s *Store) PrunePlans(ctx context.Context, keep int, olderThan time.Time) (_ int, err error) {
+	defer s.db.Failing(&err, "prune build plans")
 	n, err := s.execCount(ctx, `DELETE FROM plans WHERE id IN (
 		SELECT id FROM plans WHERE state IN ('done', 'stopped', 'closed') AND ended_at < ?
 		ORDER BY made_at DESC, id DESC LIMIT ? OFFSET ?)`, sqlite.FormatTime(olderThan), int64(math.MaxInt64), max(keep, 0))
 	if err != nil {
-		return 0, fmt.Errorf("prune build plans: %w", err)
+		return 0, err
 	}
 	return n, nil
 }

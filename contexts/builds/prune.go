@@ -2,7 +2,6 @@ package builds
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -41,7 +40,8 @@ DELETE FROM asks WHERE id IN (
 // dead, the newest ended ask of a module (keep is at least 1), the latest
 // build LatestByModule reports, or a module's latest registered build.
 // It deletes in batches, each its own transaction.
-func (s *Store) Prune(ctx context.Context, keep int, olderThan time.Time) (int, error) {
+func (s *Store) Prune(ctx context.Context, keep int, olderThan time.Time) (_ int, err error) {
+	defer s.db.Failing(&err, "prune builds")
 	keep = max(keep, 1)
 	before := sqlite.FormatTime(olderThan)
 	total := 0
@@ -51,7 +51,7 @@ func (s *Store) Prune(ctx context.Context, keep int, olderThan time.Time) (int, 
 		}
 		n, err := s.execCount(ctx, pruneQuery, keep, before, pruneBatch)
 		if err != nil {
-			return total, fmt.Errorf("prune builds: %w", err)
+			return total, err
 		}
 		total += n
 		if n < pruneBatch {

@@ -46,16 +46,18 @@ const (
 )
 
 // Get returns one ask, or ErrNotFound.
-func (s *Store) Get(ctx context.Context, id string) (Ask, error) {
+func (s *Store) Get(ctx context.Context, id string) (_ Ask, err error) {
+	defer s.db.Failing(&err, "read build %s", id)
 	a, err := getAsk(ctx, s.db.Reader, id)
 	if err != nil {
-		return Ask{}, fmt.Errorf("read build %s: %w", id, err)
+		return Ask{}, s.said(err, "read build %s", id)
 	}
 	return a, nil
 }
 
 // List returns the builds the filter asks for, newest asked first.
-func (s *Store) List(ctx context.Context, f Filter) ([]Ask, error) {
+func (s *Store) List(ctx context.Context, f Filter) (_ []Ask, err error) {
+	defer s.db.Failing(&err, "list builds")
 	var where []string
 	var args []any
 	if f.Module != "" {
@@ -83,30 +85,32 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Ask, error) {
 	args = append(args, limit)
 	out, err := queryAsks(ctx, s.db.Reader, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list builds: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
 
 // Waiting returns up to limit waiting asks (all if limit <= 0), oldest
 // asked first: the order they are offered to builders.
-func (s *Store) Waiting(ctx context.Context, limit int) ([]Ask, error) {
+func (s *Store) Waiting(ctx context.Context, limit int) (_ []Ask, err error) {
+	defer s.db.Failing(&err, "read waiting builds")
 	if limit <= 0 {
 		limit = math.MaxInt64
 	}
 	out, err := queryAsks(ctx, s.db.Reader, waitingQuery, limit)
 	if err != nil {
-		return nil, fmt.Errorf("read waiting builds: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
 
 // Queue returns every ask in the queue, waiting, in flight or dead, oldest
 // asked first.
-func (s *Store) Queue(ctx context.Context) ([]Ask, error) {
+func (s *Store) Queue(ctx context.Context) (_ []Ask, err error) {
+	defer s.db.Failing(&err, "read the build queue")
 	out, err := queryAsks(ctx, s.db.Reader, queueQuery)
 	if err != nil {
-		return nil, fmt.Errorf("read the build queue: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
@@ -116,10 +120,11 @@ func (s *Store) Queue(ctx context.Context) ([]Ask, error) {
 // by module name. Dry runs, and asks cancelled, killed or dead, do not
 // count: they say nothing of whether the module's source builds. The
 // build.failed condition reads it.
-func (s *Store) LatestByModule(ctx context.Context) ([]Ask, error) {
+func (s *Store) LatestByModule(ctx context.Context) (_ []Ask, err error) {
+	defer s.db.Failing(&err, "read the latest build of each module")
 	out, err := queryAsks(ctx, s.db.Reader, latestQuery)
 	if err != nil {
-		return nil, fmt.Errorf("read the latest build of each module: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
@@ -213,7 +218,8 @@ func scanAsk(sc interface{ Scan(...any) error }) (Ask, error) {
 
 // AskedAgain gives, for each ask asked again (rebuild, replay, the re-ask
 // healer), the state of its newest ask again.
-func (s *Store) AskedAgain(ctx context.Context) (map[string]State, error) {
+func (s *Store) AskedAgain(ctx context.Context) (_ map[string]State, err error) {
+	defer s.db.Failing(&err, "read the builds asked again")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT again_of, state FROM asks WHERE again_of != '' ORDER BY asked_at, id`)
 	if err != nil {
 		return nil, err

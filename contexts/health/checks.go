@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"strings"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -31,10 +31,11 @@ type Verdict struct {
 }
 
 // ErrNoVerdict means the self-check has not run yet.
-var ErrNoVerdict = errors.New("the self-check has not run yet")
+var ErrNoVerdict = sqlite.Refusal("the self-check has not run yet")
 
 // RecordVerdict keeps a verdict, and only the latest hundred.
-func (s *Store) RecordVerdict(ctx context.Context, v Verdict) error {
+func (s *Store) RecordVerdict(ctx context.Context, v Verdict) (err error) {
+	defer s.db.Failing(&err, "record the self-check's verdict")
 	probes, err := json.Marshal(v.Probes)
 	if err != nil {
 		return err
@@ -50,10 +51,11 @@ func (s *Store) RecordVerdict(ctx context.Context, v Verdict) error {
 }
 
 // LastVerdict returns the latest verdict, or ErrNoVerdict.
-func (s *Store) LastVerdict(ctx context.Context) (Verdict, error) {
+func (s *Store) LastVerdict(ctx context.Context) (_ Verdict, err error) {
+	defer s.db.Failing(&err, "read the self-check's last verdict")
 	var v Verdict
 	var at, probes string
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT at, ok, probes, raised, changed, cleared, open, took_ms FROM verdicts ORDER BY id DESC LIMIT 1`).
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT at, ok, probes, raised, changed, cleared, open, took_ms FROM verdicts ORDER BY id DESC LIMIT 1`).
 		Scan(&at, &v.OK, &probes, &v.Raised, &v.Changed, &v.Cleared, &v.Open, &v.TookMS)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Verdict{}, ErrNoVerdict
@@ -77,7 +79,8 @@ type Duration struct {
 }
 
 // RecordDurations keeps measured durations in one transaction.
-func (s *Store) RecordDurations(ctx context.Context, ds []Duration) error {
+func (s *Store) RecordDurations(ctx context.Context, ds []Duration) (err error) {
+	defer s.db.Failing(&err, "record durations")
 	if len(ds) == 0 {
 		return nil
 	}
@@ -97,9 +100,10 @@ func (s *Store) RecordDurations(ctx context.Context, ds []Duration) error {
 }
 
 // Durations returns the durations of a kind ("" for every kind) since a time.
-func (s *Store) Durations(ctx context.Context, kind string, since time.Time) ([]Duration, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT kind, subject, name, ms, at FROM durations WHERE at >= ? AND (? = '' OR kind = ?)`,
-		sqlite.FormatTime(since), kind, kind)
+func (s *Store) Durations(ctx context.Context, kind string, since time.Time) (_ []Duration, err error) {
+	defer s.db.Failing(&err, "read durations")
+	query, args := durationsQuery(kind, since)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +123,27 @@ func (s *Store) Durations(ctx context.Context, kind string, since time.Time) ([]
 	return out, rows.Err()
 }
 
+// durationKinds are the kinds of duration the durations table holds: the
+// kinds its CHECK allows (migration 0007).
+var durationKinds = []string{"apply", "heartbeat", "tier", "build", "start", "declare"}
+
+// durationsQuery reads one kind's durations since a time, or every kind's.
+// Every kind is named, not left out, so that both find their rows through
+// the index on (kind, at): without a kind, the table has no index on at
+// alone to search, and would be scanned whole.
+func durationsQuery(kind string, since time.Time) (string, []any) {
+	kinds := []string{kind}
+	if kind == "" {
+		kinds = durationKinds
+	}
+	args := make([]any, 0, len(kinds)+1)
+	for _, k := range kinds {
+		args = append(args, k)
+	}
+	args = append(args, sqlite.FormatTime(since))
+	return `SELECT kind, subject, name, ms, at FROM durations WHERE kind IN (?` + strings.Repeat(", ?", len(kinds)-1) + `) AND at >= ?`, args
+}
+
 // HealerAct is one automatic act a healer took.
 type HealerAct struct {
 	Healer    string    `json:"healer"`
@@ -131,7 +156,8 @@ type HealerAct struct {
 
 // RecordHealerAct keeps a healer's act, in a write the serving
 // controller's fence guards: a deposed controller's healer does not act twice.
-func (s *Store) RecordHealerAct(ctx context.Context, a HealerAct) error {
+func (s *Store) RecordHealerAct(ctx context.Context, a HealerAct) (err error) {
+	defer s.db.Failing(&err, "record a healer's act")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO healer_acts (healer, subject, condition, detail, outcome, at) VALUES (?, ?, ?, ?, ?, ?)`,
 			a.Healer, a.Subject, a.Condition, a.Detail, a.Outcome, sqlite.FormatTime(a.At))
@@ -140,7 +166,8 @@ func (s *Store) RecordHealerAct(ctx context.Context, a HealerAct) error {
 }
 
 // HealerActs returns the acts since a time, newest first.
-func (s *Store) HealerActs(ctx context.Context, since time.Time) ([]HealerAct, error) {
+func (s *Store) HealerActs(ctx context.Context, since time.Time) (_ []HealerAct, err error) {
+	defer s.db.Failing(&err, "read the healers' acts")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT healer, subject, condition, detail, outcome, at FROM healer_acts WHERE at >= ? ORDER BY at DESC, id DESC`,
 		sqlite.FormatTime(since))
 	if err != nil {
@@ -173,11 +200,12 @@ type Brake struct {
 }
 
 // Brake returns the brake's state.
-func (s *Store) Brake(ctx context.Context) (Brake, error) {
+func (s *Store) Brake(ctx context.Context) (_ Brake, err error) {
+	defer s.db.Failing(&err, "read the healers' brake")
 	var b Brake
 	var engaged string
 	var released sql.NullString
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT engaged_at, why, released_at, released_by, release_why FROM brake WHERE id = 1`).
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT engaged_at, why, released_at, released_by, release_why FROM brake WHERE id = 1`).
 		Scan(&engaged, &b.Why, &released, &b.ReleasedBy, &b.ReleaseWhy)
 	if errors.Is(err, sql.ErrNoRows) {
 		return b, nil
@@ -198,20 +226,22 @@ func (s *Store) Brake(ctx context.Context) (Brake, error) {
 }
 
 // EngageBrake stops every healer until a person releases the brake.
-func (s *Store) EngageBrake(ctx context.Context, why string, now time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO brake (id, engaged_at, why) VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET engaged_at = excluded.engaged_at, why = excluded.why, released_at = NULL, released_by = NULL, release_why = NULL`, sqlite.FormatTime(now), why)
+func (s *Store) EngageBrake(ctx context.Context, why string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "engage the healers' brake")
+	_, err = s.db.Exec(ctx, `INSERT INTO brake (id, engaged_at, why) VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET engaged_at = excluded.engaged_at, why = excluded.why, released_at = NULL, released_by = NULL, release_why = NULL`, sqlite.FormatTime(now), why)
 	return err
 }
 
 // ErrBrakeNotEngaged means there is no engaged brake to release.
-var ErrBrakeNotEngaged = errors.New("the healers' brake is not engaged")
+var ErrBrakeNotEngaged = sqlite.Refusal("the healers' brake is not engaged")
 
 // ReleaseBrake lets the healers act again.
-func (s *Store) ReleaseBrake(ctx context.Context, who, why string, now time.Time) error {
+func (s *Store) ReleaseBrake(ctx context.Context, who, why string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "release the healers' brake")
 	res, err := s.db.Exec(ctx, `UPDATE brake SET released_at = ?, released_by = ?, release_why = ? WHERE id = 1 AND released_at IS NULL`,
 		sqlite.FormatTime(now), who, why)
 	if err != nil {
-		return fmt.Errorf("release the brake: %w", err)
+		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return ErrBrakeNotEngaged

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -20,7 +19,7 @@ const (
 )
 
 // ErrNoCondition means no open condition has that key.
-var ErrNoCondition = errors.New("no open condition has that key")
+var ErrNoCondition = sqlite.Refusal("no open condition has that key")
 
 // Condition is something wrong now.
 type Condition struct {
@@ -121,10 +120,11 @@ func capHistory(ctx context.Context, tx *sql.Tx, written map[string]bool) error 
 // cleared. A kind the check could not evaluate (its store was unreadable)
 // keeps its conditions. Every change is kept in the history, which keeps
 // HistoryPerSubject rows a subject.
-func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) ([]Change, error) {
+func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[string]bool, now time.Time) (_ []Change, err error) {
+	defer s.db.Failing(&err, "reconcile conditions")
 	var changes []Change
 	at := sqlite.FormatTime(now)
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		open, err := conditions(ctx, tx, "")
 		if err != nil {
 			return err
@@ -187,7 +187,7 @@ func (s *Store) Reconcile(ctx context.Context, found []Condition, evaluated map[
 		return capHistory(ctx, tx, written)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile conditions: %w", err)
+		return nil, err
 	}
 	return changes, nil
 }
@@ -216,7 +216,8 @@ func scanCondition(sc interface{ Scan(...any) error }) (Condition, error) {
 }
 
 func conditions(ctx context.Context, q sqlite.Querier, key string) ([]Condition, error) {
-	rows, err := q.QueryContext(ctx, `SELECT `+conditionColumns+` FROM conditions WHERE ? = '' OR key = ?`, key, key)
+	query, args := conditionsQuery(key)
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -232,8 +233,20 @@ func conditions(ctx context.Context, q sqlite.Querier, key string) ([]Condition,
 	return out, rows.Err()
 }
 
+// conditionsQuery reads one open condition, or all. The WHERE clause is
+// written per case: one statement for both (the key compared to the
+// empty string in SQL) has one plan for both, and it scans the table even
+// for one key.
+func conditionsQuery(key string) (string, []any) {
+	if key == "" {
+		return `SELECT ` + conditionColumns + ` FROM conditions`, nil
+	}
+	return `SELECT ` + conditionColumns + ` FROM conditions WHERE key = ?`, []any{key}
+}
+
 // Conditions returns every open condition, urgent first, then by key.
-func (s *Store) Conditions(ctx context.Context) ([]Condition, error) {
+func (s *Store) Conditions(ctx context.Context) (_ []Condition, err error) {
+	defer s.db.Failing(&err, "read the open conditions")
 	cs, err := conditions(ctx, s.db.Reader, "")
 	if err != nil {
 		return nil, err
@@ -248,7 +261,8 @@ func (s *Store) Conditions(ctx context.Context) ([]Condition, error) {
 }
 
 // Condition returns one open condition, or ErrNoCondition.
-func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
+func (s *Store) Condition(ctx context.Context, key string) (_ Condition, err error) {
+	defer s.db.Failing(&err, "read condition %s", key)
 	cs, err := conditions(ctx, s.db.Reader, key)
 	if err != nil {
 		return Condition{}, err
@@ -261,9 +275,10 @@ func (s *Store) Condition(ctx context.Context, key string) (Condition, error) {
 
 // History returns the raisings, changes, clearings and silencings since a
 // time, of one key or ("") of all, newest first.
-func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Change, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT key, kind, event, severity, summary, evidence, at FROM condition_history
-		WHERE at >= ? AND (? = '' OR key = ?) ORDER BY at DESC, id DESC`, sqlite.FormatTime(since), key, key)
+func (s *Store) History(ctx context.Context, key string, since time.Time) (_ []Change, err error) {
+	defer s.db.Failing(&err, "read the conditions' history")
+	query, args := historyQuery(key, since)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -284,10 +299,24 @@ func (s *Store) History(ctx context.Context, key string, since time.Time) ([]Cha
 	return out, rows.Err()
 }
 
+// historyQuery reads one key's history since a time, or every key's: the
+// first through the index on (key, at), the second through the one on at.
+// One statement for both (the key compared to the empty string in SQL)
+// has one plan for both, the second's: every key's rows since, read to
+// keep one key's.
+func historyQuery(key string, since time.Time) (string, []any) {
+	const columns = `SELECT key, kind, event, severity, summary, evidence, at FROM condition_history`
+	if key == "" {
+		return columns + ` WHERE at >= ? ORDER BY at DESC, id DESC`, []any{sqlite.FormatTime(since)}
+	}
+	return columns + ` WHERE key = ? AND at >= ? ORDER BY at DESC, id DESC`, []any{key, sqlite.FormatTime(since)}
+}
+
 // Silence stops a condition's messages until a time; it stays open and listed.
-func (s *Store) Silence(ctx context.Context, key string, until time.Time, why string, now time.Time) (Condition, error) {
+func (s *Store) Silence(ctx context.Context, key string, until time.Time, why string, now time.Time) (_ Condition, err error) {
+	defer s.db.Failing(&err, "silence condition %s", key)
 	var c Condition
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		cs, err := conditions(ctx, tx, key)
 		if err != nil {
 			return err
@@ -317,7 +346,8 @@ type OpenCount struct {
 
 // CountOpen counts the open conditions by kind and severity, without
 // reading each one: a scrape at 10,000 silent nodes reads a few rows.
-func (s *Store) CountOpen(ctx context.Context) ([]OpenCount, error) {
+func (s *Store) CountOpen(ctx context.Context) (_ []OpenCount, err error) {
+	defer s.db.Failing(&err, "count the open conditions")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT kind, severity, count(*) FROM conditions GROUP BY kind, severity ORDER BY kind, severity`)
 	if err != nil {
 		return nil, err

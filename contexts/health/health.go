@@ -7,15 +7,13 @@ package health
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
 )
 
 // ErrNoWhy means a hand act was given no reason.
-var ErrNoWhy = errors.New("a hand act needs --why: say why it was done")
+var ErrNoWhy = sqlite.Refusal("a hand act needs --why: say why it was done")
 
 // HandAct is something a person did by hand outside the ordinary flow.
 type HandAct struct {
@@ -46,8 +44,9 @@ type Store struct {
 func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 
 // RecordHandAct keeps a hand act; its why may not be empty.
-func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (HandAct, error) {
-	out, err := s.recordHandActs(ctx, []HandAct{a}, "record hand act")
+func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (_ HandAct, err error) {
+	defer s.db.Failing(&err, "record a hand act")
+	out, err := s.recordHandActs(ctx, []HandAct{a})
 	if err != nil {
 		return HandAct{}, err
 	}
@@ -56,13 +55,13 @@ func (s *Store) RecordHandAct(ctx context.Context, a HandAct) (HandAct, error) {
 
 // RecordHandActs keeps the hand acts of one command in one transaction:
 // all of them or none. Each why may not be empty.
-func (s *Store) RecordHandActs(ctx context.Context, acts []HandAct) ([]HandAct, error) {
-	return s.recordHandActs(ctx, acts, "record hand acts")
+func (s *Store) RecordHandActs(ctx context.Context, acts []HandAct) (_ []HandAct, err error) {
+	defer s.db.Failing(&err, "record hand acts")
+	return s.recordHandActs(ctx, acts)
 }
 
-// recordHandActs is RecordHandAct and RecordHandActs; doing words their
-// errors, each as it always has.
-func (s *Store) recordHandActs(ctx context.Context, acts []HandAct, doing string) ([]HandAct, error) {
+// recordHandActs is RecordHandAct and RecordHandActs.
+func (s *Store) recordHandActs(ctx context.Context, acts []HandAct) ([]HandAct, error) {
 	if err := needWhy(acts); err != nil {
 		return nil, err
 	}
@@ -72,10 +71,7 @@ func (s *Store) recordHandActs(ctx context.Context, acts []HandAct, doing string
 		out, err = insertHandActs(ctx, tx, acts)
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", doing, err)
-	}
-	return out, nil
+	return out, err
 }
 
 // needWhy refuses hand acts any of which has no why. It is asked before the
@@ -105,7 +101,8 @@ func insertHandActs(ctx context.Context, tx *sql.Tx, acts []HandAct) ([]HandAct,
 }
 
 // HandActs returns the hand acts since a time, newest first.
-func (s *Store) HandActs(ctx context.Context, since time.Time) ([]HandAct, error) {
+func (s *Store) HandActs(ctx context.Context, since time.Time) (_ []HandAct, err error) {
+	defer s.db.Failing(&err, "read hand acts")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, at, what, why, cause, who, condition FROM hand_acts WHERE at >= ? ORDER BY at DESC, id DESC`,
 		sqlite.FormatTime(since))
 	if err != nil {
@@ -128,19 +125,22 @@ func (s *Store) HandActs(ctx context.Context, since time.Time) ([]HandAct, error
 }
 
 // CountDrops adds n dropped messages for a claimed node and reason.
-func (s *Store) CountDrops(ctx context.Context, node, reason string, n int64, now time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
+func (s *Store) CountDrops(ctx context.Context, node, reason string, n int64, now time.Time) (err error) {
+	defer s.db.Failing(&err, "count dropped messages")
+	_, err = s.db.Exec(ctx, `INSERT INTO dropped_messages (node, reason, count, first_at, last_at) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (node, reason) DO UPDATE SET count = dropped_messages.count + excluded.count, last_at = excluded.last_at`,
 		node, reason, n, sqlite.FormatTime(now), sqlite.FormatTime(now))
 	if err != nil {
-		return fmt.Errorf("count dropped messages: %w", err)
+		return err
 	}
 	return nil
 }
 
 // Drops returns the dropped-message counts claimed for a node ("" for all).
-func (s *Store) Drops(ctx context.Context, node string) ([]Drop, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, reason, count, first_at, last_at FROM dropped_messages WHERE ? = '' OR node = ? ORDER BY node, reason`, node, node)
+func (s *Store) Drops(ctx context.Context, node string) (_ []Drop, err error) {
+	defer s.db.Failing(&err, "read dropped messages")
+	query, args := dropsQuery(node)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -161,4 +161,16 @@ func (s *Store) Drops(ctx context.Context, node string) ([]Drop, error) {
 		drops = append(drops, d)
 	}
 	return drops, rows.Err()
+}
+
+// dropsQuery reads one node's counts, or every node's. The WHERE clause is
+// written per case: one statement for both (the node compared to the
+// empty string in SQL) has one plan for both, and it scans the table even
+// for one node.
+func dropsQuery(node string) (string, []any) {
+	const columns = `SELECT node, reason, count, first_at, last_at FROM dropped_messages`
+	if node == "" {
+		return columns + ` ORDER BY node, reason`, nil
+	}
+	return columns + ` WHERE node = ? ORDER BY node, reason`, []any{node}
 }

@@ -91,7 +91,8 @@ type HourKey struct {
 
 // RecordHeartbeats adds histograms to each node's hourly aggregate, in one
 // transaction: a row per node and hour, however often it beats.
-func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) error {
+func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) (err error) {
+	defer s.db.Failing(&err, "record heartbeats")
 	if len(hs) == 0 {
 		return nil
 	}
@@ -127,10 +128,11 @@ func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) 
 }
 
 // Heartbeats merges each node's hourly aggregates since a time.
-func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]Histogram, error) {
+func (s *Store) Heartbeats(ctx context.Context, since time.Time) (_ map[string]Histogram, err error) {
+	defer s.db.Failing(&err, "read heartbeat aggregates")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, count, sum_ms, max_ms, buckets FROM heartbeat_hours WHERE hour >= ?`, hourOf(since))
 	if err != nil {
-		return nil, fmt.Errorf("read heartbeat aggregates: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	out := map[string]Histogram{}
@@ -155,7 +157,8 @@ func (s *Store) Heartbeats(ctx context.Context, since time.Time) (map[string]His
 // PruneHistory every condition history entry and healer act older than a
 // time; each in batches of batch rows until none is left, returning how
 // many went. Small batches keep each write short beside the daemon's.
-func (s *Store) PruneMeasurements(ctx context.Context, before, heartbeatsBefore time.Time, batch int) (int, error) {
+func (s *Store) PruneMeasurements(ctx context.Context, before, heartbeatsBefore time.Time, batch int) (_ int, err error) {
+	defer s.db.Failing(&err, "prune measurements")
 	return s.prune(ctx, batch,
 		prune{`DELETE FROM durations WHERE id IN (SELECT id FROM durations WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
 		prune{`DELETE FROM heartbeat_hours WHERE (node, hour) IN (SELECT node, hour FROM heartbeat_hours WHERE hour < ? LIMIT ?)`, hourOf(heartbeatsBefore)},
@@ -163,7 +166,8 @@ func (s *Store) PruneMeasurements(ctx context.Context, before, heartbeatsBefore 
 }
 
 // PruneHistory: see PruneMeasurements.
-func (s *Store) PruneHistory(ctx context.Context, before time.Time, batch int) (int, error) {
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, batch int) (_ int, err error) {
+	defer s.db.Failing(&err, "prune history")
 	return s.prune(ctx, batch,
 		prune{`DELETE FROM condition_history WHERE id IN (SELECT id FROM condition_history WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)},
 		prune{`DELETE FROM healer_acts WHERE id IN (SELECT id FROM healer_acts WHERE at < ? LIMIT ?)`, sqlite.FormatTime(before)})
@@ -180,7 +184,7 @@ func (s *Store) prune(ctx context.Context, batch int, ps ...prune) (int, error) 
 			}
 			res, err := s.db.Exec(ctx, p.query, p.before, batch)
 			if err != nil {
-				return total, fmt.Errorf("prune: %w", err)
+				return total, err
 			}
 			n, _ := res.RowsAffected()
 			total += int(n)

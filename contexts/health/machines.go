@@ -3,7 +3,6 @@ package health
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -23,7 +22,8 @@ type Forgotten struct {
 // dropped-message counters, and keeps the hand acts given, in one
 // transaction: a removed node leaves nothing open behind it, and the act
 // that removed it is recorded with it or not at all.
-func (s *Store) ForgetMachines(ctx context.Context, machines []string, why string, acts []HandAct, now time.Time) (Forgotten, error) {
+func (s *Store) ForgetMachines(ctx context.Context, machines []string, why string, acts []HandAct, now time.Time) (_ Forgotten, err error) {
+	defer s.db.Failing(&err, "forget machines")
 	if err := needWhy(acts); err != nil {
 		return Forgotten{}, err
 	}
@@ -32,7 +32,7 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 		gone[m] = true
 	}
 	var f Forgotten
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		f = Forgotten{}
 		// Open conditions are few; reading them once beats a query per
 		// machine when a load test's thousands of nodes go at once.
@@ -76,7 +76,7 @@ func (s *Store) ForgetMachines(ctx context.Context, machines []string, why strin
 		return err
 	})
 	if err != nil {
-		return Forgotten{}, fmt.Errorf("forget machines: %w", err)
+		return Forgotten{}, err
 	}
 	return f, nil
 }

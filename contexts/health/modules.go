@@ -33,7 +33,8 @@ type ModuleState struct {
 // RecordModuleStates replaces, per node given, the states of its modules
 // with those reported, in one transaction: a module its host no longer
 // reports is gone, and a state that did not change keeps its changed_at.
-func (s *Store) RecordModuleStates(ctx context.Context, byNode map[string][]ModuleState) error {
+func (s *Store) RecordModuleStates(ctx context.Context, byNode map[string][]ModuleState) (err error) {
+	defer s.db.Failing(&err, "record module states")
 	if len(byNode) == 0 {
 		return nil
 	}
@@ -79,7 +80,8 @@ func (s *Store) RecordModuleStates(ctx context.Context, byNode map[string][]Modu
 
 // ModuleStates returns the modules' states of one node, or of every node
 // when node is "", by node and module.
-func (s *Store) ModuleStates(ctx context.Context, node string) ([]ModuleState, error) {
+func (s *Store) ModuleStates(ctx context.Context, node string) (_ []ModuleState, err error) {
+	defer s.db.Failing(&err, "read module states")
 	q := `SELECT node, module, version, state, serial, pid, since, restarts_1h, last_exit, detail, log_tail, heard_at, changed_at, archive FROM module_states`
 	var args []any
 	if node != "" {
@@ -108,9 +110,10 @@ func (s *Store) ModuleStates(ctx context.Context, node string) ([]ModuleState, e
 }
 
 // ModuleStatesOn returns one module's states on the nodes named, by node.
-func (s *Store) ModuleStatesOn(ctx context.Context, module string, nodes []string) (map[string]ModuleState, error) {
+func (s *Store) ModuleStatesOn(ctx context.Context, module string, nodes []string) (_ map[string]ModuleState, err error) {
+	defer s.db.Failing(&err, "read the states of module %s", module)
 	out := map[string]ModuleState{}
-	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+	err = sqlite.InChunks(nodes, func(marks string, args []any) error {
 		rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, version, state, pid, since, restarts_1h, last_exit, detail, changed_at
 			FROM module_states WHERE module = ? AND node IN (`+marks+`)`, append([]any{module}, args...)...)
 		if err != nil {

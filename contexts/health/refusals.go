@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -20,23 +19,25 @@ type JoinRefusals struct {
 
 // CountJoinRefusals adds n joins refused from source for reason, in the
 // minute of now.
-func (s *Store) CountJoinRefusals(ctx context.Context, source, reason string, n int64, now time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO join_refusals (source, reason, minute, count, last_at) VALUES (?, ?, ?, ?, ?)
+func (s *Store) CountJoinRefusals(ctx context.Context, source, reason string, n int64, now time.Time) (err error) {
+	defer s.db.Failing(&err, "count refused joins")
+	_, err = s.db.Exec(ctx, `INSERT INTO join_refusals (source, reason, minute, count, last_at) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (source, reason, minute) DO UPDATE SET count = join_refusals.count + excluded.count, last_at = excluded.last_at`,
 		source, reason, sqlite.FormatTime(now.UTC().Truncate(time.Minute)), n, sqlite.FormatTime(now))
 	if err != nil {
-		return fmt.Errorf("count refused joins: %w", err)
+		return err
 	}
 	return nil
 }
 
 // JoinRefusalsSince returns, per source and reason, the joins refused in
 // the minutes from since's on.
-func (s *Store) JoinRefusalsSince(ctx context.Context, since time.Time) ([]JoinRefusals, error) {
+func (s *Store) JoinRefusalsSince(ctx context.Context, since time.Time) (_ []JoinRefusals, err error) {
+	defer s.db.Failing(&err, "read refused joins")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT source, reason, sum(count), min(minute), max(last_at) FROM join_refusals
 		WHERE minute >= ? GROUP BY source, reason ORDER BY source, reason`, sqlite.FormatTime(since.UTC().Truncate(time.Minute)))
 	if err != nil {
-		return nil, fmt.Errorf("read refused joins: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []JoinRefusals

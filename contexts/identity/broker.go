@@ -3,15 +3,13 @@ package identity
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
 )
 
 // ErrNoBrokerKeys means the store has no broker keys: it has not been migrated.
-var ErrNoBrokerKeys = errors.New("no broker keys")
+var ErrNoBrokerKeys = sqlite.Refusal("no broker keys")
 
 // BrokerSeeds are the broker's nkey seeds by role: operator, account, system.
 type BrokerSeeds struct {
@@ -21,6 +19,7 @@ type BrokerSeeds struct {
 // EnsureBrokerKeys stores the broker's seeds made by makeSeeds unless the
 // store has them already; made says whether this call stored them.
 func (s *Store) EnsureBrokerKeys(ctx context.Context, makeSeeds func() (BrokerSeeds, error), now time.Time) (made bool, err error) {
+	defer s.db.Failing(&err, "make broker keys")
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM broker_keys`).Scan(&n); err != nil {
@@ -43,16 +42,17 @@ func (s *Store) EnsureBrokerKeys(ctx context.Context, makeSeeds func() (BrokerSe
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("make broker keys: %w", err)
+		return false, err
 	}
 	return made, nil
 }
 
 // BrokerSeeds returns the broker's seeds, or ErrNoBrokerKeys.
-func (s *Store) BrokerSeeds(ctx context.Context) (BrokerSeeds, error) {
+func (s *Store) BrokerSeeds(ctx context.Context) (_ BrokerSeeds, err error) {
+	defer s.db.Failing(&err, "read broker keys")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT role, seed FROM broker_keys`)
 	if err != nil {
-		return BrokerSeeds{}, fmt.Errorf("read broker keys: %w", err)
+		return BrokerSeeds{}, err
 	}
 	defer rows.Close()
 	var seeds BrokerSeeds

@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -13,14 +12,14 @@ import (
 
 // Why a join token is refused.
 var (
-	ErrTokenUnknown   = errors.New("this token is not known")
-	ErrTokenOtherNode = errors.New("this token is for another node")
-	ErrTokenUsed      = errors.New("this token was used already")
-	ErrTokenRevoked   = errors.New("this token was replaced by a newer one")
-	ErrTokenExpired   = errors.New("this token has expired")
+	ErrTokenUnknown   = sqlite.Refusal("this token is not known")
+	ErrTokenOtherNode = sqlite.Refusal("this token is for another node")
+	ErrTokenUsed      = sqlite.Refusal("this token was used already")
+	ErrTokenRevoked   = sqlite.Refusal("this token was replaced by a newer one")
+	ErrTokenExpired   = sqlite.Refusal("this token has expired")
 	// ErrNKeyUsed means a host presented a broker nkey a user was issued
 	// for before: a host makes a new one for every join.
-	ErrNKeyUsed = errors.New("this nkey was issued a broker user before")
+	ErrNKeyUsed = sqlite.Refusal("this nkey was issued a broker user before")
 )
 
 // Host is the keys a node's host presented when it joined.
@@ -71,7 +70,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	var pending []int
 	for i, j := range joins {
 		if refusal, err := checkToken(ctx, s.db.Reader, j.Token, j.Host.Node, now); err != nil {
-			out[i].Err = fmt.Errorf("join %s: %w", j.Host.Node, err)
+			out[i].Err = s.db.Failed(err, "join %s", j.Host.Node)
 		} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
 			out[i].Err = refusal
 		} else {
@@ -92,7 +91,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 				if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO host_join`); rerr != nil {
 					return rerr
 				}
-				out[i].Err = fmt.Errorf("join %s: %w", joins[i].Host.Node, err)
+				out[i].Err = s.db.Failed(err, "join %s", joins[i].Host.Node)
 			} else if refusal != nil {
 				out[i].Err = refusal
 			} else {
@@ -106,7 +105,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	})
 	if err != nil {
 		for _, i := range pending {
-			out[i] = Joined{Err: fmt.Errorf("join %s: %w", joins[i].Host.Node, err)}
+			out[i] = Joined{Err: s.db.Failed(err, "join %s", joins[i].Host.Node)}
 		}
 	}
 	return out
@@ -176,10 +175,11 @@ func checkToken(ctx context.Context, q querier, token, node string, now time.Tim
 }
 
 // Hosts returns every joined host's keys.
-func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
+func (s *Store) Hosts(ctx context.Context) (_ []Host, err error) {
+	defer s.db.Failing(&err, "list hosts")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_key, age_recipient, nkey, host_version, joined_at FROM hosts ORDER BY node`)
 	if err != nil {
-		return nil, fmt.Errorf("list hosts: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var hs []Host
@@ -200,8 +200,9 @@ func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
 }
 
 // NodeTokenReuses counts how often a node's used tokens were presented again.
-func (s *Store) NodeTokenReuses(ctx context.Context, node string) (int, error) {
+func (s *Store) NodeTokenReuses(ctx context.Context, node string) (_ int, err error) {
+	defer s.db.Failing(&err, "count the token reuses of %s", node)
 	var n int
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT coalesce(sum(reused_count), 0) FROM join_tokens WHERE node = ?`, node).Scan(&n)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT coalesce(sum(reused_count), 0) FROM join_tokens WHERE node = ?`, node).Scan(&n)
 	return n, err
 }

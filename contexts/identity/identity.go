@@ -13,7 +13,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -21,7 +20,7 @@ import (
 )
 
 // ErrNoSigningKey means the store has no signing key: it has not been migrated.
-var ErrNoSigningKey = errors.New("no signing key")
+var ErrNoSigningKey = sqlite.Refusal("no signing key")
 
 // SigningKey is the controller's ed25519 key. Its private half never leaves
 // this package except as signatures.
@@ -58,6 +57,7 @@ func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 // EnsureSigningKey makes the signing key if the store has none. made says
 // whether this call made it.
 func (s *Store) EnsureSigningKey(ctx context.Context, now time.Time) (key SigningKey, made bool, err error) {
+	defer s.db.Failing(&err, "make signing key")
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		key, err = signingKey(ctx, tx)
 		if err == nil || !errors.Is(err, ErrNoSigningKey) {
@@ -76,16 +76,17 @@ func (s *Store) EnsureSigningKey(ctx context.Context, now time.Time) (key Signin
 		return err
 	})
 	if err != nil {
-		return SigningKey{}, false, fmt.Errorf("make signing key: %w", err)
+		return SigningKey{}, false, err
 	}
 	return key, made, nil
 }
 
 // SigningKey returns the controller's signing key, or ErrNoSigningKey.
-func (s *Store) SigningKey(ctx context.Context) (SigningKey, error) {
+func (s *Store) SigningKey(ctx context.Context) (_ SigningKey, err error) {
+	defer s.db.Failing(&err, "read signing key")
 	k, err := signingKey(ctx, s.db.Reader)
 	if err != nil {
-		return SigningKey{}, fmt.Errorf("read signing key: %w", err)
+		return SigningKey{}, err
 	}
 	return k, nil
 }
@@ -148,6 +149,7 @@ func hashToken(token string) string {
 // tokens of that node are revoked, so at most one is usable at a time;
 // revoked counts them. The token is returned once and stored only as its hash.
 func (s *Store) IssueToken(ctx context.Context, node string, ttl time.Duration, now time.Time) (token string, t Token, revoked int, err error) {
+	defer s.db.Failing(&err, "issue token for %s", node)
 	var raw [20]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return "", Token{}, 0, err
@@ -170,17 +172,18 @@ func (s *Store) IssueToken(ctx context.Context, node string, ttl time.Duration, 
 		return err
 	})
 	if err != nil {
-		return "", Token{}, 0, fmt.Errorf("issue token for %s: %w", node, err)
+		return "", Token{}, 0, err
 	}
 	return token, t, revoked, nil
 }
 
 // Tokens returns every token issued for node, newest first.
-func (s *Store) Tokens(ctx context.Context, node string) ([]Token, error) {
+func (s *Store) Tokens(ctx context.Context, node string) (_ []Token, err error) {
+	defer s.db.Failing(&err, "list tokens of %s", node)
 	rows, err := s.db.Reader.QueryContext(ctx,
 		`SELECT node, issued_at, expires_at, used_at, revoked_at FROM join_tokens WHERE node = ? ORDER BY issued_at DESC, hash DESC`, node)
 	if err != nil {
-		return nil, fmt.Errorf("list tokens of %s: %w", node, err)
+		return nil, err
 	}
 	defer rows.Close()
 	var ts []Token
@@ -216,7 +219,8 @@ type TokenReuse struct {
 }
 
 // TokenReuses returns, per node, the reuses of its used tokens.
-func (s *Store) TokenReuses(ctx context.Context) ([]TokenReuse, error) {
+func (s *Store) TokenReuses(ctx context.Context) (_ []TokenReuse, err error) {
+	defer s.db.Failing(&err, "read token reuses")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, sum(reused_count), max(last_reused_at) FROM join_tokens
 		WHERE reused_count > 0 GROUP BY node ORDER BY node`)
 	if err != nil {
@@ -240,9 +244,10 @@ func (s *Store) TokenReuses(ctx context.Context) ([]TokenReuse, error) {
 
 // IssueTokens makes one join token per node in one transaction, for a
 // person adding many machines at once.
-func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Duration, now time.Time) ([]string, error) {
+func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Duration, now time.Time) (_ []string, err error) {
+	defer s.db.Failing(&err, "issue tokens")
 	tokens := make([]string, len(nodes))
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO join_tokens (hash, node, issued_at, expires_at) VALUES (?, ?, ?, ?)`)
 		if err != nil {
 			return err
@@ -261,7 +266,7 @@ func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Durati
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("issue tokens: %w", err)
+		return nil, err
 	}
 	return tokens, nil
 }
@@ -271,14 +276,14 @@ func (s *Store) IssueTokens(ctx context.Context, nodes []string, ttl time.Durati
 func HasSigningKey(ctx context.Context, db *sqlite.DB) (bool, error) {
 	has, err := db.HasTable(ctx, "signing_keys")
 	if err != nil {
-		return false, fmt.Errorf("look for the signing key: %w", err)
+		return false, db.Failed(err, "look for the signing key")
 	}
 	if !has {
 		return false, nil
 	}
 	var keys int
 	if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM signing_keys`).Scan(&keys); err != nil {
-		return false, fmt.Errorf("look for the signing key: %w", err)
+		return false, db.Failed(err, "look for the signing key")
 	}
 	return keys > 0, nil
 }

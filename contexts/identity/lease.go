@@ -12,7 +12,7 @@ import (
 
 var (
 	// ErrLeaseHeld means another live controller holds the lease.
-	ErrLeaseHeld = errors.New("another controller holds the lease")
+	ErrLeaseHeld = sqlite.Refusal("another controller holds the lease")
 	// ErrLeaseLost means this controller's lease was taken over: its
 	// writes are refused by every store's fence.
 	ErrLeaseLost = sqlite.ErrLeaseLost
@@ -48,8 +48,9 @@ func (e *LeaseHeldError) Unwrap() error { return ErrLeaseHeld }
 // to it in the same transaction; the lease taken is returned. Two
 // controllers taking it at once are serialised by the write transaction:
 // one takes it, the other is told who holds it.
-func (s *Store) TakeLease(ctx context.Context, l Lease, now time.Time) (Lease, error) {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) TakeLease(ctx context.Context, l Lease, now time.Time) (_ Lease, err error) {
+	defer s.db.Failing(&err, "take the lease")
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		cur, err := lease(ctx, tx)
 		if err != nil {
 			return err
@@ -84,7 +85,8 @@ func (s *Store) TakeLease(ctx context.Context, l Lease, now time.Time) (Lease, e
 // another holder has it now. Made with the holder's fenced ctx
 // (sqlite.WithFence), it is refused by the fence once a newer generation
 // took over, even if the lease row were to say otherwise.
-func (s *Store) RenewLease(ctx context.Context, holder string, expires time.Time, brokerURL string) error {
+func (s *Store) RenewLease(ctx context.Context, holder string, expires time.Time, brokerURL string) (err error) {
+	defer s.db.Failing(&err, "renew the lease")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE lease SET expires_at = ?, broker_url = ? WHERE id = 1 AND holder = ?`,
 			sqlite.FormatTime(expires), brokerURL, holder)
@@ -99,13 +101,15 @@ func (s *Store) RenewLease(ctx context.Context, holder string, expires time.Time
 }
 
 // ReleaseLease gives the lease back, if holder still has it.
-func (s *Store) ReleaseLease(ctx context.Context, holder string) error {
-	_, err := s.db.Exec(ctx, `DELETE FROM lease WHERE id = 1 AND holder = ?`, holder)
+func (s *Store) ReleaseLease(ctx context.Context, holder string) (err error) {
+	defer s.db.Failing(&err, "release the lease")
+	_, err = s.db.Exec(ctx, `DELETE FROM lease WHERE id = 1 AND holder = ?`, holder)
 	return err
 }
 
 // Lease returns the lease as recorded (live or not), or nil.
-func (s *Store) Lease(ctx context.Context) (*Lease, error) {
+func (s *Store) Lease(ctx context.Context) (_ *Lease, err error) {
+	defer s.db.Failing(&err, "read the lease")
 	return lease(ctx, s.db.Reader)
 }
 
@@ -118,7 +122,7 @@ func lease(ctx context.Context, q querier) (*Lease, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read lease: %w", err)
+		return nil, err
 	}
 	if l.TakenAt, err = sqlite.ParseTime(taken); err != nil {
 		return nil, err
@@ -141,7 +145,8 @@ type Standby struct {
 }
 
 // StandBy records (or renews) a controller standing by.
-func (s *Store) StandBy(ctx context.Context, sb Standby) error {
+func (s *Store) StandBy(ctx context.Context, sb Standby) (err error) {
+	defer s.db.Failing(&err, "stand by")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO standbys (holder, pid, host, since, expires_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at`,
@@ -152,7 +157,8 @@ func (s *Store) StandBy(ctx context.Context, sb Standby) error {
 
 // LeaveStandby forgets a controller that no longer stands by, and any
 // standby not heard since before now.
-func (s *Store) LeaveStandby(ctx context.Context, holder string, now time.Time) error {
+func (s *Store) LeaveStandby(ctx context.Context, holder string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "leave the standbys")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM standbys WHERE holder = ? OR expires_at < ?`, holder, sqlite.FormatTime(now))
 		return err
@@ -160,11 +166,12 @@ func (s *Store) LeaveStandby(ctx context.Context, holder string, now time.Time) 
 }
 
 // Standbys lists the controllers standing by at now, longest waiting first.
-func (s *Store) Standbys(ctx context.Context, now time.Time) ([]Standby, error) {
+func (s *Store) Standbys(ctx context.Context, now time.Time) (_ []Standby, err error) {
+	defer s.db.Failing(&err, "read the standbys")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT holder, pid, host, since, expires_at FROM standbys WHERE expires_at > ? ORDER BY since, holder`,
 		sqlite.FormatTime(now))
 	if err != nil {
-		return nil, fmt.Errorf("read standbys: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Standby

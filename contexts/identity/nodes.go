@@ -3,7 +3,6 @@ package identity
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -14,15 +13,16 @@ import (
 // issued users, from the nkey it joined with, if no issued user records it
 // yet, so that it is revoked like the others. It returns how many were
 // revoked now; revoking again revokes nothing more.
-func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time) (int, error) {
+func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time) (_ int, err error) {
+	defer s.db.Failing(&err, "revoke the users of %s", node)
 	var n int
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var err error
 		n, err = revokeNodeUsers(ctx, tx, []string{node}, "", now)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("revoke users of %s: %w", node, err)
+		return 0, err
 	}
 	return n, nil
 }
@@ -76,9 +76,10 @@ type NodesForgotten struct {
 // the keys their hosts joined with and their join tokens dropped. The
 // revocations stay: they are what the broker is told, and a node added
 // later under the same name joins with new keys.
-func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) (NodesForgotten, error) {
+func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) (_ NodesForgotten, err error) {
+	defer s.db.Failing(&err, "forget nodes")
 	var f NodesForgotten
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		f = NodesForgotten{}
 		var err error
 		if f.Revoked, err = revokeNodeUsers(ctx, tx, nodes, "", now); err != nil {
@@ -100,7 +101,7 @@ func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) 
 		})
 	})
 	if err != nil {
-		return NodesForgotten{}, fmt.Errorf("forget nodes: %w", err)
+		return NodesForgotten{}, err
 	}
 	return f, nil
 }
@@ -109,13 +110,10 @@ func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) 
 // host's keys, a join token, or a broker user not revoked; by name. Serve's
 // catch-up forgets those the inventory no longer has (a node remove killed
 // between its two stores).
-func (s *Store) KnownNodes(ctx context.Context) ([]string, error) {
-	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT node FROM hosts
+func (s *Store) KnownNodes(ctx context.Context) (_ []string, err error) {
+	defer s.db.Failing(&err, "list known nodes")
+	return sqlite.Strings(ctx, s.db.Reader, `SELECT node FROM hosts
 		UNION SELECT node FROM join_tokens
 		UNION SELECT node FROM issued_users WHERE revoked_at IS NULL AND node <> ''
 		ORDER BY 1`)
-	if err != nil {
-		return nil, fmt.Errorf("identity store: list known nodes: %w", err)
-	}
-	return names, nil
 }

@@ -19,29 +19,32 @@ type IssuedUser struct {
 }
 
 // RecordIssuedUser keeps a user issued, so it can be revoked later.
-func (s *Store) RecordIssuedUser(ctx context.Context, u IssuedUser, now time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at) VALUES (?, ?, ?, ?, ?)`,
+func (s *Store) RecordIssuedUser(ctx context.Context, u IssuedUser, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record an issued user")
+	_, err = s.db.Exec(ctx, `INSERT INTO issued_users (pub, kind, node, module, issued_at) VALUES (?, ?, ?, ?, ?)`,
 		u.Pub, u.Kind, u.Node, u.Module, sqlite.FormatTime(now))
 	if err != nil {
-		return fmt.Errorf("record issued user: %w", err)
+		return err
 	}
 	return nil
 }
 
 // RevokeModuleUsers revokes every live user issued for a module, returning
 // how many.
-func (s *Store) RevokeModuleUsers(ctx context.Context, module string, now time.Time) (int, error) {
+func (s *Store) RevokeModuleUsers(ctx context.Context, module string, now time.Time) (_ int, err error) {
+	defer s.db.Failing(&err, "revoke the users of %s", module)
 	res, err := s.db.Exec(ctx, `UPDATE issued_users SET revoked_at = ? WHERE module = ? AND revoked_at IS NULL`,
 		sqlite.FormatTime(now), module)
 	if err != nil {
-		return 0, fmt.Errorf("revoke users of %s: %w", module, err)
+		return 0, err
 	}
 	n, _ := res.RowsAffected()
 	return int(n), nil
 }
 
 // Revoked returns every revoked user and when it was revoked.
-func (s *Store) Revoked(ctx context.Context) (map[string]time.Time, error) {
+func (s *Store) Revoked(ctx context.Context) (_ map[string]time.Time, err error) {
+	defer s.db.Failing(&err, "read revoked users")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, revoked_at FROM issued_users WHERE revoked_at IS NOT NULL`)
 	if err != nil {
 		return nil, err
@@ -66,7 +69,8 @@ func (s *Store) Revoked(ctx context.Context) (map[string]time.Time, error) {
 // HandIssuedModuleUsers returns the live module users issued by hand
 // (module issue), which end with their module's assignment as those the
 // mesh made do.
-func (s *Store) HandIssuedModuleUsers(ctx context.Context) ([]IssuedUser, error) {
+func (s *Store) HandIssuedModuleUsers(ctx context.Context) (_ []IssuedUser, err error) {
+	defer s.db.Failing(&err, "read the module users issued by hand")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, kind, node, module FROM issued_users
 		WHERE kind = 'module' AND sealed = '' AND revoked_at IS NULL`)
 	if err != nil {
@@ -96,7 +100,8 @@ type ModuleUser struct {
 
 // ModuleUsers returns the live module users the mesh made (not those
 // issued by hand), by node/module.
-func (s *Store) ModuleUsers(ctx context.Context) (map[string]ModuleUser, error) {
+func (s *Store) ModuleUsers(ctx context.Context) (_ map[string]ModuleUser, err error) {
+	defer s.db.Failing(&err, "read module users")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, node, module, version, sealed FROM issued_users
 		WHERE kind = 'module' AND sealed != '' AND revoked_at IS NULL ORDER BY issued_at`)
 	if err != nil {
@@ -119,7 +124,8 @@ func (s *Store) ModuleUsers(ctx context.Context) (map[string]ModuleUser, error) 
 // version (moved) to their new one, in one transaction. One made for a
 // node/module/version that has a live user already is not kept: an act and
 // a catch-up making one at once keep one.
-func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke []string, moved []ModuleUser, now time.Time) error {
+func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke []string, moved []ModuleUser, now time.Time) (err error) {
+	defer s.db.Failing(&err, "keep module users")
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		for _, u := range moved {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"syscall"
 	"time"
@@ -37,24 +36,26 @@ func (a ActUnderWay) Gone(host string) bool {
 
 // BeginAct records an act under way until until; End it when the act has
 // declared (or failed). A command that dies leaves it to expire.
-func (s *Store) BeginAct(ctx context.Context, what string, until time.Time) (ActUnderWay, error) {
+func (s *Store) BeginAct(ctx context.Context, what string, until time.Time) (_ ActUnderWay, err error) {
+	defer s.db.Failing(&err, "record the act under way")
 	b := make([]byte, 8)
 	rand.Read(b)
 	host, _ := os.Hostname()
 	a := ActUnderWay{ID: hex.EncodeToString(b), What: what, PID: os.Getpid(), Host: host, Until: until.UTC()}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO acts_under_way (id, what, pid, host, until) VALUES (?, ?, ?, ?, ?)`,
 			a.ID, what, a.PID, a.Host, sqlite.FormatTime(until))
 		return err
 	})
 	if err != nil {
-		return ActUnderWay{}, fmt.Errorf("record the act under way: %w", err)
+		return ActUnderWay{}, err
 	}
 	return a, nil
 }
 
 // EndAct forgets an act under way, and any whose time ran out.
-func (s *Store) EndAct(ctx context.Context, a ActUnderWay, now time.Time) error {
+func (s *Store) EndAct(ctx context.Context, a ActUnderWay, now time.Time) (err error) {
+	defer s.db.Failing(&err, "end the act under way")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM acts_under_way WHERE id = ? OR until < ?`, a.ID, sqlite.FormatTime(now))
 		return err
@@ -62,10 +63,11 @@ func (s *Store) EndAct(ctx context.Context, a ActUnderWay, now time.Time) error 
 }
 
 // ActsUnderWay returns the acts under way at now, their time not run out.
-func (s *Store) ActsUnderWay(ctx context.Context, now time.Time) ([]ActUnderWay, error) {
+func (s *Store) ActsUnderWay(ctx context.Context, now time.Time) (_ []ActUnderWay, err error) {
+	defer s.db.Failing(&err, "read the acts under way")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, what, pid, host, until FROM acts_under_way WHERE until >= ? ORDER BY until`, sqlite.FormatTime(now))
 	if err != nil {
-		return nil, fmt.Errorf("read the acts under way: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []ActUnderWay

@@ -4,17 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
 )
 
 // ErrAssigned means a module is already on that node.
-var ErrAssigned = errors.New("is already assigned there")
+var ErrAssigned = sqlite.Refusal("is already assigned there")
 
 // ErrNotAssigned means a module is not on that node.
-var ErrNotAssigned = errors.New("is not assigned there")
+var ErrNotAssigned = sqlite.Refusal("is not assigned there")
 
 // Assignment is a module put on a node, at the version its plan declares.
 type Assignment struct {
@@ -99,7 +98,8 @@ func nonNil(s []string) []string {
 }
 
 // SetSettings keeps a settings layer; the plans of the bump nodes move.
-func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []string) error {
+func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []string) (err error) {
+	defer s.db.Failing(&err, "set the settings of %s", l.Module)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
@@ -115,6 +115,7 @@ func (s *Store) SetSettings(ctx context.Context, l SettingsLayer, bumpNodes []st
 
 // ClearSettings takes a settings layer away; cleared says there was one.
 func (s *Store) ClearSettings(ctx context.Context, module, node string, bumpNodes []string) (cleared bool, err error) {
+	defer s.db.Failing(&err, "clear the settings of %s", module)
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
@@ -134,13 +135,15 @@ func (s *Store) ClearSettings(ctx context.Context, module, node string, bumpNode
 }
 
 // BumpPlans moves the plans of nodes (something they depend on changed).
-func (s *Store) BumpPlans(ctx context.Context, nodes []string) error {
+func (s *Store) BumpPlans(ctx context.Context, nodes []string) (err error) {
+	defer s.db.Failing(&err, "move the plans of %d nodes", len(nodes))
 	return s.db.Write(ctx, func(tx *sql.Tx) error { return bump(ctx, tx, nodes) })
 }
 
 // Retirements returns what was retired or dropped on a node ("" for all),
 // oldest first.
-func (s *Store) Retirements(ctx context.Context, node string) ([]Retirement, error) {
+func (s *Store) Retirements(ctx context.Context, node string) (_ []Retirement, err error) {
+	defer s.db.Failing(&err, "read the retirements on %s", node)
 	query := `SELECT ` + retirementColumns + ` FROM retirements`
 	var args []any
 	if node != "" {
@@ -190,14 +193,16 @@ func scanRetirement(rows *sql.Rows) (Retirement, error) {
 }
 
 // CountAssignments counts the modules assigned to a node.
-func (s *Store) CountAssignments(ctx context.Context, node string) (int, error) {
+func (s *Store) CountAssignments(ctx context.Context, node string) (_ int, err error) {
+	defer s.db.Failing(&err, "count the assignments on %s", node)
 	var n int
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
 	return n, err
 }
 
 // AssignmentsOn lists what is assigned to one node, by module.
-func (s *Store) AssignmentsOn(ctx context.Context, node string) ([]Assignment, error) {
+func (s *Store) AssignmentsOn(ctx context.Context, node string) (_ []Assignment, err error) {
+	defer s.db.Failing(&err, "read the assignments on %s", node)
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, version, assigned_at, coalesce(pending_version, '') FROM assignments WHERE node = ? ORDER BY module`, node)
 	if err != nil {
 		return nil, err
@@ -220,8 +225,9 @@ func (s *Store) AssignmentsOn(ctx context.Context, node string) ([]Assignment, e
 
 // CountJoined counts the nodes that have joined (added nodes still waiting
 // for their host are not counted): one query, for a scrape at any size.
-func (s *Store) CountJoined(ctx context.Context) (int, error) {
+func (s *Store) CountJoined(ctx context.Context) (_ int, err error) {
+	defer s.db.Failing(&err, "count the joined nodes")
 	var n int
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`).Scan(&n)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`).Scan(&n)
 	return n, err
 }

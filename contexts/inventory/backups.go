@@ -85,16 +85,17 @@ type BackupAccess struct {
 // the data set's contents aside a retired data set (its node's plan moved:
 // it declares that set's backup); and moves the plans of the backup seat's
 // holders, whose lines carry those. One transaction.
-func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
+func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) (err error) {
+	defer s.db.Failing(&err, "record a backup run")
 	if r.Kind != RunBackup && r.Kind != RunRestore && r.Kind != RunDrill {
-		return fmt.Errorf("record a backup run: kind %q", r.Kind)
+		return fmt.Errorf("kind %q is not a backup, a restore or a drill", r.Kind)
 	}
 	at, ok := sqlite.FormatTime(r.At), b2i(r.OK)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO backup_runs (ask, node, module, name, kind, at, ok, why, snapshot, files, bytes, bytes_added, duration_ms, aside)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Ask, r.Node, r.Module, r.Name, r.Kind, at, b2i(r.OK), r.Why, r.Snapshot,
 			r.Files, r.Bytes, r.BytesAdded, r.DurationMS, r.Aside); err != nil {
-			return fmt.Errorf("record a backup run: %w", err)
+			return err
 		}
 		// Bounded: the oldest beyond RunsKept of this set and kind go.
 		if _, err := tx.ExecContext(ctx, `DELETE FROM backup_runs WHERE node = ? AND module = ? AND name = ? AND kind = ? AND id <= (
@@ -140,7 +141,7 @@ func (s *Store) RecordBackupRun(ctx context.Context, r BackupRun) error {
 				at, ok, r.Why, r.Snapshot, ok, at, r.Node, r.Module, r.Name)
 		}
 		if err != nil {
-			return fmt.Errorf("record a backup run: %w", err)
+			return err
 		}
 		return bumpBackupHolders(ctx, tx)
 	})
@@ -154,7 +155,8 @@ func bumpBackupHolders(ctx context.Context, tx *sql.Tx) error {
 }
 
 // BackupRunOf returns the run recorded for an ask, nil if none yet.
-func (s *Store) BackupRunOf(ctx context.Context, ask string) (*BackupRun, error) {
+func (s *Store) BackupRunOf(ctx context.Context, ask string) (_ *BackupRun, err error) {
+	defer s.db.Failing(&err, "read the backup run of %s", ask)
 	runs, err := s.queryRuns(ctx, `WHERE ask = ? ORDER BY id DESC LIMIT 1`, ask)
 	if err != nil || len(runs) == 0 {
 		return nil, err
@@ -163,7 +165,8 @@ func (s *Store) BackupRunOf(ctx context.Context, ask string) (*BackupRun, error)
 }
 
 // BackupRuns returns a data set's latest runs, newest first (at most limit).
-func (s *Store) BackupRuns(ctx context.Context, node, module, name string, limit int) ([]BackupRun, error) {
+func (s *Store) BackupRuns(ctx context.Context, node, module, name string, limit int) (_ []BackupRun, err error) {
+	defer s.db.Failing(&err, "read backup runs")
 	return s.queryRuns(ctx, `WHERE node = ? AND module = ? AND name = ? ORDER BY id DESC LIMIT ?`, node, module, name, limit)
 }
 
@@ -171,7 +174,7 @@ func (s *Store) queryRuns(ctx context.Context, where string, args ...any) ([]Bac
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT id, ask, node, module, name, kind, at, ok, why, snapshot, files, bytes, bytes_added, duration_ms, aside
 		FROM backup_runs `+where, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read backup runs: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []BackupRun
@@ -194,7 +197,8 @@ func (s *Store) queryRuns(ctx context.Context, where string, args ...any) ([]Bac
 // KeepBackupAccess keeps a node's access as the holder sealed it, and
 // moves the node's plan, which declares it. One from a node not in the
 // mesh is refused (ErrNodeNotFound).
-func (s *Store) KeepBackupAccess(ctx context.Context, node string, a BackupAccess) error {
+func (s *Store) KeepBackupAccess(ctx context.Context, node string, a BackupAccess) (err error) {
+	defer s.db.Failing(&err, "keep the backup access of %s", node)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`, node)
 		if err != nil {

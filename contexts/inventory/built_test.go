@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"mesh-controller/embedded/sqlite/sqlitetest"
 )
 
 // A version built again: another archive or a newer commit replaces the
@@ -84,4 +86,20 @@ func TestStore_AddBuiltAgain(t *testing.T) {
 	if strings.Join(got, ", ") != "1.0.0, 1.1.0, 1.2.0 previous, 1.10.0 current" {
 		t.Fatalf("built versions: %s", strings.Join(got, ", "))
 	}
+}
+
+// One module's built versions are found through the versions' primary key
+// and the modules': the WHERE clause is written per case, since one
+// statement for one module and for all would have one plan, a scan. Every
+// module's are read whole; that that runs is what is checked.
+func TestStore_BuiltVersionsPlan(t *testing.T) {
+	_, db := newStore(t)
+	query, args := builtVersionsQuery("greeter")
+	if plan := sqlitetest.QueryPlan(t, db, query, args...); !db.Postgres && !sqlitetest.Indexed(plan) {
+		t.Errorf("one module's built versions are not found through an index: %q", plan)
+	} else {
+		t.Logf("one module: %q", plan)
+	}
+	query, args = builtVersionsQuery("")
+	sqlitetest.QueryPlan(t, db, query, args...)
 }

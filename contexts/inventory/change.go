@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -52,7 +51,7 @@ type Change struct {
 
 // ErrActConflict means another act committed after the snapshot a change
 // was judged on was read: judge it again on a new snapshot (RetryActs).
-var ErrActConflict = errors.New("another act changed the mesh meanwhile")
+var ErrActConflict = sqlite.Refusal("another act changed the mesh meanwhile")
 
 // moveRevision moves the act revision, as the first write of a
 // transaction, from based (0: whatever it is): it takes the store's write
@@ -77,16 +76,14 @@ func moveRevision(ctx context.Context, tx *sql.Tx, based int64) error {
 }
 
 // Apply writes a change in one transaction.
-func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record the change")
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		if err := moveRevision(ctx, tx, ch.Based); err != nil {
 			return err
 		}
 		return apply(ctx, tx, ch, now)
 	})
-	if err != nil && !errors.Is(err, ErrAssigned) && !errors.Is(err, ErrNotAssigned) && !errors.Is(err, ErrActConflict) {
-		return fmt.Errorf("record the change: %w", err)
-	}
 	return err
 }
 
@@ -303,10 +300,8 @@ func (s *Snapshot) BindingChanges() (bindings []Binding, consumers []ConsumerCha
 // Revision returns the act revision now: an act that reads it before what
 // it judges, and commits with it as based, is refused if another act
 // committed in between.
-func (s *Store) Revision(ctx context.Context) (int64, error) {
-	var rev int64
-	if err := s.db.Reader.QueryRowContext(ctx, `SELECT rev FROM act_revision WHERE id = 1`).Scan(&rev); err != nil {
-		return 0, fmt.Errorf("inventory store: read the act revision: %w", err)
-	}
-	return rev, nil
+func (s *Store) Revision(ctx context.Context) (rev int64, err error) {
+	defer s.db.Failing(&err, "read the act revision")
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT rev FROM act_revision WHERE id = 1`).Scan(&rev)
+	return rev, err
 }

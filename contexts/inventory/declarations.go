@@ -40,7 +40,8 @@ type Signer func(serial int64, issuedAt time.Time) (body, signature, key string,
 // transaction. planVersion is the plan it was made from; CurrentPlan marks
 // a hand-written one as standing for the node's plan as it is now, so it
 // is not replaced until the plan changes.
-func (s *Store) SaveDeclaration(ctx context.Context, node string, planVersion int64, sign Signer, now time.Time) (Declaration, error) {
+func (s *Store) SaveDeclaration(ctx context.Context, node string, planVersion int64, sign Signer, now time.Time) (_ Declaration, err error) {
+	defer s.db.Failing(&err, "save the declaration of %s", node)
 	ds, err := s.SaveDeclarations(ctx, []DeclarationRequest{{Node: node, PlanVersion: planVersion, Sign: sign}}, now)
 	if err != nil {
 		return Declaration{}, err
@@ -62,7 +63,8 @@ type DeclarationRequest struct {
 
 // SaveDeclarations numbers, signs and keeps many nodes' next declarations in
 // one transaction: a push to a thousand nodes is one write, not a thousand.
-func (s *Store) SaveDeclarations(ctx context.Context, reqs []DeclarationRequest, now time.Time) ([]Declaration, error) {
+func (s *Store) SaveDeclarations(ctx context.Context, reqs []DeclarationRequest, now time.Time) (_ []Declaration, err error) {
+	defer s.db.Failing(&err, "save declarations")
 	ds, _, err := s.SaveDeclarationsTimed(ctx, reqs, now)
 	return ds, err
 }
@@ -79,11 +81,12 @@ type SaveTimes struct {
 // few queries, has the signers sign in parallel (each declaration's serial
 // is known before any is signed), then writes them with one prepared
 // statement.
-func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationRequest, now time.Time) ([]Declaration, SaveTimes, error) {
+func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationRequest, now time.Time) (_ []Declaration, _ SaveTimes, err error) {
+	defer s.db.Failing(&err, "save declarations")
 	out := make([]Declaration, len(reqs))
 	var times SaveTimes
 	start := time.Now()
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		names := make([]string, len(reqs))
 		for i, r := range reqs {
 			names[i] = r.Node
@@ -153,11 +156,8 @@ func (s *Store) SaveDeclarationsTimed(ctx context.Context, reqs []DeclarationReq
 		return nil
 	})
 	times.Store = time.Since(start) - times.Sign
-	if errors.Is(err, ErrNodeNotFound) {
-		return nil, times, err
-	}
 	if err != nil {
-		return nil, times, fmt.Errorf("save declarations: %w", err)
+		return nil, times, err
 	}
 	return out, times, nil
 }
@@ -189,16 +189,17 @@ func signAll(reqs []DeclarationRequest, out []Declaration, made []int) error {
 }
 
 // LatestDeclaration returns a node's latest declaration, or nil if it has none.
-func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaration, error) {
+func (s *Store) LatestDeclaration(ctx context.Context, node string) (_ *Declaration, err error) {
+	defer s.db.Failing(&err, "read the declaration of %s", node)
 	var d Declaration
 	var issued string
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT node, serial, issued_at, body, signature, key, plan_version FROM declarations WHERE node = ?`, node).
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT node, serial, issued_at, body, signature, key, plan_version FROM declarations WHERE node = ?`, node).
 		Scan(&d.Node, &d.Serial, &issued, &d.Body, &d.Signature, &d.Key, &d.PlanVersion)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read declaration of %s: %w", node, err)
+		return nil, err
 	}
 	if d.IssuedAt, err = sqlite.ParseTime(issued); err != nil {
 		return nil, err
@@ -207,25 +208,28 @@ func (s *Store) LatestDeclaration(ctx context.Context, node string) (*Declaratio
 }
 
 // Behind lists the nodes whose applied serial is below their latest declaration.
-func (s *Store) Behind(ctx context.Context) ([]string, error) {
+func (s *Store) Behind(ctx context.Context) (_ []string, err error) {
+	defer s.db.Failing(&err, "read the nodes behind their plans")
 	return sqlite.Strings(ctx, s.db.Reader, `SELECT n.name FROM nodes n JOIN declarations d ON d.node = n.name WHERE n.serial_applied < d.serial ORDER BY n.name`)
 }
 
 // AnyAhead says whether any node's plan moved past its latest declaration,
 // or its host applied a serial above it (a store restored from a backup):
 // what the catch-up declares. One query, however many nodes.
-func (s *Store) AnyAhead(ctx context.Context) (bool, error) {
+func (s *Store) AnyAhead(ctx context.Context) (_ bool, err error) {
+	defer s.db.Failing(&err, "read whether any node is ahead of its declaration")
 	var any bool
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM nodes n LEFT JOIN declarations d ON d.node = n.name
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM nodes n LEFT JOIN declarations d ON d.node = n.name
 		WHERE n.plan_version > coalesce(d.plan_version, 0) OR n.serial_applied > coalesce(d.serial, 0))`).Scan(&any)
 	if err != nil {
-		return false, fmt.Errorf("read whether any node is ahead of its declaration: %w", err)
+		return false, err
 	}
 	return any, nil
 }
 
 // DeclaredAt returns when each node's latest declaration was issued, in one query.
-func (s *Store) DeclaredAt(ctx context.Context) (map[string]time.Time, error) {
+func (s *Store) DeclaredAt(ctx context.Context) (_ map[string]time.Time, err error) {
+	defer s.db.Failing(&err, "read when each node was declared")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, issued_at FROM declarations`)
 	if err != nil {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 const FilterNftables = "nftables"
 
 // ErrAdoptedAlready means a node asked to be adopted is adopted already.
-var ErrAdoptedAlready = errors.New("is adopted already")
+var ErrAdoptedAlready = sqlite.Refusal("is adopted already")
 
 // Filter is the packet filter the mesh owns on a converged node.
 type Filter struct {
@@ -31,7 +31,8 @@ type Filter struct {
 // Converge makes a node converged, the mesh owning the filter f on it (nil:
 // none), in one transaction; its plan moves, so its next declaration
 // carries the filter (or none).
-func (s *Store) Converge(ctx context.Context, node string, f *Filter, based int64) error {
+func (s *Store) Converge(ctx context.Context, node string, f *Filter, based int64) (err error) {
+	defer s.db.Failing(&err, "converge node %s", node)
 	if f != nil && f.Kind != FilterNftables {
 		return fmt.Errorf("filter %q: only %s is known", f.Kind, FilterNftables)
 	}
@@ -63,7 +64,8 @@ func (s *Store) Converge(ctx context.Context, node string, f *Filter, based int6
 // owns no filter there any more (its next declaration carries none, and
 // its host removes the mesh's table); its assignments, what was taken
 // included, stay as they are. ErrNodeNotFound, or ErrAdoptedAlready.
-func (s *Store) Adopt(ctx context.Context, node string) error {
+func (s *Store) Adopt(ctx context.Context, node string) (err error) {
+	defer s.db.Failing(&err, "adopt node %s", node)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
@@ -90,7 +92,8 @@ func (s *Store) Adopt(ctx context.Context, node string) error {
 
 // NodeFilters returns the filter the mesh owns on each node that has one,
 // by node.
-func (s *Store) NodeFilters(ctx context.Context) (map[string]Filter, error) {
+func (s *Store) NodeFilters(ctx context.Context) (_ map[string]Filter, err error) {
+	defer s.db.Failing(&err, "read the nodes' filters")
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -121,10 +124,11 @@ func nodeFilters(ctx context.Context, tx *sql.Tx) (map[string]Filter, error) {
 
 // FactNamed returns one fact of every node that reported it, by node:
 // what a rule judges across the fleet reads one fact, not all of them.
-func (s *Store) FactNamed(ctx context.Context, name string) (map[string]Fact, error) {
+func (s *Store) FactNamed(ctx context.Context, name string) (_ map[string]Fact, err error) {
+	defer s.db.Failing(&err, "read fact %s", name)
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, name, value, why FROM node_facts WHERE name = ?`, name)
 	if err != nil {
-		return nil, fmt.Errorf("read fact %s: %w", name, err)
+		return nil, err
 	}
 	defer rows.Close()
 	out := map[string]Fact{}

@@ -17,9 +17,9 @@ import (
 
 var (
 	// ErrNodeExists means a node of that name is already recorded.
-	ErrNodeExists = errors.New("exists already")
+	ErrNodeExists = sqlite.Refusal("exists already")
 	// ErrNodeNotFound means no node of that name is recorded.
-	ErrNodeNotFound = errors.New("is not known")
+	ErrNodeNotFound = sqlite.Refusal("is not known")
 )
 
 // Mode says how much of a machine the mesh owns.
@@ -78,9 +78,10 @@ type Store struct {
 func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 
 // AddNode records a node; a name already recorded is ErrNodeExists.
-func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Time) (Node, error) {
+func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Time) (_ Node, err error) {
+	defer s.db.Failing(&err, "add node %s", name)
 	n := Node{Name: name, Mode: mode, CreatedAt: now.UTC().Truncate(time.Millisecond)}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		if err := moveRevision(ctx, tx, 0); err != nil {
 			return err
 		}
@@ -97,11 +98,8 @@ func (s *Store) AddNode(ctx context.Context, name string, mode Mode, now time.Ti
 		}
 		return takeOverlayIndex(ctx, tx, name)
 	})
-	if errors.Is(err, ErrNodeExists) {
-		return Node{}, err
-	}
 	if err != nil {
-		return Node{}, fmt.Errorf("add node %s: %w", name, err)
+		return Node{}, err
 	}
 	return n, nil
 }
@@ -159,30 +157,32 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 }
 
 // Node returns one node, or ErrNodeNotFound.
-func (s *Store) Node(ctx context.Context, name string) (Node, error) {
+func (s *Store) Node(ctx context.Context, name string) (_ Node, err error) {
+	defer s.db.Failing(&err, "read node %s", name)
 	row := s.db.Reader.QueryRowContext(ctx, `SELECT `+nodeColumns+nodesFrom+` WHERE n.name = ?`, name)
 	n, err := scanNode(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Node{}, fmt.Errorf("node %s %w", name, ErrNodeNotFound)
 	}
 	if err != nil {
-		return Node{}, fmt.Errorf("read node %s: %w", name, err)
+		return Node{}, err
 	}
 	return n, nil
 }
 
 // Nodes returns every node, by name.
-func (s *Store) Nodes(ctx context.Context) ([]Node, error) {
+func (s *Store) Nodes(ctx context.Context) (_ []Node, err error) {
+	defer s.db.Failing(&err, "list nodes")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+nodeColumns+nodesFrom+` ORDER BY n.name`)
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	nodes := []Node{}
 	for rows.Next() {
 		n, err := scanNode(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list nodes: %w", err)
+			return nil, err
 		}
 		nodes = append(nodes, n)
 	}
@@ -191,9 +191,10 @@ func (s *Store) Nodes(ctx context.Context) ([]Node, error) {
 
 // NodesNamed returns those of the named nodes that are recorded: what one
 // waiting on a few nodes reads, not every node.
-func (s *Store) NodesNamed(ctx context.Context, names []string) ([]Node, error) {
+func (s *Store) NodesNamed(ctx context.Context, names []string) (_ []Node, err error) {
+	defer s.db.Failing(&err, "read nodes")
 	var nodes []Node
-	err := sqlite.InChunks(names, func(marks string, args []any) error {
+	err = sqlite.InChunks(names, func(marks string, args []any) error {
 		rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+nodeColumns+nodesFrom+` WHERE n.name IN (`+marks+`)`, args...)
 		if err != nil {
 			return err
@@ -209,15 +210,16 @@ func (s *Store) NodesNamed(ctx context.Context, names []string) ([]Node, error) 
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read nodes: %w", err)
+		return nil, err
 	}
 	return nodes, nil
 }
 
 // AddNodes records many nodes in one transaction; if any name is taken,
 // none is recorded.
-func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now time.Time) (err error) {
+	defer s.db.Failing(&err, "add nodes")
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO nodes (name, mode, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`)
 		if err != nil {
 			return err
@@ -237,17 +239,15 @@ func (s *Store) AddNodes(ctx context.Context, names []string, mode Mode, now tim
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, ErrNodeExists) {
-		return fmt.Errorf("add nodes: %w", err)
-	}
 	return err
 }
 
 // JoinedNodes lists the nodes whose host has joined, by name.
-func (s *Store) JoinedNodes(ctx context.Context) ([]string, error) {
+func (s *Store) JoinedNodes(ctx context.Context) (_ []string, err error) {
+	defer s.db.Failing(&err, "list joined nodes")
 	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT name FROM nodes WHERE joined_at IS NOT NULL ORDER BY name`)
 	if err != nil {
-		return nil, fmt.Errorf("list joined nodes: %w", err)
+		return nil, err
 	}
 	return names, nil
 }

@@ -17,11 +17,11 @@ import (
 
 var (
 	// ErrModuleNotFound means no module of that name is registered.
-	ErrModuleNotFound = errors.New("is not registered")
+	ErrModuleNotFound = sqlite.Refusal("is not registered")
 	// ErrVersionConflict means a version is registered with a different manifest.
-	ErrVersionConflict = errors.New("is registered already with a different manifest")
+	ErrVersionConflict = sqlite.Refusal("is registered already with a different manifest")
 	// ErrModuleHeld means a module cannot be forgotten: the mesh runs it or holds things for it.
-	ErrModuleHeld = errors.New("is still held")
+	ErrModuleHeld = sqlite.Refusal("is still held")
 )
 
 // Module is a registered module: its current version and where it comes from.
@@ -62,7 +62,8 @@ type Added struct {
 // canonical JSON (keys sorted, no white space), so that equal manifests are
 // equal bytes. Every version is kept; a newer one becomes current. The same
 // version with another manifest is refused.
-func (s *Store) AddModule(ctx context.Context, m Manifest, canon []byte, source string, now time.Time) (Added, error) {
+func (s *Store) AddModule(ctx context.Context, m Manifest, canon []byte, source string, now time.Time) (_ Added, err error) {
+	defer s.db.Failing(&err, "add module %s", m.Module)
 	return s.AddBuilt(ctx, m, canon, Origin{Source: source}, now)
 }
 
@@ -88,7 +89,8 @@ type Archive struct {
 // (Rebuilt when the archive changed); whether that build is newer is the
 // caller's to judge. Otherwise such a version is left as it
 // was (its archive too): a version's contents never change.
-func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin, now time.Time) (Added, error) {
+func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin, now time.Time) (_ Added, err error) {
+	defer s.db.Failing(&err, "add module %s", m.Module)
 	source := o.Source
 	if source == "" {
 		source = m.Source
@@ -97,7 +99,7 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 		return Added{}, err
 	}
 	var a Added
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
 			return err
@@ -160,22 +162,20 @@ func (s *Store) AddBuilt(ctx context.Context, m Manifest, canon []byte, o Origin
 		}
 		return nil
 	})
-	if errors.Is(err, ErrVersionConflict) {
-		return Added{}, err
-	}
 	if err != nil {
-		return Added{}, fmt.Errorf("add module %s: %w", m.Module, err)
+		return Added{}, err
 	}
 	return a, nil
 }
 
 // Modules returns every registered module, by name, with its current manifest.
-func (s *Store) Modules(ctx context.Context) ([]Module, error) {
+func (s *Store) Modules(ctx context.Context) (_ []Module, err error) {
+	defer s.db.Failing(&err, "list modules")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT m.name, m.current_version, m.source, m.moved_commit, m.added_at, v.commit_id, v.manifest,
 		(SELECT string_agg(version, ' ') FROM module_versions WHERE module = m.name)
 		FROM modules m JOIN module_versions v ON v.module = m.name AND v.version = m.current_version ORDER BY m.name`)
 	if err != nil {
-		return nil, fmt.Errorf("list modules: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	mods := []Module{}
@@ -199,7 +199,8 @@ func (s *Store) Modules(ctx context.Context) ([]Module, error) {
 }
 
 // Module returns one module, or ErrModuleNotFound.
-func (s *Store) Module(ctx context.Context, name string) (Module, error) {
+func (s *Store) Module(ctx context.Context, name string) (_ Module, err error) {
+	defer s.db.Failing(&err, "read module %s", name)
 	mods, err := s.Modules(ctx)
 	if err != nil {
 		return Module{}, err
@@ -213,10 +214,11 @@ func (s *Store) Module(ctx context.Context, name string) (Module, error) {
 }
 
 // MarkMoved records that the module's source has a commit newer than the mesh built.
-func (s *Store) MarkMoved(ctx context.Context, name, commit string) error {
+func (s *Store) MarkMoved(ctx context.Context, name, commit string) (err error) {
+	defer s.db.Failing(&err, "record %s moved", name)
 	res, err := s.db.Exec(ctx, `UPDATE modules SET moved_commit = ? WHERE name = ?`, commit, name)
 	if err != nil {
-		return fmt.Errorf("record %s moved: %w", name, err)
+		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("module %s %w", name, ErrModuleNotFound)
@@ -247,9 +249,10 @@ func holdings(ctx context.Context, tx *sql.Tx, module string) (Holdings, error) 
 // ForgetModule removes a module and every version of it. It is refused
 // while the module is assigned; held settings are refused too unless
 // andHeld discards them. The holdings are returned either way.
-func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (Holdings, error) {
+func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (_ Holdings, err error) {
+	defer s.db.Failing(&err, "forget module %s", name)
 	var h Holdings
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
 			return err
@@ -275,7 +278,8 @@ func (s *Store) ForgetModule(ctx context.Context, name string, andHeld bool) (Ho
 }
 
 // ModuleHoldings tells what the mesh holds for a module, or ErrModuleNotFound.
-func (s *Store) ModuleHoldings(ctx context.Context, name string) (Holdings, error) {
+func (s *Store) ModuleHoldings(ctx context.Context, name string) (_ Holdings, err error) {
+	defer s.db.Failing(&err, "read what the mesh holds for module %s", name)
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return Holdings{}, err
@@ -301,13 +305,27 @@ type BuiltVersion struct {
 	AddedAt           time.Time
 }
 
+// builtVersionsQuery reads one module's versions, or every module's. The
+// WHERE clause is written per case: one statement for both (the module
+// compared to the empty string in SQL) has one plan for both, and it scans
+// every version even for one module.
+func builtVersionsQuery(module string) (string, []any) {
+	const columns = `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.archive_unpacked_bytes, v.added_at, m.current_version
+		FROM module_versions v JOIN modules m ON m.name = v.module`
+	if module == "" {
+		return columns + ` ORDER BY v.module`, nil
+	}
+	return columns + ` WHERE v.module = ? ORDER BY v.module`, []any{module}
+}
+
 // BuiltVersions returns the registered versions that hold an archive, of
 // one module or (module "") of every module, by module and version.
-func (s *Store) BuiltVersions(ctx context.Context, module string) ([]BuiltVersion, error) {
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT v.module, v.version, v.commit_id, v.build_id, v.archive_digest, v.archive_bytes, v.archive_unpacked_bytes, v.added_at, m.current_version
-		FROM module_versions v JOIN modules m ON m.name = v.module WHERE (? = '' OR v.module = ?) ORDER BY v.module`, module, module)
+func (s *Store) BuiltVersions(ctx context.Context, module string) (_ []BuiltVersion, err error) {
+	defer s.db.Failing(&err, "read built versions")
+	query, args := builtVersionsQuery(module)
+	rows, err := s.db.Reader.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read built versions: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var all []BuiltVersion

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -87,7 +86,8 @@ func ensureOverlayPrefix(ctx context.Context, tx *sql.Tx) error {
 
 // EnsureOverlayPrefix makes the mesh's ULA prefix once (migrate calls it,
 // so a mesh recorded before the overlay existed has one too).
-func (s *Store) EnsureOverlayPrefix(ctx context.Context) error {
+func (s *Store) EnsureOverlayPrefix(ctx context.Context) (err error) {
+	defer s.db.Failing(&err, "make the overlay's prefix")
 	return s.db.Write(ctx, func(tx *sql.Tx) error { return ensureOverlayPrefix(ctx, tx) })
 }
 
@@ -105,16 +105,18 @@ func takeOverlayIndex(ctx context.Context, tx *sql.Tx, node string) error {
 }
 
 // OverlayPrefix is the mesh's ULA prefix, "" until it is made.
-func (s *Store) OverlayPrefix(ctx context.Context) (string, error) {
+func (s *Store) OverlayPrefix(ctx context.Context) (_ string, err error) {
+	defer s.db.Failing(&err, "read the overlay's prefix")
 	var prefix sql.NullString
 	if err := s.db.Reader.QueryRowContext(ctx, `SELECT prefix FROM overlay_mesh WHERE id = 1`).Scan(&prefix); err != nil {
-		return "", fmt.Errorf("read the overlay's prefix: %w", err)
+		return "", err
 	}
 	return prefix.String, nil
 }
 
 // ReadOverlay reads what the overlay is computed from, in one transaction.
-func (s *Store) ReadOverlay(ctx context.Context) (Overlay, error) {
+func (s *Store) ReadOverlay(ctx context.Context) (_ Overlay, err error) {
+	defer s.db.Failing(&err, "read the overlay")
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return Overlay{}, err
@@ -122,7 +124,7 @@ func (s *Store) ReadOverlay(ctx context.Context) (Overlay, error) {
 	defer tx.Rollback()
 	o, err := readOverlay(ctx, tx)
 	if err != nil {
-		return Overlay{}, fmt.Errorf("read the overlay: %w", err)
+		return Overlay{}, err
 	}
 	return o, nil
 }
@@ -154,6 +156,7 @@ func readOverlay(ctx context.Context, tx *sql.Tx) (Overlay, error) {
 // names (the application judges whose overlay part the change alters,
 // from the overlay before and after). changed says whether it did change.
 func (s *Store) SetPlacement(ctx context.Context, node string, p Placement, moved func(before, after Overlay) []string) (changed bool, err error) {
+	defer s.db.Failing(&err, "place node %s", node)
 	nullable := func(s string) any {
 		if s == "" {
 			return nil
@@ -192,8 +195,8 @@ func (s *Store) SetPlacement(ctx context.Context, node string, p Placement, move
 		}
 		return bump(ctx, tx, moved(before, after))
 	})
-	if err != nil && !errors.Is(err, ErrNodeNotFound) {
-		return false, fmt.Errorf("place node %s: %w", node, err)
+	if err != nil {
+		return false, err
 	}
 	return changed, err
 }
@@ -218,10 +221,11 @@ type PeerFlip struct {
 }
 
 // SilentPeers returns every silent pair, by node and peer.
-func (s *Store) SilentPeers(ctx context.Context) ([]SilentPeer, error) {
+func (s *Store) SilentPeers(ctx context.Context) (_ []SilentPeer, err error) {
+	defer s.db.Failing(&err, "read silent overlay peers")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, peer, since, last_handshake FROM overlay_silent_peers ORDER BY node, peer`)
 	if err != nil {
-		return nil, fmt.Errorf("read silent overlay peers: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []SilentPeer
@@ -245,11 +249,12 @@ func (s *Store) SilentPeers(ctx context.Context) ([]SilentPeer, error) {
 
 // RecordPeerFlips keeps pairs turning silent and forgets those heard again,
 // in one transaction. A flip for a node no longer recorded is dropped.
-func (s *Store) RecordPeerFlips(ctx context.Context, flips []PeerFlip) error {
+func (s *Store) RecordPeerFlips(ctx context.Context, flips []PeerFlip) (err error) {
+	defer s.db.Failing(&err, "record overlay peers silent or heard")
 	if len(flips) == 0 {
 		return nil
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		for _, f := range flips {
 			if !f.Silent {
 				if _, err := tx.ExecContext(ctx, `DELETE FROM overlay_silent_peers WHERE node = ? AND peer = ?`, f.Node, f.Peer); err != nil {
@@ -271,7 +276,7 @@ func (s *Store) RecordPeerFlips(ctx context.Context, flips []PeerFlip) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("record overlay peers silent or heard: %w", err)
+		return err
 	}
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // ErrStillAssigned means a node to be removed still has modules assigned.
-var ErrStillAssigned = errors.New("still has modules assigned")
+var ErrStillAssigned = sqlite.Refusal("still has modules assigned")
 
 // Removal is what removing nodes did to the inventory.
 type Removal struct {
@@ -36,10 +36,11 @@ type Removal struct {
 // is a fresh record. based is the act revision the removal was judged on
 // (0: not judged on a snapshot): another act committed since refuses it
 // with ErrActConflict.
-func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, based int64, now time.Time) (Removal, error) {
+func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []Retirement, based int64, now time.Time) (_ Removal, err error) {
+	defer s.db.Failing(&err, "remove nodes")
 	var out Removal
 	at := sqlite.FormatTime(now)
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		out = Removal{}
 		if err := moveRevision(ctx, tx, based); err != nil {
 			return err
@@ -147,11 +148,8 @@ func (s *Store) RemoveNodes(ctx context.Context, nodes []string, consumerData []
 		}
 		return nil
 	})
-	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrStillAssigned) || errors.Is(err, ErrActConflict) {
-		return Removal{}, err
-	}
 	if err != nil {
-		return Removal{}, fmt.Errorf("remove nodes: %w", err)
+		return Removal{}, err
 	}
 	return out, nil
 }

@@ -107,12 +107,14 @@ type DataSet struct {
 }
 
 // MarkJoined records that the node's host joined.
-func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) error {
+func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "mark %s joined", node)
 	return s.MarkJoinedMany(ctx, []string{node}, now)
 }
 
 // MarkJoinedMany records that the nodes' hosts joined, in one transaction.
-func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Time) error {
+func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "mark nodes joined")
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET joined_at = ?, last_heard = ? WHERE name = ?`)
@@ -135,7 +137,8 @@ func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Tim
 // beat never moves the applied serial back: one sent before an apply may be
 // written after the apply's report. What a beat says of an apply under
 // way replaces what the last one said.
-func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
+func (s *Store) RecordBeats(ctx context.Context, beats []Beat) (err error) {
+	defer s.db.Failing(&err, "record heartbeats")
 	if len(beats) == 0 {
 		return nil
 	}
@@ -174,6 +177,7 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) error {
 // before keys were judged so), if it was recorded first (the lower
 // overlay index), as the overlay's computation keeps it.
 func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) (refused *KeyRefusal, err error) {
+	defer s.db.Failing(&err, "record the facts of %s", node)
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		refused = nil
 		var oldKey, newKey string
@@ -278,10 +282,11 @@ func keepKeyRefusal(ctx context.Context, tx *sql.Tx, node string, r *KeyRefusal)
 }
 
 // KeyRefusals returns every node's refused WireGuard key, by node.
-func (s *Store) KeyRefusals(ctx context.Context) ([]KeyRefusal, error) {
+func (s *Store) KeyRefusals(ctx context.Context) (_ []KeyRefusal, err error) {
+	defer s.db.Failing(&err, "read refused WireGuard keys")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, holder, key, since FROM overlay_key_refusals ORDER BY node`)
 	if err != nil {
-		return nil, fmt.Errorf("read refused WireGuard keys: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []KeyRefusal
@@ -300,7 +305,8 @@ func (s *Store) KeyRefusals(ctx context.Context) ([]KeyRefusal, error) {
 }
 
 // Facts returns what a node reported about its machine, and what it found.
-func (s *Store) Facts(ctx context.Context, node string) ([]Fact, []Found, error) {
+func (s *Store) Facts(ctx context.Context, node string) (_ []Fact, _ []Found, err error) {
+	defer s.db.Failing(&err, "read the facts of %s", node)
 	facts := []Fact{}
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT name, value, why FROM node_facts WHERE node = ? ORDER BY name`, node)
 	if err != nil {
@@ -351,9 +357,10 @@ func words(s string) []string {
 
 // ListenersOf returns the listeners (found of kind "port") of many nodes at
 // once, by node, in a few queries rather than one a node.
-func (s *Store) ListenersOf(ctx context.Context, nodes []string) (map[string][]Found, error) {
+func (s *Store) ListenersOf(ctx context.Context, nodes []string) (_ map[string][]Found, err error) {
+	defer s.db.Failing(&err, "read listeners")
 	out := map[string][]Found{}
-	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+	err = sqlite.InChunks(nodes, func(marks string, args []any) error {
 		rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, kind, name, detail, addresses, commands FROM node_found WHERE kind = 'port' AND node IN (`+marks+`) ORDER BY node, name`, args...)
 		if err != nil {
 			return err
@@ -370,16 +377,17 @@ func (s *Store) ListenersOf(ctx context.Context, nodes []string) (map[string][]F
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read listeners: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
 
 // FactsOf returns the facts of many nodes at once, by node (a node with
 // none has no entry), in a few queries rather than one a node.
-func (s *Store) FactsOf(ctx context.Context, nodes []string) (map[string][]Fact, error) {
+func (s *Store) FactsOf(ctx context.Context, nodes []string) (_ map[string][]Fact, err error) {
+	defer s.db.Failing(&err, "read facts")
 	out := map[string][]Fact{}
-	err := sqlite.InChunks(nodes, func(marks string, args []any) error {
+	err = sqlite.InChunks(nodes, func(marks string, args []any) error {
 		rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, name, value, why FROM node_facts WHERE node IN (`+marks+`) ORDER BY node, name`, args...)
 		if err != nil {
 			return err
@@ -396,16 +404,17 @@ func (s *Store) FactsOf(ctx context.Context, nodes []string) (map[string][]Fact,
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read facts: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
 
 // RecordOutcome keeps a node's latest apply outcome; a successful apply also
 // moves its applied serial.
-func (s *Store) RecordOutcome(ctx context.Context, node string, o Outcome) error {
+func (s *Store) RecordOutcome(ctx context.Context, node string, o Outcome) (err error) {
+	defer s.db.Failing(&err, "record the apply outcome of %s", node)
 	if err := s.RecordOutcomes(ctx, []NodeOutcome{{Node: node, Outcome: o}}); err != nil {
-		return fmt.Errorf("record apply outcome of %s: %w", node, err)
+		return err
 	}
 	return nil
 }
@@ -418,7 +427,8 @@ type NodeOutcome struct {
 
 // RecordOutcomes keeps many nodes' apply outcomes in one transaction: ten
 // thousand hosts reporting one roll-out are a few writes, not ten thousand.
-func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) error {
+func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) (err error) {
+	defer s.db.Failing(&err, "record apply outcomes")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET applied_serial = ?, applied_ok = ?, applied_error = ?, applied_ms = ?, applied_at = ?, last_heard = ?,
 			serial_applied = CASE WHEN ? = 1 AND serial_applied < ? THEN ? ELSE serial_applied END WHERE name = ?`)
@@ -437,7 +447,8 @@ func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) erro
 }
 
 // RecordDataSets replaces a node's reported data sets.
-func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet, now time.Time) error {
+func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record the data sets of %s", node)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, node); err != nil {
 			return err
@@ -457,7 +468,8 @@ func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet,
 }
 
 // DataSets returns a node's data sets as last reported.
-func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
+func (s *Store) DataSets(ctx context.Context, node string) (_ []DataSet, err error) {
+	defer s.db.Failing(&err, "read the data sets of %s", node)
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT module, name, path, bytes, precious, last_backup, reported_at FROM node_data_sets WHERE node = ? ORDER BY module, name`, node)
 	if err != nil {
 		return nil, err
@@ -483,7 +495,8 @@ func (s *Store) DataSets(ctx context.Context, node string) ([]DataSet, error) {
 }
 
 // AllDataSets returns every node's data sets as last reported, in one query.
-func (s *Store) AllDataSets(ctx context.Context) (map[string][]DataSet, error) {
+func (s *Store) AllDataSets(ctx context.Context) (_ map[string][]DataSet, err error) {
+	defer s.db.Failing(&err, "read every node's data sets")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, module, name, path, bytes, precious, last_backup, reported_at FROM node_data_sets ORDER BY node, module, name`)
 	if err != nil {
 		return nil, err
@@ -509,9 +522,10 @@ func (s *Store) AllDataSets(ctx context.Context) (map[string][]DataSet, error) {
 }
 
 // FactsAt is when a node's host last reported its facts; nil if never.
-func (s *Store) FactsAt(ctx context.Context, node string) (*time.Time, error) {
+func (s *Store) FactsAt(ctx context.Context, node string) (_ *time.Time, err error) {
+	defer s.db.Failing(&err, "read when %s reported its facts", node)
 	var at sql.NullString
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT facts_at FROM nodes WHERE name = ?`, node).Scan(&at)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT facts_at FROM nodes WHERE name = ?`, node).Scan(&at)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("node %s %w", node, ErrNodeNotFound)
 	}

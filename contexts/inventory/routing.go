@@ -18,18 +18,19 @@ type Routing struct {
 }
 
 // Routing returns one node's routing, or ErrNodeNotFound.
-func (s *Store) Routing(ctx context.Context, node string) (Routing, error) {
+func (s *Store) Routing(ctx context.Context, node string) (_ Routing, err error) {
+	defer s.db.Failing(&err, "read the routing of node %s", node)
 	var r Routing
 	var domain, networks sql.NullString
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT public_domain, networks FROM nodes WHERE name = ?`, node).Scan(&domain, &networks)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT public_domain, networks FROM nodes WHERE name = ?`, node).Scan(&domain, &networks)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Routing{}, fmt.Errorf("node %s %w", node, ErrNodeNotFound)
 	}
 	if err != nil {
-		return Routing{}, fmt.Errorf("read the routing of node %s: %w", node, err)
+		return Routing{}, err
 	}
 	if r, err = routingOf(domain, networks); err != nil {
-		return Routing{}, fmt.Errorf("read the routing of node %s: %w", node, err)
+		return Routing{}, err
 	}
 	return r, nil
 }
@@ -49,6 +50,7 @@ func routingOf(domain, networks sql.NullString) (Routing, error) {
 // catch-up declares it even if the command stops before it does. changed
 // says whether it did change.
 func (s *Store) SetPublicDomain(ctx context.Context, node, domain string) (changed bool, err error) {
+	defer s.db.Failing(&err, "set the public domain of %s", node)
 	var value any
 	if domain != "" {
 		value = domain
@@ -60,6 +62,7 @@ func (s *Store) SetPublicDomain(ctx context.Context, node, domain string) (chang
 // keeps its domain: in the order given (the application judges and sorts
 // them), and the plan moved only on a change.
 func (s *Store) SetNetworks(ctx context.Context, node string, networks []string) (changed bool, err error) {
+	defer s.db.Failing(&err, "set the networks of %s", node)
 	var value any
 	if len(networks) > 0 {
 		b, err := json.Marshal(networks)
@@ -92,8 +95,8 @@ func (s *Store) setRouting(ctx context.Context, node, column string, value any) 
 		}
 		return bump(ctx, tx, []string{node})
 	})
-	if err != nil && !errors.Is(err, ErrNodeNotFound) {
-		return false, fmt.Errorf("set the %s of node %s: %w", column, node, err)
+	if err != nil {
+		return false, err
 	}
 	return changed, err
 }

@@ -3,7 +3,6 @@ package inventory
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,7 +10,7 @@ import (
 )
 
 // ErrSeatNotFound means no registered manifest defines that seat.
-var ErrSeatNotFound = errors.New("no registered module defines that seat")
+var ErrSeatNotFound = sqlite.Refusal("no registered module defines that seat")
 
 // Holder is an assignment (node and module) holding a seat or providing a provision.
 type Holder struct {
@@ -248,7 +247,8 @@ func recordReplacement(ctx context.Context, tx *sql.Tx, r *Replacement, now time
 // RenameSeat renames a seat: its holders move to the new name, and the
 // former name resolves to it from now on; the plans of the bump nodes move
 // in the same transaction.
-func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []string) error {
+func (s *Store) RenameSeat(ctx context.Context, from, to string, bumpNodes []string) (err error) {
+	defer s.db.Failing(&err, "rename seat %s", from)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, 0); err != nil {
@@ -315,12 +315,13 @@ func setPin(ctx context.Context, tx *sql.Tx, p Pin, now time.Time) error {
 
 // ErrNotCleanable means a retirement to be recorded deleted is no longer
 // retired or dropped on a removed node: something changed it meanwhile.
-var ErrNotCleanable = errors.New("is no longer retired data on a removed node")
+var ErrNotCleanable = sqlite.Refusal("is no longer retired data on a removed node")
 
 // AskDeletions records a cleanup in one transaction: deletions its hosts are
 // asked to carry out (their nodes' plans move), and retirements on removed
 // nodes recorded deleted by hand, since no host is left to act on them.
-func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand []int64, based int64, now time.Time) error {
+func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand []int64, based int64, now time.Time) (err error) {
+	defer s.db.Failing(&err, "ask deletions")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		// An act: judged acts committing after it are judged again.
 		if err := moveRevision(ctx, tx, based); err != nil {
@@ -354,7 +355,8 @@ func (s *Store) AskDeletions(ctx context.Context, asks []Deletion, deletedByHand
 
 // DeletionsDone marks a node's deletions done as its host reported them,
 // and their targets deleted.
-func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion, now time.Time) error {
+func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record the deletions done on %s", node)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		for _, d := range done {
 			res, err := tx.ExecContext(ctx, `UPDATE deletions SET done_at = ? WHERE node = ? AND module = ? AND target = ? AND kind = ? AND done_at IS NULL`,
@@ -385,14 +387,16 @@ func (s *Store) DeletionsDone(ctx context.Context, node string, done []Deletion,
 }
 
 // RecordBackup keeps that the backup seat's holder backed up a data set.
-func (s *Store) RecordBackup(ctx context.Context, node, module, name string, at time.Time) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
+func (s *Store) RecordBackup(ctx context.Context, node, module, name string, at time.Time) (err error) {
+	defer s.db.Failing(&err, "record a backup of %s/%s/%s", node, module, name)
+	_, err = s.db.Exec(ctx, `INSERT INTO backups (node, module, name, last_backup) VALUES (?, ?, ?, ?)
 		ON CONFLICT (node, module, name) DO UPDATE SET last_backup = CASE WHEN backups.last_backup > excluded.last_backup THEN backups.last_backup ELSE excluded.last_backup END`, node, module, name, sqlite.FormatTime(at))
 	return err
 }
 
 // ResolveReplacements marks replacements resolved.
-func (s *Store) ResolveReplacements(ctx context.Context, ids []int64, now time.Time) error {
+func (s *Store) ResolveReplacements(ctx context.Context, ids []int64, now time.Time) (err error) {
+	defer s.db.Failing(&err, "resolve replacements")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		for _, id := range ids {
 			if _, err := tx.ExecContext(ctx, `UPDATE replacements SET resolved_at = ? WHERE id = ?`, sqlite.FormatTime(now), id); err != nil {
@@ -405,12 +409,13 @@ func (s *Store) ResolveReplacements(ctx context.Context, ids []int64, now time.T
 
 // HoldsSeat says whether any of a node's assignments holds a seat (by its
 // name or a former one).
-func (s *Store) HoldsSeat(ctx context.Context, node, seat string) (bool, error) {
+func (s *Store) HoldsSeat(ctx context.Context, node, seat string) (_ bool, err error) {
+	defer s.db.Failing(&err, "read who holds seat %s", seat)
 	var n int
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM seat_holders WHERE node = ?
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM seat_holders WHERE node = ?
 		AND seat = coalesce((SELECT seat FROM seat_aliases WHERE alias = ?), ?)`, node, seat, seat).Scan(&n)
 	if err != nil {
-		return false, fmt.Errorf("who holds seat %s: %w", seat, err)
+		return false, err
 	}
 	return n > 0, nil
 }

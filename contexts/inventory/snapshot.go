@@ -99,14 +99,16 @@ func scanNodeState(r *sql.Rows) (NodeState, error) {
 }
 
 // Snapshot reads the mesh for planning.
-func (s *Store) Snapshot(ctx context.Context) (*Snapshot, error) {
+func (s *Store) Snapshot(ctx context.Context) (_ *Snapshot, err error) {
+	defer s.db.Failing(&err, "read the snapshot")
 	return s.snapshot(ctx, true)
 }
 
 // SnapshotWithoutNodes reads the mesh as Snapshot does but for the nodes
 // (Nodes and NodeNames are empty): for status, which reads only the nodes
 // it must judge (NodesToJudge), not every node of a large mesh.
-func (s *Store) SnapshotWithoutNodes(ctx context.Context) (*Snapshot, error) {
+func (s *Store) SnapshotWithoutNodes(ctx context.Context) (_ *Snapshot, err error) {
+	defer s.db.Failing(&err, "read the snapshot")
 	return s.snapshot(ctx, false)
 }
 
@@ -286,7 +288,8 @@ type Watch struct {
 // them and not sent (NodeState.Behind). It is a superset of what
 // is past a bound (the caller judges each node exactly, as it would have
 // judged every node) that a well mesh keeps empty, however large.
-func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) {
+func (s *Store) NodesToJudge(ctx context.Context, w Watch) (_ []NodeState, err error) {
+	defer s.db.Failing(&err, "read the nodes to judge")
 	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -309,12 +312,12 @@ func (s *Store) NodesToJudge(ctx context.Context, w Watch) ([]NodeState, error) 
 		return nil
 	}, now, w.HeartbeatFactor, w.DefaultInterval.Seconds(), w.DataReport.Seconds())
 	if err != nil {
-		return nil, fmt.Errorf("read the nodes to judge: %w", err)
+		return nil, err
 	}
 	// Few (a well mesh has none): each one's recorded versions counted.
 	for i := range out {
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND pending_version IS NOT NULL`, out[i].Name).Scan(&out[i].Pending); err != nil {
-			return nil, fmt.Errorf("read the nodes to judge: %w", err)
+			return nil, err
 		}
 	}
 	return out, nil

@@ -25,7 +25,8 @@ const TakePreviewsKept = 7 * 24 * time.Hour
 
 // ShowTakePreview remembers a preview shown, and forgets those shown more
 // than TakePreviewsKept ago.
-func (s *Store) ShowTakePreview(ctx context.Context, p TakePreview) error {
+func (s *Store) ShowTakePreview(ctx context.Context, p TakePreview) (err error) {
+	defer s.db.Failing(&err, "record a shown take preview")
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM take_previews WHERE shown_at < ?`, sqlite.FormatTime(p.ShownAt.Add(-TakePreviewsKept))); err != nil {
 			return err
@@ -38,10 +39,11 @@ func (s *Store) ShowTakePreview(ctx context.Context, p TakePreview) error {
 
 // ShownTakePreview is the preview shown with this digest, if it is
 // remembered.
-func (s *Store) ShownTakePreview(ctx context.Context, digest string) (TakePreview, bool, error) {
+func (s *Store) ShownTakePreview(ctx context.Context, digest string) (_ TakePreview, _ bool, err error) {
+	defer s.db.Failing(&err, "read a shown take preview")
 	p := TakePreview{Digest: digest}
 	var at string
-	err := s.db.Reader.QueryRowContext(ctx, `SELECT node, module, preview, shown_at FROM take_previews WHERE digest = ?`, digest).
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT node, module, preview, shown_at FROM take_previews WHERE digest = ?`, digest).
 		Scan(&p.Node, &p.Module, &p.Preview, &at)
 	if errors.Is(err, sql.ErrNoRows) {
 		return p, false, nil

@@ -18,18 +18,18 @@ import (
 
 var (
 	// ErrExists means a licence of that name is kept already.
-	ErrExists = errors.New("is a licence already")
+	ErrExists = sqlite.Refusal("is a licence already")
 	// ErrNoLicence means no licence of that name is kept.
-	ErrNoLicence = errors.New("is not a licence")
+	ErrNoLicence = sqlite.Refusal("is not a licence")
 	// ErrHeld means the module holds the licence already.
-	ErrHeld = errors.New("holds it already")
+	ErrHeld = sqlite.Refusal("holds it already")
 	// ErrNotHeld means the module does not hold the licence.
-	ErrNotHeld = errors.New("does not hold it")
+	ErrNotHeld = sqlite.Refusal("does not hold it")
 	// ErrVersionMoved means the licence's current version changed while a
 	// copy of the one read was being sealed.
-	ErrVersionMoved = errors.New("its version changed meanwhile")
+	ErrVersionMoved = sqlite.Refusal("its version changed meanwhile")
 	// ErrNotArmor means a copy is not age armor: the store keeps nothing else.
-	ErrNotArmor = errors.New("a copy is not age armor")
+	ErrNotArmor = sqlite.Refusal("a copy is not age armor")
 )
 
 // Kinds of sealed copy.
@@ -127,11 +127,12 @@ func nullable(s string) any {
 // Add keeps a new licence at version 1 with its first copies (the
 // operator's own, and a refreshable licence's refresh token), in one
 // transaction.
-func (s *Store) Add(ctx context.Context, l Licence, copies []Copy, now time.Time) error {
+func (s *Store) Add(ctx context.Context, l Licence, copies []Copy, now time.Time) (err error) {
+	defer s.db.Failing(&err, "add licence %s", l.Name)
 	if err := checkArmor(copies); err != nil {
 		return err
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM licences WHERE name = ?`, l.Name).Scan(&n); err != nil {
 			return err
@@ -160,9 +161,6 @@ func (s *Store) Add(ctx context.Context, l Licence, copies []Copy, now time.Time
 		}
 		return history(ctx, tx, l.Name, 1, "added", "", "", now)
 	})
-	if err != nil && !errors.Is(err, ErrExists) {
-		return fmt.Errorf("add licence %s: %w", l.Name, err)
-	}
 	return err
 }
 
@@ -191,12 +189,13 @@ func history(ctx context.Context, tx *sql.Tx, licence string, version int64, eve
 // Use makes the module on the node a holder of the licence, with its copy
 // of version (the version the caller opened and sealed): refused if the
 // licence moved on meanwhile, or the module holds it already.
-func (s *Store) Use(ctx context.Context, c Copy, now time.Time) error {
+func (s *Store) Use(ctx context.Context, c Copy, now time.Time) (err error) {
+	defer s.db.Failing(&err, "use licence %s on %s/%s", c.Licence, c.Node, c.Module)
 	c.Kind = KindHolder
 	if err := checkArmor([]Copy{c}); err != nil {
 		return err
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		version, err := currentVersion(ctx, tx, c.Licence)
 		if err != nil {
 			return err
@@ -221,16 +220,14 @@ func (s *Store) Use(ctx context.Context, c Copy, now time.Time) error {
 		}
 		return history(ctx, tx, c.Licence, version, "used", c.Node, c.Module, now)
 	})
-	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrHeld) && !errors.Is(err, ErrVersionMoved) {
-		return fmt.Errorf("use licence %s on %s/%s: %w", c.Licence, c.Node, c.Module, err)
-	}
 	return err
 }
 
 // Stop takes the licence away from the module on the node: it is no longer
 // a holder, and every copy sealed to it for that module is dropped.
-func (s *Store) Stop(ctx context.Context, licence, node, module string, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) Stop(ctx context.Context, licence, node, module string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "stop licence %s on %s/%s", licence, node, module)
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		version, err := currentVersion(ctx, tx, licence)
 		if err != nil {
 			return err
@@ -241,9 +238,6 @@ func (s *Store) Stop(ctx context.Context, licence, node, module string, now time
 		}
 		return err
 	})
-	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrNotHeld) {
-		return fmt.Errorf("stop licence %s on %s/%s: %w", licence, node, module, err)
-	}
 	return err
 }
 
@@ -269,9 +263,10 @@ func dropHolder(ctx context.Context, tx *sql.Tx, licence string, version int64, 
 // licences each held, by node/module. A licence one of them managed is
 // left without a manager (its refresh copy for it dropped): a refresh
 // then refuses rather than ask a module that is gone.
-func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (map[string][]string, error) {
+func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (_ map[string][]string, err error) {
+	defer s.db.Failing(&err, "forget the licences of %d modules", len(holders))
 	out := map[string][]string{}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		clear(out)
 		for _, h := range holders {
 			names, versions, err := namesVersions(ctx, tx, `SELECT h.licence, l.version FROM licence_holders h JOIN licences l ON l.name = h.licence
@@ -294,7 +289,7 @@ func (s *Store) Forget(ctx context.Context, holders []Holder, now time.Time) (ma
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("forget the licences of %d modules: %w", len(holders), err)
+		return nil, err
 	}
 	return out, nil
 }
@@ -362,13 +357,14 @@ func scanLicence(sc interface{ Scan(...any) error }) (Licence, error) {
 }
 
 // Licence returns one licence with its holders, or ErrNoLicence.
-func (s *Store) Licence(ctx context.Context, name string) (Licence, error) {
+func (s *Store) Licence(ctx context.Context, name string) (_ Licence, err error) {
+	defer s.db.Failing(&err, "read licence %s", name)
 	l, err := scanLicence(s.db.Reader.QueryRowContext(ctx, `SELECT `+licenceColumns+` FROM licences WHERE name = ?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Licence{}, fmt.Errorf("%s %w", name, ErrNoLicence)
 	}
 	if err != nil {
-		return Licence{}, fmt.Errorf("read licence %s: %w", name, err)
+		return Licence{}, err
 	}
 	hs, err := s.holders(ctx, name)
 	if err != nil {
@@ -405,17 +401,18 @@ func (s *Store) holders(ctx context.Context, name string) (map[string][]Holder, 
 }
 
 // List returns every licence with its holders, by name.
-func (s *Store) List(ctx context.Context) ([]Licence, error) {
+func (s *Store) List(ctx context.Context) (_ []Licence, err error) {
+	defer s.db.Failing(&err, "list licences")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+licenceColumns+` FROM licences ORDER BY name`)
 	if err != nil {
-		return nil, fmt.Errorf("list licences: %w", err)
+		return nil, err
 	}
 	out := []Licence{}
 	for rows.Next() {
 		l, err := scanLicence(rows)
 		if err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("list licences: %w", err)
+			return nil, err
 		}
 		out = append(out, l)
 	}
@@ -462,7 +459,8 @@ func (s *Store) copies(ctx context.Context, where string, args ...any) ([]Copy, 
 
 // Copies returns every sealed copy of every version of a licence, or of
 // every licence when name is "".
-func (s *Store) Copies(ctx context.Context, name string) ([]Copy, error) {
+func (s *Store) Copies(ctx context.Context, name string) (_ []Copy, err error) {
+	defer s.db.Failing(&err, "read the copies of licence %s", name)
 	if name == "" {
 		return s.copies(ctx, "")
 	}
@@ -471,7 +469,8 @@ func (s *Store) Copies(ctx context.Context, name string) ([]Copy, error) {
 
 // OperatorCopy returns the operator's own copy of a licence's version (0:
 // the current one), or ErrNoLicence.
-func (s *Store) OperatorCopy(ctx context.Context, name string, version int64) (Copy, error) {
+func (s *Store) OperatorCopy(ctx context.Context, name string, version int64) (_ Copy, err error) {
+	defer s.db.Failing(&err, "read the operator's copy of licence %s", name)
 	where, args := `kind = 'operator' AND licence = ? AND version = `, []any{name}
 	if version == 0 {
 		where += `(SELECT version FROM licences WHERE name = ?)`
@@ -495,11 +494,12 @@ func (s *Store) OperatorCopy(ctx context.Context, name string, version int64) (C
 
 // ErrNoCopy means no copy of that version is kept (never made, or
 // discarded after its grace period).
-var ErrNoCopy = errors.New("no copy of that version is kept")
+var ErrNoCopy = sqlite.Refusal("no copy of that version is kept")
 
 // Held returns the copies of the current version each holder holds: what
 // the planner declares, by node/module.
-func (s *Store) Held(ctx context.Context) (map[string][]Copy, error) {
+func (s *Store) Held(ctx context.Context) (_ map[string][]Copy, err error) {
+	defer s.db.Failing(&err, "read the licences held")
 	return byHolder(s.copies(ctx, `kind = 'holder' AND version = (SELECT version FROM licences WHERE name = licence_copies.licence)`))
 }
 
@@ -518,10 +518,11 @@ func byHolder(cs []Copy, err error) (map[string][]Copy, error) {
 
 // SealedTo counts the copies of every licence by the operator key each is
 // sealed to: what each key can recover, without reading a ciphertext.
-func (s *Store) SealedTo(ctx context.Context) (map[string]int, error) {
+func (s *Store) SealedTo(ctx context.Context) (_ map[string]int, err error) {
+	defer s.db.Failing(&err, "count licence copies")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT operator_key, count(*) FROM licence_copies GROUP BY operator_key`)
 	if err != nil {
-		return nil, fmt.Errorf("count licence copies: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	out := map[string]int{}
@@ -529,7 +530,7 @@ func (s *Store) SealedTo(ctx context.Context) (map[string]int, error) {
 		var key string
 		var n int
 		if err := rows.Scan(&key, &n); err != nil {
-			return nil, fmt.Errorf("count licence copies: %w", err)
+			return nil, err
 		}
 		out[key] = n
 	}
@@ -540,9 +541,9 @@ func (s *Store) SealedTo(ctx context.Context) (map[string]int, error) {
 var (
 	// ErrNotRefreshable means the licence has no refresh token: it is
 	// replaced by a person, never refreshed.
-	ErrNotRefreshable = errors.New("is not refreshable")
+	ErrNotRefreshable = sqlite.Refusal("is not refreshable")
 	// ErrNoManager means no manager is named for the licence yet.
-	ErrNoManager = errors.New("has no manager")
+	ErrNoManager = sqlite.Refusal("has no manager")
 )
 
 // GracePeriod is how long a superseded version's copies stay recoverable
@@ -553,13 +554,14 @@ const GracePeriod = 7 * 24 * time.Hour
 // licence's refresh token, with its copy of it (sealed to that node and
 // the operator): the copy of a manager named before is dropped. It
 // returns the node of the manager it replaced, "" if none.
-func (s *Store) SetManager(ctx context.Context, c Copy, now time.Time) (string, error) {
+func (s *Store) SetManager(ctx context.Context, c Copy, now time.Time) (_ string, err error) {
+	defer s.db.Failing(&err, "set the manager of licence %s", c.Licence)
 	c.Kind = KindRefresh
 	if err := checkArmor([]Copy{c}); err != nil {
 		return "", err
 	}
 	var before string
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var refreshable int
 		var version int64
 		var node sql.NullString
@@ -585,15 +587,16 @@ func (s *Store) SetManager(ctx context.Context, c Copy, now time.Time) (string, 
 		}
 		return history(ctx, tx, c.Licence, version, "manager", c.Node, c.Module, now)
 	})
-	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrNotRefreshable) {
-		return "", fmt.Errorf("set the manager of licence %s: %w", c.Licence, err)
+	if err != nil {
+		return "", err
 	}
 	return before, err
 }
 
 // RefreshCopy returns the operator's own copy of a licence's refresh
 // token, or ErrNotRefreshable.
-func (s *Store) RefreshCopy(ctx context.Context, name string) (Copy, error) {
+func (s *Store) RefreshCopy(ctx context.Context, name string) (_ Copy, err error) {
+	defer s.db.Failing(&err, "read the refresh copy of licence %s", name)
 	cs, err := s.copies(ctx, `kind = 'refresh' AND node = '' AND licence = ?`, name)
 	if err != nil {
 		return Copy{}, err
@@ -606,7 +609,8 @@ func (s *Store) RefreshCopy(ctx context.Context, name string) (Copy, error) {
 
 // Managed returns the refresh-token copies each manager holds, by
 // node/module: what the planner declares beside its licences.
-func (s *Store) Managed(ctx context.Context) (map[string][]Copy, error) {
+func (s *Store) Managed(ctx context.Context) (_ map[string][]Copy, err error) {
+	defer s.db.Failing(&err, "read the managed licences")
 	return byHolder(s.copies(ctx, `kind = 'refresh' AND node <> ''`))
 }
 
@@ -629,13 +633,14 @@ type Refreshed struct {
 // now (its holder copies dropped at once, so holders move to the new one
 // with their next declaration), and a refreshed event. Refused if the
 // licence's version moved, or its holders changed, since From was read.
-func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (int64, error) {
+func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (_ int64, err error) {
+	defer s.db.Failing(&err, "refresh licence %s", r.Licence)
 	all := append([]Copy{r.Operator}, r.Holders...)
 	if err := checkArmor(all); err != nil {
 		return 0, err
 	}
 	next := r.From + 1
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		version, err := currentVersion(ctx, tx, r.Licence)
 		if err != nil {
 			return err
@@ -686,16 +691,17 @@ func (s *Store) Refresh(ctx context.Context, r Refreshed, now time.Time) (int64,
 		}
 		return history(ctx, tx, r.Licence, next, "refreshed", "", "", now)
 	})
-	if err != nil && !errors.Is(err, ErrNoLicence) && !errors.Is(err, ErrVersionMoved) {
-		return 0, fmt.Errorf("refresh licence %s: %w", r.Licence, err)
+	if err != nil {
+		return 0, err
 	}
 	return next, err
 }
 
 // RefreshFailed records that refreshing a licence failed: its holders
 // keep the current version. The self-check reads it (Failing).
-func (s *Store) RefreshFailed(ctx context.Context, name string, now time.Time) error {
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+func (s *Store) RefreshFailed(ctx context.Context, name string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "record a failed refresh of licence %s", name)
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var version int64
 		var node, module string
 		err := tx.QueryRowContext(ctx, `SELECT version, coalesce(manager_node, ''), coalesce(manager_module, '') FROM licences WHERE name = ?`, name).
@@ -708,18 +714,16 @@ func (s *Store) RefreshFailed(ctx context.Context, name string, now time.Time) e
 		}
 		return history(ctx, tx, name, version, "refresh-failed", node, module, now)
 	})
-	if err != nil && !errors.Is(err, ErrNoLicence) {
-		return fmt.Errorf("record a failed refresh of licence %s: %w", name, err)
-	}
 	return err
 }
 
 // Failing returns, by licence, when its last refresh failed: those whose
 // last refresh-failed event comes after their last refreshed one.
-func (s *Store) Failing(ctx context.Context) (map[string]time.Time, error) {
+func (s *Store) Failing(ctx context.Context) (_ map[string]time.Time, err error) {
+	defer s.db.Failing(&err, "read failed refreshes")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT licence, event, at FROM licence_history WHERE event IN ('refreshed', 'refresh-failed') ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("read failed refreshes: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	out := map[string]time.Time{}
@@ -743,9 +747,10 @@ func (s *Store) Failing(ctx context.Context) (map[string]time.Time, error) {
 // ended by now (the refresh token's copies are kept: a refresh does not
 // replace it), at most limit versions, each with a discarded event, and
 // returns how many versions it discarded.
-func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, error) {
+func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (_ int, err error) {
+	defer s.db.Failing(&err, "discard superseded licence versions")
 	n := 0
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		n = 0
 		names, versions, err := namesVersions(ctx, tx, `SELECT v.licence, v.version FROM licence_versions v WHERE v.discard_after IS NOT NULL AND v.discard_after <= ?
 			AND EXISTS (SELECT 1 FROM licence_copies c WHERE c.licence = v.licence AND c.version = v.version AND c.kind <> 'refresh')
@@ -765,7 +770,7 @@ func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, err
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("discard superseded licence versions: %w", err)
+		return 0, err
 	}
 	return n, nil
 }
@@ -773,12 +778,13 @@ func (s *Store) Discard(ctx context.Context, now time.Time, limit int) (int, err
 // Due returns the refreshable licences with a manager whose current
 // version has lived past part of its life (made to expires) by now: those
 // serve refreshes by itself.
-func (s *Store) Due(ctx context.Context, part float64, now time.Time) ([]Licence, error) {
+func (s *Store) Due(ctx context.Context, part float64, now time.Time) (_ []Licence, err error) {
+	defer s.db.Failing(&err, "read licences due a refresh")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT l.name, l.version, l.expires, v.made FROM licences l
 		JOIN licence_versions v ON v.licence = l.name AND v.version = l.version
 		WHERE l.refreshable = 1 AND l.manager_node IS NOT NULL AND l.expires IS NOT NULL ORDER BY l.name`)
 	if err != nil {
-		return nil, fmt.Errorf("read licences due a refresh: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Licence
@@ -807,19 +813,20 @@ func (s *Store) Due(ctx context.Context, part float64, now time.Time) ([]Licence
 // AllHolders returns every module on a node that holds or manages a
 // licence, each once, by node then module: what serve's catch-up compares
 // with what is assigned, to forget what an act stopped half-way left held.
-func (s *Store) AllHolders(ctx context.Context) ([]Holder, error) {
+func (s *Store) AllHolders(ctx context.Context) (_ []Holder, err error) {
+	defer s.db.Failing(&err, "list holders")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, module FROM licence_holders
 		UNION SELECT manager_node, manager_module FROM licences WHERE manager_node IS NOT NULL
 		ORDER BY 1, 2`)
 	if err != nil {
-		return nil, fmt.Errorf("licences store: list holders: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Holder
 	for rows.Next() {
 		var h Holder
 		if err := rows.Scan(&h.Node, &h.Module); err != nil {
-			return nil, fmt.Errorf("licences store: list holders: %w", err)
+			return nil, err
 		}
 		out = append(out, h)
 	}

@@ -16,11 +16,11 @@ import (
 
 var (
 	// ErrNoOperatorKey means no operator key is set: no secret can be made.
-	ErrNoOperatorKey = errors.New("no operator key is set")
+	ErrNoOperatorKey = sqlite.Refusal("no operator key is set")
 	// ErrOperatorKeySet means a key is set already and --replace was not given.
-	ErrOperatorKeySet = errors.New("an operator key is set already")
+	ErrOperatorKeySet = sqlite.Refusal("an operator key is set already")
 	// ErrNoSecret means no sealed copy of that secret is kept.
-	ErrNoSecret = errors.New("no sealed copy of that secret")
+	ErrNoSecret = sqlite.Refusal("no sealed copy of that secret")
 )
 
 // OperatorKey is an operator's age public key.
@@ -55,6 +55,7 @@ func NewStore(db *sqlite.DB) *Store { return &Store{db: db} }
 // refused unless replace; the replaced key stays known, for the copies
 // sealed to it.
 func (s *Store) SetOperatorKey(ctx context.Context, recipient string, replace bool, now time.Time) (previous *OperatorKey, err error) {
+	defer s.db.Failing(&err, "set the operator key")
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		cur, err := current(ctx, tx)
 		if err != nil && !errors.Is(err, ErrNoOperatorKey) {
@@ -100,7 +101,8 @@ func current(ctx context.Context, q rowQuerier) (*OperatorKey, error) {
 }
 
 // OperatorKey returns the current operator key, or ErrNoOperatorKey.
-func (s *Store) OperatorKey(ctx context.Context) (OperatorKey, error) {
+func (s *Store) OperatorKey(ctx context.Context) (_ OperatorKey, err error) {
+	defer s.db.Failing(&err, "read the operator key")
 	k, err := current(ctx, s.db.Reader)
 	if err != nil {
 		return OperatorKey{}, err
@@ -111,6 +113,7 @@ func (s *Store) OperatorKey(ctx context.Context) (OperatorKey, error) {
 // Recoverable counts the copies the current key opens, and those only an
 // older key opens.
 func (s *Store) Recoverable(ctx context.Context) (current, onlyOlder int, err error) {
+	defer s.db.Failing(&err, "count what the operator key can recover")
 	err = s.db.Reader.QueryRowContext(ctx, `SELECT
 		coalesce(sum(CASE WHEN k.replaced_at IS NULL THEN 1 ELSE 0 END), 0),
 		coalesce(sum(CASE WHEN k.replaced_at IS NOT NULL THEN 1 ELSE 0 END), 0)
@@ -121,7 +124,8 @@ func (s *Store) Recoverable(ctx context.Context) (current, onlyOlder int, err er
 // Keep stores a secret's new sealed copy (the next version) and its history,
 // in one transaction. seal is given the version and must seal to the
 // current operator key, whose recipient it is given.
-func (s *Store) Keep(ctx context.Context, c Copy, event string, seal func(version int64, operatorKey string) (string, error), now time.Time) (Copy, error) {
+func (s *Store) Keep(ctx context.Context, c Copy, event string, seal func(version int64, operatorKey string) (string, error), now time.Time) (_ Copy, err error) {
+	defer s.db.Failing(&err, "keep secret %s/%s/%s", c.Node, c.Module, c.Name)
 	kept, err := s.KeepAll(ctx, []Keeping{{Copy: c, Event: event, Seal: seal}}, now)
 	if err != nil {
 		return Copy{}, err
@@ -144,9 +148,10 @@ type Keeping struct {
 // KeepAll keeps many secrets' next copies in one transaction: an act that
 // makes several secrets makes all or none. It returns the copies kept (one
 // skipped as IfMissing is not returned).
-func (s *Store) KeepAll(ctx context.Context, ks []Keeping, now time.Time) ([]Copy, error) {
+func (s *Store) KeepAll(ctx context.Context, ks []Keeping, now time.Time) (_ []Copy, err error) {
+	defer s.db.Failing(&err, "keep %d secrets", len(ks))
 	var kept []Copy
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		kept = kept[:0]
 		key, err := current(ctx, tx)
 		if err != nil {
@@ -185,20 +190,18 @@ func (s *Store) KeepAll(ctx context.Context, ks []Keeping, now time.Time) ([]Cop
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrNoOperatorKey) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("keep %d secrets: %w", len(ks), err)
+		return nil, err
 	}
 	return kept, nil
 }
 
 // Names lists every secret that has a copy, as node/module/name: what the
 // mesh holds, without reading a ciphertext.
-func (s *Store) Names(ctx context.Context) (map[string]bool, error) {
+func (s *Store) Names(ctx context.Context) (_ map[string]bool, err error) {
+	defer s.db.Failing(&err, "list secrets")
 	names, err := sqlite.Strings(ctx, s.db.Reader, `SELECT node || '/' || module || '/' || name FROM sealed`)
 	if err != nil {
-		return nil, fmt.Errorf("list secrets: %w", err)
+		return nil, err
 	}
 	out := make(map[string]bool, len(names))
 	for _, n := range names {
@@ -221,7 +224,8 @@ func scanCopy(sc interface{ Scan(...any) error }) (Copy, error) {
 }
 
 // Copy returns one secret's sealed copy, or ErrNoSecret.
-func (s *Store) Copy(ctx context.Context, node, module, name string) (Copy, error) {
+func (s *Store) Copy(ctx context.Context, node, module, name string) (_ Copy, err error) {
+	defer s.db.Failing(&err, "read secret %s/%s/%s", node, module, name)
 	c, err := scanCopy(s.db.Reader.QueryRowContext(ctx, `SELECT `+copyColumns+` FROM sealed s JOIN operator_keys k ON k.id = s.operator_key
 		WHERE s.node = ? AND s.module = ? AND s.name = ?`, node, module, name))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -231,7 +235,8 @@ func (s *Store) Copy(ctx context.Context, node, module, name string) (Copy, erro
 }
 
 // Copies returns every sealed copy, by node, module and name.
-func (s *Store) Copies(ctx context.Context) ([]Copy, error) {
+func (s *Store) Copies(ctx context.Context) (_ []Copy, err error) {
+	defer s.db.Failing(&err, "read the operator-sealed copies")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT `+copyColumns+` FROM sealed s JOIN operator_keys k ON k.id = s.operator_key
 		ORDER BY s.node, s.module, s.name`)
 	if err != nil {
@@ -250,7 +255,8 @@ func (s *Store) Copies(ctx context.Context) ([]Copy, error) {
 }
 
 // Forget drops a node's module's sealed copies (unassigned or forgotten), keeping the history.
-func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) error {
+func (s *Store) Forget(ctx context.Context, node, module string, now time.Time) (err error) {
+	defer s.db.Failing(&err, "forget the secrets of %s/%s", node, module)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO secret_history (node, module, name, version, event, at)
 			SELECT node, module, name, version, 'forgotten', ? FROM sealed WHERE node = ? AND module = ?`, sqlite.FormatTime(now), node, module); err != nil {
@@ -269,17 +275,18 @@ type Holding struct {
 
 // Held lists, per node, the names of the secrets held for a module, by
 // node: no ciphertext is read, and no other module's copies.
-func (s *Store) Held(ctx context.Context, module string) ([]Holding, error) {
+func (s *Store) Held(ctx context.Context, module string) (_ []Holding, err error) {
+	defer s.db.Failing(&err, "read the secrets held for %s", module)
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, name FROM sealed WHERE module = ? ORDER BY node, name`, module)
 	if err != nil {
-		return nil, fmt.Errorf("secrets held for %s: %w", module, err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []Holding
 	for rows.Next() {
 		var node, name string
 		if err := rows.Scan(&node, &name); err != nil {
-			return nil, fmt.Errorf("secrets held for %s: %w", module, err)
+			return nil, err
 		}
 		if len(out) == 0 || out[len(out)-1].Node != node {
 			out = append(out, Holding{Node: node})

@@ -3,14 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 )
 
 // ErrLeaseLost means a newer controller took the lease over: a write made
 // under an older generation is refused by the store (identity.ErrLeaseLost
 // is this same error).
-var ErrLeaseLost = errors.New("the lease was taken over")
+var ErrLeaseLost = Refusal("the lease was taken over")
 
 // fenceKey carries a write's lease generation in its context.
 type fenceKey struct{}

@@ -1,16 +1,17 @@
 package manifest
 
 import (
-	"errors"
 	"fmt"
 	"strings"
+
+	"mesh-controller/embedded/sqlite"
 )
 
 // ErrRepositoryCredential means a repository URL carries a credential: a
 // user and password (or a token as the user) before its host, or a
 // token-like query value. The mesh keeps and prints repositories, so a
 // credential belongs to the builder, as its secret, never in the URL.
-var ErrRepositoryCredential = errors.New("holds a credential in its URL")
+var ErrRepositoryCredential = sqlite.Refusal("holds a credential in its URL")
 
 // GitCredentialsSecret is the secret of a builder module through which it
 // reaches private repositories over HTTPS: git-credential-store lines
