@@ -138,7 +138,7 @@ func TestActs_TwoProcesses(t *testing.T) {
 					Seat    string   `json:"seat"`
 					Holders []string `json:"holders"`
 				}
-				decodeJSON(t, must("seats", "--json"), &seats)
+				decodeJSON(t, must("seat", "list", "--json"), &seats)
 				for _, s := range seats {
 					if s.Seat == "vault" && len(s.Holders) != 1 {
 						t.Fatalf("round %d, seats: vault is held by %v", i, s.Holders)
@@ -178,7 +178,7 @@ func TestActs_TwoProcesses(t *testing.T) {
 				}
 
 				// pin against unassign of the provider pinned
-				ep, eu, op, ou := both([]string{"pin", "c1", "thing", "p1", "prov"}, []string{"unassign", "p1", "prov"})
+				ep, eu, op, ou := both([]string{"provision", "pin", "c1", "thing", "p1", "prov"}, []string{"unassign", "p1", "prov"})
 				if eu != nil {
 					t.Fatalf("round %d, pin and unassign: the unassign was refused: %s (pin: %v %s)", i, ou, ep, op)
 				}
@@ -192,7 +192,7 @@ func TestActs_TwoProcesses(t *testing.T) {
 					}
 				}
 				if ep == nil {
-					must("unpin", "c1", "thing")
+					must("provision", "unpin", "c1", "thing")
 				}
 				must("assign", "p1", "prov")
 			}
