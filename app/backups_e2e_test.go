@@ -29,7 +29,9 @@ const notesManifest = `{"module": "notes", "version": "1.0.0", "run": {"command"
 // backupManifest is the example backup module's manifest, its holder
 // looking for what is due every second.
 func backupManifest(t *testing.T) string {
-	b, err := os.ReadFile(filepath.Join("..", "..", "shared", "examples", "backup.json"))
+	// The copy kept beside the manifest tests: a clone has it wherever
+	// it is, shared/ or not.
+	b, err := os.ReadFile(filepath.Join("..", "contexts", "inventory", "testdata", "backup.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

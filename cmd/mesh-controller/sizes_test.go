@@ -49,7 +49,7 @@ func TestInputs_SizeBounds(t *testing.T) {
 			if i > 0 {
 				b.WriteString(",")
 			}
-			fmt.Fprintf(&b, `{"name": "d%d", "path": "/srv/%s/%d", "precious": "rebuildable"}`, i, strings.Repeat("p", pathLen), i)
+			fmt.Fprintf(&b, `{"name": "d%d", "path": "/srv/%s/%s/%d", "precious": "rebuildable"}`, i, module, strings.Repeat("p", pathLen), i)
 		}
 		b.WriteString("]}")
 		return []byte(b.String())

@@ -13,13 +13,17 @@ func Refusal(text string) error { return &refusal{text} }
 
 type refusal struct{ text string }
 
-// IsRefusal says err is a refusal, or wraps one.
+// IsRefusal says err is a refusal, or wraps one: made by Refusal, or by a
+// package with no store (a context's model) whose error says Refused().
 func IsRefusal(err error) bool {
-	var r *refusal
-	return errors.As(err, &r)
+	var r interface{ Refused() bool }
+	return errors.As(err, &r) && r.Refused()
 }
 
 func (r *refusal) Error() string { return r.text }
+
+// Refused marks it a refusal (IsRefusal).
+func (r *refusal) Refused() bool { return true }
 
 // failure is an error a store method met: what the database (or a stored
 // value it could not read) said, with the store and the act it came from.

@@ -3,15 +3,23 @@ package manifest
 import (
 	"fmt"
 	"strings"
-
-	"mesh-controller/embedded/sqlite"
 )
 
 // ErrRepositoryCredential means a repository URL carries a credential: a
 // user and password (or a token as the user) before its host, or a
 // token-like query value. The mesh keeps and prints repositories, so a
 // credential belongs to the builder, as its secret, never in the URL.
-var ErrRepositoryCredential = sqlite.Refusal("holds a credential in its URL")
+var ErrRepositoryCredential error = refusal("holds a credential in its URL")
+
+// refusal is an error of the manifest's own rules: a store that meets one
+// passes it as it is (it says Refused, as embedded/sqlite's refusals do),
+// with no store linked here.
+type refusal string
+
+func (r refusal) Error() string { return string(r) }
+
+// Refused marks it a refusal, not a store's failure.
+func (refusal) Refused() bool { return true }
 
 // GitCredentialsSecret is the secret of a builder module through which it
 // reaches private repositories over HTTPS: git-credential-store lines
