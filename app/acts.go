@@ -132,8 +132,10 @@ func retryAct[T any](ctx context.Context, act func() (T, error)) (T, error) {
 // finishActs does what an act killed after its commit point left undone in
 // the other stores (step 4): the licences held by modules no longer
 // assigned are forgotten, and the broker users, host keys and join tokens
-// of nodes the inventory no longer has are dropped. It leaves alone an act
-// under way, whose own step 4 may be running.
+// of nodes the inventory no longer has are dropped. Serve asks it at start
+// and once a minute (daemon.CatchUpAsk.Finish), not for each join: it reads
+// every host and licence holder. It leaves alone an act under way, whose
+// own step 4 may be running.
 func (c *Controller) finishActs(ctx context.Context, st *Stores, snap *inventory.Snapshot) error {
 	if busy, err := c.actUnderWay(ctx, st); err != nil || busy {
 		return err

@@ -5,12 +5,13 @@ import (
 	"slices"
 	"testing"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
 
 // An act killed after its commit point leaves the other stores holding
-// what the inventory no longer has; serve's thorough catch-up finishes it
+// what the inventory no longer has; serve's catch-up finishes it
 // (finishActs): the licence a module held that is no longer assigned is
 // forgotten, and the broker users and host keys of a node no longer in the
 // inventory are revoked and dropped. Here the kills are stood in for by
@@ -62,8 +63,8 @@ func TestActs_CatchUpFinishesWhatAKilledActLeft(t *testing.T) {
 	if h, k := held(), known(); !slices.Contains(h, "web1/translator") || !slices.Contains(k, "web2") {
 		t.Fatalf("before the catch-up: licence holders %v, nodes the identity store knows %v", h, k)
 	}
-	// The thorough catch-up (at start, for a join, once a minute) finishes both.
-	if _, _, err := m.c.catchUp(ctx, nil, false, true); err != nil {
+	// The catch-up that finishes acts (at start, and once a minute) finishes both.
+	if _, _, err := m.c.catchUp(ctx, nil, daemon.CatchUpAsk{Thorough: true, Finish: true}); err != nil {
 		t.Fatal(err)
 	}
 	if h := held(); len(h) != 0 {

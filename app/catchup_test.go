@@ -48,7 +48,7 @@ func TestCatchUp_LeavesWhatAnActDeclares(t *testing.T) {
 			t.Fatalf("the act: %+v", p)
 		}
 	}
-	out, _, err := c.catchUpFrom(ctx, nil, st, snap, false, false)
+	out, _, err := c.catchUpFrom(ctx, nil, st, snap, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestCatchUp_WaitsForAnActUnderWay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, _, err := c.catchUpFrom(ctx, nil, st, snap, false, false)
+		out, _, err := c.catchUpFrom(ctx, nil, st, snap, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -471,15 +471,11 @@ func (c *Controller) cleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 	if err != nil {
 		return CleanupResult{}, err
 	}
-	// Read before what is judged: an act committed since refuses the asks.
-	based, err := st.Inventory.Revision(ctx)
+	ds, err := readDataState(ctx, st.Inventory)
 	if err != nil {
 		return CleanupResult{}, err
 	}
-	all, err := c.readCleanup(ctx, st.Inventory)
-	if err != nil {
-		return CleanupResult{}, err
-	}
+	all := cleanables(ds.snap, ds.retirements, ds.data, c.Now())
 	var out CleanupResult
 	var chosen []Cleanable
 	if r.OlderThanDays > 0 {
@@ -512,15 +508,11 @@ func (c *Controller) cleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 		chosen = []Cleanable{cl}
 	}
-	snap, err := st.Inventory.Snapshot(ctx)
-	if err != nil {
-		return out, err
-	}
 	what := fmt.Sprintf("cleanup delete %s %s %s", r.Node, r.Module, r.Target)
 	if r.OlderThanDays > 0 {
 		what = fmt.Sprintf("cleanup delete --older-than %d", r.OlderThanDays)
 	}
-	if err := refuse(what, heldElsewhere(snap, chosen)); err != nil {
+	if err := refuse(what, heldElsewhere(ds.snap, chosen)); err != nil {
 		return out, err
 	}
 	var touched []SetRef
@@ -530,7 +522,7 @@ func (c *Controller) cleanupDelete(ctx context.Context, r CleanupRequest) (Clean
 		}
 	}
 	out.Fresh = c.freshSnapshots(ctx, st, touched, "before cleanup delete: "+r.Why)
-	if out.Deleted, out.Pushed, err = c.deleteCleanables(ctx, st, chosen, r, based); err != nil {
+	if out.Deleted, out.Pushed, err = c.deleteCleanables(ctx, st, chosen, r, ds.snap.Revision); err != nil {
 		return out, err
 	}
 	if len(out.Refused) > 0 {

@@ -334,8 +334,8 @@ var tokenRefusals = map[error]string{
 // behind its plan (changed while no broker was reachable); at start it also
 // resends their latest to nodes that have not applied it. made counts the
 // nodes it made secrets for.
-func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []daemon.Declared, made int, err error) {
-	if !thorough {
+func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) (out []daemon.Declared, made int, err error) {
+	if !ask.Thorough {
 		st, err := c.stores(ctx)
 		if err != nil {
 			return nil, 0, err
@@ -348,7 +348,12 @@ func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, start, thorough
 	if err != nil {
 		return nil, 0, err
 	}
-	return c.catchUpFrom(ctx, nc, st, snap, start, thorough)
+	if ask.Finish {
+		if err := c.finishActs(ctx, st, snap); err != nil {
+			return nil, 0, err
+		}
+	}
+	return c.catchUpFrom(ctx, nc, st, snap, ask.Start)
 }
 
 // actUnderWayFor bounds how long an act's command is taken to be declaring
@@ -374,18 +379,13 @@ func (c *Controller) actUnderWay(ctx context.Context, st *Stores) (bool, error) 
 
 // catchUpFrom is catchUp from a snapshot already read: an act may have
 // declared since.
-func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start, thorough bool) (out []daemon.Declared, made int, err error) {
+func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
 	if !start {
 		// A person's act is making its users and secrets and declaring its
 		// nodes: doing it beside it would make them twice (revoking the
 		// act's) and declare every node a second time. Its nodes are
 		// caught up once it ends, or once its command is gone.
 		if busy, err := c.actUnderWay(ctx, st); err != nil || busy {
-			return nil, 0, err
-		}
-	}
-	if thorough {
-		if err := c.finishActs(ctx, st, snap); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -485,8 +485,8 @@ func (h *serveHosts) Join(ctx context.Context, rs []protocol.JoinRequest, urls [
 }
 
 // CatchUp declares the nodes behind their plans.
-func (h *serveHosts) CatchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) ([]daemon.Declared, int, error) {
-	return h.sv.c.catchUp(ctx, nc, start, thorough)
+func (h *serveHosts) CatchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) ([]daemon.Declared, int, error) {
+	return h.sv.c.catchUp(ctx, nc, ask)
 }
 
 // SelfCheck judges the mesh.

@@ -197,6 +197,18 @@ type UseCases struct {
 	DueActs DueActs
 }
 
+// CatchUpAsk is what a catch-up is asked to do.
+type CatchUpAsk struct {
+	// Start: the daemon has just taken the lease.
+	Start bool
+	// Thorough: the whole mesh is read, not only asked whether a plan moved.
+	Thorough bool
+	// Finish: also finish what an act killed after its commit point left
+	// in the other stores (at start and once every thoroughEvery, never
+	// for each joining node: it reads every host and licence holder).
+	Finish bool
+}
+
 // Credentials sign the daemon's broker users and say what the broker trusts.
 type Credentials interface {
 	// ControllerUser signs a fresh broker user for the daemon's connection
@@ -228,7 +240,7 @@ type Hosts interface {
 	// could not be made before it joined. Unless thorough, it first asks
 	// the store whether any node's plan moved past its declaration, and
 	// stops there when none did.
-	CatchUp(ctx context.Context, nc *nats.Conn, start, thorough bool) (out []Declared, made int, err error)
+	CatchUp(ctx context.Context, nc *nats.Conn, ask CatchUpAsk) (out []Declared, made int, err error)
 	// SelfCheck judges the mesh, logging its raisings and clearings to
 	// log. It returns the conditions it left open.
 	SelfCheck(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
@@ -1108,11 +1120,12 @@ func (d *daemon) catchUp(ctx context.Context, start bool, joined string) {
 	// moved is found by one query, and the whole mesh is read at start, for
 	// a node that joined, and once every thoroughEvery, for what an act
 	// stopped between stores may have left unmade.
-	thorough := start || joined != "" || time.Since(d.thoroughAt) >= thoroughEvery
+	periodic := time.Since(d.thoroughAt) >= thoroughEvery
+	thorough := start || joined != "" || periodic
 	if thorough {
 		d.thoroughAt = time.Now()
 	}
-	out, made, err := d.u.Hosts.CatchUp(ctx, d.nc, start, thorough)
+	out, made, err := d.u.Hosts.CatchUp(ctx, d.nc, CatchUpAsk{Start: start, Thorough: thorough, Finish: start || periodic})
 	if joined != "" && made > 0 {
 		d.log.Info("secrets made and sealed", "node", joined, "count", made)
 	}

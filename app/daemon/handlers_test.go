@@ -123,7 +123,7 @@ func (j joinOnly) Join(ctx context.Context, rs []protocol.JoinRequest, urls []st
 	return j(ctx, rs, urls)
 }
 
-func (joinOnly) CatchUp(context.Context, *nats.Conn, bool, bool) ([]Declared, int, error) {
+func (joinOnly) CatchUp(context.Context, *nats.Conn, CatchUpAsk) ([]Declared, int, error) {
 	return nil, 0, nil
 }
 

@@ -296,12 +296,3 @@ func (s *Snapshot) BindingChanges() (bindings []Binding, consumers []ConsumerCha
 	}
 	return bindings, consumers, slices.Sorted(maps.Keys(moved))
 }
-
-// Revision returns the act revision now: an act that reads it before what
-// it judges, and commits with it as based, is refused if another act
-// committed in between.
-func (s *Store) Revision(ctx context.Context) (rev int64, err error) {
-	defer s.db.Failing(&err, "read the act revision")
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT rev FROM act_revision WHERE id = 1`).Scan(&rev)
-	return rev, err
-}

@@ -314,11 +314,22 @@ func (s *Store) NodesToJudge(ctx context.Context, w Watch) (_ []NodeState, err e
 	if err != nil {
 		return nil, err
 	}
-	// Few (a well mesh has none): each one's recorded versions counted.
-	for i := range out {
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND pending_version IS NOT NULL`, out[i].Name).Scan(&out[i].Pending); err != nil {
-			return nil, err
-		}
+	if len(out) == 0 {
+		return out, nil // a well mesh: nothing more to read
 	}
-	return out, nil
+	// Their recorded versions, counted in one read.
+	pending := map[string]int{}
+	err = each(ctx, tx, `SELECT node, count(*) FROM assignments WHERE pending_version IS NOT NULL GROUP BY node`, func(r *sql.Rows) error {
+		var node string
+		var n int
+		if err := r.Scan(&node, &n); err != nil {
+			return err
+		}
+		pending[node] = n
+		return nil
+	})
+	for i := range out {
+		out[i].Pending = pending[out[i].Name]
+	}
+	return out, err
 }
