@@ -270,7 +270,7 @@ test: tools nats-server gotestsum
 	if [ $$status = 0 ]; then \
 		echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"; \
 		scripts/with-postgres env CGO_ENABLED=1 $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-race.json -- -race -count=1 -timeout 10m \
-			-run '$(RACE_RUN)' -skip '$(RACE_SKIP)' ./app/ ./app/host/ || status=$$?; \
+			-run '$(RACE_RUN)' -skip '$(RACE_SKIP)' ./app/ ./app/e2e/ ./app/host/ || status=$$?; \
 	fi; \
 	scripts/test-summary $(BIN)/test-main.json $(BIN)/test-race.json; exit $$status
 

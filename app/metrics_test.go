@@ -1,16 +1,9 @@
 package app
 
 import (
-	"context"
-	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
-
-	"mesh-controller/app/host"
-	"mesh-controller/contexts/inventory"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -20,19 +13,6 @@ import (
 // scrape is what one GET of /metrics said, parsed by Prometheus's own
 // text parser.
 type scrape map[string]*dto.MetricFamily
-
-// restartWithMetrics restarts the controller with o and /metrics on a
-// fresh loopback port; it returns the URL to scrape.
-func (m *testMesh) restartWithMetrics(o ServeOptions) string {
-	m.t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	o.Metrics = l
-	m.restartWith(o)
-	return "http://" + l.Addr().String() + "/metrics"
-}
 
 func scrapeOf(t testing.TB, url string) scrape {
 	t.Helper()
@@ -81,119 +61,4 @@ next:
 		}
 	}
 	return -1
-}
-
-// waitMetric waits until check passes on the metrics, scraping the real
-// endpoint each time; check says what the metrics are instead.
-func waitMetric(t *testing.T, url string, check func(scrape) error) scrape {
-	t.Helper()
-	var s scrape
-	checkFor(t, settle, func() error { s = scrapeOf(t, url); return check(s) })
-	return s
-}
-
-// Every metric moves when its event happens, scraped from a real serving
-// controller's /metrics with real hosts.
-func TestMetrics_MoveWithTheirEvents(t *testing.T) {
-	m := newTestMesh(t)
-	url := m.restartWithMetrics(ServeOptions{CheckEvery: 50 * time.Millisecond, CatchUpEvery: 50 * time.Millisecond, Bounds: &Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
-	s0 := scrapeOf(t, url)
-	if s0.value("mesh_nodes", "state=joined") != 0 || s0.value("mesh_heartbeats_absorbed_total") != 0 {
-		t.Fatalf("a new mesh: joined %v, heartbeats %v", s0.value("mesh_nodes", "state=joined"), s0.value("mesh_heartbeats_absorbed_total"))
-	}
-	clients := s0.value("mesh_broker_connections")
-	if clients < 1 {
-		t.Fatalf("embedded broker connections %v, want the controller's own", clients)
-	}
-
-	h := m.join("web1")
-	waitMetric(t, url, func(s scrape) error {
-		joined, beats, conns := s.value("mesh_nodes", "state=joined"), s.value("mesh_heartbeats_absorbed_total"), s.value("mesh_broker_connections")
-		writes, writes0 := s.value("mesh_store_write_duration_seconds", "store=identity"), s0.value("mesh_store_write_duration_seconds", "store=identity")
-		if joined == 1 && beats > 0 && conns > clients && writes > writes0 {
-			return nil
-		}
-		return fmt.Errorf("not web1 joined, beating, connected, its join written: joined %v, heartbeats %v, connections %v (%v before), identity writes %v (%v before)",
-			joined, beats, conns, clients, writes, writes0)
-	})
-	for _, store := range fencedContexts {
-		if s0.value("mesh_store_size_bytes", "store="+store) <= 0 {
-			t.Fatalf("%s store's size: %v", store, s0.value("mesh_store_size_bytes", "store="+store))
-		}
-	}
-
-	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, func(s scrape) error {
-		if n := s.value("mesh_apply_duration_seconds"); n < 1 {
-			return fmt.Errorf("web1's apply not observed: %v applies timed", n)
-		}
-		return nil
-	})
-
-	// web1's plan moved with no declaration made (an act stopped half-way):
-	// the catch-up declares it, and times its parts.
-	sent := scrapeOf(t, url).value("mesh_declarations_sent_total")
-	st, err := m.c.stores(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Inventory.Apply(context.Background(), inventory.Change{Bump: []string{"web1"}}, m.c.Now()); err != nil {
-		t.Fatal(err)
-	}
-	waitMetric(t, url, func(s scrape) error {
-		now, plan, send := s.value("mesh_declarations_sent_total"), s.value("mesh_declare_duration_seconds", "part=plan"), s.value("mesh_declare_duration_seconds", "part=send")
-		if now > sent && plan >= 1 && send >= 1 {
-			return nil
-		}
-		return fmt.Errorf("the catch-up's declaration not sent and timed: %v sent (%v before), plan timed %v, send %v", now, sent, plan, send)
-	})
-
-	// A heartbeat signed with another key than web1 joined with.
-	h.stop()
-	hs, err := host.Load(h.state.Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, hs.HostKey, _ = newEd25519()
-	if err := publishSigned(connectAs(t, m.url, hs), hs, "heartbeat"); err != nil {
-		t.Fatal(err)
-	}
-	waitMetric(t, url, func(s scrape) error {
-		if n := s.value("mesh_messages_dropped_total", "reason=bad signature"); n != 1 {
-			return fmt.Errorf("%v messages dropped as a bad signature, not the forged heartbeat's 1", n)
-		}
-		return nil
-	})
-
-	waitMetric(t, url, func(s scrape) error {
-		silent, open := s.value("mesh_nodes", "state=silent"), s.value("mesh_conditions_open", "kind=node.silent", "severity=urgent")
-		if silent == 1 && open == 1 {
-			return nil
-		}
-		return fmt.Errorf("not web1 silent, its condition open: %v silent, %v node.silent open", silent, open)
-	})
-
-	// Behind and unapplied: the redeclare healer acts (a declaration sent),
-	// and its second act engages the brake.
-	url = m.restartWithMetrics(ServeOptions{CheckEvery: 50 * time.Millisecond,
-		Bounds:  &Bounds{HeartbeatFactor: 1000, Apply: 10 * time.Millisecond, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour},
-		Healers: HealerLimits{Acts: 1, Window: time.Hour, Same: 100, SameWindow: time.Hour}})
-	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, func(s scrape) error {
-		behind, acts, sent := s.value("mesh_nodes", "state=behind"), s.value("mesh_healer_acts_total", "healer=redeclare", "outcome=done"), s.value("mesh_declarations_sent_total")
-		if behind == 1 && acts == 1 && sent >= 1 {
-			return nil
-		}
-		return fmt.Errorf("not web1 behind, the healer's act and its declaration: %v behind, %v redeclares done, %v declarations sent", behind, acts, sent)
-	})
-	if s := scrapeOf(t, url); s.value("mesh_healer_brake_engaged_total") != 0 {
-		t.Fatalf("brake engaged after one act: %v", s.value("mesh_healer_brake_engaged_total"))
-	}
-	m.declare("web1", `{"modules": []}`)
-	waitMetric(t, url, func(s scrape) error {
-		if n := s.value("mesh_healer_brake_engaged_total"); n != 1 {
-			return fmt.Errorf("the brake engaged %v times, not once", n)
-		}
-		return nil
-	})
 }

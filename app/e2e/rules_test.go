@@ -1,0 +1,3 @@
+package e2e
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh-controller/app"
+	"mesh-controller/app/host"
+	"mesh-controller/app/protocol"
+)
+
+// BenchmarkAssignToReady is the time from assign to the example module
+// ready on its node, through a real host (heartbeat 50 ms; it beats at once
+// when a state changes) and the real controller: each round assigns hello,
+// waits for ready, unassigns it and waits for it to stop.
+//
+//	go test -run '^$' -bench AssignToReady -benchtime 10x ./app/
+func BenchmarkAssignToReady(b *testing.B) {
+	bin := buildHello(b)
+	m := newTestMesh(b)
+	web1 := m.join("web1")
+	web1.install(b, "hello", "bin/hello", bin)
+	m.addModule(helloOnFreePort(b))
+	ctx := context.Background()
+	var took []float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := m.c.Assign(ctx, "web1", []string{"hello"}); err != nil {
+			b.Fatal(err)
+		}
+		checkFor(b, settle, m.moduleIn("web1", "hello", protocol.StateReady))
+		took = append(took, float64(time.Since(start).Microseconds())/1000)
+		b.StopTimer()
+		if _, err := m.c.Unassign(ctx, "web1", []string{"hello"}); err != nil {
+			b.Fatal(err)
+		}
+		checkFor(b, settle, m.moduleGone("web1", "hello"))
+		b.StartTimer()
+	}
+	slices.Sort(took)
+	b.ReportMetric(took[len(took)/2], "p50-ms")
+	b.ReportMetric(took[len(took)-1], "max-ms")
+}
+
+// BenchmarkRollOutTogether100 rolls a new version of the example module out
+// to 100 simulated hosts at once (roll-out --together), until every host
+// reports it ready: the controller's and the broker's share of a roll-out
+// (a simulated host applies at once and reports its modules ready).
+//
+//	go test -run '^$' -bench RollOutTogether100 -benchtime 3x ./app/
+func BenchmarkRollOutTogether100(b *testing.B) {
+	const hosts = 100
+	m := newTestMesh(b)
+	ctx := context.Background()
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	if _, err := m.c.TokenIssueMany(ctx, "sim", hosts, false, time.Hour, tokens); err != nil {
+		b.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	simDone := make(chan error, 1)
+	go func() {
+		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Joins: 16, Out: &strings.Builder{}})
+		simDone <- err
+	}()
+	b.Cleanup(func() { stop(); <-simDone })
+	checkFor(b, settle, func() error {
+		ns, err := m.c.NodeList(ctx)
+		if err != nil {
+			return err
+		}
+		joined := 0
+		for _, n := range ns {
+			if n.Joined {
+				joined++
+			}
+		}
+		if joined != hosts {
+			return fmt.Errorf("%d of %d simulated hosts joined", joined, hosts)
+		}
+		return nil
+	})
+	base, err := os.ReadFile(helloManifest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.addModule(writeManifest(b, string(base)))
+	for i := 1; i <= hosts; i++ {
+		if _, err := m.c.Assign(ctx, fmt.Sprintf("sim%d", i), []string{"hello"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		v := fmt.Sprintf("1.0.%d", i+1)
+		m.addModule(writeManifest(b, strings.Replace(string(base), `"1.0.0"`, `"`+v+`"`, 1)))
+		b.StartTimer()
+		out, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "hello", Action: "roll-out", Together: true, Wait: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range out.Steps {
+			if !s.Ready {
+				b.Fatalf("%s not ready: %+v", s.Node, s)
+			}
+		}
+		if len(out.Steps) != hosts {
+			b.Fatalf("%d steps", len(out.Steps))
+		}
+	}
+}
