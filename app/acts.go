@@ -40,12 +40,12 @@ import (
 // before 3 (act:before-inventory) nothing is done.
 
 // commitAct is commitActProgress with no one told the progress.
-func (c *Controller) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
+func (c uses) commitAct(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string) ([]Pushed, error) {
 	return c.commitActProgress(ctx, st, after, ch, act, nil)
 }
 
 // commitActProgress is commitActWith with no other store to write.
-func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
+func (c uses) commitActProgress(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
 	progress func(stage string, done, total int)) ([]Pushed, error) {
 	return c.commitActWith(ctx, st, after, ch, act, progress, nil)
 }
@@ -56,7 +56,7 @@ func (c *Controller) commitActProgress(ctx context.Context, st *Stores, after *i
 // (the other stores; nil: none), then the secrets the mesh as it will be
 // needs, then the declarations of the nodes the change moves, progress told
 // how far they are (nil: nobody).
-func (c *Controller) commitActWith(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
+func (c uses) commitActWith(ctx context.Context, st *Stores, after *inventory.Snapshot, ch inventory.Change, act string,
 	progress func(stage string, done, total int), others func(context.Context) error) ([]Pushed, error) {
 	if actJudged != nil {
 		actJudged(act)
@@ -136,7 +136,7 @@ func retryAct[T any](ctx context.Context, act func() (T, error)) (T, error) {
 // and once a minute (daemon.CatchUpAsk.Finish), not for each join: it reads
 // every host and licence holder. It leaves alone an act under way, whose
 // own step 4 may be running.
-func (c *Controller) finishActs(ctx context.Context, st *Stores, snap *inventory.Snapshot) error {
+func (c uses) finishActs(ctx context.Context, st *Stores, snap *inventory.Snapshot) error {
 	if busy, err := c.actUnderWay(ctx, st); err != nil || busy {
 		return err
 	}

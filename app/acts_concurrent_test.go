@@ -32,9 +32,8 @@ func TestActs_Concurrent(t *testing.T) {
 				rounds = 100
 			}
 			dir := t.TempDir()
-			open := func() *Controller {
-				c := New(dir)
-				c.Getenv = func(k string) string { return env[k] }
+			open := func() *testApp {
+				c := newTestApp(t, dir, func(k string) string { return env[k] })
 				return c
 			}
 			// On SQLite a process opens a store once: the second acts
@@ -42,7 +41,7 @@ func TestActs_Concurrent(t *testing.T) {
 			// process (the two-process stress is the command line's,
 			// cmd/mesh-controller's TestActs_TwoProcesses); on PostgreSQL
 			// a second controller has connections of its own.
-			c1, c2 := open(), (*Controller)(nil)
+			c1, c2 := open(), (*testApp)(nil)
 			if engine == "postgres" {
 				c2 = open()
 			} else {

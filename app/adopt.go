@@ -9,7 +9,7 @@ import (
 // and sent now, carries none and its host removes the mesh's table (and
 // only that); what the mesh took there stays taken, its modules and data
 // as they are. Refused for an unknown node, or one adopted already.
-func (c *Controller) Adopt(ctx context.Context, node string) (Pushed, error) {
+func (c *Nodes) Adopt(ctx context.Context, node string) (Pushed, error) {
 	if err := CheckName(node); err != nil {
 		return Pushed{}, err
 	}

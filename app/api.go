@@ -71,18 +71,32 @@ const (
 	apiAdmin
 )
 
+// API are the services the HTTP API serves: assign and unassign, and the
+// read views.
+type API struct {
+	Health  *Health
+	Nodes   *Nodes
+	Modules *Modules
+	Seats   *Seats
+}
+
+// NewAPI is the API's services on the process's stores.
+func NewAPI(c *Controller, all *Stores) API {
+	return API{Health: NewHealth(c, all), Nodes: NewNodes(c, all), Modules: NewModules(c, all), Seats: NewSeats(c, all)}
+}
+
 // APIHandler serves the API, each token checked by v.
-func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
-	s := &apiServer{ctrl: ctrl, v: v, a: a}
+func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
+	s := &apiServer{api: api, v: v, a: a}
 	mux := http.NewServeMux()
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/assign":   s.need(apiAdmin, s.assign),
 		"POST /v1/unassign": s.need(apiAdmin, s.unassign),
 		"GET /v1/status": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			apiReply(w)(ctrl.Status(r.Context()))
+			apiReply(w)(api.Health.Status(r.Context()))
 		}),
 		"GET /v1/nodes": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			nodes, err := ctrl.NodeList(r.Context())
+			nodes, err := api.Nodes.NodeList(r.Context())
 			if err != nil {
 				apiFail(w, err)
 				return
@@ -91,10 +105,10 @@ func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 			WriteNodesJSON(w, nodes)
 		}),
 		"GET /v1/nodes/{name}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			apiReply(w)(ctrl.NodeShow(r.Context(), r.PathValue("name")))
+			apiReply(w)(api.Nodes.NodeShow(r.Context(), r.PathValue("name")))
 		}),
 		"GET /v1/plan/{node}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			v, err := ctrl.PlanShow(r.Context(), r.PathValue("node"))
+			v, err := api.Modules.PlanShow(r.Context(), r.PathValue("node"))
 			if err != nil {
 				apiFail(w, err)
 				return
@@ -103,7 +117,7 @@ func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 			w.Write(append(v.JSON, '\n'))
 		}),
 		"GET /v1/data": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
-			apiReply(w)(ctrl.Data(r.Context()))
+			apiReply(w)(api.Seats.Data(r.Context()))
 		}),
 		// The document is public: it says what may be asked, not what is.
 		"GET /v1/openapi.json": func(w http.ResponseWriter, r *http.Request) {
@@ -136,9 +150,9 @@ func (ctrl *Controller) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 }
 
 type apiServer struct {
-	ctrl *Controller
-	v    TokenVerifier
-	a    APIAccess
+	api API
+	v   TokenVerifier
+	a   APIAccess
 }
 
 // need verifies the request's bearer token and its groups before h runs;
@@ -245,7 +259,7 @@ func (s *apiServer) assign(w http.ResponseWriter, r *http.Request, who string) {
 	if !ok {
 		return
 	}
-	apiReply(w)(s.ctrl.AssignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
+	apiReply(w)(s.api.Modules.AssignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
 }
 
 func (s *apiServer) unassign(w http.ResponseWriter, r *http.Request, who string) {
@@ -253,7 +267,7 @@ func (s *apiServer) unassign(w http.ResponseWriter, r *http.Request, who string)
 	if !ok {
 		return
 	}
-	apiReply(w)(s.ctrl.UnassignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
+	apiReply(w)(s.api.Modules.UnassignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
 }
 
 // readAPIAct decodes a bounded body holding exactly one apiAct and

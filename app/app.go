@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"mesh-controller/app/metrics"
@@ -92,21 +91,11 @@ type Controller struct {
 	// metrics, set while serving with --metrics, are told how long the
 	// catch-up's declares took.
 	metrics *metrics.Metrics
-
-	// open are the stores opened once by this process; a copy of the
-	// Controller (another clock, say) shares them.
-	open *openStores
-}
-
-// openStores guards the stores a process opened.
-type openStores struct {
-	mu sync.Mutex
-	st *Stores
 }
 
 // New makes a Controller on dataDir reading the process's environment.
 func New(dataDir string) *Controller {
-	return &Controller{DataDir: dataDir, Getenv: os.Getenv, Now: time.Now, open: &openStores{}}
+	return &Controller{DataDir: dataDir, Getenv: os.Getenv, Now: time.Now}
 }
 
 // StoreError is a failure to open or check one context's store; it carries

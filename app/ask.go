@@ -46,7 +46,7 @@ func silentSince(n inventory.Node) string {
 // Logs asks a node's host for a module's log: the last lines, then, when
 // following, each new part until ctx ends or out fails. A host that does
 // not answer is not connected; the refusal says since when it is silent.
-func (c *Controller) Logs(ctx context.Context, node, module string, lines int, follow bool, out func([]string) error) error {
+func (c *Modules) Logs(ctx context.Context, node, module string, lines int, follow bool, out func([]string) error) error {
 	if err := CheckNames(node, module); err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ type AskRequest struct {
 // instance (queue group), or the one on Node. Refused: a tool its manifest
 // does not name, a node it is not assigned to, no instance running to
 // answer, no answer within the timeout.
-func (c *Controller) Ask(ctx context.Context, r AskRequest) ([]byte, error) {
+func (c *Modules) Ask(ctx context.Context, r AskRequest) ([]byte, error) {
 	if err := CheckNames(r.Module, r.Tool); err != nil {
 		return nil, err
 	}

@@ -37,7 +37,7 @@ type Assigned struct {
 
 // Assign puts modules on a node, judged together: all or nothing, and every
 // problem listed. Then the affected nodes are sent their declarations.
-func (c *Controller) Assign(ctx context.Context, node string, modules []string) (Assigned, error) {
+func (c *Modules) Assign(ctx context.Context, node string, modules []string) (Assigned, error) {
 	r, err := c.AssignMany(ctx, ManyRequest{Nodes: []string{node}, Modules: modules})
 	if len(r.Nodes) == 0 {
 		return Assigned{}, err
@@ -64,7 +64,7 @@ type ManyRequest struct {
 
 // recordActor keeps an act asked by an Actor as a hand act once it has
 // committed; an act without one is recorded as it always was (not at all).
-func (c *Controller) recordActor(ctx context.Context, st *Stores, r ManyRequest, what string) error {
+func (c uses) recordActor(ctx context.Context, st *Stores, r ManyRequest, what string) error {
 	if r.Actor == "" {
 		return nil
 	}
@@ -83,11 +83,11 @@ type AssignedMany struct {
 // exactly as Assign judges one node: all or nothing, every problem listed
 // (each naming its node), then one write to each store and one declaration
 // to each node affected.
-func (c *Controller) AssignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
+func (c *Modules) AssignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
 	return retryAct(ctx, func() (AssignedMany, error) { return c.assignMany(ctx, r) })
 }
 
-func (c *Controller) assignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
+func (c uses) assignMany(ctx context.Context, r ManyRequest) (AssignedMany, error) {
 	ms, err := c.startMany(ctx, "assign", "to", r)
 	if err != nil {
 		return AssignedMany{}, err
@@ -170,7 +170,7 @@ type manyStart struct {
 // startMany begins verb (assign, unassign) on the nodes of r. One node not
 // known is an error, as for one node's act; several are a problem listed
 // with the others.
-func (c *Controller) startMany(ctx context.Context, verb, prep string, r ManyRequest) (manyStart, error) {
+func (c uses) startMany(ctx context.Context, verb, prep string, r ManyRequest) (manyStart, error) {
 	ms := manyStart{what: verb + " " + strings.Join(r.Modules, " ") + " " + prep + " " + nodesSaid(r.Nodes), progress: r.Progress}
 	if len(r.Nodes) == 1 {
 		ms.what = verb + " " + r.Nodes[0] + " " + strings.Join(r.Modules, " ")
@@ -338,7 +338,7 @@ type Unassigned struct {
 // remembered (kept on the node, access off, deleted only by a person);
 // rebuildable data is dropped, and that is said; per-consumer data kept for
 // them by providers is retired on the provider.
-func (c *Controller) Unassign(ctx context.Context, node string, modules []string) (Unassigned, error) {
+func (c *Modules) Unassign(ctx context.Context, node string, modules []string) (Unassigned, error) {
 	r, err := c.UnassignMany(ctx, ManyRequest{Nodes: []string{node}, Modules: modules})
 	if len(r.Nodes) == 0 {
 		return Unassigned{}, err
@@ -359,11 +359,11 @@ type UnassignedMany struct {
 // exactly as Unassign judges one node (all or nothing, every problem
 // listed; a provision whose every provider leaves is judged as one), then
 // one write to each store and one declaration to each node affected.
-func (c *Controller) UnassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
+func (c *Modules) UnassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
 	return retryAct(ctx, func() (UnassignedMany, error) { return c.unassignMany(ctx, r) })
 }
 
-func (c *Controller) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
+func (c uses) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, error) {
 	ms, err := c.startMany(ctx, "unassign", "from", r)
 	if err != nil {
 		return UnassignedMany{}, err

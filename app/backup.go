@@ -111,7 +111,7 @@ type BackupMade struct {
 // never overwritten, never left half-written). A store on PostgreSQL is
 // skipped and listed as such (Manifest.Elsewhere): its database is backed
 // up by PostgreSQL's own tools, which a person runs beside this.
-func (c *Controller) Backup(ctx context.Context, out string) (BackupMade, error) {
+func (c *Copies) Backup(ctx context.Context, out string) (BackupMade, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return BackupMade{}, err

@@ -127,7 +127,7 @@ func openBackup(t *testing.T, sealed []byte, op *age.X25519Identity) map[string]
 
 // craft writes a backup of c's stores whose copies or manifest change has
 // altered first (resum makes the manifest agree with altered copies).
-func craft(t *testing.T, c *Controller, op *age.X25519Identity, change func(dir string, m *BackupManifest)) string {
+func craft(t *testing.T, c *testApp, op *age.X25519Identity, change func(dir string, m *BackupManifest)) string {
 	t.Helper()
 	ctx := context.Background()
 	st, err := c.stores(ctx)
@@ -186,9 +186,9 @@ func TestRestore_Checks(t *testing.T) {
 	op := withOperator(t, c)
 	key := writeKey(t, op)
 	restore := func(file string) (Restored, string, error) {
-		target := New(filepath.Join(t.TempDir(), "restored"))
-		target.Getenv = func(string) string { return "" }
+		target := newTestApp(t, filepath.Join(t.TempDir(), "restored"), func(string) string { return "" })
 		r, err := target.Restore(ctx, file, key)
+		target.Close() // as the process that restored ends: what it left is opened again
 		return r, target.DataDir, err
 	}
 	refused := func(t *testing.T, file string, want error) {
@@ -274,8 +274,7 @@ func TestRestore_Checks(t *testing.T) {
 			t.Fatalf("restored %+v", r.Stores)
 		}
 		// What restore left is what migrate takes up.
-		target := New(dir)
-		target.Getenv = func(string) string { return "" }
+		target := newTestApp(t, dir, func(string) string { return "" })
 		ms, err := target.Migrate(ctx)
 		if err != nil || ms[0].From != ms[0].To-1 {
 			t.Fatalf("migrated %+v, %v", ms, err)
@@ -288,13 +287,12 @@ func TestRestore_Checks(t *testing.T) {
 		}
 	})
 	t.Run("a variable moving a store is named", func(t *testing.T) {
-		target := New(filepath.Join(t.TempDir(), "restored"))
-		target.Getenv = func(k string) string {
+		target := newTestApp(t, filepath.Join(t.TempDir(), "restored"), func(k string) string {
 			if k == "MESH_STORE_HEALTH" {
 				return "/elsewhere/health.db"
 			}
 			return ""
-		}
+		})
 		r, err := target.Restore(ctx, craft(t, c, op, func(string, *BackupManifest) {}), key)
 		if err != nil || !slices.Equal(r.Moved, []string{"MESH_STORE_HEALTH"}) {
 			t.Fatalf("restored %+v, %v", r, err)

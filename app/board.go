@@ -65,7 +65,7 @@ var boardCSP = func() string {
 // only requests whose Host is one of hosts (the address it listens on, and
 // names a person gave): a page of another site that a DNS rebinding points
 // at the board gets nothing.
-func (c *Controller) BoardHandler(hosts ...string) http.Handler {
+func (c *Health) BoardHandler(hosts ...string) http.Handler {
 	allowed := map[string]bool{}
 	for _, h := range hosts {
 		allowed[strings.ToLower(h)] = true

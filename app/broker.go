@@ -172,7 +172,7 @@ var ErrBrokerUnreachable = daemon.ErrBrokerUnreachable
 
 // brokerURL is where a person's command reaches the broker: --broker, else
 // the live lease's.
-func (c *Controller) brokerURL(ctx context.Context, ids *identity.Store) (string, error) {
+func (c uses) brokerURL(ctx context.Context, ids *identity.Store) (string, error) {
 	if c.Broker != "" {
 		return c.Broker, nil
 	}
@@ -188,7 +188,7 @@ func (c *Controller) brokerURL(ctx context.Context, ids *identity.Store) (string
 
 // dialBroker connects a person's command to the broker as a fresh controller
 // user; ErrBrokerUnreachable if none answers within a few seconds.
-func (c *Controller) dialBroker(ctx context.Context, ids *identity.Store) (*nats.Conn, error) {
+func (c uses) dialBroker(ctx context.Context, ids *identity.Store) (*nats.Conn, error) {
 	url, err := c.brokerURL(ctx, ids)
 	if err != nil {
 		return nil, err
@@ -251,7 +251,7 @@ const DefaultListen = "127.0.0.1:4222"
 
 // BrokerShow tells where the broker is, its account, and the permissions of
 // each kind of user; with an external broker, the trust it must hold.
-func (c *Controller) BrokerShow(ctx context.Context) (BrokerView, error) {
+func (c *Nodes) BrokerShow(ctx context.Context) (BrokerView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return BrokerView{}, err
@@ -315,7 +315,7 @@ type BrokerConfigRequest = broker.ClusterNode
 // (serve --broker with every server's URL): it trusts this controller's
 // operator, preloads the mesh's accounts into a full resolver the
 // controller then keeps current, and runs JetStream for the archives.
-func (c *Controller) BrokerConfig(ctx context.Context, n BrokerConfigRequest) (string, error) {
+func (c *Nodes) BrokerConfig(ctx context.Context, n BrokerConfigRequest) (string, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return "", err

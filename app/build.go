@@ -65,7 +65,7 @@ func buildSeatHolders(snap *inventory.Snapshot) []inventory.Holder {
 
 // noBuildSeatHolder says no module holds the build seat, so an ask (or a
 // plan's) can only wait; a mesh that cannot be read is not said to lack one.
-func (c *Controller) noBuildSeatHolder(ctx context.Context, st *Stores) bool {
+func (c uses) noBuildSeatHolder(ctx context.Context, st *Stores) bool {
 	snap, err := st.Inventory.Snapshot(ctx)
 	return err == nil && len(buildSeatHolders(snap)) == 0
 }
@@ -76,7 +76,7 @@ func (c *Controller) noBuildSeatHolder(ctx context.Context, st *Stores) bool {
 // whose bases are built is asked), and each waiting ask is offered to the
 // unpaused holders of the build seat in turn until one takes it. It
 // returns a line for each thing it did.
-func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]string, error) {
+func (c *Builds) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]string, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func (c *Controller) DispatchBuilds(ctx context.Context, nc *nats.Conn) ([]strin
 // for one no builder holds now, of a holder of the build seat). Whoever may
 // use the broker's JetStream API can make the server publish stored bytes
 // on any subject, mesh.build.result included, but never with such a reply.
-func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (string, error) {
+func (c *Builds) TakeIn(ctx context.Context, data []byte, from string) (string, error) {
 	var o builder.Outcome
 	if err := json.Unmarshal(data, &o); err != nil {
 		return "", fmt.Errorf("an outcome that is not JSON: %w", err)
@@ -237,7 +237,7 @@ func (c *Controller) TakeIn(ctx context.Context, data []byte, from string) (stri
 // newer ("" when this one may: a newer or the same commit, built again).
 // Two builds of one module at once are both recorded; the newer commit
 // wins whatever order they finish in.
-func (c *Controller) newerBuildOfVersion(ctx context.Context, st *Stores, a builds.Ask, m inventory.Manifest) (string, error) {
+func (c uses) newerBuildOfVersion(ctx context.Context, st *Stores, a builds.Ask, m inventory.Manifest) (string, error) {
 	if a.AllowOlder || a.CommitAt == nil {
 		return "", nil
 	}
@@ -288,7 +288,7 @@ func fromBuilder(from string, a builds.Ask, snap *inventory.Snapshot) bool {
 // BuildAsked says whether build id is in flight on builder node: only then
 // may it hand the controller an archive (app/archive's Server), so that no
 // builder fills the bucket with archives no build of its made.
-func (c *Controller) BuildAsked(ctx context.Context, node, id string) error {
+func (c *Builds) BuildAsked(ctx context.Context, node, id string) error {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return err
@@ -308,7 +308,7 @@ func (c *Controller) BuildAsked(ctx context.Context, node, id string) error {
 
 // ArchiveDeclared says whether node's latest declaration names the archive:
 // only then may its host read it.
-func (c *Controller) ArchiveDeclared(ctx context.Context, node, digest string) (bool, error) {
+func (c *Builds) ArchiveDeclared(ctx context.Context, node, digest string) (bool, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return false, err
@@ -392,7 +392,7 @@ type BuildRequest struct {
 // Build queues an ask, tells the serving controller, and (unless NoWait)
 // follows it — waiting, taken by a builder, its log, its outcome — until
 // it ends: nil only when a version was registered.
-func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, error) {
+func (c *Builds) Build(ctx context.Context, r BuildRequest) (builds.Ask, error) {
 	if strings.TrimSpace(r.Repository) == "" || strings.HasPrefix(r.Repository, "-") || strings.HasPrefix(r.Ref, "-") {
 		return builds.Ask{}, fmt.Errorf("%w: give a repository URL or path, and a ref that is not an option", builds.ErrNoRepository)
 	}
@@ -420,7 +420,7 @@ func (c *Controller) Build(ctx context.Context, r BuildRequest) (builds.Ask, err
 
 // followBuild tells the serving controller of a queued ask and, unless
 // NoWait, follows it until it ends, as Build says.
-func (c *Controller) followBuild(ctx context.Context, st *Stores, a builds.Ask, r BuildRequest) (builds.Ask, error) {
+func (c uses) followBuild(ctx context.Context, st *Stores, a builds.Ask, r BuildRequest) (builds.Ask, error) {
 	r.Progress(fmt.Sprintf("%s: waiting for a builder (%s%s)", a.ID, a.Repository, map[bool]string{true: " at " + a.Ref, false: ""}[a.Ref != ""]))
 	if c.noBuildSeatHolder(ctx, st) {
 		if r.NoWait {
@@ -498,7 +498,7 @@ func (c *Controller) followBuild(ctx context.Context, st *Stores, a builds.Ask, 
 }
 
 // BuildsList is what builds shows: the latest asks, newest first.
-func (c *Controller) BuildsList(ctx context.Context, module string) ([]builds.Ask, error) {
+func (c *Builds) BuildsList(ctx context.Context, module string) ([]builds.Ask, error) {
 	if module != "" {
 		if err := CheckName(module); err != nil {
 			return nil, err
@@ -513,7 +513,7 @@ func (c *Controller) BuildsList(ctx context.Context, module string) ([]builds.As
 }
 
 // BuildQueue is what queue shows: asks waiting, in flight and dead.
-func (c *Controller) BuildQueue(ctx context.Context) ([]builds.Ask, error) {
+func (c *Builds) BuildQueue(ctx context.Context) ([]builds.Ask, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -527,7 +527,7 @@ var errBuildWhy = fmt.Errorf("a by-hand act on the build queue is recorded with 
 
 // BuildCancel drops a waiting or dead ask (never one in flight: kill ends
 // that), recorded as a hand act.
-func (c *Controller) BuildCancel(ctx context.Context, id, why string) (builds.Ask, error) {
+func (c *Builds) BuildCancel(ctx context.Context, id, why string) (builds.Ask, error) {
 	if strings.TrimSpace(why) == "" {
 		return builds.Ask{}, errBuildWhy
 	}
@@ -545,7 +545,7 @@ func (c *Controller) BuildCancel(ctx context.Context, id, why string) (builds.As
 
 // BuildClear cancels every waiting ask, and the dead ones with dead; never
 // one in flight. It is recorded as a hand act when it cancelled any.
-func (c *Controller) BuildClear(ctx context.Context, dead bool, why string) (int, error) {
+func (c *Builds) BuildClear(ctx context.Context, dead bool, why string) (int, error) {
 	if strings.TrimSpace(why) == "" {
 		return 0, errBuildWhy
 	}
@@ -569,7 +569,7 @@ var ErrNoSource = errors.New("names no source")
 
 // Rebuild asks again: a module's source (its default branch), or a build's
 // repository and ref, under a new id; then as Build.
-func (c *Controller) Rebuild(ctx context.Context, target string, r BuildRequest) (builds.Ask, error) {
+func (c *Builds) Rebuild(ctx context.Context, target string, r BuildRequest) (builds.Ask, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return builds.Ask{}, err
@@ -598,7 +598,7 @@ func (c *Controller) Rebuild(ctx context.Context, target string, r BuildRequest)
 
 // BuildKill ends a build where it runs (its builder kills its process
 // group) and records it killed by hand.
-func (c *Controller) BuildKill(ctx context.Context, id, why string) (a builds.Ask, told bool, err error) {
+func (c *Builds) BuildKill(ctx context.Context, id, why string) (a builds.Ask, told bool, err error) {
 	if strings.TrimSpace(why) == "" {
 		return builds.Ask{}, false, errBuildWhy
 	}
@@ -625,7 +625,7 @@ func (c *Controller) BuildKill(ctx context.Context, id, why string) (a builds.As
 // BuildPause stops the build seat's holder on a node (every holder with
 // node "") from being offered new asks, recorded as a hand act; what it
 // builds now goes on.
-func (c *Controller) BuildPause(ctx context.Context, node, why string) (builds.Pause, bool, error) {
+func (c *Builds) BuildPause(ctx context.Context, node, why string) (builds.Pause, bool, error) {
 	if strings.TrimSpace(why) == "" {
 		return builds.Pause{}, false, errBuildWhy
 	}
@@ -655,7 +655,7 @@ func (c *Controller) BuildPause(ctx context.Context, node, why string) (builds.P
 }
 
 // BuildResume lets a paused builder (every one with node "") take asks again.
-func (c *Controller) BuildResume(ctx context.Context, node string) ([]builds.Pause, error) {
+func (c *Builds) BuildResume(ctx context.Context, node string) ([]builds.Pause, error) {
 	holder := builds.Every
 	if node != "" {
 		if err := CheckName(node); err != nil {
@@ -675,7 +675,7 @@ func (c *Controller) BuildResume(ctx context.Context, node string) ([]builds.Pau
 }
 
 // kickBuilds tells a serving controller to offer the queue now.
-func (c *Controller) kickBuilds(ctx context.Context, st *Stores) {
+func (c uses) kickBuilds(ctx context.Context, st *Stores) {
 	if nc, err := c.dialBroker(ctx, st.Identity); err == nil {
 		_ = nc.Publish(BuildKickSubject, []byte("{}"))
 		_ = nc.FlushTimeout(protocol.AnswerTimeout)
@@ -687,7 +687,7 @@ func (c *Controller) kickBuilds(ctx context.Context, st *Stores) {
 // is not the reference host (or to replace the builder module's own): it
 // may take the asks addressed to node, report on them and hand the
 // controller their archives, nothing else. It returns a .creds document.
-func (c *Controller) BuilderIssue(ctx context.Context, node string) (string, error) {
+func (c *Builds) BuilderIssue(ctx context.Context, node string) (string, error) {
 	if err := CheckName(node); err != nil {
 		return "", err
 	}
@@ -723,7 +723,7 @@ var ErrNoCommit = errors.New("recorded no commit to build again")
 // Replay builds a build's commit again: a dry run (built and looked at,
 // never registered) unless register; with older, a version older than the
 // current one may be registered. A registering replay is a hand act.
-func (c *Controller) Replay(ctx context.Context, id string, register, older bool, why string, r BuildRequest) (builds.Ask, error) {
+func (c *Builds) Replay(ctx context.Context, id string, register, older bool, why string, r BuildRequest) (builds.Ask, error) {
 	if older && !register {
 		return builds.Ask{}, errors.New("--older goes with --register")
 	}

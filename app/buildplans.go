@@ -45,7 +45,7 @@ type PlanRequest struct {
 // commit the mesh built it from (its default branch if none). Either way a
 // module that stands on another in the plan waits for it; a cycle is
 // refused, naming it, and so is a module with no source to build.
-func (c *Controller) BuildPlan(ctx context.Context, r PlanRequest) (builds.Plan, error) {
+func (c *Builds) BuildPlan(ctx context.Context, r PlanRequest) (builds.Plan, error) {
 	if r.Progress == nil {
 		r.Progress = func(string) {}
 	}
@@ -256,7 +256,7 @@ func StepLine(s builds.Step) string {
 }
 
 // followPlan says each step's changes until the plan ends.
-func (c *Controller) followPlan(ctx context.Context, p builds.Plan, progress func(string)) (builds.Plan, error) {
+func (c uses) followPlan(ctx context.Context, p builds.Plan, progress func(string)) (builds.Plan, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return p, err
@@ -302,7 +302,7 @@ func planTrouble(p builds.Plan) string {
 
 // BuildPlans is what plans shows: the running and failed plans, then the
 // latest ended.
-func (c *Controller) BuildPlans(ctx context.Context) ([]builds.Plan, error) {
+func (c *Builds) BuildPlans(ctx context.Context) ([]builds.Plan, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -326,7 +326,7 @@ func shownPlan(p builds.Plan) builds.Plan {
 }
 
 // PlanRetry asks a failed plan's failed builds again and carries it on.
-func (c *Controller) PlanRetry(ctx context.Context, id string) (builds.Plan, error) {
+func (c *Builds) PlanRetry(ctx context.Context, id string) (builds.Plan, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return builds.Plan{}, err
@@ -340,7 +340,7 @@ func (c *Controller) PlanRetry(ctx context.Context, id string) (builds.Plan, err
 
 // PlanStop ends a running plan by hand (a hand act): what was not asked is
 // not, what waits is cancelled, a build in flight is taken in when it ends.
-func (c *Controller) PlanStop(ctx context.Context, id, why string) (builds.Plan, []string, error) {
+func (c *Builds) PlanStop(ctx context.Context, id, why string) (builds.Plan, []string, error) {
 	if strings.TrimSpace(why) == "" {
 		return builds.Plan{}, nil, errBuildWhy
 	}
@@ -356,7 +356,7 @@ func (c *Controller) PlanStop(ctx context.Context, id, why string) (builds.Plan,
 }
 
 // PlanClose ends a failed plan by hand, not to be retried (a hand act).
-func (c *Controller) PlanClose(ctx context.Context, id, why string) (builds.Plan, error) {
+func (c *Builds) PlanClose(ctx context.Context, id, why string) (builds.Plan, error) {
 	if strings.TrimSpace(why) == "" {
 		return builds.Plan{}, errBuildWhy
 	}

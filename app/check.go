@@ -54,30 +54,13 @@ type CheckResult struct {
 	Open []health.Condition `json:"-"`
 }
 
-// checkStores are the stores a self-check judges: the process's own when it
-// has them open (the daemon's), else every store that opens, each failure
-// kept for its probe. release closes stores opened only for this check.
-func (c *Controller) checkStores(ctx context.Context) (st *Stores, release func()) {
-	c.open.mu.Lock()
-	defer c.open.mu.Unlock()
-	if c.open.st != nil {
-		return c.open.st, func() {}
-	}
-	st = c.openStores(ctx)
-	if len(st.failed) == 0 {
-		c.open.st = st
-		return st, func() {}
-	}
-	return st, func() { st.close() }
-}
-
 // freeFloor is the data dir's free space below which the probe fails.
 const freeFloor = 1 << 30
 
 // SelfCheck runs every probe, judges every rule from what the stores and
 // signals say, raises and clears conditions accordingly, sends a message for
 // each raising and clearing that is not silenced, and records the verdict.
-func (c *Controller) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, error) {
+func (c *Health) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, error) {
 	start := time.Now()
 	now := c.Now()
 	in := &checkInputs{now: now, bounds: DefaultBounds(), declared: map[string]time.Time{}, data: map[string][]inventory.DataSet{}}
@@ -282,7 +265,7 @@ const (
 	pruneBatch    = 1000
 )
 
-func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in *checkInputs) error {
+func (c uses) readInventory(ctx context.Context, inv *inventory.Store, in *checkInputs) error {
 	var err error
 	if in.nodes, err = inv.Nodes(ctx); err != nil {
 		return err
@@ -331,7 +314,7 @@ func (c *Controller) readInventory(ctx context.Context, inv *inventory.Store, in
 
 // probeBroker checks the broker answers a round trip: the serving
 // controller's own connection, or a person's through the live lease.
-func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *nats.Conn) error {
+func (c uses) probeBroker(ctx context.Context, ids *identity.Store, nc *nats.Conn) error {
 	if nc != nil {
 		return nc.FlushTimeout(protocol.AnswerTimeout)
 	}
@@ -347,7 +330,7 @@ func (c *Controller) probeBroker(ctx context.Context, ids *identity.Store, nc *n
 // mesh.alert, signed with the controller's key in the declaration's
 // envelope (so a reader tells the controller's alerts from anything else
 // published there), and to the log. Without the key nothing is published.
-func (c *Controller) alert(o CheckOptions, signer *identity.SigningKey, changes []health.Change, now time.Time) {
+func (c uses) alert(o CheckOptions, signer *identity.SigningKey, changes []health.Change, now time.Time) {
 	published := false
 	for _, ch := range changes {
 		if (ch.Event != "raised" && ch.Event != "cleared") || ch.Condition.Silenced(now) {

@@ -262,7 +262,7 @@ func readDataState(ctx context.Context, inv *inventory.Store) (dataState, error)
 	return ds, nil
 }
 
-func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) ([]Cleanable, error) {
+func (c uses) readCleanup(ctx context.Context, inv *inventory.Store) ([]Cleanable, error) {
 	ds, err := readDataState(ctx, inv)
 	if err != nil {
 		return nil, err
@@ -272,7 +272,7 @@ func (c *Controller) readCleanup(ctx context.Context, inv *inventory.Store) ([]C
 
 // Cleanup lists every retired consumer and retired or dropped data set per
 // provider, on nodes in the mesh and on removed ones.
-func (c *Controller) Cleanup(ctx context.Context) ([]Cleanable, error) {
+func (c *Seats) Cleanup(ctx context.Context) ([]Cleanable, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -320,7 +320,7 @@ type FreshSnapshot struct {
 // freshSnapshots backs up, just before a risky act, each of the data sets
 // it touches that the mesh backs up, one after the other, and says of each
 // its snapshot or why there is none; it never stops the act.
-func (c *Controller) freshSnapshots(ctx context.Context, st *Stores, sets []SetRef, reason string) []FreshSnapshot {
+func (c uses) freshSnapshots(ctx context.Context, st *Stores, sets []SetRef, reason string) []FreshSnapshot {
 	if len(sets) == 0 {
 		return nil
 	}
@@ -459,11 +459,11 @@ func (e *RefusedError) Unwrap() error { return ErrNeedsDigest }
 // (RefusedError). Data on a removed node has no host to delete it: it is
 // recorded deleted by hand. Every deletion is asked in one inventory
 // transaction and every hand act kept in one health transaction.
-func (c *Controller) CleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
+func (c *Seats) CleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
 	return retryAct(ctx, func() (CleanupResult, error) { return c.cleanupDelete(ctx, r) })
 }
 
-func (c *Controller) cleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
+func (c uses) cleanupDelete(ctx context.Context, r CleanupRequest) (CleanupResult, error) {
 	if r.Why == "" {
 		return CleanupResult{}, health.ErrNoWhy
 	}
@@ -576,7 +576,7 @@ func pickTarget(all []Cleanable, r CleanupRequest) (Cleanable, []Cleanable, erro
 // deleteCleanables asks hosts to delete what was chosen (and records what
 // lies on removed nodes deleted by hand), keeping one hand act for each,
 // saying what was known of its backup.
-func (c *Controller) deleteCleanables(ctx context.Context, st *Stores, chosen []Cleanable, r CleanupRequest, based int64) ([]Cleanable, []Pushed, error) {
+func (c uses) deleteCleanables(ctx context.Context, st *Stores, chosen []Cleanable, r CleanupRequest, based int64) ([]Cleanable, []Pushed, error) {
 	if len(chosen) == 0 {
 		return nil, nil, nil
 	}

@@ -63,7 +63,7 @@ type Collection struct {
 // controller must serve) and judges each: held by a registered version,
 // run on a node, its age; what may go is unheld, run nowhere, older than
 // CollectAfter, and never a module's current or previous version.
-func (c *Controller) Collection(ctx context.Context) (Collection, error) {
+func (c *Modules) Collection(ctx context.Context) (Collection, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return Collection{}, err
@@ -76,7 +76,7 @@ func (c *Controller) Collection(ctx context.Context) (Collection, error) {
 	return c.collection(ctx, nc)
 }
 
-func (c *Controller) collection(ctx context.Context, nc *nats.Conn) (Collection, error) {
+func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return Collection{}, err
@@ -183,7 +183,7 @@ const (
 // Sweep lets go what the collection says may go (archives, and leftovers
 // of puts that never ended), and prunes the builds record: serve runs it
 // once a day, over its own connection to the broker.
-func (c *Controller) Sweep(ctx context.Context, nc *nats.Conn) (SweepResult, error) {
+func (c *Modules) Sweep(ctx context.Context, nc *nats.Conn) (SweepResult, error) {
 	var r SweepResult
 	col, err := c.collection(ctx, nc)
 	if err != nil {

@@ -45,7 +45,7 @@ func (v ControllersView) String() string {
 }
 
 // Controllers says which controller serves now and which stand by.
-func (c *Controller) Controllers(ctx context.Context) (ControllersView, error) {
+func (c *Health) Controllers(ctx context.Context) (ControllersView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return ControllersView{}, err

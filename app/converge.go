@@ -106,7 +106,7 @@ type Converged struct {
 // rolls it back by itself if it cannot hear the controller after. The mesh
 // stops nothing that runs there: what no module declares is said, closed
 // by the filter, and raised as node.unmanaged-listener until it goes.
-func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
+func (c *Modules) Converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
 	type converged struct {
 		p   ConvergePreview
 		out *Converged
@@ -118,7 +118,7 @@ func (c *Controller) Converge(ctx context.Context, r ConvergeRequest) (ConvergeP
 	return got.p, got.out, err
 }
 
-func (c *Controller) converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
+func (c uses) converge(ctx context.Context, r ConvergeRequest) (ConvergePreview, *Converged, error) {
 	if err := CheckName(r.Node); err != nil {
 		return ConvergePreview{}, nil, err
 	}
@@ -190,7 +190,7 @@ func convergeSaid(node, filter string, closeSSH bool) string {
 }
 
 // convergePreview works out what converging a node would do.
-func (c *Controller) convergePreview(ctx context.Context, r ConvergeRequest) (ConvergePreview, error) {
+func (c uses) convergePreview(ctx context.Context, r ConvergeRequest) (ConvergePreview, error) {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return ConvergePreview{}, err

@@ -12,7 +12,7 @@ import (
 // listenersMesh is plannedMesh's 1,000 converged nodes, each having
 // reported twelve listeners: two on ports of the mesh's modules (declared
 // there, or not), five reachable that no module declares, five on loopback.
-func listenersMesh(b *testing.B) *Controller {
+func listenersMesh(b *testing.B) *testApp {
 	c := plannedMesh(b, 1000, 4, 40)
 	ctx := context.Background()
 	st, err := c.stores(ctx)

@@ -34,7 +34,7 @@ type DataView struct {
 // Data lists every data set every machine declares: active ones from the
 // assignments; retired and dropped ones remembered after their module left,
 // on nodes in the mesh and on removed ones, until a person cleans them up.
-func (c *Controller) Data(ctx context.Context) ([]DataView, error) {
+func (c *Seats) Data(ctx context.Context) ([]DataView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err

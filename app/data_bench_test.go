@@ -12,7 +12,7 @@ import (
 // dataMesh is a mesh of nodes with perNode assignments, each keeping one
 // data set (reported by its host), retired on every node for one module,
 // and a provider with consumers retired.
-func dataMesh(b *testing.B, nodes, perNode, consumers int) *Controller {
+func dataMesh(b *testing.B, nodes, perNode, consumers int) *testApp {
 	c := plannedMesh(b, nodes, perNode, 40)
 	ctx := context.Background()
 	st, err := c.stores(ctx)

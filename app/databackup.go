@@ -85,7 +85,7 @@ func newRunID(kind string) string {
 // BackupDue asks the data's host to back up a line the holder on holder
 // says is due (the daemon's relay): the holder must hold the backup seat
 // and the line must be one the mesh backs up.
-func (c *Controller) BackupDue(ctx context.Context, nc *nats.Conn, holder string, due protocol.BackupDue) error {
+func (c *Seats) BackupDue(ctx context.Context, nc *nats.Conn, holder string, due protocol.BackupDue) error {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
@@ -104,7 +104,7 @@ func (c *Controller) BackupDue(ctx context.Context, nc *nats.Conn, holder string
 // askBackup asks the data's host to back up one set now, and returns the
 // ask's id. A host that does not answer, or refuses for a reason other
 // than being busy with it, is a failed attempt, recorded as one.
-func (c *Controller) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s plan.BackupSet, reason string) (string, error) {
+func (c uses) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s plan.BackupSet, reason string) (string, error) {
 	id := newRunID("bk")
 	taken, err := c.askHost(ctx, st, nc, s.Node, protocol.BackupInbox(s.Node), protocol.BackupAsk{ID: id, Module: s.Module, Data: s.Data.Name, Reason: reason})
 	var why string
@@ -128,7 +128,7 @@ func (c *Controller) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s
 // askHost asks a node's host on its inbox subject and opens its signed
 // answer with the key it joined with: the answer comes to the asker's
 // inbox, where another host could publish too.
-func (c *Controller) askHost(ctx context.Context, st *Stores, nc *nats.Conn, node, subject string, ask any) (protocol.BackupTaken, error) {
+func (c uses) askHost(ctx context.Context, st *Stores, nc *nats.Conn, node, subject string, ask any) (protocol.BackupTaken, error) {
 	var taken protocol.BackupTaken
 	hosts, err := st.Identity.Hosts(ctx)
 	if err != nil {
@@ -157,7 +157,7 @@ func (c *Controller) askHost(ctx context.Context, st *Stores, nc *nats.Conn, nod
 }
 
 // BackupAccess keeps a node's access the holder sealed to it.
-func (c *Controller) BackupAccess(ctx context.Context, holder string, a protocol.BackupAccessIssued) error {
+func (c *Seats) BackupAccess(ctx context.Context, holder string, a protocol.BackupAccessIssued) error {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
@@ -172,7 +172,7 @@ func (c *Controller) BackupAccess(ctx context.Context, holder string, a protocol
 }
 
 // BackupDrilled records the holder's restore drill.
-func (c *Controller) BackupDrilled(ctx context.Context, holder string, o protocol.DrillOutcome) error {
+func (c *Seats) BackupDrilled(ctx context.Context, holder string, o protocol.DrillOutcome) error {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
@@ -189,7 +189,7 @@ func (c *Controller) BackupDrilled(ctx context.Context, holder string, o protoco
 
 // BackedUp records a host's outcome of a backup or a restore of one of
 // its own data sets; a restore's aside is kept as a retired data set.
-func (c *Controller) BackedUp(ctx context.Context, node string, o protocol.BackupOutcome) error {
+func (c *Seats) BackedUp(ctx context.Context, node string, o protocol.BackupOutcome) error {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return err
@@ -247,7 +247,7 @@ type BackupDone struct {
 
 // DataBackup backs up each set now, one after the other, each waited for
 // until its host reports it, and records the act as a hand act.
-func (c *Controller) DataBackup(ctx context.Context, r BackupRequest) ([]BackupDone, error) {
+func (c *Seats) DataBackup(ctx context.Context, r BackupRequest) ([]BackupDone, error) {
 	if strings.TrimSpace(r.Why) == "" {
 		return nil, health.ErrNoWhy
 	}
@@ -294,7 +294,7 @@ func (c *Controller) DataBackup(ctx context.Context, r BackupRequest) ([]BackupD
 }
 
 // backupNow asks a backup of one set and waits for its outcome.
-func (c *Controller) backupNow(ctx context.Context, st *Stores, nc *nats.Conn, s plan.BackupSet, reason string, wait time.Duration) (inventory.BackupRun, error) {
+func (c uses) backupNow(ctx context.Context, st *Stores, nc *nats.Conn, s plan.BackupSet, reason string, wait time.Duration) (inventory.BackupRun, error) {
 	id, err := c.askBackup(ctx, st, nc, s, reason)
 	if err != nil {
 		return inventory.BackupRun{}, err
@@ -304,7 +304,7 @@ func (c *Controller) backupNow(ctx context.Context, st *Stores, nc *nats.Conn, s
 
 // waitRun waits for the outcome of ask id to be recorded (by the serving
 // controller, which hears the host), within wait (0: 30 minutes).
-func (c *Controller) waitRun(ctx context.Context, st *Stores, id string, wait time.Duration) (inventory.BackupRun, error) {
+func (c uses) waitRun(ctx context.Context, st *Stores, id string, wait time.Duration) (inventory.BackupRun, error) {
 	if wait <= 0 {
 		wait = 30 * time.Minute
 	}
@@ -330,7 +330,7 @@ func (c *Controller) waitRun(ctx context.Context, st *Stores, id string, wait ti
 
 // askHolder asks the backup module's tool on the seat's holder and reads
 // its JSON answer into out.
-func (c *Controller) askHolder(ctx context.Context, nc *nats.Conn, snap *inventory.Snapshot, tool string, in, out any, timeout time.Duration) error {
+func (c uses) askHolder(ctx context.Context, nc *nats.Conn, snap *inventory.Snapshot, tool string, in, out any, timeout time.Duration) error {
 	hs := snap.Seats.Holders[snap.Seats.SeatName(backupSeat)]
 	if len(hs) == 0 {
 		return ErrNoBackupHolder
@@ -350,7 +350,7 @@ func (c *Controller) askHolder(ctx context.Context, nc *nats.Conn, snap *invento
 }
 
 // DataSnapshots lists what the repository holds of a data set, newest first.
-func (c *Controller) DataSnapshots(ctx context.Context, set string) ([]protocol.Snapshot, error) {
+func (c *Seats) DataSnapshots(ctx context.Context, set string) ([]protocol.Snapshot, error) {
 	ref, err := ParseSetRef(set)
 	if err != nil {
 		return nil, err
@@ -370,7 +370,7 @@ func (c *Controller) DataSnapshots(ctx context.Context, set string) ([]protocol.
 	return c.snapshotsOf(ctx, nc, snap, ref)
 }
 
-func (c *Controller) snapshotsOf(ctx context.Context, nc *nats.Conn, snap *inventory.Snapshot, ref SetRef) ([]protocol.Snapshot, error) {
+func (c uses) snapshotsOf(ctx context.Context, nc *nats.Conn, snap *inventory.Snapshot, ref SetRef) ([]protocol.Snapshot, error) {
 	var a protocol.SnapshotsAnswer
 	if err := c.askHolder(ctx, nc, snap, protocol.ToolSnapshots, protocol.SnapshotsAsk{Node: ref.Node, Module: ref.Module, Data: ref.Data}, &a, 30*time.Second); err != nil {
 		return nil, err
@@ -392,7 +392,7 @@ type VerifyRequest struct {
 
 // DataVerify drills a restore of the set's latest snapshot now, on the
 // holder; the holder reports it (recorded as every drill is).
-func (c *Controller) DataVerify(ctx context.Context, r VerifyRequest) (protocol.DrillOutcome, error) {
+func (c *Seats) DataVerify(ctx context.Context, r VerifyRequest) (protocol.DrillOutcome, error) {
 	ref, err := ParseSetRef(r.Set)
 	if err != nil {
 		return protocol.DrillOutcome{}, err
@@ -446,7 +446,7 @@ type DataRestored struct {
 // aside (kept, retired, deleted only by cleanup delete), the snapshot
 // restored, the module started again. Refused while the repository holds
 // no snapshot of it.
-func (c *Controller) DataRestore(ctx context.Context, r RestoreRequest) (DataRestored, error) {
+func (c *Seats) DataRestore(ctx context.Context, r RestoreRequest) (DataRestored, error) {
 	if strings.TrimSpace(r.Why) == "" {
 		return DataRestored{}, health.ErrNoWhy
 	}

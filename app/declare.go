@@ -45,7 +45,7 @@ type Declared struct {
 
 // Declare signs a hand-written declaration for a node, keeps it as the
 // node's latest, records the hand act, and sends it if a broker is reachable.
-func (c *Controller) Declare(ctx context.Context, r DeclareRequest) (Declared, error) {
+func (c *Modules) Declare(ctx context.Context, r DeclareRequest) (Declared, error) {
 	if err := CheckName(r.Node); err != nil {
 		return Declared{}, err
 	}

@@ -23,25 +23,25 @@ import (
 
 // DialBroker connects to the mesh's broker as the controller does, for a
 // test that publishes or listens on its subjects.
-func (c *Controller) DialBroker(ctx context.Context, ids *identity.Store) (*nats.Conn, error) {
+func (c *Nodes) DialBroker(ctx context.Context, ids *identity.Store) (*nats.Conn, error) {
 	return c.dialBroker(ctx, ids)
 }
 
 // CatchUp runs serve's catch-up once, as at its start.
-func (c *Controller) CatchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) ([]daemon.Declared, int, error) {
+func (c *Server) CatchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) ([]daemon.Declared, int, error) {
 	return c.catchUp(ctx, nc, ask)
 }
 
 // KickBuilds wakes the build queue now rather than at its next tick.
-func (c *Controller) KickBuilds(ctx context.Context, st *Stores) { c.kickBuilds(ctx, st) }
+func (c *Builds) KickBuilds(ctx context.Context, st *Stores) { c.kickBuilds(ctx, st) }
 
 // FollowPlan follows a build plan as serve does.
-func (c *Controller) FollowPlan(ctx context.Context, p builds.Plan, progress func(string)) (builds.Plan, error) {
+func (c *Builds) FollowPlan(ctx context.Context, p builds.Plan, progress func(string)) (builds.Plan, error) {
 	return c.followPlan(ctx, p, progress)
 }
 
 // KeepRefreshed stores a refreshed licence value as serve's refresher does.
-func (c *Controller) KeepRefreshed(ctx context.Context, st *Stores, l licences.Licence, v protocol.Secret, expires time.Time) (int64, time.Time, error) {
+func (c *Licences) KeepRefreshed(ctx context.Context, st *Stores, l licences.Licence, v protocol.Secret, expires time.Time) (int64, time.Time, error) {
 	return c.keepRefreshed(ctx, st, l, v, expires)
 }
 

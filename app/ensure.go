@@ -56,7 +56,7 @@ func wantedSecrets(snap *inventory.Snapshot) []wantedSecret {
 // it is for are moved first, unless already moved (bumped): a process that
 // stops after this leaves those nodes behind their plan, and the catch-up
 // declares them. It returns the nodes whose plans carry new secrets.
-func (c *Controller) ensureSecrets(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
+func (c uses) ensureSecrets(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
 	have, err := st.Secrets.Names(ctx)
 	if err != nil {
 		return nil, err

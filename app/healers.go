@@ -23,7 +23,7 @@ type HealersView struct {
 }
 
 // Healers shows the healers, their acts of the last days, and the brake.
-func (c *Controller) Healers(ctx context.Context, days int) (HealersView, error) {
+func (c *Health) Healers(ctx context.Context, days int) (HealersView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return HealersView{}, err
@@ -38,7 +38,7 @@ func (c *Controller) Healers(ctx context.Context, days int) (HealersView, error)
 }
 
 // HealersRelease releases an engaged brake: a hand act.
-func (c *Controller) HealersRelease(ctx context.Context, why string) error {
+func (c *Health) HealersRelease(ctx context.Context, why string) error {
 	if why == "" {
 		return health.ErrNoWhy
 	}

@@ -75,7 +75,7 @@ func backupSignals(snap *inventory.Snapshot, data map[string][]inventory.DataSet
 
 // readSignals reads what signals are computed from (a snapshot and the data
 // reports), and only that: doctor signals reads it on every call.
-func (c *Controller) readSignals(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Signal, error) {
+func (c uses) readSignals(ctx context.Context, inv *inventory.Store) (*inventory.Snapshot, []Signal, error) {
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -112,7 +112,7 @@ type StatusView struct {
 // (inventory's NodesToJudge) and judges each as the self-check's signals
 // do: the same answer as judging every node, without reading every node of
 // a well mesh (BenchmarkStatus10000).
-func (c *Controller) Status(ctx context.Context) (StatusView, error) {
+func (c *Health) Status(ctx context.Context) (StatusView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return StatusView{}, err
@@ -184,7 +184,7 @@ type ConditionFilter struct {
 }
 
 // Conditions lists the open conditions, urgent first.
-func (c *Controller) Conditions(ctx context.Context, f ConditionFilter) ([]health.Condition, error) {
+func (c *Health) Conditions(ctx context.Context, f ConditionFilter) ([]health.Condition, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ type ConditionDetail struct {
 }
 
 // ConditionShow shows one open condition with its evidence and history.
-func (c *Controller) ConditionShow(ctx context.Context, key string) (ConditionDetail, error) {
+func (c *Health) ConditionShow(ctx context.Context, key string) (ConditionDetail, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return ConditionDetail{}, err
@@ -224,7 +224,7 @@ func (c *Controller) ConditionShow(ctx context.Context, key string) (ConditionDe
 }
 
 // ConditionSilence stops a condition's messages for a while: a hand act.
-func (c *Controller) ConditionSilence(ctx context.Context, key string, d time.Duration, why string) (health.Condition, error) {
+func (c *Health) ConditionSilence(ctx context.Context, key string, d time.Duration, why string) (health.Condition, error) {
 	if why == "" {
 		return health.Condition{}, health.ErrNoWhy
 	}
@@ -248,7 +248,7 @@ func (c *Controller) ConditionSilence(ctx context.Context, key string, d time.Du
 var ErrBadSilence = fmt.Errorf("a silence must last a positive time")
 
 // ConditionsHistory lists raisings, changes, clearings and silencings lately.
-func (c *Controller) ConditionsHistory(ctx context.Context, days int, key string) ([]health.Change, error) {
+func (c *Health) ConditionsHistory(ctx context.Context, days int, key string) ([]health.Change, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -257,7 +257,7 @@ func (c *Controller) ConditionsHistory(ctx context.Context, days int, key string
 }
 
 // HandActRecord records an act done by hand outside the mesh.
-func (c *Controller) HandActRecord(ctx context.Context, what, why, cause, condition string) (health.HandAct, error) {
+func (c *Health) HandActRecord(ctx context.Context, what, why, cause, condition string) (health.HandAct, error) {
 	if strings.TrimSpace(what) == "" {
 		return health.HandAct{}, fmt.Errorf("say what was done")
 	}
@@ -287,7 +287,7 @@ type CauseCount struct {
 }
 
 // HandActs lists the hand acts of the last days, with causes counted.
-func (c *Controller) HandActs(ctx context.Context, days int) (HandActsView, error) {
+func (c *Health) HandActs(ctx context.Context, days int) (HandActsView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return HandActsView{}, err
@@ -329,7 +329,7 @@ type DurationStats struct {
 }
 
 // Durations summarises measured durations of the last days.
-func (c *Controller) Durations(ctx context.Context, kind string, days int) ([]DurationStats, error) {
+func (c *Health) Durations(ctx context.Context, kind string, days int) ([]DurationStats, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -374,7 +374,7 @@ type DoctorView struct {
 }
 
 // DoctorLast returns the last verdict.
-func (c *Controller) DoctorLast(ctx context.Context) (health.Verdict, error) {
+func (c *Health) DoctorLast(ctx context.Context) (health.Verdict, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return health.Verdict{}, err
@@ -383,7 +383,7 @@ func (c *Controller) DoctorLast(ctx context.Context) (health.Verdict, error) {
 }
 
 // DoctorSignals lists each signal's age against its bound.
-func (c *Controller) DoctorSignals(ctx context.Context) ([]Signal, error) {
+func (c *Health) DoctorSignals(ctx context.Context) ([]Signal, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err

@@ -59,7 +59,7 @@ type LicenceManaged struct {
 // LicenceManager makes a module on a node the manager of a refreshable
 // licence: its refresh token, sealed to the node, travels in its
 // declaration; a manager named before loses its copy.
-func (c *Controller) LicenceManager(ctx context.Context, r LicenceManagerRequest) (LicenceManaged, error) {
+func (c *Licences) LicenceManager(ctx context.Context, r LicenceManagerRequest) (LicenceManaged, error) {
 	if err := CheckName(r.Name); err != nil {
 		return LicenceManaged{}, err
 	}
@@ -160,7 +160,7 @@ type LicenceRefreshed struct {
 // it to every holder in one act; the old version stays recoverable by the
 // operator for licences.GracePeriod. A failure through the manager is
 // recorded (licence.refresh-failed) and the holders keep the old token.
-func (c *Controller) LicenceRefresh(ctx context.Context, name string) (LicenceRefreshed, error) {
+func (c *Licences) LicenceRefresh(ctx context.Context, name string) (LicenceRefreshed, error) {
 	if err := CheckName(name); err != nil {
 		return LicenceRefreshed{}, err
 	}
@@ -209,7 +209,7 @@ type refreshAnswer struct {
 // holders' plans moved; the caller sends them (serve's catch-up does, for
 // its own refreshes). A licence changed since it was read is refused by
 // the store (ErrVersionMoved).
-func (c *Controller) refreshLicence(ctx context.Context, st *Stores, nc *nats.Conn, l licences.Licence, timeout time.Duration) (LicenceRefreshed, error) {
+func (c uses) refreshLicence(ctx context.Context, st *Stores, nc *nats.Conn, l licences.Licence, timeout time.Duration) (LicenceRefreshed, error) {
 	name := l.Name
 	manager := l.ManagerNode + "/" + l.ManagerModule
 	out := LicenceRefreshed{Name: name, Manager: manager, From: l.Version, Holders: []string{}}
@@ -283,7 +283,7 @@ func askRefresh(ctx context.Context, nc *nats.Conn, l licences.Licence, timeout 
 
 // keepRefreshed seals a new version to the operator key and every holder,
 // moves the holders' plans, and keeps it in one transaction.
-func (c *Controller) keepRefreshed(ctx context.Context, st *Stores, l licences.Licence, v protocol.Secret, expires time.Time) (int64, time.Time, error) {
+func (c uses) keepRefreshed(ctx context.Context, st *Stores, l licences.Licence, v protocol.Secret, expires time.Time) (int64, time.Time, error) {
 	key, err := st.Secrets.OperatorKey(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
@@ -328,7 +328,7 @@ func (c *Controller) keepRefreshed(ctx context.Context, st *Stores, l licences.L
 // licencesDue are serve's own refreshes: each refreshable licence with a
 // manager past refreshAt of its current version's life, as acts the
 // healers' brake counts (healer refresh-licence, once per version).
-func (c *Controller) licencesDue(ctx context.Context, st *Stores, nc *nats.Conn) ([]daemon.Due, error) {
+func (c uses) licencesDue(ctx context.Context, st *Stores, nc *nats.Conn) ([]daemon.Due, error) {
 	ls, err := st.Licences.Due(ctx, refreshAt, c.Now())
 	if err != nil {
 		return nil, err

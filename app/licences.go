@@ -106,7 +106,7 @@ func splitTokens(v protocol.Secret) (access, refresh protocol.Secret, expires st
 // LicenceAdd keeps a new licence under the name a person chose, its token
 // sealed at once to the operator key (a refreshable licence's refresh
 // token too, apart): nothing else sees it until a module holds it.
-func (c *Controller) LicenceAdd(ctx context.Context, r LicenceAddRequest) (LicenceAdded, error) {
+func (c *Licences) LicenceAdd(ctx context.Context, r LicenceAddRequest) (LicenceAdded, error) {
 	if err := CheckName(r.Name); err != nil {
 		return LicenceAdded{}, err
 	}
@@ -194,7 +194,7 @@ type LicenceUsed struct {
 
 // LicenceUse makes a module on a node a holder of a licence: a copy sealed
 // to its node, carried in its declaration like a secret.
-func (c *Controller) LicenceUse(ctx context.Context, r LicenceUseRequest) (LicenceUsed, error) {
+func (c *Licences) LicenceUse(ctx context.Context, r LicenceUseRequest) (LicenceUsed, error) {
 	if err := CheckName(r.Name); err != nil {
 		return LicenceUsed{}, err
 	}
@@ -294,7 +294,7 @@ func openLicence(cp licences.Copy, identities []age.Identity, keyFile string) (p
 
 // LicenceStop takes a licence away from a module on a node: its copy is
 // dropped, and its host removes the file with the next declaration.
-func (c *Controller) LicenceStop(ctx context.Context, name, holder string) ([]Pushed, error) {
+func (c *Licences) LicenceStop(ctx context.Context, name, holder string) ([]Pushed, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -342,7 +342,7 @@ type LicenceView struct {
 }
 
 // LicenceList lists every licence, its holders, manager and expiry.
-func (c *Controller) LicenceList(ctx context.Context) ([]LicenceView, error) {
+func (c *Licences) LicenceList(ctx context.Context) ([]LicenceView, error) {
 	st, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -407,7 +407,7 @@ type LicenceCopyView struct {
 
 // LicenceKey says which key material a licence holds, and to whom each
 // copy of each version is sealed.
-func (c *Controller) LicenceKey(ctx context.Context, name string) (LicenceKeyView, error) {
+func (c *Licences) LicenceKey(ctx context.Context, name string) (LicenceKeyView, error) {
 	if err := CheckName(name); err != nil {
 		return LicenceKeyView{}, err
 	}

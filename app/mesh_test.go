@@ -13,10 +13,9 @@ import (
 
 // migrated is a controller on migrated stores in a temporary dir, no daemon,
 // and its stores.
-func migrated(t testing.TB) (*Controller, *Stores) {
+func migrated(t testing.TB) (*testApp, *Stores) {
 	t.Helper()
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c := newTestApp(t, t.TempDir(), func(string) string { return "" })
 	if _, err := c.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +28,7 @@ func migrated(t testing.TB) (*Controller, *Stores) {
 
 // withOperator sets a new operator key on c and returns its identity, which
 // opens what is sealed to the operator (backups, break-glass copies).
-func withOperator(t testing.TB, c *Controller) *age.X25519Identity {
+func withOperator(t testing.TB, c *testApp) *age.X25519Identity {
 	t.Helper()
 	op, err := age.GenerateX25519Identity()
 	if err != nil {
@@ -42,8 +41,7 @@ func withOperator(t testing.TB, c *Controller) *age.X25519Identity {
 }
 
 func TestDeclare_RecordsTheHandAct(t *testing.T) {
-	c := New(t.TempDir())
-	c.Getenv = func(string) string { return "" }
+	c := newTestApp(t, t.TempDir(), func(string) string { return "" })
 	ctx := context.Background()
 	if _, err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 // counters and histograms as things happen, the stores are asked for the
 // gauges when scraped (a few rows each, whatever the mesh's size), and
 // every store's writes are timed.
-func (c *Controller) serveMetrics(ctx context.Context, st *Stores, l net.Listener, log *slog.Logger) *metrics.Metrics {
+func (c uses) serveMetrics(ctx context.Context, st *Stores, l net.Listener, log *slog.Logger) *metrics.Metrics {
 	m := metrics.New()
 	m.Read("mesh_nodes", "Nodes by state: joined (every node whose host joined), silent and behind (open node.silent and node.behind conditions).", []string{"state"},
 		func(ctx context.Context) ([]metrics.Reading, error) {

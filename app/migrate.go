@@ -48,11 +48,8 @@ func (c *Controller) Migrate(ctx context.Context) ([]Migrated, error) {
 // cannot migrate; those before it stay migrated. It refuses to make a new
 // signing key while nodes have joined (ErrIdentityLost) unless told to.
 func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migrated, error) {
-	// Migrate opens each store itself, with create: any handle this process
-	// holds is closed first (a store is open once a process).
-	if err := c.Close(); err != nil {
-		return nil, err
-	}
+	// Migrate opens each store itself, with create: it runs before the
+	// process opens its stores (a store is open once a process).
 	var done []Migrated
 	var inv *sqlite.DB
 	defer func() {

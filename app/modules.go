@@ -102,7 +102,7 @@ type ModuleAdded struct {
 }
 
 // ModuleAdd registers a module version from its manifest (checked first).
-func (c *Controller) ModuleAdd(ctx context.Context, file, source string) (ModuleAdded, error) {
+func (c *Modules) ModuleAdd(ctx context.Context, file, source string) (ModuleAdded, error) {
 	m, err := readManifest(file)
 	if err != nil {
 		return ModuleAdded{}, err
@@ -154,7 +154,7 @@ type ModuleView struct {
 }
 
 // ModuleList lists every module: version, source, behind its source or not, where it runs.
-func (c *Controller) ModuleList(ctx context.Context) ([]ModuleView, error) {
+func (c *Modules) ModuleList(ctx context.Context) ([]ModuleView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func (c *Controller) ModuleList(ctx context.Context) ([]ModuleView, error) {
 }
 
 // ModuleMoved records that a module's source has a commit newer than the mesh built.
-func (c *Controller) ModuleMoved(ctx context.Context, name, commit string) error {
+func (c *Modules) ModuleMoved(ctx context.Context, name, commit string) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
@@ -238,7 +238,7 @@ func (f Forgotten) Discarded() string {
 // mesh holds settings or secrets for it unless AndWhatItHolds discards them,
 // which is recorded as a hand act. Its broker users are revoked and their
 // connections closed.
-func (c *Controller) ModuleForget(ctx context.Context, r ForgetRequest) (Forgotten, error) {
+func (c *Modules) ModuleForget(ctx context.Context, r ForgetRequest) (Forgotten, error) {
 	name := r.Name
 	if err := CheckName(name); err != nil {
 		return Forgotten{}, err
@@ -307,7 +307,7 @@ var ErrNotOnNode = errors.New("is not assigned to")
 // ModuleIssue makes a broker user for a module on a node, allowed exactly
 // its manifest's emits (publish) and consumes (subscribe) under
 // mesh.module., and its tools; it returns a .creds document.
-func (c *Controller) ModuleIssue(ctx context.Context, module, node string) (string, error) {
+func (c *Modules) ModuleIssue(ctx context.Context, module, node string) (string, error) {
 	if err := CheckNames(module, node); err != nil {
 		return "", err
 	}
@@ -427,16 +427,16 @@ type SettingsChanged struct {
 
 // SettingsSet keeps a settings layer after judging it, and every result it
 // makes, against the manifest's schema; then sends the affected nodes.
-func (c *Controller) SettingsSet(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
+func (c *Modules) SettingsSet(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
 	return c.changeSettings(ctx, r, false)
 }
 
 // SettingsClear takes a settings layer away and sends the affected nodes.
-func (c *Controller) SettingsClear(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
+func (c *Modules) SettingsClear(ctx context.Context, r SettingsRequest) (SettingsChanged, error) {
 	return c.changeSettings(ctx, r, true)
 }
 
-func (c *Controller) changeSettings(ctx context.Context, r SettingsRequest, clear bool) (SettingsChanged, error) {
+func (c uses) changeSettings(ctx context.Context, r SettingsRequest, clear bool) (SettingsChanged, error) {
 	for _, n := range []string{r.Module, r.Node} {
 		if n != "" {
 			if err := CheckName(n); err != nil {

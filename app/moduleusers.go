@@ -21,7 +21,7 @@ const CredsName = protocol.BrokerCredsName
 // ensureMade makes what the mesh makes for the snapshot's assignments: each
 // module's own broker user, then its secrets and credentials (ensureSecrets).
 // It returns the nodes whose plans carry something new.
-func (c *Controller) ensureMade(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
+func (c uses) ensureMade(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
 	users, err := c.ensureModuleUsers(ctx, st, snap, bumped)
 	if err != nil {
 		return nil, err
@@ -45,7 +45,7 @@ func (c *Controller) ensureMade(ctx context.Context, st *Stores, snap *inventory
 // revoked, with every user issued by hand for it there (module issue);
 // the serving controller is told, so the broker refuses them. The
 // plans of the nodes concerned move first, as ensureSecrets does.
-func (c *Controller) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
+func (c uses) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
 	have, err := st.Identity.ModuleUsers(ctx)
 	if err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func moduleCreds(ctx context.Context, ids *identity.Store) (map[string]string, e
 // tellRevoked tells a serving controller that users were revoked, so its
 // broker refuses them and closes their connections; with none serving,
 // serve reads them when it starts.
-func (c *Controller) tellRevoked(ctx context.Context, ids *identity.Store) bool {
+func (c uses) tellRevoked(ctx context.Context, ids *identity.Store) bool {
 	nc, err := c.dialBroker(ctx, ids)
 	if err != nil {
 		return false

@@ -71,11 +71,11 @@ const maxListed = 20
 // removal killed after the inventory leaves the node's broker users alive
 // until node remove is run again (a name the identity store alone still
 // knows is finished there) or serve's catch-up forgets them (finishActs).
-func (c *Controller) NodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
+func (c *Nodes) NodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
 	return retryAct(ctx, func() (NodesRemoved, error) { return c.nodeRemove(ctx, r) })
 }
 
-func (c *Controller) nodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
+func (c uses) nodeRemove(ctx context.Context, r NodeRemoveRequest) (NodesRemoved, error) {
 	if len(r.Names) == 0 {
 		return NodesRemoved{}, fmt.Errorf("node remove %w", ErrNoNodes)
 	}
@@ -169,7 +169,7 @@ func (c *Controller) nodeRemove(ctx context.Context, r NodeRemoveRequest) (Nodes
 		byName[out.Nodes[i].Name] = &out.Nodes[i]
 	}
 	for _, n := range order {
-		u, err := c.Unassign(ctx, n, running[n])
+		u, err := (&Modules{c}).Unassign(ctx, n, running[n])
 		if err != nil {
 			return out, fmt.Errorf("unassign what runs on %s (no node is removed yet; run node remove again): %w", n, err)
 		}
@@ -368,7 +368,7 @@ func nameList(names []string) string {
 // revoked: the broker disconnects a revoked user only when told, by the
 // account JWT the serving controller then gives it. It says whether the
 // word was delivered (otherwise serve does it when it starts).
-func (c *Controller) announceRevoked(ctx context.Context, st *Stores) bool {
+func (c uses) announceRevoked(ctx context.Context, st *Stores) bool {
 	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
 		return false

@@ -143,7 +143,7 @@ func nodeView(n inventory.Node) NodeView {
 }
 
 // NodeAdd records a node, converged unless adopted.
-func (c *Controller) NodeAdd(ctx context.Context, name string, adopted bool) (NodeView, error) {
+func (c *Nodes) NodeAdd(ctx context.Context, name string, adopted bool) (NodeView, error) {
 	if err := CheckNodeName(name); err != nil {
 		return NodeView{}, err
 	}
@@ -166,7 +166,7 @@ func modeOf(adopted bool) inventory.Mode {
 }
 
 // NodeList lists every node by name.
-func (c *Controller) NodeList(ctx context.Context) ([]NodeView, error) {
+func (c *Nodes) NodeList(ctx context.Context) ([]NodeView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -183,7 +183,7 @@ func (c *Controller) NodeList(ctx context.Context) ([]NodeView, error) {
 }
 
 // NodeShow shows one node and its newest join token.
-func (c *Controller) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
+func (c *Nodes) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
 	if err := CheckName(name); err != nil {
 		return NodeDetail{}, err
 	}
@@ -261,7 +261,7 @@ type IssuedToken struct {
 }
 
 // TokenIssue issues a one-time join token, kept only as its hash.
-func (c *Controller) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToken, error) {
+func (c *Nodes) TokenIssue(ctx context.Context, r TokenRequest) (IssuedToken, error) {
 	if err := CheckNodeName(r.Node); err != nil {
 		return IssuedToken{}, err
 	}
@@ -299,7 +299,7 @@ type IdentityView struct {
 }
 
 // IdentityShow shows the controller's signing public key.
-func (c *Controller) IdentityShow(ctx context.Context) (IdentityView, error) {
+func (c *Nodes) IdentityShow(ctx context.Context) (IdentityView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return IdentityView{}, err
@@ -325,7 +325,7 @@ type TokenBatch struct {
 // TokenIssueMany makes the records prefix1…prefixN and a join token for
 // each, written as "name token" lines to out (0600, created exclusively),
 // never to stdout. All records or none are made.
-func (c *Controller) TokenIssueMany(ctx context.Context, prefix string, count int, adopted bool, ttl time.Duration, out string) (TokenBatch, error) {
+func (c *Nodes) TokenIssueMany(ctx context.Context, prefix string, count int, adopted bool, ttl time.Duration, out string) (TokenBatch, error) {
 	if count < 1 || count > MaxNodesAtOnce {
 		return TokenBatch{}, ErrBadCount
 	}

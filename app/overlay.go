@@ -77,7 +77,7 @@ type Placed struct {
 // what was recorded, after judging it. In the same transaction it moves
 // the plans of every node whose overlay part changes (a placement changes
 // others' peers), then declares them.
-func (c *Controller) OverlayPlace(ctx context.Context, node string, p Placement) (Placed, error) {
+func (c *Nodes) OverlayPlace(ctx context.Context, node string, p Placement) (Placed, error) {
 	if err := CheckName(node); err != nil {
 		return Placed{}, err
 	}
@@ -128,7 +128,7 @@ func (c *Controller) OverlayPlace(ctx context.Context, node string, p Placement)
 }
 
 // OverlayShow computes the overlay as the mesh has it now.
-func (c *Controller) OverlayShow(ctx context.Context) (overlay.Mesh, error) {
+func (c *Nodes) OverlayShow(ctx context.Context) (overlay.Mesh, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return overlay.Mesh{}, err

@@ -43,7 +43,7 @@ func TestMergeSettings(t *testing.T) {
 
 // plannedMesh makes a mesh of nodes with modules assigned in its stores (no
 // daemon): nodes x perNode assignments over a pool of modules.
-func plannedMesh(t testing.TB, nodes, perNode, modules int) *Controller {
+func plannedMesh(t testing.TB, nodes, perNode, modules int) *testApp {
 	t.Helper()
 	c, st := migrated(t)
 	ctx := context.Background()

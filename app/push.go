@@ -246,7 +246,7 @@ func toSealed(copies map[string][]licences.Copy) map[string][]plan.Sealed {
 // sendPlans declares the plans of nodes from a person's command, on the
 // mesh as it is once the command's writes are done: it rereads the
 // snapshot, then declares (declarePlans).
-func (c *Controller) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Pushed, error) {
+func (c uses) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
 	}
@@ -262,7 +262,7 @@ func (c *Controller) sendPlans(ctx context.Context, st *Stores, nodes []string) 
 // dials the broker once and, if none answers, keeps the declarations for
 // serve. snap must be read after the command's last inventory write: a
 // declaration records the plan version it was made from.
-func (c *Controller) declarePlans(ctx context.Context, st *Stores, snap *inventory.Snapshot, nodes []string) ([]Pushed, error) {
+func (c uses) declarePlans(ctx context.Context, st *Stores, snap *inventory.Snapshot, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
 	}
@@ -275,7 +275,7 @@ func (c *Controller) declarePlans(ctx context.Context, st *Stores, snap *invento
 
 // declareVia declares over a connection of its own to the broker, dialled
 // once for every node (none answering: kept for serve, and said).
-func (d *declarer) declareVia(ctx context.Context, c *Controller, st *Stores, snap *inventory.Snapshot, nodes []string) []Pushed {
+func (d *declarer) declareVia(ctx context.Context, c uses, st *Stores, snap *inventory.Snapshot, nodes []string) []Pushed {
 	if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
 		d.notSent = err.Error()
 	} else {
@@ -287,7 +287,7 @@ func (d *declarer) declareVia(ctx context.Context, c *Controller, st *Stores, sn
 
 // newDeclarer reads the signing key once for every declaration it makes;
 // the caller gives it a connection, or says in notSent why there is none.
-func (c *Controller) newDeclarer(ctx context.Context, st *Stores) (*declarer, error) {
+func (c uses) newDeclarer(ctx context.Context, st *Stores) (*declarer, error) {
 	key, err := st.Identity.SigningKey(ctx)
 	if err != nil {
 		return nil, err
@@ -309,12 +309,12 @@ type PushRequest struct {
 }
 
 // Push signs and sends nodes their declarations built from their plans.
-func (c *Controller) Push(ctx context.Context, r PushRequest) ([]Pushed, error) {
+func (c *Modules) Push(ctx context.Context, r PushRequest) ([]Pushed, error) {
 	recorded := false // the hand act, once whatever the tries
 	return retryAct(ctx, func() ([]Pushed, error) { return c.push(ctx, r, &recorded) })
 }
 
-func (c *Controller) push(ctx context.Context, r PushRequest, recorded *bool) ([]Pushed, error) {
+func (c uses) push(ctx context.Context, r PushRequest, recorded *bool) ([]Pushed, error) {
 	if r.Node != "" {
 		if err := CheckName(r.Node); err != nil {
 			return nil, err
@@ -394,7 +394,7 @@ type PlanView struct {
 }
 
 // PlanShow computes one node's plan.
-func (c *Controller) PlanShow(ctx context.Context, node string) (PlanView, error) {
+func (c *Modules) PlanShow(ctx context.Context, node string) (PlanView, error) {
 	if err := CheckName(node); err != nil {
 		return PlanView{}, err
 	}

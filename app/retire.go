@@ -17,7 +17,7 @@ type Waiting struct {
 }
 
 // Retire lists every provider waiting for a person to approve a retirement.
-func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
+func (c *Seats) Retire(ctx context.Context) ([]Waiting, error) {
 	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -43,7 +43,7 @@ func (c *Controller) Retire(ctx context.Context) ([]Waiting, error) {
 
 // RetireDecide approves (access off, data kept) or rejects (kept active;
 // retire.rejected stays open) the retirements a provider waits with: a hand act.
-func (c *Controller) RetireDecide(ctx context.Context, node, module, why string, approve bool) ([]inventory.Consumer, []Pushed, error) {
+func (c *Seats) RetireDecide(ctx context.Context, node, module, why string, approve bool) ([]inventory.Consumer, []Pushed, error) {
 	type decision struct {
 		decided []inventory.Consumer
 		pushed  []Pushed
@@ -56,7 +56,7 @@ func (c *Controller) RetireDecide(ctx context.Context, node, module, why string,
 	return got.decided, got.pushed, err
 }
 
-func (c *Controller) retireDecide(ctx context.Context, node, module, why string, approve bool, recorded *bool) ([]inventory.Consumer, []Pushed, error) {
+func (c uses) retireDecide(ctx context.Context, node, module, why string, approve bool, recorded *bool) ([]inventory.Consumer, []Pushed, error) {
 	if err := CheckNames(node, module); err != nil {
 		return nil, nil, err
 	}

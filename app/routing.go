@@ -28,7 +28,7 @@ type RoutingView struct {
 }
 
 // NodeRouting shows what a node routes.
-func (c *Controller) NodeRouting(ctx context.Context, node string) (RoutingView, error) {
+func (c *Nodes) NodeRouting(ctx context.Context, node string) (RoutingView, error) {
 	if err := CheckName(node); err != nil {
 		return RoutingView{}, err
 	}
@@ -46,7 +46,7 @@ func (c *Controller) NodeRouting(ctx context.Context, node string) (RoutingView,
 // SetPublicDomain sets the domain a node's routed names are composed under
 // ("" clears it) after judging it (protocol.CheckDomain). A change moves
 // the node's plan in the same transaction, then declares it.
-func (c *Controller) SetPublicDomain(ctx context.Context, node, domain string) (RoutingView, error) {
+func (c *Nodes) SetPublicDomain(ctx context.Context, node, domain string) (RoutingView, error) {
 	if err := CheckName(node); err != nil {
 		return RoutingView{}, err
 	}
@@ -62,7 +62,7 @@ func (c *Controller) SetPublicDomain(ctx context.Context, node, domain string) (
 // judging them together (protocol.CheckNetworks); they are kept and
 // declared in the mesh's order. A change moves the node's plan and
 // declares it, as SetPublicDomain does.
-func (c *Controller) SetNetworks(ctx context.Context, node string, networks []string) (RoutingView, error) {
+func (c *Nodes) SetNetworks(ctx context.Context, node string, networks []string) (RoutingView, error) {
 	if err := CheckName(node); err != nil {
 		return RoutingView{}, err
 	}
@@ -83,7 +83,7 @@ func (c *Controller) SetNetworks(ctx context.Context, node string, networks []st
 // outsideMeshOverlay refuses a network that overlaps the mesh's own ULA
 // prefix, naming it (protocol.CheckNetworks refuses all of fd00::/8, but
 // the mesh's /48 is what a person can look up in overlay show).
-func (c *Controller) outsideMeshOverlay(ctx context.Context, networks []string) error {
+func (c uses) outsideMeshOverlay(ctx context.Context, networks []string) error {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return err
@@ -106,7 +106,7 @@ func (c *Controller) outsideMeshOverlay(ctx context.Context, networks []string) 
 
 // changeRouting makes one routing change and, if it changed anything,
 // declares the node's plan.
-func (c *Controller) changeRouting(ctx context.Context, node string, set func(*Stores) (bool, error)) (RoutingView, error) {
+func (c uses) changeRouting(ctx context.Context, node string, set func(*Stores) (bool, error)) (RoutingView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return RoutingView{}, err
@@ -133,7 +133,7 @@ func (c *Controller) changeRouting(ctx context.Context, node string, set func(*S
 // reported none), kept open unless closeSSH. Ports exposed to the overlay
 // are open to it once the node has an overlay part. It returns the renderer's input and
 // the ruleset rendered from it: what a declaration would carry.
-func (c *Controller) FilterFor(ctx context.Context, node string, closeSSH bool) (nftables.Input, string, error) {
+func (c *Nodes) FilterFor(ctx context.Context, node string, closeSSH bool) (nftables.Input, string, error) {
 	if err := CheckName(node); err != nil {
 		return nftables.Input{}, "", err
 	}

@@ -26,7 +26,7 @@ var (
 )
 
 // Seats lists every seat any registered manifest defines.
-func (c *Controller) Seats(ctx context.Context) ([]inventory.SeatView, error) {
+func (c *Seats) Seats(ctx context.Context) ([]inventory.SeatView, error) {
 	_, snap, err := c.storesAndSnapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -45,7 +45,7 @@ func findSeat(snap *inventory.Snapshot, name string) (inventory.SeatView, error)
 }
 
 // SeatRename renames a seat; the former name still resolves.
-func (c *Controller) SeatRename(ctx context.Context, from, to string) error {
+func (c *Seats) SeatRename(ctx context.Context, from, to string) error {
 	if err := CheckNames(from, to); err != nil {
 		return err
 	}
@@ -104,12 +104,12 @@ type HandoverRequest struct {
 // to a replicated seat. A new holder that would start without precious data
 // the old holder kept is said first, and needs Yes; that choice is recorded
 // in the hand-act log with its Why.
-func (c *Controller) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
+func (c *Seats) SeatHandover(ctx context.Context, r HandoverRequest) (Handover, error) {
 	recorded := false // the hand act, once whatever the tries
 	return retryAct(ctx, func() (Handover, error) { return c.seatHandover(ctx, r, &recorded) })
 }
 
-func (c *Controller) seatHandover(ctx context.Context, r HandoverRequest, recorded *bool) (Handover, error) {
+func (c uses) seatHandover(ctx context.Context, r HandoverRequest, recorded *bool) (Handover, error) {
 	name, to, add, yes := r.Seat, r.To, r.Add, r.Yes
 	node, module, err := parseHolder(to)
 	if err != nil {
@@ -271,12 +271,12 @@ type PinRequest struct {
 // binding whose provider keeps precious data for its consumer says the
 // empty replacement first, and needs Yes; that choice is recorded in the
 // hand-act log with its Why.
-func (c *Controller) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
+func (c *Seats) Pin(ctx context.Context, r PinRequest) (Pinned, error) {
 	recorded := false // the hand act, once whatever the tries
 	return retryAct(ctx, func() (Pinned, error) { return c.pin(ctx, r, &recorded) })
 }
 
-func (c *Controller) pin(ctx context.Context, r PinRequest, recorded *bool) (Pinned, error) {
+func (c uses) pin(ctx context.Context, r PinRequest, recorded *bool) (Pinned, error) {
 	node, provision, fromNode, module, yes := r.Node, r.Provision, r.FromNode, r.Module, r.Yes
 	if err := CheckNames(node, provision, fromNode, module); err != nil {
 		return Pinned{}, err
@@ -351,11 +351,11 @@ func withBindings(after *inventory.Snapshot, ch inventory.Change, bumps ...strin
 
 // Unpin puts the choice back to the mesh; a binding whose provider keeps
 // precious data for its consumer stays where it is (stickiness).
-func (c *Controller) Unpin(ctx context.Context, node, provision string) (Pinned, error) {
+func (c *Seats) Unpin(ctx context.Context, node, provision string) (Pinned, error) {
 	return retryAct(ctx, func() (Pinned, error) { return c.unpin(ctx, node, provision) })
 }
 
-func (c *Controller) unpin(ctx context.Context, node, provision string) (Pinned, error) {
+func (c uses) unpin(ctx context.Context, node, provision string) (Pinned, error) {
 	if err := CheckNames(node, provision); err != nil {
 		return Pinned{}, err
 	}
@@ -390,7 +390,7 @@ type Rotated struct {
 // Rotate makes new per-consumer credentials for a provision (one consumer's,
 // or one module's), and sends provider and consumers their declarations in
 // one push, so both ends change together. The old values are not kept.
-func (c *Controller) Rotate(ctx context.Context, provision, consumer, module string) (Rotated, error) {
+func (c *Seats) Rotate(ctx context.Context, provision, consumer, module string) (Rotated, error) {
 	if err := CheckName(provision); err != nil {
 		return Rotated{}, err
 	}
@@ -443,7 +443,7 @@ func (c *Controller) Rotate(ctx context.Context, provision, consumer, module str
 var ErrNothingToRotate = errors.New("no binding gives a per-consumer credential for it")
 
 // recordHand records a hand act through the one path every command uses.
-func (c *Controller) recordHand(ctx context.Context, what, why, cause, condition string) error {
+func (c uses) recordHand(ctx context.Context, what, why, cause, condition string) error {
 	if why == "" {
 		return health.ErrNoWhy
 	}

@@ -85,7 +85,7 @@ func writeExclusive(path string, b []byte) error {
 }
 
 // OperatorKeySet tells the mesh which key to seal to from now on.
-func (c *Controller) OperatorKeySet(ctx context.Context, public string, replace bool) (previous string, err error) {
+func (c *Secrets) OperatorKeySet(ctx context.Context, public string, replace bool) (previous string, err error) {
 	if _, err := age.ParseX25519Recipient(public); err != nil {
 		return "", fmt.Errorf("%q %w", public, ErrBadRecipient)
 	}
@@ -114,7 +114,7 @@ type OperatorKeyView struct {
 }
 
 // OperatorKeyShow shows the operator key and what it can recover.
-func (c *Controller) OperatorKeyShow(ctx context.Context) (OperatorKeyView, error) {
+func (c *Secrets) OperatorKeyShow(ctx context.Context) (OperatorKeyView, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return OperatorKeyView{}, err
@@ -192,7 +192,7 @@ func nodeRecipient(ctx context.Context, ids *identity.Store, node string) (strin
 
 // SecretAccept takes a value a person has for a module on a node, seals it
 // to the node and the operator key at once, and sends the node its plan.
-func (c *Controller) SecretAccept(ctx context.Context, node, module, name string, v protocol.Secret) ([]Pushed, error) {
+func (c *Secrets) SecretAccept(ctx context.Context, node, module, name string, v protocol.Secret) ([]Pushed, error) {
 	if err := CheckNames(node, module); err != nil {
 		return nil, err
 	}
@@ -284,7 +284,7 @@ const exportKind = "mesh-controller secret export"
 
 // SecretExport writes every operator-sealed copy as one JSON document, to
 // out (created 0600, never overwritten) or, if out is "", returns it.
-func (c *Controller) SecretExport(ctx context.Context, out string) ([]byte, int, error) {
+func (c *Secrets) SecretExport(ctx context.Context, out string) ([]byte, int, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -347,7 +347,7 @@ type Recovered struct {
 // SecretRecover opens the operator-sealed copy with the operator key into a
 // new 0600 file, and records the act (never the value). A licence's token
 // is recovered the same way (r.Licence).
-func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
+func (c *Secrets) SecretRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
 	if r.Licence != "" {
 		return c.licenceRecover(ctx, r)
 	}
@@ -368,7 +368,7 @@ func (c *Controller) SecretRecover(ctx context.Context, r RecoverRequest) (Recov
 }
 
 // licenceRecover opens a licence's own operator copy of a version.
-func (c *Controller) licenceRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
+func (c uses) licenceRecover(ctx context.Context, r RecoverRequest) (Recovered, error) {
 	if err := CheckName(r.Licence); err != nil {
 		return Recovered{}, err
 	}
@@ -391,7 +391,7 @@ func (c *Controller) licenceRecover(ctx context.Context, r RecoverRequest) (Reco
 // recoverCopy opens the copy find gives (st is nil when reading an export
 // needs no store) with the operator key into r.Out, checks it is want, and
 // records the act as what, read from source (or the export).
-func (c *Controller) recoverCopy(ctx context.Context, r RecoverRequest, want protocol.Label, what, source string, find func(st *Stores) (string, error)) (Recovered, error) {
+func (c uses) recoverCopy(ctx context.Context, r RecoverRequest, want protocol.Label, what, source string, find func(st *Stores) (string, error)) (Recovered, error) {
 	if _, err := os.Lstat(r.Out); err == nil {
 		return Recovered{}, fmt.Errorf("%s %w", r.Out, errOutExists)
 	}

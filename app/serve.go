@@ -85,7 +85,7 @@ type Ready = daemon.Ready
 // Serve is the daemon (app/daemon) on this controller's stores, scheduling
 // this controller's use cases. It returns when ctx ends, having stopped the
 // broker and given the lease back.
-func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
+func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	if o.Metrics != nil {
 		defer o.Metrics.Close()
 	}
@@ -133,11 +133,11 @@ func (c *Controller) Serve(ctx context.Context, o ServeOptions) error {
 	u := daemon.UseCases{
 		Now:         c.Now,
 		Credentials: &serveCredentials{keys: sv.keys, ids: st.Identity, external: c.Broker != ""},
-		Hosts:       &serveHosts{sv: sv, check: CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Notify: notify}},
-		Builds:      serveBuilds{c},
-		Backups:     c,
-		Archives:    &serveArchives{c: c, lic: st.Licences},
-		DueActs:     serveDueActs{c: c, st: st},
+		Hosts:       &serveHosts{sv: sv, health: c.health, check: CheckOptions{Bounds: o.Bounds, FromDurations: o.BoundsFromDurations, Notify: notify}},
+		Builds:      serveBuilds{c.builds},
+		Backups:     c.seats,
+		Archives:    &serveArchives{builds: c.builds, modules: c.modules, lic: st.Licences},
+		DueActs:     serveDueActs{c: c.licences, st: st},
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: log, BrokerStore: filepath.Join(c.DataDir, "broker"),
@@ -188,13 +188,13 @@ func (st *Stores) raiseFences(ctx context.Context, generation int64) error {
 // broker keys and signing key do not change while it serves, and each of
 // thousands of joins arriving at once signs with both.
 type serving struct {
-	c      *Controller
+	c      uses
 	st     *Stores
 	keys   broker.Keys
 	signer identity.SigningKey
 }
 
-func (c *Controller) serving(ctx context.Context) (*serving, error) {
+func (c uses) serving(ctx context.Context) (*serving, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
 		return nil, err
@@ -334,7 +334,7 @@ var tokenRefusals = map[error]string{
 // behind its plan (changed while no broker was reachable); at start it also
 // resends their latest to nodes that have not applied it. made counts the
 // nodes it made secrets for.
-func (c *Controller) catchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) (out []daemon.Declared, made int, err error) {
+func (c uses) catchUp(ctx context.Context, nc *nats.Conn, ask daemon.CatchUpAsk) (out []daemon.Declared, made int, err error) {
 	if !ask.Thorough {
 		st, err := c.stores(ctx)
 		if err != nil {
@@ -363,7 +363,7 @@ const actUnderWayFor = 2 * time.Minute
 
 // actUnderWay says whether a person's act is under way: recorded, its time
 // not run out, and its process not known to be gone.
-func (c *Controller) actUnderWay(ctx context.Context, st *Stores) (bool, error) {
+func (c uses) actUnderWay(ctx context.Context, st *Stores) (bool, error) {
 	acts, err := st.Inventory.ActsUnderWay(ctx, c.Now())
 	if err != nil {
 		return false, err
@@ -379,7 +379,7 @@ func (c *Controller) actUnderWay(ctx context.Context, st *Stores) (bool, error) 
 
 // catchUpFrom is catchUp from a snapshot already read: an act may have
 // declared since.
-func (c *Controller) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
+func (c uses) catchUpFrom(ctx context.Context, nc *nats.Conn, st *Stores, snap *inventory.Snapshot, start bool) (out []daemon.Declared, made int, err error) {
 	if !start {
 		// A person's act is making its users and secrets and declaring its
 		// nodes: doing it beside it would make them twice (revoking the
@@ -473,7 +473,8 @@ func (s *serveCredentials) Trust(ctx context.Context) (broker.Trust, error) {
 
 // serveHosts admit hosts, keep them declared and judge the mesh.
 type serveHosts struct {
-	sv *serving
+	sv     *serving
+	health *Health
 	// check is how the self-check judges (its bounds, the alert hook);
 	// the holder, connection and logger are the daemon's.
 	check CheckOptions
@@ -493,13 +494,13 @@ func (h *serveHosts) CatchUp(ctx context.Context, nc *nats.Conn, ask daemon.Catc
 func (h *serveHosts) SelfCheck(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) ([]health.Condition, error) {
 	o := h.check
 	o.Holder, o.NC, o.Logger = holder, nc, log
-	r, err := h.sv.c.SelfCheck(ctx, o)
+	r, err := h.health.SelfCheck(ctx, o)
 	return r.Open, err
 }
 
 // serveBuilds are the controller's build acts; ReAsk asks a dead build
 // again under a new id.
-type serveBuilds struct{ *Controller }
+type serveBuilds struct{ *Builds }
 
 // ReAsk asks a build again, not waiting for it.
 func (b serveBuilds) ReAsk(ctx context.Context, id string) error {
@@ -510,13 +511,14 @@ func (b serveBuilds) ReAsk(ctx context.Context, id string) error {
 // serveArchives serve the archives hosts run, and sweep what no one needs
 // (with superseded licence versions past their grace period).
 type serveArchives struct {
-	c   *Controller
-	lic *licences.Store
+	builds  *Builds
+	modules *Modules
+	lic     *licences.Store
 }
 
 // ArchiveDeclared says whether node's latest declaration names the archive.
 func (a *serveArchives) ArchiveDeclared(ctx context.Context, node, digest string) (bool, error) {
-	return a.c.ArchiveDeclared(ctx, node, digest)
+	return a.builds.ArchiveDeclared(ctx, node, digest)
 }
 
 // Connected makes the archives bucket on the daemon's connection.
@@ -528,8 +530,8 @@ func (a *serveArchives) Connected(ctx context.Context, nc *nats.Conn, replicas i
 // sweep whatever became of the archives, the superseded licence versions
 // past their grace period.
 func (a *serveArchives) Sweep(ctx context.Context, nc *nats.Conn) (string, error) {
-	r, err := a.c.Sweep(ctx, nc)
-	n, derr := a.lic.Discard(ctx, a.c.Now(), maxDiscards)
+	r, err := a.modules.Sweep(ctx, nc)
+	n, derr := a.lic.Discard(ctx, a.modules.Now(), maxDiscards)
 	line := r.String()
 	if n > 0 {
 		line += fmt.Sprintf("; %s discarded", Plural(n, "superseded licence version"))
@@ -539,7 +541,7 @@ func (a *serveArchives) Sweep(ctx context.Context, nc *nats.Conn) (string, error
 
 // serveDueActs are the timed healers' acts: licences due a refresh.
 type serveDueActs struct {
-	c  *Controller
+	c  *Licences
 	st *Stores
 }
 

@@ -51,7 +51,7 @@ func (s StoreCopied) Rows() int64 {
 // schema up to this binary's first, copies in one transaction per target,
 // then reads both ends again and compares, per table, the rows and their
 // content digest. Targets done before a failing one stay copied.
-func (c *Controller) StoreCopy(ctx context.Context, targets map[string]string) ([]StoreCopied, error) {
+func (c *Copies) StoreCopy(ctx context.Context, targets map[string]string) ([]StoreCopied, error) {
 	var names []string
 	for name, dsn := range targets {
 		if !slices.Contains(Contexts, name) {

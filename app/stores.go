@@ -30,6 +30,9 @@ type Stores struct {
 	dbs map[string]*sqlite.DB
 	// failed are the stores that could not be opened, and why.
 	failed map[string]error
+	// named are the contexts a service's view holds (see view); nil for
+	// the process's own, which holds every one.
+	named []string
 }
 
 // DB is one context's open store, nil if it could not be opened.
@@ -62,10 +65,11 @@ var migrationsOf = sync.OnceValue(func() map[string][]sqlite.Migration {
 	return out
 })
 
-// openStores opens every context's store and checks each schema is exactly
-// what this binary knows. A store that cannot be opened is recorded in
-// failed and the others are still opened: the self-check reports each.
-func (c *Controller) openStores(ctx context.Context) *Stores {
+// OpenStores opens every context's store, once where the process starts,
+// and checks each schema is exactly what this binary knows. A store that
+// cannot be opened is recorded (Failed, Complete) and the others are still
+// opened: the self-check reports each, and every other use case refuses.
+func (c *Controller) OpenStores(ctx context.Context) *Stores {
 	st := &Stores{dbs: map[string]*sqlite.DB{}, failed: map[string]error{}}
 	for _, name := range Contexts {
 		db, err := c.openOne(ctx, name)
@@ -113,46 +117,16 @@ func (c *Controller) openOne(ctx context.Context, name string) (*sqlite.DB, erro
 	return db, nil
 }
 
-// stores returns the process's stores, opening them on first use. Every
-// store must open: a command never works on part of the mesh. A failure is
-// not kept, so a command run after 'migrate' in the same process succeeds.
-func (c *Controller) stores(ctx context.Context) (*Stores, error) {
-	st, release := c.checkStores(ctx)
+// Close closes every store the process opened.
+func (s *Stores) Close() error { return s.close() }
+
+// Complete is the first store that could not be opened, nil when every one
+// is open: a command never works on part of the mesh.
+func (s *Stores) Complete() error {
 	for _, name := range Contexts {
-		if err := st.failed[name]; err != nil {
-			release()
-			return nil, err
+		if err := s.failed[name]; err != nil {
+			return err
 		}
 	}
-	return st, nil
-}
-
-// storesAndSnapshot returns the process's stores and the mesh as it stood
-// when the command began: what nearly every command starts from.
-func (c *Controller) storesAndSnapshot(ctx context.Context) (*Stores, *inventory.Snapshot, error) {
-	st, err := c.stores(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	snap, err := st.Inventory.Snapshot(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return st, snap, nil
-}
-
-// Stores returns the process's stores, opened once (see stores).
-func (c *Controller) Stores(ctx context.Context) (*Stores, error) { return c.stores(ctx) }
-
-// Close closes the stores this process opened; the Controller may open them
-// again later.
-func (c *Controller) Close() error {
-	c.open.mu.Lock()
-	defer c.open.mu.Unlock()
-	if c.open.st == nil {
-		return nil
-	}
-	err := c.open.st.close()
-	c.open.st = nil
-	return err
+	return nil
 }

@@ -81,7 +81,7 @@ const takeDigestLen = 16
 // with the cutover in its declaration: its host stops what was approved,
 // then starts the module on the data already there, which it never wipes.
 // Either way the preview is remembered by its digest for a while.
-func (c *Controller) Take(ctx context.Context, r TakeRequest) (TakePreview, *Taken, error) {
+func (c *Nodes) Take(ctx context.Context, r TakeRequest) (TakePreview, *Taken, error) {
 	if err := CheckNames(r.Node, r.Module); err != nil {
 		return TakePreview{}, nil, err
 	}
@@ -137,7 +137,7 @@ func (c *Controller) Take(ctx context.Context, r TakeRequest) (TakePreview, *Tak
 		tk.Processes = append(tk.Processes, inventory.TakeProcess{Pid: pr.Pid, Command: pr.Command})
 	}
 	what := "take " + r.Node + " " + r.Module
-	out, err := c.AssignMany(ctx, ManyRequest{Nodes: []string{r.Node}, Modules: []string{r.Module}, Taken: tk})
+	out, err := (&Modules{c.uses}).AssignMany(ctx, ManyRequest{Nodes: []string{r.Node}, Modules: []string{r.Module}, Taken: tk})
 	if err != nil {
 		return p, nil, err
 	}
@@ -150,7 +150,7 @@ func (c *Controller) Take(ctx context.Context, r TakeRequest) (TakePreview, *Tak
 
 // look asks a node's host what runs there now (protocol.LookInbox) and
 // opens its signed answer with the host's key.
-func (c *Controller) look(ctx context.Context, st *Stores, node string, ask protocol.LookAsk) (protocol.LookAnswer, error) {
+func (c uses) look(ctx context.Context, st *Stores, node string, ask protocol.LookAsk) (protocol.LookAnswer, error) {
 	hosts, err := st.Identity.Hosts(ctx)
 	if err != nil {
 		return protocol.LookAnswer{}, err

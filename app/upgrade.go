@@ -57,7 +57,7 @@ var ErrRollOutStopped = errors.New("the roll-out stopped")
 // an older version (or has the current one only recorded), and those whose
 // host has not yet applied the declaration that carries it — a roll-out
 // judges by what hosts report applied.
-func (c *Controller) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
+func (c *Modules) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	v, err := c.upgrade(ctx, r)
 	if err != nil && ctx.Err() != nil && r.Action == "roll-out" {
 		err = interrupted(v, ctx.Err())
@@ -97,7 +97,7 @@ func interrupted(v UpgradeView, cause error) error {
 		ErrRollOutInterrupted, cause, v.Module, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), v.Module)
 }
 
-func (c *Controller) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
+func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	if err := CheckName(r.Module); err != nil {
 		return UpgradeView{}, err
 	}
@@ -234,7 +234,7 @@ func (c *Controller) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView
 // waitApplied waits, with one deadline for them all, until the hosts of
 // these steps report their declarations applied or failed; a node silent
 // past the deadline is said, not waited for one after another.
-func (c *Controller) waitApplied(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, r UpgradeRequest) error {
+func (c uses) waitApplied(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, r UpgradeRequest) error {
 	inv := st.Inventory
 	deadline := time.Now().Add(r.Wait)
 	// A module that runs is waited for until its host reports it ready at
@@ -334,7 +334,7 @@ func (c *Controller) waitApplied(ctx context.Context, st *Stores, snap *inventor
 // They are recorded pending (a record) or moved (a roll-out's step, its
 // nodes' plans with them) in one transaction, judged again if another act
 // committed in between. It returns the change committed.
-func (c *Controller) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeView, steps []int, move bool) (inventory.Change, error) {
+func (c uses) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeView, steps []int, move bool) (inventory.Change, error) {
 	if len(steps) == 0 {
 		return inventory.Change{}, nil
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/contexts/health"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -123,13 +124,13 @@ const apiTestAudience = "mesh-controller"
 
 // apiOn serves c's API on loopback through the server the command uses,
 // verifying tokens of is; it returns the base URL.
-func apiOn(t testing.TB, c *app.Controller, is *testIssuer, tweak func(*http.Server)) string {
+func apiOn(t testing.TB, c *apptest.Mesh, is *testIssuer, tweak func(*http.Server)) string {
 	t.Helper()
 	v, err := app.NewTokenVerifier(context.Background(), is.m.Issuer(), apiTestAudience, app.TokenVerifierOptions{RefetchEvery: is.refetch})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := app.APIServer(c.APIHandler(v, app.APIAccess{GroupsClaim: "groups", AdminGroup: "mesh-admin", ReadGroup: "mesh-read"}))
+	srv := app.APIServer(c.API.APIHandler(v, app.APIAccess{GroupsClaim: "groups", AdminGroup: "mesh-admin", ReadGroup: "mesh-read"}))
 	if tweak != nil {
 		tweak(srv)
 	}

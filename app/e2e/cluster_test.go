@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/broker/clustertest"
@@ -21,7 +22,7 @@ import (
 
 // natsCluster runs three nats-server processes configured as 'broker show
 // --config' prints for c, and points c at them.
-func natsCluster(t *testing.T, c *app.Controller) *clustertest.Cluster {
+func natsCluster(t *testing.T, c *apptest.Mesh) *clustertest.Cluster {
 	t.Helper()
 	cl := clustertest.Start(t, 3, func(n app.BrokerConfigRequest) (string, error) {
 		return c.BrokerConfig(context.Background(), n)

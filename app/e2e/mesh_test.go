@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 	"mesh-controller/embedded/broker"
@@ -29,7 +30,7 @@ import (
 // broker, real SQLite files, and real hosts. Nothing is mocked.
 type testMesh struct {
 	t      testing.TB
-	c      *app.Controller
+	c      *apptest.Mesh
 	listen string
 	url    string
 	count  *app.Counters
@@ -96,14 +97,16 @@ func textAttr(key string, value any) string {
 
 // newController is the controller on data dir dir, the one place the
 // suite makes one, so that what the use cases hang on changes here alone.
-func newController(t testing.TB, dir string) *app.Controller {
+func newController(t testing.TB, dir string) *apptest.Mesh {
 	t.Helper()
-	return app.New(dir)
+	c := apptest.New(dir)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // migrated is a controller on migrated stores in a temporary dir, no daemon,
 // and its stores.
-func migrated(t testing.TB) (*app.Controller, *app.Stores) {
+func migrated(t testing.TB) (*apptest.Mesh, *app.Stores) {
 	t.Helper()
 	c := newController(t, t.TempDir())
 	c.Getenv = func(string) string { return "" }
@@ -119,7 +122,7 @@ func migrated(t testing.TB) (*app.Controller, *app.Stores) {
 
 // withOperator sets a new operator key on c and returns its identity, which
 // opens what is sealed to the operator (backups, break-glass copies).
-func withOperator(t testing.TB, c *app.Controller) *age.X25519Identity {
+func withOperator(t testing.TB, c *apptest.Mesh) *age.X25519Identity {
 	t.Helper()
 	op, err := age.GenerateX25519Identity()
 	if err != nil {

@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
 
 // plannedMesh makes a mesh of nodes with modules assigned in its stores (no
 // daemon): nodes x perNode assignments over a pool of modules.
-func plannedMesh(t testing.TB, nodes, perNode, modules int) *app.Controller {
+func plannedMesh(t testing.TB, nodes, perNode, modules int) *apptest.Mesh {
 	t.Helper()
 	c, st := migrated(t)
 	ctx := context.Background()

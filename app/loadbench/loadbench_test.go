@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
 	"mesh-controller/embedded/sqlite/sqlitetest"
@@ -377,7 +378,7 @@ func absorbedBeats(t *testing.T, data string) int64 {
 // measured them.
 func fanOut(t *testing.T, c *controller, hosts int) {
 	ctx := context.Background()
-	a := app.New(c.data)
+	a := apptest.New(c.data)
 	defer a.Close()
 	manifest := func(version string) string {
 		f := filepath.Join(c.data, "fan-"+version+".json")

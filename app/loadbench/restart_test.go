@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -112,7 +113,7 @@ func benchHosts(t *testing.T, def int) int {
 // openStores is one handle on the stores in data for this process, as a
 // process opens each store once; closed when the test ends.
 func openStores(t *testing.T, data string) *app.Stores {
-	a := app.New(data)
+	a := apptest.New(data)
 	t.Cleanup(func() { a.Close() })
 	st, err := a.Stores(context.Background())
 	if err != nil {

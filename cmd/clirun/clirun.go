@@ -33,6 +33,10 @@ type Program struct {
 	// Bind makes what Run methods are given, once the command line is parsed;
 	// ctx ends on SIGINT or SIGTERM.
 	Bind func(ctx context.Context) any
+	// Provide, if set, gives providers (kong's, made once each and only
+	// when a Run asks for what one returns), after Bind: what only some
+	// commands need, such as the stores and the services on them.
+	Provide func(ctx context.Context) []any
 	// Done, if set, is called once the command has run, to close what Bind
 	// opened (the stores a process opens once).
 	Done func()
@@ -82,7 +86,15 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 	if p.Done != nil {
 		defer p.Done()
 	}
-	if err := kctx.Run(p.Bind(ctx)); err != nil {
+	bound := p.Bind(ctx)
+	if p.Provide != nil {
+		for _, provider := range p.Provide(ctx) {
+			if err := kctx.BindSingletonProvider(provider); err != nil {
+				panic("clirun: " + err.Error()) // a provider of the wrong shape is a build defect
+			}
+		}
+	}
+	if err := kctx.Run(bound); err != nil {
 		var usage UsageError
 		if errors.As(err, &usage) {
 			fmt.Fprintf(stderr, "%s: %s, see '%s --help'\n", p.Name, OneLine(err.Error()), HelpPath(kctx.Selected()))

@@ -12,8 +12,8 @@ type AdoptCmd struct {
 }
 
 // Run adopts the node and sends its declaration.
-func (c *AdoptCmd) Run(env *Env) error {
-	p, err := env.App.Adopt(env.Ctx, string(c.Node))
+func (c *AdoptCmd) Run(env *Env, nd *app.Nodes) error {
+	p, err := nd.Adopt(env.Ctx, string(c.Node))
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ type APICmd struct {
 }
 
 // Run serves the API until SIGINT or SIGTERM.
-func (c *APICmd) Run(env *Env) error {
+func (c *APICmd) Run(env *Env, api app.API) error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return clirun.UsageError{Msg: "give --tls-cert and --tls-key together"}
 	}
@@ -50,7 +50,7 @@ func (c *APICmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	srv := app.APIServer(env.App.APIHandler(v, app.APIAccess{GroupsClaim: c.GroupsClaim, AdminGroup: c.AdminGroup, ReadGroup: c.ReadGroup}))
+	srv := app.APIServer(api.APIHandler(v, app.APIAccess{GroupsClaim: c.GroupsClaim, AdminGroup: c.AdminGroup, ReadGroup: c.ReadGroup}))
 	srv.TLSConfig = tlsConf
 	scheme := "http"
 	if tlsConf != nil {

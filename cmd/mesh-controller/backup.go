@@ -1,6 +1,8 @@
 package main
 
 import (
+	"mesh-controller/app"
+
 	"fmt"
 	"strings"
 )
@@ -11,8 +13,8 @@ type BackupCmd struct {
 }
 
 // Run backs every store up into one sealed file.
-func (c *BackupCmd) Run(env *Env) error {
-	b, err := env.App.Backup(env.Ctx, c.Out)
+func (c *BackupCmd) Run(env *Env, cps *app.Copies) error {
+	b, err := cps.Backup(env.Ctx, c.Out)
 	if err != nil {
 		return err
 	}

@@ -31,12 +31,12 @@ type DataBackupCmd struct {
 }
 
 // Run backs the sets up now.
-func (c *DataBackupCmd) Run(env *Env) error {
+func (c *DataBackupCmd) Run(env *Env, sts *app.Seats) error {
 	sets := make([]string, len(c.Sets))
 	for i, s := range c.Sets {
 		sets[i] = string(s)
 	}
-	done, err := env.App.DataBackup(env.Ctx, app.BackupRequest{Sets: sets, Why: c.Why, Wait: c.Wait})
+	done, err := sts.DataBackup(env.Ctx, app.BackupRequest{Sets: sets, Why: c.Why, Wait: c.Wait})
 	if c.JSON {
 		if done == nil {
 			done = []app.BackupDone{}
@@ -62,8 +62,8 @@ type DataSnapshotsCmd struct {
 }
 
 // Run lists the set's snapshots, newest first.
-func (c *DataSnapshotsCmd) Run(env *Env) error {
-	ss, err := env.App.DataSnapshots(env.Ctx, string(c.Set))
+func (c *DataSnapshotsCmd) Run(env *Env, sts *app.Seats) error {
+	ss, err := sts.DataSnapshots(env.Ctx, string(c.Set))
 	if err != nil {
 		return err
 	}
@@ -97,8 +97,8 @@ type DataRestoreCmd struct {
 }
 
 // Run restores the set.
-func (c *DataRestoreCmd) Run(env *Env) error {
-	r, err := env.App.DataRestore(env.Ctx, app.RestoreRequest{Set: string(c.Set), Snapshot: c.Snapshot, To: string(c.To), Why: c.Why, Wait: c.Wait})
+func (c *DataRestoreCmd) Run(env *Env, sts *app.Seats) error {
+	r, err := sts.DataRestore(env.Ctx, app.RestoreRequest{Set: string(c.Set), Snapshot: c.Snapshot, To: string(c.To), Why: c.Why, Wait: c.Wait})
 	if c.JSON {
 		if perr := printJSON(env.Stdout, r); perr != nil {
 			return perr
@@ -133,8 +133,8 @@ type DataVerifyCmd struct {
 }
 
 // Run drills a restore now.
-func (c *DataVerifyCmd) Run(env *Env) error {
-	o, err := env.App.DataVerify(env.Ctx, app.VerifyRequest{Set: string(c.Set), Wait: c.Wait})
+func (c *DataVerifyCmd) Run(env *Env, sts *app.Seats) error {
+	o, err := sts.DataVerify(env.Ctx, app.VerifyRequest{Set: string(c.Set), Wait: c.Wait})
 	if c.JSON {
 		if perr := printJSON(env.Stdout, o); perr != nil {
 			return perr

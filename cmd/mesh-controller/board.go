@@ -17,12 +17,12 @@ type BoardCmd struct {
 }
 
 // Run serves the page until SIGINT or SIGTERM. It holds nothing and writes nothing.
-func (c *BoardCmd) Run(env *Env) error {
+func (c *BoardCmd) Run(env *Env, hl *app.Health) error {
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: env.App.BoardHandler(app.BoardHosts(ln.Addr().String(), c.Host...)...), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: hl.BoardHandler(app.BoardHosts(ln.Addr().String(), c.Host...)...), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(env.Stdout, "board: http://%s/\n", ln.Addr())
 	go func() {
 		<-env.Ctx.Done()

@@ -38,7 +38,7 @@ type BuildRunCmd struct {
 }
 
 // Run queues the ask and follows it, or makes a plan and follows that.
-func (c *BuildRunCmd) Run(env *Env) error {
+func (c *BuildRunCmd) Run(env *Env, bld *app.Builds) error {
 	switch n := countTrue(c.Repository != "", c.Behind, c.On != ""); {
 	case n != 1:
 		return clirun.UsageError{Msg: "give a repository, --behind, or --on MODULE: one of them"}
@@ -47,7 +47,7 @@ func (c *BuildRunCmd) Run(env *Env) error {
 	}
 	progress := func(line string) { fmt.Fprintln(env.Stderr, line) }
 	if c.Repository == "" {
-		p, err := env.App.BuildPlan(env.Ctx, app.PlanRequest{Behind: c.Behind, On: c.On, NoWait: c.NoWait, Progress: progress})
+		p, err := bld.BuildPlan(env.Ctx, app.PlanRequest{Behind: c.Behind, On: c.On, NoWait: c.NoWait, Progress: progress})
 		if err != nil {
 			return err
 		}
@@ -78,7 +78,7 @@ func (c *BuildRunCmd) Run(env *Env) error {
 		}
 		return nil
 	}
-	a, err := env.App.Build(env.Ctx, app.BuildRequest{Repository: c.Repository, Ref: c.Ref, NoWait: c.NoWait, Progress: progress})
+	a, err := bld.Build(env.Ctx, app.BuildRequest{Repository: c.Repository, Ref: c.Ref, NoWait: c.NoWait, Progress: progress})
 	if err != nil {
 		return err
 	}
@@ -118,8 +118,8 @@ type PlansListCmd struct {
 }
 
 // Run lists the running and failed plans, then the latest ended.
-func (c *PlansListCmd) Run(env *Env) error {
-	ps, err := env.App.BuildPlans(env.Ctx)
+func (c *PlansListCmd) Run(env *Env, bld *app.Builds) error {
+	ps, err := bld.BuildPlans(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -154,8 +154,8 @@ type PlansRetryCmd struct {
 }
 
 // Run asks the failed builds again.
-func (c *PlansRetryCmd) Run(env *Env) error {
-	p, err := env.App.PlanRetry(env.Ctx, c.ID)
+func (c *PlansRetryCmd) Run(env *Env, bld *app.Builds) error {
+	p, err := bld.PlanRetry(env.Ctx, c.ID)
 	if err != nil {
 		return err
 	}
@@ -171,8 +171,8 @@ type PlansStopCmd struct {
 }
 
 // Run ends a running plan.
-func (c *PlansStopCmd) Run(env *Env) error {
-	p, inFlight, err := env.App.PlanStop(env.Ctx, c.ID, c.Why)
+func (c *PlansStopCmd) Run(env *Env, bld *app.Builds) error {
+	p, inFlight, err := bld.PlanStop(env.Ctx, c.ID, c.Why)
 	if err != nil {
 		return err
 	}
@@ -190,8 +190,8 @@ type PlansCloseCmd struct {
 }
 
 // Run ends a failed plan.
-func (c *PlansCloseCmd) Run(env *Env) error {
-	p, err := env.App.PlanClose(env.Ctx, c.ID, c.Why)
+func (c *PlansCloseCmd) Run(env *Env, bld *app.Builds) error {
+	p, err := bld.PlanClose(env.Ctx, c.ID, c.Why)
 	if err != nil {
 		return err
 	}
@@ -205,8 +205,8 @@ type CollectionCmd struct {
 }
 
 // Run lists the kept archives and what the sweep may let go.
-func (c *CollectionCmd) Run(env *Env) error {
-	col, err := env.App.Collection(env.Ctx)
+func (c *CollectionCmd) Run(env *Env, md *app.Modules) error {
+	col, err := md.Collection(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -246,8 +246,8 @@ type BuildsCmd struct {
 }
 
 // Run lists the latest builds, newest first.
-func (c *BuildsCmd) Run(env *Env) error {
-	as, err := env.App.BuildsList(env.Ctx, string(c.Module))
+func (c *BuildsCmd) Run(env *Env, bld *app.Builds) error {
+	as, err := bld.BuildsList(env.Ctx, string(c.Module))
 	if err != nil {
 		return err
 	}
@@ -263,8 +263,8 @@ type QueueCmd struct {
 }
 
 // Run lists the asks waiting, in flight and dead.
-func (c *QueueCmd) Run(env *Env) error {
-	as, err := env.App.BuildQueue(env.Ctx)
+func (c *QueueCmd) Run(env *Env, bld *app.Builds) error {
+	as, err := bld.BuildQueue(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -312,8 +312,8 @@ type CancelCmd struct {
 }
 
 // Run cancels a waiting or dead ask.
-func (c *CancelCmd) Run(env *Env) error {
-	a, err := env.App.BuildCancel(env.Ctx, c.ID, c.Why)
+func (c *CancelCmd) Run(env *Env, bld *app.Builds) error {
+	a, err := bld.BuildCancel(env.Ctx, c.ID, c.Why)
 	if err != nil {
 		return err
 	}
@@ -328,8 +328,8 @@ type ClearCmd struct {
 }
 
 // Run cancels every waiting ask (and the dead).
-func (c *ClearCmd) Run(env *Env) error {
-	n, err := env.App.BuildClear(env.Ctx, c.Dead, c.Why)
+func (c *ClearCmd) Run(env *Env, bld *app.Builds) error {
+	n, err := bld.BuildClear(env.Ctx, c.Dead, c.Why)
 	if err != nil {
 		return err
 	}
@@ -344,8 +344,8 @@ type RebuildCmd struct {
 }
 
 // Run asks again and follows the ask as build does.
-func (c *RebuildCmd) Run(env *Env) error {
-	a, err := env.App.Rebuild(env.Ctx, c.Target, app.BuildRequest{NoWait: c.NoWait, Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
+func (c *RebuildCmd) Run(env *Env, bld *app.Builds) error {
+	a, err := bld.Rebuild(env.Ctx, c.Target, app.BuildRequest{NoWait: c.NoWait, Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
 	if err != nil {
 		return err
 	}
@@ -364,8 +364,8 @@ type KillCmd struct {
 }
 
 // Run ends the build where it runs.
-func (c *KillCmd) Run(env *Env) error {
-	a, told, err := env.App.BuildKill(env.Ctx, c.ID, c.Why)
+func (c *KillCmd) Run(env *Env, bld *app.Builds) error {
+	a, told, err := bld.BuildKill(env.Ctx, c.ID, c.Why)
 	if err != nil {
 		return err
 	}
@@ -383,8 +383,8 @@ type PauseCmd struct {
 }
 
 // Run pauses.
-func (c *PauseCmd) Run(env *Env) error {
-	p, added, err := env.App.BuildPause(env.Ctx, string(c.Node), c.Why)
+func (c *PauseCmd) Run(env *Env, bld *app.Builds) error {
+	p, added, err := bld.BuildPause(env.Ctx, string(c.Node), c.Why)
 	if err != nil {
 		return err
 	}
@@ -407,8 +407,8 @@ type ResumeCmd struct {
 }
 
 // Run resumes.
-func (c *ResumeCmd) Run(env *Env) error {
-	ps, err := env.App.BuildResume(env.Ctx, string(c.Node))
+func (c *ResumeCmd) Run(env *Env, bld *app.Builds) error {
+	ps, err := bld.BuildResume(env.Ctx, string(c.Node))
 	if err != nil {
 		return err
 	}
@@ -433,8 +433,8 @@ type BuilderIssueCmd struct {
 }
 
 // Run prints the .creds document.
-func (c *BuilderIssueCmd) Run(env *Env) error {
-	creds, err := env.App.BuilderIssue(env.Ctx, string(c.Node))
+func (c *BuilderIssueCmd) Run(env *Env, bld *app.Builds) error {
+	creds, err := bld.BuilderIssue(env.Ctx, string(c.Node))
 	if err != nil {
 		return err
 	}
@@ -453,14 +453,14 @@ type ReplayCmd struct {
 }
 
 // Run builds the commit again.
-func (c *ReplayCmd) Run(env *Env) error {
+func (c *ReplayCmd) Run(env *Env, bld *app.Builds) error {
 	if c.Older && !c.Register {
 		return clirun.UsageError{Msg: "--older goes with --register"}
 	}
 	if c.Register && c.Why == "" {
 		return clirun.UsageError{Msg: "--register is a hand act: add --why"}
 	}
-	a, err := env.App.Replay(env.Ctx, c.ID, c.Register, c.Older, c.Why, app.BuildRequest{NoWait: c.NoWait,
+	a, err := bld.Replay(env.Ctx, c.ID, c.Register, c.Older, c.Why, app.BuildRequest{NoWait: c.NoWait,
 		Progress: func(line string) { fmt.Fprintln(env.Stderr, line) }})
 	if err != nil {
 		return err

@@ -20,7 +20,7 @@ type ConvergeCmd struct {
 }
 
 // Run previews, or converges.
-func (c *ConvergeCmd) Run(env *Env) error {
+func (c *ConvergeCmd) Run(env *Env, md *app.Modules) error {
 	again := "mesh-controller converge " + string(c.Node)
 	if c.Filter != "" {
 		again += " --filter " + c.Filter
@@ -34,7 +34,7 @@ func (c *ConvergeCmd) Run(env *Env) error {
 	if c.Yes != "" && !takeDigestRule.MatchString(c.Yes) {
 		return clirun.UsageError{Msg: fmt.Sprintf("--yes %q is not a digest: give the hex digest '%s' printed", c.Yes, again)}
 	}
-	p, done, err := env.App.Converge(env.Ctx, app.ConvergeRequest{Node: string(c.Node), Filter: c.Filter, CloseSSH: c.CloseSSH, Yes: c.Yes})
+	p, done, err := md.Converge(env.Ctx, app.ConvergeRequest{Node: string(c.Node), Filter: c.Filter, CloseSSH: c.CloseSSH, Yes: c.Yes})
 	if err != nil {
 		return err
 	}

@@ -15,12 +15,12 @@ type DeclareCmd struct {
 }
 
 // Run signs, keeps and sends the declaration.
-func (c *DeclareCmd) Run(env *Env) error {
+func (c *DeclareCmd) Run(env *Env, md *app.Modules) error {
 	body, err := app.ReadInput(string(c.File), protocol.MaxDeclarationBytes, "a declaration")
 	if err != nil {
 		return err
 	}
-	d, err := env.App.Declare(env.Ctx, app.DeclareRequest{Node: string(c.Node), Body: body, From: string(c.File), Why: c.Why})
+	d, err := md.Declare(env.Ctx, app.DeclareRequest{Node: string(c.Node), Body: body, From: string(c.File), Why: c.Why})
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,8 @@ type StatusCmd struct {
 }
 
 // Run answers three questions; it exits 0 whatever it finds.
-func (c *StatusCmd) Run(env *Env) error {
-	v, err := env.App.Status(env.Ctx)
+func (c *StatusCmd) Run(env *Env, hl *app.Health) error {
+	v, err := hl.Status(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -80,8 +80,8 @@ type ConditionsListCmd struct {
 }
 
 // Run lists conditions.
-func (c *ConditionsListCmd) Run(env *Env) error {
-	cs, err := env.App.Conditions(env.Ctx, app.ConditionFilter{Scope: c.Scope, Severity: c.Severity, Machine: c.Machine})
+func (c *ConditionsListCmd) Run(env *Env, hl *app.Health) error {
+	cs, err := hl.Conditions(env.Ctx, app.ConditionFilter{Scope: c.Scope, Severity: c.Severity, Machine: c.Machine})
 	if err != nil {
 		return err
 	}
@@ -107,8 +107,8 @@ type ConditionsShowCmd struct {
 }
 
 // Run shows one condition.
-func (c *ConditionsShowCmd) Run(env *Env) error {
-	d, err := env.App.ConditionShow(env.Ctx, c.Key)
+func (c *ConditionsShowCmd) Run(env *Env, hl *app.Health) error {
+	d, err := hl.ConditionShow(env.Ctx, c.Key)
 	if err != nil {
 		return err
 	}
@@ -147,8 +147,8 @@ type ConditionsSilenceCmd struct {
 }
 
 // Run silences.
-func (c *ConditionsSilenceCmd) Run(env *Env) error {
-	cd, err := env.App.ConditionSilence(env.Ctx, c.Key, c.For, c.Why)
+func (c *ConditionsSilenceCmd) Run(env *Env, hl *app.Health) error {
+	cd, err := hl.ConditionSilence(env.Ctx, c.Key, c.For, c.Why)
 	if err != nil {
 		return err
 	}
@@ -164,8 +164,8 @@ type ConditionsHistoryCmd struct {
 }
 
 // Run lists the history.
-func (c *ConditionsHistoryCmd) Run(env *Env) error {
-	h, err := env.App.ConditionsHistory(env.Ctx, c.Days, c.Key)
+func (c *ConditionsHistoryCmd) Run(env *Env, hl *app.Health) error {
+	h, err := hl.ConditionsHistory(env.Ctx, c.Days, c.Key)
 	if err != nil {
 		return err
 	}
@@ -192,15 +192,15 @@ type DoctorLastCmd struct {
 }
 
 // Run prints the last verdict.
-func (c *DoctorLastCmd) Run(env *Env) error {
-	v, err := env.App.DoctorLast(env.Ctx)
+func (c *DoctorLastCmd) Run(env *Env, hl *app.Health) error {
+	v, err := hl.DoctorLast(env.Ctx)
 	if err != nil {
 		return err
 	}
-	return printVerdict(env, v, c.JSON)
+	return printVerdict(env, v, c.JSON, hl)
 }
 
-func printVerdict(env *Env, v health.Verdict, asJSON bool) error {
+func printVerdict(env *Env, v health.Verdict, asJSON bool, hl *app.Health) error {
 	if asJSON {
 		return printJSON(env.Stdout, v)
 	}
@@ -211,7 +211,7 @@ func printVerdict(env *Env, v health.Verdict, asJSON bool) error {
 	fmt.Fprintf(env.Stdout, "self-check at %s: %s; %s (%d raised, %d changed, %d cleared) in %.1f ms\n",
 		v.At.Format(timeShown), state, app.Plural(v.Open, "open condition"), v.Raised, v.Changed, v.Cleared, v.TookMS)
 	// Which controller serves is said as it is now, not as at the check.
-	if cv, err := env.App.Controllers(env.Ctx); err == nil {
+	if cv, err := hl.Controllers(env.Ctx); err == nil {
 		fmt.Fprintf(env.Stdout, "  now: %s\n", cv)
 	}
 	for _, p := range v.Probes {
@@ -230,15 +230,15 @@ type DoctorRunCmd struct {
 }
 
 // Run runs the self-check.
-func (c *DoctorRunCmd) Run(env *Env) error {
-	r, err := env.App.SelfCheck(env.Ctx, app.CheckOptions{Log: func(line string) { fmt.Fprintln(env.Stderr, line) }})
+func (c *DoctorRunCmd) Run(env *Env, hl *app.Health) error {
+	r, err := hl.SelfCheck(env.Ctx, app.CheckOptions{Log: func(line string) { fmt.Fprintln(env.Stderr, line) }})
 	if err != nil {
 		return err
 	}
 	if c.JSON {
 		return printJSON(env.Stdout, r)
 	}
-	return printVerdict(env, r.Verdict, false)
+	return printVerdict(env, r.Verdict, false, hl)
 }
 
 // DoctorProbesCmd is doctor probes.
@@ -247,8 +247,8 @@ type DoctorProbesCmd struct {
 }
 
 // Run lists the last run's probes.
-func (c *DoctorProbesCmd) Run(env *Env) error {
-	v, err := env.App.DoctorLast(env.Ctx)
+func (c *DoctorProbesCmd) Run(env *Env, hl *app.Health) error {
+	v, err := hl.DoctorLast(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -267,8 +267,8 @@ type DoctorSignalsCmd struct {
 }
 
 // Run lists signals.
-func (c *DoctorSignalsCmd) Run(env *Env) error {
-	sigs, err := env.App.DoctorSignals(env.Ctx)
+func (c *DoctorSignalsCmd) Run(env *Env, hl *app.Health) error {
+	sigs, err := hl.DoctorSignals(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -303,8 +303,8 @@ type HandActRecordCmd struct {
 }
 
 // Run records it.
-func (c *HandActRecordCmd) Run(env *Env) error {
-	a, err := env.App.HandActRecord(env.Ctx, c.What, c.Why, c.Cause, c.Condition)
+func (c *HandActRecordCmd) Run(env *Env, hl *app.Health) error {
+	a, err := hl.HandActRecord(env.Ctx, c.What, c.Why, c.Cause, c.Condition)
 	if err != nil {
 		return err
 	}
@@ -319,8 +319,8 @@ type HandActsListCmd struct {
 }
 
 // Run lists hand acts and the causes that repeat.
-func (c *HandActsListCmd) Run(env *Env) error {
-	v, err := env.App.HandActs(env.Ctx, c.Days)
+func (c *HandActsListCmd) Run(env *Env, hl *app.Health) error {
+	v, err := hl.HandActs(env.Ctx, c.Days)
 	if err != nil {
 		return err
 	}
@@ -350,8 +350,8 @@ type DurationsCmd struct {
 }
 
 // Run prints count, p50, p90, p99, max per machine or module.
-func (c *DurationsCmd) Run(env *Env) error {
-	ds, err := env.App.Durations(env.Ctx, c.Kind, c.Days)
+func (c *DurationsCmd) Run(env *Env, hl *app.Health) error {
+	ds, err := hl.Durations(env.Ctx, c.Kind, c.Days)
 	if err != nil {
 		return err
 	}
@@ -379,8 +379,8 @@ type HealersListCmd struct {
 }
 
 // Run lists healers, their acts and the brake.
-func (c *HealersListCmd) Run(env *Env) error {
-	v, err := env.App.Healers(env.Ctx, c.Days)
+func (c *HealersListCmd) Run(env *Env, hl *app.Health) error {
+	v, err := hl.Healers(env.Ctx, c.Days)
 	if err != nil {
 		return err
 	}
@@ -411,8 +411,8 @@ type HealersReleaseCmd struct {
 }
 
 // Run releases the brake.
-func (c *HealersReleaseCmd) Run(env *Env) error {
-	if err := env.App.HealersRelease(env.Ctx, c.Why); err != nil {
+func (c *HealersReleaseCmd) Run(env *Env, hl *app.Health) error {
+	if err := hl.HealersRelease(env.Ctx, c.Why); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.Stdout, "the healers' brake is released: healers act again")

@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"mesh-controller/app"
+)
 
 // IdentityCmd groups identity commands.
 type IdentityCmd struct {
@@ -13,8 +17,8 @@ type IdentityShowCmd struct {
 }
 
 // Run prints the public half of the signing key.
-func (c *IdentityShowCmd) Run(env *Env) error {
-	v, err := env.App.IdentityShow(env.Ctx)
+func (c *IdentityShowCmd) Run(env *Env, nd *app.Nodes) error {
+	v, err := nd.IdentityShow(env.Ctx)
 	if err != nil {
 		return err
 	}

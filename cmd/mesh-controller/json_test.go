@@ -18,7 +18,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/nats-io/nkeys"
 
-	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/builds"
 	"mesh-controller/contexts/health"
@@ -196,7 +196,7 @@ func populate(t *testing.T, dir, examples string) {
 	mc(t, "hand-acts", "record", "restarted the switch again", "--why", "it hung again", "--cause", "network")
 
 	ctx := context.Background()
-	c := app.New(os.Getenv("MESH_DATA"))
+	c := apptest.New(os.Getenv("MESH_DATA"))
 	defer c.Close()
 	st, err := c.Stores(ctx)
 	if err != nil {

@@ -29,12 +29,12 @@ type LicenceAddCmd struct {
 }
 
 // Run reads the token and hands it to the mesh; the plaintext goes nowhere else.
-func (c *LicenceAddCmd) Run(env *Env) error {
+func (c *LicenceAddCmd) Run(env *Env, lcs *app.Licences) error {
 	token, err := readValue(env, c.From, "token of licence "+string(c.Name), "a licence's token")
 	if err != nil {
 		return err
 	}
-	r, err := env.App.LicenceAdd(env.Ctx, app.LicenceAddRequest{Name: string(c.Name), Provider: string(c.Provider), Refreshable: c.Refreshable,
+	r, err := lcs.LicenceAdd(env.Ctx, app.LicenceAddRequest{Name: string(c.Name), Provider: string(c.Provider), Refreshable: c.Refreshable,
 		Expires: c.Expires, Token: token})
 	clear(token.Reveal())
 	if err != nil {
@@ -58,7 +58,7 @@ type LicenceUseCmd struct {
 }
 
 // Run gives the licence, or takes it away.
-func (c *LicenceUseCmd) Run(env *Env) error {
+func (c *LicenceUseCmd) Run(env *Env, lcs *app.Licences) error {
 	switch {
 	case c.Stop && c.Key != "":
 		return clirun.UsageError{Msg: "--stop needs no --key: taking a licence away opens nothing"}
@@ -66,7 +66,7 @@ func (c *LicenceUseCmd) Run(env *Env) error {
 		return clirun.UsageError{Msg: "give --key OPERATOR-KEY: the mesh seals the licence to the node from the operator's copy, which only that key opens"}
 	}
 	if c.Stop {
-		pushed, err := env.App.LicenceStop(env.Ctx, string(c.Name), c.Holder)
+		pushed, err := lcs.LicenceStop(env.Ctx, string(c.Name), c.Holder)
 		if err != nil {
 			return err
 		}
@@ -74,7 +74,7 @@ func (c *LicenceUseCmd) Run(env *Env) error {
 		printPushed(env, pushed)
 		return nil
 	}
-	r, err := env.App.LicenceUse(env.Ctx, app.LicenceUseRequest{Name: string(c.Name), Holder: c.Holder, KeyFile: string(c.Key)})
+	r, err := lcs.LicenceUse(env.Ctx, app.LicenceUseRequest{Name: string(c.Name), Holder: c.Holder, KeyFile: string(c.Key)})
 	if err != nil {
 		return err
 	}
@@ -89,8 +89,8 @@ type LicenceListCmd struct {
 }
 
 // Run lists the licences.
-func (c *LicenceListCmd) Run(env *Env) error {
-	ls, err := env.App.LicenceList(env.Ctx)
+func (c *LicenceListCmd) Run(env *Env, lcs *app.Licences) error {
+	ls, err := lcs.LicenceList(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -123,8 +123,8 @@ type LicenceKeyCmd struct {
 }
 
 // Run shows what the licence holds and to whom it is sealed.
-func (c *LicenceKeyCmd) Run(env *Env) error {
-	v, err := env.App.LicenceKey(env.Ctx, string(c.Name))
+func (c *LicenceKeyCmd) Run(env *Env, lcs *app.Licences) error {
+	v, err := lcs.LicenceKey(env.Ctx, string(c.Name))
 	if err != nil {
 		return err
 	}
@@ -152,8 +152,8 @@ type LicenceManagerCmd struct {
 }
 
 // Run names the manager.
-func (c *LicenceManagerCmd) Run(env *Env) error {
-	r, err := env.App.LicenceManager(env.Ctx, app.LicenceManagerRequest{Name: string(c.Name), Manager: c.Manager, KeyFile: string(c.Key)})
+func (c *LicenceManagerCmd) Run(env *Env, lcs *app.Licences) error {
+	r, err := lcs.LicenceManager(env.Ctx, app.LicenceManagerRequest{Name: string(c.Name), Manager: c.Manager, KeyFile: string(c.Key)})
 	if err != nil {
 		return err
 	}
@@ -172,8 +172,8 @@ type LicenceRefreshCmd struct {
 }
 
 // Run refreshes the licence through its manager.
-func (c *LicenceRefreshCmd) Run(env *Env) error {
-	r, err := env.App.LicenceRefresh(env.Ctx, string(c.Name))
+func (c *LicenceRefreshCmd) Run(env *Env, lcs *app.Licences) error {
+	r, err := lcs.LicenceRefresh(env.Ctx, string(c.Name))
 	if err != nil {
 		return err
 	}

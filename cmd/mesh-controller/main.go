@@ -117,6 +117,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
 	var a *app.Controller
+	var st *app.Stores
 	return clirun.Program{
 		Name:    "mesh-controller",
 		Options: kongOptions(),
@@ -126,9 +127,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 			a.Broker = cli.Globals.Broker
 			return &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
 		},
+		// The stores are opened once, here, for the commands that ask for
+		// a service; each service is given only the stores it names.
+		Provide: func(ctx context.Context) []any {
+			return []any{
+				func() *app.Stores { st = a.OpenStores(ctx); return st },
+				func(st *app.Stores) *app.Nodes { return app.NewNodes(a, st) },
+				func(st *app.Stores) *app.Modules { return app.NewModules(a, st) },
+				func(st *app.Stores) *app.Seats { return app.NewSeats(a, st) },
+				func(st *app.Stores) *app.Secrets { return app.NewSecrets(a, st) },
+				func(st *app.Stores) *app.Licences { return app.NewLicences(a, st) },
+				func(st *app.Stores) *app.Builds { return app.NewBuilds(a, st) },
+				func(st *app.Stores) *app.Health { return app.NewHealth(a, st) },
+				func(st *app.Stores) *app.Copies { return app.NewCopies(a, st) },
+				func(st *app.Stores) *app.Server { return app.NewServer(a, st) },
+				func(st *app.Stores) app.API { return app.NewAPI(a, st) },
+			}
+		},
 		Done: func() {
-			if a != nil {
-				a.Close()
+			if st != nil {
+				st.Close()
 			}
 		},
 	}.Run(&cli, args, stdout, stderr)

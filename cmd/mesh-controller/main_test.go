@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/contexts/identity"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -192,8 +192,7 @@ func dropLater(admin, stmt string) {
 // cmdWaitServing waits (up to 20s) until a controller holds the lease of the
 // scenario's data dir, or with !, until none does.
 func cmdWaitServing(ts *testscript.TestScript, neg bool, args []string) {
-	c := app.New(ts.Getenv("MESH_DATA"))
-	c.Getenv = ts.Getenv
+	c := apptest.NewEnv(ts.Getenv("MESH_DATA"), ts.Getenv)
 	defer c.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -225,8 +224,7 @@ func cmdHostJoined(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(err)
 	nkey, err := user.PublicKey()
 	ts.Check(err)
-	c := app.New(ts.Getenv("MESH_DATA"))
-	c.Getenv = ts.Getenv
+	c := apptest.NewEnv(ts.Getenv("MESH_DATA"), ts.Getenv)
 	defer c.Close()
 	ctx := context.Background()
 	st, err := c.Stores(ctx)

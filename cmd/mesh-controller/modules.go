@@ -57,8 +57,8 @@ type ModuleAddCmd struct {
 }
 
 // Run registers the version.
-func (c *ModuleAddCmd) Run(env *Env) error {
-	a, err := env.App.ModuleAdd(env.Ctx, string(c.File), c.Source)
+func (c *ModuleAddCmd) Run(env *Env, md *app.Modules) error {
+	a, err := md.ModuleAdd(env.Ctx, string(c.File), c.Source)
 	if err != nil {
 		return err
 	}
@@ -89,8 +89,8 @@ type ModuleListCmd struct {
 }
 
 // Run lists modules.
-func (c *ModuleListCmd) Run(env *Env) error {
-	mods, err := env.App.ModuleList(env.Ctx)
+func (c *ModuleListCmd) Run(env *Env, md *app.Modules) error {
+	mods, err := md.ModuleList(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -127,8 +127,8 @@ type ModuleMovedCmd struct {
 }
 
 // Run records it.
-func (c *ModuleMovedCmd) Run(env *Env) error {
-	if err := env.App.ModuleMoved(env.Ctx, string(c.Name), c.Commit); err != nil {
+func (c *ModuleMovedCmd) Run(env *Env, md *app.Modules) error {
+	if err := md.ModuleMoved(env.Ctx, string(c.Name), c.Commit); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "%s: its source moved to %s; it is behind its source until that commit is built and registered\n", c.Name, c.Commit)
@@ -143,8 +143,8 @@ type ModuleForgetCmd struct {
 }
 
 // Run forgets it, and says what was discarded with it: names, never values.
-func (c *ModuleForgetCmd) Run(env *Env) error {
-	f, err := env.App.ModuleForget(env.Ctx, app.ForgetRequest{Name: string(c.Name), AndWhatItHolds: c.AndWhatItHolds, Why: c.Why})
+func (c *ModuleForgetCmd) Run(env *Env, md *app.Modules) error {
+	f, err := md.ModuleForget(env.Ctx, app.ForgetRequest{Name: string(c.Name), AndWhatItHolds: c.AndWhatItHolds, Why: c.Why})
 	if err != nil {
 		return err
 	}
@@ -174,8 +174,8 @@ type ModuleIssueCmd struct {
 }
 
 // Run prints the .creds document.
-func (c *ModuleIssueCmd) Run(env *Env) error {
-	creds, err := env.App.ModuleIssue(env.Ctx, string(c.Name), string(c.Node))
+func (c *ModuleIssueCmd) Run(env *Env, md *app.Modules) error {
+	creds, err := md.ModuleIssue(env.Ctx, string(c.Name), string(c.Node))
 	if err != nil {
 		return err
 	}
@@ -198,12 +198,12 @@ type SettingsSetCmd struct {
 }
 
 // Run sets the layer.
-func (c *SettingsSetCmd) Run(env *Env) error {
+func (c *SettingsSetCmd) Run(env *Env, md *app.Modules) error {
 	body, err := app.ReadInput(string(c.File), app.MaxSettingsBytes, "a settings layer")
 	if err != nil {
 		return err
 	}
-	r, err := env.App.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: string(c.File)})
+	r, err := md.SettingsSet(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node), Body: body, From: string(c.File)})
 	if err != nil {
 		return err
 	}
@@ -222,8 +222,8 @@ type SettingsClearCmd struct {
 }
 
 // Run clears the layer.
-func (c *SettingsClearCmd) Run(env *Env) error {
-	r, err := env.App.SettingsClear(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node)})
+func (c *SettingsClearCmd) Run(env *Env, md *app.Modules) error {
+	r, err := md.SettingsClear(env.Ctx, app.SettingsRequest{Module: string(c.Module), Node: string(c.Node)})
 	if err != nil {
 		return err
 	}
@@ -307,13 +307,13 @@ type AssignCmd struct {
 }
 
 // Run assigns.
-func (c *AssignCmd) Run(env *Env) error {
+func (c *AssignCmd) Run(env *Env, md *app.Modules) error {
 	nodes, modules, err := manyArgs(c.Node, c.Modules, c.Nodes)
 	if err != nil {
 		return err
 	}
 	p := newProgress(env, "assign")
-	r, err := env.App.AssignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
+	r, err := md.AssignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
 	p.done()
 	if err != nil {
 		return err
@@ -383,13 +383,13 @@ type UnassignCmd struct {
 }
 
 // Run unassigns, and says what happened to each data set.
-func (c *UnassignCmd) Run(env *Env) error {
+func (c *UnassignCmd) Run(env *Env, md *app.Modules) error {
 	nodes, modules, err := manyArgs(c.Node, c.Modules, c.Nodes)
 	if err != nil {
 		return err
 	}
 	p := newProgress(env, "unassign")
-	r, err := env.App.UnassignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
+	r, err := md.UnassignMany(env.Ctx, app.ManyRequest{Nodes: nodes, Modules: modules, Progress: p.tell})
 	p.done()
 	if err != nil {
 		return err
@@ -439,8 +439,8 @@ type PlanCmd struct {
 }
 
 // Run shows the plan.
-func (c *PlanCmd) Run(env *Env) error {
-	v, err := env.App.PlanShow(env.Ctx, string(c.Node))
+func (c *PlanCmd) Run(env *Env, md *app.Modules) error {
+	v, err := md.PlanShow(env.Ctx, string(c.Node))
 	if err != nil {
 		return err
 	}
@@ -515,7 +515,7 @@ type PushCmd struct {
 }
 
 // Run pushes.
-func (c *PushCmd) Run(env *Env) error {
+func (c *PushCmd) Run(env *Env, md *app.Modules) error {
 	switch {
 	case c.Node != "" && c.All:
 		return clirun.UsageError{Msg: "give a node or --all, not both"}
@@ -523,7 +523,7 @@ func (c *PushCmd) Run(env *Env) error {
 		return clirun.UsageError{Msg: "give a node, --all for every node, or --behind for those behind"}
 	}
 	p := newProgress(env, "push")
-	pushed, err := env.App.Push(env.Ctx, app.PushRequest{Node: string(c.Node), Behind: c.Behind, Why: c.Why, Progress: p.tell})
+	pushed, err := md.Push(env.Ctx, app.PushRequest{Node: string(c.Node), Behind: c.Behind, Why: c.Why, Progress: p.tell})
 	p.done()
 	if err != nil {
 		return err
@@ -544,11 +544,11 @@ type UpgradeCmd struct {
 }
 
 // Run previews, rolls out or records.
-func (c *UpgradeCmd) Run(env *Env) error {
+func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 	if c.Together && c.Action != "roll-out" {
 		return clirun.UsageError{Msg: "--together goes with roll-out"}
 	}
-	v, err := env.App.Upgrade(env.Ctx, app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Wait: c.Wait,
+	v, err := md.Upgrade(env.Ctx, app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Wait: c.Wait,
 		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }})
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ type NodeRemoveCmd struct {
 }
 
 // Run removes the nodes, all or none, and says what each left behind.
-func (c *NodeRemoveCmd) Run(env *Env) error {
+func (c *NodeRemoveCmd) Run(env *Env, nd *app.Nodes) error {
 	names := names(c.Names)
 	switch {
 	case c.Nodes != "" && len(names) > 0:
@@ -35,7 +35,7 @@ func (c *NodeRemoveCmd) Run(env *Env) error {
 			return err
 		}
 	}
-	r, err := env.App.NodeRemove(env.Ctx, app.NodeRemoveRequest{Names: names, AndUnassign: c.AndUnassign, Why: c.Why})
+	r, err := nd.NodeRemove(env.Ctx, app.NodeRemoveRequest{Names: names, AndUnassign: c.AndUnassign, Why: c.Why})
 	if err != nil {
 		// An unassign may have run before the error: say what it did.
 		for _, n := range r.Nodes {

@@ -30,8 +30,8 @@ type NodeAddCmd struct {
 }
 
 // Run records the node.
-func (c *NodeAddCmd) Run(env *Env) error {
-	n, err := env.App.NodeAdd(env.Ctx, string(c.Name), c.Adopted)
+func (c *NodeAddCmd) Run(env *Env, nd *app.Nodes) error {
+	n, err := nd.NodeAdd(env.Ctx, string(c.Name), c.Adopted)
 	if err != nil {
 		return err
 	}
@@ -46,8 +46,8 @@ type NodeListCmd struct {
 }
 
 // Run lists every node.
-func (c *NodeListCmd) Run(env *Env) error {
-	nodes, err := env.App.NodeList(env.Ctx)
+func (c *NodeListCmd) Run(env *Env, nd *app.Nodes) error {
+	nodes, err := nd.NodeList(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -77,8 +77,8 @@ type NodeShowCmd struct {
 }
 
 // Run shows one node.
-func (c *NodeShowCmd) Run(env *Env) error {
-	n, err := env.App.NodeShow(env.Ctx, string(c.Name))
+func (c *NodeShowCmd) Run(env *Env, nd *app.Nodes) error {
+	n, err := nd.NodeShow(env.Ctx, string(c.Name))
 	if err != nil {
 		return err
 	}

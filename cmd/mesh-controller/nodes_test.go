@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -25,7 +25,7 @@ func TestNodeShow_Applying(t *testing.T) {
 	since := time.Date(2026, 12, 3, 12, 0, 3, 0, time.UTC)
 	beat := func(b inventory.Beat) {
 		t.Helper()
-		c := app.New(os.Getenv("MESH_DATA"))
+		c := apptest.New(os.Getenv("MESH_DATA"))
 		defer c.Close()
 		st, err := c.Stores(context.Background())
 		if err != nil {

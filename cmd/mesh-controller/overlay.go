@@ -46,11 +46,11 @@ type OverlayPlaceCmd struct {
 }
 
 // Run places the node.
-func (c *OverlayPlaceCmd) Run(env *Env) error {
+func (c *OverlayPlaceCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Public && c.Endpoint == "" {
 		return clirun.UsageError{Msg: "--public needs --endpoint: a public node's peers dial it there"}
 	}
-	v, err := env.App.OverlayPlace(env.Ctx, string(c.Name), app.Placement{Endpoint: string(c.Endpoint), Site: string(c.Site), Public: c.Public})
+	v, err := nd.OverlayPlace(env.Ctx, string(c.Name), app.Placement{Endpoint: string(c.Endpoint), Site: string(c.Site), Public: c.Public})
 	if err != nil {
 		return err
 	}
@@ -108,8 +108,8 @@ type OverlayShowCmd struct {
 }
 
 // Run shows the overlay.
-func (c *OverlayShowCmd) Run(env *Env) error {
-	m, err := env.App.OverlayShow(env.Ctx)
+func (c *OverlayShowCmd) Run(env *Env, nd *app.Nodes) error {
+	m, err := nd.OverlayShow(env.Ctx)
 	if err != nil {
 		return err
 	}

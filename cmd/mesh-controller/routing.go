@@ -56,7 +56,7 @@ type NodePublicDomainCmd struct {
 }
 
 // Run shows, sets or clears the node's public domain.
-func (c *NodePublicDomainCmd) Run(env *Env) error {
+func (c *NodePublicDomainCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Clear && c.Domain != "" {
 		return clirun.UsageError{Msg: "give a domain or --clear, not both"}
 	}
@@ -65,9 +65,9 @@ func (c *NodePublicDomainCmd) Run(env *Env) error {
 	var v app.RoutingView
 	var err error
 	if act.clear || act.set {
-		v, err = env.App.SetPublicDomain(env.Ctx, node, string(c.Domain))
+		v, err = nd.SetPublicDomain(env.Ctx, node, string(c.Domain))
 	} else {
-		v, err = env.App.NodeRouting(env.Ctx, node)
+		v, err = nd.NodeRouting(env.Ctx, node)
 	}
 	if err != nil || c.JSON {
 		return jsonOr(env, v, err)
@@ -95,7 +95,7 @@ type NodeNetworksCmd struct {
 }
 
 // Run shows, sets or clears the node's networks.
-func (c *NodeNetworksCmd) Run(env *Env) error {
+func (c *NodeNetworksCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Clear && len(c.Networks) > 0 {
 		return clirun.UsageError{Msg: "give networks or --clear, not both"}
 	}
@@ -108,9 +108,9 @@ func (c *NodeNetworksCmd) Run(env *Env) error {
 		for i, n := range c.Networks {
 			nets[i] = string(n)
 		}
-		v, err = env.App.SetNetworks(env.Ctx, node, nets)
+		v, err = nd.SetNetworks(env.Ctx, node, nets)
 	} else {
-		v, err = env.App.NodeRouting(env.Ctx, node)
+		v, err = nd.NodeRouting(env.Ctx, node)
 	}
 	if err != nil || c.JSON {
 		return jsonOr(env, v, err)

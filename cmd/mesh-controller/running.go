@@ -21,11 +21,11 @@ type LogsCmd struct {
 }
 
 // Run prints the log.
-func (c *LogsCmd) Run(env *Env) error {
+func (c *LogsCmd) Run(env *Env, md *app.Modules) error {
 	if c.Lines < 0 {
 		return clirun.UsageError{Msg: "--lines must not be negative"}
 	}
-	return env.App.Logs(env.Ctx, string(c.Node), string(c.Module), c.Lines, c.Follow, func(lines []string) error {
+	return md.Logs(env.Ctx, string(c.Node), string(c.Module), c.Lines, c.Follow, func(lines []string) error {
 		_, err := fmt.Fprintln(env.Stdout, strings.Join(lines, "\n"))
 		return err
 	})
@@ -41,7 +41,7 @@ type AskCmd struct {
 }
 
 // Run asks and prints the answer.
-func (c *AskCmd) Run(env *Env) error {
+func (c *AskCmd) Run(env *Env, md *app.Modules) error {
 	input := []byte(c.Input)
 	if c.Input == "-" {
 		b, err := io.ReadAll(io.LimitReader(os.Stdin, app.MaxToolInput+1))
@@ -56,7 +56,7 @@ func (c *AskCmd) Run(env *Env) error {
 	if len(input) > 0 && !json.Valid(input) {
 		return clirun.UsageError{Msg: "the input is not JSON: give one JSON value, such as '{}'"}
 	}
-	answer, err := env.App.Ask(env.Ctx, app.AskRequest{Module: string(c.Module), Tool: string(c.Tool), Input: input, Node: string(c.Node), Timeout: c.Timeout})
+	answer, err := md.Ask(env.Ctx, app.AskRequest{Module: string(c.Module), Tool: string(c.Tool), Input: input, Node: string(c.Node), Timeout: c.Timeout})
 	if err != nil {
 		return err
 	}

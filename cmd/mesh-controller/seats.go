@@ -18,8 +18,8 @@ type SeatsCmd struct {
 }
 
 // Run lists every seat the mesh defines.
-func (c *SeatsCmd) Run(env *Env) error {
-	seats, err := env.App.Seats(env.Ctx)
+func (c *SeatsCmd) Run(env *Env, sts *app.Seats) error {
+	seats, err := sts.Seats(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -57,8 +57,8 @@ type SeatRenameCmd struct {
 }
 
 // Run renames.
-func (c *SeatRenameCmd) Run(env *Env) error {
-	if err := env.App.SeatRename(env.Ctx, string(c.From), string(c.To)); err != nil {
+func (c *SeatRenameCmd) Run(env *Env, sts *app.Seats) error {
+	if err := sts.SeatRename(env.Ctx, string(c.From), string(c.To)); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "seat %s is now %s; %s still resolves to it\n", c.From, c.To, c.From)
@@ -75,12 +75,12 @@ type SeatHandCmd struct {
 }
 
 // Run hands the seat over or adds a holder.
-func (c *SeatHandCmd) Run(env *Env) error {
+func (c *SeatHandCmd) Run(env *Env, sts *app.Seats) error {
 	to, add := c.To, false
 	if c.Add != "" {
 		to, add = c.Add, true
 	}
-	h, err := env.App.SeatHandover(env.Ctx, app.HandoverRequest{Seat: string(c.Seat), To: to, Add: add, Yes: c.Yes, Why: c.Why})
+	h, err := sts.SeatHandover(env.Ctx, app.HandoverRequest{Seat: string(c.Seat), To: to, Add: add, Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
 	}
@@ -121,8 +121,8 @@ type PinCmd struct {
 }
 
 // Run pins.
-func (c *PinCmd) Run(env *Env) error {
-	p, err := env.App.Pin(env.Ctx, app.PinRequest{Node: string(c.Node), Provision: string(c.Provision), FromNode: string(c.FromNode),
+func (c *PinCmd) Run(env *Env, sts *app.Seats) error {
+	p, err := sts.Pin(env.Ctx, app.PinRequest{Node: string(c.Node), Provision: string(c.Provision), FromNode: string(c.FromNode),
 		Module: string(c.Module), Yes: c.Yes, Why: c.Why})
 	if err != nil {
 		return err
@@ -145,8 +145,8 @@ type UnpinCmd struct {
 }
 
 // Run unpins.
-func (c *UnpinCmd) Run(env *Env) error {
-	p, err := env.App.Unpin(env.Ctx, string(c.Node), string(c.Provision))
+func (c *UnpinCmd) Run(env *Env, sts *app.Seats) error {
+	p, err := sts.Unpin(env.Ctx, string(c.Node), string(c.Provision))
 	if err != nil {
 		return err
 	}
@@ -166,8 +166,8 @@ type RotateCmd struct {
 }
 
 // Run rotates.
-func (c *RotateCmd) Run(env *Env) error {
-	r, err := env.App.Rotate(env.Ctx, string(c.Provision), string(c.Consumer), string(c.Module))
+func (c *RotateCmd) Run(env *Env, sts *app.Seats) error {
+	r, err := sts.Rotate(env.Ctx, string(c.Provision), string(c.Consumer), string(c.Module))
 	if err != nil {
 		return err
 	}
@@ -192,8 +192,8 @@ type RetireListCmd struct {
 }
 
 // Run lists waiting providers.
-func (c *RetireListCmd) Run(env *Env) error {
-	ws, err := env.App.Retire(env.Ctx)
+func (c *RetireListCmd) Run(env *Env, sts *app.Seats) error {
+	ws, err := sts.Retire(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -223,9 +223,9 @@ type RetireDecideCmd struct {
 }
 
 // Run approves or rejects, as its name in the command line says.
-func (c *RetireDecideCmd) Run(env *Env, kctx *kong.Context) error {
+func (c *RetireDecideCmd) Run(env *Env, kctx *kong.Context, sts *app.Seats) error {
 	approve := kctx.Selected().Name == "approve"
-	decided, pushed, err := env.App.RetireDecide(env.Ctx, string(c.Node), string(c.Module), c.Why, approve)
+	decided, pushed, err := sts.RetireDecide(env.Ctx, string(c.Node), string(c.Module), c.Why, approve)
 	if err != nil {
 		return err
 	}
@@ -253,8 +253,8 @@ type CleanupListCmd struct {
 }
 
 // Run lists what may be cleaned up.
-func (c *CleanupListCmd) Run(env *Env) error {
-	cls, err := env.App.Cleanup(env.Ctx)
+func (c *CleanupListCmd) Run(env *Env, sts *app.Seats) error {
+	cls, err := sts.Cleanup(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -339,7 +339,7 @@ type CleanupDeleteCmd struct {
 
 // Run deletes (or lists what --older-than would delete, or previews what
 // needs a digest).
-func (c *CleanupDeleteCmd) Run(env *Env) error {
+func (c *CleanupDeleteCmd) Run(env *Env, sts *app.Seats) error {
 	switch {
 	case c.OlderThan > 0 && c.Target != "":
 		return clirun.UsageError{Msg: "give NODE MODULE CONSUMER or --older-than DAYS, not both"}
@@ -350,7 +350,7 @@ func (c *CleanupDeleteCmd) Run(env *Env) error {
 	case c.Yes != "" && c.OlderThan > 0:
 		return clirun.UsageError{Msg: "--yes confirms one target's preview: delete those that need it one by one, without --older-than"}
 	}
-	r, err := env.App.CleanupDelete(env.Ctx, app.CleanupRequest{Node: string(c.Node), Module: string(c.Module), Target: c.Target,
+	r, err := sts.CleanupDelete(env.Ctx, app.CleanupRequest{Node: string(c.Node), Module: string(c.Module), Target: c.Target,
 		OlderThanDays: c.OlderThan, Why: c.Why, Confirm: c.Confirm, Yes: c.Yes})
 	var de *app.DigestError
 	if errors.As(err, &de) {
@@ -408,8 +408,8 @@ type DataListCmd struct {
 }
 
 // Run lists every data set every machine declares.
-func (c *DataListCmd) Run(env *Env) error {
-	ds, err := env.App.Data(env.Ctx)
+func (c *DataListCmd) Run(env *Env, sts *app.Seats) error {
+	ds, err := sts.Data(env.Ctx)
 	if err != nil {
 		return err
 	}

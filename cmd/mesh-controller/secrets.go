@@ -47,8 +47,8 @@ type OperatorKeySetCmd struct {
 }
 
 // Run sets the key.
-func (c *OperatorKeySetCmd) Run(env *Env) error {
-	prev, err := env.App.OperatorKeySet(env.Ctx, c.Public, c.Replace)
+func (c *OperatorKeySetCmd) Run(env *Env, scs *app.Secrets) error {
+	prev, err := scs.OperatorKeySet(env.Ctx, c.Public, c.Replace)
 	if err != nil {
 		return err
 	}
@@ -65,8 +65,8 @@ type OperatorKeyShowCmd struct {
 }
 
 // Run shows the key.
-func (c *OperatorKeyShowCmd) Run(env *Env) error {
-	v, err := env.App.OperatorKeyShow(env.Ctx)
+func (c *OperatorKeyShowCmd) Run(env *Env, scs *app.Secrets) error {
+	v, err := scs.OperatorKeyShow(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -98,12 +98,12 @@ type SecretAcceptCmd struct {
 var errNoTerminal = errors.New("no terminal to read the value from: give --from FILE (a value is never taken from the command line or the environment)")
 
 // Run reads the value and hands it to the mesh; the plaintext goes nowhere else.
-func (c *SecretAcceptCmd) Run(env *Env) error {
+func (c *SecretAcceptCmd) Run(env *Env, scs *app.Secrets) error {
 	value, err := readValue(env, c.From, fmt.Sprintf("value of %s for %s on %s", c.Name, c.Module, c.Node), "a secret")
 	if err != nil {
 		return err
 	}
-	pushed, err := env.App.SecretAccept(env.Ctx, string(c.Node), string(c.Module), c.Name, value)
+	pushed, err := scs.SecretAccept(env.Ctx, string(c.Node), string(c.Module), c.Name, value)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ type SecretRecoverCmd struct {
 }
 
 // Run recovers the value into the file.
-func (c *SecretRecoverCmd) Run(env *Env) error {
+func (c *SecretRecoverCmd) Run(env *Env, scs *app.Secrets) error {
 	named := c.Node != "" || c.Module != "" || c.Name != ""
 	switch {
 	case c.Licence != "" && named:
@@ -164,7 +164,7 @@ func (c *SecretRecoverCmd) Run(env *Env) error {
 	case c.Licence == "" && c.Version != 0:
 		return clirun.UsageError{Msg: "--licence-version goes with --licence: a secret's copy is its current one"}
 	}
-	r, err := env.App.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
+	r, err := scs.SecretRecover(env.Ctx, app.RecoverRequest{Node: string(c.Node), Module: string(c.Module), Name: c.Name,
 		KeyFile: string(c.Key), Out: c.Out, FromExport: string(c.FromExport), Licence: string(c.Licence), Version: c.Version})
 	if err != nil {
 		return err
@@ -188,8 +188,8 @@ type SecretExportCmd struct {
 }
 
 // Run exports.
-func (c *SecretExportCmd) Run(env *Env) error {
-	b, n, err := env.App.SecretExport(env.Ctx, c.Out)
+func (c *SecretExportCmd) Run(env *Env, scs *app.Secrets) error {
+	b, n, err := scs.SecretExport(env.Ctx, c.Out)
 	if err != nil {
 		return err
 	}

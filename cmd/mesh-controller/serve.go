@@ -40,7 +40,7 @@ type ServeCmd struct {
 }
 
 // Run serves until SIGINT or SIGTERM, then gives the lease back.
-func (c *ServeCmd) Run(env *Env) error {
+func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
 	if err != nil {
 		return err
@@ -85,7 +85,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "metrics: http://%s/metrics\n", metricsAt.Addr())
 		syncOut(env)
 	}
-	err = env.App.Serve(env.Ctx, app.ServeOptions{
+	err = srv.Serve(env.Ctx, app.ServeOptions{
 		Metrics:             metricsAt,
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
@@ -196,14 +196,14 @@ const (
 )
 
 // Run shows the broker.
-func (c *BrokerShowCmd) Run(env *Env) error {
+func (c *BrokerShowCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Config {
-		return c.printConfig(env)
+		return c.printConfig(env, nd)
 	}
 	if c.Name != "" || c.Listen != "" || c.ClusterListen != "" || c.Routes != "" || c.Dir != "" {
 		return clirun.UsageError{Msg: "--name, --listen, --cluster-listen, --routes and --dir go with --config"}
 	}
-	v, err := env.App.BrokerShow(env.Ctx)
+	v, err := nd.BrokerShow(env.Ctx)
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func (c *BrokerShowCmd) Run(env *Env) error {
 
 // printConfig prints a cluster server's configuration; what it is not told
 // is a placeholder or a default.
-func (c *BrokerShowCmd) printConfig(env *Env) error {
+func (c *BrokerShowCmd) printConfig(env *Env, nd *app.Nodes) error {
 	if c.JSON {
 		return clirun.UsageError{Msg: "--config prints a nats-server configuration, not JSON"}
 	}
@@ -256,7 +256,7 @@ func (c *BrokerShowCmd) printConfig(env *Env) error {
 		}
 	}
 	n.Routes = strings.Split(routes, ",")
-	conf, err := env.App.BrokerConfig(env.Ctx, n)
+	conf, err := nd.BrokerConfig(env.Ctx, n)
 	if err != nil {
 		return err
 	}

@@ -129,7 +129,7 @@ type StoreCopyCmd struct {
 }
 
 // Run copies each context named onto its target and says what to set next.
-func (c *StoreCopyCmd) Run(env *Env) error {
+func (c *StoreCopyCmd) Run(env *Env, cps *app.Copies) error {
 	targets := map[string]string{}
 	for _, t := range c.To {
 		name, dsn, ok := strings.Cut(t, "=")
@@ -141,7 +141,7 @@ func (c *StoreCopyCmd) Run(env *Env) error {
 		}
 		targets[name] = dsn
 	}
-	done, err := env.App.StoreCopy(env.Ctx, targets)
+	done, err := cps.StoreCopy(env.Ctx, targets)
 	if c.JSON && err == nil {
 		return printJSON(env.Stdout, done)
 	}

@@ -21,11 +21,11 @@ type TakeCmd struct {
 var takeDigestRule = regexp.MustCompile(`^[0-9a-f]{12,64}$`)
 
 // Run previews, or cuts over.
-func (c *TakeCmd) Run(env *Env) error {
+func (c *TakeCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Yes != "" && !takeDigestRule.MatchString(c.Yes) {
 		return clirun.UsageError{Msg: fmt.Sprintf("--yes %q is not a digest: give the hex digest 'mesh-controller take %s %s' printed", c.Yes, c.Node, c.Module)}
 	}
-	p, taken, err := env.App.Take(env.Ctx, app.TakeRequest{Node: string(c.Node), Module: string(c.Module), Yes: c.Yes})
+	p, taken, err := nd.Take(env.Ctx, app.TakeRequest{Node: string(c.Node), Module: string(c.Module), Yes: c.Yes})
 	if err != nil {
 		return err
 	}

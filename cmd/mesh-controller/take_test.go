@@ -11,7 +11,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/host"
 	"mesh-controller/app/host/holdtest"
 )
@@ -25,8 +25,7 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 2 {
 		ts.Fatalf("usage: hostrun NODE TOKEN-FILE")
 	}
-	c := app.New(ts.Getenv("MESH_DATA"))
-	c.Getenv = ts.Getenv
+	c := apptest.NewEnv(ts.Getenv("MESH_DATA"), ts.Getenv)
 	v, err := c.BrokerShow(context.Background())
 	c.Close()
 	ts.Check(err)
@@ -53,8 +52,7 @@ func cmdHostRun(ts *testscript.TestScript, neg bool, args []string) {
 			ts.Logf("host %s: %v", args[0], err)
 		}
 	})
-	c = app.New(ts.Getenv("MESH_DATA"))
-	c.Getenv = ts.Getenv
+	c = apptest.NewEnv(ts.Getenv("MESH_DATA"), ts.Getenv)
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		d, err := c.NodeShow(context.Background(), args[0])
@@ -74,8 +72,7 @@ func cmdSettled(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 1 {
 		ts.Fatalf("usage: settled NODE")
 	}
-	c := app.New(ts.Getenv("MESH_DATA"))
-	c.Getenv = ts.Getenv
+	c := apptest.NewEnv(ts.Getenv("MESH_DATA"), ts.Getenv)
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		d, err := c.NodeShow(context.Background(), args[0])

@@ -24,7 +24,7 @@ type TokenIssueCmd struct {
 }
 
 // Run issues the token: the token alone on stdout, everything else on stderr.
-func (c *TokenIssueCmd) Run(env *Env) error {
+func (c *TokenIssueCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Adopted && c.New == "" {
 		return clirun.UsageError{Msg: "--adopted goes with --new: an existing node keeps its mode"}
 	}
@@ -32,7 +32,7 @@ func (c *TokenIssueCmd) Run(env *Env) error {
 		if c.New == "" || c.Count == 0 || c.Out == "" {
 			return clirun.UsageError{Msg: "many tokens at once take --new PREFIX --count N --out FILE"}
 		}
-		b, err := env.App.TokenIssueMany(env.Ctx, string(c.New), c.Count, c.Adopted, c.TTL, c.Out)
+		b, err := nd.TokenIssueMany(env.Ctx, string(c.New), c.Count, c.Adopted, c.TTL, c.Out)
 		if err != nil {
 			return err
 		}
@@ -44,7 +44,7 @@ func (c *TokenIssueCmd) Run(env *Env) error {
 	if r.New {
 		r.Node = string(c.New)
 	}
-	t, err := env.App.TokenIssue(env.Ctx, r)
+	t, err := nd.TokenIssue(env.Ctx, r)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 )
 
 // BenchmarkHost_Idle50Modules is the real mesh-host binary supervising 50
@@ -28,8 +29,7 @@ func BenchmarkHost_Idle50Modules(b *testing.B) {
 		b.Fatalf("build mesh-host: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := app.New(filepath.Join(dir, "controller"))
-	c.Getenv = func(string) string { return "" }
+	c := apptest.NewEnv(filepath.Join(dir, "controller"), func(string) string { return "" })
 	b.Cleanup(func() { c.Close() })
 	if _, err := c.Migrate(ctx); err != nil {
 		b.Fatal(err)

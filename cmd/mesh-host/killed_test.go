@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 )
 
 // alive says a process runs (a zombie does not).
@@ -48,8 +49,7 @@ func TestHost_KilledModulesDoNotOutliveIt(t *testing.T) {
 		t.Fatalf("build mesh-host: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := app.New(filepath.Join(dir, "controller"))
-	c.Getenv = func(string) string { return "" }
+	c := apptest.NewEnv(filepath.Join(dir, "controller"), func(string) string { return "" })
 	t.Cleanup(func() { c.Close() })
 	if _, err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/cmd/scriptcmds"
 )
 
@@ -41,13 +42,13 @@ func TestScripts(t *testing.T) {
 // process opens each store once.
 var controllers sync.Map
 
-func controllerOf(ts *testscript.TestScript) *app.Controller {
+func controllerOf(ts *testscript.TestScript) *apptest.Mesh {
 	dir := ts.MkAbs("controller")
-	c := app.New(dir)
-	c.Getenv = func(string) string { return "" }
-	if prev, loaded := controllers.LoadOrStore(dir, c); loaded {
-		return prev.(*app.Controller)
+	if prev, ok := controllers.Load(dir); ok {
+		return prev.(*apptest.Mesh)
 	}
+	c := apptest.NewEnv(dir, func(string) string { return "" })
+	controllers.Store(dir, c)
 	ts.Defer(func() {
 		controllers.Delete(dir)
 		c.Close()
