@@ -30,12 +30,20 @@ import (
 // per test binary.
 var programs sync.Map // package → func() (string, error)
 
+// programsDir holds what buildProgram builds; TestMain removes it, so a
+// run leaves no binaries behind in the temporary dir.
+var programsDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("", "mesh-e2e-programs-") })
+
 // buildProgram builds the Go program in pkg (relative to app/), static as
 // it ships, once per test binary, and returns its path.
 func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
 	build, _ := programs.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
-		dir, err := os.MkdirTemp("", name+"-")
+		root, err := programsDir()
+		if err != nil {
+			return "", err
+		}
+		dir, err := os.MkdirTemp(root, name+"-")
 		if err != nil {
 			return "", err
 		}
