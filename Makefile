@@ -259,6 +259,10 @@ PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 # small (RACE_SKIP; about 45 s of its 270 under the race detector).
 # -timeout 14m only stops a hang: cmd/mesh-controller, the longest package,
 # took 10 minutes on this 2-core machine at a load of 10.
+# The end-to-end tests run four at a time (-parallel 4): each mostly waits
+# on hosts and timers (app/e2e took 350 s of wall for 173 s of CPU one at
+# a time, 178 s four at a time); under the race detector they are CPU's,
+# and run one at a time as before.
 GOTESTSUM := gotest.tools/gotestsum@v1.13.0
 TEST_ENV  := MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server
 RACE_RUN  := TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives|TestRunner_BeatsWhileApplying
@@ -266,10 +270,10 @@ RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|Test
 test: tools nats-server gotestsum
 	@rm -f $(BIN)/test-main.json $(BIN)/test-race.json; status=0; \
 	echo "every test (go test ./..., beside a throw-away PostgreSQL)"; \
-	scripts/with-postgres env $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-main.json -- -count=1 -timeout 14m ./... || status=$$?; \
+	scripts/with-postgres env $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-main.json -- -count=1 -parallel 4 -timeout 14m ./... || status=$$?; \
 	if [ $$status = 0 ]; then \
 		echo "the end-to-end tests again under the race detector (it needs cgo: for tests only, the binaries stay static)"; \
-		scripts/with-postgres env CGO_ENABLED=1 $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-race.json -- -race -count=1 -timeout 10m \
+		scripts/with-postgres env CGO_ENABLED=1 $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-race.json -- -race -count=1 -parallel 1 -timeout 10m \
 			-run '$(RACE_RUN)' -skip '$(RACE_SKIP)' ./app/ ./app/e2e/ ./app/host/ || status=$$?; \
 	fi; \
 	scripts/test-summary $(BIN)/test-main.json $(BIN)/test-race.json; exit $$status

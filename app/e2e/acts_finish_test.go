@@ -18,6 +18,7 @@ import (
 // inventory are revoked and dropped. Here the kills are stood in for by
 // writing the inventory's part alone, as the act's first step would.
 func TestActs_CatchUpFinishesWhatAKilledActLeft(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	m.join("web2")

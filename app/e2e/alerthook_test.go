@@ -98,6 +98,7 @@ var silentBounds = &app.Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport:
 // failed the first attempts (retried); the host comes back: it receives the
 // clearing. The URL's token is never in the log.
 func TestAlertWebhook_RaisedAndClearedReachTheReceiverRetried(t *testing.T) {
+	t.Parallel()
 	r := newReceiver(t, func(n int) int {
 		if n <= 2 {
 			return http.StatusServiceUnavailable
@@ -131,6 +132,7 @@ func TestAlertWebhook_RaisedAndClearedReachTheReceiverRetried(t *testing.T) {
 // conditions raised and cleared; what does not fit the queue is dropped,
 // counted, and said in the log.
 func TestAlertWebhook_HangingReceiverHoldsTheDaemonUpNot(t *testing.T) {
+	t.Parallel()
 	r := newReceiver(t, func(int) int { return 0 })
 	m := newTestMesh(t)
 	m.restartWith(app.ServeOptions{CheckEvery: 50 * time.Millisecond, Bounds: silentBounds,

@@ -179,6 +179,7 @@ func call(t testing.TB, method, url, token, body string) (int, []byte) {
 // issuer: expired, another audience, another issuer, a key not in the set,
 // none, without the group; and the issuer's key rotated while it serves.
 func TestAPI_Tokens(t *testing.T) {
+	t.Parallel()
 	is := newTestIssuer(t)
 	c, _ := migrated(t)
 	base := apiOn(t, c, is, nil)
@@ -239,6 +240,7 @@ func TestAPI_Tokens(t *testing.T) {
 // token of a key held verifies from the cache meanwhile; and a real
 // rotation is picked up once the interval is past.
 func TestAPI_KeyRefetchBounded(t *testing.T) {
+	t.Parallel()
 	is := newTestIssuer(t)
 	is.refetch = time.Hour
 	c, _ := migrated(t)
@@ -327,6 +329,7 @@ func TestAPI_KeyRefetchBounded(t *testing.T) {
 // commands' --json documents; assign and unassign judge as the commands
 // do, all or nothing, and keep the caller as who did it.
 func TestAPI_Endpoints(t *testing.T) {
+	t.Parallel()
 	is := newTestIssuer(t)
 	m := newTestMesh(t)
 	ctx := context.Background()
@@ -458,6 +461,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // A client that sends half a header is cut off after the header timeout,
 // not left holding the connection.
 func TestAPI_SlowClient(t *testing.T) {
+	t.Parallel()
 	is := newTestIssuer(t)
 	c, _ := migrated(t)
 	if d := app.APIServer(nil); d.ReadHeaderTimeout == 0 || d.ReadTimeout == 0 || d.WriteTimeout == 0 || d.IdleTimeout == 0 {
@@ -486,6 +490,7 @@ func TestAPI_SlowClient(t *testing.T) {
 // The OpenAPI document names every route the mux serves and the mux serves
 // every route it names.
 func TestAPI_OpenAPIMatchesMux(t *testing.T) {
+	t.Parallel()
 	is := newTestIssuer(t)
 	c, _ := migrated(t)
 	base := apiOn(t, c, is, nil)

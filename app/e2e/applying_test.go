@@ -14,6 +14,7 @@ import (
 // host signing as the real one does, with its own key and broker user,
 // beats to the serving controller.
 func TestMesh_BeatSaysApplying(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	web1.stop() // its beats are this test's alone

@@ -46,6 +46,7 @@ func zerosRepo(t testing.TB) string {
 // the controller has the refusal, in one line with the sizes and what to
 // do, as the apply's error.
 func TestBuild_ArchiveTooLargeForTheHostsDisk(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	web1 := m.join("web1")

@@ -70,6 +70,7 @@ func nothingOn(t *testing.T, sub *nats.Subscription, what string, like ...string
 // a module does; with a NATS response permission the answer went wherever
 // the first had said, mesh.alert or a host's declaration inbox included.
 func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	ctx := context.Background()
@@ -201,6 +202,7 @@ func (m *testMesh) openAfterCheck(t *testing.T, key string) bool {
 // and report a failed apply, and a host asking for its own declaration
 // with another node's inbox as reply raised node.apply-failed on that node.
 func TestAttack_RepliesSteerTheControllersAnswers(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1, web2 := m.join("web1"), m.join("web2")
 	checkFor(t, settle, m.heard("web2"))
@@ -295,6 +297,7 @@ func joinRequest(t *testing.T, token, node string) []byte {
 // probed); 300 wrong tokens in 10 s raised nothing; and a node could be
 // named join, sharing the join inbox.
 func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 
@@ -450,6 +453,7 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 // machine's broker user still connected and still received the node's
 // next declaration.
 func TestAttack_RejoinedNodesOldCredentials(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	joinAs := func(node string, fresh bool) *host.State {

@@ -50,6 +50,7 @@ func daemonBackups(t *testing.T, dir string) []string {
 // absorbed, and a new declaration reaches it and is applied. No host joins
 // again.
 func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m := newTestMesh(t)
 	dir := filepath.Join(t.TempDir(), "backups")
@@ -116,6 +117,7 @@ func TestBackup_RestoreServesTheSameHosts(t *testing.T) {
 // 0600 and sealed; it removes nothing else, and what a killed daemon left
 // half-written goes at start. A failed backup is logged, and serving goes on.
 func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	dir := filepath.Join(t.TempDir(), "backups")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -178,6 +180,7 @@ func TestServe_BackupEveryKeepsTheNewest(t *testing.T) {
 // restore: the restored controller numbers its next declaration above the
 // serial the host reports, instead of one the host would refuse as old.
 func TestBackup_RestoreNumbersAboveWhatHostsApplied(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m := newTestMesh(t)
 	m.join("web1")

@@ -181,6 +181,7 @@ func (b *backupMesh) stockRestic(t *testing.T, args ...string) (string, error) {
 // contents kept aside (a retired data set data lists); a tampered
 // repository fails a drill and raises data.restore-unverified.
 func TestBackups_EndToEnd(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("restic"); err != nil {
 		if os.Getenv("MESH_TEST_TOOLS") != "" {
 			t.Fatal("restic is not installed: make test installs it")
@@ -376,6 +377,7 @@ func notSnake(v any) string {
 // why in one line and raises data.backup-failed; nothing kept is lost, and
 // once it is back the next backup completes.
 func TestBackups_HolderAway(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("restic"); err != nil {
 		t.Skip("restic is not installed (make test installs it)")
 	}

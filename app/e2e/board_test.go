@@ -35,6 +35,7 @@ func browser(t *testing.T) string {
 // The board, in a real browser: the three sections, a condition's link to
 // its evidence and history, and a screenshot kept as an artifact.
 func TestBoard_InABrowser(t *testing.T) {
+	t.Parallel()
 	exe := browser(t)
 	m := newTestMesh(t)
 	h := m.join("web1")
@@ -129,6 +130,7 @@ func TestBoard_InABrowser(t *testing.T) {
 // a page that a DNS rebinding points at it gets nothing, and every answer
 // carries a strict Content-Security-Policy.
 func TestBoard_HostAndCSP(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config.Handler = m.c.BoardHandler(app.BoardHosts(srv.Listener.Addr().String(), "mesh.example")...)

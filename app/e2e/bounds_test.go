@@ -33,6 +33,7 @@ func (m *testMesh) countRows(t *testing.T, store, query string, args ...any) int
 // the node's budget, which is dropped: both refusals are counted. Heartbeats
 // are kept as one aggregate row per node and hour.
 func TestMesh_ReportsAreBounded(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	web1.stop() // its reports are this test's alone

@@ -32,6 +32,7 @@ import (
 // again. Real daemon, real host running the real mesh-builder, a real git
 // server that wants the token.
 func TestBuild_RepositoryCredentialsNeverKept(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	secret := func(prefix string) string {

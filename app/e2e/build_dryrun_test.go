@@ -14,6 +14,7 @@ import (
 // build's duration is from its ask to its outcome heard (issue 30, what a
 // new user hit, 8).
 func TestBuild_DryRunIsNotABuild(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	ctx := context.Background()

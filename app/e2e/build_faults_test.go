@@ -124,6 +124,7 @@ func (m *testMesh) ask(t testing.TB, id string) builds.Ask {
 // that does not answer, it is not taken; past the waiting bound it is
 // dead. The daemon's log says each step.
 func TestBuild_BuilderDiesMidBuild(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	clk := m.withClock()
 	m.builderWith(t, "b1", &host.Supervisor{BackoffBase: time.Hour, BackoffCap: 2 * time.Hour, ResetAfter: time.Hour})
@@ -219,6 +220,7 @@ func TestBuild_BuilderDiesMidBuild(t *testing.T) {
 // all, and the outcome its builder sends then is taken in by the
 // controller started after.
 func TestBuild_QueueAcrossControllerRestart(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	gated := func(module string) (repo, gate string) {

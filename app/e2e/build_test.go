@@ -110,6 +110,7 @@ func (m *testMesh) builderOn(t testing.TB, node string) *testHost {
 // host, which fetches the archive, verifies it, unpacks it and runs the
 // built program until it is ready.
 func TestBuild_SourceToRunningModule(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	web1 := m.join("web1")
@@ -159,6 +160,7 @@ func TestBuild_SourceToRunningModule(t *testing.T) {
 // version: a ref that does not exist, a checkout whose mesh.json does not
 // stand (every problem listed).
 func TestBuild_Failures(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	repo := greeterRepo(t, "1.0.0", 1)
@@ -182,6 +184,7 @@ func TestBuild_Failures(t *testing.T) {
 // make the broker publish on mesh.build.result.b1 would), is refused:
 // nothing is recorded, nothing registered.
 func TestBuild_ForgedOutcomeRefused(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	a, err := m.c.Build(ctx, app.BuildRequest{Repository: "https://git.example/greeter", NoWait: true})
@@ -224,6 +227,7 @@ func TestBuild_ForgedOutcomeRefused(t *testing.T) {
 // the ask is recorded killed by hand, and the outcome the builder then sends
 // is refused as ended.
 func TestBuild_KilledByHand(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	base := t.TempDir()
@@ -282,6 +286,7 @@ func TestBuild_KilledByHand(t *testing.T) {
 // stuck in flight past its bound, a module whose latest build failed; each
 // cleared when what raised it is gone.
 func TestBuild_Conditions(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	ctx := context.Background()
 	now := c.Now()
@@ -338,6 +343,7 @@ func TestBuild_Conditions(t *testing.T) {
 // The re-ask healer: an ask no builder answered is asked again once, under
 // a new id, and build.dead is cleared while the new ask waits.
 func TestBuild_DeadAskedAgainOnce(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.restartWith(app.ServeOptions{CheckEvery: 50 * time.Millisecond})
 	ctx := context.Background()
@@ -398,6 +404,7 @@ func TestBuild_DeadAskedAgainOnce(t *testing.T) {
 // unless --older. What the build compiles is not the point: a script, not
 // five cold go builds (one took 8 s alone, 30 s on a loaded machine).
 func TestBuild_Replay(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	ctx := context.Background()

@@ -100,6 +100,7 @@ func planSteps(p builds.Plan) string {
 // each is rebuilt at the commit the mesh built, and its new archive
 // replaces the version's.
 func TestBuildPlan_OnBaseBasesFirst(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	ctx := context.Background()
@@ -158,6 +159,7 @@ func TestBuildPlan_OnBaseBasesFirst(t *testing.T) {
 // dependants and fails the plan; retry asks the failed step again; close
 // ends it (a hand act). A stands_on cycle is refused, naming it.
 func TestBuildPlan_BehindFailureRetryClose(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	ctx := context.Background()
@@ -236,6 +238,7 @@ func TestBuildPlan_BehindFailureRetryClose(t *testing.T) {
 // recorded, and the newer commit's archive is the version's whichever
 // build ends first.
 func TestBuild_TwoAtOnceNewerCommitWins(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	m.builderOn(t, "b2")

@@ -57,6 +57,7 @@ func (m *testMesh) push(t *testing.T, node string) {
 // or with the digest of a preview its host's report has since changed,
 // nothing is asked and the files stay.
 func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
+	t.Parallel()
 	m, web1 := paperlessMesh(t)
 	media := filepath.Join(web1.root, "var/lib/paperless/media")
 	letter := filepath.Join(media, "letter.pdf")
@@ -138,6 +139,7 @@ func TestCleanup_HostDeletesOnlyWithTheDigest(t *testing.T) {
 // host remove it, with no digest; assigning its module back makes it its
 // own again.
 func TestCleanup_DroppedDataStaysUntilCleaned(t *testing.T) {
+	t.Parallel()
 	m, web1 := paperlessMesh(t)
 	index := filepath.Join(web1.root, "var/lib/paperless/index")
 	if err := os.WriteFile(filepath.Join(index, "terms"), []byte("words"), 0o600); err != nil {

@@ -67,6 +67,7 @@ func (m *testMesh) carryOn(t *testing.T, what string, hosts ...*testHost) {
 // removed node's host is refused by every server, the one that was away
 // when it was removed included, without anyone reloading anything.
 func TestMesh_Cluster(t *testing.T) {
+	t.Parallel()
 	m, cl := clusterMesh(t)
 	if got := strings.Split(m.url, ","); len(got) != 3 {
 		t.Fatalf("serving on %s, want the three servers", m.url)
@@ -169,6 +170,7 @@ func archiveCopies(t *testing.T, m *testMesh, want int) {
 // serve given every server of a cluster of which one is away when it
 // starts serves through the others, and hosts join and apply.
 func TestMesh_ClusterServerAwayAtStart(t *testing.T) {
+	t.Parallel()
 	c, _ := migrated(t)
 	cl := natsCluster(t, c)
 	cl.Kill(0)
@@ -187,6 +189,7 @@ func TestMesh_ClusterServerAwayAtStart(t *testing.T) {
 // to serve, or its connection moving to another server of a cluster) asks
 // again, and joins once one does.
 func TestMesh_JoinBeforeServe(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()

@@ -17,6 +17,7 @@ import (
 // the old archive was said to run nowhere while the node ran it, and node
 // list called that node current.
 func TestCollection_RunsWhatHostsReport(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	m.join("web1")

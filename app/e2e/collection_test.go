@@ -21,6 +21,7 @@ import (
 // only once it is older than CollectAfter; and the chunks of a put that
 // never ended once they are a day old.
 func TestCollection_SweepLetsGoOnlyWhatNothingNeeds(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.builderOn(t, "b1")
 	m.join("web1")

@@ -21,6 +21,7 @@ import (
 // what changed); a node converged already refused; --close-ssh without a
 // filter refused; a node that never reported refused.
 func TestConverge_Preview(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	st, err := m.c.Stores(ctx)

@@ -66,6 +66,7 @@ func (m *testMesh) settled(t *testing.T, nodes ...string) {
 // A seat handover is never empty in between: at every declaration sent
 // during it, some node holds the seat.
 func TestData_SeatHandoverNeverEmpty(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("nas1")
 	m.join("nas2")
@@ -135,6 +136,7 @@ func TestData_SeatHandoverNeverEmpty(t *testing.T) {
 
 // A rotate gives provider and consumer the new credential in the same push.
 func TestData_RotateBothEnds(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	db1, web1 := m.join("db1"), m.join("web1")
 	m.addModule(example("postgres"))
@@ -194,6 +196,7 @@ func TestData_RotateBothEnds(t *testing.T) {
 // Unassigned data stays, is listed as retired, and is deleted only by
 // cleanup delete: the host removes it and reports it gone.
 func TestData_CleanupDeleteFlow(t *testing.T) {
+	t.Parallel()
 	m, web1 := paperlessMesh(t)
 	media := filepath.Join(web1.root, "var/lib/paperless/media")
 	if err := os.WriteFile(filepath.Join(media, "scan.pdf"), []byte("a scanned letter"), 0o600); err != nil {
@@ -248,6 +251,7 @@ func TestData_CleanupDeleteFlow(t *testing.T) {
 
 // cleanup delete --older-than deletes nothing without --confirm.
 func TestData_OlderThanNeedsConfirm(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("db1")
 	m.join("web1")
@@ -285,6 +289,7 @@ func TestData_OlderThanNeedsConfirm(t *testing.T) {
 // Precious data with no backup holder raises data.no-backup; it clears when
 // the backup seat's holder reports a backup of it.
 func TestData_NoBackupClearsWhenABackupIsHeard(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	nas1 := m.join("nas1")

@@ -32,6 +32,7 @@ import (
 // arriving on mesh0. A public port still answers on the LAN: it is the
 // overlay rules that refuse, not the LAN that is cut.
 func TestFilter_OverlayOnlyThroughOverlay(t *testing.T) {
+	t.Parallel()
 	needNetns(t)
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {

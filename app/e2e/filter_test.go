@@ -390,6 +390,7 @@ func (m *testMesh) filterFact(node string) protocol.Fact {
 }
 
 func TestFilter_Namespace(t *testing.T) {
+	t.Parallel()
 	needNetns(t)
 	n := newNetns(t)
 	m := newTestMeshOn(t, nil, n.near+":0")
@@ -506,6 +507,7 @@ func TestFilter_Namespace(t *testing.T) {
 // the declared port connects from the other namespace, the undeclared one
 // does not, and node.unmanaged-listener names it; adopt opens it again.
 func TestConverge_Namespace(t *testing.T) {
+	t.Parallel()
 	needNetns(t)
 	n := newNetns(t)
 	// Listening before the host starts: its first facts name both.

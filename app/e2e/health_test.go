@@ -60,6 +60,7 @@ func (m *testMesh) restartWith(o app.ServeOptions) {
 // A host stopped: node.silent is raised within its bound, with a message;
 // back: it is cleared.
 func TestHealth_NodeSilent(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.restartWith(app.ServeOptions{CheckEvery: 50 * time.Millisecond, Bounds: &app.Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
 	h := m.join("web1")
@@ -125,6 +126,7 @@ func TestHealth_NodeSilent(t *testing.T) {
 // A healer acting past the bound engages the brake, raises healers.brake,
 // and no healer acts until a person releases it.
 func TestHealth_HealersBrake(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	h := m.join("web1")
 	checkFor(t, settle, m.heard("web1"))

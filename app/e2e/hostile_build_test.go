@@ -22,6 +22,7 @@ import (
 // gets nothing, nothing of it runs once its build is over, and the next
 // build, of a clean repository, is registered as the builder built it.
 func TestBuild_HostileRepositoryTakesNothing(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	b1 := m.builderOn(t, "b1")
 	creds := filepath.Join(b1.root, protocol.ModulesDir, "builder", protocol.BrokerCredsName)

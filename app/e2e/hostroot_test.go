@@ -19,6 +19,7 @@ import (
 // planted in the host's root before a legitimate declaration, are refused
 // and reported, and nothing outside the host's root changes.
 func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	h := m.join("web1")
 	m.declare("web1", moduleBody("paperless", "/var/lib/paperless/media"))

@@ -75,6 +75,7 @@ func encodings(v string) []string {
 // refreshes by itself at 80 % of a version's life; no token is in any
 // store, WAL, log or output.
 func TestLicences_Refresh(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	mgr1, web1, web2 := m.join("mgr1"), m.join("web1"), m.join("web2")
 	mgr1.install(t, "refresher", "bin/refresher", buildProgram(t, "refresher", "../testdata/refresher"))
@@ -285,6 +286,7 @@ func TestLicences_Refresh(t *testing.T) {
 // quotes a token, the version stays, the failure is recorded, and nothing
 // of the answer is kept.
 func TestLicences_RefreshBadAnswers(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	mgr1 := m.join("mgr1")
 	mgr1.install(t, "badrefresher", "bin/refresher", buildProgram(t, "refresher", "../testdata/refresher"))
@@ -322,6 +324,7 @@ func TestLicences_RefreshBadAnswers(t *testing.T) {
 // over (the clock moved past it), with a discarded event, and keeps the
 // current one and the refresh token.
 func TestLicences_DiscardAfterGrace(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	m.addRefreshable(t, "chat", "1h")

@@ -29,6 +29,7 @@ const translatorManifest = `{"module": "translator", "version": "1.0.0", "licenc
 // export and with the plain age command; the token is in no store, WAL,
 // log, output or export.
 func TestLicences_UseOnTwoNodes(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1, web2 := m.join("web1"), m.join("web2")
 	sleeper := filepath.Join(t.TempDir(), "translator")

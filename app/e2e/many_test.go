@@ -14,6 +14,7 @@ import (
 // nothing on any; unassign --nodes takes it off them all; push --all sends
 // every node its declaration. Progress is told each stage.
 func TestMany_AssignUnassignPushAll(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	var nodes []string

@@ -574,6 +574,7 @@ func moduleBody(module, dataPath string) string {
 }
 
 func TestMesh_JoinReportDeclare(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	hosts := []*testHost{m.join("web1"), m.join("web2"), m.join("web3")}
 	for _, h := range hosts {
@@ -642,6 +643,7 @@ func TestMesh_JoinReportDeclare(t *testing.T) {
 // A host that was offline applies the latest declaration when it is back,
 // and a controller that was down sends what was declared meanwhile.
 func TestMesh_OfflineHostAndController(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	h := m.join("web1")
 	checkFor(t, settle, m.heard("web1"))
@@ -665,6 +667,7 @@ func TestMesh_OfflineHostAndController(t *testing.T) {
 }
 
 func TestMesh_TokenUsedTwice(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	tok, err := m.c.TokenIssue(context.Background(), app.TokenRequest{Node: "web1", New: true, TTL: time.Hour})
 	if err != nil {
@@ -708,6 +711,7 @@ func TestMesh_TokenUsedTwice(t *testing.T) {
 }
 
 func TestMesh_BadSignatureDroppedAndCounted(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	h := m.join("web1")
 	checkFor(t, settle, m.beatsAbove(0))
@@ -756,6 +760,7 @@ func externalBroker(t testing.TB, st *app.Stores, addr string) (*broker.Server, 
 // With --broker the controller uses an existing NATS that trusts its
 // operator (configured as broker show --broker prints), instead of embedding one.
 func TestMesh_ExternalBroker(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()

@@ -96,6 +96,7 @@ func waitMetric(t *testing.T, url string, check func(scrape) error) scrape {
 // Every metric moves when its event happens, scraped from a real serving
 // controller's /metrics with real hosts.
 func TestMetrics_MoveWithTheirEvents(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	url := m.restartWithMetrics(app.ServeOptions{CheckEvery: 50 * time.Millisecond, CatchUpEvery: 50 * time.Millisecond, Bounds: &app.Bounds{HeartbeatFactor: 4, Apply: time.Hour, DataReport: time.Hour, RetiredWaiting: time.Hour, Memory: time.Hour}})
 	s0 := scrapeOf(t, url)

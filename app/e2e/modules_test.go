@@ -37,6 +37,7 @@ func writeManifest(t testing.TB, body string) string {
 
 // The examples checked, added, assigned judged together, pushed and applied by hosts.
 func TestMesh_AssignPushApply(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1, db1 := m.join("web1"), m.join("db1")
 	for _, n := range []string{"paperless", "postgres", "smtp-relay"} {
@@ -97,6 +98,7 @@ func TestMesh_AssignPushApply(t *testing.T) {
 
 // A change recorded while no controller serves is sent when serve starts.
 func TestMesh_ServeCatchesUp(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	m.addModule(example("postgres"))
@@ -121,6 +123,7 @@ func TestMesh_ServeCatchesUp(t *testing.T) {
 // A roll-out sends one node at a time: the second is not sent the new
 // version before the first reports it applied; a failing node stops it.
 func TestMesh_RollOut(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	hosts := []*testHost{m.join("db1"), m.join("db2"), m.join("db3")}
 	ctx := context.Background()
@@ -189,6 +192,7 @@ func TestMesh_RollOut(t *testing.T) {
 
 // A roll-out that stops leaves the nodes after it on the old version.
 func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	hosts := []*testHost{m.join("db1"), m.join("db2")}
 	ctx := context.Background()
@@ -221,6 +225,7 @@ func TestMesh_RollOutStopsAtFirstFailure(t *testing.T) {
 
 // A module's broker user may publish what it emits and nothing else.
 func TestMesh_ModuleIssue(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	ctx := context.Background()

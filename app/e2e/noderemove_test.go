@@ -21,6 +21,7 @@ import (
 // joining later under the same name is a fresh one the revocation does
 // not touch.
 func TestNodeRemove_ClosesItsConnections(t *testing.T) {
+	t.Parallel()
 	m, web1 := paperlessMesh(t)
 	ctx := context.Background()
 	letter := filepath.Join(web1.root, "var/lib/paperless/media/letter.pdf")
@@ -124,6 +125,7 @@ func TestNodeRemove_ClosesItsConnections(t *testing.T) {
 // Nodes whose modules provide to each other cannot be unassigned one by
 // one: node remove --and-unassign refuses them before changing anything.
 func TestNodeRemove_RefusesProvidersOfEachOther(t *testing.T) {
+	t.Parallel()
 	c := newController(t, t.TempDir())
 	c.Getenv = func(string) string { return "" }
 	ctx := context.Background()

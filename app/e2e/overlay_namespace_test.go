@@ -210,6 +210,7 @@ func (m *testMesh) declareUnjudged(t *testing.T, node string, o protocol.Declare
 var tookRE = regexp.MustCompile(`(brought the overlay up|changed the overlay) in ([0-9.]+[µmn]?s)`)
 
 func TestOverlay_Namespaces(t *testing.T) {
+	t.Parallel()
 	needOverlay(t)
 	na, nb, nc := newNetns(t), newNetns(t), newNetns(t)
 	lan := newLAN(t, na, nb, nc)

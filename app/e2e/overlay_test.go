@@ -71,6 +71,7 @@ func declaredOverlay(t *testing.T, m *testMesh, node string) (*protocol.Declared
 // overlay part is as computed, and the configurations agree pair by pair.
 // Then the NAT'd node's heartbeats report a silent peer, and a handshake.
 func TestOverlay_ThreeHosts(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	hosts := map[string]*testHost{}
@@ -254,6 +255,7 @@ func TestOverlay_ThreeHosts(t *testing.T) {
 // assigned to a1 and b1 after are applied by both: neither host is
 // declared a peer it refuses (a1's own key on c1, or one key twice).
 func TestOverlay_KeyOfAnotherRefused(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	hosts := map[string]*testHost{}

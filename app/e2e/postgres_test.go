@@ -16,6 +16,7 @@ import (
 // listings read it all back. The same acts as on SQLite (TestMesh_…), so
 // that every store method the daemon uses runs on PostgreSQL too.
 func TestMesh_OnPostgres(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{}
 	for _, name := range app.Contexts {
 		env[sqlite.EnvVar(name)] = sqlitetest.NewDatabase(t)
@@ -65,6 +66,7 @@ func TestMesh_OnPostgres(t *testing.T) {
 // declaration is refused, not half-kept; once it is back the same daemon,
 // through the same pools, declares again and the host applies it.
 func TestMesh_PostgresRestart(t *testing.T) {
+	t.Parallel()
 	srv := sqlitetest.NewServer(t)
 	admin, _, err := postgres.Open(context.Background(), srv.URL)
 	if err != nil {

@@ -123,6 +123,7 @@ func bumpAll(t *testing.T, m *testMesh) {
 // declaration made for it, and none gives up. The simulator is the one
 // 'make bench' measures 10,000 hosts with, coming back as real hosts do.
 func TestMesh_RestartUnderLoad(t *testing.T) {
+	t.Parallel()
 	const hosts = 200
 	m := newTestMesh(t)
 	stop := simulated(t, m, hosts)
@@ -146,6 +147,7 @@ func TestMesh_RestartUnderLoad(t *testing.T) {
 // the same address: the controller's connections and the hosts' come back
 // by themselves, and every host is heard again and applies its latest.
 func TestMesh_ExternalBrokerAway(t *testing.T) {
+	t.Parallel()
 	const hosts = 50
 	c, st := migrated(t)
 	ctx := context.Background()

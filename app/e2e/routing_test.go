@@ -21,6 +21,7 @@ import (
 // controller serves, whose command stopped before declaring (only the
 // plan moved), is declared by the catch-up.
 func TestMesh_RoutingDeclared(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	ctx := context.Background()
@@ -110,6 +111,7 @@ func TestMesh_RoutingDeclared(t *testing.T) {
 // Refusals come before any store is written: nothing changes, nothing is
 // declared.
 func TestRouting_Refused(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	ctx := context.Background()
 	if _, err := c.NodeAdd(ctx, "gw1", true); err != nil {
@@ -161,6 +163,7 @@ func manyNetworks(n int) []string {
 // FilterFor renders the filter from the node's plan: its modules' ports by
 // their exposure, its domain and networks, and the SSH port by default.
 func TestFilterFor(t *testing.T) {
+	t.Parallel()
 	c, _ := migrated(t)
 	ctx := context.Background()
 	if _, err := c.NodeAdd(ctx, "web1", true); err != nil {

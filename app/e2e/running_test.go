@@ -114,6 +114,7 @@ func alive(pid int) bool {
 // assigned and started, ready, asked, killed and restarted, logged,
 // stopped on unassign with its data kept.
 func TestRunning_ExampleModuleLifecycle(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.helloOn(t, "web1")
 	ctx := context.Background()
@@ -207,6 +208,7 @@ func TestRunning_ExampleModuleLifecycle(t *testing.T) {
 // the node applied its declaration, the module is failed with why, and
 // ask says no instance answers.
 func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1") // nothing installed: bin/hello is not there
 	m.addModule(helloManifest)
@@ -254,6 +256,7 @@ func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
 // back-off, reports it, and the self-check raises module.crash-looping with
 // the exit and the log's tail; the host itself stays healthy.
 func TestRunning_CrashLoopRaisesCondition(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	script := filepath.Join(t.TempDir(), "crash")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\necho about to fail >&2\nexit 3\n"), 0o755); err != nil {
@@ -264,13 +267,17 @@ func TestRunning_CrashLoopRaisesCondition(t *testing.T) {
 	m.addModule(writeManifest(t, `{"module": "crash", "version": "1.0.0", "run": {"command": ["bin/crash"], "ready": {"after": "1s"}}}`))
 	m.assign(t, "web1", "crash")
 	checkFor(t, settle, m.moduleIn("web1", "crash", protocol.StateCrashLooping))
-	if _, err := m.c.SelfCheck(context.Background(), app.CheckOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := m.c.ConditionShow(context.Background(), "module.crash-looping/web1/crash")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Between its restarts a report may say it starts again: the check is
+	// run until one judges the module as it crash-loops.
+	var c app.ConditionDetail
+	checkFor(t, settle, func() error {
+		if _, err := m.c.SelfCheck(context.Background(), app.CheckOptions{}); err != nil {
+			return err
+		}
+		var err error
+		c, err = m.c.ConditionShow(context.Background(), "module.crash-looping/web1/crash")
+		return err
+	})
 	ev, _ := json.Marshal(c.Evidence)
 	if !strings.Contains(string(ev), "exit status 3") || !strings.Contains(string(ev), "about to fail") {
 		t.Fatalf("evidence %s", ev)
@@ -282,6 +289,7 @@ func TestRunning_CrashLoopRaisesCondition(t *testing.T) {
 
 // Refusals of logs and ask, each one line.
 func TestRunning_Refusals(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.join("web1")
 	m.addModule(helloManifest)
@@ -312,6 +320,7 @@ func TestRunning_Refusals(t *testing.T) {
 // environment), may hear its tools on any node's subject and its own
 // node's, and nothing of another node or of the hosts.
 func TestRunning_ModuleUserAsDeclared(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.helloOn(t, "web1")
 	m.join("web2")
@@ -364,6 +373,7 @@ func TestRunning_ModuleUserAsDeclared(t *testing.T) {
 // logs --follow: lines written after it began arrive; when the follower
 // goes, the host stops sending.
 func TestRunning_LogsFollow(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.helloOn(t, "web1")
 
@@ -405,6 +415,7 @@ func TestRunning_LogsFollow(t *testing.T) {
 // A settings change restarts that module only; a roll-out to a version
 // that cannot start stops there, saying why.
 func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
+	t.Parallel()
 	bin := buildHello(t)
 	m := newTestMesh(t)
 	web1 := m.join("web1")
@@ -449,6 +460,7 @@ func TestRunning_ChangeRestartsOnlyThatModule(t *testing.T) {
 // with each roll-out); one that changes it gets a new user and the old one
 // is revoked.
 func TestRunning_ModuleUserAcrossVersions(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	ctx := context.Background()
@@ -499,6 +511,7 @@ func TestRunning_ModuleUserAcrossVersions(t *testing.T) {
 // its ask on connecting carries the same declaration, whose modules it runs
 // without writing its files again.
 func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1 := m.helloOn(t, "web1")
 	web1.stop()
@@ -536,6 +549,7 @@ func TestRunning_HostFromBeforeRunsItsModules(t *testing.T) {
 // nothing that was there before (a data path that already existed stays
 // the host's). The user is deleted afterwards.
 func TestRunning_AsItsOwnUser(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("modules run as their own users only when the host is root")
 	}

@@ -69,6 +69,7 @@ func fileMode(t *testing.T, path string) os.FileMode {
 // person-accepted ocr_licence delivered to the host, recoverable by the
 // operator key alone.
 func TestSecrets_Paperless(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1, db1 := m.join("web1"), m.join("db1")
 	ctx := context.Background()
@@ -213,6 +214,7 @@ func paperlessOn(t *testing.T, node string) *testMesh {
 
 // Recovering refuses what it must, with one error and no file left behind.
 func TestSecrets_RecoverRefusals(t *testing.T) {
+	t.Parallel()
 	m := paperlessOn(t, "web1")
 	ctx := context.Background()
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("x"))); err != nil {
@@ -290,6 +292,7 @@ func TestSecrets_RecoverRefusals(t *testing.T) {
 // A person's secret is refused for a node that has not joined, for a secret
 // the manifest does not name, and for one the mesh makes.
 func TestSecrets_AcceptRefusals(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	ctx := context.Background()
@@ -322,6 +325,7 @@ func TestSecrets_AcceptRefusals(t *testing.T) {
 // Replacing the operator key: copies sealed to the old key are counted as
 // recoverable only by it, until each secret is made or accepted again.
 func TestSecrets_ReplaceOperatorKey(t *testing.T) {
+	t.Parallel()
 	m := paperlessOn(t, "web1")
 	ctx := context.Background()
 	if _, err := m.c.SecretAccept(ctx, "web1", "paperless", "ocr_licence", protocol.NewSecret([]byte("v1"))); err != nil {

@@ -71,6 +71,7 @@ func (v violations) expect(t *testing.T, what, subject string) {
 }
 
 func TestMesh_BrokerPermissions(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	web1, web2 := m.join("web1"), m.join("web2")
 	web1.stop()
@@ -157,6 +158,7 @@ func TestMesh_BrokerPermissions(t *testing.T) {
 
 // A host applies only what its controller signed, and only newer serials.
 func TestMesh_HostRefusesForgedAndReplayed(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.join("web1")
 	ctx := context.Background()

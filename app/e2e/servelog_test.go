@@ -74,6 +74,7 @@ func jsonText(v any) string {
 // no encoding. With the stores on PostgreSQL (MESH_TEST_POSTGRES) the start
 // line shows their URLs without the password.
 func TestServeLog_JSONWithSubjects(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.stop()
 	m.logs = &syncBuffer{} // the first start's is text

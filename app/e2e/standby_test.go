@@ -231,6 +231,7 @@ func controllersShown(t *testing.T, data, broker string) app.ControllersView {
 // exactly one serves, the other stands by naming it; broker show and
 // doctor say which is which.
 func TestStandby_StartedAtOnce(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()
@@ -292,6 +293,7 @@ func TestStandby_StartedAtOnce(t *testing.T) {
 // takes over; resumed (SIGCONT), the paused one's first write is refused
 // by the stores' fence, and it stops serving and stands by, saying why.
 func TestStandby_PausedPastLeaseIsFenced(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()
@@ -358,6 +360,7 @@ func failoverRuns(t *testing.T) int {
 // at the kill (the kill lands anywhere in the renew cycle), the standby's
 // poll, and its start.
 func TestStandby_Kill9UnderHosts(t *testing.T) {
+	t.Parallel()
 	c, st := migrated(t)
 	external, _ := externalBroker(t, st, freeAddr(t))
 	defer external.Shutdown()

@@ -39,6 +39,7 @@ func holdPort(t *testing.T, port string) *holdtest.Holder {
 // leaves the data there; plan says it was taken and from what, and the
 // hand-act log has it.
 func TestTake_AdoptedNode(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	_, port, _ := strings.Cut(freeAddr(t), ":")

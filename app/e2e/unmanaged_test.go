@@ -67,6 +67,7 @@ func lowListener(t *testing.T) net.Listener {
 // listener going, takes it from the condition. A loopback listener, and an
 // adopted node, raise nothing.
 func TestUnmanagedListener(t *testing.T) {
+	t.Parallel()
 	reachable := lowListener(t)
 	defer reachable.Close()
 	loopback, err := net.Listen("tcp", "127.0.0.1:0")
@@ -160,6 +161,7 @@ func TestUnmanagedListener(t *testing.T) {
 // the node's history grows by at most a row a check, each of a bounded
 // size.
 func TestUnmanagedListener_OneANode(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	ctx := context.Background()
 	st, err := m.c.Stores(ctx)

@@ -14,6 +14,7 @@ import (
 // hit, 3): db1 moved and ready, db2 sent and never heard (its host is
 // stopped), db3 not sent.
 func TestUpgrade_InterruptedSaysWhereItStopped(t *testing.T) {
+	t.Parallel()
 	m, hosts := upgradeMesh(t, "db1", "db2", "db3")
 	hosts[1].stop()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -55,6 +55,7 @@ func moduleVersionOn(t *testing.T, h *testHost, module string) string {
 // keep the old version until push --behind (issue 12, item 11). Before, the
 // catch-up sent the recorded version within seconds.
 func TestUpgrade_RecordIsNotSentUntilPushBehind(t *testing.T) {
+	t.Parallel()
 	m, hosts := upgradeMesh(t, "db1")
 	ctx := context.Background()
 	declared := m.node("db1").SerialDeclared
@@ -86,6 +87,7 @@ func TestUpgrade_RecordIsNotSentUntilPushBehind(t *testing.T) {
 // A roll-out right after a record sends the recorded version and waits for
 // the hosts: it judges by what hosts report applied, not by what was recorded.
 func TestUpgrade_RollOutAfterRecord(t *testing.T) {
+	t.Parallel()
 	m, hosts := upgradeMesh(t, "db1", "db2")
 	ctx := context.Background()
 	if _, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store", Action: "record"}); err != nil {
@@ -106,6 +108,7 @@ func TestUpgrade_RollOutAfterRecord(t *testing.T) {
 // deadline (issue 11, item 12): before, it waited for each in turn, so six
 // silent nodes took six times the wait.
 func TestUpgrade_TogetherWaitsOnceForSilentNodes(t *testing.T) {
+	t.Parallel()
 	m, hosts := upgradeMesh(t, "db1", "db2", "db3", "db4")
 	for _, h := range hosts[1:] {
 		h.stop()
@@ -126,6 +129,7 @@ func TestUpgrade_TogetherWaitsOnceForSilentNodes(t *testing.T) {
 // test runs this under the race detector (issue 13, item 5: the daemon's
 // state was written from the join handler and the serve loop at once).
 func TestMesh_JoinsDuringCatchUp(t *testing.T) {
+	t.Parallel()
 	m := newTestMesh(t)
 	m.restartWith(app.ServeOptions{CatchUpEvery: 10 * time.Millisecond, CheckEvery: 50 * time.Millisecond})
 	ctx := context.Background()
