@@ -121,18 +121,24 @@ func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Sn
 	if strings.TrimSpace(r.Why) == "" {
 		return v, fmt.Errorf("%w: say why with --why", ErrBadRollOut)
 	}
-	if _, err := c.brokerURL(ctx, st.Identity); err != nil {
-		return v, err
-	}
 	ro, ok, err := st.Inventory.RollOut(ctx, v.Module)
 	if err != nil {
 		return v, err
 	}
-	if ok && ro.Phase == inventory.RollOutRolledBack {
-		return v, fmt.Errorf("the last roll-out of %s (to %s) was rolled back already: nothing to roll back", v.Module, ro.To)
+	if !ok {
+		return v, fmt.Errorf("%s has no roll-out to roll back: 'mesh-controller upgrade %s roll-out' starts one", v.Module, v.Module)
 	}
-	if ok && len(returning(snap, ro)) == 0 && ro.Ended() {
+	switch {
+	case !ro.Ended():
+		return v, fmt.Errorf("a roll-out of %s is under way: follow it with 'mesh-controller upgrade %s show', and roll it back once it ended", v.Module, v.Module)
+	case ro.Phase == inventory.RollOutRolledBack:
+		return v, fmt.Errorf("the last roll-out of %s (to %s) was rolled back already: nothing to roll back", v.Module, ro.To)
+	case len(returning(snap, ro)) == 0:
 		return v, fmt.Errorf("no node the last roll-out of %s moved runs %s now: nothing to roll back", v.Module, ro.To)
+	}
+	// Serve drives the rollback: none serving, nothing is written.
+	if _, err := c.brokerURL(ctx, st.Identity); err != nil {
+		return v, err
 	}
 	ro, err = st.Inventory.RollBackRollOut(ctx, v.Module, "rolled back by hand: "+r.Why, c.Now())
 	switch {
@@ -148,7 +154,21 @@ func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Sn
 		return v, err
 	}
 	r.Progress(fmt.Sprintf("rollback of the roll-out of %s to %s recorded; the serving controller drives it", v.Module, ro.To))
-	return c.followRollOut(ctx, st, v, ro.ID, r.Progress)
+	v, err = c.followRollOut(ctx, st, v, ro.ID, r.Progress)
+	if !errors.Is(err, ErrRollOutRolledBack) {
+		return v, err
+	}
+	// Rolled back is what was asked: only the nodes not back are an error.
+	var not []string
+	for _, n := range v.RollOut.Nodes {
+		if n.Back == "not-returned" {
+			not = append(not, nodeBack(*v.RollOut, n))
+		}
+	}
+	if len(not) > 0 {
+		return v, fmt.Errorf("%w, but not every node is back: %s", ErrRollOutRolledBack, strings.Join(not, "; "))
+	}
+	return v, nil
 }
 
 // followRollOut reads the roll-out from the store until it ends, saying
