@@ -185,7 +185,10 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 			return v, fmt.Errorf("the roll-out of %s followed was replaced by another: see 'mesh-controller upgrade %s show'", v.Module, v.Module)
 		}
 		if ro.Phase != phase {
-			if ro.Phase == inventory.RollOutRollingBack {
+			switch ro.Phase {
+			case inventory.RollOutSoaking:
+				progress(fmt.Sprintf("the batch is ready: soaking %s (it must stay ready)", ro.Soak))
+			case inventory.RollOutRollingBack:
 				progress("rolling back: " + ro.Why)
 			}
 			phase = ro.Phase
@@ -604,6 +607,10 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 		}
 	}
 	ro.Phase = inventory.RollOutRolledBack
+	if len(v.Steps) == 0 {
+		// Nothing had moved (the first move was refused): nothing went back.
+		ro.Phase = inventory.RollOutStopped
+	}
 	if err := c.saveRollOut(ctx, st, ro); err != nil {
 		return err
 	}

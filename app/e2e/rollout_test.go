@@ -206,9 +206,9 @@ func TestRollOut_SoakFailureCounts(t *testing.T) {
 	if c.Result != "failed" || !c.Applied || !strings.Contains(c.Error, "within the 2s soak") || c.Back != "returned" {
 		t.Fatalf("the canary: %+v", c)
 	}
-	if !strings.Contains(strings.Join(said, "\n"), "db1 runs store 2.0.0: ready") {
-		// It was ready before it crashed: the soak is what caught it.
-		t.Logf("the canary was not said ready first:\n%s", strings.Join(said, "\n"))
+	// It was ready before it crashed: the soak is what caught it.
+	if !strings.Contains(strings.Join(said, "\n"), "the batch is ready: soaking 2s") {
+		t.Errorf("the canary was not said ready first:\n%s", strings.Join(said, "\n"))
 	}
 	checkFor(t, settle, m.storeReady("db1", "1.0.0"))
 	if r := rollOutNode(t, v, "db2"); r.Moved {
@@ -273,7 +273,8 @@ func TestRollOut_ServeRestartedResumes(t *testing.T) {
 		// back does not end it.
 		v, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store", Action: "roll-out", Canary: 1, Soak: 500 * time.Millisecond, Wait: 5 * time.Second,
 			Progress: func(s string) {
-				if strings.HasPrefix(s, "db1 runs store 2.0.0: ready") {
+				// db2 moved, not yet judged.
+				if strings.HasPrefix(s, "db2 sent declaration") {
 					close(stopped)
 				}
 			}})
@@ -322,17 +323,19 @@ func TestRollOut_ServeRestartedResumes(t *testing.T) {
 }
 
 // A serve stopped while it rolls back, started again, finishes the
-// rollback: the nodes end on the version they ran.
+// rollback: the nodes end on the version they ran. db2's host is away
+// through the roll-out, so the rollback waits for it when serve stops.
 func TestRollOut_ServeRestartedRollingBack(t *testing.T) {
 	start := time.Now()
-	m, _ := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2")
+	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2")
+	hosts[1].stop()
 	ctx := context.Background()
 	stopped := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store", Action: "roll-out", Canary: 0, Batch: "100%", Wait: 5 * time.Second,
+		_, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store", Action: "roll-out", Together: true, Wait: 2 * time.Second,
 			Progress: func(s string) {
-				if strings.HasPrefix(s, "rolling back") {
+				if strings.HasPrefix(s, "db2 going back") {
 					close(stopped)
 				}
 			}})
@@ -346,10 +349,11 @@ func TestRollOut_ServeRestartedRollingBack(t *testing.T) {
 		t.Fatal("the roll-out did not roll back")
 	}
 	m.stop()
+	hosts[1].start()
 	m.start()
 	select {
 	case err := <-done:
-		if !errors.Is(err, app.ErrRollOutRolledBack) {
+		if !errors.Is(err, app.ErrRollOutRolledBack) || !strings.Contains(err.Error(), "db2 back on store 1.0.0") {
 			t.Fatal(err)
 		}
 	case <-time.After(2 * settle):

@@ -610,7 +610,17 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 		}
 		fmt.Fprintln(env.Stderr, "send them later with 'mesh-controller push --behind'")
 	default:
-		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s\n", v.Module, v.Current, app.Plural(len(v.Steps), "node"))
+		var failed []string
+		for _, s := range v.Steps {
+			if s.Error != "" {
+				failed = append(failed, s.Node)
+			}
+		}
+		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s of %d\n", v.Module, v.Current, app.Plural(len(v.Steps)-len(failed), "node"), len(v.Steps))
+		if len(failed) > 0 {
+			fmt.Fprintf(env.Stdout, "failed, within --max-failures (left on %s; 'mesh-controller upgrade %s rollback --why ...' returns every node moved): %s\n",
+				v.Current, v.Module, strings.Join(failed, ", "))
+		}
 	}
 	return nil
 }
