@@ -20,8 +20,9 @@ import (
 )
 
 // ErrRollOutRolledBack means a roll-out failed past its --max-failures and
-// every node it moved was sent back to the version it ran.
-var ErrRollOutRolledBack = errors.New("the roll-out was rolled back")
+// every node it moved was sent back to the version it ran: it stopped
+// (ErrRollOutStopped), and went back.
+var ErrRollOutRolledBack = fmt.Errorf("%w and was rolled back", ErrRollOutStopped)
 
 // ErrBadRollOut means a roll-out's options cannot be followed.
 var ErrBadRollOut = errors.New("bad roll-out options")
@@ -288,15 +289,21 @@ func rollOutEnd(ro inventory.RollOut) error {
 
 // returning are the indexes of the roll-out's nodes a rollback returns:
 // those it moved off another version that still run its version (a node
-// moved by hand since, or its module unassigned, is left alone).
+// moved by hand since, or its module unassigned, is left alone), and
+// those whose return was committed before a restart (planned at their
+// from version again), to be waited for.
 func returning(snap *inventory.Snapshot, ro inventory.RollOut) []int {
 	var out []int
 	for i, n := range ro.Nodes {
-		if n.From == ro.To || n.Back == "returned" {
+		if n.From == ro.To || n.Back == "returned" || n.Back == "not-returned" {
 			continue
 		}
+		at := ro.To
+		if n.Back == "returning" {
+			at = n.From
+		}
 		for _, a := range snap.AssignmentsOf(n.Node) {
-			if a.Module == ro.Module && a.Version == ro.To {
+			if a.Module == ro.Module && a.Version == at {
 				out = append(out, i)
 			}
 		}
