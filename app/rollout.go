@@ -177,7 +177,21 @@ func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Sn
 func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id string, progress func(string)) (UpgradeView, error) {
 	seen := map[string]inventory.RollOutNode{}
 	phase := ""
-	for {
+	unserved := false
+	for polls := 1; ; polls++ {
+		// Serve drives it: a command left following a roll-out no one
+		// drives says so, and goes on following (serve resumes it).
+		if polls%100 == 0 {
+			_, err := c.brokerURL(ctx, st.Identity)
+			if gone := err != nil; gone != unserved {
+				unserved = gone
+				if gone {
+					progress("no controller is serving: the roll-out waits for 'mesh-controller serve', which resumes it")
+				} else {
+					progress("a controller serves again: the roll-out goes on")
+				}
+			}
+		}
 		ro, ok, err := st.Inventory.RollOut(ctx, v.Module)
 		if err != nil {
 			return v, err
