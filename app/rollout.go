@@ -420,7 +420,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		if err := c.saveRollOut(ctx, st, ro); err != nil {
 			return err
 		}
-		return c.rollOutAct(ctx, st, ro, "", fmt.Sprintf("roll-out %s to %s done: %s ready", ro.Module, ro.To, Plural(countResult(*ro, "ready"), "node")))
+		return c.rollOutActs(ctx, st, ro, fmt.Sprintf("roll-out %s to %s done: %s ready", ro.Module, ro.To, Plural(countResult(*ro, "ready"), "node")))
 	}
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
@@ -464,15 +464,17 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		if err := c.saveRollOut(ctx, st, ro); err != nil {
 			return err
 		}
+		var acts []string
 		for _, k := range toMove {
 			n := ro.Nodes[idx[k]]
 			result := fmt.Sprintf("declaration %d sent", n.Serial)
 			if n.Result == "failed" {
 				result = "failed: " + n.Error
 			}
-			if err := c.rollOutAct(ctx, st, ro, n.Node, fmt.Sprintf("roll-out %s batch %d: move %s from %s to %s: %s", ro.Module, batch, n.Node, n.From, ro.To, result)); err != nil {
-				return err
-			}
+			acts = append(acts, fmt.Sprintf("roll-out %s batch %d: move %s from %s to %s: %s", ro.Module, batch, n.Node, n.From, ro.To, result))
+		}
+		if err := c.rollOutActs(ctx, st, ro, acts...); err != nil {
+			return err
 		}
 	}
 	wait, err := c.waitFor(ctx, st, snap, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Result == "moved" })
@@ -529,6 +531,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 	if err := c.saveRollOut(ctx, st, ro); err != nil {
 		return err
 	}
+	var acts []string
 	for _, k := range wait {
 		n := ro.Nodes[idx[k]]
 		result := "ready"
@@ -537,14 +540,12 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		} else if ro.Soak > 0 {
 			result = "ready through the " + ro.Soak.String() + " soak"
 		}
-		if err := c.rollOutAct(ctx, st, ro, n.Node, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", ro.Module, batch, n.Node, ro.Module, ro.To, result)); err != nil {
-			return err
-		}
+		acts = append(acts, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", ro.Module, batch, n.Node, ro.Module, ro.To, result))
 	}
 	if ro.Phase == inventory.RollOutRollingBack {
-		return c.rollOutAct(ctx, st, ro, "", fmt.Sprintf("roll-out %s to %s stopped, rolling back: %s", ro.Module, ro.To, ro.Why))
+		acts = append(acts, fmt.Sprintf("roll-out %s to %s stopped, rolling back: %s", ro.Module, ro.To, ro.Why))
 	}
-	return nil
+	return c.rollOutActs(ctx, st, ro, acts...)
 }
 
 // rollBack returns every node the roll-out moved to the version it ran,
@@ -635,15 +636,13 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 	if err := c.saveRollOut(ctx, st, ro); err != nil {
 		return err
 	}
+	var acts []string
 	for _, n := range ro.Nodes {
-		if n.Back == "" {
-			continue
-		}
-		if err := c.rollOutAct(ctx, st, ro, n.Node, "rollback of "+ro.Module+" "+ro.To+": "+nodeBack(*ro, n)); err != nil {
-			return err
+		if n.Back != "" {
+			acts = append(acts, "rollback of "+ro.Module+" "+ro.To+": "+nodeBack(*ro, n))
 		}
 	}
-	return nil
+	return c.rollOutActs(ctx, st, ro, acts...)
 }
 
 // waitFor waits, bounded by the roll-out's --wait, for the steps of v
@@ -725,13 +724,22 @@ func (c uses) saveRollOut(ctx context.Context, st *Stores, ro *inventory.RollOut
 	return st.Inventory.SaveRollOut(ctx, *ro, c.Now())
 }
 
-// rollOutAct records a step of a roll-out as a hand act, by whom the
-// roll-out was started.
-func (c uses) rollOutAct(ctx context.Context, st *Stores, ro *inventory.RollOut, node, what string) error {
+// rollOutActs records steps of a roll-out as hand acts (each naming its
+// node and result), by whom the roll-out was started: one write for a
+// batch's nodes, however many.
+func (c uses) rollOutActs(ctx context.Context, st *Stores, ro *inventory.RollOut, whats ...string) error {
+	if len(whats) == 0 {
+		return nil
+	}
 	why := ro.Why
 	if why == "" {
 		why = "a step of the roll-out of " + ro.Module + " to " + ro.To
 	}
-	_, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: "roll-out", Who: ro.Who})
+	now := c.Now()
+	acts := make([]health.HandAct, len(whats))
+	for i, w := range whats {
+		acts[i] = health.HandAct{At: now, What: w, Why: why, Cause: "roll-out", Who: ro.Who}
+	}
+	_, err := st.Health.RecordHandActs(ctx, acts)
 	return err
 }
