@@ -176,7 +176,7 @@ func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Sn
 // each node's steps as they are recorded; ctx ending leaves it to serve.
 func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id string, progress func(string)) (UpgradeView, error) {
 	seen := map[string]inventory.RollOutNode{}
-	phase := ""
+	phase, lastMark := "", ""
 	unserved := false
 	for polls := 1; ; polls++ {
 		// Serve drives it: a command left following a roll-out no one
@@ -192,6 +192,20 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 				}
 			}
 		}
+		// Its nodes are read when it was written since (a roll-out of
+		// thousands of nodes is not read whole every poll), and each second
+		// whatever the mark says (it is kept to the millisecond).
+		mark, err := st.Inventory.RollOutMark(ctx, v.Module)
+		if err != nil {
+			return v, err
+		}
+		if mark == lastMark && polls%20 != 0 {
+			if err := pause(ctx, followEvery); err != nil {
+				return v, err
+			}
+			continue
+		}
+		lastMark = mark
 		ro, ok, err := st.Inventory.RollOut(ctx, v.Module)
 		if err != nil {
 			return v, err
@@ -216,11 +230,19 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 		if ro.Ended() {
 			return v, rollOutEnd(ro)
 		}
-		select {
-		case <-ctx.Done():
-			return v, ctx.Err()
-		case <-time.After(followEvery):
+		if err := pause(ctx, followEvery); err != nil {
+			return v, err
 		}
+	}
+}
+
+// pause waits for d, or until ctx ends (its error).
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 

@@ -204,6 +204,18 @@ func (s *Store) RollOut(ctx context.Context, module string) (_ RollOut, ok bool,
 	return r, true, rows.Err()
 }
 
+// RollOutMark is what says a module's last roll-out changed, read alone:
+// its id, phase and when it was last written ("" with none).
+func (s *Store) RollOutMark(ctx context.Context, module string) (_ string, err error) {
+	defer s.db.Failing(&err, "read the roll-out")
+	var id, phase, updated string
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT id, phase, updated_at FROM rollouts WHERE module = ?`, module).Scan(&id, &phase, &updated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return id + " " + phase + " " + updated, err
+}
+
 // RollOutsUnderWay names the modules whose roll-out is not ended: serve
 // drives them.
 func (s *Store) RollOutsUnderWay(ctx context.Context) (_ []string, err error) {

@@ -33,9 +33,13 @@ func TestRollOuts_OneAModule(t *testing.T) {
 	if _, err := s.RollBackRollOut(ctx, "store", "why", now); !errors.Is(err, ErrRollOutUnderWay) {
 		t.Fatalf("a rollback while under way: %v", err)
 	}
+	before, _ := s.RollOutMark(ctx, "store")
 	first.Phase, first.Nodes[0].Result, first.Nodes[0].Moved, first.Nodes[0].Serial = RollOutDone, "ready", true, 7
 	if err := s.SaveRollOut(ctx, first, now); err != nil {
 		t.Fatal(err)
+	}
+	if after, err := s.RollOutMark(ctx, "store"); err != nil || after == before || before == "" {
+		t.Fatalf("the mark did not change: %q, then %q (%v)", before, after, err)
 	}
 	got, ok, err := s.RollOut(ctx, "store")
 	if err != nil || !ok || got.Phase != RollOutDone || got.Wait != time.Minute || got.Soak != 10*time.Second || len(got.Nodes) != 2 ||
