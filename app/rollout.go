@@ -29,7 +29,7 @@ var ErrBadRollOut = errors.New("bad roll-out options")
 
 // rollOutEvery is how often serve looks for a roll-out to drive (one
 // indexed read): a roll-out written by a command starts within it.
-const rollOutEvery = 200 * time.Millisecond
+const rollOutEvery = 100 * time.Millisecond
 
 // followEvery is how often a command reads the roll-out it follows.
 const followEvery = 50 * time.Millisecond
