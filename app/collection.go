@@ -31,6 +31,9 @@ type KeptArchive struct {
 	// version's archive.
 	Current  bool `json:"current"`
 	Previous bool `json:"previous"`
+	// ReturnTo says a rollback of its module's last roll-out may return
+	// nodes to a version it holds: kept until a later roll-out supersedes it.
+	ReturnTo bool `json:"return_to,omitempty"`
 	// RunOn are the nodes whose host reports running a version it holds.
 	RunOn []string `json:"run_on"`
 	// MayGo says the sweep may let it go; Why says why it may, or why
@@ -62,7 +65,8 @@ type Collection struct {
 // Collection reads the kept archives from the broker's object store (a
 // controller must serve) and judges each: held by a registered version,
 // run on a node, its age; what may go is unheld, run nowhere, older than
-// CollectAfter, and never a module's current or previous version.
+// CollectAfter, and never a module's current or previous version, nor one
+// its last roll-out may return nodes to.
 func (c *Modules) Collection(ctx context.Context) (Collection, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -90,6 +94,10 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 		return Collection{}, err
 	}
 	running, err := st.Health.ModuleStates(ctx, "")
+	if err != nil {
+		return Collection{}, err
+	}
+	returnTo, err := st.Inventory.RollOutFromVersions(ctx)
 	if err != nil {
 		return Collection{}, err
 	}
@@ -123,6 +131,7 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 		k.Held = append(k.Held, mv)
 		k.Current = k.Current || v.Current
 		k.Previous = k.Previous || v.Previous
+		k.ReturnTo = k.ReturnTo || slices.Contains(returnTo[v.Module], v.Version)
 		k.RunOn = append(k.RunOn, runOn[mv]...)
 	}
 	for i := range out.Archives {
@@ -134,6 +143,8 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 		switch {
 		case k.Current:
 			k.Why = "a module's current version"
+		case k.ReturnTo:
+			k.Why = "a version its module's last roll-out may return nodes to"
 		case k.Previous:
 			k.Why = "a module's previous version"
 		case len(k.RunOn) > 0:

@@ -150,10 +150,16 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 				log.Info("alert webhook: posting each raising and clearing", "url", hook.Shown())
 			}
 			backups, err := scheduleBackups(ctx, o, st, c.Now, log)
-			if err != nil || backups == nil {
+			if err != nil {
 				return nil, err
 			}
-			return []daemon.Job{{Name: "backup", Due: backups.due, Run: backups.run, Stop: backups.stop}}, nil
+			// Roll-outs are driven by the controller holding the lease only:
+			// one left unfinished by a controller before it is resumed here.
+			jobs := []daemon.Job{c.modules.rollOutJob(ctx, log)}
+			if backups != nil {
+				jobs = append(jobs, daemon.Job{Name: "backup", Due: backups.due, Run: backups.run, Stop: backups.stop})
+			}
+			return jobs, nil
 		},
 	})
 }

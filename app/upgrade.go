@@ -35,16 +35,33 @@ type UpgradeView struct {
 	Steps   []UpgradeStep `json:"nodes"`
 	// Stopped names the node a roll-out stopped at, and why.
 	Stopped string `json:"stopped,omitempty"`
+	// RollOut is the module's last roll-out as the store keeps it (its
+	// phase, options, and what became of each node), if it had one.
+	RollOut *inventory.RollOut `json:"roll_out,omitempty"`
 }
 
-// UpgradeRequest asks for a preview, a roll-out or a record.
+// UpgradeRequest asks for a preview, a roll-out, a rollback or a record.
 type UpgradeRequest struct {
 	Module string
-	// Action is "show", "roll-out" or "record".
-	Action   string
+	// Action is "show", "roll-out", "rollback" or "record".
+	Action string
+	// Together is Canary 0 and Batch "100%": every node at once.
 	Together bool
-	// Wait bounds how long a roll-out waits for each node to report applied.
+	// Canary is how many nodes move first, on their own (0: none); Batch
+	// how many move together after them: "N" nodes or "P%" of the nodes
+	// to move ("": 1).
+	Canary int
+	Batch  string
+	// Wait bounds how long a roll-out waits for each batch to report
+	// ready (and a rollback for its nodes to be back).
 	Wait time.Duration
+	// Soak is how long a batch must stay ready before the next moves.
+	Soak time.Duration
+	// MaxFailures is how many nodes may fail before the roll-out stops and
+	// every node it moved goes back.
+	MaxFailures int
+	// Why is why a rollback is asked (required).
+	Why string
 	// Progress, if set, is told each step as it happens.
 	Progress func(string)
 }
@@ -59,7 +76,7 @@ var ErrRollOutStopped = errors.New("the roll-out stopped")
 // judges by what hosts report applied.
 func (c *Modules) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	v, err := c.upgrade(ctx, r)
-	if err != nil && ctx.Err() != nil && r.Action == "roll-out" {
+	if err != nil && ctx.Err() != nil && (r.Action == "roll-out" || r.Action == "rollback") {
 		err = interrupted(v, ctx.Err())
 	}
 	return v, err
@@ -69,9 +86,10 @@ func (c *Modules) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, e
 // interrupted (Ctrl-C) or its context ending.
 var ErrRollOutInterrupted = errors.New("roll-out interrupted")
 
-// interrupted says where an interrupted roll-out stopped and how to go on:
-// which nodes run the new version, which were sent it and not yet heard
-// ready (their hosts go on applying it), which were not sent it.
+// interrupted says where a roll-out was when its command was interrupted
+// and how to follow it: which nodes run the new version, which were sent
+// it and not yet heard ready (their hosts go on applying it), which were
+// not sent it yet. The serving controller drives the roll-out on.
 func interrupted(v UpgradeView, cause error) error {
 	var done, sent, left []string
 	for _, s := range v.Steps {
@@ -93,8 +111,8 @@ func interrupted(v UpgradeView, cause error) error {
 		}
 		return strings.Join(nodes, ", ")
 	}
-	return fmt.Errorf("%w (%w): %s %s runs on %s of %d: %s; sent, not yet heard ready (their hosts go on applying it): %s; not sent: %s; run 'mesh-controller upgrade %s roll-out' again to go on from there",
-		ErrRollOutInterrupted, cause, v.Module, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), v.Module)
+	return fmt.Errorf("%w (%w): %s %s runs on %s of %d: %s; sent, not yet heard ready (their hosts go on applying it): %s; not sent yet: %s; the serving controller goes on with it: follow it with 'mesh-controller upgrade %s show', and once it ended, return the nodes it moved with 'mesh-controller upgrade %s rollback --why ...'",
+		ErrRollOutInterrupted, cause, v.Module, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), v.Module, v.Module)
 }
 
 func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
@@ -131,7 +149,13 @@ func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error
 	}
 	switch r.Action {
 	case "", "show":
+		if ro, ok, err := inv.RollOut(ctx, r.Module); err != nil || ok {
+			v.RollOut = &ro
+			return v, err
+		}
 		return v, nil
+	case "rollback":
+		return c.rollBackByHand(ctx, st, snap, v, r)
 	case "record":
 		// Recorded, not sent: the catch-up leaves these nodes alone until
 		// 'push --behind' or a roll-out.
@@ -145,90 +169,88 @@ func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error
 	if len(v.Steps) == 0 {
 		return v, nil
 	}
-	// A roll-out waits for hosts: it needs the broker. One connection and
-	// one signing key serve every step; only the mesh is read again.
+	return c.startRollOut(ctx, st, snap, v, r)
+}
+
+// rollMover moves a roll-out's nodes: one connection and one signing key
+// serve every step; only the mesh is read again.
+type rollMover struct {
+	c  uses
+	st *Stores
+	d  *declarer
+}
+
+// newRollMover dials the broker and reads the signing key.
+func (c uses) newRollMover(ctx context.Context, st *Stores) (*rollMover, error) {
 	nc, err := c.dialBroker(ctx, st.Identity)
 	if err != nil {
-		return v, err
+		return nil, err
 	}
 	d, err := c.newDeclarer(ctx, st)
 	if err != nil {
 		nc.Close()
-		return v, err
+		return nil, err
 	}
 	d.nc = nc
-	defer func() {
-		if d.nc != nil {
-			d.nc.Close()
-		}
-	}()
-	move := func(steps []int) error {
-		under, err := inv.BeginAct(ctx, "roll-out", c.Now().Add(actUnderWayFor))
-		if err != nil {
-			return err
-		}
-		defer inv.EndAct(context.WithoutCancel(ctx), under, c.Now())
-		ch, err := c.moveVersions(ctx, inv, v, steps, true)
-		if err != nil {
-			return err
-		}
-		// Declared from the mesh as just written: a declaration records the
-		// plan version it was made from.
-		snap, err := inv.Snapshot(ctx)
-		if err != nil {
-			return err
-		}
-		// What the new version needs made (its broker user, new secrets)
-		// goes in the same declaration, as any act's does.
-		if _, err := c.ensureMade(ctx, st, snap, ch.Bump); err != nil {
-			return err
-		}
-		if d.nc == nil || d.nc.IsClosed() {
-			// The broker went away between steps (serve restarted, say):
-			// dial again; if none answers, the declaration is kept and the
-			// roll-out stops here, saying why.
-			d.nc, d.notSent = nil, ""
-			if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
-				d.notSent = err.Error()
-			} else {
-				d.nc = nc
-			}
-		}
-		pushed := d.declare(ctx, snap, ch.Bump)
-		for k, i := range steps {
-			s, p := &v.Steps[i], pushed[k]
-			s.Serial = p.Serial
-			if p.Problem != "" || !p.Sent {
-				s.Error = p.Problem + p.NotSent
-				v.Stopped = s.Node
-				return fmt.Errorf("%w at %s: %s", ErrRollOutStopped, s.Node, s.Error)
-			}
-		}
-		return nil
+	return &rollMover{c: c, st: st, d: d}, nil
+}
+
+// close lets the broker connection go.
+func (m *rollMover) close() {
+	if m.d.nc != nil {
+		m.d.nc.Close()
 	}
-	if r.Together {
-		all := make([]int, len(v.Steps))
-		for i := range all {
-			all[i] = i
-		}
-		if err := move(all); err != nil {
-			return v, err
-		}
-		r.Progress(fmt.Sprintf("sent %s (%s %s)", Plural(len(all), "declaration"), r.Module, cur))
-		return v, c.waitApplied(ctx, st, snap, &v, all, r)
+}
+
+// move moves these steps (each to its To) as one act and sends their
+// declarations; committed says the move was committed, whatever became of
+// the sending (a declaration not sent is kept, and the step's Error says
+// why).
+func (m *rollMover) move(ctx context.Context, v *UpgradeView, steps []int) (committed bool, err error) {
+	c, st, d, inv := m.c, m.st, m.d, m.st.Inventory
+	under, err := inv.BeginAct(ctx, "roll-out", c.Now().Add(actUnderWayFor))
+	if err != nil {
+		return false, err
 	}
-	for i := range v.Steps {
-		if err := move([]int{i}); err != nil {
-			return v, err
+	defer inv.EndAct(context.WithoutCancel(ctx), under, c.Now())
+	ch, err := c.moveVersions(ctx, inv, *v, steps, true)
+	if err != nil {
+		return false, err
+	}
+	// Declared from the mesh as just written: a declaration records the
+	// plan version it was made from.
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return true, err
+	}
+	// What the new version needs made (its broker user, new secrets)
+	// goes in the same declaration, as any act's does.
+	if _, err := c.ensureMade(ctx, st, snap, ch.Bump); err != nil {
+		return true, err
+	}
+	if d.nc == nil || d.nc.IsClosed() {
+		// The broker went away between steps (serve restarted, say):
+		// dial again; if none answers, the declaration is kept and the
+		// step says why.
+		d.nc, d.notSent = nil, ""
+		if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
+			d.notSent = err.Error()
+		} else {
+			d.nc = nc
 		}
-		s := v.Steps[i]
-		r.Progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", s.Node, s.Serial, r.Module, s.From, s.To))
-		if err := c.waitApplied(ctx, st, snap, &v, []int{i}, r); err != nil {
+	}
+	pushed := d.declare(ctx, snap, ch.Bump)
+	var errs []error
+	for k, i := range steps {
+		s, p := &v.Steps[i], pushed[k]
+		s.Serial = p.Serial
+		if p.Problem != "" || !p.Sent {
+			s.Error = p.Problem + p.NotSent
 			v.Stopped = s.Node
-			return v, err
+			errs = append(errs, fmt.Errorf("%w at %s: %s", ErrRollOutStopped, s.Node, s.Error))
 		}
 	}
-	return v, nil
+	return true, errors.Join(errs...)
 }
 
 // waitApplied waits, with one deadline for them all, until the hosts of
@@ -329,7 +351,8 @@ func (c uses) waitApplied(ctx context.Context, st *Stores, snap *inventory.Snaps
 }
 
 // moveVersions judges and commits, as one act, these steps of an upgrade
-// (to its current version, v.Current): each node still runs the module, and
+// (each to its To: the current version, or back to the version it ran):
+// each node still runs the module, and
 // the new version claims no port or data path another module there has.
 // They are recorded pending (a record) or moved (a roll-out's step, its
 // nodes' plans with them) in one transaction, judged again if another act
@@ -343,14 +366,14 @@ func (c uses) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeV
 		if err != nil {
 			return inventory.Change{}, err
 		}
-		m, ok := snap.Manifests[v.Module][v.Current]
-		if !ok {
-			return inventory.Change{}, fmt.Errorf("module %s %s %w", v.Module, v.Current, inventory.ErrModuleNotFound)
-		}
 		ch := inventory.Change{Based: snap.Revision}
 		var problems []string
 		for _, i := range steps {
-			node := v.Steps[i].Node
+			node, to := v.Steps[i].Node, v.Steps[i].To
+			m, ok := snap.Manifests[v.Module][to]
+			if !ok {
+				return inventory.Change{}, fmt.Errorf("module %s %s %w", v.Module, to, inventory.ErrModuleNotFound)
+			}
 			here := map[string]inventory.Manifest{}
 			on := false
 			for _, a := range snap.AssignmentsOf(node) {
@@ -366,7 +389,7 @@ func (c uses) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeV
 			}
 			problems = append(problems, inventory.PortClashes(node, here, []inventory.Manifest{m})...)
 			problems = append(problems, inventory.DataPathClashes(node, here, []inventory.Manifest{m})...)
-			a := inventory.Assignment{Node: node, Module: v.Module, Version: v.Current}
+			a := inventory.Assignment{Node: node, Module: v.Module, Version: to}
 			if move {
 				ch.Versions = append(ch.Versions, a)
 				ch.Bump = append(ch.Bump, node)
@@ -374,7 +397,7 @@ func (c uses) moveVersions(ctx context.Context, inv *inventory.Store, v UpgradeV
 				ch.Pending = append(ch.Pending, a)
 			}
 		}
-		if err := refuse("upgrade "+v.Module+" to "+v.Current, problems); err != nil {
+		if err := refuse("upgrade "+v.Module+" to "+v.Steps[steps[0]].To, problems); err != nil {
 			return inventory.Change{}, err
 		}
 		// One transaction for every node moved at once.

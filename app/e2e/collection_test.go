@@ -13,6 +13,7 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/inventory"
 )
 
 // The collection judges every kept archive, and serve's sweep lets go only
@@ -82,8 +83,14 @@ func TestCollection_SweepLetsGoOnlyWhatNothingNeeds(t *testing.T) {
 		}
 		return out, col
 	}
+	// A roll-out moved a node off 1.1.0 (its record, as serve leaves it):
+	// 1.1.0 is what a rollback may return to, and is kept so.
+	if err := st.Inventory.StartRollOut(ctx, inventory.RollOut{ID: "r1", Module: "kept", To: "1.3.0", Batch: "1", Phase: inventory.RollOutDone,
+		Nodes: []inventory.RollOutNode{{Node: "web2", From: "1.1.0", Moved: true, Result: "ready"}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	got, col := judged()
-	want := map[string]string{"1.0.0": "run on 1 node", "1.1.0": "held by a registered version", "1.2.0": "previous version",
+	want := map[string]string{"1.0.0": "run on 1 node", "1.1.0": "a version its module's last roll-out may return nodes to", "1.2.0": "previous version",
 		"1.3.0": "current version", "replaced": "held by nothing, and kept until"}
 	for name, why := range want {
 		if k, ok := got[name]; !ok || k.MayGo || !strings.Contains(k.Why, why) {

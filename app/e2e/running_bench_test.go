@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -115,4 +116,93 @@ func BenchmarkRollOutTogether100(b *testing.B) {
 			b.Fatalf("%d steps", len(out.Steps))
 		}
 	}
+}
+
+// BenchmarkRollOutRollBack100 rolls a new version of the example module
+// out to 100 simulated hosts and one node whose host never joined, last:
+// canary, then batches of half; the last batch fails, and every node moved
+// goes back. It reports the whole roll-out, and the time from the failure
+// being said (rolling back) to the rollback's end; each holds one --wait
+// (1s) spent on the silent node, forward and back.
+//
+//	go test -run '^$' -bench RollOutRollBack100 -benchtime 1x ./app/e2e/
+func BenchmarkRollOutRollBack100(b *testing.B) {
+	const hosts = 100
+	m := newTestMesh(b)
+	ctx := context.Background()
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	if _, err := m.c.TokenIssueMany(ctx, "sim", hosts, false, time.Hour, tokens); err != nil {
+		b.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	simDone := make(chan error, 1)
+	go func() {
+		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Joins: 16, Out: &strings.Builder{}})
+		simDone <- err
+	}()
+	b.Cleanup(func() { stop(); <-simDone })
+	checkFor(b, settle, func() error {
+		ns, err := m.c.NodeList(ctx)
+		if err != nil {
+			return err
+		}
+		joined := 0
+		for _, n := range ns {
+			if n.Joined {
+				joined++
+			}
+		}
+		if joined != hosts {
+			return fmt.Errorf("%d of %d simulated hosts joined", joined, hosts)
+		}
+		return nil
+	})
+	if _, err := m.c.NodeAdd(ctx, "zzdead", false); err != nil {
+		b.Fatal(err)
+	}
+	base, err := os.ReadFile(helloManifest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.addModule(writeManifest(b, string(base)))
+	for i := 1; i <= hosts; i++ {
+		if _, err := m.c.Assign(ctx, fmt.Sprintf("sim%d", i), []string{"hello"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := m.c.Assign(ctx, "zzdead", []string{"hello"}); err != nil {
+		b.Fatal(err)
+	}
+	var total, back []float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		v := fmt.Sprintf("1.0.%d", i+1)
+		m.addModule(writeManifest(b, strings.Replace(string(base), `"1.0.0"`, `"`+v+`"`, 1)))
+		b.StartTimer()
+		start := time.Now()
+		var detected time.Time
+		out, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "hello", Action: "roll-out", Canary: 1, Batch: "50%", Wait: time.Second,
+			Progress: func(s string) {
+				if strings.HasPrefix(s, "rolling back") {
+					detected = time.Now()
+				}
+			}})
+		if !errors.Is(err, app.ErrRollOutRolledBack) || detected.IsZero() {
+			b.Fatalf("the roll-out: %v", err)
+		}
+		returned := 0
+		for _, n := range out.RollOut.Nodes {
+			if n.Back == "returned" {
+				returned++
+			}
+		}
+		if returned < hosts {
+			b.Fatalf("%d of %d returned: %v", returned, hosts, err)
+		}
+		total = append(total, float64(time.Since(start).Milliseconds()))
+		back = append(back, float64(time.Since(detected).Milliseconds()))
+	}
+	b.ReportMetric(slices.Max(total), "rollout-ms")
+	b.ReportMetric(slices.Max(back), "return-all-ms")
 }

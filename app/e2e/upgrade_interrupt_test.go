@@ -31,8 +31,8 @@ func TestUpgrade_InterruptedSaysWhereItStopped(t *testing.T) {
 	for _, want := range []string{
 		"store 2.0.0 runs on 1 node of 3: db1;",
 		"sent, not yet heard ready (their hosts go on applying it): db2 (declaration ",
-		"not sent: db3;",
-		"run 'mesh-controller upgrade store roll-out' again to go on from there",
+		"not sent yet: db3;",
+		"the serving controller goes on with it: follow it with 'mesh-controller upgrade store show'",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the interruption does not say %q: %v", want, err)

@@ -68,6 +68,7 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"converge", "db1", "--filter", "nftables"}},
 		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
 		{args: []string{"module", "list"}},
+		{args: []string{"upgrade", "postgres"}},
 		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"plan", "nas1"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"operator", "key", "show"}},
@@ -192,6 +193,16 @@ func populate(t *testing.T, dir, examples string) {
 	mc(t, "unassign", "web1", "paperless") // a retired data set, and db1/postgres waits to retire web1's
 	mc(t, "node", "public-domain", "db1", "example.org")
 	mc(t, "node", "networks", "db1", "10.20.0.0/16", "2001:db8::/48")
+	// postgres 16.5.0 registered: db1 runs an older version (upgrade shows it).
+	pg, err := os.ReadFile(filepath.Join(examples, "postgres.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := filepath.Join(dir, "postgres-16.5.json")
+	if err := os.WriteFile(newer, bytes.ReplaceAll(pg, []byte(`"16.4.0"`), []byte(`"16.5.0"`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mc(t, "module", "add", newer)
 	mc(t, "hand-acts", "record", "restarted the switch", "--why", "it hung", "--cause", "network")
 	mc(t, "hand-acts", "record", "restarted the switch again", "--why", "it hung again", "--cause", "network")
 
@@ -206,6 +217,12 @@ func populate(t *testing.T, dir, examples string) {
 	long := now.Add(-time.Hour)
 	inv, hs := st.Inventory, st.Health
 	backup := long
+	// A roll-out rolled back, as serve would have left it: upgrade --json shows it.
+	if err := inv.StartRollOut(ctx, inventory.RollOut{ID: "r1", Module: "postgres", To: "16.5.0", Canary: 1, Batch: "1", Wait: time.Minute,
+		Phase: inventory.RollOutRolledBack, Why: "1 node failed", Nodes: []inventory.RollOutNode{{Node: "db1", From: "16.4.0", Moved: true, Serial: 2,
+			Result: "failed", Error: "failed there", Back: "returned", BackSerial: 3, Detail: "data kept (no prepare ran)"}}}, now); err != nil {
+		t.Fatal(err)
+	}
 	hostKey, _, err := ed25519.GenerateKey(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ type CLI struct {
 	Converge   ConvergeCmd   `cmd:"" help:"Preview making a node converged (the mesh's whole) and, with --filter nftables, the packet filter it would own, with a digest; --yes DIGEST does exactly so."`
 	Overlay    OverlayCmd    `cmd:"" help:"The mesh's private network: where each node is (place), and the network as computed (show)."`
 	Adopt      AdoptCmd      `cmd:"" help:"Return a converged node to adopted: the mesh's packet filter removed; what was taken stays taken."`
-	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (one node at a time) or record."`
+	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (canary, batches, health-gated, rolled back on failure), rollback or record."`
 	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
 	Secret     SecretCmd     `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
 	Licence    LicenceCmd    `cmd:"" help:"Licences: access to a model or an outside service under the name a person calls it, sealed to the modules that hold it."`

@@ -9,6 +9,7 @@ import (
 	"mesh-controller/app"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/inventory"
 )
 
 // ModuleCmd groups module commands.
@@ -537,24 +538,56 @@ func (c *PushCmd) Run(env *Env, md *app.Modules) error {
 
 // UpgradeCmd is upgrade.
 type UpgradeCmd struct {
-	Module   Name          `arg:"" help:"The module."`
-	Action   string        `arg:"" optional:"" enum:"show,roll-out,record" default:"show" help:"show (default): what a roll-out would send; roll-out: send it; record: record those nodes behind, send nothing."`
-	Together bool          `help:"With roll-out: send every node at once instead of one at a time."`
-	Wait     time.Duration `default:"2m" help:"With roll-out: how long to wait for each node to report applied."`
+	Module      Name          `arg:"" help:"The module."`
+	Action      string        `arg:"" optional:"" enum:"show,roll-out,rollback,record" default:"show" help:"show (default): what a roll-out would send, and the last roll-out; roll-out: move the nodes, canary first, then batches, each waited for ready and through the soak, all rolled back past --max-failures; rollback: return the nodes the last roll-out moved (--why); record: record those nodes behind, send nothing."`
+	Together    bool          `help:"With roll-out: every node at once (the same as --canary 0 --batch 100%)."`
+	Canary      int           `default:"1" help:"With roll-out: how many nodes move first, on their own."`
+	Batch       string        `default:"1" help:"With roll-out: how many nodes move together after the canary: N nodes or P% of the nodes to move."`
+	Wait        time.Duration `default:"2m" help:"With roll-out: how long to wait for each batch to report ready (and a rollback for its nodes to be back)."`
+	Soak        time.Duration `default:"10s" help:"With roll-out: how long a batch must stay ready before the next moves."`
+	MaxFailures int           `default:"0" help:"With roll-out: how many nodes may fail before the roll-out stops and every node it moved goes back."`
+	Why         string        `help:"With rollback: why (required)."`
+	JSON        bool          `name:"json" help:"Print the upgrade (and the last roll-out's state) as JSON."`
 }
 
-// Run previews, rolls out or records.
+// Run previews, rolls out, rolls back or records.
 func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 	if c.Together && c.Action != "roll-out" {
 		return clirun.UsageError{Msg: "--together goes with roll-out"}
 	}
-	v, err := md.Upgrade(env.Ctx, app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Wait: c.Wait,
-		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }})
+	if c.Action == "rollback" && strings.TrimSpace(c.Why) == "" {
+		return clirun.UsageError{Msg: "rollback needs --why: say why the nodes go back"}
+	}
+	r := app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Canary: c.Canary, Batch: c.Batch,
+		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, Why: c.Why,
+		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }}
+	if c.JSON {
+		r.Progress = nil
+	}
+	if c.Action == "roll-out" {
+		if err := app.CheckRollOut(r); err != nil {
+			return clirun.UsageError{Msg: err.Error()}
+		}
+	}
+	v, err := md.Upgrade(env.Ctx, r)
+	if c.JSON {
+		if perr := printJSON(env.Stdout, v); perr != nil {
+			return perr
+		}
+		return err
+	}
 	if err != nil {
 		return err
 	}
+	if c.Action == "rollback" {
+		fmt.Fprintf(env.Stdout, "the roll-out of %s to %s was rolled back\n", v.Module, v.RollOut.To)
+		return nil
+	}
 	if len(v.Steps) == 0 {
 		fmt.Fprintf(env.Stdout, "every node runs %s %s; nothing to do\n", v.Module, v.Current)
+		if c.Action == "show" && v.RollOut != nil {
+			showRollOut(env, v.RollOut)
+		}
 		return nil
 	}
 	switch c.Action {
@@ -567,14 +600,51 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 			}
 			fmt.Fprintf(env.Stdout, "  %s: %s -> %s%s\n", s.Node, s.From, s.To, recorded)
 		}
-		fmt.Fprintf(env.Stderr, "a roll-out sends each its declaration with %s %s, one at a time: 'mesh-controller upgrade %s roll-out'\n", v.Module, v.Current, v.Module)
+		if v.RollOut != nil {
+			showRollOut(env, v.RollOut)
+		}
+		fmt.Fprintf(env.Stderr, "a roll-out sends them %s %s, a canary node first, then one at a time: 'mesh-controller upgrade %s roll-out'\n", v.Module, v.Current, v.Module)
 	case "record":
 		for _, s := range v.Steps {
 			fmt.Fprintf(env.Stdout, "%s: recorded behind (%s -> %s); nothing sent\n", s.Node, s.From, s.To)
 		}
 		fmt.Fprintln(env.Stderr, "send them later with 'mesh-controller push --behind'")
 	default:
-		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s\n", v.Module, v.Current, app.Plural(len(v.Steps), "node"))
+		var failed []string
+		for _, s := range v.Steps {
+			if s.Error != "" {
+				failed = append(failed, s.Node)
+			}
+		}
+		fmt.Fprintf(env.Stdout, "%s %s rolled out to %s of %d\n", v.Module, v.Current, app.Plural(len(v.Steps)-len(failed), "node"), len(v.Steps))
+		if len(failed) > 0 {
+			fmt.Fprintf(env.Stdout, "failed, within --max-failures (left on %s; 'mesh-controller upgrade %s rollback --why ...' returns every node moved): %s\n",
+				v.Current, v.Module, strings.Join(failed, ", "))
+		}
 	}
 	return nil
+}
+
+// showRollOut says the module's last roll-out, node by node.
+func showRollOut(env *Env, r *inventory.RollOut) {
+	fmt.Fprintf(env.Stdout, "last roll-out: to %s, %s (started %s by %s)\n", r.To, r.Phase, r.StartedAt.Format(time.RFC3339), r.Who)
+	if r.Why != "" {
+		fmt.Fprintf(env.Stdout, "  why: %s\n", r.Why)
+	}
+	for _, n := range r.Nodes {
+		line := fmt.Sprintf("  %s (batch %d, from %s): %s", n.Node, n.Batch, n.From, n.Result)
+		if n.Error != "" {
+			line += ": " + n.Error
+		}
+		if n.Back != "" {
+			line += "; back: " + n.Back
+			if n.BackError != "" {
+				line += ": " + n.BackError
+			}
+		}
+		if n.Detail != "" {
+			line += " (" + n.Detail + ")"
+		}
+		fmt.Fprintln(env.Stdout, line)
+	}
 }

@@ -230,6 +230,36 @@ CREATE TABLE retirements (
     node_removed_at text,
     last_backup text
 );
+CREATE TABLE rollout_nodes (
+    module text NOT NULL,
+    node text NOT NULL,
+    from_version text NOT NULL,
+    batch bigint NOT NULL,
+    moved bigint NOT NULL DEFAULT 0,
+    serial bigint NOT NULL DEFAULT 0,
+    applied bigint NOT NULL DEFAULT 0,
+    result text NOT NULL DEFAULT 'waiting'::text,
+    error text NOT NULL DEFAULT ''::text,
+    back text NOT NULL DEFAULT ''::text,
+    back_serial bigint NOT NULL DEFAULT 0,
+    back_error text NOT NULL DEFAULT ''::text,
+    detail text NOT NULL DEFAULT ''::text
+);
+CREATE TABLE rollouts (
+    module text NOT NULL,
+    id text NOT NULL,
+    to_version text NOT NULL,
+    canary bigint NOT NULL,
+    batch text NOT NULL,
+    wait_ms bigint NOT NULL,
+    soak_ms bigint NOT NULL,
+    max_failures bigint NOT NULL,
+    phase text NOT NULL,
+    why text NOT NULL DEFAULT ''::text,
+    who text NOT NULL DEFAULT ''::text,
+    started_at text NOT NULL,
+    updated_at text NOT NULL
+);
 CREATE TABLE schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -312,6 +342,11 @@ ALTER TABLE pins ADD CONSTRAINT pins_pkey PRIMARY KEY (node, provision);
 ALTER TABLE replacements ADD CONSTRAINT replacements_pkey PRIMARY KEY (id);
 ALTER TABLE retirements ADD CONSTRAINT retirements_pkey PRIMARY KEY (id);
 ALTER TABLE retirements ADD CONSTRAINT retirements_state_check CHECK ((state = ANY (ARRAY['retired'::text, 'dropped'::text, 'deleted'::text, 'reactivated'::text])));
+ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_back_check CHECK ((back = ANY (ARRAY[''::text, 'returning'::text, 'returned'::text, 'not-returned'::text])));
+ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_pkey PRIMARY KEY (module, node);
+ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_result_check CHECK ((result = ANY (ARRAY['waiting'::text, 'moved'::text, 'ready'::text, 'failed'::text])));
+ALTER TABLE rollouts ADD CONSTRAINT rollouts_phase_check CHECK ((phase = ANY (ARRAY['running'::text, 'soaking'::text, 'rolling-back'::text, 'done'::text, 'stopped'::text, 'rolled-back'::text])));
+ALTER TABLE rollouts ADD CONSTRAINT rollouts_pkey PRIMARY KEY (module);
 ALTER TABLE schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE seat_aliases ADD CONSTRAINT seat_aliases_pkey PRIMARY KEY (alias);
 ALTER TABLE seat_holders ADD CONSTRAINT seat_holders_node_module_fkey FOREIGN KEY (node, module) REFERENCES assignments(node, module) ON DELETE CASCADE;

@@ -217,6 +217,37 @@ CREATE TABLE retirements (
     retired_at TEXT NOT NULL,
     why        TEXT NOT NULL
 , node_removed_at TEXT, last_backup TEXT) STRICT;
+CREATE TABLE rollout_nodes (
+    module       TEXT NOT NULL,
+    node         TEXT NOT NULL,
+    from_version TEXT NOT NULL,
+    batch        INTEGER NOT NULL,
+    moved        INTEGER NOT NULL DEFAULT 0,
+    serial       INTEGER NOT NULL DEFAULT 0,
+    applied      INTEGER NOT NULL DEFAULT 0,
+    result       TEXT NOT NULL DEFAULT 'waiting' CHECK (result IN ('waiting', 'moved', 'ready', 'failed')),
+    error        TEXT NOT NULL DEFAULT '',
+    back         TEXT NOT NULL DEFAULT '' CHECK (back IN ('', 'returning', 'returned', 'not-returned')),
+    back_serial  INTEGER NOT NULL DEFAULT 0,
+    back_error   TEXT NOT NULL DEFAULT '',
+    detail       TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (module, node)
+) STRICT;
+CREATE TABLE rollouts (
+    module       TEXT PRIMARY KEY,
+    id           TEXT NOT NULL,
+    to_version   TEXT NOT NULL,
+    canary       INTEGER NOT NULL,
+    batch        TEXT NOT NULL,
+    wait_ms      INTEGER NOT NULL,
+    soak_ms      INTEGER NOT NULL,
+    max_failures INTEGER NOT NULL,
+    phase        TEXT NOT NULL CHECK (phase IN ('running', 'soaking', 'rolling-back', 'done', 'stopped', 'rolled-back')),
+    why          TEXT NOT NULL DEFAULT '',
+    who          TEXT NOT NULL DEFAULT '',
+    started_at   TEXT NOT NULL,
+    updated_at   TEXT NOT NULL
+) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
