@@ -103,6 +103,7 @@ func (m *testMesh) handActsSay(t *testing.T, wants ...string) {
 // again, the others were never moved (their declarations are those they
 // had), and the roll-out says so node by node.
 func TestRollOut_CanaryFailsRollsBack(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2", "db3")
 	declared := map[string]int64{}
@@ -149,6 +150,7 @@ func TestRollOut_CanaryFailsRollsBack(t *testing.T) {
 // --max-failures 1 the same one failure is tolerated and the roll-out
 // goes on to the end.
 func TestRollOut_BatchFailurePastMaxFailures(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	// db3 alone cannot run 2.0.0.
 	next := storeRunning("2.0.0", `case "$MESH_NODE" in db3) exit 3;; esac; exec sleep 1000`)
@@ -196,6 +198,7 @@ func TestRollOut_BatchFailurePastMaxFailures(t *testing.T) {
 // A node ready, then crashing within the soak, counts as failed: the
 // roll-out goes back.
 func TestRollOut_SoakFailureCounts(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	m, _ := rollOutMesh(t, storeRunning("2.0.0", "sleep 0.5; exit 1"), "db1", "db2")
 	v, said, err := m.rollOut(context.Background(), app.UpgradeRequest{Canary: 1, Soak: 2 * time.Second})
@@ -220,6 +223,7 @@ func TestRollOut_SoakFailureCounts(t *testing.T) {
 // upgrade rollback --why after a roll-out that ended well returns its
 // nodes; a second rollback, and one with no roll-out, are refused.
 func TestRollOut_RollbackByHand(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exec sleep 1000"), "db1", "db2")
 	ctx := context.Background()
@@ -259,6 +263,7 @@ func TestRollOut_RollbackByHand(t *testing.T) {
 // same stores, goes on with it where it was: every node ends on one
 // version, the new one, and no node was moved twice.
 func TestRollOut_ServeRestartedResumes(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exec sleep 1000"), "db1", "db2", "db3")
 	ctx := context.Background()
@@ -326,6 +331,7 @@ func TestRollOut_ServeRestartedResumes(t *testing.T) {
 // rollback: the nodes end on the version they ran. db2's host is away
 // through the roll-out, so the rollback waits for it when serve stops.
 func TestRollOut_ServeRestartedRollingBack(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2")
 	hosts[1].stop()
