@@ -360,6 +360,9 @@ type event struct {
 	source string
 	// modules are the module states an apply report carries.
 	modules []protocol.ModuleState
+	// hostAt is when, on the host's clock, the states of a beat or an
+	// apply report were read (zero: the host did not say).
+	hostAt time.Time
 }
 
 // daemon is one serving controller, for one term of the lease.
@@ -426,7 +429,11 @@ type daemon struct {
 	// (a digest), so a heartbeat that says nothing new writes nothing;
 	// modulesDue are the nodes' states to write at the next flush.
 	moduleStates map[string]string
-	modulesDue   map[string][]health.ModuleState
+	// statesAt is, per node, when on its host's clock the module states
+	// last absorbed were read: apply reports are kept by a writer of
+	// their own, and one handed over after a later beat is older news.
+	statesAt   map[string]time.Time
+	modulesDue map[string][]health.ModuleState
 	// readyFor is, per node/module, the serial whose start was measured,
 	// and lastState the state last heard.
 	readyFor  map[string]int64
@@ -578,7 +585,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
 		drops: map[[2]string]int64{}, refusals: map[[2]string]int64{}, problems: map[string]string{},
-		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
+		moduleStates: map[string]string{}, statesAt: map[string]time.Time{}, modulesDue: map[string][]health.ModuleState{}, readyFor: map[string]int64{}, lastState: map[string]string{}}
 
 	var jobs []Job
 	if o.Prepare != nil {
@@ -980,9 +987,9 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		}
 		d.lastBeat[ev.node] = ev.at
 		d.absorbPeers(ev.node, ev.at, ev.beat.Peers)
-		return d.absorbModules(ctx, ev.node, ev.at, ev.beat.Modules)
+		return d.absorbModules(ctx, ev.node, ev.at, ev.beat.At, false, ev.beat.Modules)
 	case evModules:
-		return d.absorbModules(ctx, ev.node, ev.at, ev.modules)
+		return d.absorbModules(ctx, ev.node, ev.at, ev.hostAt, true, ev.modules)
 	case evDuration:
 		d.durations = append(d.durations, ev.duration)
 	case evDrop:

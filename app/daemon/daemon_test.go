@@ -69,7 +69,8 @@ func TestBrakeWhy(t *testing.T) {
 func TestAbsorbWaiting_TakesWhatWaitsUpToABound(t *testing.T) {
 	d := &daemon{events: make(chan *event, absorbBatch+10), beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{},
 		intervals: map[health.HourKey]health.Histogram{}, peers: map[string]map[string]*peerState{}, moduleStates: map[string]string{},
-		modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{}, readyFor: map[string]int64{}, drops: map[[2]string]int64{}}
+		modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{}, readyFor: map[string]int64{}, drops: map[[2]string]int64{},
+		statesAt: map[string]time.Time{}}
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
 	beat := func(i int) *event {
 		return &event{kind: evBeat, node: "web1", at: t0.Add(time.Duration(i) * time.Millisecond)}
@@ -95,5 +96,35 @@ func TestAbsorbWaiting_TakesWhatWaitsUpToABound(t *testing.T) {
 	d.absorbWaiting(context.Background(), beat(99))
 	if len(d.events) != 6 {
 		t.Fatalf("%d events left waiting after one turn, want 6: a turn takes %d", len(d.events), absorbBatch)
+	}
+}
+
+// An apply report's module states, kept by the outcome writer beside the
+// beats, may be handed to the loop after a later beat: states the host
+// read before the last beat's are dropped, so a module that became ready
+// is not put back to starting (a roll-out's soak failed a node so, under
+// load); a report read after the beat, or from a host that does not say
+// when, is taken.
+func TestAbsorbModules_ReportOlderThanTheLastBeatIsDropped(t *testing.T) {
+	d := &daemon{beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{},
+		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{},
+		readyFor: map[string]int64{}, statesAt: map[string]time.Time{}}
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	state := func(s string) []protocol.ModuleState {
+		return []protocol.ModuleState{{Module: "store", Version: "2.0.0", State: s, Pid: 42, Since: t0}}
+	}
+	ctx := context.Background()
+	d.absorb(ctx, event{kind: evBeat, node: "db2", at: t0.Add(2 * time.Second), beat: protocol.HeartbeatBody{At: t0.Add(2 * time.Second), Modules: state(protocol.StateReady)}})
+	d.absorb(ctx, event{kind: evModules, node: "db2", at: t0.Add(3 * time.Second), hostAt: t0.Add(time.Second), modules: state(protocol.StateStarting)})
+	if got := d.modulesDue["db2"][0].State; got != protocol.StateReady {
+		t.Fatalf("a report read before the last beat was taken: the state to write is %s", got)
+	}
+	d.absorb(ctx, event{kind: evModules, node: "db2", at: t0.Add(4 * time.Second), hostAt: t0.Add(3 * time.Second), modules: state(protocol.StateFailed)})
+	if got := d.modulesDue["db2"][0].State; got != protocol.StateFailed {
+		t.Fatalf("a report read after the last beat was dropped: the state to write is %s", got)
+	}
+	d.absorb(ctx, event{kind: evModules, node: "db2", at: t0.Add(5 * time.Second), modules: state(protocol.StateStarting)})
+	if got := d.modulesDue["db2"][0].State; got != protocol.StateStarting {
+		t.Fatalf("a report from a host that does not say when was dropped: the state to write is %s", got)
 	}
 }

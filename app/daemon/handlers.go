@@ -361,7 +361,7 @@ func (d *daemon) keepOutcomes(ctx context.Context, batch []applied) {
 		d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "apply", Subject: node, MS: a.TotalMS, At: now}})
 		d.o.Metrics.Applied(a.TotalMS)
 		if a.Modules != nil {
-			d.handOver(event{kind: evModules, node: node, at: now, modules: a.Modules})
+			d.handOver(event{kind: evModules, node: node, at: now, hostAt: a.StatesAt, modules: a.Modules})
 		}
 		for _, t := range a.Tiers {
 			d.handOver(event{kind: evDuration, duration: health.Duration{Kind: "tier", Subject: node, Name: clip(t.Tier), MS: t.MS, At: now}})

@@ -24,7 +24,22 @@ const (
 // became ready for the node's latest declaration measured as a start
 // (declared → ready, on the controller's clock). It says whether a state
 // changed (a self-check soon).
-func (d *daemon) absorbModules(_ context.Context, node string, at time.Time, ms []protocol.ModuleState) bool {
+//
+// hostAt is when the host read the states, on its clock, and report says
+// they come from an apply report: beats arrive in order and are always
+// taken, but a report is kept by the outcome writer beside them, and one
+// handed over after a later beat would put a module back to starting
+// after it was ready (a roll-out's soak then failed it). A report read
+// before the last beat's states is dropped; a host that does not say
+// when is taken as before. A host's clock set back only delays reports
+// until its next beat.
+func (d *daemon) absorbModules(_ context.Context, node string, at, hostAt time.Time, report bool, ms []protocol.ModuleState) bool {
+	if !hostAt.IsZero() {
+		if report && hostAt.Before(d.statesAt[node]) {
+			return false
+		}
+		d.statesAt[node] = hostAt
+	}
 	if len(ms) > maxModuleStates {
 		ms = ms[:maxModuleStates]
 	}

@@ -226,7 +226,7 @@ func (r *Runner) commit(nc *nats.Conn, filter *protocol.DeclaredFilter, next app
 // report logs an apply's outcome, sends it with the modules' states, and
 // after a good apply the data sets it leaves.
 func (r *Runner) report(nc *nats.Conn, report protocol.AppliedBody) {
-	report.Modules = r.states()
+	report.Modules, report.StatesAt = r.states(), time.Now().UTC()
 	if report.OK {
 		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
 		for _, w := range report.Waiting {

@@ -277,6 +277,11 @@ type AppliedBody struct {
 	// were applied: one that cannot start is failed there, which is a
 	// module's condition, not a failed apply.
 	Modules []ModuleState `json:"modules,omitempty"`
+	// StatesAt is when, on its host's clock, Modules were read: a report
+	// the controller keeps after a later beat (its writer is not the
+	// beats') must not put older states over newer ones. Absent from hosts
+	// that predate it.
+	StatesAt time.Time `json:"states_at,omitzero"`
 }
 
 // FilterFact is the fact in which a host reports the mesh's packet filter
