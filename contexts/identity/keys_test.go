@@ -3,6 +3,7 @@ package identity
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 // each sign the sequence's text.
 func announceFake(seq int64, old, next SigningKey, at, until time.Time) (string, string, string, error) {
 	msg := []byte(at.Format(time.RFC3339) + " " + until.Format(time.RFC3339))
-	return string(msg), string(old.Sign(msg)), string(next.Sign(msg)), nil
+	return string(msg), base64.StdEncoding.EncodeToString(old.Sign(msg)), base64.StdEncoding.EncodeToString(next.Sign(msg)), nil
 }
 
 func TestStore_Rotate(t *testing.T) {
@@ -34,8 +35,9 @@ func TestStore_Rotate(t *testing.T) {
 	if link.Sequence != 1 || !link.OldKey.Equal(first.Public) || !link.NewKey.Equal(cur.Public) || cur.Public.Equal(first.Public) {
 		t.Fatalf("link %d from the first key %v to the current one %v", link.Sequence, link.OldKey.Equal(first.Public), link.NewKey.Equal(cur.Public))
 	}
-	if !ed25519.Verify(first.Public, []byte(link.Announcement), []byte(link.OldSignature)) ||
-		!ed25519.Verify(cur.Public, []byte(link.Announcement), []byte(link.NewSignature)) {
+	oldSig, _ := base64.StdEncoding.DecodeString(link.OldSignature)
+	newSig, _ := base64.StdEncoding.DecodeString(link.NewSignature)
+	if !ed25519.Verify(first.Public, []byte(link.Announcement), oldSig) || !ed25519.Verify(cur.Public, []byte(link.Announcement), newSig) {
 		t.Fatal("the announcement is not signed by both keys")
 	}
 
