@@ -130,3 +130,9 @@ func (joinOnly) CatchUp(context.Context, *nats.Conn, CatchUpAsk) ([]Declared, in
 func (joinOnly) SelfCheck(context.Context, *nats.Conn, string, *slog.Logger) ([]health.Condition, error) {
 	return nil, nil
 }
+
+func (joinOnly) Renew(context.Context, string, string) (string, error) { return "", io.EOF }
+
+func (joinOnly) RenewGrant(context.Context, string, string, []string) (protocol.JoinReply, error) {
+	return protocol.JoinReply{}, io.EOF
+}

@@ -1,0 +1,258 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"mesh-controller/app/protocol"
+	"mesh-controller/contexts/identity"
+)
+
+// RotatedSubject is where a person's command tells the serving controller
+// that the signing key was rotated (identity rotate): it announces the new
+// key to every host. Only controller users may publish under mesh.control.
+const RotatedSubject = "mesh.control.rotated"
+
+// keyPushEvery is how often, at most, a host that beats with a key older
+// than the current one is sent the latest link again.
+const keyPushEvery = 30 * time.Second
+
+// KeyLinkOf is a kept link of the chain as it travels.
+func KeyLinkOf(l identity.KeyLink) protocol.KeyLink {
+	return protocol.KeyLink{Announcement: l.Announcement, OldSignature: l.OldSignature, NewSignature: l.NewSignature}
+}
+
+// keyState is the loop's view of the signing key: the current key's id,
+// the latest link as a notice to send (nil before any rotation), and per
+// node the key its host last said it verifies with, what of it waits to
+// be written, and when it was last sent the notice.
+type keyState struct {
+	current string
+	notice  []byte
+	acked   map[string]string
+	due     map[string]string
+	pushed  map[string]time.Time
+}
+
+// loadKeys reads the current key and the latest link, and what hosts said.
+func (d *daemon) loadKeys(ctx context.Context) error {
+	key, err := d.st.Identity.SigningKey(ctx)
+	if err != nil {
+		return err
+	}
+	chain, err := d.st.Identity.KeyChain(ctx)
+	if err != nil {
+		return err
+	}
+	d.ks.current, d.ks.notice = key.Fingerprint(), nil
+	if n := len(chain); n > 0 {
+		if d.ks.notice, err = json.Marshal(protocol.KeyNotice{Links: []protocol.KeyLink{KeyLinkOf(chain[n-1])}}); err != nil {
+			return err
+		}
+	}
+	if d.ks.acked == nil {
+		acks, err := d.st.Identity.KeyAcks(ctx)
+		if err != nil {
+			return err
+		}
+		d.ks.acked, d.ks.due, d.ks.pushed = make(map[string]string, len(acks)), map[string]string{}, map[string]time.Time{}
+		for _, a := range acks {
+			d.ks.acked[a.Node] = a.Key
+		}
+	}
+	return nil
+}
+
+// absorbKey takes the key a beat says its host verifies with: kept for the
+// next flush when it changed, and answered with the latest link when it
+// is not the current key (a host that missed the announcement, away or
+// beating while no controller served).
+func (d *daemon) absorbKey(node, key string, now time.Time) {
+	if key == "" {
+		return // a host that predates rotations
+	}
+	if d.ks.acked[node] != key {
+		d.ks.acked[node], d.ks.due[node] = key, key
+	}
+	if key == d.ks.current || d.ks.notice == nil || now.Sub(d.ks.pushed[node]) < keyPushEvery {
+		return
+	}
+	d.ks.pushed[node] = now
+	if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), d.ks.notice); err != nil {
+		d.log.Warn("announce the signing key", "node", node, "err", err)
+	}
+}
+
+// flushKeys writes the keys hosts said they verify with, changed since.
+func (d *daemon) flushKeys(ctx context.Context) {
+	if len(d.ks.due) == 0 {
+		return
+	}
+	if err := d.st.Identity.RecordKeyAcks(ctx, d.ks.due, d.u.Now()); err != nil {
+		d.deposed(err)
+		d.log.Error("record the keys hosts verify with", "nodes", len(d.ks.due), "err", err)
+		for node := range d.ks.due {
+			delete(d.ks.acked, node) // written again with its next beat
+		}
+	}
+	d.ks.due = map[string]string{}
+}
+
+// rotated reads the new key and announces it to every joined host, once:
+// a host that misses it hears it again when it beats with the old one.
+func (d *daemon) rotated(ctx context.Context) {
+	if err := d.loadKeys(ctx); err != nil {
+		d.log.Error("read the rotated signing key", "err", err)
+		return
+	}
+	if d.ks.notice == nil {
+		return
+	}
+	now, sent := d.u.Now(), 0
+	for _, node := range d.keys.nodes() {
+		if d.ks.acked[node] == d.ks.current {
+			continue
+		}
+		if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), d.ks.notice); err != nil {
+			d.log.Warn("announce the signing key", "node", node, "err", err)
+			continue
+		}
+		d.ks.pushed[node] = now
+		sent++
+	}
+	d.log.Info("signing key rotated: announced to every host", "key", d.ks.current, "hosts", sent)
+}
+
+// onKeyChainAsk answers a host's ask for the chain from the key it knows.
+func (d *daemon) onKeyChainAsk(m *nats.Msg) {
+	var ask protocol.KeyChainAskBody
+	node, ok := d.verify(m, protocol.KeyChainAsk, &ask)
+	if !ok {
+		return
+	}
+	chain, err := d.st.Identity.KeyChain(d.bg)
+	if err != nil {
+		d.log.Error("read the chain of signing keys", "node", node, "err", err)
+		d.respondTo(m, node, protocol.KeyChain{Error: "the controller could not read its chain: ask again later"})
+		return
+	}
+	answer := protocol.KeyChain{Links: []protocol.KeyLink{}}
+	from := -1
+	for i, l := range chain {
+		if protocol.KeyID(l.OldKey) == ask.From {
+			from = i
+			break
+		}
+	}
+	if from < 0 {
+		answer.Error = "no rotation hands over from key " + clip(ask.From) + ": it is the current key, or not one this controller had"
+	} else {
+		for _, l := range chain[from:] {
+			answer.Links = append(answer.Links, KeyLinkOf(l))
+		}
+	}
+	d.respondTo(m, node, answer)
+}
+
+// onKeyRefused keeps that a host refused a chain or an announcement: the
+// self-check raises node.key-refused.
+func (d *daemon) onKeyRefused(m *nats.Msg) {
+	var r protocol.KeyRefusal
+	node, ok := d.verify(m, protocol.KeyRefusedReport, &r)
+	if !ok {
+		return
+	}
+	d.log.Warn("a host refused a chain of signing keys", "node", node, "key", clip(r.Key), "refused", clip(r.Refused))
+	if err := d.st.Identity.RecordKeyRefusal(d.bg, node, clip(r.Key), clip(r.Refused), d.u.Now()); err != nil {
+		d.deposed(err)
+		d.log.Error("record a chain refused", "node", node, "err", err)
+	}
+	d.kick()
+}
+
+// onCredsRenew signs a host a new broker user for the nkey it made, before
+// its credential expires; answered only into its own inbox.
+func (d *daemon) onCredsRenew(m *nats.Msg) {
+	var b protocol.CredsRenewBody
+	node, ok := d.verify(m, protocol.CredsRenew, &b)
+	if !ok {
+		return
+	}
+	creds, err := d.u.Hosts.Renew(d.bg, node, b.NKey)
+	if err != nil {
+		d.renewFailed(node, err)
+		d.respondTo(m, node, protocol.CredsReply{Error: renewError(err)})
+		return
+	}
+	d.log.Info("host credential renewed", "node", node)
+	d.respondTo(m, node, protocol.CredsReply{OK: true, Creds: creds})
+}
+
+// renewByJoin renews the credential of a host whose own expired, asked
+// through the join path (it can no longer connect as itself): the request
+// signed by the host key the node joined with, recent, the answer a grant
+// sealed to the node's age recipient. Anything else is refused as a join
+// is, with the one answer.
+func (d *daemon) renewByJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest) {
+	source := sourceOf(m)
+	refuse := func(reason string) {
+		if d.refusalLog.allow(source, d.u.Now()) {
+			d.log.Warn("renewal refused", "node", clip(r.Node), "source", source, "reason", reason)
+		}
+		d.handOver(event{kind: evRefused, source: source, reason: reason})
+		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
+	}
+	key := d.keys.get(r.Node)
+	var b protocol.RenewBody
+	switch {
+	case key == nil:
+		refuse("renewal for an unknown host")
+		return
+	case protocol.Open(r.Renew, key, &b) != nil:
+		refuse("renewal not signed by the host key")
+		return
+	case b.Node != r.Node:
+		refuse("renewal for another node")
+		return
+	case d.u.Now().Sub(b.At).Abs() > protocol.RenewWithin:
+		refuse("renewal too old")
+		return
+	}
+	reply, err := d.u.Hosts.RenewGrant(ctx, r.Node, b.NKey, d.urls)
+	if err != nil {
+		d.renewFailed(r.Node, err)
+		var refusal *Refusal
+		if errors.As(err, &refusal) {
+			d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
+		} else {
+			d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinFailed})
+		}
+		return
+	}
+	d.log.Info("host credential renewed through the join path (it had expired)", "node", r.Node, "source", source)
+	d.respondTo(m, "", reply)
+}
+
+// renewFailed logs a renewal not made.
+func (d *daemon) renewFailed(node string, err error) {
+	d.deposed(err)
+	var refusal *Refusal
+	if errors.As(err, &refusal) {
+		d.log.Warn("host credential not renewed", "node", node, "err", err)
+		return
+	}
+	d.log.Error("host credential not renewed", "node", node, "err", err)
+}
+
+// renewError is what a host is told of a renewal not made.
+func renewError(err error) string {
+	var refusal *Refusal
+	if errors.As(err, &refusal) {
+		return "refused: " + refusal.Reason
+	}
+	return "the controller could not renew it now: ask again later"
+}
