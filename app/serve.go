@@ -353,26 +353,26 @@ func (sv *serving) grant(r protocol.JoinRequest, hostKey ed25519.PublicKey, revo
 // renew signs node's host a broker user for the nkey it made, expiring
 // hostTTL from now, and records it as the node's current user (the one it
 // replaces lasts until it expires): the user JWT and the host as kept.
-func (sv *serving) renew(ctx context.Context, node, nkey string) (string, identity.Host, error) {
+func (sv *serving) renew(ctx context.Context, node, nkey string) (string, identity.Host, int, error) {
 	if !nkeys.IsValidPublicUserKey(nkey) {
-		return "", identity.Host{}, &daemon.Refusal{Reason: "malformed request", Err: errors.New("nkey is not a user's public nkey")}
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "malformed request", Err: errors.New("nkey is not a user's public nkey")}
 	}
 	now := sv.c.Now()
 	expires := now.Add(sv.hostTTL)
-	h, err := sv.st.Identity.RenewHost(ctx, node, nkey, expires, now)
+	h, revoked, err := sv.st.Identity.RenewHost(ctx, node, nkey, expires, now)
 	switch {
 	case errors.Is(err, identity.ErrNKeyUsed):
-		return "", identity.Host{}, &daemon.Refusal{Reason: "nkey used before", Err: err}
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "nkey used before", Err: err}
 	case errors.Is(err, identity.ErrHostUnknown):
-		return "", identity.Host{}, &daemon.Refusal{Reason: "renewal for an unknown host", Err: err}
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "renewal for an unknown host", Err: err}
 	case err != nil:
-		return "", identity.Host{}, err
+		return "", identity.Host{}, 0, err
 	}
 	userJWT, err := sv.keys.IssueUserUntil("host "+node, nkey, hostPermissions(node), expires)
 	if err != nil {
-		return "", identity.Host{}, fmt.Errorf("sign the host's broker user: %w", err)
+		return "", identity.Host{}, 0, fmt.Errorf("sign the host's broker user: %w", err)
 	}
-	return userJWT, h, nil
+	return userJWT, h, revoked, nil
 }
 
 // tokenRefusals are the reasons a token is refused, as kept and counted.
@@ -554,31 +554,31 @@ func (h *serveHosts) SelfCheck(ctx context.Context, nc *nats.Conn, holder string
 }
 
 // Renew renews a host's credential before it expires.
-func (h *serveHosts) Renew(ctx context.Context, node, nkey string) (string, error) {
-	userJWT, _, err := h.sv.renew(ctx, node, nkey)
+func (h *serveHosts) Renew(ctx context.Context, node, nkey string) (string, int, error) {
+	userJWT, _, revoked, err := h.sv.renew(ctx, node, nkey)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return broker.JWTBlock(userJWT), nil
+	return broker.JWTBlock(userJWT), revoked, nil
 }
 
 // RenewGrant renews an expired host credential, asked through the join
 // path: the answer a grant sealed to the node's age recipient, as a join's.
-func (h *serveHosts) RenewGrant(ctx context.Context, node, nkey string, urls []string) (protocol.JoinReply, error) {
-	userJWT, host, err := h.sv.renew(ctx, node, nkey)
+func (h *serveHosts) RenewGrant(ctx context.Context, node, nkey string, urls []string) (protocol.JoinReply, int, error) {
+	userJWT, host, revoked, err := h.sv.renew(ctx, node, nkey)
 	if err != nil {
-		return protocol.JoinReply{}, err
+		return protocol.JoinReply{}, 0, err
 	}
 	signer, err := h.sv.st.Identity.SigningKey(ctx)
 	if err != nil {
-		return protocol.JoinReply{}, err
+		return protocol.JoinReply{}, revoked, err
 	}
 	sealed, err := protocol.SealJoinGrant(protocol.JoinGrant{Node: node, Creds: broker.JWTBlock(userJWT),
 		ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, host.AgeRecipient)
 	if err != nil {
-		return protocol.JoinReply{}, err
+		return protocol.JoinReply{}, revoked, err
 	}
-	return protocol.JoinReply{OK: true, Sealed: sealed}, nil
+	return protocol.JoinReply{OK: true, Sealed: sealed}, revoked, nil
 }
 
 // serveBuilds are the controller's build acts; ReAsk asks a dead build

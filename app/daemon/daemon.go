@@ -247,11 +247,12 @@ type Hosts interface {
 	// Renew signs node's host a broker user for the nkey it made, expiring
 	// as host credentials do: the user JWT as the JWT half of a .creds
 	// document. Refused (a *Refusal) for an nkey used before or a node
-	// with no host.
-	Renew(ctx context.Context, node, nkey string) (creds string, err error)
+	// with no host. revoked counts the node's users it revoked (one from
+	// before credentials expired): the daemon has the broker told.
+	Renew(ctx context.Context, node, nkey string) (creds string, revoked int, err error)
 	// RenewGrant is Renew answered as a join grant sealed to the node's
 	// age recipient: a renewal asked through the join path.
-	RenewGrant(ctx context.Context, node, nkey string, urls []string) (protocol.JoinReply, error)
+	RenewGrant(ctx context.Context, node, nkey string, urls []string) (reply protocol.JoinReply, revoked int, err error)
 }
 
 // Builds take builders' outcomes in and dispatch the build queue.

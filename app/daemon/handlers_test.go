@@ -131,8 +131,8 @@ func (joinOnly) SelfCheck(context.Context, *nats.Conn, string, *slog.Logger) ([]
 	return nil, nil
 }
 
-func (joinOnly) Renew(context.Context, string, string) (string, error) { return "", io.EOF }
+func (joinOnly) Renew(context.Context, string, string) (string, int, error) { return "", 0, io.EOF }
 
-func (joinOnly) RenewGrant(context.Context, string, string, []string) (protocol.JoinReply, error) {
-	return protocol.JoinReply{}, io.EOF
+func (joinOnly) RenewGrant(context.Context, string, string, []string) (protocol.JoinReply, int, error) {
+	return protocol.JoinReply{}, 0, io.EOF
 }

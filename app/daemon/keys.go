@@ -148,9 +148,13 @@ func (d *daemon) onKeyChainAsk(m *nats.Msg) {
 			break
 		}
 	}
-	if from < 0 {
-		answer.Error = "no rotation hands over from key " + clip(ask.From) + ": it is the current key, or not one this controller had"
-	} else {
+	latest := len(chain) == 0 || protocol.KeyID(chain[len(chain)-1].NewKey) == ask.From
+	switch {
+	case from < 0 && latest:
+		// The host holds the current key: nothing to follow.
+	case from < 0:
+		answer.Error = "no rotation hands over from key " + clip(ask.From) + ": it is not one this controller had"
+	default:
 		for _, l := range chain[from:] {
 			answer.Links = append(answer.Links, KeyLinkOf(l))
 		}
@@ -182,7 +186,7 @@ func (d *daemon) onCredsRenew(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	creds, err := d.u.Hosts.Renew(d.bg, node, b.NKey)
+	creds, revoked, err := d.u.Hosts.Renew(d.bg, node, b.NKey)
 	if err != nil {
 		d.renewFailed(node, err)
 		d.respondTo(m, node, protocol.CredsReply{Error: renewError(err)})
@@ -190,6 +194,14 @@ func (d *daemon) onCredsRenew(m *nats.Msg) {
 	}
 	d.log.Info("host credential renewed", "node", node)
 	d.respondTo(m, node, protocol.CredsReply{OK: true, Creds: creds})
+	d.renewRevoked(node, revoked)
+}
+
+// renewRevoked has the broker refuse the users a renewal revoked.
+func (d *daemon) renewRevoked(node string, revoked int) {
+	if revoked > 0 {
+		d.disconnectRevoked("host credential renewed: its credential from before credentials expired revoked", "node", node)
+	}
 }
 
 // renewByJoin renews the credential of a host whose own expired, asked
@@ -222,7 +234,7 @@ func (d *daemon) renewByJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRe
 		refuse("renewal too old")
 		return
 	}
-	reply, err := d.u.Hosts.RenewGrant(ctx, r.Node, b.NKey, d.urls)
+	reply, revoked, err := d.u.Hosts.RenewGrant(ctx, r.Node, b.NKey, d.urls)
 	if err != nil {
 		d.renewFailed(r.Node, err)
 		var refusal *Refusal
@@ -235,6 +247,7 @@ func (d *daemon) renewByJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRe
 	}
 	d.log.Info("host credential renewed through the join path (it had expired)", "node", r.Node, "source", source)
 	d.respondTo(m, "", reply)
+	d.renewRevoked(r.Node, revoked)
 }
 
 // renewFailed logs a renewal not made.

@@ -107,6 +107,10 @@ func NewKeyLink(a KeyAnnouncement, signOld, signNew func([]byte) []byte) (KeyLin
 // before it.
 var ErrBadChain = errors.New("the chain of controller keys does not verify")
 
+// ErrNotFromKey means the links given, good or not, do not lead on from
+// the key a host knows: it asks for the chain from it (KeyChainAsk).
+var ErrNotFromKey = errors.New("no link leads on from the key this host knows")
+
 // Open decodes a link and checks both its signatures against the keys it
 // names; whether its old key is one to trust is the caller's (Follow).
 func (l KeyLink) Open() (a KeyAnnouncement, oldKey, newKey ed25519.PublicKey, err error) {
@@ -176,7 +180,7 @@ func Follow(from ed25519.PublicKey, links []KeyLink) ([]Followed, error) {
 		cur, seq = newKey, a.Sequence
 	}
 	if !started && len(links) > 0 {
-		return nil, fmt.Errorf("%w: no link leads on from %s, the key this host knows", ErrBadChain, KeyID(from))
+		return nil, fmt.Errorf("%w: %w (%s)", ErrBadChain, ErrNotFromKey, KeyID(from))
 	}
 	return out, nil
 }

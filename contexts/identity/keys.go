@@ -272,7 +272,12 @@ var ErrHostUnknown = sqlite.Refusal("no host joined as this node")
 // that expired are forgotten, so the store keeps at most a few per node.
 // A nkey issued a user before is refused (ErrNKeyUsed), and a node with
 // no host (ErrHostUnknown).
-func (s *Store) RenewHost(ctx context.Context, node, nkey string, expires, now time.Time) (h Host, err error) {
+//
+// A user issued before credentials expired never expires by itself: once
+// superseded twice (its host connects as the one after it since the first
+// renewal) it is revoked, and revoked counts it; the caller has the broker
+// told.
+func (s *Store) RenewHost(ctx context.Context, node, nkey string, expires, now time.Time) (h Host, revoked int, err error) {
 	defer s.db.Failing(&err, "renew the credential of %s", node)
 	err = s.db.Write(ctx, func(tx *sql.Tx) error {
 		var key []byte
@@ -300,6 +305,13 @@ func (s *Store) RenewHost(ctx context.Context, node, nkey string, expires, now t
 			AND expires_at IS NOT NULL AND expires_at <= ?`, node, h.NKey, sqlite.FormatTime(now)); err != nil {
 			return err
 		}
+		res, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE node = ? AND kind = 'host' AND pub != ? AND revoked_at IS NULL
+			AND expires_at IS NULL`, sqlite.FormatTime(now), node, h.NKey)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		revoked = int(n)
 		if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at, expires_at) VALUES (?, 'host', ?, ?, ?)`,
 			nkey, node, sqlite.FormatTime(now), sqlite.FormatTime(expires)); err != nil {
 			return err
@@ -309,9 +321,9 @@ func (s *Store) RenewHost(ctx context.Context, node, nkey string, expires, now t
 		return err
 	})
 	if err != nil {
-		return Host{}, err
+		return Host{}, 0, err
 	}
-	return h, nil
+	return h, revoked, nil
 }
 
 // HostUsers returns the live broker users issued to node's hosts (their

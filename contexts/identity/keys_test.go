@@ -132,8 +132,8 @@ func TestStore_RenewHost(t *testing.T) {
 	at := now
 	for i, nkey := range []string{"U1", "U2", "U3"} {
 		at = at.Add(20 * 24 * time.Hour)
-		h, err := s.RenewHost(ctx, "web1", nkey, at.Add(ttl), at)
-		if err != nil || h.NKey != nkey || h.AgeRecipient != "age1x" {
+		h, revoked, err := s.RenewHost(ctx, "web1", nkey, at.Add(ttl), at)
+		if err != nil || h.NKey != nkey || h.AgeRecipient != "age1x" || revoked != 0 {
 			t.Fatalf("renewal %d: %+v, %v", i, h, err)
 		}
 	}
@@ -141,14 +141,33 @@ func TestStore_RenewHost(t *testing.T) {
 	if err != nil || len(users) != 2 || users[0] != "U2" || users[1] != "U3" {
 		t.Fatalf("host users %q, %v", users, err)
 	}
-	if _, err := s.RenewHost(ctx, "web1", "U3", at.Add(ttl), at); !errors.Is(err, ErrNKeyUsed) {
+	if _, _, err := s.RenewHost(ctx, "web1", "U3", at.Add(ttl), at); !errors.Is(err, ErrNKeyUsed) {
 		t.Fatalf("an nkey used again: %v", err)
 	}
-	if _, err := s.RenewHost(ctx, "web9", "U9", at.Add(ttl), at); !errors.Is(err, ErrHostUnknown) {
+	if _, _, err := s.RenewHost(ctx, "web9", "U9", at.Add(ttl), at); !errors.Is(err, ErrHostUnknown) {
 		t.Fatalf("an unknown node: %v", err)
 	}
 	hosts, _ := s.Hosts(ctx)
 	if len(hosts) != 1 || hosts[0].NKey != "U3" {
 		t.Fatalf("hosts %+v", hosts)
 	}
+
+	t.Run("a user from before expiry is revoked once superseded twice", func(t *testing.T) {
+		token, _, _, err := s.IssueToken(ctx, "web2", time.Hour, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out := s.JoinMany(ctx, []HostJoin{{Token: token, Host: Host{Node: "web2", HostKey: pub, AgeRecipient: "age1x", NKey: "L0"}}}, now); out[0].Err != nil {
+			t.Fatal(out[0].Err)
+		}
+		if _, revoked, err := s.RenewHost(ctx, "web2", "L1", now.Add(ttl), now); err != nil || revoked != 0 {
+			t.Fatalf("first renewal revoked %d, %v", revoked, err)
+		}
+		if _, revoked, err := s.RenewHost(ctx, "web2", "L2", now.Add(ttl), now); err != nil || revoked != 1 {
+			t.Fatalf("second renewal revoked %d, %v", revoked, err)
+		}
+		if r, _ := s.Revoked(ctx); r["L0"].IsZero() {
+			t.Fatalf("the user from before expiry is not revoked: %v", r)
+		}
+	})
 }
