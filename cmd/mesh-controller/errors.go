@@ -114,7 +114,7 @@ func hint(err error) string {
 	case errors.Is(err, identity.ErrNoBrokerKeys):
 		return "run 'mesh-controller migrate' to make them"
 	case errors.Is(err, identity.ErrOverlapRunning):
-		return "rotate again once it has ended ('mesh-controller identity show' says until when): at most two keys are accepted at once"
+		return "rotate again once it has ended (at most two keys are accepted at once)"
 	case errors.Is(err, app.ErrBadOverlap):
 		return "give --overlap as a duration, e.g. 168h (a week), or 0 to retire the old key at once"
 	case errors.Is(err, health.ErrNoWhy):

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/cmd/clirun"
 )
 
 // IdentityCmd groups identity commands.
@@ -44,6 +45,9 @@ type IdentityRotateCmd struct {
 
 // Run rotates the signing key and says what comes next.
 func (c *IdentityRotateCmd) Run(env *Env, nd *app.Nodes) error {
+	if c.Overlap < 0 {
+		return clirun.UsageError{Msg: "give --overlap as a duration of zero or more, e.g. 168h (a week); 0 retires the old key at once"}
+	}
 	v, err := nd.IdentityRotate(env.Ctx, app.RotateRequest{Why: c.Why, Overlap: c.Overlap})
 	if err != nil {
 		return err
