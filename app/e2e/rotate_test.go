@@ -257,6 +257,24 @@ func TestRenew_HostCredentials(t *testing.T) {
 		t.Fatalf("c1 has %d host users recorded (%v): the superseded are not forgotten", len(users), err)
 	}
 
+	t.Run("a renewal through the join path not signed by the node's host key is refused", func(t *testing.T) {
+		nc, _ := m.anonymous(t)
+		_, other, _ := ed25519.GenerateKey(nil)
+		body, _ := protocol.Sign(other, protocol.RenewBody{Node: "c2", NKey: "UNOTUSED", At: time.Now().UTC()})
+		req, _ := json.Marshal(protocol.JoinRequest{Node: "c2", NKey: "UNOTUSED", Renew: body})
+		msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply protocol.JoinReply
+		if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.OK || reply.Error != protocol.JoinRefused || reply.Sealed != "" {
+			t.Fatalf("answer %+v (%v)", reply, err)
+		}
+		if !m.logs.logged("renewal refused", "node", "c2", "reason", "renewal not signed by the host key") {
+			t.Fatalf("the refusal is not logged:\n%s", lastLines(m.logs.String(), 5))
+		}
+	})
+
 	// c2 was away past its credential's expiry: back, it renews through
 	// the join path (no token) and is heard again.
 	heard := m.node("c2").LastHeard
