@@ -1,0 +1,72 @@
+package loadbench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestRotateUnderLoad measures a rotation of the signing key over
+// MESH_BENCH_HOSTS simulated hosts (10,000 by default), with the real
+// binaries: the time from 'identity rotate' until every host acknowledged
+// the new key (its beats say it verifies with it), and the serving
+// controller's CPU meanwhile. Not part of make test:
+//
+//	MESH_BENCH=1 go test -run TestRotateUnderLoad -v -timeout 20m ./app/loadbench/
+func TestRotateUnderLoad(t *testing.T) {
+	hosts := benchHosts(t, 10000)
+	dir := t.TempDir()
+	mc, mh := build(t, dir, "./cmd/mesh-controller", "mesh-controller"), build(t, dir, "./cmd/mesh-host", "mesh-host")
+	c := newController(t, mc)
+	c.serve()
+	defer c.stop()
+	tokens := filepath.Join(c.data, "tokens.txt")
+	c.run("token", "issue", "--new", "k", "--count", strconv.Itoa(hosts), "--out", tokens)
+	const interval = 10 * time.Second
+	sim := exec.Command(mh, "simulate", "--broker", c.url, "--tokens", tokens, "--heartbeat", interval.String(), "--report", "1h", "--json")
+	if err := sim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Process.Kill(); sim.Wait() })
+	st := openStores(t, c.data)
+	acked := func(key string, within time.Duration) (time.Duration, int) {
+		start, n := time.Now(), 0
+		for time.Since(start) < within {
+			st.DB("identity").Reader.QueryRow(`SELECT count(*) FROM key_acks WHERE key = ?`, key).Scan(&n)
+			if n >= hosts {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return time.Since(start), n
+	}
+	out, _ := c.run("identity", "show")
+	first := regexp.MustCompile(`(?m)^fingerprint\s+(\S+)$`).FindStringSubmatch(out)[1]
+	// Every host joined and beat once with the first key.
+	if _, n := acked(first, time.Duration(hosts/200+60)*time.Second); n < hosts {
+		t.Fatalf("only %d of %d hosts beat with the first key", n, hosts)
+	}
+	time.Sleep(interval) // a steady state: no join left in flight
+
+	pid := c.cmd.Process.Pid
+	ticks, start := procTicks(pid), time.Now()
+	out, took := c.run("identity", "rotate", "--why", "load bench")
+	m := regexp.MustCompile(`signing key rotated: (\S+) replaces`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("identity rotate said: %s", out)
+	}
+	_, n := acked(m[1], 2*time.Minute)
+	all := time.Since(start)
+	cpu := float64(procTicks(pid)-ticks) / 100
+	add(fmt.Sprintf("rotation over %d hosts: identity rotate itself", hosts), took.Round(time.Millisecond).String(), "its own process: the rotation, its hand act, the latest declarations signed again")
+	add(fmt.Sprintf("rotation over %d hosts: until every host acknowledged the new key", hosts), measured(all, n, hosts), "from the command's start; acknowledgements are written each second")
+	add(fmt.Sprintf("rotation over %d hosts: serving controller CPU meanwhile", hosts), fmt.Sprintf("%.2f s (%.0f%% of one core)", cpu, 100*cpu/all.Seconds()),
+		"announcing, hearing the beats that acknowledge, writing them, and the beats of the window")
+	sim.Process.Signal(os.Interrupt)
+	sim.Wait()
+}
