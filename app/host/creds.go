@@ -74,7 +74,13 @@ func (r *Runner) renewLoop(ctx context.Context, nc *nats.Conn) {
 		}
 		wait := time.Until(due)
 		if attempt > 0 {
-			wait = max(wait, backoff(attempt, renewRetryFirst, renewRetryMost))
+			most := renewRetryMost
+			if expires.IsZero() {
+				// Nothing runs out: a controller from before renewals is
+				// asked again now and then, not every minute.
+				most = time.Hour
+			}
+			wait = max(wait, backoff(attempt, renewRetryFirst, most))
 		}
 		if wait > 0 {
 			t := time.NewTimer(wait)
@@ -91,7 +97,9 @@ func (r *Runner) renewLoop(ctx context.Context, nc *nats.Conn) {
 				return
 			}
 			attempt++
-			r.logf("renew the broker credential: %v; trying again", err)
+			if attempt == 1 || attempt%10 == 0 {
+				r.logf("renew the broker credential: %v; trying again (%d tries)", err, attempt)
+			}
 			continue
 		}
 		attempt = 0
