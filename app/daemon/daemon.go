@@ -355,8 +355,6 @@ const (
 	evRefused
 	// evModules is the module states of an apply report.
 	evModules
-	// evRotated is the signing key rotated (identity rotate).
-	evRotated
 )
 
 // event is what a handler hands the loop.
@@ -1014,8 +1012,6 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 		d.refusals[[2]string{ev.source, ev.reason}]++
 	case evJoined:
 		d.catchUp(ctx, false, ev.node)
-	case evRotated:
-		d.rotated(ctx)
 	}
 	return false
 }

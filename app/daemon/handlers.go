@@ -88,7 +88,7 @@ func (d *daemon) subscribe(ctx context.Context) error {
 		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
 		// A rotation and what hosts say of keys and credentials (keys.go).
-		RotatedSubject: func(*nats.Msg) { d.handOver(event{kind: evRotated}) },
+		RotatedSubject: d.onRotated,
 		protocol.NodeWildcard(protocol.KeyChainAsk):      d.onKeyChainAsk,
 		protocol.NodeWildcard(protocol.KeyRefusedReport): d.onKeyRefused,
 		protocol.NodeWildcard(protocol.CredsRenew):       d.onCredsRenew,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,20 +27,33 @@ func KeyLinkOf(l identity.KeyLink) protocol.KeyLink {
 	return protocol.KeyLink{Announcement: l.Announcement, OldSignature: l.OldSignature, NewSignature: l.NewSignature}
 }
 
-// keyState is the loop's view of the signing key: the current key's id,
-// the latest link as a notice to send (nil before any rotation), and per
-// node the key its host last said it verifies with, what of it waits to
-// be written, and when it was last sent the notice.
+// keyState is the signing key as the daemon announces it: the current
+// key's id, the latest link as a notice to send (nil before any rotation)
+// and when it was last announced to every host, read and written under mu
+// (a rotation is announced off the loop, which may be busy judging ten
+// thousand nodes); and, the loop's own, per node the key its host last
+// said it verifies with, what of it waits to be written, and when it was
+// last sent the notice.
 type keyState struct {
-	current string
-	notice  []byte
-	acked   map[string]string
-	due     map[string]string
-	pushed  map[string]time.Time
+	mu        sync.Mutex
+	current   string
+	notice    []byte
+	announced time.Time
+
+	acked  map[string]string
+	due    map[string]string
+	pushed map[string]time.Time
 }
 
-// loadKeys reads the current key and the latest link, and what hosts said.
-func (d *daemon) loadKeys(ctx context.Context) error {
+// latest is the current key, the notice of it, and when it was announced.
+func (k *keyState) latest() (string, []byte, time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.current, k.notice, k.announced
+}
+
+// readKeys reads the current key and the latest link.
+func (d *daemon) readKeys(ctx context.Context) error {
 	key, err := d.st.Identity.SigningKey(ctx)
 	if err != nil {
 		return err
@@ -48,11 +62,23 @@ func (d *daemon) loadKeys(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.ks.current, d.ks.notice = key.Fingerprint(), nil
+	var notice []byte
 	if n := len(chain); n > 0 {
-		if d.ks.notice, err = json.Marshal(protocol.KeyNotice{Links: []protocol.KeyLink{KeyLinkOf(chain[n-1])}}); err != nil {
+		if notice, err = json.Marshal(protocol.KeyNotice{Links: []protocol.KeyLink{KeyLinkOf(chain[n-1])}}); err != nil {
 			return err
 		}
+	}
+	d.ks.mu.Lock()
+	d.ks.current, d.ks.notice = key.Fingerprint(), notice
+	d.ks.mu.Unlock()
+	return nil
+}
+
+// loadKeys reads the current key and the latest link, and what hosts
+// said, as the daemon starts.
+func (d *daemon) loadKeys(ctx context.Context) error {
+	if err := d.readKeys(ctx); err != nil {
+		return err
 	}
 	if d.ks.acked == nil {
 		acks, err := d.st.Identity.KeyAcks(ctx)
@@ -78,11 +104,12 @@ func (d *daemon) absorbKey(node, key string, now time.Time) {
 	if d.ks.acked[node] != key {
 		d.ks.acked[node], d.ks.due[node] = key, key
 	}
-	if key == d.ks.current || d.ks.notice == nil || now.Sub(d.ks.pushed[node]) < keyPushEvery {
+	current, notice, announced := d.ks.latest()
+	if key == current || notice == nil || now.Sub(d.ks.pushed[node]) < keyPushEvery || time.Since(announced) < keyPushEvery {
 		return
 	}
 	d.ks.pushed[node] = now
-	if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), d.ks.notice); err != nil {
+	if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), notice); err != nil {
 		d.log.Warn("announce the signing key", "node", node, "err", err)
 	}
 }
@@ -102,29 +129,33 @@ func (d *daemon) flushKeys(ctx context.Context) {
 	d.ks.due = map[string]string{}
 }
 
-// rotated reads the new key and announces it to every joined host, once:
-// a host that misses it hears it again when it beats with the old one.
-func (d *daemon) rotated(ctx context.Context) {
-	if err := d.loadKeys(ctx); err != nil {
+// onRotated reads the new key and announces it to every joined host, once,
+// off the loop (the handlers' goroutine): a host that misses it hears it
+// again when it beats with the old one.
+func (d *daemon) onRotated(*nats.Msg) {
+	if err := d.readKeys(d.bg); err != nil {
 		d.log.Error("read the rotated signing key", "err", err)
 		return
 	}
-	if d.ks.notice == nil {
+	d.ks.mu.Lock()
+	current, notice := d.ks.current, d.ks.notice
+	d.ks.announced = time.Now()
+	d.ks.mu.Unlock()
+	if notice == nil {
 		return
 	}
-	now, sent := d.u.Now(), 0
+	sent := 0
 	for _, node := range d.keys.nodes() {
-		if d.ks.acked[node] == d.ks.current {
-			continue
-		}
-		if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), d.ks.notice); err != nil {
+		if err := d.nc.Publish(protocol.NodeSubject(node, protocol.KeyInbox), notice); err != nil {
 			d.log.Warn("announce the signing key", "node", node, "err", err)
 			continue
 		}
-		d.ks.pushed[node] = now
 		sent++
 	}
-	d.log.Info("signing key rotated: announced to every host", "key", d.ks.current, "hosts", sent)
+	if err := d.nc.FlushTimeout(brokerTimeout); err != nil {
+		d.log.Warn("announce the signing key", "err", err)
+	}
+	d.log.Info("signing key rotated: announced to every host", "key", current, "hosts", sent)
 }
 
 // onKeyChainAsk answers a host's ask for the chain from the key it knows.

@@ -84,6 +84,15 @@ func TestRotate_OneHostOfThreeAway(t *testing.T) {
 	if v.Previous == nil || v.Previous.Fingerprint != first.Fingerprint() || v.Chain != 2 || v.NotAcknowledged[0].Key != first.Fingerprint() {
 		t.Fatalf("identity show after the rotation: %+v", v)
 	}
+	status, err := m.c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(status.OutOfDate, func(o app.OutOfDate) bool {
+		return o.Name == "r3" && strings.Contains(o.Why, "verifies with signing key "+first.Fingerprint())
+	}) {
+		t.Fatalf("status does not say r3 is on the old key: %+v", status.OutOfDate)
+	}
 
 	// Declarations from now on are signed by the new key, and applied.
 	for _, node := range []string{"r1", "r2", "r3"} {
