@@ -66,7 +66,7 @@ func TestRotateUnderLoad(t *testing.T) {
 	out, _ := c.run("identity", "show")
 	first := regexp.MustCompile(`(?m)^fingerprint\s+(\S+)$`).FindStringSubmatch(out)[1]
 	// Every host joined and beat once with the first key.
-	if n, _, _ := acked(first, time.Duration(hosts/200+60)*time.Second); n < hosts {
+	if n, _, _ := acked(first, time.Duration(hosts/100+120)*time.Second); n < hosts {
 		t.Fatalf("only %d of %d hosts beat with the first key", n, hosts)
 	}
 	time.Sleep(interval) // a steady state: no join left in flight
