@@ -150,8 +150,10 @@ func (r *Runner) applyLoop(ctx context.Context, nc *nats.Conn) {
 func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 	// Signed by a key the host does not know: it follows the controller's
 	// chain to it first, or refuses the declaration and says why.
-	if why := r.followKeys(r.ctx, nc, dl.env); why != "" {
-		r.report(nc, protocol.AppliedBody{Error: why})
+	if why, later := r.followKeys(r.ctx, nc, dl.env); why != "" || later {
+		if why != "" {
+			r.report(nc, protocol.AppliedBody{Error: why})
+		}
 		return
 	}
 	r.mu.Lock()

@@ -233,25 +233,29 @@ func askChain(ctx context.Context, nc *nats.Conn, st *State) ([]protocol.Followe
 // followKeys makes sure the host holds the key env names: if it does not,
 // it asks for the chain and follows it. It returns why the declaration is
 // refused when the chain does not verify (reported as refused) or does not
-// lead to that key, "" otherwise.
-func (r *Runner) followKeys(ctx context.Context, nc *nats.Conn, env protocol.Envelope) string {
+// lead to that key, "" otherwise; later, when the chain could not be asked
+// for now (the controller away): the declaration is let go, and comes
+// again when the host asks for its latest or the controller sends it.
+func (r *Runner) followKeys(ctx context.Context, nc *nats.Conn, env protocol.Envelope) (why string, later bool) {
 	var unknown *UnknownKeyError
 	if _, err := r.State.Verify(env); !errors.As(err, &unknown) {
-		return ""
+		return "", false
 	}
 	followed, err := askChain(ctx, nc, r.State)
-	if err != nil {
-		if errors.Is(err, protocol.ErrBadChain) {
-			r.refuseChain(nc, err)
-		}
-		return fmt.Sprintf("refused: %v, and the controller's chain of keys does not lead there: %v", unknown, err)
+	switch {
+	case errors.Is(err, protocol.ErrBadChain):
+		r.refuseChain(nc, err)
+		return fmt.Sprintf("refused: %v, and the controller's chain of keys does not lead there: %v", unknown, err), false
+	case err != nil:
+		r.logf("%v: %v; it is applied when it comes again", unknown, err)
+		return "", true
 	}
 	r.followed(followed)
 	if _, err := r.State.Verify(env); errors.As(err, &unknown) {
 		return fmt.Sprintf("refused: %v, and its %v against the keys it accepts (the controller's chain of keys leads to %s)",
-			unknown, protocol.ErrBadSignature, r.State.KeyID())
+			unknown, protocol.ErrBadSignature, r.State.KeyID()), false
 	}
-	return ""
+	return "", false
 }
 
 // onKeyNotice follows a rotation the controller announced; links that do
