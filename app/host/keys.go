@@ -225,7 +225,9 @@ func askChain(ctx context.Context, nc *nats.Conn, st *State) ([]protocol.Followe
 		return nil, fmt.Errorf("the controller's chain of keys is not JSON: %w", err)
 	}
 	if len(chain.Links) == 0 && chain.Error != "" {
-		return nil, fmt.Errorf("the controller has no chain from %s: %s", st.KeyID(), chain.Error)
+		// The controller says the key this host holds is none of its own:
+		// no chain can lead on from it.
+		return nil, fmt.Errorf("%w: the controller has no chain from %s: %s", protocol.ErrBadChain, st.KeyID(), chain.Error)
 	}
 	return st.Adopt(chain.Links, time.Now())
 }
