@@ -167,8 +167,9 @@ func (d *daemon) onKeyChainAsk(m *nats.Msg) {
 	}
 	chain, err := d.st.Identity.KeyChain(d.bg)
 	if err != nil {
+		// Not answered: the host asks again when the declaration comes
+		// again (an answer with an error says its key is none of ours).
 		d.log.Error("read the chain of signing keys", "node", node, "err", err)
-		d.respondTo(m, node, protocol.KeyChain{Error: "the controller could not read its chain: ask again later"})
 		return
 	}
 	answer := protocol.KeyChain{Links: []protocol.KeyLink{}}
