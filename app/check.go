@@ -124,6 +124,21 @@ func (c *Health) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, er
 		probe("broker", c.probeBroker(ctx, ids, o.NC), "answers a round trip")
 		in.reuses, err = ids.TokenReuses(ctx)
 		fail("identity", "read reused tokens", err)
+		// A key whose overlap ended is let go here, on serve's timer.
+		lines, err := retireKeys(ctx, st, now)
+		fail("identity", "retire signing keys", err)
+		for _, line := range lines {
+			switch {
+			case o.Logger != nil:
+				o.Logger.Info(line)
+			case o.Log != nil:
+				o.Log(line)
+			}
+		}
+		in.keyChain, err = ids.KeyChain(ctx)
+		fail("identity", "read the chain of signing keys", err)
+		in.keyAcks, err = ids.KeyAcks(ctx)
+		fail("identity", "read the keys hosts verify with", err)
 	}
 	var fs syscall.Statfs_t
 	err := syscall.Statfs(c.DataDir, &fs)

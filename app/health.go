@@ -166,6 +166,11 @@ func (c *Health) Status(ctx context.Context) (StatusView, error) {
 			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "node", Name: n.Name, Why: behindWhy(n)})
 		}
 	}
+	keys, err := keyStatus(ctx, st.Identity, now)
+	if err != nil {
+		return v, err
+	}
+	v.OutOfDate = append(v.OutOfDate, keys...)
 	mods, err := inv.Modules(ctx)
 	if err != nil {
 		return v, err

@@ -296,6 +296,16 @@ type IdentityView struct {
 	PublicKey   string    `json:"public_key"`
 	Fingerprint string    `json:"fingerprint"`
 	CreatedAt   time.Time `json:"created_at"`
+	// Previous is the key the last rotation replaced, while hosts still
+	// accept it (its overlap).
+	Previous *PreviousKey `json:"previous,omitempty"`
+	// Chain is how many keys the controller has had: one more than its
+	// rotations.
+	Chain int `json:"chain"`
+	// Hosts counts the joined hosts; NotAcknowledged are those whose host
+	// has not said it verifies with the current key.
+	Hosts           int       `json:"hosts"`
+	NotAcknowledged []NodeKey `json:"not_acknowledged"`
 }
 
 // IdentityShow shows the controller's signing public key.
@@ -308,7 +318,24 @@ func (c *Nodes) IdentityShow(ctx context.Context) (IdentityView, error) {
 	if err != nil {
 		return IdentityView{}, err
 	}
-	return IdentityView{Algorithm: "ed25519", PublicKey: k.PublicBase64(), Fingerprint: k.Fingerprint(), CreatedAt: k.CreatedAt}, nil
+	v := IdentityView{Algorithm: "ed25519", PublicKey: k.PublicBase64(), Fingerprint: k.Fingerprint(), CreatedAt: k.CreatedAt, NotAcknowledged: []NodeKey{}}
+	chain, err := st.Identity.KeyChain(ctx)
+	if err != nil {
+		return IdentityView{}, err
+	}
+	now := c.Now()
+	v.Chain = len(chain) + 1
+	if n := len(chain); n > 0 && chain[n-1].OverlapUntil.After(now) {
+		l := chain[n-1]
+		v.Previous = &PreviousKey{KeyShown: keyShown(l.OldKey), RotatedAt: l.MadeAt, OverlapUntil: l.OverlapUntil, Why: l.Why}
+	}
+	if v.Hosts, v.NotAcknowledged, err = keysStanding(ctx, st.Identity, v.Fingerprint, chain, now); err != nil {
+		return IdentityView{}, err
+	}
+	if v.NotAcknowledged == nil {
+		v.NotAcknowledged = []NodeKey{}
+	}
+	return v, nil
 }
 
 // ErrBadCount means a --count is not between 1 and MaxNodesAtOnce.

@@ -90,6 +90,10 @@ type checkInputs struct {
 	askedAgain     map[string]builds.State
 	buildP99       map[string]time.Duration
 	reuses         []identity.TokenReuse
+	// keyChain is the signing key's chain of rotations, keyAcks the key
+	// each host says it verifies with.
+	keyChain []identity.KeyLink
+	keyAcks  []identity.KeyAck
 	// refusals are the joins refused within joinRefusedWindow.
 	refusals []health.JoinRefusals
 	brake    health.Brake
@@ -323,6 +327,12 @@ var rules = []rule{
 			out = append(out, c)
 		}
 		return out
+	}},
+	{kind: "node.retired-key", needs: []string{"identity"}, eval: func(in *checkInputs) []health.Condition {
+		return conditionsOf(keyConditions(in), "node.retired-key")
+	}},
+	{kind: "node.key-refused", needs: []string{"identity"}, eval: func(in *checkInputs) []health.Condition {
+		return conditionsOf(keyConditions(in), "node.key-refused")
 	}},
 	{kind: "join.refused", needs: []string{"health"}, eval: func(in *checkInputs) []health.Condition {
 		type seen struct {
@@ -991,4 +1001,15 @@ func HeldBy(commands []string) string {
 		return "its holder not visible to the host"
 	}
 	return "held by " + strings.Join(commands, ", ")
+}
+
+// conditionsOf are the conditions of one kind among cs.
+func conditionsOf(cs []health.Condition, kind string) []health.Condition {
+	var out []health.Condition
+	for _, c := range cs {
+		if c.Kind == kind {
+			out = append(out, c)
+		}
+	}
+	return out
 }

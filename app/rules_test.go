@@ -318,7 +318,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 func TestRules_Catalogue(t *testing.T) {
 	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "overlay.key-conflict", "overlay.peer-refused", "node.bad-signature", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.backup-failed", "data.restore-unverified", "data.no-backup-tool", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
-		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld"} {
+		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld", "node.retired-key", "node.key-refused"} {
 		ruleOf(t, kind)
 	}
 }
@@ -473,4 +473,51 @@ func TestBackupSignals_ReadWhatDataReads(t *testing.T) {
 	if sigs := backupSignals(in.snap, in.data, t0); len(sigs) != 1 || sigs[0].Last == nil {
 		t.Fatalf("a retired set's signal: %+v", sigs)
 	}
+}
+
+// keyChainOf is a chain of n rotations whose overlaps ended at ends[i]
+// (the keys are made up: the rules read ids, not signatures).
+func keyChainOf(ends ...time.Time) []identity.KeyLink {
+	var out []identity.KeyLink
+	for i, end := range ends {
+		k := func(b byte) []byte { x := make([]byte, 32); x[0] = b; return x }
+		out = append(out, identity.KeyLink{Sequence: int64(i + 1), OldKey: k(byte(i)), NewKey: k(byte(i + 1)), OverlapUntil: end})
+	}
+	return out
+}
+
+func TestRule_NodeRetiredKey(t *testing.T) {
+	chain := keyChainOf(t0.Add(-48*time.Hour), t0.Add(-time.Hour))
+	on := func(link int) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.keyChain = chain
+			var key string
+			if link == len(chain) {
+				key = keyShown(chain[link-1].NewKey).Fingerprint
+			} else {
+				key = keyShown(chain[link].OldKey).Fingerprint
+			}
+			in.keyAcks = []identity.KeyAck{{Node: "web1", Key: key, AckedAt: t0.Add(-72 * time.Hour)}}
+		})
+	}
+	raiseChangeClear(t, "node.retired-key", "node.retired-key/web1", on(0), on(1), on(2))
+	// Within the overlap the key before is not retired.
+	overlapping := inputs(func(in *checkInputs) {
+		in.keyChain = keyChainOf(t0.Add(time.Hour))
+		in.keyAcks = []identity.KeyAck{{Node: "web1", Key: keyShown(in.keyChain[0].OldKey).Fingerprint}}
+	})
+	if got := ruleOf(t, "node.retired-key").eval(overlapping); len(got) != 0 {
+		t.Fatalf("raised within the overlap: %+v", got)
+	}
+}
+
+func TestRule_NodeKeyRefused(t *testing.T) {
+	refused := func(why string, at time.Time) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			in.keyAcks = []identity.KeyAck{{Node: "web1", Key: "aaaa-bbbb-cccc-dddd", Refused: why, RefusedAt: &at}}
+		})
+	}
+	raiseChangeClear(t, "node.key-refused", "node.key-refused/web1",
+		refused("link 2 is not signed by its old key", t0.Add(-time.Hour)), refused("link 3 follows link 1", t0.Add(-time.Minute)),
+		refused("link 3 follows link 1", t0.Add(-48*time.Hour)))
 }

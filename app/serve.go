@@ -74,7 +74,17 @@ type ServeOptions struct {
 	// (alerthook), bounded by AlertHook (zero: its defaults).
 	AlertWebhook string
 	AlertHook    alerthook.Options
+	// HostCredentials is how long a host's broker user lasts (given at
+	// join, renewed by its host before it ends); zero means
+	// DefaultHostCredentials.
+	HostCredentials time.Duration
 }
+
+// DefaultHostCredentials is how long a host's broker user lasts unless
+// serve is told otherwise: its host renews it when a third is left, so a
+// host away for up to ten days comes back on its own credential, and a
+// credential stolen from a host's disk stops working within a month.
+const DefaultHostCredentials = 30 * 24 * time.Hour
 
 // Counters count what a serving controller absorbed and dropped.
 type Counters = daemon.Counters
@@ -101,6 +111,9 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 		return err
 	}
 	st := sv.st
+	if o.HostCredentials > 0 {
+		sv.hostTTL = o.HostCredentials
+	}
 	var m *metrics.Metrics
 	if o.Metrics != nil {
 		m = c.serveMetrics(ctx, st, o.Metrics, log)
@@ -191,13 +204,15 @@ func (st *Stores) raiseFences(ctx context.Context, generation int64) error {
 }
 
 // serving is what a serving controller reads once when it starts: its
-// broker keys and signing key do not change while it serves, and each of
-// thousands of joins arriving at once signs with both.
+// broker keys do not change while it serves, and each of thousands of joins
+// arriving at once signs with them. (The signing key may be rotated while
+// it serves: each batch of joins reads the current one.)
 type serving struct {
-	c      uses
-	st     *Stores
-	keys   broker.Keys
-	signer identity.SigningKey
+	c    uses
+	st   *Stores
+	keys broker.Keys
+	// hostTTL is how long a host's broker user lasts.
+	hostTTL time.Duration
 }
 
 func (c uses) serving(ctx context.Context) (*serving, error) {
@@ -209,11 +224,10 @@ func (c uses) serving(ctx context.Context) (*serving, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, err := st.Identity.SigningKey(ctx)
-	if err != nil {
+	if _, err := st.Identity.SigningKey(ctx); err != nil {
 		return nil, err
 	}
-	return &serving{c: c, st: st, keys: keys, signer: signer}, nil
+	return &serving{c: c, st: st, keys: keys, hostTTL: DefaultHostCredentials}, nil
 }
 
 // join admits a host presenting a one-time token for its node: the token is
@@ -237,6 +251,8 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		out[i].Err = &daemon.Refusal{Reason: reason, Err: err}
 	}
 	hostKeys := make([]ed25519.PublicKey, len(rs))
+	now := sv.c.Now()
+	expires := now.Add(sv.hostTTL)
 	var asks []identity.HostJoin
 	var asked []int
 	for i, r := range rs {
@@ -259,13 +275,13 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		hostKeys[i] = hostKey
 		asks = append(asks, identity.HostJoin{Token: r.Token, Host: identity.Host{Node: r.Node, HostKey: hostKey,
-			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion}})
+			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion}, Expires: expires})
 		asked = append(asked, i)
 	}
 	if len(asks) == 0 {
 		return out
 	}
-	st, now := sv.st, sv.c.Now()
+	st := sv.st
 	var joined []int
 	var nodes []string
 	for k, j := range st.Identity.JoinMany(ctx, asks, now) {
@@ -292,6 +308,14 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		return out
 	}
+	// The key a host is given is the current one: rotated, it changes.
+	signer, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		for _, i := range joined {
+			out[i].Err = err
+		}
+		return out
+	}
 	// Signing a broker user and sealing with age cost most of a join:
 	// each grant is made on its own, on every core.
 	work := make(chan int)
@@ -299,7 +323,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	for range min(runtime.GOMAXPROCS(0), len(joined)) {
 		wg.Go(func() {
 			for i := range work {
-				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls)
+				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls, signer, expires)
 			}
 		})
 	}
@@ -313,17 +337,42 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 
 // grant signs a joined host's broker user and seals what it is given to
 // its age recipient.
-func (sv *serving) grant(r protocol.JoinRequest, hostKey ed25519.PublicKey, revoked int, urls []string) (daemon.Admitted, error) {
-	userJWT, err := sv.keys.IssueUser("host "+r.Node, r.NKey, hostPermissions(r.Node), false)
+func (sv *serving) grant(r protocol.JoinRequest, hostKey ed25519.PublicKey, revoked int, urls []string, signer identity.SigningKey, expires time.Time) (daemon.Admitted, error) {
+	userJWT, err := sv.keys.IssueUserUntil("host "+r.Node, r.NKey, hostPermissions(r.Node), expires)
 	if err != nil {
 		return daemon.Admitted{}, fmt.Errorf("sign the host's broker user: %w", err)
 	}
 	sealed, err := protocol.SealJoinGrant(protocol.JoinGrant{Node: r.Node, Creds: broker.JWTBlock(userJWT),
-		ControllerKey: sv.signer.PublicBase64(), BrokerURLs: urls}, r.AgeRecipient)
+		ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, r.AgeRecipient)
 	if err != nil {
 		return daemon.Admitted{}, err
 	}
 	return daemon.Admitted{Reply: protocol.JoinReply{OK: true, Sealed: sealed}, HostKey: hostKey, Revoked: revoked}, nil
+}
+
+// renew signs node's host a broker user for the nkey it made, expiring
+// hostTTL from now, and records it as the node's current user (the one it
+// replaces lasts until it expires): the user JWT and the host as kept.
+func (sv *serving) renew(ctx context.Context, node, nkey string) (string, identity.Host, int, error) {
+	if !nkeys.IsValidPublicUserKey(nkey) {
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "malformed request", Err: errors.New("nkey is not a user's public nkey")}
+	}
+	now := sv.c.Now()
+	expires := now.Add(sv.hostTTL)
+	h, revoked, err := sv.st.Identity.RenewHost(ctx, node, nkey, expires, now)
+	switch {
+	case errors.Is(err, identity.ErrNKeyUsed):
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "nkey used before", Err: err}
+	case errors.Is(err, identity.ErrHostUnknown):
+		return "", identity.Host{}, 0, &daemon.Refusal{Reason: "renewal for an unknown host", Err: err}
+	case err != nil:
+		return "", identity.Host{}, 0, err
+	}
+	userJWT, err := sv.keys.IssueUserUntil("host "+node, nkey, hostPermissions(node), expires)
+	if err != nil {
+		return "", identity.Host{}, 0, fmt.Errorf("sign the host's broker user: %w", err)
+	}
+	return userJWT, h, revoked, nil
 }
 
 // tokenRefusals are the reasons a token is refused, as kept and counted.
@@ -502,6 +551,34 @@ func (h *serveHosts) SelfCheck(ctx context.Context, nc *nats.Conn, holder string
 	o.Holder, o.NC, o.Logger = holder, nc, log
 	r, err := h.health.SelfCheck(ctx, o)
 	return r.Open, err
+}
+
+// Renew renews a host's credential before it expires.
+func (h *serveHosts) Renew(ctx context.Context, node, nkey string) (string, int, error) {
+	userJWT, _, revoked, err := h.sv.renew(ctx, node, nkey)
+	if err != nil {
+		return "", 0, err
+	}
+	return broker.JWTBlock(userJWT), revoked, nil
+}
+
+// RenewGrant renews an expired host credential, asked through the join
+// path: the answer a grant sealed to the node's age recipient, as a join's.
+func (h *serveHosts) RenewGrant(ctx context.Context, node, nkey string, urls []string) (protocol.JoinReply, int, error) {
+	userJWT, host, revoked, err := h.sv.renew(ctx, node, nkey)
+	if err != nil {
+		return protocol.JoinReply{}, 0, err
+	}
+	signer, err := h.sv.st.Identity.SigningKey(ctx)
+	if err != nil {
+		return protocol.JoinReply{}, revoked, err
+	}
+	sealed, err := protocol.SealJoinGrant(protocol.JoinGrant{Node: node, Creds: broker.JWTBlock(userJWT),
+		ControllerKey: signer.PublicBase64(), BrokerURLs: urls}, host.AgeRecipient)
+	if err != nil {
+		return protocol.JoinReply{}, revoked, err
+	}
+	return protocol.JoinReply{OK: true, Sealed: sealed}, revoked, nil
 }
 
 // serveBuilds are the controller's build acts; ReAsk asks a dead build

@@ -244,6 +244,15 @@ type Hosts interface {
 	// SelfCheck judges the mesh, logging its raisings and clearings to
 	// log. It returns the conditions it left open.
 	SelfCheck(ctx context.Context, nc *nats.Conn, holder string, log *slog.Logger) (open []health.Condition, err error)
+	// Renew signs node's host a broker user for the nkey it made, expiring
+	// as host credentials do: the user JWT as the JWT half of a .creds
+	// document. Refused (a *Refusal) for an nkey used before or a node
+	// with no host. revoked counts the node's users it revoked (one from
+	// before credentials expired): the daemon has the broker told.
+	Renew(ctx context.Context, node, nkey string) (creds string, revoked int, err error)
+	// RenewGrant is Renew answered as a join grant sealed to the node's
+	// age recipient: a renewal asked through the join path.
+	RenewGrant(ctx context.Context, node, nkey string, urls []string) (reply protocol.JoinReply, revoked int, err error)
 }
 
 // Builds take builders' outcomes in and dispatch the build queue.
@@ -438,6 +447,8 @@ type daemon struct {
 	// and lastState the state last heard.
 	readyFor  map[string]int64
 	lastState map[string]string
+	// ks is the signing key and what hosts said of it.
+	ks keyState
 }
 
 // Run serves until ctx ends, then stops the broker and gives the lease back.
@@ -608,6 +619,9 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		return err
 	}
 	if err := d.loadSilentPeers(ctx); err != nil {
+		return err
+	}
+	if err := d.loadKeys(ctx); err != nil {
 		return err
 	}
 	if err := d.subscribe(ctx); err != nil {
@@ -986,6 +1000,7 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 			d.intervals[k] = h
 		}
 		d.lastBeat[ev.node] = ev.at
+		d.absorbKey(ev.node, ev.beat.ControllerKey, ev.at)
 		d.absorbPeers(ev.node, ev.at, ev.beat.Peers)
 		return d.absorbModules(ctx, ev.node, ev.at, ev.beat.At, false, ev.beat.Modules)
 	case evModules:
@@ -1070,6 +1085,7 @@ func (d *daemon) flush(ctx context.Context) {
 		}
 	}
 	d.flushPeers(ctx)
+	d.flushKeys(ctx)
 	if len(d.modulesDue) > 0 {
 		if err := d.st.Health.RecordModuleStates(ctx, d.modulesDue); err != nil {
 			d.deposed(err)
@@ -1200,6 +1216,17 @@ func (k *hostKeys) get(node string) ed25519.PublicKey {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	return k.m[node]
+}
+
+// nodes are the nodes whose hosts joined.
+func (k *hostKeys) nodes() []string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]string, 0, len(k.m))
+	for node := range k.m {
+		out = append(out, node)
+	}
+	return out
 }
 
 func (k *hostKeys) set(node string, key ed25519.PublicKey) {

@@ -87,6 +87,11 @@ func (d *daemon) subscribe(ctx context.Context) error {
 		},
 		protocol.NodeWildcard(protocol.BackupReport): d.onBackup,
 		RevokedSubject: d.onRevoked,
+		// A rotation and what hosts say of keys and credentials (keys.go).
+		RotatedSubject: d.onRotated,
+		protocol.NodeWildcard(protocol.KeyChainAsk):      d.onKeyChainAsk,
+		protocol.NodeWildcard(protocol.KeyRefusedReport): d.onKeyRefused,
+		protocol.NodeWildcard(protocol.CredsRenew):       d.onCredsRenew,
 	}
 	if d.u.Archives != nil {
 		// The archives hosts read are copied out of the bucket once, beside
@@ -534,9 +539,16 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	results := make([]JoinResult, len(batch))
 	var asks []protocol.JoinRequest
 	var asked []int
+	renewals := map[int]bool{}
 	for i, j := range batch {
 		if err := json.Unmarshal(j.m.Data, &reqs[i]); err != nil {
 			results[i].Err = &Refusal{Reason: "malformed request", Err: err}
+			continue
+		}
+		if len(reqs[i].Renew) > 0 {
+			// A host whose credential expired renews it (keys.go).
+			renewals[i] = true
+			d.renewByJoin(ctx, j.m, reqs[i])
 			continue
 		}
 		asks = append(asks, reqs[i])
@@ -550,6 +562,9 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	revoked := 0
 	var rejoined []string
 	for i, j := range batch {
+		if renewals[i] {
+			continue
+		}
 		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
 			revoked += results[i].Revoked
 			rejoined = append(rejoined, reqs[i].Node)
@@ -744,6 +759,11 @@ var budgets = map[string][2]float64{
 	protocol.DeclarationAsk: {20, 2},
 	protocol.BackupReport:   {1000, 100},
 	protocol.BackedUp:       {1000, 100},
+	// A host asks for the chain when it meets a key it does not know, says
+	// it refused one, and renews its credential every few weeks.
+	protocol.KeyChainAsk:      {10, 1},
+	protocol.KeyRefusedReport: {10, 0.1},
+	protocol.CredsRenew:       {5, 1.0 / 60},
 }
 
 func (l *limiter) allow(node, what string, now time.Time) bool {

@@ -130,3 +130,9 @@ func (joinOnly) CatchUp(context.Context, *nats.Conn, CatchUpAsk) ([]Declared, in
 func (joinOnly) SelfCheck(context.Context, *nats.Conn, string, *slog.Logger) ([]health.Condition, error) {
 	return nil, nil
 }
+
+func (joinOnly) Renew(context.Context, string, string) (string, int, error) { return "", 0, io.EOF }
+
+func (joinOnly) RenewGrant(context.Context, string, string, []string) (protocol.JoinReply, int, error) {
+	return protocol.JoinReply{}, 0, io.EOF
+}

@@ -218,13 +218,14 @@ func (j *applyJob) verify() error {
 	return j.checkPaths()
 }
 
-// verifySigned judges the declaration itself: signed by the controller
-// key received at join, for this node, newer than the last applied, with
-// no problem protocol finds in it, and an overlay this host can be in.
+// verifySigned judges the declaration itself: signed by a controller key
+// the host accepts (received at join, or handed over to by a rotation),
+// for this node, newer than the last applied, with no problem protocol
+// finds in it, and an overlay this host can be in.
 func (j *applyJob) verifySigned() error {
-	d, err := j.env.Verify(j.st.ControllerKey)
+	d, err := j.st.Verify(j.env)
 	if err != nil {
-		return fmt.Errorf("refused: %v against the controller key received at join", err)
+		return fmt.Errorf("refused: %v against the controller keys this host accepts", err)
 	}
 	if d.Node != j.st.Node {
 		j.d.Serial = d.Serial

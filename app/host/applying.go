@@ -42,7 +42,7 @@ type applyWork struct {
 // as is the one let go past maxWaiting.
 func (w *applyWork) offer(st *State, dl delivery) (serial int64, superseded []delivery, letGo *delivery) {
 	dl.serial = 0
-	if d, err := dl.env.Verify(st.ControllerKey); err == nil && d.Node == st.Node {
+	if d, err := st.Verify(dl.env); err == nil && d.Node == st.Node {
 		dl.serial = d.Serial
 	}
 	w.mu.Lock()
@@ -148,6 +148,14 @@ func (r *Runner) applyLoop(ctx context.Context, nc *nats.Conn) {
 // (adoptRuns), it is applied (apply, its phases said by the beats),
 // committed (commit) and reported (report).
 func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
+	// Signed by a key the host does not know: it follows the controller's
+	// chain to it first, or refuses the declaration and says why.
+	if why, later := r.followKeys(r.ctx, nc, dl.env); why != "" || later {
+		if why != "" {
+			r.report(nc, protocol.AppliedBody{Error: why})
+		}
+		return
+	}
 	r.mu.Lock()
 	if r.adoptRuns(dl) {
 		r.mu.Unlock()

@@ -169,7 +169,7 @@ func deleteTable() error {
 // declaration apply will refuse anyway is left to apply, whose refusal
 // says more.
 func declaredFilter(st *State, last int64, env protocol.Envelope) (f *protocol.DeclaredFilter, serial int64, refused string) {
-	d, err := env.Verify(st.ControllerKey)
+	d, err := st.Verify(env)
 	if err != nil || d.Node != st.Node || d.Serial <= last {
 		return nil, 0, ""
 	}

@@ -333,7 +333,7 @@ func (r *Runner) adoptRuns(dl delivery) bool {
 	if !dl.asked || r.last.Serial == 0 || r.last.Runs != nil {
 		return false
 	}
-	d, err := dl.env.Verify(r.State.ControllerKey)
+	d, err := r.State.Verify(dl.env)
 	if err != nil || d.Node != r.State.Node || d.Serial != r.last.Serial || len(d.Problems()) > 0 {
 		return false
 	}

@@ -219,6 +219,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// A rotation of the controller's key is announced here (keys.go).
+	if _, err := nc.Subscribe(protocol.NodeSubject(r.State.Node, protocol.KeyInbox), func(m *nats.Msg) {
+		go r.onKeyNotice(ctx, nc, m)
+	}); err != nil {
+		return err
+	}
+	// The host's broker credential is renewed before it expires (creds.go).
+	var renewing sync.WaitGroup
+	defer renewing.Wait()
+	renewing.Go(func() { r.renewLoop(ctx, nc) })
 	// Backups and restores end (their restic stopped with ctx) before
 	// the connection they report on closes.
 	defer r.waitBackups()
@@ -308,7 +318,8 @@ func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	peers := r.peerHandshakes()
 	r.mu.Unlock()
 	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
-		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers, Applying: r.applies.applying()})
+		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers, Applying: r.applies.applying(),
+		ControllerKey: r.State.KeyID()})
 }
 
 func (r *Runner) logf(format string, args ...any) {
@@ -377,7 +388,7 @@ type delivery struct {
 // controller. Anything else goes to apply, which refuses a serial not above
 // the last applied and reports it.
 func stale(st *State, last applied, dl delivery) string {
-	d, err := dl.env.Verify(st.ControllerKey)
+	d, err := st.Verify(dl.env)
 	if err != nil || d.Node != st.Node || d.Serial > last.Serial {
 		return ""
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -55,6 +56,9 @@ type SimStats struct {
 	// GaveUp counts the hosts whose connection closed for good before the
 	// simulation ended: none should.
 	GaveUp int64 `json:"gave_up"`
+	// KeysFollowed counts the controller keys the hosts took on (a host
+	// that followed two rotations at once counts one).
+	KeysFollowed int64 `json:"keys_followed"`
 	// Serials is the latest serial each host applied, for a fan-out measure.
 	Serials map[string]int64 `json:"-"`
 }
@@ -154,12 +158,14 @@ type simCounters struct {
 	hosts                                                              int
 	joined, joinFailed, beating, beats, declarations, applied, refused atomic.Int64
 	reconnects, asksUnanswered, gaveUp                                 atomic.Int64
+	// rotations counts the controller keys the hosts took on.
+	rotations atomic.Int64
 }
 
 func (c *simCounters) stats() SimStats {
 	return SimStats{Hosts: c.hosts, Joined: c.joined.Load(), JoinFailed: c.joinFailed.Load(), Beating: c.beating.Load(), BeatsSent: c.beats.Load(),
 		Declarations: c.declarations.Load(), Applied: c.applied.Load(), Refused: c.refused.Load(),
-		Reconnects: c.reconnects.Load(), AsksUnanswered: c.asksUnanswered.Load(), GaveUp: c.gaveUp.Load()}
+		Reconnects: c.reconnects.Load(), AsksUnanswered: c.asksUnanswered.Load(), GaveUp: c.gaveUp.Load(), KeysFollowed: c.rotations.Load()}
 }
 
 func (c *simCounters) line() string {
@@ -209,9 +215,26 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	// reported ready once its declaration is applied, so that a roll-out
 	// measured against simulated hosts waits for what real ones report.
 	var modules []protocol.ModuleState
+	// beatSoon asks for a beat: the controller answered the ask made on
+	// connecting (and may have lost the beat sent then), or the host took
+	// on a new controller key, which its beat acknowledges.
+	beatSoon := make(chan struct{}, 1)
+	soon := func() {
+		select {
+		case beatSoon <- struct{}{}:
+		default:
+		}
+	}
 	apply := func(env protocol.Envelope) {
 		st.declarations.Add(1)
-		d, err := env.Verify(s.ControllerKey)
+		d, err := s.Verify(env)
+		if _, ok := errors.AsType[*UnknownKeyError](err); ok {
+			// As a real host: the chain first, then the declaration.
+			if fs, cerr := askChain(ctx, nc, s); cerr == nil && len(fs) > 0 {
+				soon()
+				d, err = s.Verify(env)
+			}
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		report := protocol.AppliedBody{Serial: d.Serial, OK: true}
@@ -265,6 +288,24 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	}); err != nil {
 		return
 	}
+	if _, err := nc.Subscribe(protocol.NodeSubject(s.Node, protocol.KeyInbox), func(m *nats.Msg) {
+		var n protocol.KeyNotice
+		if json.Unmarshal(m.Data, &n) != nil {
+			return
+		}
+		go func() {
+			fs, err := s.Adopt(n.Links, time.Now())
+			if errors.Is(err, protocol.ErrNotFromKey) {
+				fs, err = askChain(ctx, nc, s)
+			}
+			if err == nil && len(fs) > 0 {
+				st.rotations.Add(1)
+				soon()
+			}
+		}()
+	}); err != nil {
+		return
+	}
 	started := time.Now()
 	first := true
 	beat := func() {
@@ -272,7 +313,7 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 		serial, ms := last, slices.Clone(modules)
 		mu.Unlock()
 		b, err := protocol.Sign(s.HostKey, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: o.Heartbeat.Seconds(), SerialApplied: serial,
-			UptimeS: int64(time.Since(started).Seconds()), Modules: ms})
+			UptimeS: int64(time.Since(started).Seconds()), Modules: ms, ControllerKey: s.KeyID()})
 		if err == nil && nc.Publish(protocol.NodeSubject(s.Node, protocol.Heartbeat), b) == nil {
 			st.beats.Add(1)
 			if first {
@@ -287,12 +328,9 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 	defer next.Stop()
 	var asks asking
 	defer asks.end()
-	// answered asks for a beat: the controller answered the ask made on
-	// connecting, and may have lost the beat sent then (as a real host).
-	answered := make(chan struct{}, 1)
 	for {
 		select {
-		case <-answered:
+		case <-beatSoon:
 			beat()
 		case <-connected:
 			if b, err := protocol.Sign(s.HostKey, o.facts); err == nil {
@@ -305,10 +343,7 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 			asks.start(ctx, func(ctx context.Context) {
 				env, err := askLatest(ctx, nc, s, serial, func(error) { st.asksUnanswered.Add(1) })
 				if err == nil {
-					select {
-					case answered <- struct{}{}:
-					default:
-					}
+					soon()
 				}
 				if err == nil && env != nil {
 					apply(*env)

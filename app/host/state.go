@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"filippo.io/age"
@@ -66,6 +67,13 @@ type State struct {
 	// in its state dir, never sent; its public half is a fact. Zero for a
 	// host joined before the overlay until Runner.Run makes one.
 	WireGuard wgtypes.Key
+
+	// mu guards what changes while the host runs: Creds (renewed),
+	// ControllerKey and ring (rotated).
+	mu sync.Mutex
+	// ring is the controller keys the host accepts once it heard a
+	// rotation (keys.go); nil: ControllerKey alone.
+	ring *keyring
 }
 
 const (
@@ -329,6 +337,9 @@ func Load(dir string) (*State, error) {
 		return nil, err
 	}
 	s.BrokerURLs = strings.Fields(urls)
+	if err := s.loadKeys(); err != nil {
+		return nil, err
+	}
 	// A host joined before the overlay has no WireGuard key: Runner.Run
 	// makes it one (EnsureWireGuardKey), Load only reads.
 	if b, err := os.ReadFile(filepath.Join(dir, fileWireGuard)); err == nil {
@@ -360,17 +371,43 @@ func (s *State) EnsureWireGuardKey() error {
 }
 
 // ConnectOptions connect as this host's broker user, with the inbox prefix
-// only it may read.
+// only it may read. The user is read at each (re)connection: a credential
+// renewed while the host runs is the one its next connection presents.
 func (s *State) ConnectOptions() ([]nats.Option, error) {
-	userJWT, err := jwt.ParseDecoratedJWT([]byte(s.Creds))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", fileCreds, err)
+	if _, _, err := parseCreds(s.creds()); err != nil {
+		return nil, err
 	}
-	kp, err := jwt.ParseDecoratedNKey([]byte(s.Creds))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", fileCreds, err)
+	user := func() (string, error) {
+		userJWT, _, err := parseCreds(s.creds())
+		return userJWT, err
 	}
-	seed, _ := kp.Seed()
-	return []nats.Option{nats.UserJWTAndSeed(userJWT, string(seed)), nats.Name("mesh-host " + s.Node),
+	sign := func(nonce []byte) ([]byte, error) {
+		_, kp, err := parseCreds(s.creds())
+		if err != nil {
+			return nil, err
+		}
+		return kp.Sign(nonce)
+	}
+	return []nats.Option{nats.UserJWT(user, sign), nats.Name("mesh-host " + s.Node),
 		nats.CustomInboxPrefix(protocol.HostInboxPrefix(s.Node))}, nil
+}
+
+// parseCreds reads a .creds document: the user JWT and the nkey.
+func parseCreds(creds string) (string, nkeys.KeyPair, error) {
+	userJWT, err := jwt.ParseDecoratedJWT([]byte(creds))
+	if err != nil {
+		return "", nil, fmt.Errorf("%s: %w", fileCreds, err)
+	}
+	kp, err := jwt.ParseDecoratedNKey([]byte(creds))
+	if err != nil {
+		return "", nil, fmt.Errorf("%s: %w", fileCreds, err)
+	}
+	return userJWT, kp, nil
+}
+
+// creds is the host's .creds document as it stands.
+func (s *State) creds() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Creds
 }

@@ -102,6 +102,9 @@ type JoinRequest struct {
 	AgeRecipient string `json:"age_recipient"`
 	NKey         string `json:"nkey"` // the host's broker user public nkey
 	HostVersion  string `json:"host_version"`
+	// Renew, instead of a token, is a renewal of an expired credential:
+	// a RenewBody signed by the host key the node joined with (Sign).
+	Renew json.RawMessage `json:"renew,omitempty"`
 }
 
 // JoinReply is the controller's answer to a join: the grant, sealed to the
@@ -142,6 +145,10 @@ type HeartbeatBody struct {
 	// meanwhile. Absent between applies, and from hosts that predate it;
 	// a controller that predates it ignores it.
 	Applying *Applying `json:"applying,omitempty"`
+	// ControllerKey is the newest controller key the host verifies with
+	// (a KeyID): its acknowledgement of a rotation. Absent from hosts
+	// that predate rotations.
+	ControllerKey string `json:"controller_key,omitempty"`
 }
 
 // Applying is a declaration a host is applying.

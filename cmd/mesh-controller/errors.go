@@ -113,6 +113,10 @@ func hint(err error) string {
 		return "stop that controller first (SIGINT or SIGTERM gives the lease back), or wait until its lease expires; to stand by for it, serve with --broker on a NATS server both reach (an embedded broker cannot be shared)"
 	case errors.Is(err, identity.ErrNoBrokerKeys):
 		return "run 'mesh-controller migrate' to make them"
+	case errors.Is(err, identity.ErrOverlapRunning):
+		return "rotate again once it has ended (at most two keys are accepted at once)"
+	case errors.Is(err, app.ErrBadOverlap):
+		return "give --overlap as a duration, e.g. 168h (a week), or 0 to retire the old key at once"
 	case errors.Is(err, health.ErrNoWhy):
 		return "add --why \"...\""
 	case errors.Is(err, app.ErrTooLarge):

@@ -94,6 +94,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"build", "plans"}},
 		// A copy onto a new SQLite file: the same document as onto PostgreSQL.
 		{args: []string{"store", "copy", "--to", "builds=" + filepath.Join(dir, "copy", "builds.db")}},
+		// It changes the signing key (hosts would follow it).
+		{args: []string{"identity", "rotate", "--why", "the json test"}},
 		// Last: it changes the mesh (a node kept for it alone goes).
 		{args: []string{"node", "remove", "spare", "--and-unassign", "--why", "the json test"}},
 	}

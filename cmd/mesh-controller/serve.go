@@ -36,6 +36,7 @@ type ServeCmd struct {
 	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
 	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
 	LogFormat           string        `name:"log-format" enum:"text,json" default:"text" help:"How the daemon's log on stderr is written: text (key=value) or json (one object a line); each line carries its subject (node, module, condition) as attributes. The ready line stays plain on stdout."`
+	HostCredentials     time.Duration `name:"host-credentials-ttl" default:"720h" placeholder:"D" help:"How long a host's broker user lasts: given at join and renewed by its host when a third of it is left (token-free: a request signed by its host key, for a new nkey), so a credential copied off a host's disk stops working on its own. A host away past it renews through the join path when it is back."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
 
@@ -69,6 +70,8 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		return clirun.UsageError{Msg: "give --backup-keep 1 or more"}
 	case c.Lease < time.Second:
 		return clirun.UsageError{Msg: "give --lease a second or more"}
+	case c.HostCredentials < 10*time.Second:
+		return clirun.UsageError{Msg: "give --host-credentials-ttl ten seconds or more"}
 	case c.MetricsPublic && c.Metrics == "":
 		return clirun.UsageError{Msg: "--metrics-public goes with --metrics"}
 	}
@@ -100,6 +103,7 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		BackupDir:           c.BackupDir,
 		BackupKeep:          c.BackupKeep,
 		AlertWebhook:        c.AlertWebhook,
+		HostCredentials:     c.HostCredentials,
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			syncOut(env)

@@ -49,6 +49,9 @@ func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (
 type HostJoin struct {
 	Token string
 	Host  Host
+	// Expires is when the broker user it is given stops admitting it
+	// (zero: never).
+	Expires time.Time
 }
 
 // Joined is what became of one HostJoin: the earlier host users of its node
@@ -85,7 +88,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 			if _, err := tx.ExecContext(ctx, `SAVEPOINT host_join`); err != nil {
 				return err
 			}
-			revoked, refusal, err := joinOne(ctx, tx, joins[i].Token, joins[i].Host, now)
+			revoked, refusal, err := joinOne(ctx, tx, joins[i], now)
 			if err != nil {
 				// This join alone is undone; the others stand.
 				if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO host_join`); rerr != nil {
@@ -114,7 +117,8 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 // joinOne is one join within tx: refused (and a used token's reuse
 // remembered), or the token marked used, the host's keys kept, its broker
 // user recorded and its node's earlier host users revoked.
-func joinOne(ctx context.Context, tx *sql.Tx, token string, h Host, now time.Time) (revoked int, refusal, err error) {
+func joinOne(ctx context.Context, tx *sql.Tx, j HostJoin, now time.Time) (revoked int, refusal, err error) {
+	token, h := j.Token, j.Host
 	if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
 		if errors.Is(refusal, ErrTokenUsed) {
 			_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
@@ -139,8 +143,12 @@ func joinOne(ctx context.Context, tx *sql.Tx, token string, h Host, now time.Tim
 		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
 		return 0, nil, err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at) VALUES (?, 'host', ?, ?)`,
-		h.NKey, h.Node, sqlite.FormatTime(now))
+	var expires sql.NullString
+	if !j.Expires.IsZero() {
+		expires = sql.NullString{String: sqlite.FormatTime(j.Expires), Valid: true}
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at, expires_at) VALUES (?, 'host', ?, ?, ?)`,
+		h.NKey, h.Node, sqlite.FormatTime(now), expires)
 	return revoked, nil, err
 }
 

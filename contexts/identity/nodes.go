@@ -97,7 +97,8 @@ func (s *Store) ForgetNodes(ctx context.Context, nodes []string, now time.Time) 
 			}
 			n, _ = res.RowsAffected()
 			f.Tokens += int(n)
-			return nil
+			_, err = tx.ExecContext(ctx, `DELETE FROM key_acks WHERE node IN (`+marks+`)`, args...)
+			return err
 		})
 	})
 	if err != nil {

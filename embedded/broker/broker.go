@@ -117,12 +117,22 @@ type Permissions struct {
 // IssueUser signs a user JWT in the mesh account for the nkey userPub. A
 // bearer user connects with the JWT alone.
 func (k Keys) IssueUser(name, userPub string, p Permissions, bearer bool) (string, error) {
-	return issueUser(k.Account, name, userPub, p, bearer)
+	return issueUser(k.Account, name, userPub, p, bearer, time.Time{})
 }
 
-func issueUser(account nkeys.KeyPair, name, userPub string, p Permissions, bearer bool) (string, error) {
+// IssueUserUntil is IssueUser for a user that stops being admitted at
+// expires: the server refuses it from then on, and closes its connections
+// then. A host's user is, so that a stolen credential dies on its own.
+func (k Keys) IssueUserUntil(name, userPub string, p Permissions, expires time.Time) (string, error) {
+	return issueUser(k.Account, name, userPub, p, false, expires)
+}
+
+func issueUser(account nkeys.KeyPair, name, userPub string, p Permissions, bearer bool, expires time.Time) (string, error) {
 	uc := jwt.NewUserClaims(userPub)
 	uc.Name = name
+	if !expires.IsZero() {
+		uc.Expires = expires.Unix()
+	}
 	uc.BearerToken = bearer
 	uc.Pub.Allow.Add(p.Publish...)
 	uc.Sub.Allow.Add(p.Subscribe...)
@@ -160,7 +170,7 @@ func newUser(account nkeys.KeyPair, name string, p Permissions) (userJWT string,
 		return "", nil, err
 	}
 	pub, _ := u.PublicKey()
-	if userJWT, err = issueUser(account, name, pub, p, false); err != nil {
+	if userJWT, err = issueUser(account, name, pub, p, false, time.Time{}); err != nil {
 		return "", nil, err
 	}
 	seed, _ = u.Seed()
@@ -314,7 +324,7 @@ func (k Keys) trust(join JoinUser, revoked map[string]time.Time, tiers jwt.JetSt
 		return Trust{}, err
 	}
 	userPub, _ := user.PublicKey()
-	sentinelJWT, err := issueUser(k.Join, "join", userPub, join.Permissions, true)
+	sentinelJWT, err := issueUser(k.Join, "join", userPub, join.Permissions, true, time.Time{})
 	if err != nil {
 		return Trust{}, err
 	}

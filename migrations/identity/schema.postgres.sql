@@ -23,7 +23,8 @@ CREATE TABLE issued_users (
     issued_at text NOT NULL,
     revoked_at text,
     sealed text NOT NULL DEFAULT ''::text,
-    version text NOT NULL DEFAULT ''::text
+    version text NOT NULL DEFAULT ''::text,
+    expires_at text
 );
 CREATE TABLE join_tokens (
     hash text NOT NULL,
@@ -34,6 +35,25 @@ CREATE TABLE join_tokens (
     revoked_at text,
     reused_count bigint NOT NULL DEFAULT 0,
     last_reused_at text
+);
+CREATE TABLE key_acks (
+    node text NOT NULL,
+    key text NOT NULL,
+    acked_at text NOT NULL,
+    refused text NOT NULL DEFAULT ''::text,
+    refused_at text
+);
+CREATE TABLE key_links (
+    sequence bigint NOT NULL,
+    old_key bytea NOT NULL,
+    new_key bytea NOT NULL,
+    made_at text NOT NULL,
+    overlap_until text NOT NULL,
+    announcement text NOT NULL,
+    old_signature text NOT NULL,
+    new_signature text NOT NULL,
+    why text NOT NULL,
+    retired_at text
 );
 CREATE TABLE lease (
     id bigint NOT NULL,
@@ -73,6 +93,11 @@ ALTER TABLE hosts ADD CONSTRAINT hosts_pkey PRIMARY KEY (node);
 ALTER TABLE issued_users ADD CONSTRAINT issued_users_kind_check CHECK ((kind = ANY (ARRAY['module'::text, 'builder'::text, 'host'::text])));
 ALTER TABLE issued_users ADD CONSTRAINT issued_users_pkey PRIMARY KEY (pub);
 ALTER TABLE join_tokens ADD CONSTRAINT join_tokens_pkey PRIMARY KEY (hash);
+ALTER TABLE key_acks ADD CONSTRAINT key_acks_pkey PRIMARY KEY (node);
+ALTER TABLE key_links ADD CONSTRAINT key_links_new_key_check CHECK ((length(new_key) = 32));
+ALTER TABLE key_links ADD CONSTRAINT key_links_old_key_check CHECK ((length(old_key) = 32));
+ALTER TABLE key_links ADD CONSTRAINT key_links_pkey PRIMARY KEY (sequence);
+ALTER TABLE key_links ADD CONSTRAINT key_links_sequence_check CHECK ((sequence > 0));
 ALTER TABLE lease ADD CONSTRAINT lease_id_check CHECK ((id = 1));
 ALTER TABLE lease ADD CONSTRAINT lease_pkey PRIMARY KEY (id);
 ALTER TABLE schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);

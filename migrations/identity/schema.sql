@@ -22,7 +22,7 @@ CREATE TABLE issued_users (
     module     TEXT NOT NULL DEFAULT '',
     issued_at  TEXT NOT NULL,
     revoked_at TEXT
-, sealed TEXT NOT NULL DEFAULT '', version TEXT NOT NULL DEFAULT '') STRICT;
+, sealed TEXT NOT NULL DEFAULT '', version TEXT NOT NULL DEFAULT '', expires_at TEXT) STRICT;
 CREATE TABLE join_tokens (
     hash       TEXT PRIMARY KEY,
     node       TEXT NOT NULL,
@@ -31,6 +31,25 @@ CREATE TABLE join_tokens (
     used_at    TEXT,
     revoked_at TEXT
 , reused_count INTEGER NOT NULL DEFAULT 0, last_reused_at TEXT) STRICT;
+CREATE TABLE key_acks (
+    node       TEXT PRIMARY KEY,
+    key        TEXT NOT NULL,
+    acked_at   TEXT NOT NULL,
+    refused    TEXT NOT NULL DEFAULT '',
+    refused_at TEXT
+) STRICT;
+CREATE TABLE key_links (
+    sequence      INTEGER PRIMARY KEY CHECK (sequence > 0),
+    old_key       BLOB NOT NULL CHECK (length(old_key) = 32),
+    new_key       BLOB NOT NULL CHECK (length(new_key) = 32),
+    made_at       TEXT NOT NULL,
+    overlap_until TEXT NOT NULL,
+    announcement  TEXT NOT NULL,
+    old_signature TEXT NOT NULL,
+    new_signature TEXT NOT NULL,
+    why           TEXT NOT NULL,
+    retired_at    TEXT
+) STRICT;
 CREATE TABLE lease (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     holder     TEXT NOT NULL,
