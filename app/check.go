@@ -391,8 +391,9 @@ func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
 func alertBody(ch health.Change) any {
 	return struct {
 		health.Change
-		Type string `json:"type"`
-	}{ch, protocol.AlertType}
+		Type     string `json:"type"`
+		Protocol string `json:"protocol"`
+	}{ch, protocol.AlertType, protocol.Version}
 }
 
 // boundsFromDurations sets each node's heartbeat bound from its measured

@@ -170,6 +170,19 @@ func (db *DB) HasTable(ctx context.Context, table string) (bool, error) {
 	return n > 0, err
 }
 
+// HasColumn says the store's table has a column of that name: what a
+// binary reads of a store its migrations have not reached yet (an upgrade
+// under way) depends on it.
+func (db *DB) HasColumn(ctx context.Context, table, column string) (bool, error) {
+	query := `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`
+	if db.Postgres {
+		query = `SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?`
+	}
+	var n int
+	err := db.Reader.QueryRowContext(ctx, query, table, column).Scan(&n)
+	return n > 0, err
+}
+
 // judge compares what the store has applied with what the binary knows.
 // It returns the store's version.
 func judge(as []applied, ms []Migration, pg bool) (int, error) {
