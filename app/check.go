@@ -124,6 +124,8 @@ func (c *Health) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, er
 		probe("broker", c.probeBroker(ctx, ids, o.NC), "answers a round trip")
 		in.reuses, err = ids.TokenReuses(ctx)
 		fail("identity", "read reused tokens", err)
+		in.hostVersions, err = ids.HostVersions(ctx)
+		fail("identity", "read the hosts' versions", err)
 	}
 	var fs syscall.Statfs_t
 	err := syscall.Statfs(c.DataDir, &fs)

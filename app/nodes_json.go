@@ -92,6 +92,14 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 			}
 			b = append(b, "\n    }"...)
 		}
+		if n.HostVersion != "" {
+			b = append(b, ",\n    \"host_version\": "...)
+			b = appendJSONString(b, n.HostVersion)
+		}
+		if n.Protocol != "" {
+			b = append(b, ",\n    \"protocol\": "...)
+			b = appendJSONString(b, n.Protocol)
+		}
 		b = append(b, "\n  }"...)
 	}
 	b = append(b, "\n]\n"...)

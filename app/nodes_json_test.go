@@ -23,6 +23,9 @@ func nodeViews(n int) []NodeView {
 			v.BehindWhy = "its plan moved since <its declaration>"
 		}
 		if v.Joined {
+			v.HostVersion, v.Protocol = "v0.3.0-2-g<abc>", "1.1"
+		}
+		if v.Joined {
 			v.JoinedAt, v.LastHeard = &at, &heard
 		}
 		switch i % 7 {

@@ -259,7 +259,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		hostKeys[i] = hostKey
 		asks = append(asks, identity.HostJoin{Token: r.Token, Host: identity.Host{Node: r.Node, HostKey: hostKey,
-			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion}})
+			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion, Protocol: protocol.Of(r.Protocol)}})
 		asked = append(asked, i)
 	}
 	if len(asks) == 0 {

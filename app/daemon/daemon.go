@@ -571,7 +571,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	ctx, end := context.WithCancel(sqlite.WithFence(ctx, lease.Generation))
 	defer end()
 	d := &daemon{logger: lg, st: st, u: u, o: o, bg: sqlite.WithFence(context.Background(), lease.Generation), lost: make(chan error, 1),
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}, protocols: map[string]string{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
 		buildKick: make(chan struct{}, 1),
@@ -1187,6 +1187,26 @@ func randomID() string {
 type hostKeys struct {
 	mu sync.RWMutex
 	m  map[string]ed25519.PublicKey
+	// protocols are what each host was last recorded speaking.
+	protocols map[string]string
+}
+
+// heard notes that node's host speaks spoken, and says whether that is
+// news (to record).
+func (k *hostKeys) heard(node, spoken string) bool {
+	k.mu.RLock()
+	same := k.protocols[node] == spoken
+	k.mu.RUnlock()
+	if same {
+		return false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.protocols[node] == spoken {
+		return false
+	}
+	k.protocols[node] = spoken
+	return true
 }
 
 func (k *hostKeys) get(node string) ed25519.PublicKey {
@@ -1208,6 +1228,7 @@ func (d *daemon) loadHostKeys(ctx context.Context) error {
 	}
 	for _, h := range hosts {
 		d.keys.set(h.Node, h.HostKey)
+		d.keys.heard(h.Node, h.Protocol)
 	}
 	return nil
 }
@@ -1217,7 +1238,7 @@ func (d *daemon) respond(m *nats.Msg, v any) {
 	if m.Reply == "" {
 		return
 	}
-	b, err := json.Marshal(v)
+	b, err := json.Marshal(protocol.Stamped(v))
 	if err == nil {
 		err = m.Respond(b)
 	}

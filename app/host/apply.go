@@ -219,10 +219,17 @@ func (j *applyJob) verify() error {
 }
 
 // verifySigned judges the declaration itself: signed by the controller
-// key received at join, for this node, newer than the last applied, with
+// key received at join, in a protocol this host reads, for this node, newer than the last applied, with
 // no problem protocol finds in it, and an overlay this host can be in.
 func (j *applyJob) verifySigned() error {
 	d, err := j.env.Verify(j.st.ControllerKey)
+	var mismatch *protocol.MismatchError
+	if errors.As(err, &mismatch) {
+		// Signed by the controller, in a protocol this host cannot read:
+		// refused whole, nothing of it read further.
+		j.d.Serial = d.Serial
+		return fmt.Errorf("refused: %v", err)
+	}
 	if err != nil {
 		return fmt.Errorf("refused: %v against the controller key received at join", err)
 	}

@@ -126,3 +126,26 @@ func shownVersion(v string) string {
 	}
 	return strconv.Quote(v)[1 : len(strconv.Quote(v))-1]
 }
+
+// Stamped is one of the controller's answers (OKReply, JoinReply, None,
+// Envelope) with its protocol said, as every answer says it; anything else
+// as it is.
+func Stamped(v any) any {
+	switch a := v.(type) {
+	case OKReply:
+		a.Protocol = Version
+		return a
+	case JoinReply:
+		a.Protocol = Version
+		return a
+	case None:
+		a.Protocol = Version
+		return a
+	case Envelope:
+		if a.Protocol == "" {
+			a.Protocol = Version
+		}
+		return a
+	}
+	return v
+}

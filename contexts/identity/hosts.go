@@ -202,6 +202,36 @@ func (s *Store) Hosts(ctx context.Context) (_ []Host, err error) {
 	return hs, rows.Err()
 }
 
+// HostVersion is what a joined node's host runs: its build and the
+// protocol it speaks.
+type HostVersion struct {
+	Node string
+	// Version is the build version its host said at join.
+	Version string
+	// Protocol is the protocol its host was last heard speaking ("" until
+	// a controller that records it heard it).
+	Protocol string
+}
+
+// HostVersions lists every joined host's build and protocol, by node.
+func (s *Store) HostVersions(ctx context.Context) (_ []HostVersion, err error) {
+	defer s.db.Failing(&err, "list the hosts' versions")
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_version, protocol FROM hosts ORDER BY node`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []HostVersion
+	for rows.Next() {
+		var h HostVersion
+		if err := rows.Scan(&h.Node, &h.Version, &h.Protocol); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
 // HeardProtocol records the protocol a node's host was last heard
 // speaking: the daemon writes it only when it changed.
 func (s *Store) HeardProtocol(ctx context.Context, node, protocol string) (err error) {
