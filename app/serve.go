@@ -40,6 +40,13 @@ type ServeOptions struct {
 	// Standing is called when this controller stands by (with --broker
 	// only), naming the live lease it waits for.
 	Standing func(identity.Lease)
+	// Aside is called when this controller stands aside (with --broker
+	// only): the stores are newer than it knows, and it never takes the
+	// lease; why says so in one line.
+	Aside func(why string)
+	// Migrated is called when serve migrated stores it found behind its
+	// schema (an upgrade in place), before it takes the lease.
+	Migrated func([]Migrated)
 	// Log receives the daemon's log (log/slog records), as LogFormat says:
 	// "text" (the default) or "json".
 	Log       io.Writer
@@ -96,6 +103,14 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return err
 	}
+	if o.Version == "" {
+		o.Version = c.Version
+	}
+	if done, err := c.migrateBehind(ctx, o, log); err != nil {
+		return err
+	} else if done != nil && o.Migrated != nil {
+		o.Migrated(done)
+	}
 	sv, err := c.serving(ctx)
 	if err != nil {
 		return err
@@ -141,6 +156,7 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: log, BrokerStore: filepath.Join(c.DataDir, "broker"),
+		Newer: c.newerStores, Aside: o.Aside,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Metrics: m, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
 		Version: o.Version, Stores: st.shown(),

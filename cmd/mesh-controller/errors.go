@@ -78,6 +78,8 @@ func hint(err error) string {
 		return "copy onto an empty database (a copy never merges): name another, or drop and create this one again"
 	case errors.Is(err, sqlite.ErrCopyDiffers):
 		return "nothing was kept (the copy was rolled back); please report it"
+	case errors.Is(err, app.ErrServed):
+		return "stop that controller first; or start this binary's 'serve' beside it (with --broker), which stands by and migrates them when it takes the lease over"
 	case errors.Is(err, sqlite.ErrNoStore), errors.Is(err, sqlite.ErrBehind):
 		if moved {
 			return fmt.Sprintf("run 'mesh-controller migrate' first, or check %s", se.Location.Var)

@@ -126,14 +126,24 @@ func (s *Store) ReleaseLease(ctx context.Context, holder string) (err error) {
 // must know.
 func (s *Store) Lease(ctx context.Context) (_ *Lease, err error) {
 	defer s.db.Failing(&err, "read the lease")
-	versioned, err := s.versioned(ctx)
+	query, err := s.leaseQuery(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if !versioned {
-		return leaseAs(ctx, s.db.Reader, `SELECT holder, pid, host, taken_at, expires_at, broker_url, generation, '' FROM lease WHERE id = 1`)
+	return leaseAs(ctx, s.db.Reader, query)
+}
+
+// leaseQuery reads the lease as the store's schema keeps it: with the
+// holder's version (migration 0008), with its generation alone (0006), or
+// with neither.
+func (s *Store) leaseQuery(ctx context.Context) (string, error) {
+	if versioned, err := s.versioned(ctx); err != nil || versioned {
+		return leaseWithVersion, err
 	}
-	return lease(ctx, s.db.Reader)
+	if fenced, err := s.db.HasColumn(ctx, "lease", "generation"); err != nil || fenced {
+		return leaseBeforeVersions, err
+	}
+	return leaseBeforeFences, nil
 }
 
 // versioned says the store records controllers' versions (migration
@@ -149,9 +159,15 @@ func (s *Store) versioned(ctx context.Context) (bool, error) {
 	return has, err
 }
 
-func lease(ctx context.Context, q querier) (*Lease, error) {
-	return leaseAs(ctx, q, `SELECT holder, pid, host, taken_at, expires_at, broker_url, generation, version FROM lease WHERE id = 1`)
-}
+// The lease as read from a store that records controllers' versions, and
+// from one whose schema predates it.
+const (
+	leaseWithVersion    = `SELECT holder, pid, host, taken_at, expires_at, broker_url, generation, version FROM lease WHERE id = 1`
+	leaseBeforeVersions = `SELECT holder, pid, host, taken_at, expires_at, broker_url, generation, '' FROM lease WHERE id = 1`
+	leaseBeforeFences   = `SELECT holder, pid, host, taken_at, expires_at, broker_url, 0, '' FROM lease WHERE id = 1`
+)
+
+func lease(ctx context.Context, q querier) (*Lease, error) { return leaseAs(ctx, q, leaseWithVersion) }
 
 func leaseAs(ctx context.Context, q querier, query string) (*Lease, error) {
 	var l Lease
@@ -273,4 +289,31 @@ func (s *Store) Controller(ctx context.Context) (_ string, err error) {
 	var v string
 	err = s.db.Reader.QueryRowContext(ctx, `SELECT controller FROM fence WHERE id = 1`).Scan(&v)
 	return v, err
+}
+
+// NoLiveLease is a migration guard (sqlite.MigrateGuarded) for this
+// identity store: it refuses, with a *LeaseHeldError, while a controller
+// holds a live lease at now, reading the lease as the store's schema
+// keeps it. A controller must not change the stores under one
+// that serves them.
+func (s *Store) NoLiveLease(now time.Time) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		// A store without a lease yet (its first migrations) was never
+		// served.
+		if has, err := s.db.HasTable(ctx, "lease"); err != nil || !has {
+			return err
+		}
+		query, err := s.leaseQuery(ctx)
+		if err != nil {
+			return err
+		}
+		l, err := leaseAs(ctx, tx, query)
+		if err != nil {
+			return fmt.Errorf("read the lease: %w", err)
+		}
+		if l != nil && l.ExpiresAt.After(now) {
+			return &LeaseHeldError{Lease: *l}
+		}
+		return nil
+	}
 }
