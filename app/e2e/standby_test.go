@@ -38,7 +38,15 @@ var programsDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("
 // it ships, once per test binary, and returns its path.
 func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
-	build, _ := programs.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
+	return buildProgramWith(t, name, pkg, "")
+}
+
+// buildProgramWith is buildProgram linked with ldflags (-X of a variable:
+// a host or controller that speaks another protocol), once per test binary
+// and flags.
+func buildProgramWith(t testing.TB, name, pkg, ldflags string) string {
+	t.Helper()
+	build, _ := programs.LoadOrStore(pkg+" "+ldflags, sync.OnceValues(func() (string, error) {
 		root, err := programsDir()
 		if err != nil {
 			return "", err
@@ -48,7 +56,7 @@ func buildProgram(t testing.TB, name, pkg string) string {
 			return "", err
 		}
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", bin, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", errors.New(string(out))
@@ -87,7 +95,15 @@ type serveProc struct {
 // startServeProc starts serve on data's stores and the external broker.
 func startServeProc(t *testing.T, name, data, broker string, args ...string) *serveProc {
 	t.Helper()
-	cmd := exec.Command(buildController(t), append([]string{"--data", data, "--broker", broker, "serve", "--catch-up-every", "200ms"}, args...)...)
+	return startProc(t, name, buildController(t), append([]string{"--data", data, "--broker", broker, "serve", "--catch-up-every", "200ms"}, args...)...)
+}
+
+// startProc starts a real program (a controller's serve, a host's run) with
+// args and without the test's MESH_ variables; its output lines are kept as
+// they come. It is stopped (SIGTERM, SIGKILL after 15 s) when the test ends.
+func startProc(t *testing.T, name, bin string, args ...string) *serveProc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MESH_") {
 			cmd.Env = append(cmd.Env, kv)
