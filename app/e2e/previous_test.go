@@ -384,7 +384,7 @@ func TestPreviousRelease_OldStandbyStepsAside(t *testing.T) {
 	if _, _, ok := b.find(regexp.MustCompile(readyLine), 0); ok {
 		t.Fatalf("the previous release served migrated stores:\n%s", b.text())
 	}
-	refused, _ := b.wait(t, time.Second, `^mesh-controller: .*take the lease: .*these stores were migrated by mesh-controller development build, which this older one cannot serve: upgrade this mesh-controller`, resumed)
+	refused, _ := b.wait(t, time.Second, `^mesh-controller: .*take the lease: .*these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller`, resumed)
 	t.Logf("migrate by hand under %s: %s", prev.version, strings.TrimSpace(errOut))
 	t.Logf("%s standing by, once the lease lapsed: %s", prev.version, refused.text)
 	if got := leaseOf(t, data); got.Holder != lease.Holder || got.Generation != lease.Generation || got.Version != "development build" {

@@ -9,16 +9,17 @@ ALTER TABLE lease ADD COLUMN version TEXT NOT NULL DEFAULT '';
 -- controller that knows this migration raises both together; one that
 -- predates it (v0.2.0 and older) raises the generation alone when it takes
 -- the lease, and is refused here, in the transaction that would have made
--- it the serving controller: it writes nothing, and says to upgrade.
+-- it the serving controller: it writes nothing, and says to upgrade. (The
+-- message is a literal: an older sqlite3, a person's, cannot read a
+-- schema whose RAISE computes one; the newer controller's version is on
+-- the fence, and broker show names it.)
 ALTER TABLE fence ADD COLUMN controller TEXT NOT NULL DEFAULT '';
 ALTER TABLE fence ADD COLUMN raised_to INTEGER NOT NULL DEFAULT 0;
 UPDATE fence SET raised_to = generation;
 CREATE TRIGGER fence_raised_by_an_older_controller BEFORE UPDATE OF generation ON fence
 WHEN NEW.generation <> OLD.generation AND NEW.raised_to IS NOT NEW.generation
 BEGIN
-    SELECT RAISE(ABORT, 'these stores were migrated by ' ||
-        CASE OLD.controller WHEN '' THEN 'a newer mesh-controller' ELSE 'mesh-controller ' || OLD.controller END ||
-        ', which this older one cannot serve: upgrade this mesh-controller');
+    SELECT RAISE(ABORT, 'these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller');
 END;
 
 -- A controller standing by says its version, and why it stands aside when

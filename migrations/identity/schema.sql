@@ -1,9 +1,7 @@
 CREATE TRIGGER fence_raised_by_an_older_controller BEFORE UPDATE OF generation ON fence
 WHEN NEW.generation <> OLD.generation AND NEW.raised_to IS NOT NEW.generation
 BEGIN
-    SELECT RAISE(ABORT, 'these stores were migrated by ' ||
-        CASE OLD.controller WHEN '' THEN 'a newer mesh-controller' ELSE 'mesh-controller ' || OLD.controller END ||
-        ', which this older one cannot serve: upgrade this mesh-controller');
+    SELECT RAISE(ABORT, 'these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller');
 END;
 CREATE TRIGGER standbys_of_an_older_controller BEFORE INSERT ON standbys
 WHEN NEW.version IS NULL
