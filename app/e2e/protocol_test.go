@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/host/roottest"
 	"mesh-controller/app/protocol"
 )
 
@@ -121,4 +123,54 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 	if open := cli(t, mc, data, "conditions"); strings.Contains(open, key) {
 		t.Fatalf("%s still open once web1 speaks %s:\n%s", key, behindV, open)
 	}
+}
+
+// A declaration the controller signed in a newer major than the host
+// reads (a controller with a bug, or one upgraded past its hosts) is
+// refused by the host before it touches anything, and its report says so
+// in one line; the applied serial stays.
+func TestProtocol_NewerMajorDeclarationRefused(t *testing.T) {
+	t.Parallel()
+	m := newTestMesh(t)
+	h := m.join("web1")
+	d := m.declare("web1", moduleBody("one", "/srv/one"))
+	checkFor(t, settle, m.applied("web1", d.Serial))
+	before := roottest.Tree(t, h.root)
+
+	ours, err := protocol.ParseVersion(protocol.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := protocol.Ver{Major: ours.Major + 1}.String()
+	ctx := context.Background()
+	st, err := m.c.Stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := protocol.SealBody(map[string]any{"node": "web1", "serial": 99, "protocol": newer, "issued_at": time.Now().UTC().Format(time.RFC3339),
+		"modules": []any{map[string]any{"module": "two", "version": "2.0.0", "data": []any{map[string]any{"name": "d", "path": "/srv/two", "precious": "costly"}}}}},
+		key.Sign, key.Fingerprint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := m.c.DialBroker(ctx, st.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, _ := json.Marshal(env)
+	if err := nc.Publish(protocol.DeclarationInbox("web1"), b); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, settle, m.answered("web1", 99))
+	n := m.node("web1")
+	want := fmt.Sprintf("refused: declaration speaks protocol %s; this host reads %d.x: upgrade the host", newer, ours.Major)
+	if n.LastApply.OK || n.LastApply.Error != want || n.SerialApplied != d.Serial {
+		t.Fatalf("the newer major's declaration: %+v, applied %d; want %q, %d", n.LastApply, n.SerialApplied, want, d.Serial)
+	}
+	roottest.Unchanged(t, "", before, roottest.Tree(t, h.root))
 }
