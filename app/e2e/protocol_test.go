@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -142,30 +141,8 @@ func TestProtocol_NewerMajorDeclarationRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	newer := protocol.Ver{Major: ours.Major + 1}.String()
-	ctx := context.Background()
-	st, err := m.c.Stores(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := st.Identity.SigningKey(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := protocol.SealBody(map[string]any{"node": "web1", "serial": 99, "protocol": newer, "issued_at": time.Now().UTC().Format(time.RFC3339),
-		"modules": []any{map[string]any{"module": "two", "version": "2.0.0", "data": []any{map[string]any{"name": "d", "path": "/srv/two", "precious": "costly"}}}}},
-		key.Sign, key.Fingerprint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := m.c.DialBroker(ctx, st.Identity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	b, _ := json.Marshal(env)
-	if err := nc.Publish(protocol.DeclarationInbox("web1"), b); err != nil {
-		t.Fatal(err)
-	}
+	m.declareSigned(t, map[string]any{"node": "web1", "serial": 99, "protocol": newer, "issued_at": time.Now().UTC().Format(time.RFC3339),
+		"modules": []any{map[string]any{"module": "two", "version": "2.0.0", "data": []any{map[string]any{"name": "d", "path": "/srv/two", "precious": "costly"}}}}})
 	checkFor(t, settle, m.answered("web1", 99))
 	n := m.node("web1")
 	want := fmt.Sprintf("refused: declaration speaks protocol %s; this host reads %d.x: upgrade the host", newer, ours.Major)

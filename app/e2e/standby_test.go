@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -305,19 +306,27 @@ func TestStandby_StartedAtOnce(t *testing.T) {
 	}
 }
 
+// servingAndStandingBy is migrated stores, an external broker, and two
+// serve processes on them with a lease of 2 s: a serving, b standing by.
+func servingAndStandingBy(t *testing.T) (c *apptest.Mesh, st *app.Stores, url string, a, b *serveProc) {
+	t.Helper()
+	c, st = migrated(t)
+	external, _ := externalBroker(t, st, freeAddr(t))
+	t.Cleanup(external.Shutdown)
+	url = external.ClientURL()
+	a = startServeProc(t, "a", c.DataDir, url, "--lease", "2s")
+	a.wait(t, 20*time.Second, readyLine, 0)
+	b = startServeProc(t, "b", c.DataDir, url, "--lease", "2s")
+	b.wait(t, 20*time.Second, standbyLine, 0)
+	return c, st, url, a, b
+}
+
 // The serving controller paused (SIGSTOP) past its lease: the standby
 // takes over; resumed (SIGCONT), the paused one's first write is refused
 // by the stores' fence, and it stops serving and stands by, saying why.
 func TestStandby_PausedPastLeaseIsFenced(t *testing.T) {
 	t.Parallel()
-	c, st := migrated(t)
-	external, _ := externalBroker(t, st, freeAddr(t))
-	defer external.Shutdown()
-	url := external.ClientURL()
-	a := startServeProc(t, "a", c.DataDir, url, "--lease", "2s")
-	a.wait(t, 20*time.Second, readyLine, 0)
-	b := startServeProc(t, "b", c.DataDir, url, "--lease", "2s")
-	b.wait(t, 20*time.Second, standbyLine, 0)
+	c, _, url, a, b := servingAndStandingBy(t)
 	m := &testMesh{t: t, c: c, url: url, logs: &syncBuffer{}}
 	m.join("web1")
 
@@ -495,14 +504,7 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 // the one serving dies it never takes the lease.
 func TestStandby_StoresNewerStandsAside(t *testing.T) {
 	t.Parallel()
-	c, st := migrated(t)
-	external, _ := externalBroker(t, st, freeAddr(t))
-	defer external.Shutdown()
-	url := external.ClientURL()
-	a := startServeProc(t, "a", c.DataDir, url, "--lease", "2s")
-	a.wait(t, 20*time.Second, readyLine, 0)
-	b := startServeProc(t, "b", c.DataDir, url, "--lease", "2s")
-	b.wait(t, 20*time.Second, standbyLine, 0)
+	c, st, url, a, b := servingAndStandingBy(t)
 
 	// What a newer controller leaves: a migration this binary does not
 	// know (in the builds store, which broker show does not read: it
