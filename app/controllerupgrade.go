@@ -130,12 +130,12 @@ func (c *Server) newerStores(ctx context.Context) (string, error) {
 	if len(newer) == 0 {
 		return "", nil
 	}
-	by := "a newer controller"
+	named := ""
 	if st.Identity != nil {
 		if v, err := st.Identity.Controller(ctx); err == nil && v != "" {
-			by += " (mesh-controller " + v + ")"
+			named = ", mesh-controller " + v
 		}
 	}
-	return fmt.Sprintf("the stores were migrated by %s (%s newer than this binary knows); this one is %s: upgrade it",
-		by, strings.Join(newer, ", "), daemon.ShownVersion(c.Version)), nil
+	return fmt.Sprintf("the stores were migrated by a newer controller%s (%s newer than this binary knows); this one is %s: upgrade it",
+		named, strings.Join(newer, ", "), daemon.ShownVersion(c.Version)), nil
 }

@@ -55,6 +55,7 @@ var ErrServed = errors.New("a controller serves these stores")
 // ServedError is ErrServed, naming the controller that serves.
 type ServedError struct{ Lease identity.Lease }
 
+// Error names the controller serving, by pid, host and version.
 func (e *ServedError) Error() string {
 	return fmt.Sprintf("%v, and their schemas are behind this binary's: pid %d on %s (%s), until %s",
 		ErrServed, e.Lease.PID, e.Lease.Host, e.Lease.Shown(), e.Lease.ExpiresAt.UTC().Format(time.RFC3339))

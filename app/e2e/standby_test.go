@@ -517,7 +517,7 @@ func TestStandby_StoresNewerStandsAside(t *testing.T) {
 	if err := st.Identity.MigratedBy(ctx, "v9.9.9"); err != nil {
 		t.Fatal(err)
 	}
-	why := `the stores were migrated by a newer controller \(mesh-controller v9\.9\.9\) \(builds newer than this binary knows\); this one is development build: upgrade it`
+	why := `the stores were migrated by a newer controller, mesh-controller v9\.9\.9 \(builds newer than this binary knows\); this one is development build: upgrade it`
 	b.wait(t, 10*time.Second, `^aside: `+why+`; this controller never takes the lease$`, 0)
 	b.wait(t, time.Second, `msg="standing aside: `+why+`"`, 0)
 	checkFor(t, 5*time.Second, func() error {

@@ -35,6 +35,7 @@ func Of(v string) string {
 // Ver is a protocol version, major.minor.
 type Ver struct{ Major, Minor int }
 
+// String is major.minor.
 func (v Ver) String() string { return fmt.Sprintf("%d.%d", v.Major, v.Minor) }
 
 // ErrNotAVersion means a protocol version is not major.minor.
