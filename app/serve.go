@@ -107,6 +107,9 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 		o.Version = c.Version
 	}
 	if done, err := c.migrateBehind(ctx, o, log); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while standing by to migrate: a clean stop
+		}
 		return err
 	} else if done != nil && o.Migrated != nil {
 		o.Migrated(done)
