@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules nats-server run demo demo-ha test tools gotestsum lint bench bench-postgres soak measure-archives fuzz clean
+.PHONY: build modules nats-server previous-release run demo demo-ha test tools gotestsum lint bench bench-postgres soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -30,6 +30,14 @@ build: modules
 # cluster of on loopback.
 nats-server: modules
 	$(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
+
+# previous-release: the previous release's mesh-controller and mesh-host,
+# built from its git tag (scripts/previous-release names it) into
+# bin/previous/<commit>, once: the tests that run them beside this tree's
+# (app/e2e's TestPreviousRelease_*) find them there. A clone without the
+# tag and its commit is told to 'git fetch --tags'.
+previous-release: modules
+	@scripts/previous-release >/dev/null
 
 # run migrates the default data dir (or $MESH_DATA) and serves until Ctrl-C.
 run: build
@@ -267,7 +275,7 @@ GOTESTSUM := gotest.tools/gotestsum@v1.13.0
 TEST_ENV  := MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server
 RACE_RUN  := TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives|TestRunner_BeatsWhileApplying
 RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|TestBuild_ArchiveTooLargeForTheHostsDisk
-test: tools nats-server gotestsum
+test: tools nats-server gotestsum previous-release
 	@rm -f $(BIN)/test-main.json $(BIN)/test-race.json; status=0; \
 	echo "every test (go test ./..., beside a throw-away PostgreSQL)"; \
 	scripts/with-postgres env $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-main.json -- -count=1 -parallel 4 -timeout 14m ./... || status=$$?; \

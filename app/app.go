@@ -87,6 +87,10 @@ type Controller struct {
 	// Broker is an external NATS URL (--broker, MESH_BROKER); empty means the
 	// serving controller's embedded broker.
 	Broker string
+	// Version is the binary's build version ("" for a development build):
+	// recorded with the lease and by migrate, so that other controllers on
+	// the same stores name it.
+	Version string
 
 	// metrics, set while serving with --metrics, are told how long the
 	// catch-up's declares took.

@@ -139,6 +139,8 @@ func (c *Health) SelfCheck(ctx context.Context, o CheckOptions) (CheckResult, er
 		fail("identity", "read the chain of signing keys", err)
 		in.keyAcks, err = ids.KeyAcks(ctx)
 		fail("identity", "read the keys hosts verify with", err)
+		in.hostVersions, err = ids.HostVersions(ctx)
+		fail("identity", "read the hosts' versions", err)
 	}
 	var fs syscall.Statfs_t
 	err := syscall.Statfs(c.DataDir, &fs)
@@ -406,8 +408,9 @@ func sealAlert(ch health.Change, key identity.SigningKey) ([]byte, error) {
 func alertBody(ch health.Change) any {
 	return struct {
 		health.Change
-		Type string `json:"type"`
-	}{ch, protocol.AlertType}
+		Type     string `json:"type"`
+		Protocol string `json:"protocol"`
+	}{ch, protocol.AlertType, protocol.Version}
 }
 
 // boundsFromDurations sets each node's heartbeat bound from its measured

@@ -19,6 +19,20 @@ type ControllerView struct {
 	Until time.Time `json:"until"`
 	// Since is when a standby began to wait.
 	Since *time.Time `json:"since,omitempty"`
+	// Version is its build version, "" when it records none (a controller
+	// older than v0.3.0).
+	Version string `json:"version,omitempty"`
+	// Aside says why a standby stands aside, never to take the lease
+	// (the stores are newer than it knows); absent while it stands by.
+	Aside string `json:"aside,omitempty"`
+}
+
+// shownVersion is a controller's version as the line says it.
+func (v ControllerView) shownVersion() string {
+	if v.Version == "" {
+		return "an older mesh-controller"
+	}
+	return "mesh-controller " + v.Version
 }
 
 // ControllersView says which controller serves and which stand by.
@@ -31,7 +45,7 @@ type ControllersView struct {
 func (v ControllersView) String() string {
 	var parts []string
 	if s := v.Serving; s != nil {
-		parts = append(parts, fmt.Sprintf("pid %d on %s serves (lease generation %d, until %s)", s.PID, s.Host, s.Generation, s.Until.UTC().Format(time.RFC3339)))
+		parts = append(parts, fmt.Sprintf("pid %d on %s serves (lease generation %d, until %s, %s)", s.PID, s.Host, s.Generation, s.Until.UTC().Format(time.RFC3339), s.shownVersion()))
 	} else {
 		parts = append(parts, "no controller serves")
 	}
@@ -39,7 +53,11 @@ func (v ControllersView) String() string {
 		parts = append(parts, "none stands by")
 	}
 	for _, sb := range v.StandingBy {
-		parts = append(parts, fmt.Sprintf("pid %d on %s stands by (since %s)", sb.PID, sb.Host, sb.Since.UTC().Format(time.RFC3339)))
+		if sb.Aside != "" {
+			parts = append(parts, fmt.Sprintf("pid %d on %s stands aside (%s): %s", sb.PID, sb.Host, sb.shownVersion(), sb.Aside))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("pid %d on %s stands by (since %s, %s)", sb.PID, sb.Host, sb.Since.UTC().Format(time.RFC3339), sb.shownVersion()))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -61,14 +79,14 @@ func controllersOf(ctx context.Context, ids *identity.Store, now time.Time) (Con
 		return v, err
 	}
 	if l != nil && l.ExpiresAt.After(now) {
-		v.Serving = &ControllerView{PID: l.PID, Host: l.Host, Generation: l.Generation, Until: l.ExpiresAt}
+		v.Serving = &ControllerView{PID: l.PID, Host: l.Host, Generation: l.Generation, Until: l.ExpiresAt, Version: l.Version}
 	}
 	sbs, err := ids.Standbys(ctx, now)
 	if err != nil {
 		return v, err
 	}
 	for _, sb := range sbs {
-		v.StandingBy = append(v.StandingBy, ControllerView{PID: sb.PID, Host: sb.Host, Until: sb.ExpiresAt, Since: &sb.Since})
+		v.StandingBy = append(v.StandingBy, ControllerView{PID: sb.PID, Host: sb.Host, Until: sb.ExpiresAt, Since: &sb.Since, Version: sb.Version, Aside: sb.Aside})
 	}
 	return v, nil
 }

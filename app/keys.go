@@ -30,7 +30,15 @@ type RotateRequest struct {
 	// Overlap is how long hosts accept the old key beside the new one; 0
 	// retires it at once (a key thought stolen).
 	Overlap time.Duration
+	// LeaveBehind rotates even when joined hosts cannot follow a rotation
+	// (ErrHostsCannotFollow): they then refuse every declaration until
+	// they are upgraded and join again.
+	LeaveBehind bool
 }
+
+// ErrHostsCannotFollow means joined hosts speak a protocol from before key
+// rotations (1.0): they would refuse every declaration signed by the new key.
+var ErrHostsCannotFollow = errors.New("hosts that cannot follow a key rotation would be left behind")
 
 // KeyShown is a signing key as commands show it: its public half only.
 type KeyShown struct {
@@ -73,6 +81,22 @@ func (c *Nodes) IdentityRotate(ctx context.Context, r RotateRequest) (KeyRotated
 	st, err := c.stores(ctx)
 	if err != nil {
 		return KeyRotated{}, err
+	}
+	if !r.LeaveBehind {
+		hv, err := st.Identity.HostVersions(ctx)
+		if err != nil {
+			return KeyRotated{}, err
+		}
+		var old []string
+		for _, h := range hv {
+			if h.Protocol == protocol.Unversioned {
+				old = append(old, h.Node)
+			}
+		}
+		if len(old) > 0 {
+			return KeyRotated{}, fmt.Errorf("%w: %s (%s) speak protocol %s, which predates rotations, and would refuse every declaration the new key signs",
+				ErrHostsCannotFollow, strings.Join(capProblems(old), ", "), Plural(len(old), "host"), protocol.Unversioned)
+		}
 	}
 	now := c.Now()
 	link, err := st.Identity.Rotate(ctx, r.Overlap, r.Why, announceKey, now)

@@ -2,11 +2,15 @@ package app
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"time"
 
+	"mesh-controller/app/daemon"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
@@ -44,19 +48,44 @@ func (c *Controller) Migrate(ctx context.Context) ([]Migrated, error) {
 	return c.MigrateWith(ctx, MigrateOptions{})
 }
 
+// ErrServed means migrate was asked to change stores a live controller
+// serves: changing them beneath it is refused.
+var ErrServed = errors.New("a controller serves these stores")
+
+// ServedError is ErrServed, naming the controller that serves.
+type ServedError struct{ Lease identity.Lease }
+
+// Error names the controller serving, by pid, host and version.
+func (e *ServedError) Error() string {
+	return fmt.Sprintf("%v, and their schemas are behind this binary's: pid %d on %s (%s), until %s",
+		ErrServed, e.Lease.PID, e.Lease.Host, e.Lease.Shown(), e.Lease.ExpiresAt.UTC().Format(time.RFC3339))
+}
+
+// Unwrap is ErrServed.
+func (e *ServedError) Unwrap() error { return ErrServed }
+
 // MigrateWith is Migrate with options. It stops at the first store it
 // cannot migrate; those before it stay migrated. It refuses to make a new
-// signing key while nodes have joined (ErrIdentityLost) unless told to.
+// signing key while nodes have joined (ErrIdentityLost) unless told to,
+// and to change a store while a controller serves (a *ServedError: an
+// older controller must not find its stores changed beneath it; a newer
+// binary's serve migrates them when it takes the lease over).
 func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migrated, error) {
 	// Migrate opens each store itself, with create: it runs before the
 	// process opens its stores (a store is open once a process).
 	var done []Migrated
-	var inv *sqlite.DB
+	var inv, ids *sqlite.DB
 	defer func() {
-		if inv != nil {
-			inv.Close()
+		for _, db := range []*sqlite.DB{inv, ids} {
+			if db != nil {
+				db.Close()
+			}
 		}
 	}()
+	served, err := c.servedBy(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range Contexts {
 		loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
 		if err != nil {
@@ -75,10 +104,23 @@ func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migra
 		if err != nil {
 			return done, &StoreError{Location: loc, Err: err}
 		}
-		m, err := c.migrateOne(ctx, name, loc, db, inv, judge)
-		if name == "inventory" && err == nil {
+		if served != nil {
+			if _, err := db.Version(ctx, migrationsOf()[name]); errors.Is(err, sqlite.ErrBehind) {
+				db.Close()
+				return done, &StoreError{Location: loc, Err: &ServedError{Lease: *served}}
+			}
+		}
+		var guard func(context.Context, *sql.Tx) error
+		if name == "identity" {
+			guard = identity.NewStore(db).NoLiveLease(c.Now())
+		}
+		m, err := c.migrateOne(ctx, name, loc, db, inv, judge, guard)
+		switch {
+		case name == "inventory" && err == nil:
 			inv = db // kept open: the identity store is judged against it
-		} else {
+		case name == "identity" && err == nil:
+			ids = db // kept open: it says who migrated the stores
+		default:
 			db.Close()
 		}
 		if err != nil {
@@ -86,19 +128,57 @@ func (c *Controller) MigrateWith(ctx context.Context, o MigrateOptions) ([]Migra
 		}
 		done = append(done, m)
 	}
-	return done, nil
+	return done, c.migratedBy(ctx, ids, done)
+}
+
+// servedBy is the live lease on these stores, nil when none is held (or
+// there is no identity store yet).
+func (c *Controller) servedBy(ctx context.Context) (*identity.Lease, error) {
+	loc, err := sqlite.Locate("identity", c.DataDir, c.Getenv)
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	if blank(loc) {
+		return nil, nil
+	}
+	db, err := sqlite.Open(ctx, loc, false)
+	if errors.Is(err, sqlite.ErrNoStore) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &StoreError{Location: loc, Err: err}
+	}
+	defer db.Close()
+	if has, err := db.HasTable(ctx, "lease"); err != nil || !has {
+		return nil, err
+	}
+	l, err := identity.NewStore(db).Lease(ctx)
+	if err != nil || l == nil || !l.ExpiresAt.After(c.Now()) {
+		return nil, err
+	}
+	return l, nil
+}
+
+// migratedBy records this binary's version as the one that migrated the
+// stores, when any moved: an older controller refused by them names it.
+func (c *Controller) migratedBy(ctx context.Context, ids *sqlite.DB, done []Migrated) error {
+	if ids == nil || !slices.ContainsFunc(done, func(m Migrated) bool { return m.From != m.To }) {
+		return nil
+	}
+	return identity.NewStore(ids).MigratedBy(ctx, daemon.ShownVersion(c.Version))
 }
 
 // migrateOne migrates one open store; judge asks that the identity store be
-// judged kept (identityKept) first.
-func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Location, db *sqlite.DB, inv *sqlite.DB, judge bool) (Migrated, error) {
+// judged kept (identityKept) first, and guard (if set) is asked in each
+// migration's transaction (sqlite.MigrateGuarded).
+func (c *Controller) migrateOne(ctx context.Context, name string, loc sqlite.Location, db *sqlite.DB, inv *sqlite.DB, judge bool, guard func(context.Context, *sql.Tx) error) (Migrated, error) {
 	ms := migrationsOf()[name]
 	if judge {
 		if err := identityKept(ctx, db, inv); err != nil {
 			return Migrated{}, &StoreError{Location: loc, Err: err}
 		}
 	}
-	from, to, err := db.Migrate(ctx, ms, c.Now())
+	from, to, err := db.MigrateGuarded(ctx, ms, c.Now(), guard)
 	if err != nil {
 		return Migrated{}, &StoreError{Location: loc, Err: err}
 	}

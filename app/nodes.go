@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -37,6 +38,11 @@ type NodeView struct {
 	// Applying is the declaration its host's latest beat said it was
 	// applying, while not applied yet; absent otherwise.
 	Applying *ApplyingView `json:"applying,omitempty"`
+	// HostVersion is the build its host said it was at join, and
+	// Protocol the protocol it was last heard speaking ("1.0" for a host
+	// that says none); both absent until known.
+	HostVersion string `json:"host_version,omitempty"`
+	Protocol    string `json:"protocol,omitempty"`
 }
 
 // ApplyingView is a declaration a node's host is applying.
@@ -175,9 +181,21 @@ func (c *Nodes) NodeList(ctx context.Context) ([]NodeView, error) {
 	if err != nil {
 		return nil, err
 	}
+	hosts, err := st.Identity.HostVersions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byNode := make(map[string]identity.HostVersion, len(hosts))
+	for _, h := range hosts {
+		byNode[h.Node] = h
+	}
 	views := make([]NodeView, 0, len(nodes))
 	for _, n := range nodes {
-		views = append(views, nodeView(n))
+		v := nodeView(n)
+		if h, ok := byNode[n.Name]; ok {
+			v.HostVersion, v.Protocol = h.Version, h.Protocol
+		}
+		views = append(views, v)
 	}
 	return views, nil
 }
@@ -197,6 +215,15 @@ func (c *Nodes) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
 		return NodeDetail{}, err
 	}
 	v := NodeDetail{NodeView: nodeView(n)}
+	hosts, err := st.Identity.HostVersions(ctx)
+	if err != nil {
+		return NodeDetail{}, err
+	}
+	for _, h := range hosts {
+		if h.Node == name {
+			v.HostVersion, v.Protocol = h.Version, h.Protocol
+		}
+	}
 	rt, err := inv.Routing(ctx, name)
 	if err != nil {
 		return NodeDetail{}, err

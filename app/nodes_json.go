@@ -49,6 +49,10 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 		b = strconv.AppendInt(b, n.SerialApplied, 10)
 		b = append(b, ",\n    \"behind\": "...)
 		b = strconv.AppendBool(b, n.Behind)
+		if n.BehindWhy != "" {
+			b = append(b, ",\n    \"behind_why\": "...)
+			b = appendJSONString(b, n.BehindWhy)
+		}
 		b = append(b, ",\n    \"heartbeat_interval_s\": "...)
 		if b, err = appendJSONFloat(b, n.HeartbeatS); err != nil {
 			return err
@@ -87,6 +91,14 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 				b = appendJSONString(b, a.Phase)
 			}
 			b = append(b, "\n    }"...)
+		}
+		if n.HostVersion != "" {
+			b = append(b, ",\n    \"host_version\": "...)
+			b = appendJSONString(b, n.HostVersion)
+		}
+		if n.Protocol != "" {
+			b = append(b, ",\n    \"protocol\": "...)
+			b = appendJSONString(b, n.Protocol)
 		}
 		b = append(b, "\n  }"...)
 	}

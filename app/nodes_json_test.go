@@ -19,6 +19,12 @@ func nodeViews(n int) []NodeView {
 		heard := at.Add(time.Duration(i) * time.Millisecond)
 		v := NodeView{Name: fmt.Sprintf("h%d", i), Mode: "converged", Joined: i%3 != 0, CreatedAt: at.Add(-time.Hour),
 			SerialDeclared: int64(i), SerialApplied: int64(i / 2), Behind: i%2 == 1, HeartbeatS: 10}
+		if v.Behind {
+			v.BehindWhy = "its plan moved since <its declaration>"
+		}
+		if v.Joined {
+			v.HostVersion, v.Protocol = "v0.3.0-2-g<abc>", "1.1"
+		}
 		if v.Joined {
 			v.JoinedAt, v.LastHeard = &at, &heard
 		}

@@ -94,6 +94,9 @@ type checkInputs struct {
 	// each host says it verifies with.
 	keyChain []identity.KeyLink
 	keyAcks  []identity.KeyAck
+	// hostVersions are the protocol each joined host was last heard
+	// speaking, and its build.
+	hostVersions []identity.HostVersion
 	// refusals are the joins refused within joinRefusedWindow.
 	refusals []health.JoinRefusals
 	brake    health.Brake
@@ -312,6 +315,24 @@ var rules = []rule{
 			out = append(out, machineCondition("node.bad-signature", d.Node, health.Urgent,
 				fmt.Sprintf("%s claiming to be from %s did not verify", Plural(d.Count, "message"), d.Node),
 				map[string]any{"count": d.Count, "last_at": d.LastAt.UTC().Format(time.RFC3339)}))
+		}
+		return out
+	}},
+	{kind: "node.protocol-mismatch", needs: []string{"identity"}, eval: func(in *checkInputs) []health.Condition {
+		// Raised while a node's host was last heard speaking a protocol
+		// this controller does not speak (every message of it dropped or
+		// refused); cleared once it is heard speaking one it does (the host
+		// or this controller upgraded).
+		var out []health.Condition
+		for _, h := range in.hostVersions {
+			if h.Protocol == "" {
+				continue
+			}
+			if err := protocol.Speaks(h.Protocol); err != nil {
+				out = append(out, machineCondition("node.protocol-mismatch", h.Node, health.Urgent,
+					fmt.Sprintf("%s is not heard: %v", h.Node, err),
+					map[string]any{"host_protocol": h.Protocol, "controller_protocol": protocol.Version, "host_version": h.Version}))
+			}
 		}
 		return out
 	}},

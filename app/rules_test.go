@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/contexts/inventory"
@@ -206,6 +207,36 @@ func TestRule_NodeBadSignature(t *testing.T) {
 	raiseChangeClear(t, "node.bad-signature", "node.bad-signature/web1", drops(1, t0), drops(4, t0), drops(4, t0.Add(-25*time.Hour)))
 }
 
+func TestRule_NodeProtocolMismatch(t *testing.T) {
+	heard := func(protocols ...string) *checkInputs {
+		return inputs(func(in *checkInputs) {
+			for i, p := range protocols {
+				in.hostVersions = append(in.hostVersions, identity.HostVersion{Node: fmt.Sprintf("web%d", i+1), Version: "v9", Protocol: p})
+			}
+		})
+	}
+	major := fmt.Sprintf("%d.0", must(protocol.ParseVersion(protocol.Version)).Major+1)
+	// web1 speaks a major this controller does not, then a later one; web2
+	// was never heard by a controller that records it; then web1 is heard
+	// speaking this controller's own.
+	raiseChangeClear(t, "node.protocol-mismatch", "node.protocol-mismatch/web1", heard(major, ""), heard("0.1", ""), heard(protocol.Version, ""))
+	c := ruleOf(t, "node.protocol-mismatch").eval(heard(major))[0]
+	if want := fmt.Sprintf("the host speaks protocol %s, this controller %s", major, protocol.Version); !strings.Contains(c.Summary, want) ||
+		!strings.HasSuffix(c.Summary, "upgrade the controller") || c.Severity != health.Urgent || c.Evidence["host_protocol"] != major {
+		t.Errorf("%+v", c)
+	}
+	if got := ruleOf(t, "node.protocol-mismatch").eval(heard(protocol.Unversioned)); protocol.Version == "1.1" && len(got) != 0 {
+		t.Errorf("a host heard unversioned (1.0) under 1.1: %+v", got)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
 func TestRule_TokenReused(t *testing.T) {
 	reuse := func(n int, last time.Time) *checkInputs {
 		return inputs(func(in *checkInputs) { in.reuses = []identity.TokenReuse{{Node: "web1", Count: n, LastAt: last}} })
@@ -316,7 +347,7 @@ func TestRule_ControllerProbes(t *testing.T) {
 
 // Every kind in the catalogue whose subject exists has a rule.
 func TestRules_Catalogue(t *testing.T) {
-	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "overlay.key-conflict", "overlay.peer-refused", "node.bad-signature", "token.reused", "module.behind-source",
+	for _, kind := range []string{"node.silent", "node.behind", "node.apply-failed", "node.filter-rolled-back", "node.overlay-peer-silent", "overlay.key-conflict", "overlay.peer-refused", "node.bad-signature", "node.protocol-mismatch", "token.reused", "module.behind-source",
 		"data.no-backup", "data.backup-stale", "data.backup-failed", "data.restore-unverified", "data.no-backup-tool", "data.retired-waiting", "secret.no-operator-key", "secret.old-operator-key",
 		"healers.brake", "controller.store", "controller.broker", "data.empty-replacement", "retire.rejected", "join.refused", "licence.expiring", "licence.unheld", "node.retired-key", "node.key-refused"} {
 		ruleOf(t, kind)

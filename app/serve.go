@@ -40,6 +40,13 @@ type ServeOptions struct {
 	// Standing is called when this controller stands by (with --broker
 	// only), naming the live lease it waits for.
 	Standing func(identity.Lease)
+	// Aside is called when this controller stands aside (with --broker
+	// only): the stores are newer than it knows, and it never takes the
+	// lease; why says so in one line.
+	Aside func(why string)
+	// Migrated is called when serve migrated stores it found behind its
+	// schema (an upgrade in place), before it takes the lease.
+	Migrated func([]Migrated)
 	// Log receives the daemon's log (log/slog records), as LogFormat says:
 	// "text" (the default) or "json".
 	Log       io.Writer
@@ -106,6 +113,17 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return err
 	}
+	if o.Version == "" {
+		o.Version = c.Version
+	}
+	if done, err := c.migrateBehind(ctx, o, log); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while standing by to migrate: a clean stop
+		}
+		return err
+	} else if done != nil && o.Migrated != nil {
+		o.Migrated(done)
+	}
 	sv, err := c.serving(ctx)
 	if err != nil {
 		return err
@@ -154,6 +172,7 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	return daemon.Run(ctx, daemon.Stores{Inventory: st.Inventory, Identity: st.Identity, Health: st.Health}, u, daemon.Options{
 		Listen: o.Listen, Broker: c.Broker, DataDir: c.DataDir, Ready: o.Ready, Standing: o.Standing, Log: log, BrokerStore: filepath.Join(c.DataDir, "broker"),
+		Newer: c.newerStores, Aside: o.Aside,
 		LeaseTTL: o.LeaseTTL, FlushEvery: o.FlushEvery, CatchUpEvery: o.CatchUpEvery, CheckEvery: o.CheckEvery, SweepEvery: o.SweepEvery,
 		Counters: o.Counters, Metrics: m, Healers: o.Healers, MemoryLimit: o.MemoryLimit, RaiseFences: st.raiseFences,
 		Version: o.Version, Stores: st.shown(),
@@ -253,6 +272,15 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	hostKeys := make([]ed25519.PublicKey, len(rs))
 	now := sv.c.Now()
 	expires := now.Add(sv.hostTTL)
+	// A host of protocol 1.0 (before credentials expired) cannot renew
+	// one: it is given one that does not expire, as it always was, rather
+	// than one that shuts it out in a month.
+	expiresFor := func(r protocol.JoinRequest) time.Time {
+		if protocol.Of(r.Protocol) == protocol.Unversioned {
+			return time.Time{}
+		}
+		return expires
+	}
 	var asks []identity.HostJoin
 	var asked []int
 	for i, r := range rs {
@@ -275,7 +303,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		hostKeys[i] = hostKey
 		asks = append(asks, identity.HostJoin{Token: r.Token, Host: identity.Host{Node: r.Node, HostKey: hostKey,
-			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion}, Expires: expires})
+			AgeRecipient: r.AgeRecipient, NKey: r.NKey, HostVersion: r.HostVersion, Protocol: protocol.Of(r.Protocol)}, Expires: expiresFor(r)})
 		asked = append(asked, i)
 	}
 	if len(asks) == 0 {
@@ -323,7 +351,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	for range min(runtime.GOMAXPROCS(0), len(joined)) {
 		wg.Go(func() {
 			for i := range work {
-				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls, signer, expires)
+				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls, signer, expiresFor(rs[i]))
 			}
 		})
 	}

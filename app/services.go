@@ -128,6 +128,9 @@ type Copies struct{ uses }
 // use cases it schedules.
 type Server struct {
 	uses
+	// all are the process's stores, which serve may migrate
+	// (migrateBehind) and make the server anew on.
+	all      *Stores
 	builds   *Builds
 	seats    *Seats
 	modules  *Modules
@@ -177,6 +180,6 @@ func NewCopies(c *Controller, all *Stores) *Copies {
 
 // NewServer is serve's service on the process's stores.
 func NewServer(c *Controller, all *Stores) *Server {
-	return &Server{uses: view(c, all, serviceStores["Server"]...), builds: NewBuilds(c, all), seats: NewSeats(c, all),
+	return &Server{uses: view(c, all, serviceStores["Server"]...), all: all, builds: NewBuilds(c, all), seats: NewSeats(c, all),
 		modules: NewModules(c, all), health: NewHealth(c, all), licences: NewLicences(c, all)}
 }

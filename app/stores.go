@@ -30,6 +30,10 @@ type Stores struct {
 	dbs map[string]*sqlite.DB
 	// failed are the stores that could not be opened, and why.
 	failed map[string]error
+	// behind are the failed stores whose schema is only behind this
+	// binary's, kept open: serve migrates them (upgrade.go's
+	// migrateBehind) once no older controller serves them.
+	behind map[string]*sqlite.DB
 	// named are the contexts a service's view holds (see view); nil for
 	// the process's own, which holds every one.
 	named []string
@@ -45,6 +49,9 @@ func (s *Stores) Failed(context string) error { return s.failed[context] }
 func (s *Stores) close() error {
 	var errs []error
 	for _, db := range s.dbs {
+		errs = append(errs, db.Close())
+	}
+	for _, db := range s.behind {
 		errs = append(errs, db.Close())
 	}
 	return errors.Join(errs...)
@@ -70,15 +77,24 @@ var migrationsOf = sync.OnceValue(func() map[string][]sqlite.Migration {
 // cannot be opened is recorded (Failed, Complete) and the others are still
 // opened: the self-check reports each, and every other use case refuses.
 func (c *Controller) OpenStores(ctx context.Context) *Stores {
-	st := &Stores{dbs: map[string]*sqlite.DB{}, failed: map[string]error{}}
+	st := &Stores{dbs: map[string]*sqlite.DB{}, failed: map[string]error{}, behind: map[string]*sqlite.DB{}}
 	for _, name := range Contexts {
 		db, err := c.openOne(ctx, name)
 		if err != nil {
 			st.failed[name] = err
+			if db != nil {
+				st.behind[name] = db
+			}
 			continue
 		}
 		st.dbs[name] = db
 	}
+	st.typed()
+	return st
+}
+
+// typed makes each open store's typed store.
+func (st *Stores) typed() {
 	if db := st.dbs["inventory"]; db != nil {
 		st.Inventory = inventory.NewStore(db)
 	}
@@ -97,10 +113,11 @@ func (c *Controller) OpenStores(ctx context.Context) *Stores {
 	if db := st.dbs["builds"]; db != nil {
 		st.Builds = builds.NewStore(db)
 	}
-	return st
 }
 
-// openOne opens a context's existing store and checks its schema.
+// openOne opens a context's existing store and checks its schema. A store
+// whose schema is only behind this binary's is returned open with its
+// error: serve may migrate it.
 func (c *Controller) openOne(ctx context.Context, name string) (*sqlite.DB, error) {
 	loc, err := sqlite.Locate(name, c.DataDir, c.Getenv)
 	if err != nil {
@@ -111,6 +128,9 @@ func (c *Controller) openOne(ctx context.Context, name string) (*sqlite.DB, erro
 		return nil, &StoreError{Location: loc, Err: err}
 	}
 	if _, err := db.Version(ctx, migrationsOf()[name]); err != nil {
+		if errors.Is(err, sqlite.ErrBehind) {
+			return db, &StoreError{Location: loc, Err: err}
+		}
 		db.Close()
 		return nil, &StoreError{Location: loc, Err: err}
 	}

@@ -98,6 +98,14 @@ type Options struct {
 	// external Broker: an embedded one cannot be shared), naming the live
 	// lease it waits for, and again whenever its holder changes.
 	Standing func(identity.Lease)
+	// Newer, if set, says why this controller must never take the lease
+	// ("" if it may): a store's schema is newer than it knows, a newer
+	// controller having migrated them. A standby asks it before each take,
+	// and while it waits; so told, it stands aside (never takes the lease,
+	// never writes but its standing aside) and says why, through Aside.
+	Newer func(ctx context.Context) (string, error)
+	// Aside is called when this controller stands aside, with why.
+	Aside func(why string)
 	// RaiseFences raises every store's fence to a new lease generation
 	// (the identity store's is raised with the lease itself) before this
 	// controller serves, so that a deposed one's writes are refused.
@@ -106,7 +114,8 @@ type Options struct {
 	Log *slog.Logger
 	// Version and Stores are said in the line the daemon logs as it begins
 	// serving: the binary's version and where each store is (shown with any
-	// password redacted).
+	// password redacted). The version is recorded with the lease, and with
+	// this controller standing by, so that others name it.
 	Version string
 	Stores  []StoreShown
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the default.
@@ -514,14 +523,67 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 	}
 }
 
+// ShownVersion is a build version as a controller says it: "development
+// build" for one stamped with none.
+func ShownVersion(v string) string {
+	if v == "" {
+		return "development build"
+	}
+	return v
+}
+
+// StandBy waits, as a controller standing by does, until no live lease is
+// held: what a controller does before it may migrate stores an older one
+// serves. It returns nil when the lease may be taken, ctx's error when ctx
+// ends first.
+func StandBy(ctx context.Context, ids *identity.Store, now func() time.Time, o Options) error {
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return standBy(ctx, ids, now, o, randomID(), &logger{log: o.Log})
+}
+
 // standBy waits until no live lease is held, reading it every standbyPoll;
 // meanwhile it keeps this controller recorded as standing by. It returns
-// nil when the lease may be taken, ctx's error when ctx ends first.
+// nil when the lease may be taken, ctx's error when ctx ends first. While
+// the stores are newer than this controller knows (o.Newer) it never
+// returns nil: it stands aside, and says why.
 func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o Options, holder string, lg *logger) error {
 	hostname, _ := os.Hostname()
 	since := now()
 	var waited identity.Lease
 	var heard time.Time
+	aside := ""
+	// newer asks o.Newer, saying when this controller begins (or ends)
+	// standing aside.
+	newer := func() string {
+		if o.Newer == nil {
+			return ""
+		}
+		why, err := o.Newer(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				lg.log.Error("standby: compare the stores' schemas with this binary's", "err", err)
+			}
+			// Not known: not taken, until it is.
+			return "the stores' schemas could not be read: " + err.Error()
+		}
+		if why != aside {
+			if why != "" {
+				lg.log.Warn("standing aside: "+why, "version", ShownVersion(o.Version))
+				if o.Aside != nil {
+					o.Aside(why)
+				}
+			} else {
+				lg.log.Info("standing by again: the stores' schemas are this binary's")
+			}
+			aside = why
+		}
+		return why
+	}
 	defer func() {
 		if err := ids.LeaveStandby(context.Background(), holder, now()); err != nil {
 			lg.log.Error("standby: forget this controller as standing by", "err", err)
@@ -536,18 +598,20 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 			lg.log.Error("standby: read the lease", "err", err)
 		}
 		if err == nil {
-			if l == nil || !l.ExpiresAt.After(t) {
+			free := l == nil || !l.ExpiresAt.After(t)
+			if free && newer() == "" {
 				return nil
 			}
-			if l.Holder != waited.Holder {
+			if l != nil && l.Holder != waited.Holder && !free {
 				waited = *l
-				lg.log.Info("standing by", "serving_pid", l.PID, "serving_host", l.Host, "generation", l.Generation, "until", l.ExpiresAt.UTC().Format(time.RFC3339))
+				lg.log.Info("standing by", "serving_pid", l.PID, "serving_host", l.Host, "serving_version", l.Shown(), "generation", l.Generation, "until", l.ExpiresAt.UTC().Format(time.RFC3339))
 				if o.Standing != nil {
 					o.Standing(*l)
 				}
 			}
 			if t.Sub(heard) >= o.LeaseTTL/3 {
-				sb := identity.Standby{Holder: holder, PID: os.Getpid(), Host: hostname, Since: since, ExpiresAt: t.Add(o.LeaseTTL)}
+				sb := identity.Standby{Holder: holder, PID: os.Getpid(), Host: hostname, Since: since, ExpiresAt: t.Add(o.LeaseTTL),
+					Version: ShownVersion(o.Version), Aside: newer()}
 				if err := ids.StandBy(ctx, sb); err != nil && ctx.Err() == nil {
 					lg.log.Error("standby: record this controller as standing by", "err", err)
 				} else {
@@ -569,7 +633,8 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string, lg *logger) (err error) {
 	hostname, _ := os.Hostname()
 	now := u.Now()
-	lease, err := st.Identity.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname, ExpiresAt: now.Add(o.LeaseTTL)}, now)
+	lease, err := st.Identity.TakeLease(ctx, identity.Lease{Holder: holder, PID: os.Getpid(), Host: hostname, ExpiresAt: now.Add(o.LeaseTTL),
+		Version: ShownVersion(o.Version)}, now)
 	if err != nil {
 		return err
 	}
@@ -589,7 +654,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	ctx, end := context.WithCancel(sqlite.WithFence(ctx, lease.Generation))
 	defer end()
 	d := &daemon{logger: lg, st: st, u: u, o: o, bg: sqlite.WithFence(context.Background(), lease.Generation), lost: make(chan error, 1),
-		keys: hostKeys{m: map[string]ed25519.PublicKey{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
+		keys: hostKeys{m: map[string]ed25519.PublicKey{}, protocols: map[string]string{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
 		buildKick: make(chan struct{}, 1),
@@ -1210,6 +1275,26 @@ func randomID() string {
 type hostKeys struct {
 	mu sync.RWMutex
 	m  map[string]ed25519.PublicKey
+	// protocols are what each host was last recorded speaking.
+	protocols map[string]string
+}
+
+// heard notes that node's host speaks spoken, and says whether that is
+// news (to record).
+func (k *hostKeys) heard(node, spoken string) bool {
+	k.mu.RLock()
+	same := k.protocols[node] == spoken
+	k.mu.RUnlock()
+	if same {
+		return false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.protocols[node] == spoken {
+		return false
+	}
+	k.protocols[node] = spoken
+	return true
 }
 
 func (k *hostKeys) get(node string) ed25519.PublicKey {
@@ -1242,6 +1327,7 @@ func (d *daemon) loadHostKeys(ctx context.Context) error {
 	}
 	for _, h := range hosts {
 		d.keys.set(h.Node, h.HostKey)
+		d.keys.heard(h.Node, h.Protocol)
 	}
 	return nil
 }
@@ -1251,7 +1337,7 @@ func (d *daemon) respond(m *nats.Msg, v any) {
 	if m.Reply == "" {
 		return
 	}
-	b, err := json.Marshal(v)
+	b, err := json.Marshal(protocol.Stamped(v))
 	if err == nil {
 		err = m.Respond(b)
 	}

@@ -54,7 +54,7 @@ type queued struct {
 
 // busyReply is the answer to a join the worker has no room or time for,
 // made once: under a flood it is the answer most requests get.
-var busyReply, _ = json.Marshal(protocol.JoinReply{Error: protocol.JoinBusy})
+var busyReply, _ = json.Marshal(protocol.JoinReply{Error: protocol.JoinBusy, Protocol: protocol.Version})
 
 // answerBusy answers a join busy, through the admit account's service only.
 func (d *daemon) answerBusy(m *nats.Msg) {
@@ -151,19 +151,27 @@ func (d *daemon) subscribe(ctx context.Context) error {
 }
 
 // verify checks a host message against the key its node presented at join,
-// within the node's report budget; one that does not verify is dropped and
-// counted.
+// within the node's report budget, and its protocol against the ones this
+// controller speaks; one that does not verify is dropped and counted. A
+// request in a protocol this controller does not speak (the declaration
+// ask, an apply report) is answered with why, in one line naming both.
 func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 	node := protocol.NodeOfSubject(m.Subject)
 	reason := ""
+	var mismatch error
 	if !d.limits.allow(node, what, d.u.Now()) {
 		reason = "too many " + what + " reports"
 	} else if key := d.keys.get(node); key == nil {
 		reason = "unknown sender"
-	} else if err := protocol.Open(m.Data, key, v); err != nil {
+	} else if spoken, err := protocol.OpenVersioned(m.Data, key, v); err != nil {
 		reason = "bad signature"
 		if !errors.Is(err, protocol.ErrBadSignature) {
 			reason = "malformed"
+		}
+	} else {
+		d.heardProtocol(node, spoken)
+		if mismatch = protocol.Speaks(spoken); mismatch != nil {
+			reason = protocolMismatch
 		}
 	}
 	if reason == "" {
@@ -171,9 +179,33 @@ func (d *daemon) verify(m *nats.Msg, what string, v any) (string, bool) {
 	}
 	d.o.Counters.Dropped.Add(1)
 	d.o.Metrics.Drop(reason)
-	d.log.Warn("dropped", "subject", m.Subject, "node", node, "reason", reason)
+	if mismatch != nil {
+		d.log.Warn("dropped", "subject", m.Subject, "node", node, "reason", reason, "err", mismatch)
+		d.respondTo(m, node, protocol.OKReply{Error: mismatch.Error()})
+	} else {
+		d.log.Warn("dropped", "subject", m.Subject, "node", node, "reason", reason)
+	}
 	d.handOver(event{kind: evDrop, node: node, reason: reason})
 	return node, false
+}
+
+// protocolMismatch is the reason a message in a protocol this controller
+// does not speak is dropped (counted as the other drops are); the
+// self-check raises node.protocol-mismatch from what the node was last
+// heard speaking.
+const protocolMismatch = "protocol mismatch"
+
+// heardProtocol keeps what protocol a node's host was heard speaking,
+// written only when it changed (at join, or when the host or this
+// controller was upgraded): node show says it, and the self-check judges it.
+func (d *daemon) heardProtocol(node, spoken string) {
+	if !d.keys.heard(node, spoken) {
+		return
+	}
+	if err := d.st.Identity.HeardProtocol(d.bg, node, spoken); err != nil {
+		d.deposed(err)
+		d.log.Error("record the protocol a host speaks", "node", node, "protocol", spoken, "err", err)
+	}
 }
 
 // refuse drops a verified report that carries more than a report may, and
@@ -545,6 +577,12 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 			results[i].Err = &Refusal{Reason: "malformed request", Err: err}
 			continue
 		}
+		// A host this controller does not speak to is refused before its
+		// token is looked at (it stays unused), and told why.
+		if err := protocol.Speaks(reqs[i].Protocol); err != nil {
+			results[i].Err = &Refusal{Reason: protocolMismatch, Err: err}
+			continue
+		}
 		if len(reqs[i].Renew) > 0 {
 			// A host whose credential expired renews it (keys.go).
 			renewals[i] = true
@@ -595,7 +633,14 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 		if errors.Is(err, identity.ErrTokenUsed) {
 			d.kick()
 		}
-		d.respondTo(m, "", protocol.JoinReply{Error: protocol.JoinRefused})
+		// A host refused for its protocol is told which, and what to do:
+		// it says nothing of tokens or names.
+		answer := protocol.JoinRefused
+		var mismatch *protocol.MismatchError
+		if errors.As(err, &mismatch) {
+			answer = mismatch.Error()
+		}
+		d.respondTo(m, "", protocol.JoinReply{Error: answer})
 		return false
 	case err != nil:
 		d.deposed(err)
@@ -604,7 +649,8 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 		return false
 	}
 	d.keys.set(r.Node, res.HostKey)
-	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "source", source)
+	d.keys.heard(r.Node, protocol.Of(r.Protocol)) // recorded by the join itself
+	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
 	d.respondTo(m, "", res.Reply)
 	// A node joining with something assigned waited for secrets sealed to
 	// it: the loop's catch-up makes them. Most nodes join with nothing
@@ -712,7 +758,7 @@ func (d *daemon) pushAccount(what string, attrs ...any) {
 
 // EnvelopeOf is a kept declaration as sent to its host.
 func EnvelopeOf(d inventory.Declaration) protocol.Envelope {
-	return protocol.Envelope{Declaration: d.Body, Signature: d.Signature, Key: d.Key}
+	return protocol.Envelope{Declaration: d.Body, Signature: d.Signature, Key: d.Key, Protocol: protocol.Version}
 }
 
 // PublishDeclaration sends a node its declaration.

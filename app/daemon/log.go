@@ -45,10 +45,7 @@ func (d *daemon) logServing(generation int64) {
 	for _, s := range d.o.Stores {
 		stores = append(stores, slog.String(s.Context, s.Location))
 	}
-	version := d.o.Version
-	if version == "" {
-		version = "development build"
-	}
+	version := ShownVersion(d.o.Version)
 	broker := "embedded"
 	if d.o.Broker != "" {
 		broker = "external"

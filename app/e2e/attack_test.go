@@ -320,12 +320,17 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 		if err := json.Unmarshal(msg.Data, &reply); err != nil {
 			t.Fatal(err)
 		}
-		// Nothing but ok and the sealed grant: no JWT (eyJ…) outside the age
-		// armor, whose base64 may hold those letters by chance.
+		// Nothing but ok, the sealed grant and the protocol the controller
+		// speaks: no JWT (eyJ…) outside the age armor, whose base64 may
+		// hold those letters by chance.
 		var fields map[string]any
 		json.Unmarshal(msg.Data, &fields)
+		if fields["protocol"] != protocol.Version {
+			t.Errorf("the join answer says protocol %v, want %s", fields["protocol"], protocol.Version)
+		}
 		delete(fields, "ok")
 		delete(fields, "sealed")
+		delete(fields, "protocol")
 		armor, _ := json.Marshal(reply.Sealed)
 		outside := strings.Replace(string(msg.Data), string(armor), `""`, 1)
 		if !reply.OK || reply.Creds != "" || len(fields) > 0 || !strings.HasPrefix(reply.Sealed, "-----BEGIN AGE ENCRYPTED FILE-----") ||

@@ -46,16 +46,6 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 
 	t.Run("a hostile declaration signed with the controller key", func(t *testing.T) {
 		before := roottest.Tree(t, base)
-		ctx := context.Background()
-		st, err := m.c.Stores(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids := st.Identity
-		key, err := ids.SigningKey(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// A secret whose name climbs from etc/mesh/modules/paperless/secrets/
 		// out of the root, sealed to this host so it would open, and a
 		// deletion whose module name climbs to the outside consumers. It is
@@ -72,19 +62,7 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 			"modules": []any{map[string]any{"module": "paperless", "version": "1.0.0",
 				"secrets": []any{map[string]any{"name": name, "version": 1, "sealed": sealed}}}},
 			"delete": []any{map[string]any{"module": "../../../../outside/victim", "kind": "consumer", "target": "web2/wiki"}}}
-		env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := m.c.DialBroker(ctx, ids)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		b, _ := json.Marshal(env)
-		if err := nc.Publish(protocol.DeclarationInbox("web1"), b); err != nil {
-			t.Fatal(err)
-		}
+		m.declareSigned(t, body)
 		checkFor(t, settle, m.answered("web1", 99))
 		roottest.Unchanged(t, "", before, roottest.Tree(t, base))
 		if e := lastError(); !strings.HasPrefix(e, "refused: ") || !strings.Contains(e, "modules[0].secrets[0].name") || !strings.Contains(e, "delete[0].module") {
@@ -110,6 +88,38 @@ func TestMesh_HostStaysBeneathItsRoot(t *testing.T) {
 			t.Fatalf("want a refusal naming the link, got %q", e)
 		}
 	})
+}
+
+// declareSigned signs body with the controller's key, canonicalised as a
+// declaration is, and publishes it on the inbox of the node it names, as
+// a controller with a bug would: what its host refuses is tested.
+func (m *testMesh) declareSigned(t *testing.T, body map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := m.c.Stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := st.Identity.SigningKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := protocol.SealBody(body, key.Sign, key.Fingerprint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := m.c.DialBroker(ctx, st.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, _ := json.Marshal(env)
+	if err := nc.Publish(protocol.DeclarationInbox(body["node"].(string)), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // answered is a check that node has reported applying or refusing

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/apptest"
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -38,7 +39,15 @@ var programsDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("
 // it ships, once per test binary, and returns its path.
 func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
-	build, _ := programs.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
+	return buildProgramWith(t, name, pkg, "")
+}
+
+// buildProgramWith is buildProgram linked with ldflags (-X of a variable:
+// a host or controller that speaks another protocol), once per test binary
+// and flags.
+func buildProgramWith(t testing.TB, name, pkg, ldflags string) string {
+	t.Helper()
+	build, _ := programs.LoadOrStore(pkg+" "+ldflags, sync.OnceValues(func() (string, error) {
 		root, err := programsDir()
 		if err != nil {
 			return "", err
@@ -48,7 +57,7 @@ func buildProgram(t testing.TB, name, pkg string) string {
 			return "", err
 		}
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", bin, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", errors.New(string(out))
@@ -87,7 +96,15 @@ type serveProc struct {
 // startServeProc starts serve on data's stores and the external broker.
 func startServeProc(t *testing.T, name, data, broker string, args ...string) *serveProc {
 	t.Helper()
-	cmd := exec.Command(buildController(t), append([]string{"--data", data, "--broker", broker, "serve", "--catch-up-every", "200ms"}, args...)...)
+	return startProc(t, name, buildController(t), append([]string{"--data", data, "--broker", broker, "serve", "--catch-up-every", "200ms"}, args...)...)
+}
+
+// startProc starts a real program (a controller's serve, a host's run) with
+// args and without the test's MESH_ variables; its output lines are kept as
+// they come. It is stopped (SIGTERM, SIGKILL after 15 s) when the test ends.
+func startProc(t *testing.T, name, bin string, args ...string) *serveProc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MESH_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -289,19 +306,27 @@ func TestStandby_StartedAtOnce(t *testing.T) {
 	}
 }
 
+// servingAndStandingBy is migrated stores, an external broker, and two
+// serve processes on them with a lease of 2 s: a serving, b standing by.
+func servingAndStandingBy(t *testing.T) (c *apptest.Mesh, st *app.Stores, url string, a, b *serveProc) {
+	t.Helper()
+	c, st = migrated(t)
+	external, _ := externalBroker(t, st, freeAddr(t))
+	t.Cleanup(external.Shutdown)
+	url = external.ClientURL()
+	a = startServeProc(t, "a", c.DataDir, url, "--lease", "2s")
+	a.wait(t, 20*time.Second, readyLine, 0)
+	b = startServeProc(t, "b", c.DataDir, url, "--lease", "2s")
+	b.wait(t, 20*time.Second, standbyLine, 0)
+	return c, st, url, a, b
+}
+
 // The serving controller paused (SIGSTOP) past its lease: the standby
 // takes over; resumed (SIGCONT), the paused one's first write is refused
 // by the stores' fence, and it stops serving and stands by, saying why.
 func TestStandby_PausedPastLeaseIsFenced(t *testing.T) {
 	t.Parallel()
-	c, st := migrated(t)
-	external, _ := externalBroker(t, st, freeAddr(t))
-	defer external.Shutdown()
-	url := external.ClientURL()
-	a := startServeProc(t, "a", c.DataDir, url, "--lease", "2s")
-	a.wait(t, 20*time.Second, readyLine, 0)
-	b := startServeProc(t, "b", c.DataDir, url, "--lease", "2s")
-	b.wait(t, 20*time.Second, standbyLine, 0)
+	c, _, url, a, b := servingAndStandingBy(t)
 	m := &testMesh{t: t, c: c, url: url, logs: &syncBuffer{}}
 	m.join("web1")
 
@@ -472,4 +497,62 @@ func TestStandby_Kill9UnderHosts(t *testing.T) {
 	}
 	slices.Sort(took)
 	t.Logf("kill -9 → the standby's first declaration sent: p50 %s over %d runs (all: %v)", took[len(took)/2].Round(time.Millisecond), len(took), took)
+}
+
+// A standby that finds the stores migrated by a newer controller than it
+// is stands aside: it says so (its output, its log, broker show), and when
+// the one serving dies it never takes the lease.
+func TestStandby_StoresNewerStandsAside(t *testing.T) {
+	t.Parallel()
+	c, st, url, a, b := servingAndStandingBy(t)
+
+	// What a newer controller leaves: a migration this binary does not
+	// know (in the builds store, which broker show does not read: it
+	// refuses a store newer than it knows, as every command does), and its
+	// version on the fence.
+	ctx := context.Background()
+	if _, err := st.DB("builds").Exec(ctx, `INSERT INTO schema_migrations VALUES (99, '0099_future.sql', 'x', '2030-01-01T00:00:00.000Z')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Identity.MigratedBy(ctx, "v9.9.9"); err != nil {
+		t.Fatal(err)
+	}
+	why := `the stores were migrated by a newer controller, mesh-controller v9\.9\.9 \(builds newer than this binary knows\); this one is development build: upgrade it`
+	b.wait(t, 10*time.Second, `^aside: `+why+`; this controller never takes the lease$`, 0)
+	b.wait(t, time.Second, `msg="standing aside: `+why+`"`, 0)
+	checkFor(t, 5*time.Second, func() error {
+		shown := controllersShown(t, c.DataDir, url)
+		if len(shown.StandingBy) != 1 || shown.StandingBy[0].PID != b.pid() || !regexp.MustCompile(`^`+why+`$`).MatchString(shown.StandingBy[0].Aside) {
+			return fmt.Errorf("broker show says %s", shown)
+		}
+		if !regexp.MustCompile(fmt.Sprintf(`pid %d on \S+ stands aside \(mesh-controller development build\): `, b.pid())).MatchString(shown.String()) {
+			return fmt.Errorf("broker show says %s", shown)
+		}
+		return nil
+	})
+
+	// a dies: b, still there and still aside once a's lease lapsed, takes
+	// nothing.
+	lease, err := st.Identity.Lease(ctx)
+	if err != nil || lease == nil {
+		t.Fatal(lease, err)
+	}
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.done
+	checkFor(t, 10*time.Second, func() error {
+		sbs, err := st.Identity.Standbys(ctx, time.Now())
+		if err != nil {
+			return err
+		}
+		if len(sbs) != 1 || sbs[0].Aside == "" || !sbs[0].ExpiresAt.After(lease.ExpiresAt.Add(2*time.Second)) {
+			return fmt.Errorf("b not heard standing aside since a's lease lapsed (%s): %+v", lease.ExpiresAt, sbs)
+		}
+		return nil
+	})
+	if _, _, served := b.find(regexp.MustCompile(readyLine), 0); served {
+		t.Fatalf("b served stores newer than it knows:\n%s", b.text())
+	}
+	if l, err := st.Identity.Lease(ctx); err != nil || l == nil || l.Holder != lease.Holder || l.Generation != lease.Generation {
+		t.Fatalf("the lease after a died: %+v, %v; want a's, generation %d", l, err, lease.Generation)
+	}
 }

@@ -220,10 +220,18 @@ func (j *applyJob) verify() error {
 
 // verifySigned judges the declaration itself: signed by a controller key
 // the host accepts (received at join, or handed over to by a rotation),
-// for this node, newer than the last applied, with no problem protocol
-// finds in it, and an overlay this host can be in.
+// in a protocol this host reads, for this node, newer than the last
+// applied, with no problem protocol finds in it, and an overlay this host
+// can be in.
 func (j *applyJob) verifySigned() error {
 	d, err := j.st.Verify(j.env)
+	var mismatch *protocol.MismatchError
+	if errors.As(err, &mismatch) {
+		// Signed by the controller, in a protocol this host cannot read:
+		// refused whole, nothing of it read further.
+		j.d.Serial = d.Serial
+		return fmt.Errorf("refused: %v", err)
+	}
 	if err != nil {
 		return fmt.Errorf("refused: %v against the controller keys this host accepts", err)
 	}

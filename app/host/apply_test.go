@@ -200,3 +200,33 @@ func TestApply_BackupLines(t *testing.T) {
 		t.Fatalf("the seat gone, its environment names the file: %v", sp[0].Env)
 	}
 }
+
+// A declaration the controller signed in a newer major than this host
+// reads is refused before anything is touched, in one line saying so and
+// what to do, with its serial; one of a newer minor is applied, what it
+// adds ignored.
+func TestApply_Protocol(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	st := &State{Node: "web1", ControllerKey: pub}
+	root := t.TempDir()
+	v, err := protocol.ParseVersion(protocol.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := protocol.Ver{Major: v.Major + 1}.String()
+	report, after := apply(st, root, applied{}, sealed(t, priv, map[string]any{"node": "web1", "serial": 3, "protocol": newer,
+		"modules": []any{module("a", "/srv/a")}}), nil, nil)
+	want := "refused: declaration speaks protocol " + newer + "; this host reads " + strings.Split(protocol.Version, ".")[0] + ".x: upgrade the host"
+	if report.OK || report.Error != want || report.Serial != 3 || after.Serial != 0 {
+		t.Fatalf("a newer major: %+v\nwant %s", report, want)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("a refused declaration touched the root: %v", entries)
+	}
+	minor := protocol.Ver{Major: v.Major, Minor: v.Minor + 1}.String()
+	report, after = apply(st, root, applied{}, sealed(t, priv, map[string]any{"node": "web1", "serial": 4, "protocol": minor,
+		"modules": []any{module("a", "/srv/a")}, "something_new": map[string]any{"x": 1}}), nil, nil)
+	if !report.OK || after.Serial != 4 {
+		t.Fatalf("a newer minor: %+v", report)
+	}
+}

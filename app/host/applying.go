@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"sync"
 	"time"
@@ -247,8 +248,11 @@ func (r *Runner) report(nc *nats.Conn, report protocol.AppliedBody) {
 	if err != nil {
 		return
 	}
-	if _, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, protocol.AnswerTimeout); err != nil {
+	var reply protocol.OKReply
+	if m, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, protocol.AnswerTimeout); err != nil {
 		r.logf("report the outcome: %v", err)
+	} else if json.Unmarshal(m.Data, &reply) == nil && reply.Error != "" {
+		r.logf("report the outcome: not recorded: %s", reply.Error)
 	}
 	if report.OK {
 		r.mu.Lock()

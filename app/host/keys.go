@@ -91,8 +91,9 @@ func (s *State) Verify(env protocol.Envelope) (protocol.Declaration, error) {
 	var unknown *UnknownKeyError
 	if errors.As(err, &unknown) {
 		for _, k := range s.accepted(now) {
-			if d, err := env.Verify(k); err == nil {
-				return d, nil
+			var mismatch *protocol.MismatchError
+			if d, err := env.Verify(k); err == nil || errors.As(err, &mismatch) {
+				return d, err
 			}
 		}
 	}

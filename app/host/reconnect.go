@@ -98,16 +98,25 @@ func askLatest(ctx context.Context, nc *nats.Conn, st *State, serial int64, fail
 		m, err := askOnceLatest(ctx, nc, st.Node, req)
 		if err == nil {
 			var probe struct {
-				None bool `json:"none"`
+				None        bool   `json:"none"`
+				Error       string `json:"error"`
+				Declaration string `json:"declaration"`
 			}
 			if json.Unmarshal(m.Data, &probe) == nil && probe.None {
 				return nil, nil
 			}
-			var env protocol.Envelope
-			if err := json.Unmarshal(m.Data, &env); err != nil {
-				return nil, fmt.Errorf("the latest declaration is not JSON: %w", err)
+			// Refused (a protocol the controller does not speak): said, and
+			// asked again as if unanswered, so that a controller upgraded
+			// behind the same broker is heard without a reconnection.
+			if probe.Error != "" && probe.Declaration == "" {
+				err = fmt.Errorf("%w: %s", ErrAskRefused, probe.Error)
+			} else {
+				var env protocol.Envelope
+				if err := json.Unmarshal(m.Data, &env); err != nil {
+					return nil, fmt.Errorf("the latest declaration is not JSON: %w", err)
+				}
+				return &env, nil
 			}
-			return &env, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -122,6 +131,10 @@ func askLatest(ctx context.Context, nc *nats.Conn, st *State, serial int64, fail
 		}
 	}
 }
+
+// ErrAskRefused means the controller answered the ask for the latest
+// declaration with a refusal (its words follow).
+var ErrAskRefused = errors.New("the controller refused this host")
 
 func askOnceLatest(ctx context.Context, nc *nats.Conn, node string, req []byte) (*nats.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)

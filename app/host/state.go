@@ -129,7 +129,7 @@ func join(ctx context.Context, o JoinOptions, save bool) (*State, error) {
 	nkSeed, _ := nk.Seed()
 
 	req, _ := json.Marshal(protocol.JoinRequest{Token: o.Token, Node: o.Node, HostKey: base64.StdEncoding.EncodeToString(pub),
-		AgeRecipient: ageID.Recipient().String(), NKey: nkPub, HostVersion: Version})
+		AgeRecipient: ageID.Recipient().String(), NKey: nkPub, HostVersion: Version, Protocol: protocol.Version})
 	ctx, cancel := context.WithTimeout(ctx, joinWithin)
 	defer cancel()
 	reply, err := askToJoin(ctx, o, req)

@@ -17,11 +17,15 @@ type Envelope struct {
 	Declaration string `json:"declaration"`
 	Signature   string `json:"signature"`
 	Key         string `json:"key"`
+	// Protocol is the sending controller's (Version). What a host judges
+	// is the declaration's own, signed inside it (Declaration.Protocol).
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // None is the answer to a host asking for its latest declaration when there is none.
 type None struct {
-	None bool `json:"none"`
+	None     bool   `json:"none"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Declaration is a node's plan as it is sent: the one type the controller's
@@ -57,6 +61,10 @@ type Declaration struct {
 	// Overlay is the node's part of the mesh's private network; nil: none
 	// yet (its host brings no interface up, and takes down one it had).
 	Overlay *DeclaredOverlay `json:"overlay,omitempty"`
+	// Protocol is the protocol it is written in, filled in when it is
+	// sealed (Version); none is Unversioned. A host refuses a newer major
+	// than it reads (Reads) before touching anything.
+	Protocol string `json:"protocol,omitempty"`
 	// PublicDomain is the domain its public ports' routed names are
 	// composed under (<port>.<module>.<domain>); none: they are closed.
 	PublicDomain string `json:"public_domain,omitempty"`
@@ -284,6 +292,9 @@ func (d Declaration) Encode() ([]byte, error) {
 // carries the canonical bytes as a string, so the signature is over exactly
 // what arrives.
 func Seal(d Declaration, sign func([]byte) []byte, keyID string) (Envelope, error) {
+	if d.Protocol == "" {
+		d.Protocol = Version
+	}
 	canon, err := d.Encode()
 	if err != nil {
 		return Envelope{}, err
@@ -303,14 +314,27 @@ func SealBody(body any, sign func([]byte) []byte, keyID string) (Envelope, error
 
 // envelope signs canonical bytes and carries them as the string signed.
 func envelope(canon []byte, sign func([]byte) []byte, keyID string) Envelope {
-	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID}
+	return Envelope{Declaration: string(canon), Signature: base64.StdEncoding.EncodeToString(sign(canon)), Key: keyID, Protocol: Version}
 }
 
 // Verify checks an envelope against the controller key a host received at
-// join and decodes the declaration.
+// join and decodes the declaration. One written in a protocol this build
+// does not read (Reads) is refused with a *MismatchError, its node and
+// serial alone decoded, before the rest is read.
 func (e Envelope) Verify(key ed25519.PublicKey) (Declaration, error) {
 	if !e.verifies(key) {
 		return Declaration{}, fmt.Errorf("declaration: %w", ErrBadSignature)
+	}
+	var head struct {
+		Node     string `json:"node"`
+		Serial   int64  `json:"serial"`
+		Protocol string `json:"protocol"`
+	}
+	if err := json.Unmarshal([]byte(e.Declaration), &head); err != nil {
+		return Declaration{}, fmt.Errorf("declaration: %w", err)
+	}
+	if err := Reads(head.Protocol); err != nil {
+		return Declaration{Node: head.Node, Serial: head.Serial, Protocol: head.Protocol}, err
 	}
 	var d Declaration
 	if err := json.Unmarshal([]byte(e.Declaration), &d); err != nil {
@@ -338,6 +362,8 @@ const AlertType = "alert"
 // controller's key (identity show) and so tells the controller's alerts
 // from anything else published there.
 type Alert struct {
+	// Protocol is the controller's (Version).
+	Protocol  string          `json:"protocol,omitempty"`
 	Type      string          `json:"type"`
 	Event     string          `json:"event"` // raised or cleared
 	Condition json.RawMessage `json:"condition"`

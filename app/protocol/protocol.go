@@ -105,6 +105,10 @@ type JoinRequest struct {
 	// Renew, instead of a token, is a renewal of an expired credential:
 	// a RenewBody signed by the host key the node joined with (Sign).
 	Renew json.RawMessage `json:"renew,omitempty"`
+	// Protocol is the protocol the host speaks (Version); none is
+	// Unversioned. A controller that does not speak it refuses the join,
+	// saying why in the answer, before the token is looked at.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // JoinReply is the controller's answer to a join: the grant, sealed to the
@@ -117,6 +121,8 @@ type JoinReply struct {
 	Error string `json:"error,omitempty"`
 	// Sealed is the JoinGrant, sealed (SealJoinGrant).
 	Sealed string `json:"sealed,omitempty"`
+	// Protocol is the controller's (Version), as on all its answers.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // JoinGrant is what a joined host is given.
@@ -348,13 +354,19 @@ type DeclarationAskBody struct {
 type OKReply struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	// Protocol is the answering controller's (Version).
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Signed wraps every host message: the body's exact bytes and the host key's
-// signature over them.
+// signature over them, and the protocol the host speaks (none:
+// Unversioned). The protocol stands outside what is signed, so that a
+// controller that predates it verifies the body as before; only the node's
+// own host may publish under its subjects, so no one else can say it.
 type Signed struct {
 	Body      json.RawMessage `json:"body"`
 	Signature string          `json:"signature"`
+	Protocol  string          `json:"protocol,omitempty"`
 }
 
 // ErrBadSignature means a message did not verify against the key it claims.
@@ -366,23 +378,31 @@ func Sign(key ed25519.PrivateKey, body any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(Signed{Body: b, Signature: base64.StdEncoding.EncodeToString(ed25519.Sign(key, b))})
+	return json.Marshal(Signed{Body: b, Signature: base64.StdEncoding.EncodeToString(ed25519.Sign(key, b)), Protocol: Version})
 }
 
 // Open verifies a signed message against key and decodes its body into v.
 func Open(data []byte, key ed25519.PublicKey, v any) error {
+	_, err := OpenVersioned(data, key, v)
+	return err
+}
+
+// OpenVersioned is Open, and says which protocol the message speaks
+// (Unversioned when it says none): the controller judges it (Speaks)
+// once the signature verified.
+func OpenVersioned(data []byte, key ed25519.PublicKey, v any) (protocol string, err error) {
 	var s Signed
 	if err := json.Unmarshal(data, &s); err != nil {
-		return fmt.Errorf("not a signed message: %w", err)
+		return "", fmt.Errorf("not a signed message: %w", err)
 	}
 	sig, err := base64.StdEncoding.DecodeString(s.Signature)
 	if err != nil || len(key) != ed25519.PublicKeySize || !ed25519.Verify(key, s.Body, sig) {
-		return ErrBadSignature
+		return "", ErrBadSignature
 	}
 	if v == nil {
-		return nil
+		return Of(s.Protocol), nil
 	}
-	return json.Unmarshal(s.Body, v)
+	return Of(s.Protocol), json.Unmarshal(s.Body, v)
 }
 
 // Canonical is v as canonical JSON: object keys sorted, no insignificant

@@ -89,9 +89,12 @@ func TestEnvelope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	canon, _ := Canonical(map[string]any{"node": "web1", "serial": 3, "modules": []any{}, "mode": "", "seats": nil, "backup_lines": nil})
+	canon, _ := Canonical(map[string]any{"node": "web1", "serial": 3, "modules": []any{}, "mode": "", "seats": nil, "backup_lines": nil, "protocol": Version})
 	if env.Declaration != string(canon) {
 		t.Fatal("the envelope does not carry the canonical bytes")
+	}
+	if env.Protocol != Version {
+		t.Fatalf("the envelope says protocol %q, want %q", env.Protocol, Version)
 	}
 	d, err := env.Verify(pub)
 	if err != nil || d.Node != "web1" || d.Serial != 3 {
@@ -122,7 +125,7 @@ func TestNodeOfSubject(t *testing.T) {
 func TestDeclaration_EncodesCanonically(t *testing.T) {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	d := Declaration{Node: "web1", Serial: 7, IssuedAt: at, Mode: "converged", Seats: []string{"backup"},
-		Networks: []string{"10.0.0.0/8"}, PublicDomain: "example.org",
+		Networks: []string{"10.0.0.0/8"}, PublicDomain: "example.org", Protocol: "1.1",
 		BackupLines: []BackupLine{{Node: "n", Module: "m", Data: "d", Path: "/p", Precious: "costly", Cadence: "24h0m0s", LastBackup: &at}},
 		Delete:      []DeclaredDeletion{{Module: "m", Kind: "data", Target: "t", Path: "/p"}},
 		Modules: []DeclaredModule{{Module: "m", Version: "1.0.0", Run: &Run{Command: []string{"bin/m", "<&>"}},

@@ -78,6 +78,8 @@ func hint(err error) string {
 		return "copy onto an empty database (a copy never merges): name another, or drop and create this one again"
 	case errors.Is(err, sqlite.ErrCopyDiffers):
 		return "nothing was kept (the copy was rolled back); please report it"
+	case errors.Is(err, app.ErrServed):
+		return "stop that controller first; or start this binary's 'serve' beside it (with --broker), which stands by and migrates them when it takes the lease over"
 	case errors.Is(err, sqlite.ErrNoStore), errors.Is(err, sqlite.ErrBehind):
 		if moved {
 			return fmt.Sprintf("run 'mesh-controller migrate' first, or check %s", se.Location.Var)
@@ -115,6 +117,8 @@ func hint(err error) string {
 		return "run 'mesh-controller migrate' to make them"
 	case errors.Is(err, identity.ErrOverlapRunning):
 		return "rotate again once it has ended (at most two keys are accepted at once)"
+	case errors.Is(err, app.ErrHostsCannotFollow):
+		return "upgrade those hosts first ('mesh-controller host upgrade --nodes … --to VERSION'), or rotate with --leave-behind: they then refuse every declaration until upgraded and joined again"
 	case errors.Is(err, app.ErrBadOverlap):
 		return "give --overlap as a duration, e.g. 168h (a week), or 0 to retire the old key at once"
 	case errors.Is(err, health.ErrNoWhy):

@@ -41,6 +41,8 @@ type IdentityRotateCmd struct {
 	Why     string        `required:"" help:"Why, for the hand-act log."`
 	Overlap time.Duration `default:"168h" placeholder:"D" help:"How long hosts accept the old key beside the new one (a host away longer catches up through the chain when it is back); 0 retires it at once."`
 	JSON    bool          `name:"json" help:"Print one JSON object."`
+	// LeaveBehind rotates even with hosts of protocol 1.0 joined.
+	LeaveBehind bool `name:"leave-behind" help:"Rotate even when joined hosts predate rotations (protocol 1.0): they refuse every declaration until upgraded and joined again."`
 }
 
 // Run rotates the signing key and says what comes next.
@@ -48,7 +50,7 @@ func (c *IdentityRotateCmd) Run(env *Env, nd *app.Nodes) error {
 	if c.Overlap < 0 {
 		return clirun.UsageError{Msg: "give --overlap as a duration of zero or more, e.g. 168h (a week); 0 retires the old key at once"}
 	}
-	v, err := nd.IdentityRotate(env.Ctx, app.RotateRequest{Why: c.Why, Overlap: c.Overlap})
+	v, err := nd.IdentityRotate(env.Ctx, app.RotateRequest{Why: c.Why, Overlap: c.Overlap, LeaveBehind: c.LeaveBehind})
 	if err != nil {
 		return err
 	}

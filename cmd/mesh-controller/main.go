@@ -125,6 +125,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Bind: func(ctx context.Context) any {
 			a = app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
+			a.Version = version
 			return &Env{Ctx: ctx, App: a, Stdout: stdout, Stderr: stderr}
 		},
 		// The stores are opened once, here, for the commands that ask for

@@ -59,13 +59,13 @@ func (c *NodeListCmd) Run(env *Env, nd *app.Nodes) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED")
+	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED\tHOST")
 	for _, n := range nodes {
 		state := applyState(n)
 		if a := n.Applying; a != nil {
 			state += fmt.Sprintf(", applying %d", a.Serial)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), state, hostShown(n))
 	}
 	return tw.Flush()
 }
@@ -91,6 +91,7 @@ func (c *NodeShowCmd) Run(env *Env, nd *app.Nodes) error {
 	fmt.Fprintf(tw, "recorded\t%s\n", n.CreatedAt.Format(timeShown))
 	fmt.Fprintf(tw, "joined\t%s\n", when(n.JoinedAt))
 	fmt.Fprintf(tw, "last heard\t%s\n", when(n.LastHeard))
+	fmt.Fprintf(tw, "host\t%s\n", hostShown(n.NodeView))
 	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
 	fmt.Fprintf(tw, "declared\t%s\n", serial(n.SerialDeclared))
 	fmt.Fprintf(tw, "applied\t%s\n", applyState(n.NodeView))
@@ -237,4 +238,16 @@ func printModuleStates(w io.Writer, ms []health.ModuleState, indent string) {
 			fmt.Fprintf(w, "%s  | %s\n", indent, l)
 		}
 	}
+}
+
+// hostShown is what a node's host runs: its build, and the protocol it was
+// last heard speaking; "-" before it joined.
+func hostShown(n app.NodeView) string {
+	switch {
+	case n.HostVersion == "" && n.Protocol == "":
+		return "-"
+	case n.Protocol == "":
+		return shown(n.HostVersion)
+	}
+	return fmt.Sprintf("%s (protocol %s)", shown(orNone(n.HostVersion)), shown(n.Protocol))
 }

@@ -40,7 +40,7 @@ func TestNodeShow_Applying(t *testing.T) {
 	if out := mc(t, "node", "show", "web1"); !strings.Contains(out, "applying       7 since 2026-12-03 12:00:03Z (archives)\n") {
 		t.Fatalf("node show:\n%s", out)
 	}
-	if out := mc(t, "node", "list"); !strings.Contains(out, ", applying 7\n") {
+	if out := mc(t, "node", "list"); !strings.Contains(out, ", applying 7  -\n") {
 		t.Fatalf("node list:\n%s", out)
 	}
 	beat(inventory.Beat{SerialApplied: 7})

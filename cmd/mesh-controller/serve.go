@@ -109,8 +109,22 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 			syncOut(env)
 		},
 		Standing: func(l identity.Lease) {
-			fmt.Fprintf(env.Stdout, "standby: pid %d on %s serves (lease generation %d) until %s; taking over when its lease lapses\n",
-				l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339))
+			older := ""
+			if l.Version == "" {
+				older = "; it is an older mesh-controller: the stores are migrated then"
+			}
+			fmt.Fprintf(env.Stdout, "standby: pid %d on %s serves (lease generation %d) until %s; taking over when its lease lapses%s\n",
+				l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339), older)
+			syncOut(env)
+		},
+		Aside: func(why string) {
+			fmt.Fprintf(env.Stdout, "aside: %s; this controller never takes the lease\n", why)
+			syncOut(env)
+		},
+		Migrated: func(done []app.Migrated) {
+			for _, m := range done {
+				fmt.Fprintf(env.Stdout, "migrated: %s %s version %d -> %d\n", m.Context, m.Store, m.From, m.To)
+			}
 			syncOut(env)
 		},
 	})

@@ -29,7 +29,10 @@ type Host struct {
 	AgeRecipient string
 	NKey         string
 	HostVersion  string
-	JoinedAt     time.Time
+	// Protocol is the protocol its host speaks, as last heard ("" until a
+	// controller that records it heard the host).
+	Protocol string
+	JoinedAt time.Time
 }
 
 // Join checks a presented token (known, for this node, unused, not replaced,
@@ -139,8 +142,8 @@ func joinOne(ctx context.Context, tx *sql.Tx, j HostJoin, now time.Time) (revoke
 	if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
 		return 0, nil, err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO hosts (node, host_key, age_recipient, nkey, host_version, joined_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET host_key = excluded.host_key, age_recipient = excluded.age_recipient, nkey = excluded.nkey, host_version = excluded.host_version, joined_at = excluded.joined_at`,
-		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, sqlite.FormatTime(now)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO hosts (node, host_key, age_recipient, nkey, host_version, protocol, joined_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET host_key = excluded.host_key, age_recipient = excluded.age_recipient, nkey = excluded.nkey, host_version = excluded.host_version, protocol = excluded.protocol, joined_at = excluded.joined_at`,
+		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, h.Protocol, sqlite.FormatTime(now)); err != nil {
 		return 0, nil, err
 	}
 	var expires sql.NullString
@@ -185,7 +188,7 @@ func checkToken(ctx context.Context, q querier, token, node string, now time.Tim
 // Hosts returns every joined host's keys.
 func (s *Store) Hosts(ctx context.Context) (_ []Host, err error) {
 	defer s.db.Failing(&err, "list hosts")
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_key, age_recipient, nkey, host_version, joined_at FROM hosts ORDER BY node`)
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_key, age_recipient, nkey, host_version, protocol, joined_at FROM hosts ORDER BY node`)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +198,7 @@ func (s *Store) Hosts(ctx context.Context) (_ []Host, err error) {
 		var h Host
 		var key []byte
 		var joined string
-		if err := rows.Scan(&h.Node, &key, &h.AgeRecipient, &h.NKey, &h.HostVersion, &joined); err != nil {
+		if err := rows.Scan(&h.Node, &key, &h.AgeRecipient, &h.NKey, &h.HostVersion, &h.Protocol, &joined); err != nil {
 			return nil, err
 		}
 		h.HostKey = key
@@ -205,6 +208,44 @@ func (s *Store) Hosts(ctx context.Context) (_ []Host, err error) {
 		hs = append(hs, h)
 	}
 	return hs, rows.Err()
+}
+
+// HostVersion is what a joined node's host runs: its build and the
+// protocol it speaks.
+type HostVersion struct {
+	Node string
+	// Version is the build version its host said at join.
+	Version string
+	// Protocol is the protocol its host was last heard speaking ("" until
+	// a controller that records it heard it).
+	Protocol string
+}
+
+// HostVersions lists every joined host's build and protocol, by node.
+func (s *Store) HostVersions(ctx context.Context) (_ []HostVersion, err error) {
+	defer s.db.Failing(&err, "list the hosts' versions")
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, host_version, protocol FROM hosts ORDER BY node`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []HostVersion
+	for rows.Next() {
+		var h HostVersion
+		if err := rows.Scan(&h.Node, &h.Version, &h.Protocol); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// HeardProtocol records the protocol a node's host was last heard
+// speaking: the daemon writes it only when it changed.
+func (s *Store) HeardProtocol(ctx context.Context, node, protocol string) (err error) {
+	defer s.db.Failing(&err, "record the protocol of %s", node)
+	_, err = s.db.Exec(ctx, `UPDATE hosts SET protocol = ? WHERE node = ?`, protocol, node)
+	return err
 }
 
 // NodeTokenReuses counts how often a node's used tokens were presented again.

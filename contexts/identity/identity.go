@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"mesh-controller/embedded/sqlite"
@@ -49,6 +50,9 @@ func (k SigningKey) Fingerprint() string {
 // Store is the identity context's store.
 type Store struct {
 	db *sqlite.DB
+	// knowsVersions is set once the store was seen to record controllers'
+	// versions (migration 0008).
+	knowsVersions atomic.Bool
 }
 
 // NewStore wraps an open, migrated identity store.

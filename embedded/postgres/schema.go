@@ -11,7 +11,8 @@ import (
 // text, in a stable order, for comparison with a checked-in
 // schema.postgres.sql: each table with its columns in their order (type,
 // NOT NULL, default, identity), then each constraint by table and name,
-// then each index that no constraint made, by name. It is read from
+// then each index that no constraint made, by name, then each trigger
+// with its function, by table and name. It is read from
 // pg_catalog, since PostgreSQL keeps no CREATE statements.
 func Schema(ctx context.Context, q *sql.DB) (string, error) {
 	var b strings.Builder
@@ -73,6 +74,10 @@ func Schema(ctx context.Context, q *sql.DB) (string, error) {
 			WHERE c.relnamespace = current_schema()::regnamespace
 			  AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)
 			ORDER BY c.relname`, "%s%.0s%s;\n"},
+		// Triggers, each with the function it runs, by table and name.
+		{`SELECT pg_get_functiondef(t.tgfoid), t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+			WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
+			ORDER BY c.relname, t.tgname`, "%s;\n%.0s%s;\n"},
 	} {
 		rows, err := q.QueryContext(ctx, part.query)
 		if err != nil {

@@ -170,6 +170,19 @@ func (db *DB) HasTable(ctx context.Context, table string) (bool, error) {
 	return n > 0, err
 }
 
+// HasColumn says the store's table has a column of that name: what a
+// binary reads of a store its migrations have not reached yet (an upgrade
+// under way) depends on it.
+func (db *DB) HasColumn(ctx context.Context, table, column string) (bool, error) {
+	query := `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`
+	if db.Postgres {
+		query = `SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?`
+	}
+	var n int
+	err := db.Reader.QueryRowContext(ctx, query, table, column).Scan(&n)
+	return n > 0, err
+}
+
 // judge compares what the store has applied with what the binary knows.
 // It returns the store's version.
 func judge(as []applied, ms []Migration, pg bool) (int, error) {
@@ -213,6 +226,16 @@ func (db *DB) Version(ctx context.Context, ms []Migration) (int, error) {
 // applied is its twin (Migration.Postgres), checksummed as such; a role
 // that may not make tables is postgres.ErrNoRights.
 func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from, to int, err error) {
+	return db.MigrateGuarded(ctx, ms, now, nil)
+}
+
+// MigrateGuarded is Migrate, with guard (if set) asked inside each
+// migration's transaction before it is applied: an error of its stops the
+// migration there, that file not applied. The identity store is migrated
+// so, its guard refusing while another controller holds the lease: the
+// check and the change are one transaction, so no controller takes the
+// lease between them.
+func (db *DB) MigrateGuarded(ctx context.Context, ms []Migration, now time.Time, guard func(context.Context, *sql.Tx) error) (from, to int, err error) {
 	// Made inside a write: PostgreSQL's IF NOT EXISTS is not safe against
 	// a second process making the same table at the same moment.
 	if err := db.Write(ctx, func(tx *sql.Tx) error {
@@ -238,6 +261,11 @@ func (db *DB) Migrate(ctx context.Context, ms []Migration, now time.Time) (from,
 			v, err := judge(as, ms, db.Postgres)
 			if err != nil || v >= m.Version {
 				return err
+			}
+			if guard != nil {
+				if err := guard(ctx, tx); err != nil {
+					return err
+				}
 			}
 			text, sum := m.forEngine(db.Postgres)
 			if _, err := tx.ExecContext(ctx, text); err != nil {

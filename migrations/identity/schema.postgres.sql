@@ -5,7 +5,9 @@ CREATE TABLE broker_keys (
 );
 CREATE TABLE fence (
     id bigint NOT NULL,
-    generation bigint NOT NULL
+    generation bigint NOT NULL,
+    controller text NOT NULL DEFAULT ''::text,
+    raised_to bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE hosts (
     node text NOT NULL,
@@ -13,7 +15,8 @@ CREATE TABLE hosts (
     age_recipient text NOT NULL,
     nkey text NOT NULL,
     host_version text NOT NULL,
-    joined_at text NOT NULL
+    joined_at text NOT NULL,
+    protocol text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE issued_users (
     pub text NOT NULL,
@@ -63,7 +66,8 @@ CREATE TABLE lease (
     taken_at text NOT NULL,
     expires_at text NOT NULL,
     broker_url text NOT NULL DEFAULT ''::text,
-    generation bigint NOT NULL DEFAULT 0
+    generation bigint NOT NULL DEFAULT 0,
+    version text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE schema_migrations (
     version integer NOT NULL,
@@ -82,7 +86,9 @@ CREATE TABLE standbys (
     pid bigint NOT NULL,
     host text NOT NULL,
     since text NOT NULL,
-    expires_at text NOT NULL
+    expires_at text NOT NULL,
+    version text,
+    aside text NOT NULL DEFAULT ''::text
 );
 ALTER TABLE broker_keys ADD CONSTRAINT broker_keys_pkey PRIMARY KEY (role);
 ALTER TABLE broker_keys ADD CONSTRAINT broker_keys_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'account'::text, 'system'::text])));
@@ -108,3 +114,32 @@ ALTER TABLE standbys ADD CONSTRAINT standbys_pkey PRIMARY KEY (holder);
 CREATE INDEX issued_users_module ON public.issued_users USING btree (module);
 CREATE INDEX issued_users_node ON public.issued_users USING btree (node, kind);
 CREATE INDEX join_tokens_node ON public.join_tokens USING btree (node, issued_at);
+CREATE OR REPLACE FUNCTION public.fence_raised_by_an_older_controller()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.generation <> OLD.generation AND NEW.raised_to IS DISTINCT FROM NEW.generation THEN
+        RAISE EXCEPTION 'these stores were migrated by %, which this older one cannot serve: upgrade this mesh-controller',
+            CASE OLD.controller WHEN '' THEN 'a newer mesh-controller' ELSE 'mesh-controller ' || OLD.controller END
+            USING ERRCODE = 'raise_exception';
+    END IF;
+    RETURN NEW;
+END
+$function$
+;
+CREATE TRIGGER fence_raised_by_an_older_controller BEFORE UPDATE OF generation ON public.fence FOR EACH ROW EXECUTE FUNCTION fence_raised_by_an_older_controller();
+CREATE OR REPLACE FUNCTION public.standbys_of_an_older_controller()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.version IS NULL THEN
+        RAISE EXCEPTION 'these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller'
+            USING ERRCODE = 'raise_exception';
+    END IF;
+    RETURN NEW;
+END
+$function$
+;
+CREATE TRIGGER standbys_of_an_older_controller BEFORE INSERT ON public.standbys FOR EACH ROW EXECUTE FUNCTION standbys_of_an_older_controller();

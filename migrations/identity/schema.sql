@@ -1,3 +1,13 @@
+CREATE TRIGGER fence_raised_by_an_older_controller BEFORE UPDATE OF generation ON fence
+WHEN NEW.generation <> OLD.generation AND NEW.raised_to IS NOT NEW.generation
+BEGIN
+    SELECT RAISE(ABORT, 'these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller');
+END;
+CREATE TRIGGER standbys_of_an_older_controller BEFORE INSERT ON standbys
+WHEN NEW.version IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'these stores were migrated by a newer mesh-controller, which this older one cannot serve: upgrade this mesh-controller');
+END;
 CREATE TABLE broker_keys (
     role       TEXT PRIMARY KEY CHECK (role IN ('operator', 'account', 'system')),
     seed       BLOB NOT NULL,
@@ -6,7 +16,7 @@ CREATE TABLE broker_keys (
 CREATE TABLE fence (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     generation INTEGER NOT NULL
-) STRICT;
+, controller TEXT NOT NULL DEFAULT '', raised_to INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE hosts (
     node          TEXT PRIMARY KEY,
     host_key      BLOB NOT NULL CHECK (length(host_key) = 32),
@@ -14,7 +24,7 @@ CREATE TABLE hosts (
     nkey          TEXT NOT NULL,
     host_version  TEXT NOT NULL,
     joined_at     TEXT NOT NULL
-) STRICT;
+, protocol TEXT NOT NULL DEFAULT '') STRICT;
 CREATE TABLE issued_users (
     pub        TEXT PRIMARY KEY,
     kind       TEXT NOT NULL CHECK (kind IN ('module', 'builder', 'host')),
@@ -58,7 +68,7 @@ CREATE TABLE lease (
     taken_at   TEXT NOT NULL,
     expires_at TEXT NOT NULL,
     broker_url TEXT NOT NULL DEFAULT ''
-, generation INTEGER NOT NULL DEFAULT 0) STRICT;
+, generation INTEGER NOT NULL DEFAULT 0, version TEXT NOT NULL DEFAULT '') STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
@@ -77,7 +87,7 @@ CREATE TABLE standbys (
     host       TEXT NOT NULL,
     since      TEXT NOT NULL,
     expires_at TEXT NOT NULL
-) STRICT;
+, version TEXT, aside TEXT NOT NULL DEFAULT '') STRICT;
 CREATE INDEX issued_users_module ON issued_users (module);
 CREATE INDEX issued_users_node ON issued_users (node, kind);
 CREATE INDEX join_tokens_node ON join_tokens (node, issued_at);
