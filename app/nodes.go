@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -37,6 +38,11 @@ type NodeView struct {
 	// Applying is the declaration its host's latest beat said it was
 	// applying, while not applied yet; absent otherwise.
 	Applying *ApplyingView `json:"applying,omitempty"`
+	// HostVersion is the version its host says it runs (absent until it
+	// joined); HostRelease the host release declared to it (absent when
+	// none is: its host is left on what it runs).
+	HostVersion string `json:"host_version,omitempty"`
+	HostRelease string `json:"host_release,omitempty"`
 }
 
 // ApplyingView is a declaration a node's host is applying.
@@ -131,6 +137,7 @@ func nodeView(n inventory.Node) NodeView {
 		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
 		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
 		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS, Behind: n.Behind(), BehindWhy: BehindWhy(n),
+		HostVersion: n.HostVersion, HostRelease: n.HostRelease,
 	}
 	if o := n.LastOutcome; o != nil {
 		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}
@@ -179,7 +186,30 @@ func (c *Nodes) NodeList(ctx context.Context) ([]NodeView, error) {
 	for _, n := range nodes {
 		views = append(views, nodeView(n))
 	}
-	return views, nil
+	return views, c.joinedHostVersions(ctx, st, views)
+}
+
+// joinedHostVersions fills in, for joined nodes whose host never said its
+// version in a beat (one that predates saying it, joined before the
+// controller kept it with the node), the version it joined with.
+func (c uses) joinedHostVersions(ctx context.Context, st *Stores, views []NodeView) error {
+	if !slices.ContainsFunc(views, func(v NodeView) bool { return v.Joined && v.HostVersion == "" }) {
+		return nil
+	}
+	hosts, err := st.Identity.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	joined := make(map[string]string, len(hosts))
+	for _, h := range hosts {
+		joined[h.Node] = hostVersionOf(h.HostVersion)
+	}
+	for i := range views {
+		if v := &views[i]; v.Joined && v.HostVersion == "" {
+			v.HostVersion = joined[v.Name]
+		}
+	}
+	return nil
 }
 
 // NodeShow shows one node and its newest join token.
@@ -197,6 +227,11 @@ func (c *Nodes) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
 		return NodeDetail{}, err
 	}
 	v := NodeDetail{NodeView: nodeView(n)}
+	one := []NodeView{v.NodeView}
+	if err := c.joinedHostVersions(ctx, st, one); err != nil {
+		return NodeDetail{}, err
+	}
+	v.NodeView = one[0]
 	rt, err := inv.Routing(ctx, name)
 	if err != nil {
 		return NodeDetail{}, err

@@ -88,6 +88,14 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 			}
 			b = append(b, "\n    }"...)
 		}
+		if n.HostVersion != "" {
+			b = append(b, ",\n    \"host_version\": "...)
+			b = appendJSONString(b, n.HostVersion)
+		}
+		if n.HostRelease != "" {
+			b = append(b, ",\n    \"host_release\": "...)
+			b = appendJSONString(b, n.HostRelease)
+		}
 		b = append(b, "\n  }"...)
 	}
 	b = append(b, "\n]\n"...)

@@ -267,7 +267,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	}
 	st, now := sv.st, sv.c.Now()
 	var joined []int
-	var nodes []string
+	var nodes []inventory.Join
 	for k, j := range st.Identity.JoinMany(ctx, asks, now) {
 		i := asked[k]
 		if j.Err != nil {
@@ -281,12 +281,12 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		out[i].Revoked = j.Revoked
 		joined = append(joined, i)
-		nodes = append(nodes, rs[i].Node)
+		nodes = append(nodes, inventory.Join{Node: rs[i].Node, HostVersion: hostVersionOf(rs[i].HostVersion)})
 	}
 	if len(joined) == 0 {
 		return out
 	}
-	if err := st.Inventory.MarkJoinedMany(ctx, nodes, now); err != nil {
+	if err := st.Inventory.RecordJoins(ctx, nodes, now); err != nil {
 		for _, i := range joined {
 			out[i].Err = err
 		}

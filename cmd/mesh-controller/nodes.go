@@ -59,13 +59,13 @@ func (c *NodeListCmd) Run(env *Env, nd *app.Nodes) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED")
+	fmt.Fprintln(tw, "NAME\tMODE\tJOINED\tLAST HEARD\tDECLARED\tAPPLIED\tHOST")
 	for _, n := range nodes {
 		state := applyState(n)
 		if a := n.Applying; a != nil {
 			state += fmt.Sprintf(", applying %d", a.Serial)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Mode, yesNo(n.Joined), when(n.LastHeard), serial(n.SerialDeclared), state, hostLine(n))
 	}
 	return tw.Flush()
 }
@@ -94,6 +94,7 @@ func (c *NodeShowCmd) Run(env *Env, nd *app.Nodes) error {
 	fmt.Fprintf(tw, "join token\t%s\n", tokenLine(n.Token))
 	fmt.Fprintf(tw, "declared\t%s\n", serial(n.SerialDeclared))
 	fmt.Fprintf(tw, "applied\t%s\n", applyState(n.NodeView))
+	fmt.Fprintf(tw, "host\t%s\n", hostLine(n.NodeView))
 	if a := n.Applying; a != nil {
 		fmt.Fprintf(tw, "applying\t%s\n", applyingLine(*a))
 	}
@@ -237,4 +238,14 @@ func printModuleStates(w io.Writer, ms []health.ModuleState, indent string) {
 			fmt.Fprintf(w, "%s  | %s\n", indent, l)
 		}
 	}
+}
+
+// hostLine says what a node's host runs, and the release declared to it
+// when that is another: "v0.3.0", "v0.3.0 (declared v0.3.1)", "-".
+func hostLine(n app.NodeView) string {
+	line := orDash(shown(n.HostVersion))
+	if n.HostRelease != "" && n.HostRelease != n.HostVersion {
+		line += " (declared " + shown(n.HostRelease) + ")"
+	}
+	return line
 }
