@@ -16,7 +16,7 @@ import (
 // archive in the broker's archive store (its digest), that nodes may be
 // declared to run.
 type HostRelease struct {
-	Version string `json:"version"`
+	Version string  `json:"version"`
 	Archive Archive `json:"archive"`
 	// OS and Arch are what the binary was built for, as it records.
 	OS      string    `json:"os,omitempty"`
