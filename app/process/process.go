@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,24 +27,37 @@ var spawner struct {
 }
 
 type req struct {
-	cmd  *exec.Cmd
+	do   func() error
 	done chan error
 }
 
-// Start starts cmd (as exec.Cmd.Start does) on the spawner's thread.
-func Start(cmd *exec.Cmd) error {
+// onSpawner runs do on the spawner's thread.
+func onSpawner(do func() error) error {
 	spawner.once.Do(func() {
 		spawner.reqs = make(chan req)
 		go func() {
 			runtime.LockOSThread() // never unlocked, never returns: see the package's doc
 			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
+				r.done <- r.do()
 			}
 		}()
 	})
 	done := make(chan error, 1)
-	spawner.reqs <- req{cmd: cmd, done: done}
+	spawner.reqs <- req{do: do, done: done}
 	return <-done
+}
+
+// Start starts cmd (as exec.Cmd.Start does) on the spawner's thread.
+func Start(cmd *exec.Cmd) error { return onSpawner(cmd.Start) }
+
+// Exec replaces this process's program with argv0's (syscall.Exec), from
+// the spawner's thread: the process keeps its pid, and its children, forked
+// from that thread, keep their parent. Exec from any other thread would
+// end the spawner's thread as the kernel makes the exec'ing thread the
+// only one, and every child's parent-death signal would fire. It returns
+// only if the exec failed.
+func Exec(argv0 string, argv, env []string) error {
+	return onSpawner(func() error { return syscall.Exec(argv0, argv, env) })
 }
 
 // WaitExit returns once pid, a child of this process, has exited, without
@@ -79,6 +93,7 @@ func WaitExit(pid int) {
 // Stat is what /proc/<pid>/stat says of a process.
 type Stat struct {
 	State byte
+	Ppid  int
 	Pgid  int
 	// Start is field 22: clock ticks after boot.
 	Start uint64
@@ -102,12 +117,13 @@ func ReadStat(pid int) (Stat, error) {
 	if len(f) < 20 {
 		return Stat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
 	}
+	ppid, err0 := strconv.Atoi(f[1])
 	pgid, err1 := strconv.Atoi(f[2])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil || len(f[0]) != 1 {
+	if err0 != nil || err1 != nil || err2 != nil || len(f[0]) != 1 {
 		return Stat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
 	}
-	return Stat{State: f[0][0], Pgid: pgid, Start: start}, nil
+	return Stat{State: f[0][0], Ppid: ppid, Pgid: pgid, Start: start}, nil
 }
 
 // StartTicks is when pid started, in clock ticks after boot.
