@@ -28,12 +28,12 @@ type HandedModule struct {
 	Restarts []time.Time          `json:"restarts,omitempty"`
 	// Pid, Pgid, StartTicks and BootID say which process it is, as its
 	// pid file does: checked before it is adopted, as Sweep checks them.
-	Pid        int    `json:"pid"`
-	Pgid       int    `json:"pgid"`
-	StartTicks uint64 `json:"start_ticks"`
-	BootID     string `json:"boot_id"`
-	Cgroup     string `json:"cgroup,omitempty"`
-	PidFile    string `json:"pid_file"`
+	Pid        int       `json:"pid"`
+	Pgid       int       `json:"pgid"`
+	StartTicks uint64    `json:"start_ticks"`
+	BootID     string    `json:"boot_id"`
+	Cgroup     string    `json:"cgroup,omitempty"`
+	PidFile    string    `json:"pid_file"`
 	Started    time.Time `json:"started"`
 	// LogFD is the read end of its output pipe, left open across the exec.
 	LogFD int `json:"log_fd"`
