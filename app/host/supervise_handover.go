@@ -80,8 +80,13 @@ func (s *Supervisor) Handover() []HandedModule {
 // close-on-exec, owned by no *os.File: nothing of this program closes it).
 func (s *Supervisor) handOff(m *supervised, r *run) {
 	// The copier stops at a deadline, having written what it read.
-	r.logR.SetReadDeadline(time.Now())
-	<-r.copied
+	if err := r.logR.SetReadDeadline(time.Now()); err != nil {
+		s.logf("module %s: its log pipe: %v", m.spec.Module, err)
+	}
+	select {
+	case <-r.copied:
+	case <-time.After(time.Second): // a pipe that takes no deadline: its copier is left
+	}
 	fd, err := unix.Dup(int(r.logR.Fd()))
 	if err != nil {
 		s.logf("module %s: cannot keep its log pipe across the exec: %v", m.spec.Module, err)
@@ -154,7 +159,10 @@ func (s *Supervisor) Adopt(handed []HandedModule) []string {
 			}
 			continue
 		}
+		// Non-blocking, the file is read through Go's poller: a read
+		// deadline can end its copier, as handOff ends it.
 		unix.CloseOnExec(h.LogFD)
+		unix.SetNonblock(h.LogFD, true)
 		r := &run{pid: h.Pid, started: h.Started, cgroup: h.Cgroup, exited: make(chan struct{}),
 			logR: os.NewFile(uintptr(h.LogFD), "log pipe of "+module), copied: make(chan struct{}),
 			pidFile: filepath.Join(s.pidFileDir(), module+".pid")}

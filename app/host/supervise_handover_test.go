@@ -42,7 +42,8 @@ func TestSupervisor_HandoverAndAdopt(t *testing.T) {
 		t.Fatal("applied after Handover")
 	}
 
-	next := &Supervisor{StateDir: old.StateDir, LogDir: old.LogDir, BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond}
+	lb := &logBuf{}
+	next := &Supervisor{StateDir: old.StateDir, LogDir: old.LogDir, BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond, Logf: lb.logf}
 	t.Cleanup(next.StopAll)
 	lines := next.Adopt(handed)
 	if len(lines) != 2 || !strings.Contains(strings.Join(lines, "\n"), "module talk adopted: pid") {
@@ -74,6 +75,17 @@ func TestSupervisor_HandoverAndAdopt(t *testing.T) {
 		}
 		return nil
 	})
+	// Handed over again (an upgrade after an upgrade), and adopted again.
+	again := &Supervisor{StateDir: old.StateDir, LogDir: old.LogDir, BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond}
+	t.Cleanup(again.StopAll)
+	if lines := again.Adopt(next.Handover()); len(lines) != 2 || strings.Contains(strings.Join(lines, "\n"), "not adopted") {
+		t.Fatalf("adopted again: %q", lines)
+	}
+	if n := lb.count("log pipe"); n > 0 {
+		t.Fatalf("an adopted module's log pipe was not handed over cleanly: %q", lb.lines)
+	}
+	next = again
+	again.Apply([]ModuleSpec{testSpec("talk", dir, talk), slow})
 	// Exiting, it is reaped and restarted, its exit said as for any run.
 	if err := os.WriteFile(filepath.Join(dir, "quit"), nil, 0o600); err != nil {
 		t.Fatal(err)

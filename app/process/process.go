@@ -31,6 +31,31 @@ type req struct {
 	done chan error
 }
 
+// ServeMainThread runs program in a goroutine of its own, and makes the
+// calling goroutine the spawner until program returns, with what program
+// returned. The caller must be the main goroutine locked to the process's
+// main thread (runtime.LockOSThread in an init function of the main
+// package): every child is then forked from the main thread, the one
+// thread an Exec from it keeps, so that a program that re-executes itself
+// more than once keeps every child, whichever of its programs started it
+// (a child forked by another thread gets its parent-death signal when
+// that thread ends with the exec). Call it before anything is started;
+// without it, the spawner is a thread of its own that never exits, and
+// one Exec keeps the children.
+func ServeMainThread(program func() int) int {
+	spawner.once.Do(func() { spawner.reqs = make(chan req) })
+	done := make(chan int, 1)
+	go func() { done <- program() }()
+	for {
+		select {
+		case r := <-spawner.reqs:
+			r.done <- r.do()
+		case code := <-done:
+			return code
+		}
+	}
+}
+
 // onSpawner runs do on the spawner's thread.
 func onSpawner(do func() error) error {
 	spawner.once.Do(func() {
@@ -54,8 +79,9 @@ func Start(cmd *exec.Cmd) error { return onSpawner(cmd.Start) }
 // the spawner's thread: the process keeps its pid, and its children, forked
 // from that thread, keep their parent. Exec from any other thread would
 // end the spawner's thread as the kernel makes the exec'ing thread the
-// only one, and every child's parent-death signal would fire. It returns
-// only if the exec failed.
+// only one, and every child's parent-death signal would fire; a program
+// that execs more than once serves the spawner on its main thread
+// (ServeMainThread). It returns only if the exec failed.
 func Exec(argv0 string, argv, env []string) error {
 	return onSpawner(func() error { return syscall.Exec(argv0, argv, env) })
 }

@@ -12,12 +12,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app/host"
+	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
 	"mesh-controller/cmd/clirun"
 )
@@ -195,7 +197,13 @@ func (c *VersionCmd) Run(env *Env) error {
 	return nil
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+// The main goroutine stays on the process's main thread, which forks every
+// module: a host re-executing itself keeps its modules (process.Exec).
+func init() { runtime.LockOSThread() }
+
+func main() {
+	os.Exit(process.ServeMainThread(func() int { return run(os.Args[1:], os.Stdout, os.Stderr) }))
+}
 
 // run parses args, runs the chosen command, and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
