@@ -260,13 +260,23 @@ func (k *hostRoll) returning(snap *inventory.Snapshot, ro inventory.RollOut) []i
 }
 
 // move remembers the pids of each node's ready modules, then declares the
-// nodes their step's release as one act.
-func (k *hostRoll) move(ctx context.Context, m *rollMover, v *UpgradeView, steps []int) (bool, error) {
+// nodes their step's release as one act. A node going back after it failed
+// is not held to its modules' pids: they may have restarted with its
+// failure (a release that could not come up ended them).
+func (k *hostRoll) move(ctx context.Context, m *rollMover, ro *inventory.RollOut, v *UpgradeView, steps []int) (bool, error) {
 	if k.before == nil {
 		k.before = map[string]map[string]int{}
 	}
+	failed := map[string]bool{}
+	for _, n := range ro.Nodes {
+		failed[n.Node] = n.Result == "failed"
+	}
 	for _, i := range steps {
 		node := v.Steps[i].Node
+		if failed[node] {
+			delete(k.before, node)
+			continue
+		}
 		states, err := m.st.Health.ModuleStates(ctx, node)
 		if err != nil {
 			return false, err

@@ -531,7 +531,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind roll
 		failures = append(failures, n.Node+": "+why)
 	}
 	if len(toMove) > 0 {
-		committed, err := kind.move(ctx, m, &v, toMove)
+		committed, err := kind.move(ctx, m, ro, &v, toMove)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -670,7 +670,7 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, kind rollK
 	// Later batches first: the canary, which moved first, goes back last.
 	for b := len(batches) - 1; b >= 0; b-- {
 		steps := byBatch[batches[b]]
-		committed, err := kind.move(ctx, m, &v, steps)
+		committed, err := kind.move(ctx, m, ro, &v, steps)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -750,9 +750,9 @@ type rollKind interface {
 	// returning are the indexes of ro's nodes a rollback returns
 	// (returning).
 	returning(snap *inventory.Snapshot, ro inventory.RollOut) []int
-	// move moves these steps of v (each to its To) as one act and sends
-	// their declarations (rollMover.move).
-	move(ctx context.Context, m *rollMover, v *UpgradeView, steps []int) (committed bool, err error)
+	// move moves these steps of v (each to its To; their nodes ro's) as
+	// one act and sends their declarations (rollMover.move).
+	move(ctx context.Context, m *rollMover, ro *inventory.RollOut, v *UpgradeView, steps []int) (committed bool, err error)
 	// wait waits, bounded by wait, until these steps' hosts report them
 	// ready at their To, or failed (ErrRollOutStopped, joined).
 	wait(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, wait time.Duration) error
@@ -772,7 +772,7 @@ func (k moduleRoll) returning(snap *inventory.Snapshot, ro inventory.RollOut) []
 	return returning(ro, func(node string) string { return snap.VersionOn(node, ro.Module) })
 }
 
-func (k moduleRoll) move(ctx context.Context, m *rollMover, v *UpgradeView, steps []int) (bool, error) {
+func (k moduleRoll) move(ctx context.Context, m *rollMover, _ *inventory.RollOut, v *UpgradeView, steps []int) (bool, error) {
 	return m.move(ctx, v, steps)
 }
 
