@@ -129,7 +129,10 @@ func readHostBinary(ctx context.Context, file, given string) (inventory.HostRele
 	}
 	bi, err := buildinfo.ReadFile(file)
 	if err != nil {
-		return inventory.HostRelease{}, fmt.Errorf("%s is %w: %v", file, ErrNotHostBinary, err)
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // its words name the file again
+		}
+		return inventory.HostRelease{}, fmt.Errorf("%s is %w: not a Go program (%v)", file, ErrNotHostBinary, err)
 	}
 	if bi.Path != hostPackage {
 		return inventory.HostRelease{}, fmt.Errorf("%s is %w: it is the Go program %s", file, ErrNotHostBinary, orUnknown(bi.Path))
