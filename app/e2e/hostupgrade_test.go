@@ -475,3 +475,87 @@ func TestHostUpgrade_KilledMidUpgrade(t *testing.T) {
 	}
 	t.Logf("took %s", time.Since(start))
 }
+
+// A host upgrading itself under 50 running modules (MESH_MEASURE=1; not in
+// make test): every module's pid is unchanged, and the time from the
+// declaration sent to the host back on the release and reporting it
+// applied is logged.
+//
+//	MESH_MEASURE=1 go test -count=1 -run TestHostUpgrade_Measure50Modules -v ./app/e2e/
+func TestHostUpgrade_Measure50Modules(t *testing.T) {
+	if os.Getenv("MESH_MEASURE") != "1" {
+		t.Skip("a measurement: MESH_MEASURE=1 runs it")
+	}
+	v1, v2 := buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	ctx := context.Background()
+	m := newTestMesh(t)
+	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
+	h := m.realHost(t, "big1", v1, nil)
+	const modules = 50
+	var names []string
+	for i := 1; i <= modules; i++ {
+		name := fmt.Sprintf("m%02d", i)
+		names = append(names, name)
+		m.addModule(writeManifest(t, fmt.Sprintf(`{"module": %q, "version": "1.0.0", "run": {"command": ["sh", "-c", "exec sleep 100000"], "ready": {"after": "100ms"}}}`, name)))
+	}
+	m.assign(t, "big1", names...)
+	checkFor(t, 2*settle, func() error {
+		ready := 0
+		for _, s := range m.node("big1").Modules {
+			if s.State == protocol.StateReady {
+				ready++
+			}
+		}
+		if ready != modules {
+			return fmt.Errorf("%d of %d modules ready", ready, modules)
+		}
+		return nil
+	})
+	checkFor(t, settle, m.hostRuns("big1", hostV1))
+	before := m.pids(t, "big1")
+	hostPid, _ := h.process()
+	if _, err := m.c.HostReleaseAdd(ctx, app.HostReleaseRequest{File: v2}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	at := map[string]time.Time{}
+	progress := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, w := range []string{"sent declaration", "applied declaration", "runs mesh-host"} {
+			if strings.Contains(s, w) && at[w].IsZero() {
+				at[w] = time.Now()
+			}
+		}
+	}
+	started := time.Now()
+	if _, err := m.c.HostUpgrade(ctx, app.HostUpgradeRequest{To: hostV2, Wait: time.Minute, Soak: time.Second, Progress: progress}); err != nil {
+		t.Fatal(err)
+	}
+	if after := m.pids(t, "big1"); fmt.Sprint(after) != fmt.Sprint(before) || len(after) != modules {
+		t.Fatalf("modules restarted: %d of %d pids the same", same(before, after), modules)
+	}
+	if pid, starts := h.process(); pid != hostPid || starts != 1 {
+		t.Fatalf("the host: pid %d (was %d), started %d times", pid, hostPid, starts)
+	}
+	n := m.node("big1")
+	t.Logf("%d modules, every pid unchanged; declaration sent %s after the roll-out was asked; host back on %s and its apply reported %s after the declaration was sent (ready, its modules checked, %s after); the new host's apply took %.1f ms",
+		modules, at["sent declaration"].Sub(started).Round(time.Millisecond), hostV2, at["applied declaration"].Sub(at["sent declaration"]).Round(time.Millisecond),
+		at["runs mesh-host"].Sub(at["sent declaration"]).Round(time.Millisecond), n.LastApply.TotalMS)
+	for _, line := range strings.Split(h.logs.String(), "\n") {
+		if strings.Contains(line, "upgrading to") || strings.Contains(line, "upgraded from") || strings.Contains(line, "applied declaration") && strings.Contains(line, " in ") {
+			t.Log(line)
+		}
+	}
+}
+
+// same counts the keys of a whose value b has too.
+func same(a, b map[string]int) int {
+	n := 0
+	for k, v := range a {
+		if b[k] == v {
+			n++
+		}
+	}
+	return n
+}

@@ -1,9 +1,6 @@
 package protocol
 
-import (
-	"fmt"
-	"strings"
-)
+import "strings"
 
 // DeclaredHost is the host release a node should run (issue 31): its
 // version, as the host binary says it ('mesh-host version'), and the
@@ -66,13 +63,4 @@ func archiveProblems(field string, a *Archive, bad func(field, format string, ar
 	if a.UnpackedBytes < 0 || a.UnpackedBytes > MaxUnpackedBytes {
 		bad(field+".unpacked_bytes", "%d is outside 0..%d", a.UnpackedBytes, MaxUnpackedBytes)
 	}
-}
-
-// String is how a host release is said: its version, and its archive's
-// digest shortened.
-func (h DeclaredHost) String() string {
-	if h.Archive == nil {
-		return fmt.Sprintf("mesh-host %s (no archive: the binary the host kept)", h.Version)
-	}
-	return fmt.Sprintf("mesh-host %s (archive %.12s)", h.Version, h.Archive.Digest)
 }
