@@ -364,17 +364,9 @@ func (k *hostRoll) wait(ctx context.Context, st *Stores, snap *inventory.Snapsho
 	why := map[int]string{}
 	var errs []error
 	for len(waiting) > 0 {
-		names := make([]string, len(waiting))
-		for j, i := range waiting {
-			names[j] = v.Steps[i].Node
-		}
-		nodes, err := st.Inventory.NodesNamed(ctx, names)
+		byName, err := stepNodes(ctx, st, v, waiting)
 		if err != nil {
 			return err
-		}
-		byName := make(map[string]inventory.Node, len(nodes))
-		for _, n := range nodes {
-			byName[n.Name] = n
 		}
 		var still []int
 		for _, i := range waiting {
@@ -431,6 +423,24 @@ func (k *hostRoll) wait(ctx context.Context, st *Stores, snap *inventory.Snapsho
 	return errors.Join(errs...)
 }
 
+// stepNodes reads the nodes of these steps of v (only those: this is read
+// every followEvery), by name.
+func stepNodes(ctx context.Context, st *Stores, v *UpgradeView, steps []int) (map[string]inventory.Node, error) {
+	names := make([]string, len(steps))
+	for j, i := range steps {
+		names[j] = v.Steps[i].Node
+	}
+	nodes, err := st.Inventory.NodesNamed(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]inventory.Node, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	return byName, nil
+}
+
 // soaks: a host is watched through the soak, whatever it runs.
 func (k *hostRoll) soaks(*inventory.Snapshot, inventory.RollOut) bool { return true }
 
@@ -441,17 +451,9 @@ func (k *hostRoll) soak(ctx context.Context, st *Stores, v *UpgradeView, steps [
 	until := time.Now().Add(d)
 	left := slices.Clone(steps)
 	for len(left) > 0 {
-		names := make([]string, len(left))
-		for j, i := range left {
-			names[j] = v.Steps[i].Node
-		}
-		nodes, err := st.Inventory.NodesNamed(ctx, names)
+		byName, err := stepNodes(ctx, st, v, left)
 		if err != nil {
 			return err
-		}
-		byName := make(map[string]inventory.Node, len(nodes))
-		for _, n := range nodes {
-			byName[n.Name] = n
 		}
 		var still []int
 		for _, i := range left {

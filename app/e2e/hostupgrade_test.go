@@ -60,6 +60,16 @@ func buildHostRelease(t testing.TB, version string) string {
 	return bin
 }
 
+// hostUpgradeMesh is a mesh that declares what changes at once, and the
+// two releases' binaries.
+func hostUpgradeMesh(t *testing.T) (m *testMesh, v1, v2 string) {
+	t.Helper()
+	v1, v2 = buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	m = newTestMesh(t)
+	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
+	return m, v1, v2
+}
+
 // realHost is a real mesh-host process running its own copy of a release
 // (the host replaces its executable), started again when it exits, as a
 // machine's service manager would (Restart=always), until the test ends.
@@ -249,10 +259,8 @@ func hostRollOutNode(t *testing.T, v app.HostUpgradeView, node string) inventory
 func TestHostUpgrade_CanaryThenBatchModulesRunOn(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	v1, v2 := buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	m, v1, v2 := hostUpgradeMesh(t)
 	ctx := context.Background()
-	m := newTestMesh(t)
-	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
 	nodes := []string{"web1", "web2", "web3"}
 	hosts := map[string]*realHost{}
 	for _, n := range nodes {
@@ -364,10 +372,8 @@ func TestHostUpgrade_CanaryThenBatchModulesRunOn(t *testing.T) {
 func TestHostUpgrade_FailureRollsBack(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	v1, v2 := buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	m, v1, v2 := hostUpgradeMesh(t)
 	ctx := context.Background()
-	m := newTestMesh(t)
-	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
 	good := m.realHost(t, "a1", v1, nil)
 	bad := m.realHost(t, "b1", v1, func(h *realHost) { h.fault, h.always = "host-upgrade-after-exec", true })
 	m.addModule(writeManifest(t, runningStore))
@@ -423,10 +429,8 @@ func TestHostUpgrade_FailureRollsBack(t *testing.T) {
 func TestHostUpgrade_KilledMidUpgrade(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	v1, v2 := buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	m, v1, v2 := hostUpgradeMesh(t)
 	ctx := context.Background()
-	m := newTestMesh(t)
-	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
 	points := map[string]struct{ fault, after string }{
 		"k1": {"host-upgrade-before-rename", hostV1},
 		"k2": {"host-upgrade-before-exec", hostV2},
@@ -486,10 +490,8 @@ func TestHostUpgrade_Measure50Modules(t *testing.T) {
 	if os.Getenv("MESH_MEASURE") != "1" {
 		t.Skip("a measurement: MESH_MEASURE=1 runs it")
 	}
-	v1, v2 := buildHostRelease(t, hostV1), buildHostRelease(t, hostV2)
+	m, v1, v2 := hostUpgradeMesh(t)
 	ctx := context.Background()
-	m := newTestMesh(t)
-	m.restartWith(app.ServeOptions{CatchUpEvery: 20 * time.Millisecond})
 	h := m.realHost(t, "big1", v1, nil)
 	const modules = 50
 	var names []string
