@@ -184,7 +184,7 @@ func (c uses) startHostRollOut(ctx context.Context, st *Stores, snap *inventory.
 			}
 		}
 	}
-	var unknown, unjoined []string
+	var unknown, unjoined, unsaid []string
 	for _, name := range names {
 		n, ok := snap.Nodes[name]
 		switch {
@@ -192,9 +192,13 @@ func (c uses) startHostRollOut(ctx context.Context, st *Stores, snap *inventory.
 			unknown = append(unknown, name)
 		case !n.Joined:
 			unjoined = append(unjoined, name)
+		case runs[name] == "":
+			unsaid = append(unsaid, name)
 		}
 	}
 	switch {
+	case len(unsaid) > 0:
+		return v, fmt.Errorf("%s: the host has not said the version it runs, which a rollback would return it to; leave it out of --nodes", strings.Join(clipNames(unsaid), ", "))
 	case len(unknown) > 0:
 		return v, fmt.Errorf("%s %w: name nodes 'mesh-controller node list' shows", strings.Join(clipNames(unknown), ", "), inventory.ErrNodeNotFound)
 	case len(unjoined) > 0:
