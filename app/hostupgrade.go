@@ -197,8 +197,6 @@ func (c uses) startHostRollOut(ctx context.Context, st *Stores, snap *inventory.
 		}
 	}
 	switch {
-	case len(unsaid) > 0:
-		return v, fmt.Errorf("%s: the host has not said the version it runs, which a rollback would return it to; leave it out of --nodes", strings.Join(clipNames(unsaid), ", "))
 	case len(unknown) > 0:
 		return v, fmt.Errorf("%s %w: name nodes 'mesh-controller node list' shows", strings.Join(clipNames(unknown), ", "), inventory.ErrNodeNotFound)
 	case len(unjoined) > 0:
@@ -207,6 +205,8 @@ func (c uses) startHostRollOut(ctx context.Context, st *Stores, snap *inventory.
 			them = "them"
 		}
 		return v, fmt.Errorf("%s did not join: a host upgrades itself once it runs; join %s first, or leave %s out of --nodes", strings.Join(clipNames(unjoined), ", "), them, them)
+	case len(unsaid) > 0:
+		return v, fmt.Errorf("%s: the host has not said the version it runs, which a rollback would return it to; leave it out of --nodes", strings.Join(clipNames(unsaid), ", "))
 	}
 	// One roll-out at a time: a module's would restart the modules a host
 	// upgrade keeps running, and fail it.
