@@ -165,7 +165,7 @@ func (c uses) recordRollOut(ctx context.Context, st *Stores, what rolled, kind s
 	} else {
 		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: batches of %d; the serving controller drives it", what.label, v.Current, size))
 	}
-	return c.followRollOut(ctx, st, what, v, ro.ID, r.Progress)
+	return c.followRollOut(ctx, st, what, v, ro, r.Progress)
 }
 
 // rollBackByHand marks the module's ended roll-out rolling back, for the
@@ -213,7 +213,7 @@ func (c uses) rollBackRolled(ctx context.Context, st *Stores, snap *inventory.Sn
 		return v, err
 	}
 	r.Progress(fmt.Sprintf("rollback of the roll-out of %s to %s recorded; the serving controller drives it", what.label, ro.To))
-	v, err = c.followRollOut(ctx, st, what, v, ro.ID, r.Progress)
+	v, err = c.followRollOut(ctx, st, what, v, ro, r.Progress)
 	if !errors.Is(err, ErrRollOutRolledBack) {
 		return v, err
 	}
@@ -232,8 +232,14 @@ func (c uses) rollBackRolled(ctx context.Context, st *Stores, snap *inventory.Sn
 
 // followRollOut reads the roll-out from the store until it ends, saying
 // each node's steps as they are recorded; ctx ending leaves it to serve.
-func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v UpgradeView, id string, progress func(string)) (UpgradeView, error) {
+// What its nodes had done when it was started (a rollback of one that
+// ended) is not said again.
+func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v UpgradeView, from inventory.RollOut, progress func(string)) (UpgradeView, error) {
+	id := from.ID
 	seen := map[string]inventory.RollOutNode{}
+	for _, n := range from.Nodes {
+		seen[n.Node] = n
+	}
 	phase, lastMark := "", ""
 	unserved := false
 	for polls := 1; ; polls++ {
@@ -271,6 +277,11 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v Upgr
 		if !ok || ro.ID != id {
 			return v, fmt.Errorf("the roll-out of %s followed was replaced by another: see '%s'", what.label, what.show)
 		}
+		for _, n := range ro.Nodes {
+			sayNode(progress, ro, seen[n.Node], n)
+			seen[n.Node] = n
+		}
+		// After its nodes' steps: the phase moved once they were done.
 		if ro.Phase != phase {
 			switch ro.Phase {
 			case inventory.RollOutSoaking:
@@ -279,10 +290,6 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v Upgr
 				progress("rolling back: " + ro.Why)
 			}
 			phase = ro.Phase
-		}
-		for _, n := range ro.Nodes {
-			sayNode(progress, ro, seen[n.Node], n)
-			seen[n.Node] = n
 		}
 		v = rollOutView(v, ro)
 		if ro.Ended() {
