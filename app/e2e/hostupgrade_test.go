@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"mesh-controller/app"
-	"mesh-controller/app/host"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
 )
@@ -29,35 +28,11 @@ const (
 	hostV2 = "v9.2.0-e2e"
 )
 
-// hostReleases are the releases built, by version: each once per test
-// binary.
-var hostReleases sync.Map // version → func() (string, error)
-
-// buildHostRelease builds mesh-host stamped version, with the fault hooks.
+// buildHostRelease builds mesh-host stamped version, with the fault hooks,
+// once per test binary.
 func buildHostRelease(t testing.TB, version string) string {
 	t.Helper()
-	build, _ := hostReleases.LoadOrStore(version, sync.OnceValues(func() (string, error) {
-		root, err := programsDir()
-		if err != nil {
-			return "", err
-		}
-		dir, err := os.MkdirTemp(root, "mesh-host-"+version+"-")
-		if err != nil {
-			return "", err
-		}
-		bin := filepath.Join(dir, "mesh-host")
-		cmd := exec.Command("go", "build", "-tags", "faults", "-ldflags", "-X main.version="+version, "-o", bin, "../../cmd/mesh-host")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", errors.New(string(out))
-		}
-		return bin, nil
-	}))
-	bin, err := build.(func() (string, error))()
-	if err != nil {
-		t.Fatalf("build mesh-host %s: %v", version, err)
-	}
-	return bin
+	return buildProgramWith(t, "mesh-host", "../../cmd/mesh-host", "-tags", "faults", "-ldflags", "-X main.version="+version)
 }
 
 // hostUpgradeMesh is a mesh that declares what changes at once, and the
@@ -96,15 +71,7 @@ type realHost struct {
 // realHost joins node and runs a real mesh-host of release bin for it.
 func (m *testMesh) realHost(t *testing.T, node, bin string, set func(*realHost)) *realHost {
 	t.Helper()
-	tok, err := m.c.TokenIssue(context.Background(), app.TokenRequest{Node: node, New: true, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: node, State: filepath.Join(dir, "state")})
-	if err != nil {
-		t.Fatalf("join %s: %v", node, err)
-	}
+	dir, st := m.joinState(t, node)
 	h := &realHost{t: t, node: node, exe: filepath.Join(dir, "bin", "mesh-host"), state: st.Dir, root: filepath.Join(dir, "root"), logs: &syncBuffer{}, done: make(chan struct{})}
 	if set != nil {
 		set(h)
@@ -238,16 +205,7 @@ func (m *testMesh) pids(t *testing.T, nodes ...string) map[string]int {
 // hostRollOutNode is node's record in the hosts' last roll-out.
 func hostRollOutNode(t *testing.T, v app.HostUpgradeView, node string) inventory.RollOutNode {
 	t.Helper()
-	if v.RollOut == nil {
-		t.Fatalf("no roll-out in the view: %+v", v)
-	}
-	for _, n := range v.RollOut.Nodes {
-		if n.Node == node {
-			return n
-		}
-	}
-	t.Fatalf("%s is not in the roll-out: %+v", node, v.RollOut.Nodes)
-	return inventory.RollOutNode{}
+	return rollOutNodeOf(t, v.RollOut, node)
 }
 
 // A host release added and rolled out, a canary first, then a batch: every

@@ -38,7 +38,14 @@ var programsDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("
 // it ships, once per test binary, and returns its path.
 func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
-	build, _ := programs.LoadOrStore(pkg, sync.OnceValues(func() (string, error) {
+	return buildProgramWith(t, name, pkg)
+}
+
+// buildProgramWith is buildProgram with go build's flags (a build tag, a
+// version stamped): each pkg and flags built once per test binary.
+func buildProgramWith(t testing.TB, name, pkg string, flags ...string) string {
+	t.Helper()
+	build, _ := programs.LoadOrStore(strings.Join(append([]string{pkg}, flags...), " "), sync.OnceValues(func() (string, error) {
 		root, err := programsDir()
 		if err != nil {
 			return "", err
@@ -48,7 +55,7 @@ func buildProgram(t testing.TB, name, pkg string) string {
 			return "", err
 		}
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, pkg)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", errors.New(string(out))

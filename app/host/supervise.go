@@ -261,9 +261,14 @@ func (s *Supervisor) States() []protocol.ModuleState {
 // StopAll stops every module (SIGTERM, SIGKILL after its grace), waits until
 // all their processes are gone and their pid files removed, and makes later
 // Applies do nothing: the host is stopping.
-func (s *Supervisor) StopAll() {
+func (s *Supervisor) StopAll() { s.endAll(false) }
+
+// endAll asks every module goroutine to end, and waits for them all, and
+// closes the logs: stopping each module's processes, or, handing over,
+// leaving them to run. Apply does nothing after it.
+func (s *Supervisor) endAll(handing bool) {
 	s.mu.Lock()
-	s.closed = true
+	s.closed, s.handing = true, handing
 	var all []*supervised
 	for m := range s.live {
 		all = append(all, m)

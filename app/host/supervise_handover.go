@@ -53,26 +53,10 @@ func (s *Supervisor) handingOver() bool {
 // starts nothing after it. Only a host about to re-execute itself calls
 // it: one that cannot after all takes them back (Resume).
 func (s *Supervisor) Handover() []HandedModule {
+	s.endAll(true)
 	s.mu.Lock()
-	s.closed, s.handing = true, true
-	var all []*supervised
-	for m := range s.live {
-		all = append(all, m)
-	}
-	s.mu.Unlock()
-	for _, m := range all {
-		m.stop()
-	}
-	for _, m := range all {
-		<-m.done
-	}
-	s.mu.Lock()
-	handed, logs := s.handed, s.logs
-	s.mu.Unlock()
-	for _, l := range logs {
-		l.close()
-	}
-	return handed
+	defer s.mu.Unlock()
+	return s.handed
 }
 
 // handOff hands a run over: its output read up to now is in its log, and
