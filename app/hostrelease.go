@@ -45,7 +45,7 @@ type HostReleaseRequest struct {
 type HostReleaseView struct {
 	inventory.HostRelease
 	// Added says this act added it (false: it was kept already).
-	Added bool `json:"added"`
+	Added bool `json:"added,omitempty"`
 	// RunOn are the nodes whose host says it runs it; DeclaredTo those it
 	// is declared to.
 	RunOn      []string `json:"run_on"`
