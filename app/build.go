@@ -321,6 +321,9 @@ func (c *Builds) ArchiveDeclared(ctx context.Context, node, digest string) (bool
 	if err := json.Unmarshal([]byte(d.Body), &body); err != nil {
 		return false, fmt.Errorf("read the declaration of %s: %w", node, err)
 	}
+	if h := body.Host; h != nil && h.Archive != nil && h.Archive.Digest == digest {
+		return true, nil // its host release
+	}
 	return slices.ContainsFunc(body.Modules, func(m protocol.DeclaredModule) bool { return m.Archive != nil && m.Archive.Digest == digest }), nil
 }
 

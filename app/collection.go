@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app/archive"
+	"mesh-controller/contexts/inventory"
 )
 
 // CollectAfter is how long an archive nothing holds is kept before the
@@ -36,6 +37,9 @@ type KeptArchive struct {
 	ReturnTo bool `json:"return_to,omitempty"`
 	// RunOn are the nodes whose host reports running a version it holds.
 	RunOn []string `json:"run_on"`
+	// DeclaredTo are the nodes it is declared to as their host release
+	// (held by mesh-host@VERSION).
+	DeclaredTo []string `json:"declared_to,omitempty"`
 	// MayGo says the sweep may let it go; Why says why it may, or why
 	// it is kept.
 	MayGo bool   `json:"may_go"`
@@ -63,10 +67,12 @@ type Collection struct {
 }
 
 // Collection reads the kept archives from the broker's object store (a
-// controller must serve) and judges each: held by a registered version,
-// run on a node, its age; what may go is unheld, run nowhere, older than
-// CollectAfter, and never a module's current or previous version, nor one
-// its last roll-out may return nodes to.
+// controller must serve) and judges each: held by a registered version or
+// a host release, run on a node, its age; what may go is unheld, run
+// nowhere, older than CollectAfter, and never a module's current or
+// previous version, nor one its last roll-out may return nodes to, nor a
+// host release a node runs, is declared, or the hosts' last roll-out may
+// return nodes to.
 func (c *Modules) Collection(ctx context.Context) (Collection, error) {
 	st, err := c.stores(ctx)
 	if err != nil {
@@ -98,6 +104,14 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 		return Collection{}, err
 	}
 	returnTo, err := st.Inventory.RollOutFromVersions(ctx)
+	if err != nil {
+		return Collection{}, err
+	}
+	releases, err := st.Inventory.HostReleases(ctx)
+	if err != nil {
+		return Collection{}, err
+	}
+	nodes, err := st.Inventory.Nodes(ctx)
 	if err != nil {
 		return Collection{}, err
 	}
@@ -134,6 +148,22 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 		k.ReturnTo = k.ReturnTo || slices.Contains(returnTo[v.Module], v.Version)
 		k.RunOn = append(k.RunOn, runOn[mv]...)
 	}
+	for _, r := range releases {
+		k := byDigest[r.Archive.Digest]
+		if k == nil {
+			continue // kept, its archive gone: a host declared it says so
+		}
+		k.Held = append(k.Held, hostRolled.label+"@"+r.Version)
+		k.ReturnTo = k.ReturnTo || slices.Contains(returnTo[inventory.HostRollOut], r.Version)
+		for _, n := range nodes {
+			if n.HostVersion == r.Version {
+				k.RunOn = append(k.RunOn, n.Name)
+			}
+			if n.HostRelease == r.Version {
+				k.DeclaredTo = append(k.DeclaredTo, n.Name)
+			}
+		}
+	}
 	for i := range out.Archives {
 		k := &out.Archives[i]
 		k.RunOn = append(k.RunOn, runsDigest[k.Digest]...)
@@ -145,6 +175,8 @@ func (c uses) collection(ctx context.Context, nc *nats.Conn) (Collection, error)
 			k.Why = "a module's current version"
 		case k.ReturnTo:
 			k.Why = "a version its module's last roll-out may return nodes to"
+		case len(k.DeclaredTo) > 0:
+			k.Why = "a host release declared to " + Plural(len(k.DeclaredTo), "node")
 		case k.Previous:
 			k.Why = "a module's previous version"
 		case len(k.RunOn) > 0:

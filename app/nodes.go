@@ -38,11 +38,14 @@ type NodeView struct {
 	// Applying is the declaration its host's latest beat said it was
 	// applying, while not applied yet; absent otherwise.
 	Applying *ApplyingView `json:"applying,omitempty"`
-	// HostVersion is the build its host said it was at join, and
-	// Protocol the protocol it was last heard speaking ("1.0" for a host
-	// that says none); both absent until known.
+	// HostVersion is the version its host says it runs (in its beats, or
+	// at join before it beat); Protocol the protocol it was last heard
+	// speaking ("1.0" for a host that says none); HostRelease the host
+	// release declared to it (absent when none is: its host is left on
+	// what it runs). Each absent until known.
 	HostVersion string `json:"host_version,omitempty"`
 	Protocol    string `json:"protocol,omitempty"`
+	HostRelease string `json:"host_release,omitempty"`
 }
 
 // ApplyingView is a declaration a node's host is applying.
@@ -137,6 +140,7 @@ func nodeView(n inventory.Node) NodeView {
 		Name: n.Name, Mode: string(n.Mode), Joined: n.JoinedAt != nil,
 		JoinedAt: n.JoinedAt, LastHeard: n.LastHeard, CreatedAt: n.CreatedAt,
 		SerialDeclared: n.SerialDeclared, SerialApplied: n.SerialApplied, HeartbeatS: n.HeartbeatIntervalS, Behind: n.Behind(), BehindWhy: BehindWhy(n),
+		HostVersion: n.HostVersion, HostRelease: n.HostRelease,
 	}
 	if o := n.LastOutcome; o != nil {
 		v.LastApply = &ApplyView{Serial: o.Serial, OK: o.OK, Error: o.Error, TotalMS: o.TotalMS, At: o.At}
@@ -192,8 +196,12 @@ func (c *Nodes) NodeList(ctx context.Context) ([]NodeView, error) {
 	views := make([]NodeView, 0, len(nodes))
 	for _, n := range nodes {
 		v := nodeView(n)
+		// What its beats say it runs is newer than what it said at join.
 		if h, ok := byNode[n.Name]; ok {
-			v.HostVersion, v.Protocol = h.Version, h.Protocol
+			v.Protocol = h.Protocol
+			if v.HostVersion == "" {
+				v.HostVersion = hostVersionOf(h.Version)
+			}
 		}
 		views = append(views, v)
 	}
@@ -221,7 +229,10 @@ func (c *Nodes) NodeShow(ctx context.Context, name string) (NodeDetail, error) {
 	}
 	for _, h := range hosts {
 		if h.Node == name {
-			v.HostVersion, v.Protocol = h.Version, h.Protocol
+			v.Protocol = h.Protocol
+			if v.HostVersion == "" {
+				v.HostVersion = hostVersionOf(h.Version)
+			}
 		}
 	}
 	rt, err := inv.Routing(ctx, name)

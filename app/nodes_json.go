@@ -100,6 +100,10 @@ func WriteNodesJSON(w io.Writer, nodes []NodeView) error {
 			b = append(b, ",\n    \"protocol\": "...)
 			b = appendJSONString(b, n.Protocol)
 		}
+		if n.HostRelease != "" {
+			b = append(b, ",\n    \"host_release\": "...)
+			b = appendJSONString(b, n.HostRelease)
+		}
 		b = append(b, "\n  }"...)
 	}
 	b = append(b, "\n]\n"...)

@@ -42,6 +42,12 @@ func nodeViews(n int) []NodeView {
 		case 6:
 			v.Applying = &ApplyingView{Serial: int64(i + 1), Since: heard, Phase: "archives"}
 		}
+		if v.Joined {
+			v.HostVersion = fmt.Sprintf("v0.3.%d-<&>", i%3)
+		}
+		if i%4 == 1 {
+			v.HostRelease = "v0.3.1"
+		}
 		if i%11 == 10 {
 			v.Applying = &ApplyingView{Serial: int64(i + 1), Since: heard.In(time.FixedZone("y", -7200))}
 		}

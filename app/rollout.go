@@ -68,9 +68,57 @@ func CheckRollOut(r UpgradeRequest) error {
 	return err
 }
 
+// rolled names what a roll-out moves: for the store (key) and for a
+// person (label, and the commands that show, start and roll back one).
+type rolled struct {
+	key, label            string
+	show, start, rollback string
+}
+
+// moduleRolled is a module's roll-outs.
+func moduleRolled(module string) rolled {
+	cmd := "mesh-controller upgrade " + module
+	return rolled{key: module, label: module, show: cmd + " show", start: cmd + " roll-out", rollback: cmd + " rollback"}
+}
+
+// hostRolled is the hosts' roll-outs.
+var hostRolled = rolled{key: inventory.HostRollOut, label: "mesh-host", show: "mesh-controller host upgrade",
+	start: "mesh-controller host upgrade --to VERSION", rollback: "mesh-controller host upgrade rollback"}
+
+// rolledOf names what ro moves.
+func rolledOf(ro inventory.RollOut) rolled {
+	if ro.Kind == inventory.RollOutOfHost {
+		return hostRolled
+	}
+	return moduleRolled(ro.Module)
+}
+
+// rolledKey names what the roll-out kept under key moves.
+func rolledKey(key string) rolled {
+	if key == inventory.HostRollOut {
+		return hostRolled
+	}
+	return moduleRolled(key)
+}
+
+// kindOf is how ro's nodes are moved and judged.
+func (c uses) kindOf(ro inventory.RollOut) rollKind {
+	if ro.Kind == inventory.RollOutOfHost {
+		return &hostRoll{c: c}
+	}
+	return moduleRoll{c: c}
+}
+
 // startRollOut records a roll-out of v's nodes, in batches, for the
 // serving controller to drive, and follows it until it ends.
 func (c uses) startRollOut(ctx context.Context, st *Stores, snap *inventory.Snapshot, v UpgradeView, r UpgradeRequest) (UpgradeView, error) {
+	return c.recordRollOut(ctx, st, moduleRolled(v.Module), inventory.RollOutOfModule, v, r)
+}
+
+// recordRollOut records a roll-out of v's steps (their nodes to v.Current)
+// of kind, in batches, as a hand act, for the serving controller to drive,
+// and follows it until it ends.
+func (c uses) recordRollOut(ctx context.Context, st *Stores, what rolled, kind string, v UpgradeView, r UpgradeRequest) (UpgradeView, error) {
 	if r.Together {
 		r.Canary, r.Batch = 0, "100%"
 	}
@@ -84,7 +132,7 @@ func (c uses) startRollOut(ctx context.Context, st *Stores, snap *inventory.Snap
 	size, _ := BatchSize(r.Batch, len(v.Steps))
 	id := make([]byte, 8)
 	rand.Read(id)
-	ro := inventory.RollOut{ID: hex.EncodeToString(id), Module: v.Module, To: v.Current, Canary: r.Canary, Batch: r.Batch,
+	ro := inventory.RollOut{ID: hex.EncodeToString(id), Kind: kind, Module: what.key, To: v.Current, Canary: r.Canary, Batch: r.Batch,
 		Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures, Phase: inventory.RollOutRunning, Who: who()}
 	if ro.Batch == "" {
 		ro.Batch = "1"
@@ -99,63 +147,73 @@ func (c uses) startRollOut(ctx context.Context, st *Stores, snap *inventory.Snap
 	}
 	if err := st.Inventory.StartRollOut(ctx, ro, c.Now()); err != nil {
 		if errors.Is(err, inventory.ErrRollOutUnderWay) {
-			return v, fmt.Errorf("a roll-out of %s is under way: follow it with 'mesh-controller upgrade %s show', and start another once it ended", v.Module, v.Module)
+			return v, fmt.Errorf("a roll-out of %s is under way: follow it with '%s', and start another once it ended", what.label, what.show)
 		}
 		return v, err
 	}
-	what := fmt.Sprintf("roll-out %s %s to %s (canary %d, batch %s, wait %s, soak %s, max failures %d)", v.Module, v.Current,
+	act := fmt.Sprintf("roll-out %s %s to %s (canary %d, batch %s, wait %s, soak %s, max failures %d)", what.label, v.Current,
 		Plural(len(ro.Nodes), "node"), ro.Canary, ro.Batch, ro.Wait, ro.Soak, ro.MaxFailures)
-	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: "asked by 'upgrade " + v.Module + " roll-out'", Cause: "roll-out", Who: ro.Who}); err != nil {
+	asked := strings.TrimPrefix(what.start, "mesh-controller ")
+	if kind == inventory.RollOutOfHost {
+		asked = "host upgrade --to " + v.Current
+	}
+	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: act, Why: "asked by '" + asked + "'", Cause: "roll-out", Who: ro.Who}); err != nil {
 		return v, err
 	}
 	if ro.Canary > 0 {
-		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: %s first, then batches of %d; the serving controller drives it", v.Module, v.Current, Plural(min(ro.Canary, len(ro.Nodes)), "canary node"), size))
+		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: %s first, then batches of %d; the serving controller drives it", what.label, v.Current, Plural(min(ro.Canary, len(ro.Nodes)), "canary node"), size))
 	} else {
-		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: batches of %d; the serving controller drives it", v.Module, v.Current, size))
+		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: batches of %d; the serving controller drives it", what.label, v.Current, size))
 	}
-	return c.followRollOut(ctx, st, v, ro.ID, r.Progress)
+	return c.followRollOut(ctx, st, what, v, ro, r.Progress)
 }
 
 // rollBackByHand marks the module's ended roll-out rolling back, for the
 // serving controller to return the nodes it moved, and follows it.
 func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Snapshot, v UpgradeView, r UpgradeRequest) (UpgradeView, error) {
+	return c.rollBackRolled(ctx, st, snap, moduleRolled(v.Module), v, r)
+}
+
+// rollBackRolled marks the last roll-out of what ended rolling back, for
+// the serving controller to return the nodes it moved, and follows it.
+func (c uses) rollBackRolled(ctx context.Context, st *Stores, snap *inventory.Snapshot, what rolled, v UpgradeView, r UpgradeRequest) (UpgradeView, error) {
 	if strings.TrimSpace(r.Why) == "" {
 		return v, fmt.Errorf("%w: say why with --why", ErrBadRollOut)
 	}
-	ro, ok, err := st.Inventory.RollOut(ctx, v.Module)
+	ro, ok, err := st.Inventory.RollOut(ctx, what.key)
 	if err != nil {
 		return v, err
 	}
 	if !ok {
-		return v, fmt.Errorf("%s has no roll-out to roll back: 'mesh-controller upgrade %s roll-out' starts one", v.Module, v.Module)
+		return v, fmt.Errorf("%s has no roll-out to roll back: '%s' starts one", what.label, what.start)
 	}
 	switch {
 	case !ro.Ended():
-		return v, fmt.Errorf("a roll-out of %s is under way: follow it with 'mesh-controller upgrade %s show', and roll it back once it ended", v.Module, v.Module)
+		return v, fmt.Errorf("a roll-out of %s is under way: follow it with '%s', and roll it back once it ended", what.label, what.show)
 	case ro.Phase == inventory.RollOutRolledBack:
-		return v, fmt.Errorf("the last roll-out of %s (to %s) was rolled back already: nothing to roll back", v.Module, ro.To)
-	case len(returning(snap, ro)) == 0:
-		return v, fmt.Errorf("no node the last roll-out of %s moved runs %s now: nothing to roll back", v.Module, ro.To)
+		return v, fmt.Errorf("the last roll-out of %s (to %s) was rolled back already: nothing to roll back", what.label, ro.To)
+	case len(c.kindOf(ro).returning(snap, ro)) == 0:
+		return v, fmt.Errorf("no node the last roll-out of %s moved runs %s now: nothing to roll back", what.label, ro.To)
 	}
 	// Serve drives the rollback: none serving, nothing is written.
 	if _, err := c.brokerURL(ctx, st.Identity); err != nil {
 		return v, err
 	}
-	ro, err = st.Inventory.RollBackRollOut(ctx, v.Module, "rolled back by hand: "+r.Why, c.Now())
+	ro, err = st.Inventory.RollBackRollOut(ctx, what.key, "rolled back by hand: "+r.Why, c.Now())
 	switch {
 	case errors.Is(err, inventory.ErrNoRollOut):
-		return v, fmt.Errorf("%s has no roll-out to roll back: 'mesh-controller upgrade %s roll-out' starts one", v.Module, v.Module)
+		return v, fmt.Errorf("%s has no roll-out to roll back: '%s' starts one", what.label, what.start)
 	case errors.Is(err, inventory.ErrRollOutUnderWay):
-		return v, fmt.Errorf("a roll-out of %s is under way: follow it with 'mesh-controller upgrade %s show', and roll it back once it ended", v.Module, v.Module)
+		return v, fmt.Errorf("a roll-out of %s is under way: follow it with '%s', and roll it back once it ended", what.label, what.show)
 	case err != nil:
 		return v, err
 	}
-	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("rollback of the roll-out of %s to %s", v.Module, ro.To),
+	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: fmt.Sprintf("rollback of the roll-out of %s to %s", what.label, ro.To),
 		Why: r.Why, Cause: "roll-out", Who: who()}); err != nil {
 		return v, err
 	}
-	r.Progress(fmt.Sprintf("rollback of the roll-out of %s to %s recorded; the serving controller drives it", v.Module, ro.To))
-	v, err = c.followRollOut(ctx, st, v, ro.ID, r.Progress)
+	r.Progress(fmt.Sprintf("rollback of the roll-out of %s to %s recorded; the serving controller drives it", what.label, ro.To))
+	v, err = c.followRollOut(ctx, st, what, v, ro, r.Progress)
 	if !errors.Is(err, ErrRollOutRolledBack) {
 		return v, err
 	}
@@ -174,8 +232,14 @@ func (c uses) rollBackByHand(ctx context.Context, st *Stores, snap *inventory.Sn
 
 // followRollOut reads the roll-out from the store until it ends, saying
 // each node's steps as they are recorded; ctx ending leaves it to serve.
-func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id string, progress func(string)) (UpgradeView, error) {
+// What its nodes had done when it was started (a rollback of one that
+// ended) is not said again.
+func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v UpgradeView, from inventory.RollOut, progress func(string)) (UpgradeView, error) {
+	id := from.ID
 	seen := map[string]inventory.RollOutNode{}
+	for _, n := range from.Nodes {
+		seen[n.Node] = n
+	}
 	phase, lastMark := "", ""
 	unserved := false
 	for polls := 1; ; polls++ {
@@ -195,7 +259,7 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 		// Its nodes are read when it was written since (a roll-out of
 		// thousands of nodes is not read whole every poll), and each second
 		// whatever the mark says (it is kept to the millisecond).
-		mark, err := st.Inventory.RollOutMark(ctx, v.Module)
+		mark, err := st.Inventory.RollOutMark(ctx, what.key)
 		if err != nil {
 			return v, err
 		}
@@ -206,13 +270,18 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 			continue
 		}
 		lastMark = mark
-		ro, ok, err := st.Inventory.RollOut(ctx, v.Module)
+		ro, ok, err := st.Inventory.RollOut(ctx, what.key)
 		if err != nil {
 			return v, err
 		}
 		if !ok || ro.ID != id {
-			return v, fmt.Errorf("the roll-out of %s followed was replaced by another: see 'mesh-controller upgrade %s show'", v.Module, v.Module)
+			return v, fmt.Errorf("the roll-out of %s followed was replaced by another: see '%s'", what.label, what.show)
 		}
+		for _, n := range ro.Nodes {
+			sayNode(progress, ro, seen[n.Node], n)
+			seen[n.Node] = n
+		}
+		// After its nodes' steps: the phase moved once they were done.
 		if ro.Phase != phase {
 			switch ro.Phase {
 			case inventory.RollOutSoaking:
@@ -221,10 +290,6 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, v UpgradeView, id s
 				progress("rolling back: " + ro.Why)
 			}
 			phase = ro.Phase
-		}
-		for _, n := range ro.Nodes {
-			sayNode(progress, ro, seen[n.Node], n)
-			seen[n.Node] = n
 		}
 		v = rollOutView(v, ro)
 		if ro.Ended() {
@@ -248,16 +313,17 @@ func pause(ctx context.Context, d time.Duration) error {
 
 // sayNode says what changed for a node of a roll-out since was.
 func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollOutNode) {
+	label := rolledOf(ro).label
 	if n.Serial != 0 && was.Serial != n.Serial {
-		progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", n.Node, n.Serial, ro.Module, n.From, ro.To))
+		progress(fmt.Sprintf("%s sent declaration %d (%s %s -> %s)", n.Node, n.Serial, label, n.From, ro.To))
 	}
 	if n.Applied && !was.Applied {
-		progress(fmt.Sprintf("%s applied declaration %d (%s %s)", n.Node, n.Serial, ro.Module, ro.To))
+		progress(fmt.Sprintf("%s applied declaration %d (%s %s)", n.Node, n.Serial, label, ro.To))
 	}
 	if n.Result != was.Result {
 		switch n.Result {
 		case "ready":
-			progress(fmt.Sprintf("%s runs %s %s: ready", n.Node, ro.Module, ro.To))
+			progress(fmt.Sprintf("%s runs %s %s: ready", n.Node, label, ro.To))
 		case "failed":
 			progress(fmt.Sprintf("%s failed: %s", n.Node, n.Error))
 		}
@@ -265,7 +331,7 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 	if n.Back != was.Back {
 		switch n.Back {
 		case "returning":
-			progress(fmt.Sprintf("%s going back to %s %s (declaration %d)", n.Node, ro.Module, n.From, n.BackSerial))
+			progress(fmt.Sprintf("%s going back to %s %s (declaration %d)", n.Node, label, n.From, n.BackSerial))
 		case "returned", "not-returned":
 			progress(nodeBack(ro, n))
 		}
@@ -274,9 +340,10 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 
 // nodeBack says what became of a node's return, with its host's word.
 func nodeBack(ro inventory.RollOut, n inventory.RollOutNode) string {
-	line := fmt.Sprintf("%s back on %s %s", n.Node, ro.Module, n.From)
+	label := rolledOf(ro).label
+	line := fmt.Sprintf("%s back on %s %s", n.Node, label, n.From)
 	if n.Back == "not-returned" {
-		line = fmt.Sprintf("%s not back on %s %s: %s", n.Node, ro.Module, n.From, n.BackError)
+		line = fmt.Sprintf("%s not back on %s %s: %s", n.Node, label, n.From, n.BackError)
 	}
 	if n.Detail != "" {
 		line += " (" + n.Detail + ")"
@@ -327,21 +394,20 @@ func rollOutEnd(ro inventory.RollOut) error {
 // those it moved off another version that still run its version (a node
 // moved by hand since, or its module unassigned, is left alone), and
 // those whose return was committed before a restart (planned at their
-// from version again), to be waited for.
-func returning(snap *inventory.Snapshot, ro inventory.RollOut) []int {
+// from version again), to be waited for. at says what version a node is
+// planned at now ("" for none).
+func returning(ro inventory.RollOut, at func(node string) string) []int {
 	var out []int
 	for i, n := range ro.Nodes {
 		if n.From == ro.To || n.Back == "returned" || n.Back == "not-returned" {
 			continue
 		}
-		at := ro.To
+		want := ro.To
 		if n.Back == "returning" {
-			at = n.From
+			want = n.From
 		}
-		for _, a := range snap.AssignmentsOf(n.Node) {
-			if a.Module == ro.Module && a.Version == at {
-				out = append(out, i)
-			}
+		if at(n.Node) == want {
+			out = append(out, i)
 		}
 	}
 	return out
@@ -363,14 +429,14 @@ func (c uses) rollOutJob(ctx context.Context, log *slog.Logger) daemon.Job {
 			if err != nil {
 				return
 			}
-			modules, err := st.Inventory.RollOutsUnderWay(ctx)
+			keys, err := st.Inventory.RollOutsUnderWay(ctx)
 			if err != nil {
 				log.Warn("roll-outs: read those under way", "err", err)
 				return
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for _, m := range modules {
+			for _, m := range keys {
 				if driving[m] {
 					continue
 				}
@@ -383,7 +449,7 @@ func (c uses) rollOutJob(ctx context.Context, log *slog.Logger) daemon.Job {
 					// An error is said once until it changes: the driver is
 					// tried again each tick.
 					if err != nil && ctx.Err() == nil && lastErr[m] != err.Error() {
-						log.Warn("roll-out: driving it failed; tried again", "module", m, "err", err)
+						log.Warn("roll-out: driving it failed; tried again", "of", rolledKey(m).label, "err", err)
 					}
 					lastErr[m] = fmt.Sprint(err)
 				})
@@ -396,40 +462,45 @@ func (c uses) rollOutJob(ctx context.Context, log *slog.Logger) daemon.Job {
 		}}
 }
 
-// driveRollOut drives a module's roll-out until it ends (or ctx does):
+// driveRollOut drives a roll-out (a module's, or the hosts') until it ends (or ctx does):
 // batch after batch, moved as one act each and waited for until ready and
 // through the soak; past --max-failures, every node it moved goes back.
 // Each step is recorded in the store before the next, so that a serve
 // started again resumes it where it was: a batch moved and not yet judged
 // is waited for again, a rollback under way goes on.
-func (c uses) driveRollOut(ctx context.Context, st *Stores, module string, log *slog.Logger) error {
+func (c uses) driveRollOut(ctx context.Context, st *Stores, key string, log *slog.Logger) error {
 	m, err := c.newRollMover(ctx, st)
 	if err != nil {
 		return err
 	}
 	defer m.close()
+	var kind rollKind // one for the driver's life: it remembers between batches
 	for {
-		ro, ok, err := st.Inventory.RollOut(ctx, module)
+		ro, ok, err := st.Inventory.RollOut(ctx, key)
 		if err != nil || !ok || ro.Ended() {
 			return err
 		}
+		if kind == nil {
+			kind = c.kindOf(ro)
+		}
 		if ro.Phase == inventory.RollOutRollingBack {
-			err = c.rollBack(ctx, st, m, &ro)
+			err = c.rollBack(ctx, st, m, kind, &ro)
 		} else {
-			err = c.rollBatch(ctx, st, m, &ro)
+			err = c.rollBatch(ctx, st, m, kind, &ro)
 		}
 		if err != nil {
 			return err
 		}
-		log.Info("roll-out", "module", module, "to", ro.To, "phase", ro.Phase)
+		log.Info("roll-out", "of", rolledKey(key).label, "to", ro.To, "phase", ro.Phase)
 	}
 }
 
 // rollBatch moves the roll-out's next batch and judges it: it ends the
 // roll-out (done) when none is left, and turns it to rolling back when
 // the failures pass --max-failures.
-func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inventory.RollOut) error {
+func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind rollKind, ro *inventory.RollOut) error {
 	inv := st.Inventory
+	label := rolledOf(*ro).label
 	batch := -1
 	for _, n := range ro.Nodes {
 		if n.Result == "waiting" || n.Result == "moved" {
@@ -442,13 +513,13 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		if err := c.saveRollOut(ctx, st, ro); err != nil {
 			return err
 		}
-		return c.rollOutActs(ctx, st, ro, fmt.Sprintf("roll-out %s to %s done: %s ready", ro.Module, ro.To, Plural(countResult(*ro, "ready"), "node")))
+		return c.rollOutActs(ctx, st, ro, fmt.Sprintf("roll-out %s to %s done: %s ready", label, ro.To, Plural(countResult(*ro, "ready"), "node")))
 	}
 	snap, err := inv.Snapshot(ctx)
 	if err != nil {
 		return err
 	}
-	v := UpgradeView{Module: ro.Module, Current: ro.To}
+	v := UpgradeView{Module: label, Current: ro.To}
 	var idx, toMove []int // idx[k] is v.Steps[k]'s node in ro.Nodes
 	for i, n := range ro.Nodes {
 		if n.Batch != batch || (n.Result != "waiting" && n.Result != "moved") {
@@ -467,7 +538,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		failures = append(failures, n.Node+": "+why)
 	}
 	if len(toMove) > 0 {
-		committed, err := m.move(ctx, &v, toMove)
+		committed, err := kind.move(ctx, m, ro, &v, toMove)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -493,13 +564,13 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 			if n.Result == "failed" {
 				result = "failed: " + n.Error
 			}
-			acts = append(acts, fmt.Sprintf("roll-out %s batch %d: move %s from %s to %s: %s", ro.Module, batch, n.Node, n.From, ro.To, result))
+			acts = append(acts, fmt.Sprintf("roll-out %s batch %d: move %s from %s to %s: %s", label, batch, n.Node, n.From, ro.To, result))
 		}
 		if err := c.rollOutActs(ctx, st, ro, acts...); err != nil {
 			return err
 		}
 	}
-	wait, err := c.waitFor(ctx, st, snap, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Result == "moved" })
+	wait, err := c.waitFor(ctx, st, snap, kind, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Result == "moved" })
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -526,12 +597,12 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 	if err != nil && !errors.Is(err, ErrRollOutStopped) {
 		return err
 	}
-	if runs := snap.Manifests[ro.Module][ro.To].Run != nil; runs && ro.Soak > 0 && len(ready) > 0 {
+	if kind.soaks(snap, *ro) && ro.Soak > 0 && len(ready) > 0 {
 		ro.Phase = inventory.RollOutSoaking
 		if err := c.saveRollOut(ctx, st, ro); err != nil {
 			return err
 		}
-		if err := c.soak(ctx, st, &v, ready, ro.Soak); err != nil {
+		if err := kind.soak(ctx, st, &v, ready, ro.Soak); err != nil {
 			return err
 		}
 	}
@@ -562,10 +633,10 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		} else if ro.Soak > 0 {
 			result = "ready through the " + ro.Soak.String() + " soak"
 		}
-		acts = append(acts, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", ro.Module, batch, n.Node, ro.Module, ro.To, result))
+		acts = append(acts, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", label, batch, n.Node, label, ro.To, result))
 	}
 	if ro.Phase == inventory.RollOutRollingBack {
-		acts = append(acts, fmt.Sprintf("roll-out %s to %s stopped, rolling back: %s", ro.Module, ro.To, ro.Why))
+		acts = append(acts, fmt.Sprintf("roll-out %s to %s stopped, rolling back: %s", label, ro.To, ro.Why))
 	}
 	return c.rollOutActs(ctx, st, ro, acts...)
 }
@@ -573,16 +644,17 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 // rollBack returns every node the roll-out moved to the version it ran,
 // one act per batch, and waits for them all to report it ready; a node
 // not back in time is said, and the rollback ends rolled back.
-func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *inventory.RollOut) error {
+func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, kind rollKind, ro *inventory.RollOut) error {
 	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return err
 	}
-	v := UpgradeView{Module: ro.Module, Current: ro.To}
+	label := rolledOf(*ro).label
+	v := UpgradeView{Module: label, Current: ro.To}
 	var idx []int
 	byBatch := map[int][]int{}
 	var batches []int
-	for _, i := range returning(snap, *ro) {
+	for _, i := range kind.returning(snap, *ro) {
 		n := ro.Nodes[i]
 		k := len(v.Steps)
 		v.Steps = append(v.Steps, UpgradeStep{Node: n.Node, From: ro.To, To: n.From, Serial: n.BackSerial})
@@ -599,13 +671,13 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 	for i := range ro.Nodes {
 		n := &ro.Nodes[i]
 		if n.Moved && n.Back == "" && n.From != ro.To && !slices.Contains(idx, i) {
-			n.Back, n.BackError = "not-returned", "it no longer runs "+ro.Module+" "+ro.To+": left as it is"
+			n.Back, n.BackError = "not-returned", "it no longer runs "+label+" "+ro.To+": left as it is"
 		}
 	}
 	// Later batches first: the canary, which moved first, goes back last.
 	for b := len(batches) - 1; b >= 0; b-- {
 		steps := byBatch[batches[b]]
-		committed, err := m.move(ctx, &v, steps)
+		committed, err := kind.move(ctx, m, ro, &v, steps)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -624,7 +696,7 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 			return err
 		}
 	}
-	wait, err := c.waitFor(ctx, st, snap, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Back == "returning" })
+	wait, err := c.waitFor(ctx, st, snap, kind, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Back == "returning" })
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -635,7 +707,7 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 	for j, k := range wait {
 		names[j] = v.Steps[k].Node
 	}
-	states, err := st.Health.ModuleStatesOn(ctx, ro.Module, names)
+	details, err := kind.details(ctx, st, *ro, names)
 	if err != nil {
 		return err
 	}
@@ -646,9 +718,7 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 		} else {
 			n.Back, n.BackError = "not-returned", s.Error
 		}
-		if m, ok := states[n.Node]; ok && m.Version == n.From {
-			n.Detail = m.Detail
-		}
+		n.Detail = details[n.Node]
 	}
 	ro.Phase = inventory.RollOutRolledBack
 	if len(v.Steps) == 0 {
@@ -661,7 +731,7 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 	var acts []string
 	for _, n := range ro.Nodes {
 		if n.Back != "" {
-			acts = append(acts, "rollback of "+ro.Module+" "+ro.To+": "+nodeBack(*ro, n))
+			acts = append(acts, "rollback of "+label+" "+ro.To+": "+nodeBack(*ro, n))
 		}
 	}
 	return c.rollOutActs(ctx, st, ro, acts...)
@@ -669,20 +739,83 @@ func (c uses) rollBack(ctx context.Context, st *Stores, m *rollMover, ro *invent
 
 // waitFor waits, bounded by the roll-out's --wait, for the steps of v
 // whose node (ro.Nodes[idx[k]]) is picked, and returns them.
-func (c uses) waitFor(ctx context.Context, st *Stores, snap *inventory.Snapshot, ro *inventory.RollOut, v *UpgradeView, idx []int, pick func(inventory.RollOutNode) bool) ([]int, error) {
+func (c uses) waitFor(ctx context.Context, st *Stores, snap *inventory.Snapshot, kind rollKind, ro *inventory.RollOut, v *UpgradeView, idx []int, pick func(inventory.RollOutNode) bool) ([]int, error) {
 	var wait []int
 	for k := range v.Steps {
 		if pick(ro.Nodes[idx[k]]) {
 			wait = append(wait, k)
 		}
 	}
-	return wait, c.waitApplied(ctx, st, snap, v, wait, UpgradeRequest{Module: ro.Module, Wait: ro.Wait, Progress: func(string) {}})
+	return wait, kind.wait(ctx, st, snap, v, wait, ro.Wait)
+}
+
+// rollKind is what a roll-out moves, and how it judges its nodes: a
+// module's assignments to one of its versions (moduleRoll), or hosts to a
+// host release (hostRoll). The batches, soak, failures and rollback are
+// the roll-out's own (rollBatch, rollBack), whatever it moves.
+type rollKind interface {
+	// returning are the indexes of ro's nodes a rollback returns
+	// (returning).
+	returning(snap *inventory.Snapshot, ro inventory.RollOut) []int
+	// move moves these steps of v (each to its To; their nodes ro's) as
+	// one act and sends their declarations (rollMover.move).
+	move(ctx context.Context, m *rollMover, ro *inventory.RollOut, v *UpgradeView, steps []int) (committed bool, err error)
+	// wait waits, bounded by wait, until these steps' hosts report them
+	// ready at their To, or failed (ErrRollOutStopped, joined).
+	wait(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, wait time.Duration) error
+	// soaks says whether ro's ready batches are watched through a soak.
+	soaks(snap *inventory.Snapshot, ro inventory.RollOut) bool
+	// soak watches these ready steps for d; a step that did not stay
+	// ready is no longer Ready, and its Error says what it did.
+	soak(ctx context.Context, st *Stores, v *UpgradeView, steps []int, d time.Duration) error
+	// details are the hosts' word on these nodes once back, by node.
+	details(ctx context.Context, st *Stores, ro inventory.RollOut, nodes []string) (map[string]string, error)
+}
+
+// moduleRoll moves a module's nodes to one of its versions.
+type moduleRoll struct{ c uses }
+
+func (k moduleRoll) returning(snap *inventory.Snapshot, ro inventory.RollOut) []int {
+	return returning(ro, func(node string) string { return snap.VersionOn(node, ro.Module) })
+}
+
+func (k moduleRoll) move(ctx context.Context, m *rollMover, _ *inventory.RollOut, v *UpgradeView, steps []int) (bool, error) {
+	return m.move(ctx, v, steps)
+}
+
+func (k moduleRoll) wait(ctx context.Context, st *Stores, snap *inventory.Snapshot, v *UpgradeView, steps []int, wait time.Duration) error {
+	return k.c.waitApplied(ctx, st, snap, v, steps, UpgradeRequest{Module: v.Module, Wait: wait, Progress: func(string) {}})
+}
+
+// soaks: a module with nothing to run is done once applied.
+func (k moduleRoll) soaks(snap *inventory.Snapshot, ro inventory.RollOut) bool {
+	return snap.Manifests[ro.Module][ro.To].Run != nil
+}
+
+// details are the modules' details back at their from versions (the data
+// restored, or kept).
+func (k moduleRoll) details(ctx context.Context, st *Stores, ro inventory.RollOut, nodes []string) (map[string]string, error) {
+	states, err := st.Health.ModuleStatesOn(ctx, ro.Module, nodes)
+	if err != nil {
+		return nil, err
+	}
+	from := map[string]string{}
+	for _, n := range ro.Nodes {
+		from[n.Node] = n.From
+	}
+	out := map[string]string{}
+	for node, m := range states {
+		if m.Version == from[node] {
+			out[node] = m.Detail
+		}
+	}
+	return out, nil
 }
 
 // soak watches these ready steps for d: a step whose module is no longer
 // ready at its version, or was restarted (its pid or restart count
 // changed), within it is no longer Ready, and its Error says what it did.
-func (c uses) soak(ctx context.Context, st *Stores, v *UpgradeView, steps []int, d time.Duration) error {
+func (k moduleRoll) soak(ctx context.Context, st *Stores, v *UpgradeView, steps []int, d time.Duration) error {
 	names := make([]string, len(steps))
 	for j, k := range steps {
 		names[j] = v.Steps[k].Node
@@ -755,7 +888,7 @@ func (c uses) rollOutActs(ctx context.Context, st *Stores, ro *inventory.RollOut
 	}
 	why := ro.Why
 	if why == "" {
-		why = "a step of the roll-out of " + ro.Module + " to " + ro.To
+		why = "a step of the roll-out of " + rolledOf(*ro).label + " to " + ro.To
 	}
 	now := c.Now()
 	acts := make([]health.HandAct, len(whats))

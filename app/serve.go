@@ -311,7 +311,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	}
 	st := sv.st
 	var joined []int
-	var nodes []string
+	var nodes []inventory.Join
 	for k, j := range st.Identity.JoinMany(ctx, asks, now) {
 		i := asked[k]
 		if j.Err != nil {
@@ -325,12 +325,12 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		}
 		out[i].Revoked = j.Revoked
 		joined = append(joined, i)
-		nodes = append(nodes, rs[i].Node)
+		nodes = append(nodes, inventory.Join{Node: rs[i].Node, HostVersion: hostVersionOf(rs[i].HostVersion)})
 	}
 	if len(joined) == 0 {
 		return out
 	}
-	if err := st.Inventory.MarkJoinedMany(ctx, nodes, now); err != nil {
+	if err := st.Inventory.RecordJoins(ctx, nodes, now); err != nil {
 		for _, i := range joined {
 			out[i].Err = err
 		}

@@ -77,7 +77,7 @@ var ErrRollOutStopped = errors.New("the roll-out stopped")
 func (c *Modules) Upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
 	v, err := c.upgrade(ctx, r)
 	if err != nil && ctx.Err() != nil && (r.Action == "roll-out" || r.Action == "rollback") {
-		err = interrupted(v, ctx.Err())
+		err = interrupted(moduleRolled(v.Module), v, ctx.Err())
 	}
 	return v, err
 }
@@ -90,7 +90,7 @@ var ErrRollOutInterrupted = errors.New("roll-out interrupted")
 // and how to follow it: which nodes run the new version, which were sent
 // it and not yet heard ready (their hosts go on applying it), which were
 // not sent it yet. The serving controller drives the roll-out on.
-func interrupted(v UpgradeView, cause error) error {
+func interrupted(what rolled, v UpgradeView, cause error) error {
 	var done, sent, left []string
 	for _, s := range v.Steps {
 		switch {
@@ -111,8 +111,8 @@ func interrupted(v UpgradeView, cause error) error {
 		}
 		return strings.Join(nodes, ", ")
 	}
-	return fmt.Errorf("%w (%w): %s %s runs on %s of %d: %s; sent, not yet heard ready (their hosts go on applying it): %s; not sent yet: %s; the serving controller goes on with it: follow it with 'mesh-controller upgrade %s show', and once it ended, return the nodes it moved with 'mesh-controller upgrade %s rollback --why ...'",
-		ErrRollOutInterrupted, cause, v.Module, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), v.Module, v.Module)
+	return fmt.Errorf("%w (%w): %s %s runs on %s of %d: %s; sent, not yet heard ready (their hosts go on applying it): %s; not sent yet: %s; the serving controller goes on with it: follow it with '%s', and once it ended, return the nodes it moved with '%s --why ...'",
+		ErrRollOutInterrupted, cause, what.label, v.Current, Plural(len(done), "node"), len(v.Steps), list(done), list(sent), list(left), what.show, what.rollback)
 }
 
 func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error) {
@@ -207,13 +207,19 @@ func (m *rollMover) close() {
 // the sending (a declaration not sent is kept, and the step's Error says
 // why).
 func (m *rollMover) move(ctx context.Context, v *UpgradeView, steps []int) (committed bool, err error) {
+	return m.moveBy(ctx, v, steps, func() (inventory.Change, error) { return m.c.moveVersions(ctx, m.st.Inventory, *v, steps, true) })
+}
+
+// moveBy moves these steps as move does, the act committed by commit (which
+// judges and writes it, and returns the change it wrote).
+func (m *rollMover) moveBy(ctx context.Context, v *UpgradeView, steps []int, commit func() (inventory.Change, error)) (committed bool, err error) {
 	c, st, d, inv := m.c, m.st, m.d, m.st.Inventory
 	under, err := inv.BeginAct(ctx, "roll-out", c.Now().Add(actUnderWayFor))
 	if err != nil {
 		return false, err
 	}
 	defer inv.EndAct(context.WithoutCancel(ctx), under, c.Now())
-	ch, err := c.moveVersions(ctx, inv, *v, steps, true)
+	ch, err := commit()
 	if err != nil {
 		return false, err
 	}

@@ -1057,7 +1057,7 @@ func (d *daemon) absorb(ctx context.Context, ev event) bool {
 	switch ev.kind {
 	case evBeat:
 		d.beats[ev.node] = inventory.Beat{Node: ev.node, HeardAt: ev.at, IntervalS: ev.beat.IntervalS, SerialApplied: ev.beat.SerialApplied, UptimeS: ev.beat.UptimeS,
-			Applying: applying(ev.beat.Applying)}
+			Applying: applying(ev.beat.Applying), HostVersion: hostVersion(ev.beat.HostVersion)}
 		if last, ok := d.lastBeat[ev.node]; ok {
 			k := health.HourKey{Node: ev.node, Hour: ev.at.UTC().Truncate(time.Hour)}
 			h := d.intervals[k]
@@ -1095,6 +1095,15 @@ func applying(a *protocol.Applying) *inventory.Applying {
 		return nil
 	}
 	return &inventory.Applying{Serial: a.Serial, Since: a.Since, Phase: clip(a.Phase)}
+}
+
+// hostVersion is the version a beat says its host runs, "" (the one
+// recorded stands) when it says none or none a host version can be.
+func hostVersion(v string) string {
+	if !protocol.ValidHostVersion(v) {
+		return ""
+	}
+	return v
 }
 
 // handOver gives the loop an event without ever blocking a handler: past the

@@ -277,6 +277,22 @@ func (m *testMesh) hostIn(t *testing.T, n netns, node string, confirm time.Durat
 	return m.runIn(t, n, node, false, "--filter-confirm", confirm.String()).logs
 }
 
+// joinState issues a token for a new node and joins a host with it, its
+// state dir in a temporary dir (returned) for a real mesh-host to run.
+func (m *testMesh) joinState(t *testing.T, node string) (string, *host.State) {
+	t.Helper()
+	tok, err := m.c.TokenIssue(context.Background(), app.TokenRequest{Node: node, New: true, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: node, State: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatalf("join %s: %v", node, err)
+	}
+	return dir, st
+}
+
 // hostProc is a real mesh-host process running in a namespace.
 type hostProc struct {
 	t     *testing.T
@@ -297,15 +313,7 @@ type hostProc struct {
 // socket there, and several hosts on one machine each have a mesh0.
 func (m *testMesh) runIn(t *testing.T, n netns, node string, ownRun bool, args ...string) *hostProc {
 	t.Helper()
-	tok, err := m.c.TokenIssue(context.Background(), app.TokenRequest{Node: node, New: true, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	st, err := host.Join(context.Background(), host.JoinOptions{Broker: m.url, Token: tok.Token, Node: node, State: filepath.Join(dir, "state")})
-	if err != nil {
-		t.Fatalf("join %s: %v", node, err)
-	}
+	dir, st := m.joinState(t, node)
 	bin := buildProgram(t, "mesh-host", "../../cmd/mesh-host")
 	argv := append([]string{"netns", "exec", n.name}, append([]string{bin, "run", "--state", st.Dir, "--root", filepath.Join(dir, "root"),
 		"--heartbeat", "200ms", "--no-module-users"}, args...)...)

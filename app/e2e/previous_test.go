@@ -372,7 +372,7 @@ func TestPreviousRelease_OldStandbyStepsAside(t *testing.T) {
 		t.Fatalf("the identity store is at version %d while the previous release serves: migrated beneath it", v)
 	}
 	_, errOut, err := cliRun(mc, data, "migrate")
-	if want := fmt.Sprintf(`^mesh-controller: identity store \S+: a controller serves these stores, and their schemas are behind this binary's: pid %d on \S+ \(an older mesh-controller, which records no version\), until \S+, stop that controller first; .*takes the lease over\n$`, a.pid()); err == nil || !regexp.MustCompile(want).MatchString(errOut) {
+	if want := fmt.Sprintf(`^mesh-controller: \w+ store \S+: a controller serves these stores, and their schemas are behind this binary's: pid %d on \S+ \(an older mesh-controller, which records no version\), until \S+, stop that controller first; .*takes the lease over\n$`, a.pid()); err == nil || !regexp.MustCompile(want).MatchString(errOut) {
 		t.Fatalf("migrate by hand while the previous release serves: %v\n%s\nwant %s", err, errOut, want)
 	}
 

@@ -16,8 +16,8 @@ import (
 )
 
 // versionFlag links a program that speaks protocol v.
-func versionFlag(v protocol.Ver) string {
-	return "-X mesh-controller/app/protocol.Version=" + v.String()
+func versionFlag(v protocol.Ver) []string {
+	return []string{"-ldflags", "-X mesh-controller/app/protocol.Version=" + v.String()}
 }
 
 // Real hosts and a real controller built to speak other protocols: a
@@ -37,10 +37,10 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 	}
 	at := func(minor int) protocol.Ver { return protocol.Ver{Major: ours.Major, Minor: ours.Minor + minor} }
 	controllerV, behindV, aheadV := at(2), at(1), at(3)
-	mc := buildProgramWith(t, "mesh-controller", "../../cmd/mesh-controller", versionFlag(controllerV))
+	mc := buildProgramWith(t, "mesh-controller", "../../cmd/mesh-controller", versionFlag(controllerV)...)
 	twoBehind := buildHost(t)
-	oneBehind := buildProgramWith(t, "mesh-host", "../../cmd/mesh-host", versionFlag(behindV))
-	oneAhead := buildProgramWith(t, "mesh-host", "../../cmd/mesh-host", versionFlag(aheadV))
+	oneBehind := buildProgramWith(t, "mesh-host", "../../cmd/mesh-host", versionFlag(behindV)...)
+	oneAhead := buildProgramWith(t, "mesh-host", "../../cmd/mesh-host", versionFlag(aheadV)...)
 	data, addr := t.TempDir(), freeAddr(t)
 	cli(t, mc, data, "migrate")
 	startProc(t, "controller "+controllerV.String(), mc, "--data", data, "serve", "--listen", addr).wait(t, 20*time.Second, readyLine, 0)

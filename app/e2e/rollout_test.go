@@ -68,15 +68,21 @@ func (m *testMesh) rollOut(ctx context.Context, r app.UpgradeRequest) (app.Upgra
 // rollOutNode is node's record in the last roll-out of store.
 func rollOutNode(t *testing.T, v app.UpgradeView, node string) inventory.RollOutNode {
 	t.Helper()
-	if v.RollOut == nil {
-		t.Fatalf("no roll-out in the view: %+v", v)
+	return rollOutNodeOf(t, v.RollOut, node)
+}
+
+// rollOutNodeOf is node's record in the roll-out ro.
+func rollOutNodeOf(t *testing.T, ro *inventory.RollOut, node string) inventory.RollOutNode {
+	t.Helper()
+	if ro == nil {
+		t.Fatal("no roll-out in the view")
 	}
-	for _, n := range v.RollOut.Nodes {
+	for _, n := range ro.Nodes {
 		if n.Node == node {
 			return n
 		}
 	}
-	t.Fatalf("%s is not in the roll-out: %+v", node, v.RollOut.Nodes)
+	t.Fatalf("%s is not in the roll-out: %+v", node, ro.Nodes)
 	return inventory.RollOutNode{}
 }
 

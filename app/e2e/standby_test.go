@@ -39,15 +39,14 @@ var programsDir = sync.OnceValues(func() (string, error) { return os.MkdirTemp("
 // it ships, once per test binary, and returns its path.
 func buildProgram(t testing.TB, name, pkg string) string {
 	t.Helper()
-	return buildProgramWith(t, name, pkg, "")
+	return buildProgramWith(t, name, pkg)
 }
 
-// buildProgramWith is buildProgram linked with ldflags (-X of a variable:
-// a host or controller that speaks another protocol), once per test binary
-// and flags.
-func buildProgramWith(t testing.TB, name, pkg, ldflags string) string {
+// buildProgramWith is buildProgram with go build's flags (a build tag, a
+// version stamped): each pkg and flags built once per test binary.
+func buildProgramWith(t testing.TB, name, pkg string, flags ...string) string {
 	t.Helper()
-	build, _ := programs.LoadOrStore(pkg+" "+ldflags, sync.OnceValues(func() (string, error) {
+	build, _ := programs.LoadOrStore(strings.Join(append([]string{pkg}, flags...), " "), sync.OnceValues(func() (string, error) {
 		root, err := programsDir()
 		if err != nil {
 			return "", err
@@ -57,7 +56,7 @@ func buildProgramWith(t testing.TB, name, pkg, ldflags string) string {
 			return "", err
 		}
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", bin, pkg)
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, pkg)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", errors.New(string(out))

@@ -121,6 +121,10 @@ type applyJob struct {
 	// phase, if set, is told the name of each phase as it begins: the
 	// host's beats say it while the apply runs.
 	phase func(name string)
+	// upgrade, if set, upgrades the host to the release the declaration
+	// names, when it runs another (Runner.upgradeSelf): it returns only if
+	// it did not. Without it such a declaration is refused.
+	upgrade func(protocol.DeclaredHost) error
 
 	start time.Time
 	tiers []protocol.Tier
@@ -165,6 +169,7 @@ type applyPhase struct {
 // after (Runner.commit).
 var applyPhases = []applyPhase{
 	{name: "verify", run: (*applyJob).verify},
+	{name: "host", run: (*applyJob).host, when: func(j *applyJob) bool { return j.d.Host != nil && j.d.Host.Version != Version }},
 	{name: "archives", run: (*applyJob).archives},
 	{name: "cutover", run: (*applyJob).cutover, when: func(j *applyJob) bool { return len(j.d.Taken) > 0 }},
 	{name: "files", run: (*applyJob).files},
@@ -322,6 +327,17 @@ func (j *applyJob) checkPaths() error {
 		}
 	}
 	return nil
+}
+
+// host upgrades the host to the release the declaration names, before
+// anything else of it is applied: the next program applies it whole
+// (selfupgrade.go). Still here, the upgrade did not happen: the
+// declaration is refused, and why is the report's.
+func (j *applyJob) host() error {
+	if j.upgrade == nil {
+		return fmt.Errorf("refused: mesh-host %s is declared, and this host (%s) cannot upgrade itself", j.d.Host.Version, Version)
+	}
+	return j.upgrade(*j.d.Host)
 }
 
 // archives fetches, verifies and unpacks each built module's archive into

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -185,10 +186,21 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		r.applies.begin(dl.serial)
 		r.beatAgain()
 		job := &applyJob{st: r.State, r: root{dir: r.Root}, last: last, env: dl.env, ids: r.userIDs(), fetch: r.fetcher(nc), phase: r.applies.in}
+		job.upgrade = func(h protocol.DeclaredHost) error {
+			if why := r.refusedRelease(h); why != "" {
+				return errors.New(why)
+			}
+			return r.upgradeSelf(nc, dl.serial, h, job.fetch)
+		}
 		report, next = job.run()
 	}
 	if report.OK {
 		r.commit(nc, filter, next, &report)
+	}
+	if report.OK {
+		if d, err := dl.env.Verify(r.State.ControllerKey); err == nil {
+			r.upgraded(d)
+		}
 	}
 	r.applies.end()
 	r.beatAgain()

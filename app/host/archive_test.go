@@ -32,7 +32,7 @@ func packed(t *testing.T, files map[string]string) (string, protocol.Archive) {
 			t.Fatal(err)
 		}
 		mode := os.FileMode(0o644)
-		if strings.HasPrefix(name, "bin/") {
+		if strings.HasPrefix(name, "bin/") || name == protocol.HostBinaryName {
 			mode = 0o755
 		}
 		if err := os.WriteFile(p, []byte(body), mode); err != nil {

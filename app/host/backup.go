@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -58,7 +59,9 @@ type backupWork struct {
 	mu sync.Mutex
 	// busy is what runs, by "module/data" (a backup or a restore) and by
 	// "module" (a restore, which stops the module).
-	busy  map[string]string
+	busy map[string]string
+	// held says none is taken: the host upgrades itself.
+	held  bool
 	slots chan struct{}
 	wg    sync.WaitGroup
 }
@@ -71,6 +74,9 @@ func (w *backupWork) claim(what string, keys ...string) (string, bool) {
 		w.busy = map[string]string{}
 		w.slots = make(chan struct{}, BackupsAtOnce)
 	}
+	if w.held {
+		return "the host's own upgrade", false
+	}
 	for _, k := range keys {
 		if running, ok := w.busy[k]; ok {
 			return running, false
@@ -80,6 +86,40 @@ func (w *backupWork) claim(what string, keys ...string) (string, bool) {
 		w.busy[k] = what
 	}
 	return "", true
+}
+
+// hold takes no more backup or restore, and waits up to d for those
+// running to end: it says what still runs ("" once none does).
+func (w *backupWork) hold(d time.Duration) string {
+	w.mu.Lock()
+	w.held = true
+	w.mu.Unlock()
+	deadline := time.Now().Add(d)
+	for {
+		w.mu.Lock()
+		var running []string
+		for k, what := range w.busy {
+			if strings.Contains(k, "/") {
+				running = append(running, "a "+what+" of "+k)
+			}
+		}
+		w.mu.Unlock()
+		if len(running) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			sort.Strings(running)
+			return strings.Join(running, ", ")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// unhold takes backups and restores again.
+func (w *backupWork) unhold() {
+	w.mu.Lock()
+	w.held = false
+	w.mu.Unlock()
 }
 
 // free unmarks keys.

@@ -52,6 +52,11 @@ type Runner struct {
 	// BeforeTimeout bounds a backup's before hook (DefaultBeforeTimeout
 	// if zero).
 	BeforeTimeout time.Duration
+	// SelfUpgrade lets the host upgrade itself to the host release a
+	// declaration names (selfupgrade.go): it replaces its own executable
+	// and re-executes it. Only mesh-host run sets it: a host run inside
+	// another program refuses such a declaration.
+	SelfUpgrade bool
 
 	mu   sync.Mutex
 	last applied
@@ -74,6 +79,11 @@ type Runner struct {
 	bk backupWork
 	// applies is the declarations' worker's: what waits, what it applies.
 	applies applyWork
+	// exe is the host's executable; trial the upgrade it is on trial for
+	// (its first declaration not yet applied), reverted the one it gave up.
+	exe      string
+	trial    *upgradeRecord
+	reverted *upgradeRecord
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -105,6 +115,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.FilterConfirm = DefaultFilterConfirm
 	}
 	r.ctx = ctx
+	var handed []HandedModule
+	if r.SelfUpgrade {
+		var err error
+		if r.exe, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the host's own executable: %w", err)
+		}
+		// On a new release not yet heard to work, a start is counted, and
+		// one too many goes back to the previous binary (it does not return).
+		r.resumeUpgrade()
+		handed = takeHandover(r.State.Dir)
+	}
 	if err := os.MkdirAll(r.Root, 0o755); err != nil {
 		return err
 	}
@@ -139,8 +160,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sup.Logf = r.logf
 	r.sup.OnChange = beatAgain
 	r.beatAgain = beatAgain
-	// What a previous life left running is ended, then what was last
-	// declared runs again, before the controller is heard.
+	// What the host's previous program handed over, re-executing itself,
+	// runs on; what a previous life left running otherwise is ended, then
+	// what was last declared runs again, before the controller is heard.
+	for _, line := range r.sup.Adopt(handed) {
+		r.logf("%s", line)
+	}
+	if r.trial != nil {
+		fault("host-upgrade-after-exec")
+	}
 	for _, line := range r.sup.Sweep() {
 		r.logf("left from the last run: %s", line)
 	}
@@ -317,7 +345,7 @@ func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	serial := r.last.Serial
 	peers := r.peerHandshakes()
 	r.mu.Unlock()
-	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(),
+	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(), HostVersion: Version,
 		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers, Applying: r.applies.applying(),
 		ControllerKey: r.State.KeyID()})
 }

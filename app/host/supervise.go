@@ -86,8 +86,12 @@ type Supervisor struct {
 	mods   map[string]*supervised   // the modules of the last Apply, and removed ones still stopping
 	live   map[*supervised]struct{} // every module goroutine not yet returned, including replaced runs
 	logs   map[string]*moduleLog    // one per module name ever run: lumberjack keeps a goroutine per logger
-	closed bool                     // StopAll was called: Apply starts nothing more
+	closed bool                     // StopAll or Handover was called: Apply starts nothing more
 	held   map[string]chan struct{} // modules held stopped (Hold), each closed by its release
+	// handing says Handover is under way: a module asked to stop is left
+	// running, and what it runs is put in handed for the next program.
+	handing bool
+	handed  []HandedModule
 
 	onceMu   sync.Mutex // guards the once-only notes below
 	saidOnce map[string]bool
@@ -109,6 +113,10 @@ type supervised struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed when its goroutine returned, its processes gone
 	release  chan struct{} // non-nil: held (Hold); it starts once this is closed
+
+	// adopted is the run a previous program of this host handed over
+	// (Adopt): watched first, rather than a run started.
+	adopted *run
 
 	// Under Supervisor.mu.
 	removed  bool // no longer declared: forgotten once stopped
@@ -253,9 +261,14 @@ func (s *Supervisor) States() []protocol.ModuleState {
 // StopAll stops every module (SIGTERM, SIGKILL after its grace), waits until
 // all their processes are gone and their pid files removed, and makes later
 // Applies do nothing: the host is stopping.
-func (s *Supervisor) StopAll() {
+func (s *Supervisor) StopAll() { s.endAll(false) }
+
+// endAll asks every module goroutine to end, and waits for them all, and
+// closes the logs: stopping each module's processes, or, handing over,
+// leaving them to run. Apply does nothing after it.
+func (s *Supervisor) endAll(handing bool) {
 	s.mu.Lock()
-	s.closed = true
+	s.closed, s.handing = true, handing
 	var all []*supervised
 	for m := range s.live {
 		all = append(all, m)
@@ -330,6 +343,9 @@ func (s *Supervisor) drive(m *supervised) {
 	base, capped := s.backoff()
 	pause := base
 	for first := true; ; first = false {
+		if s.handingOver() {
+			return // nothing runs to hand over: the next program starts it
+		}
 		if !first {
 			s.mu.Lock()
 			now := time.Now()
@@ -340,17 +356,37 @@ func (s *Supervisor) drive(m *supervised) {
 			s.mu.Unlock()
 		}
 		lg := s.logFor(m.spec.Module)
-		r, err := s.start(m, lg)
+		var r *run
+		var err error
+		wasReady := false
+		if first && m.adopted != nil {
+			// Handed over by the host's previous program: its state goes
+			// on as it was, ready or not yet.
+			r, m.adopted = m.adopted, nil
+			s.mu.Lock()
+			wasReady = m.st.State == protocol.StateReady
+			s.mu.Unlock()
+			s.watchOutput(r, lg)
+			lg.note("adopted pid %d across the host's own upgrade", r.pid)
+		} else {
+			r, err = s.start(m, lg)
+		}
 		var state, detail, lastExit string
 		ran := false
 		if err != nil {
 			state, detail = protocol.StateFailed, err.Error()
 		} else {
 			ran = true
-			s.update(m, func(st *protocol.ModuleState) {
-				st.State, st.Pid, st.Detail, st.LogTail = protocol.StateStarting, r.pid, "", nil
-			})
-			out := s.watch(m, r, chk)
+			if !wasReady {
+				s.update(m, func(st *protocol.ModuleState) {
+					st.State, st.Pid, st.Detail, st.LogTail = protocol.StateStarting, r.pid, "", nil
+				})
+			}
+			out := s.watch(m, r, chk, wasReady)
+			if out.handed {
+				s.handOff(m, r)
+				return
+			}
 			lastExit = out.exit
 			if out.stopped {
 				s.update(m, stoppedState(lastExit))
@@ -389,7 +425,9 @@ func (s *Supervisor) drive(m *supervised) {
 		case <-t.C:
 		case <-m.stopReq:
 			t.Stop()
-			s.update(m, stoppedState(""))
+			if !s.handingOver() {
+				s.update(m, stoppedState(""))
+			}
 			return
 		}
 		pause = min(pause*2, capped)
@@ -398,6 +436,7 @@ func (s *Supervisor) drive(m *supervised) {
 
 // outcome is how one run of a module ended.
 type outcome struct {
+	handed   bool          // it runs on, handed over (Handover)
 	stopped  bool          // it was stopped on purpose
 	wasReady bool          // its ready check had passed
 	ranFor   time.Duration // from start to exit
@@ -405,14 +444,16 @@ type outcome struct {
 }
 
 // watch waits for a started run to become ready, to exit, or to be asked to
-// stop. Once ready it only waits: no polling while a module runs quietly.
-func (s *Supervisor) watch(m *supervised, r *run, chk readyCheck) outcome {
+// stop (or, handing over, to let go of it). Once ready it only waits: no
+// polling while a module runs quietly. A run ready already (handed over
+// ready) is not checked again.
+func (s *Supervisor) watch(m *supervised, r *run, chk readyCheck, ready0 bool) outcome {
 	ready := make(chan struct{}, 1)
 	checking := make(chan struct{})
 	stopCheck := make(chan struct{})
 	go func() {
 		defer close(checking)
-		if chk.wait(stopCheck, m.spec, r.cred, r.pid) {
+		if !ready0 && chk.wait(stopCheck, m.spec, r.cred, r.pid) {
 			ready <- struct{}{}
 		}
 	}()
@@ -420,7 +461,7 @@ func (s *Supervisor) watch(m *supervised, r *run, chk readyCheck) outcome {
 		close(stopCheck)
 		<-checking // a ready command still running is ended before the run is
 	}
-	out := outcome{}
+	out := outcome{wasReady: ready0}
 	for {
 		select {
 		case <-ready:
@@ -433,6 +474,10 @@ func (s *Supervisor) watch(m *supervised, r *run, chk readyCheck) outcome {
 			return out
 		case <-m.stopReq:
 			endCheck()
+			if s.handingOver() {
+				out.handed = true
+				return out
+			}
 			out.stopped = true
 			out.exit = s.stopRun(m, r)
 			return out

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -19,7 +20,7 @@ import (
 // run is one started process of a module: the leader of its own process
 // group, whose pgid is its pid.
 type run struct {
-	cmd     *exec.Cmd
+	cmd     *exec.Cmd // nil for a run handed over by the host's previous program
 	pid     int
 	started time.Time
 	cred    *syscall.Credential
@@ -136,16 +137,23 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 		s.logf("module %s: %v", spec.Module, err)
 	}
 	lg.note("started pid %d", r.pid)
+	s.watchOutput(r, lg)
+	return r, nil
+}
+
+// watchOutput copies a run's output into its log, and closes r.exited
+// once its leader has exited.
+func (s *Supervisor) watchOutput(r *run, lg *moduleLog) {
 	go func() {
 		defer close(r.copied)
 		buf := make([]byte, 32<<10)
 		for {
-			n, err := pr.Read(buf)
+			n, err := r.logR.Read(buf)
 			if n > 0 {
 				lg.Write(buf[:n]) // a full disk loses output, never blocks the module
 			}
 			if err != nil {
-				return
+				return // closed, or a deadline: handed over (handOff)
 			}
 		}
 	}()
@@ -153,7 +161,6 @@ func (s *Supervisor) start(m *supervised, lg *moduleLog) (*run, error) {
 		process.WaitExit(r.pid)
 		close(r.exited)
 	}()
-	return r, nil
 }
 
 // reap ends a run whose leader has exited: the rest of its group is killed,
@@ -165,10 +172,25 @@ func (s *Supervisor) reap(r *run) string {
 		killCgroup(r.cgroup)
 	}
 	waitGroupGone(r.pid, 2*time.Second)
-	r.cmd.Wait()
 	exit := "exited"
-	if r.cmd.ProcessState != nil {
-		exit = r.cmd.ProcessState.String()
+	if r.cmd != nil {
+		r.cmd.Wait()
+		if r.cmd.ProcessState != nil {
+			exit = r.cmd.ProcessState.String()
+		}
+	} else {
+		// Handed over: a child of this process all the same, reaped as
+		// exec.Cmd would, and said as os.ProcessState says.
+		var ws unix.WaitStatus
+		for {
+			_, err := unix.Wait4(r.pid, &ws, 0, nil)
+			if err != unix.EINTR {
+				if err == nil {
+					exit = waitStatusString(ws)
+				}
+				break
+			}
+		}
 	}
 	select {
 	case <-r.copied:
@@ -325,6 +347,11 @@ func (s *Supervisor) Sweep() []string {
 				}
 			}
 			waitGone(ended, 2*time.Second)
+			for _, pid := range ended {
+				// One handed over by the host's previous program and not
+				// adopted is this process's child: reaped, not left a zombie.
+				unix.Wait4(pid, nil, unix.WNOHANG, nil)
+			}
 		}
 		if p.Cgroup != "" && isModuleCgroup(p.Cgroup) {
 			if n := killCgroup(p.Cgroup); n > 0 {
@@ -353,4 +380,20 @@ func killIfStill(pid, pgid int, minStart uint64) bool {
 		return false
 	}
 	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}
+
+// waitStatusString says how a process ended as os.ProcessState.String
+// does: "exit status 1", "signal: killed".
+func waitStatusString(ws unix.WaitStatus) string {
+	switch {
+	case ws.Exited():
+		return "exit status " + strconv.Itoa(ws.ExitStatus())
+	case ws.Signaled():
+		s := "signal: " + ws.Signal().String()
+		if ws.CoreDump() {
+			s += " (core dumped)"
+		}
+		return s
+	}
+	return "exited"
 }

@@ -247,6 +247,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 	}
 	p := Plan{Node: node, PlanVersion: n.PlanVersion, Reasons: map[string][]string{},
 		Body: protocol.Declaration{Node: node, Mode: string(n.Mode), Modules: []protocol.DeclaredModule{}, Seats: []string{}, BackupLines: []protocol.BackupLine{}}}
+	p.Body.Host = hostOf(snap, n)
 	for _, a := range pl.byNode[node] {
 		m, ok := snap.Manifests[a.Module][a.Version]
 		if !ok {
@@ -534,4 +535,17 @@ func RoutedNames(d protocol.Declaration) []Routed {
 		}
 	}
 	return out
+}
+
+// hostOf is the host release declared to a node, with its archive when
+// the controller keeps one of that version; nil when none is declared.
+func hostOf(snap *inventory.Snapshot, n inventory.NodeState) *protocol.DeclaredHost {
+	if n.HostRelease == "" {
+		return nil
+	}
+	h := &protocol.DeclaredHost{Version: n.HostRelease}
+	if r, ok := snap.HostReleases[n.HostRelease]; ok {
+		h.Archive = &protocol.Archive{Digest: r.Archive.Digest, Bytes: r.Archive.Bytes, UnpackedBytes: r.Archive.UnpackedBytes}
+	}
+	return h
 }

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,24 +27,63 @@ var spawner struct {
 }
 
 type req struct {
-	cmd  *exec.Cmd
+	do   func() error
 	done chan error
 }
 
-// Start starts cmd (as exec.Cmd.Start does) on the spawner's thread.
-func Start(cmd *exec.Cmd) error {
+// ServeMainThread runs program in a goroutine of its own, and makes the
+// calling goroutine the spawner until program returns, with what program
+// returned. The caller must be the main goroutine locked to the process's
+// main thread (runtime.LockOSThread in an init function of the main
+// package): every child is then forked from the main thread, the one
+// thread an Exec from it keeps, so that a program that re-executes itself
+// more than once keeps every child, whichever of its programs started it
+// (a child forked by another thread gets its parent-death signal when
+// that thread ends with the exec). Call it before anything is started;
+// without it, the spawner is a thread of its own that never exits, and
+// one Exec keeps the children.
+func ServeMainThread(program func() int) int {
+	spawner.once.Do(func() { spawner.reqs = make(chan req) })
+	done := make(chan int, 1)
+	go func() { done <- program() }()
+	for {
+		select {
+		case r := <-spawner.reqs:
+			r.done <- r.do()
+		case code := <-done:
+			return code
+		}
+	}
+}
+
+// onSpawner runs do on the spawner's thread.
+func onSpawner(do func() error) error {
 	spawner.once.Do(func() {
 		spawner.reqs = make(chan req)
 		go func() {
 			runtime.LockOSThread() // never unlocked, never returns: see the package's doc
 			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
+				r.done <- r.do()
 			}
 		}()
 	})
 	done := make(chan error, 1)
-	spawner.reqs <- req{cmd: cmd, done: done}
+	spawner.reqs <- req{do: do, done: done}
 	return <-done
+}
+
+// Start starts cmd (as exec.Cmd.Start does) on the spawner's thread.
+func Start(cmd *exec.Cmd) error { return onSpawner(cmd.Start) }
+
+// Exec replaces this process's program with argv0's (syscall.Exec), from
+// the spawner's thread: the process keeps its pid, and its children, forked
+// from that thread, keep their parent. Exec from any other thread would
+// end the spawner's thread as the kernel makes the exec'ing thread the
+// only one, and every child's parent-death signal would fire; a program
+// that execs more than once serves the spawner on its main thread
+// (ServeMainThread). It returns only if the exec failed.
+func Exec(argv0 string, argv, env []string) error {
+	return onSpawner(func() error { return syscall.Exec(argv0, argv, env) })
 }
 
 // WaitExit returns once pid, a child of this process, has exited, without
@@ -79,6 +119,7 @@ func WaitExit(pid int) {
 // Stat is what /proc/<pid>/stat says of a process.
 type Stat struct {
 	State byte
+	Ppid  int
 	Pgid  int
 	// Start is field 22: clock ticks after boot.
 	Start uint64
@@ -102,12 +143,13 @@ func ReadStat(pid int) (Stat, error) {
 	if len(f) < 20 {
 		return Stat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
 	}
+	ppid, err0 := strconv.Atoi(f[1])
 	pgid, err1 := strconv.Atoi(f[2])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil || len(f[0]) != 1 {
+	if err0 != nil || err1 != nil || err2 != nil || len(f[0]) != 1 {
 		return Stat{}, fmt.Errorf("read /proc/%d/stat: malformed", pid)
 	}
-	return Stat{State: f[0][0], Pgid: pgid, Start: start}, nil
+	return Stat{State: f[0][0], Ppid: ppid, Pgid: pgid, Start: start}, nil
 }
 
 // StartTicks is when pid started, in clock ticks after boot.

@@ -164,6 +164,7 @@ func (d Declaration) Problems() []string {
 	default:
 		bad("mode", "%q is not adopted or converged", d.Mode)
 	}
+	d.Host.problems(bad)
 	if f := d.Filter; f != nil {
 		if f.Kind != FilterNftables {
 			bad("filter.kind", "%q is not %s", f.Kind, FilterNftables)
@@ -209,15 +210,7 @@ func (d Declaration) Problems() []string {
 			bad(f+".memory_mb", "must not be negative")
 		}
 		if a := m.Archive; a != nil {
-			if !digestRule.MatchString(a.Digest) {
-				bad(f+".archive.digest", "%q is not a sha256 in lowercase hex", a.Digest)
-			}
-			if a.Bytes <= 0 || a.Bytes > MaxArchiveBytes {
-				bad(f+".archive.bytes", "%d is outside 1..%d", a.Bytes, int64(MaxArchiveBytes))
-			}
-			if a.UnpackedBytes < 0 || a.UnpackedBytes > MaxUnpackedBytes {
-				bad(f+".archive.unpacked_bytes", "%d is outside 0..%d", a.UnpackedBytes, MaxUnpackedBytes)
-			}
+			archiveProblems(f+".archive", a, bad)
 		}
 
 		atMost(f+".secrets", len(m.Secrets), MaxSecrets)

@@ -30,6 +30,7 @@ func good() Declaration {
 			{Module: "old", Kind: "data", Target: "media", Path: "/var/lib/old/media"},
 			{Module: "postgres", Kind: "consumer", Target: "web3/gone"},
 		},
+		Host: &DeclaredHost{Version: "v0.3.1-4-gabc1234-dirty", Archive: &Archive{Digest: strings.Repeat("ab", 32), Bytes: 10 << 20}},
 		Taken: []DeclaredTake{{Digest: "0123456789abcdef", Module: "postgres", Units: []string{"postgresql@16-main.service"},
 			Processes: []TakeProcess{{Pid: 412, Command: "postgres"}}}},
 	}
@@ -55,6 +56,11 @@ func TestDeclaration_Problems(t *testing.T) {
 		{"node invalid", func(d *Declaration) { d.Node = "Web1" }, "node", "not a valid name"},
 		{"node path", func(d *Declaration) { d.Node = "../web1" }, "node", "not a valid name"},
 		{"mode", func(d *Declaration) { d.Mode = "owned" }, "mode", "not adopted or converged"},
+		{"host version missing", func(d *Declaration) { d.Host = &DeclaredHost{} }, "host.version", "not a host version"},
+		{"host version with a line break", func(d *Declaration) { d.Host = &DeclaredHost{Version: "v1\nv2"} }, "host.version", "not a host version"},
+		{"host archive digest", func(d *Declaration) {
+			d.Host = &DeclaredHost{Version: "v0.3.1", Archive: &Archive{Digest: "../x", Bytes: 1}}
+		}, "host.archive.digest", "not a sha256"},
 		{"take of a module not declared", func(d *Declaration) { d.Taken[0].Module = "mysql" }, "taken[0].module", "not a module declared here"},
 		{"take of an option", func(d *Declaration) { d.Taken[0].Units[0] = "--all.service" }, "taken[0].units[0]", "not a service unit's name"},
 		{"take of a timer", func(d *Declaration) { d.Taken[0].Units[0] = "backup.timer" }, "taken[0].units[0]", "not a service unit's name"},

@@ -50,7 +50,11 @@ type Declaration struct {
 	// Filter is the packet filter the mesh owns on this node (a converged
 	// node's); nil means it owns none, and a host that applied one before
 	// removes the mesh's table, and only that.
-	Filter   *DeclaredFilter  `json:"filter,omitempty"`
+	Filter *DeclaredFilter `json:"filter,omitempty"`
+	// Host is the host release the node should run: its host upgrades
+	// itself to it when it runs another (host.go). nil: it is left on
+	// whatever it runs.
+	Host     *DeclaredHost    `json:"host,omitempty"`
 	IssuedAt time.Time        `json:"issued_at,omitzero"`
 	Mode     string           `json:"mode"`
 	Modules  []DeclaredModule `json:"modules"`

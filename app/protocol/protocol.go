@@ -142,6 +142,11 @@ type HeartbeatBody struct {
 	IntervalS     float64   `json:"interval_s"`
 	SerialApplied int64     `json:"serial_applied"`
 	UptimeS       int64     `json:"uptime_s"`
+	// HostVersion is the version the host binary is stamped with, as it
+	// says at join: beaten every time, so that the controller knows what
+	// each host runs across its own upgrades. Absent from hosts that
+	// predate it (their version is the one they joined with).
+	HostVersion string `json:"host_version,omitempty"`
 	// Modules are the states of the modules its host supervises.
 	Modules []ModuleState `json:"modules,omitempty"`
 	// Peers are its overlay peers' last handshakes, when it has an overlay.

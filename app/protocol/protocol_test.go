@@ -128,6 +128,7 @@ func TestDeclaration_EncodesCanonically(t *testing.T) {
 		Networks: []string{"10.0.0.0/8"}, PublicDomain: "example.org", Protocol: "1.1",
 		BackupLines: []BackupLine{{Node: "n", Module: "m", Data: "d", Path: "/p", Precious: "costly", Cadence: "24h0m0s", LastBackup: &at}},
 		Delete:      []DeclaredDeletion{{Module: "m", Kind: "data", Target: "t", Path: "/p"}},
+		Host:        &DeclaredHost{Version: "v0.3.1 <&>", Archive: &Archive{Digest: "d", Bytes: 2, UnpackedBytes: 3}},
 		Modules: []DeclaredModule{{Module: "m", Version: "1.0.0", Run: &Run{Command: []string{"bin/m", "<&>"}},
 			Ports: []Port{{Name: "http", Port: 80, Expose: "overlay"}}, Settings: []byte(`{"a":1,"b":{"c":"<&>"}}`),
 			Data:       []DeclaredData{{Name: "d", Path: "/p", Precious: "irreplaceable"}},

@@ -69,6 +69,8 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
 		{args: []string{"module", "list"}},
 		{args: []string{"upgrade", "postgres"}},
+		{args: []string{"host", "release", "list"}},
+		{args: []string{"host", "upgrade"}},
 		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"plan", "nas1"}, data: []string{"reasons", "modules[].settings"}},
 		{args: []string{"operator", "key", "show"}},
@@ -117,6 +119,10 @@ func TestJSON_SnakeCase(t *testing.T) {
 	// collection reads the serving controller's broker: its document's
 	// keys are checked where a controller serves (app, TestCollection_…).
 	ran["collection"] = true
+	// host release add puts the archive in the serving controller's broker:
+	// its document's keys are checked where a controller serves (app/e2e,
+	// TestHostUpgrade_…).
+	ran["host release add"] = true
 	// take looks at a node's host live: its documents' keys are checked
 	// where a host answers (app, TestTake_AdoptedNode).
 	ran["take"] = true
@@ -267,7 +273,12 @@ func populate(t *testing.T, dir, examples string) {
 		inv.MarkJoined(ctx, "web2", now),
 		inv.MarkJoined(ctx, "db1", long),
 		inv.RecordBeats(ctx, []inventory.Beat{{Node: "db1", HeardAt: long, IntervalS: 15, SerialApplied: 1, UptimeS: 60,
-			Applying: &inventory.Applying{Serial: 3, Since: long, Phase: "archives"}}}),
+			Applying: &inventory.Applying{Serial: 3, Since: long, Phase: "archives"}, HostVersion: "v0.3.0"}}),
+		// Host releases, one run on db1 and declared to web2, as 'host
+		// release add' and a host upgrade would have left them.
+		hostRelease(ctx, inv, "v0.3.0", now),
+		hostRelease(ctx, inv, "v0.3.1", now),
+		inv.Apply(ctx, inventory.Change{HostReleases: []inventory.NodeHostRelease{{Node: "web2", Version: "v0.3.1"}}}, now),
 		facts(inv.RecordFacts(ctx, "db1", []inventory.Fact{{Name: "arch", Value: "amd64", Why: "uname -m"},
 			{Name: protocol.FactWireGuardKey, Value: "PQgYbFGLUB9b7UOnSVANK4FEdbwJx1UzXSydpgMQs5U=", Why: "wg pubkey"}},
 			[]inventory.Found{{Kind: "service", Name: "nginx", Detail: "listens on :80"},
@@ -399,3 +410,10 @@ func placed(ctx context.Context, inv *inventory.Store, node string, p inventory.
 
 // facts is RecordFacts' error: the keys recorded here are each one node's.
 func facts(_ *inventory.KeyRefusal, err error) error { return err }
+
+// hostRelease keeps a host release of version, as 'host release add' does.
+func hostRelease(ctx context.Context, inv *inventory.Store, version string, now time.Time) error {
+	_, err := inv.AddHostRelease(ctx, inventory.HostRelease{Version: version, Archive: inventory.Archive{Digest: strings.Repeat("a", 63) + version[len(version)-1:],
+		Bytes: 1 << 20, UnpackedBytes: 3 << 20}, OS: "linux", Arch: "amd64"}, now)
+	return err
+}

@@ -38,6 +38,7 @@ type CLI struct {
 	Help       HelpCmd       `cmd:"" help:"Show usage, and where each context's store is."`
 	Identity   IdentityCmd   `cmd:"" help:"The controller's signing identity."`
 	Node       NodeCmd       `cmd:"" help:"Machines the mesh knows."`
+	Host       HostCmd       `cmd:"" help:"The hosts themselves: mesh-host releases the controller keeps, and the hosts upgrading themselves to one (canary, batches, rolled back on failure)."`
 	Token      TokenCmd      `cmd:"" help:"One-time rights to join."`
 	Serve      ServeCmd      `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
 	Broker     BrokerCmd     `cmd:"" help:"The broker hosts dial."`

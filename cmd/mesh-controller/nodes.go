@@ -240,14 +240,23 @@ func printModuleStates(w io.Writer, ms []health.ModuleState, indent string) {
 	}
 }
 
-// hostShown is what a node's host runs: its build, and the protocol it was
-// last heard speaking; "-" before it joined.
+// hostShown is what a node's host runs: its build, the protocol it was
+// last heard speaking, and the release declared to it when that is
+// another: "v0.3.0 (protocol 1.1)", "v0.3.0 (protocol 1.1, declared
+// v0.3.1)"; "-" before it joined.
 func hostShown(n app.NodeView) string {
+	var notes []string
+	if n.Protocol != "" {
+		notes = append(notes, "protocol "+shown(n.Protocol))
+	}
+	if n.HostRelease != "" && n.HostRelease != n.HostVersion {
+		notes = append(notes, "declared "+shown(n.HostRelease))
+	}
 	switch {
-	case n.HostVersion == "" && n.Protocol == "":
+	case n.HostVersion == "" && len(notes) == 0:
 		return "-"
-	case n.Protocol == "":
+	case len(notes) == 0:
 		return shown(n.HostVersion)
 	}
-	return fmt.Sprintf("%s (protocol %s)", shown(orNone(n.HostVersion)), shown(n.Protocol))
+	return fmt.Sprintf("%s (%s)", shown(orNone(n.HostVersion)), strings.Join(notes, ", "))
 }

@@ -12,12 +12,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app/host"
+	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
 	"mesh-controller/cmd/clirun"
 )
@@ -149,6 +151,9 @@ type RunCmd struct {
 	ModuleUsers bool `default:"true" negatable:"" env:"MESH_HOST_MODULE_USERS" help:"As root, run each module as its own system user mesh-<module>, made on first start (--no-module-users: as the host's user)."`
 	// OverlayInterface is on by default: the overlay needs no kernel
 	// module and no other program where the host brings it up itself.
+	// SelfUpgrade is on by default: a host release declared by 'host
+	// upgrade' is how the mesh upgrades its hosts.
+	SelfUpgrade      bool `default:"true" negatable:"" name:"self-upgrade" env:"MESH_HOST_SELF_UPGRADE" help:"Upgrade to the host release the controller declares: the release's binary verified, this executable replaced (its directory must be the host's to write) and re-executed, the modules running on (--no-self-upgrade: such a declaration is refused, for a host a package manager upgrades)."`
 	OverlayInterface bool `default:"true" negatable:"" env:"MESH_HOST_OVERLAY_INTERFACE" help:"As root with /dev/net/tun, bring the mesh's overlay up as the WireGuard interface mesh0, in this process (userspace WireGuard; wg show reads it). Its wg-quick configuration is written in the state dir (mesh0.conf, 0600) either way: --no-overlay-interface leaves bringing it up to wg-quick. The WireGuard private key (wireguard.key in the state dir) never leaves this machine."`
 }
 
@@ -162,7 +167,7 @@ func (c *RunCmd) Run(env *Env) error {
 		return err
 	}
 	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr, ModuleUsers: c.ModuleUsers, FilterConfirm: c.FilterConfirm,
-		NoOverlayInterface: !c.OverlayInterface}
+		NoOverlayInterface: !c.OverlayInterface, SelfUpgrade: c.SelfUpgrade}
 	fmt.Fprintf(env.Stdout, "running as %s, applying under %s; module logs in %s\n", st.Node, c.Root, filepath.Join(c.Root, "var", "log", "mesh"))
 	return r.Run(env.Ctx)
 }
@@ -192,7 +197,13 @@ func (c *VersionCmd) Run(env *Env) error {
 	return nil
 }
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+// The main goroutine stays on the process's main thread, which forks every
+// module: a host re-executing itself keeps its modules (process.Exec).
+func init() { runtime.LockOSThread() }
+
+func main() {
+	os.Exit(process.ServeMainThread(func() int { return run(os.Args[1:], os.Stdout, os.Stderr) }))
+}
 
 // run parses args, runs the chosen command, and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {

@@ -40,6 +40,8 @@ type Change struct {
 	// Bindings and Consumers are the bindings chosen and consumer states.
 	Bindings  []Binding
 	Consumers []ConsumerChange
+	// HostReleases declare nodes host releases (a host roll-out's step).
+	HostReleases []NodeHostRelease
 	// Bump moves these nodes' plans: their declarations are then behind.
 	Bump []string
 	// Based is the revision of the snapshot the change was judged on
@@ -131,6 +133,21 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 	for _, a := range ch.Versions {
 		if err := execAssigned(ctx, tx, a.Node, a.Module, `UPDATE assignments SET version = ?, pending_version = NULL WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
 			return err
+		}
+	}
+	for _, h := range ch.HostReleases {
+		var version any // NULL: none declared
+		if h.Version != "" {
+			version = h.Version
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE nodes SET host_release = ? WHERE name = ?`, version, h.Node)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fmt.Errorf("node %s %w", h.Node, ErrNodeNotFound)
 		}
 	}
 	for _, a := range ch.Pending {

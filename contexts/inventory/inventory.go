@@ -60,6 +60,10 @@ type Node struct {
 	// Pending counts its assignments with a version recorded (upgrade
 	// record) and not yet sent.
 	Pending int
+	// HostVersion is what its host says it runs ("" until it joined);
+	// HostRelease the host release declared to it ("" for none: its host
+	// is left on what it runs).
+	HostVersion, HostRelease string
 }
 
 // Behind says the node's declaration is older than its plan, its host has
@@ -108,7 +112,7 @@ const nodeColumns = `n.name, n.mode, n.created_at, n.joined_at, n.last_heard, co
 	coalesce(n.heartbeat_interval_s, 0), coalesce(n.uptime_s, 0), n.applied_serial, n.applied_ok, coalesce(n.applied_error, ''), coalesce(n.applied_ms, 0), n.applied_at,
 	n.plan_version, coalesce(d.plan_version, 0),
 	(SELECT count(*) FROM assignments a WHERE a.node = n.name AND a.pending_version IS NOT NULL),
-	n.applying_serial, n.applying_since, coalesce(n.applying_phase, '')`
+	n.applying_serial, n.applying_since, coalesce(n.applying_phase, ''), coalesce(n.host_version, ''), coalesce(n.host_release, '')`
 
 const nodesFrom = ` FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name`
 
@@ -123,7 +127,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var o Outcome
 	if err := sc.Scan(&n.Name, &mode, &created, &joined, &heard, &n.SerialDeclared, &n.SerialApplied,
 		&n.HeartbeatIntervalS, &n.UptimeS, &appliedSerial, &appliedOK, &o.Error, &o.TotalMS, &appliedAt,
-		&n.PlanVersion, &n.DeclaredPlanVersion, &n.Pending, &applyingSerial, &applyingSince, &applyingPhase); err != nil {
+		&n.PlanVersion, &n.DeclaredPlanVersion, &n.Pending, &applyingSerial, &applyingSince, &applyingPhase, &n.HostVersion, &n.HostRelease); err != nil {
 		return Node{}, err
 	}
 	if applyingSerial.Valid && applyingSince.Valid {

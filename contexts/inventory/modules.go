@@ -78,9 +78,9 @@ type Origin struct {
 // what it unpacks to (the sum of its regular files' sizes; 0 for one
 // built before that was kept).
 type Archive struct {
-	Digest        string
-	Bytes         int64
-	UnpackedBytes int64
+	Digest        string `json:"digest"`
+	Bytes         int64  `json:"bytes"`
+	UnpackedBytes int64  `json:"unpacked_bytes"`
 }
 
 // AddBuilt registers a module version as AddModule does, with where it came

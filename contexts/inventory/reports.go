@@ -22,6 +22,9 @@ type Beat struct {
 	// Applying is the declaration its host said it was applying; nil
 	// between applies.
 	Applying *Applying
+	// HostVersion is the version its host said it runs; "" from a host
+	// that predates saying it (the version it joined with stands).
+	HostVersion string
 }
 
 // Applying is a declaration a node's host is applying, as its beat says.
@@ -114,17 +117,36 @@ func (s *Store) MarkJoined(ctx context.Context, node string, now time.Time) (err
 
 // MarkJoinedMany records that the nodes' hosts joined, in one transaction.
 func (s *Store) MarkJoinedMany(ctx context.Context, nodes []string, now time.Time) (err error) {
+	joins := make([]Join, len(nodes))
+	for i, n := range nodes {
+		joins[i] = Join{Node: n}
+	}
+	return s.RecordJoins(ctx, joins, now)
+}
+
+// Join is a node whose host joined, and the version its host said it runs.
+type Join struct {
+	Node, HostVersion string
+}
+
+// RecordJoins records that the nodes' hosts joined, each with the version
+// it runs ("" leaves the one recorded), in one transaction.
+func (s *Store) RecordJoins(ctx context.Context, joins []Join, now time.Time) (err error) {
 	defer s.db.Failing(&err, "mark nodes joined")
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET joined_at = ?, last_heard = ? WHERE name = ?`)
+		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET joined_at = ?1, last_heard = ?1, host_version = coalesce(?3, host_version) WHERE name = ?2`)
 		if err != nil {
 			return err
 		}
 		defer stmt.Close()
-		for _, node := range nodes {
-			if _, err := stmt.ExecContext(ctx, at, at, node); err != nil {
-				return fmt.Errorf("mark %s joined: %w", node, err)
+		for _, j := range joins {
+			var version any
+			if j.HostVersion != "" {
+				version = j.HostVersion
+			}
+			if _, err := stmt.ExecContext(ctx, at, j.Node, version); err != nil {
+				return fmt.Errorf("mark %s joined: %w", j.Node, err)
 			}
 		}
 		// A joined host's recipient is in the backup holder's lines.
@@ -145,7 +167,7 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) (err error) {
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET last_heard = ?1, heartbeat_interval_s = ?2,
 			serial_applied = CASE WHEN serial_applied > ?3 THEN serial_applied ELSE ?3 END, uptime_s = ?4,
-			applying_serial = ?6, applying_since = ?7, applying_phase = ?8 WHERE name = ?5`)
+			applying_serial = ?6, applying_since = ?7, applying_phase = ?8, host_version = coalesce(?9, host_version) WHERE name = ?5`)
 		if err != nil {
 			return err
 		}
@@ -155,7 +177,11 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) (err error) {
 			if a := b.Applying; a != nil {
 				serial, since, phase = a.Serial, sqlite.FormatTime(a.Since), a.Phase
 			}
-			if _, err := stmt.ExecContext(ctx, sqlite.FormatTime(b.HeardAt), b.IntervalS, b.SerialApplied, b.UptimeS, b.Node, serial, since, phase); err != nil {
+			var version any // NULL: a host that predates saying it keeps the one it joined with
+			if b.HostVersion != "" {
+				version = b.HostVersion
+			}
+			if _, err := stmt.ExecContext(ctx, sqlite.FormatTime(b.HeardAt), b.IntervalS, b.SerialApplied, b.UptimeS, b.Node, serial, since, phase, version); err != nil {
 				return fmt.Errorf("record heartbeat of %s: %w", b.Node, err)
 			}
 		}

@@ -22,10 +22,24 @@ const (
 	RollOutRolledBack  = "rolled-back"
 )
 
-// RollOut is a module's last roll-out (one a module is kept).
+// The kinds of roll-out: of a module's nodes to one of its versions, or of
+// hosts to a host release.
+const (
+	RollOutOfModule = "module"
+	RollOutOfHost   = "host"
+)
+
+// HostRollOut is the key of the hosts' roll-out where the store's methods
+// take a module: no module is named "", and one host roll-out is kept.
+const HostRollOut = ""
+
+// RollOut is a module's last roll-out (one a module is kept), or the
+// hosts' last (Kind host, Module HostRollOut): its From and To are then
+// host versions.
 type RollOut struct {
 	ID     string `json:"id"`
-	Module string `json:"module"`
+	Kind   string `json:"kind"`
+	Module string `json:"module,omitempty"`
 	To     string `json:"to"`
 	// Canary is how many nodes batch 0 holds; Batch the batch size as asked
 	// (N nodes or P%).
@@ -96,13 +110,21 @@ func (s *Store) StartRollOut(ctx context.Context, r RollOut, now time.Time) (err
 		if _, err := tx.ExecContext(ctx, `DELETE FROM rollouts WHERE module = ?`, r.Module); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO rollouts (module, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, r.ID, r.To, r.Canary, r.Batch, r.Wait.Milliseconds(), r.Soak.Milliseconds(),
+		if _, err := tx.ExecContext(ctx, `INSERT INTO rollouts (module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, r.kind(), r.ID, r.To, r.Canary, r.Batch, r.Wait.Milliseconds(), r.Soak.Milliseconds(),
 			r.MaxFailures, r.Phase, r.Why, r.Who, sqlite.FormatTime(now), sqlite.FormatTime(now)); err != nil {
 			return err
 		}
 		return writeRollOutNodes(ctx, tx, r)
 	})
+}
+
+// kind is r's kind, module unless said.
+func (r RollOut) kind() string {
+	if r.Kind == "" {
+		return RollOutOfModule
+	}
+	return r.Kind
 }
 
 // writeRollOutNodes writes every node of r anew.
@@ -172,8 +194,8 @@ func (s *Store) RollOut(ctx context.Context, module string) (_ RollOut, ok bool,
 	var r RollOut
 	var wait, soak int64
 	var started, updated string
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT module, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at
-		FROM rollouts WHERE module = ?`, module).Scan(&r.Module, &r.ID, &r.To, &r.Canary, &r.Batch, &wait, &soak, &r.MaxFailures, &r.Phase, &r.Why, &r.Who, &started, &updated)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at
+		FROM rollouts WHERE module = ?`, module).Scan(&r.Module, &r.Kind, &r.ID, &r.To, &r.Canary, &r.Batch, &wait, &soak, &r.MaxFailures, &r.Phase, &r.Why, &r.Who, &started, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return RollOut{}, false, nil
 	}
@@ -216,16 +238,17 @@ func (s *Store) RollOutMark(ctx context.Context, module string) (_ string, err e
 	return id + " " + phase + " " + updated, err
 }
 
-// RollOutsUnderWay names the modules whose roll-out is not ended: serve
-// drives them.
+// RollOutsUnderWay names the modules whose roll-out is not ended (and
+// HostRollOut for the hosts'): serve drives them.
 func (s *Store) RollOutsUnderWay(ctx context.Context) (_ []string, err error) {
 	defer s.db.Failing(&err, "read the roll-outs under way")
 	return sqlite.Strings(ctx, s.db.Reader, `SELECT module FROM rollouts WHERE phase IN (?, ?, ?) ORDER BY module`,
 		RollOutRunning, RollOutSoaking, RollOutRollingBack)
 }
 
-// RollOutFromVersions are, per module, the versions its last roll-out's
-// nodes ran before it: what a rollback may return to.
+// RollOutFromVersions are, per module (HostRollOut for the hosts), the
+// versions its last roll-out's nodes ran before it: what a rollback may
+// return to.
 func (s *Store) RollOutFromVersions(ctx context.Context) (_ map[string][]string, err error) {
 	defer s.db.Failing(&err, "read the roll-outs' from versions")
 	rows, err := s.db.Reader.QueryContext(ctx, `SELECT DISTINCT module, from_version FROM rollout_nodes ORDER BY module, from_version`)

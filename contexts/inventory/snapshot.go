@@ -23,6 +23,9 @@ type NodeState struct {
 	HeartbeatIntervalS  float64
 	// Pending counts its assignments with a recorded version not yet sent.
 	Pending int
+	// HostVersion is what its host says it runs; HostRelease the host
+	// release declared to it ("" for none).
+	HostVersion, HostRelease string
 }
 
 // Undelivered says the node's host does not run its plan yet: its
@@ -62,6 +65,8 @@ type Snapshot struct {
 	Filters map[string]Filter
 	// Overlay is what the overlay is computed from; read with the nodes.
 	Overlay Overlay
+	// HostReleases are the host releases kept, by version.
+	HostReleases map[string]HostRelease
 
 	versions map[Holder]string
 }
@@ -80,14 +85,14 @@ func (s *Snapshot) VersionOn(node, module string) string {
 // nodeStateQuery reads NodeStates (scanNodeState) of the nodes a WHERE
 // clause appended to it selects, by name.
 const nodeStateQuery = `SELECT n.name, n.mode, n.joined_at IS NOT NULL, n.plan_version, coalesce(d.plan_version, 0), coalesce(d.serial, 0), n.serial_applied,
-	n.last_heard, coalesce(n.heartbeat_interval_s, 0)
+	n.last_heard, coalesce(n.heartbeat_interval_s, 0), coalesce(n.host_version, ''), coalesce(n.host_release, '')
 	FROM nodes n LEFT JOIN declarations d INDEXED BY declarations_versions ON d.node = n.name`
 
 func scanNodeState(r *sql.Rows) (NodeState, error) {
 	var n NodeState
 	var mode string
 	var heard sql.NullString
-	if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied, &heard, &n.HeartbeatIntervalS); err != nil {
+	if err := r.Scan(&n.Name, &mode, &n.Joined, &n.PlanVersion, &n.DeclaredPlanVersion, &n.SerialDeclared, &n.SerialApplied, &heard, &n.HeartbeatIntervalS, &n.HostVersion, &n.HostRelease); err != nil {
 		return NodeState{}, err
 	}
 	var err error
@@ -167,6 +172,14 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	})
 	if err != nil {
 		return nil, err
+	}
+	releases, err := hostReleases(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	snap.HostReleases = make(map[string]HostRelease, len(releases))
+	for _, r := range releases {
+		snap.HostReleases[r.Version] = r
 	}
 	err = each(ctx, tx, `SELECT name, current_version FROM modules`, func(r *sql.Rows) error {
 		var name, v string

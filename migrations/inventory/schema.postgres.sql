@@ -107,6 +107,16 @@ CREATE TABLE fence (
     id bigint NOT NULL,
     generation bigint NOT NULL
 );
+CREATE TABLE host_releases (
+    version text NOT NULL,
+    digest text NOT NULL,
+    bytes bigint NOT NULL,
+    unpacked_bytes bigint NOT NULL,
+    os text NOT NULL DEFAULT ''::text,
+    arch text NOT NULL DEFAULT ''::text,
+    added_at text NOT NULL,
+    who text NOT NULL DEFAULT ''::text
+);
 CREATE TABLE module_versions (
     module text NOT NULL,
     version text NOT NULL,
@@ -180,7 +190,9 @@ CREATE TABLE nodes (
     overlay_reach text,
     applying_serial bigint,
     applying_since text,
-    applying_phase text
+    applying_phase text,
+    host_version text,
+    host_release text
 );
 CREATE TABLE overlay_key_refusals (
     node text NOT NULL,
@@ -258,7 +270,8 @@ CREATE TABLE rollouts (
     why text NOT NULL DEFAULT ''::text,
     who text NOT NULL DEFAULT ''::text,
     started_at text NOT NULL,
-    updated_at text NOT NULL
+    updated_at text NOT NULL,
+    kind text NOT NULL DEFAULT 'module'::text
 );
 CREATE TABLE schema_migrations (
     version integer NOT NULL,
@@ -312,6 +325,8 @@ ALTER TABLE deletions ADD CONSTRAINT deletions_kind_check CHECK ((kind = ANY (AR
 ALTER TABLE deletions ADD CONSTRAINT deletions_pkey PRIMARY KEY (id);
 ALTER TABLE fence ADD CONSTRAINT fence_id_check CHECK ((id = 1));
 ALTER TABLE fence ADD CONSTRAINT fence_pkey PRIMARY KEY (id);
+ALTER TABLE host_releases ADD CONSTRAINT host_releases_pkey PRIMARY KEY (version);
+ALTER TABLE host_releases ADD CONSTRAINT host_releases_version_check CHECK (((length(version) >= 1) AND (length(version) <= 128)));
 ALTER TABLE module_versions ADD CONSTRAINT module_versions_module_fkey FOREIGN KEY (module) REFERENCES modules(name) ON DELETE CASCADE;
 ALTER TABLE module_versions ADD CONSTRAINT module_versions_pkey PRIMARY KEY (module, version);
 ALTER TABLE modules ADD CONSTRAINT modules_name_check CHECK ((((length(name) >= 1) AND (length(name) <= 63)) AND (name ~ '^[a-z]'::text) AND (name !~ '[^a-z0-9-]'::text)));
@@ -345,6 +360,7 @@ ALTER TABLE retirements ADD CONSTRAINT retirements_state_check CHECK ((state = A
 ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_back_check CHECK ((back = ANY (ARRAY[''::text, 'returning'::text, 'returned'::text, 'not-returned'::text])));
 ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_pkey PRIMARY KEY (module, node);
 ALTER TABLE rollout_nodes ADD CONSTRAINT rollout_nodes_result_check CHECK ((result = ANY (ARRAY['waiting'::text, 'moved'::text, 'ready'::text, 'failed'::text])));
+ALTER TABLE rollouts ADD CONSTRAINT rollouts_kind_check CHECK ((kind = ANY (ARRAY['module'::text, 'host'::text])));
 ALTER TABLE rollouts ADD CONSTRAINT rollouts_phase_check CHECK ((phase = ANY (ARRAY['running'::text, 'soaking'::text, 'rolling-back'::text, 'done'::text, 'stopped'::text, 'rolled-back'::text])));
 ALTER TABLE rollouts ADD CONSTRAINT rollouts_pkey PRIMARY KEY (module);
 ALTER TABLE schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);

@@ -111,6 +111,16 @@ CREATE TABLE fence (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     generation INTEGER NOT NULL
 ) STRICT;
+CREATE TABLE host_releases (
+    version        TEXT PRIMARY KEY CHECK (length(version) BETWEEN 1 AND 128),
+    digest         TEXT NOT NULL,
+    bytes          INTEGER NOT NULL,
+    unpacked_bytes INTEGER NOT NULL,
+    os             TEXT NOT NULL DEFAULT '',
+    arch           TEXT NOT NULL DEFAULT '',
+    added_at       TEXT NOT NULL,
+    who            TEXT NOT NULL DEFAULT ''
+) STRICT;
 CREATE TABLE module_versions (
     module    TEXT NOT NULL REFERENCES modules (name) ON DELETE CASCADE,
     version   TEXT NOT NULL,
@@ -168,7 +178,7 @@ CREATE TABLE nodes (
     created_at TEXT NOT NULL,
     joined_at  TEXT,
     last_heard TEXT
-, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT, overlay_index INTEGER, overlay_endpoint TEXT, overlay_site TEXT, overlay_reach TEXT CHECK (overlay_reach IN ('public', 'behind-nat')), applying_serial INTEGER, applying_since TEXT, applying_phase TEXT) STRICT;
+, serial_applied INTEGER NOT NULL DEFAULT 0, heartbeat_interval_s REAL, uptime_s INTEGER, facts_at TEXT, applied_serial INTEGER, applied_ok INTEGER, applied_error TEXT, applied_ms REAL, applied_at TEXT, plan_version INTEGER NOT NULL DEFAULT 0, public_domain TEXT, networks TEXT, overlay_index INTEGER, overlay_endpoint TEXT, overlay_site TEXT, overlay_reach TEXT CHECK (overlay_reach IN ('public', 'behind-nat')), applying_serial INTEGER, applying_since TEXT, applying_phase TEXT, host_version TEXT, host_release TEXT) STRICT;
 CREATE TABLE overlay_key_refusals (
     node   TEXT PRIMARY KEY REFERENCES nodes (name) ON DELETE CASCADE,
     holder TEXT NOT NULL,
@@ -247,7 +257,7 @@ CREATE TABLE rollouts (
     who          TEXT NOT NULL DEFAULT '',
     started_at   TEXT NOT NULL,
     updated_at   TEXT NOT NULL
-) STRICT;
+, kind TEXT NOT NULL DEFAULT 'module' CHECK (kind IN ('module', 'host'))) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,
