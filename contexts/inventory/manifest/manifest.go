@@ -32,6 +32,9 @@ type Manifest struct {
 	Requires    *Requirements `json:"requires,omitempty"`
 	Run         *Run          `json:"run,omitempty"`
 	Build       *Build        `json:"build,omitempty"`
+	// Prepare is how this version brings the data its module keeps to the
+	// shape it needs, run by the host on an upgrade to it.
+	Prepare *Prepare `json:"prepare,omitempty"`
 	Ports       []Port        `json:"ports,omitempty"`
 	Emits       []string      `json:"emits,omitempty"`
 	Consumes    []string      `json:"consumes,omitempty"`
@@ -87,6 +90,26 @@ const DefaultBuildTimeout = 20 * time.Minute
 
 // MaxBuildTimeout bounds what a manifest may ask for.
 const MaxBuildTimeout = 24 * time.Hour
+
+// Prepare is how a version brings its module's data to the shape it
+// needs (the seed's "prepare"): on an upgrade to this version the host
+// stops the old version, snapshots the module's precious data, runs the
+// command (as the module's user, in this version's directory, with its
+// environment) and starts this version; one that fails or outlives its
+// timeout leaves the old version running on the data as it was.
+type Prepare struct {
+	Command []string `json:"command"`
+	// Timeout is a Go duration; empty is DefaultPrepareTimeout.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// DefaultPrepareTimeout is how long a prepare may run unless its manifest
+// says; MinPrepareTimeout and MaxPrepareTimeout bound what it may say.
+const (
+	DefaultPrepareTimeout = 10 * time.Minute
+	MinPrepareTimeout     = time.Second
+	MaxPrepareTimeout     = 24 * time.Hour
+)
 
 // Ready is one of: a declared port accepts TCP connections, a command
 // exits 0, or a time running without exiting.
@@ -242,11 +265,12 @@ func (p Problem) String() string { return p.Field + ": " + p.What }
 // shape is the fields each object of a manifest may have: any other is a
 // problem (a typo must not pass silently). "[]" marks an array of objects.
 var shape = map[string][]string{
-	"":                             {"module", "version", "description", "source", "requires", "run", "build", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "licences", "data", "tools", "stands_on"},
+	"":                             {"module", "version", "description", "source", "requires", "run", "build", "prepare", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "licences", "data", "tools", "stands_on"},
 	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
 	"run":                          {"command", "env", "stop_grace", "ready"},
 	"run.ready":                    {"port", "command", "after"},
 	"build":                        {"command", "outputs", "timeout", "env"},
+	"prepare":                      {"command", "timeout"},
 	"ports[]":                      {"name", "port", "expose"},
 	"provides[]":                   {"provision", "port", "per_consumer"},
 	"provides[].per_consumer":      {"credential", "data"},
@@ -501,6 +525,9 @@ func (m *Manifest) judge() []Problem {
 	if m.Build != nil {
 		m.judgeBuild(bad)
 	}
+	if m.Prepare != nil {
+		m.judgePrepare(bad)
+	}
 	for i, t := range m.Tools {
 		name(fmt.Sprintf("tools[%d].name", i), t.Name)
 	}
@@ -666,6 +693,35 @@ func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
 		}
 		if strings.ContainsRune(b.Env[k], 0) {
 			bad("build.env."+k, "contains a NUL byte")
+		}
+	}
+}
+
+// judgePrepare judges prepare: a command, and a timeout that is a
+// duration within [MinPrepareTimeout, MaxPrepareTimeout]; every problem
+// reported.
+func (m *Manifest) judgePrepare(bad func(string, string, ...any)) {
+	p := m.Prepare
+	switch {
+	case len(p.Command) == 0:
+		bad("prepare.command", "missing: the program that brings the data to this version's shape, and its arguments")
+	case len(p.Command) > maxRunWords:
+		bad("prepare.command", "%d words, at most %d", len(p.Command), maxRunWords)
+	case strings.TrimSpace(p.Command[0]) == "":
+		bad("prepare.command[0]", "is empty: name the program (a path in the version's directory, or a name on the host's PATH)")
+	}
+	for i, w := range p.Command {
+		if strings.ContainsRune(w, 0) {
+			bad(fmt.Sprintf("prepare.command[%d]", i), "contains a NUL byte")
+		}
+	}
+	if p.Timeout != "" {
+		d, err := time.ParseDuration(p.Timeout)
+		switch {
+		case err != nil:
+			bad("prepare.timeout", "%q is not a duration (like 10m)", p.Timeout)
+		case d < MinPrepareTimeout || d > MaxPrepareTimeout:
+			bad("prepare.timeout", "%s is outside [1s, 24h]", p.Timeout)
 		}
 	}
 }
