@@ -280,7 +280,7 @@ func TestParse_DataPathsAreClean(t *testing.T) {
 // is the default.
 func TestParse_Prepare(t *testing.T) {
 	for doc, want := range map[string][]string{
-		`{"command": []}`:                           {`prepare.command: missing: the program that brings the data to this version's shape`},
+		`{"command": []}`: {`prepare.command: missing: the program that brings the data to this version's shape`},
 		`{"command": [" ", "x"], "timeout": "soon"}`: {`prepare.command[0]: is empty`, `prepare.timeout: "soon" is not a duration (like 10m)`},
 		`{"command": ["bin/m"], "timeout": "500ms"}`: {`prepare.timeout: 500ms is outside [1s, 24h]`},
 		`{"command": ["bin/m"], "timeout": "25h"}`:   {`prepare.timeout: 25h is outside [1s, 24h]`},
