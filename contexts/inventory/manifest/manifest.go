@@ -32,17 +32,15 @@ type Manifest struct {
 	Requires    *Requirements `json:"requires,omitempty"`
 	Run         *Run          `json:"run,omitempty"`
 	Build       *Build        `json:"build,omitempty"`
-	// Prepare is how this version brings the data its module keeps to the
-	// shape it needs, run by the host on an upgrade to it.
-	Prepare  *Prepare    `json:"prepare,omitempty"`
-	Ports    []Port      `json:"ports,omitempty"`
-	Emits    []string    `json:"emits,omitempty"`
-	Consumes []string    `json:"consumes,omitempty"`
-	Provides []Provision `json:"provides,omitempty"`
-	Needs    []Need      `json:"needs,omitempty"`
-	Seats    []Seat      `json:"seats,omitempty"`
-	Settings *Settings   `json:"settings,omitempty"`
-	Secrets  []Secret    `json:"secrets,omitempty"`
+	Prepare     *Prepare      `json:"prepare,omitempty"`
+	Ports       []Port        `json:"ports,omitempty"`
+	Emits       []string      `json:"emits,omitempty"`
+	Consumes    []string      `json:"consumes,omitempty"`
+	Provides    []Provision   `json:"provides,omitempty"`
+	Needs       []Need        `json:"needs,omitempty"`
+	Seats       []Seat        `json:"seats,omitempty"`
+	Settings    *Settings     `json:"settings,omitempty"`
+	Secrets     []Secret      `json:"secrets,omitempty"`
 	// Licences are the licences it needs held ('licence use') before it
 	// starts: assign warns of one not held, the plan shows it waiting.
 	Licences []LicenceNeed `json:"licences,omitempty"`
