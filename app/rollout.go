@@ -63,6 +63,8 @@ func CheckRollOut(r UpgradeRequest) error {
 		return fmt.Errorf("%w: --max-failures %d: say how many nodes may fail, 0 or more", ErrBadRollOut, r.MaxFailures)
 	case r.Soak < 0:
 		return fmt.Errorf("%w: --soak %s: a soak is 0 or longer", ErrBadRollOut, r.Soak)
+	case r.WithoutSnapshot && strings.TrimSpace(r.Why) == "":
+		return fmt.Errorf("%w: --without-snapshot needs --why: say why its nodes may upgrade with no snapshot of the data they cannot lose", ErrBadRollOut)
 	}
 	_, err := BatchSize(r.Batch, 1)
 	return err
@@ -85,7 +87,7 @@ func (c uses) startRollOut(ctx context.Context, st *Stores, snap *inventory.Snap
 	id := make([]byte, 8)
 	rand.Read(id)
 	ro := inventory.RollOut{ID: hex.EncodeToString(id), Module: v.Module, To: v.Current, Canary: r.Canary, Batch: r.Batch,
-		Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures, Phase: inventory.RollOutRunning, Who: who()}
+		Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures, WithoutSnapshot: r.WithoutSnapshot, Phase: inventory.RollOutRunning, Who: who()}
 	if ro.Batch == "" {
 		ro.Batch = "1"
 	}
@@ -105,8 +107,17 @@ func (c uses) startRollOut(ctx context.Context, st *Stores, snap *inventory.Snap
 	}
 	what := fmt.Sprintf("roll-out %s %s to %s (canary %d, batch %s, wait %s, soak %s, max failures %d)", v.Module, v.Current,
 		Plural(len(ro.Nodes), "node"), ro.Canary, ro.Batch, ro.Wait, ro.Soak, ro.MaxFailures)
-	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: "asked by 'upgrade " + v.Module + " roll-out'", Cause: "roll-out", Who: ro.Who}); err != nil {
+	why := "asked by 'upgrade " + v.Module + " roll-out'"
+	if ro.WithoutSnapshot {
+		// The person's why is kept with the act that allowed it.
+		what += ", allowed without a snapshot of irreplaceable data"
+		why = r.Why
+	}
+	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: what, Why: why, Cause: "roll-out", Who: ro.Who}); err != nil {
 		return v, err
+	}
+	if ro.WithoutSnapshot {
+		r.Progress(fmt.Sprintf("its nodes may upgrade %s where its irreplaceable data cannot be snapshotted first (--without-snapshot: %s)", v.Module, r.Why))
 	}
 	if ro.Canary > 0 {
 		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: %s first, then batches of %d; the serving controller drives it", v.Module, v.Current, Plural(min(ro.Canary, len(ro.Nodes)), "canary node"), size))
@@ -257,7 +268,7 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 	if n.Result != was.Result {
 		switch n.Result {
 		case "ready":
-			progress(fmt.Sprintf("%s runs %s %s: ready", n.Node, ro.Module, ro.To))
+			progress(fmt.Sprintf("%s runs %s %s: ready%s", n.Node, ro.Module, ro.To, inParens(n.Prepared)))
 		case "failed":
 			progress(fmt.Sprintf("%s failed: %s", n.Node, n.Error))
 		}
@@ -272,16 +283,21 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 	}
 }
 
+// inParens is " (s)", or "" when s is.
+func inParens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
 // nodeBack says what became of a node's return, with its host's word.
 func nodeBack(ro inventory.RollOut, n inventory.RollOutNode) string {
 	line := fmt.Sprintf("%s back on %s %s", n.Node, ro.Module, n.From)
 	if n.Back == "not-returned" {
 		line = fmt.Sprintf("%s not back on %s %s: %s", n.Node, ro.Module, n.From, n.BackError)
 	}
-	if n.Detail != "" {
-		line += " (" + n.Detail + ")"
-	}
-	return line
+	return line + inParens(n.Detail)
 }
 
 // rollOutView is v with what the roll-out recorded of its nodes.
@@ -508,6 +524,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		n, s := &ro.Nodes[idx[k]], v.Steps[k]
 		n.Applied = s.Applied
 		if s.Ready {
+			n.Prepared = s.Detail
 			ready = append(ready, k)
 		} else {
 			fail(k, s.Error)
@@ -562,6 +579,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, ro *inven
 		} else if ro.Soak > 0 {
 			result = "ready through the " + ro.Soak.String() + " soak"
 		}
+		result += inParens(n.Prepared)
 		acts = append(acts, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", ro.Module, batch, n.Node, ro.Module, ro.To, result))
 	}
 	if ro.Phase == inventory.RollOutRollingBack {
