@@ -74,6 +74,9 @@ type Runner struct {
 	bk backupWork
 	// applies is the declarations' worker's: what waits, what it applies.
 	applies applyWork
+	// ups is what the host remembers of its upgrades (prepare.go); the
+	// declarations' worker alone reads and writes it once Run began.
+	ups upgradesState
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -143,6 +146,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	// declared runs again, before the controller is heard.
 	for _, line := range r.sup.Sweep() {
 		r.logf("left from the last run: %s", line)
+	}
+	if err := r.loadUpgrades(); err != nil {
+		return err
 	}
 	r.sup.Apply(specs(r.State, r.Root, r.last.Runs))
 	// Stopping the host stops its modules: none outlives it.
