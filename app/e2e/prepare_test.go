@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -126,5 +128,75 @@ func TestRollOut_PrepareFailsRollsBack(t *testing.T) {
 		t.Fatalf("data does not list what the prepare left as retired: %+v", views)
 	}
 	b.handActsSay(t, "move db1 from 1.0.0 to 2.0.0", "db1 on notes 2.0.0: failed: prepare of notes 2.0.0 failed", "rollback of notes 2.0.0: db1 back on notes 1.0.0 (prepare of 2.0.0 failed")
+	t.Logf("took %s", time.Since(start))
+}
+
+// storeKeeping is store at version, keeping an irreplaceable data set,
+// with a prepare (if given) run as a shell script.
+func storeKeeping(version, prepare string) string {
+	p := ""
+	if prepare != "" {
+		p = fmt.Sprintf(`"prepare": {"command": ["sh", "-c", %q]},`, prepare)
+	}
+	return fmt.Sprintf(`{"module": "store", "version": %q, %s "run": {"command": ["sh", "-c", "exec sleep 1000"], "ready": {"after": "100ms"}},
+ "data": [{"name": "main", "path": "/var/lib/store", "precious": "irreplaceable"}]}`, version, p)
+}
+
+// With no backup holder, a roll-out to a version with a prepare is
+// refused on its canary, which runs on untouched; the same roll-out with
+// --without-snapshot --why goes through, the planner marking the module
+// for the nodes it moves, each node's line saying what its host did of
+// the data, the why kept in the hand act and upgrade --json showing it.
+func TestRollOut_WithoutSnapshot(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	m := newTestMesh(t)
+	h := m.join("db1")
+	m.addModule(writeManifest(t, storeKeeping("1.0.0", "")))
+	m.assign(t, "db1", "store")
+	checkFor(t, settle, m.storeReady("db1", "1.0.0"))
+	m.addModule(writeManifest(t, storeKeeping("2.0.0", "echo 2 > $MESH_DATA_MAIN/schema")))
+	ctx := context.Background()
+
+	v, said, err := m.rollOut(ctx, app.UpgradeRequest{Canary: 1})
+	if !errors.Is(err, app.ErrRollOutRolledBack) || !strings.Contains(err.Error(),
+		"refused: store cannot be upgraded to 2.0.0: its irreplaceable data set main cannot be snapshotted first: no backup holder keeps it") {
+		t.Fatalf("a roll-out with no snapshot possible: %v\n%s", err, strings.Join(said, "\n"))
+	}
+	if c := rollOutNode(t, v, "db1"); c.Back != "returned" {
+		t.Fatalf("the canary: %+v", c)
+	}
+	checkFor(t, settle, m.storeReady("db1", "1.0.0"))
+
+	v, said, err = m.rollOut(ctx, app.UpgradeRequest{Canary: 1, WithoutSnapshot: true, Why: "no holder yet; the store is rebuilt from its source"})
+	if err != nil || !v.RollOut.WithoutSnapshot {
+		t.Fatalf("a roll-out without a snapshot: %v %+v\n%s", err, v.RollOut, strings.Join(said, "\n"))
+	}
+	prepared := "prepare of 2.0.0 ran; main not snapshotted (allowed without a snapshot: no backup holder keeps it (no module holds the backup seat, or its address is unknown))"
+	if c := rollOutNode(t, v, "db1"); c.Result != "ready" || c.Prepared != prepared {
+		t.Fatalf("the canary: %+v", c)
+	}
+	if !strings.Contains(strings.Join(said, "\n"), "db1 runs store 2.0.0: ready ("+prepared+")") {
+		t.Errorf("the roll-out did not say what became of the data:\n%s", strings.Join(said, "\n"))
+	}
+	if b, err := os.ReadFile(filepath.Join(h.root, "var/lib/store/schema")); err != nil || string(b) != "2\n" {
+		t.Fatalf("the prepare did not run: %q %v", b, err)
+	}
+	acts, err := m.c.HandActs(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, a := range acts.Acts {
+		found = found || (strings.HasSuffix(a.What, "allowed without a snapshot of irreplaceable data") && a.Why == "no holder yet; the store is rebuilt from its source")
+	}
+	if !found {
+		t.Errorf("no hand act keeps why: %+v", acts.Acts)
+	}
+	shown, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store"})
+	doc, _ := json.Marshal(shown)
+	if err != nil || !strings.Contains(string(doc), `"without_snapshot":true`) || !strings.Contains(string(doc), `"prepared":"prepare of 2.0.0 ran;`) {
+		t.Fatalf("upgrade --json: %s %v", doc, err)
+	}
 	t.Logf("took %s", time.Since(start))
 }
