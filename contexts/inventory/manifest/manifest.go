@@ -560,20 +560,8 @@ const maxRunWords = 100
 func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
 	r := m.Run
 	command := func(field string, words []string) {
-		switch {
-		case len(words) == 0:
-			bad(field, "missing: the program to start and its arguments")
-		case len(words) > maxRunWords:
-			bad(field, "%d words, at most %d", len(words), maxRunWords)
-		}
-		for i, w := range words {
-			if strings.ContainsRune(w, 0) {
-				bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
-			}
-		}
-		if len(words) > 0 && strings.TrimSpace(words[0]) == "" {
-			bad(field+"[0]", "is empty: name the program (an absolute path, a path in the module's directory, or a name on the host's PATH)")
-		}
+		judgeCommand(bad, field, words, "the program to start and its arguments",
+			"name the program (an absolute path, a path in the module's directory, or a name on the host's PATH)")
 	}
 	command("run.command", r.Command)
 	if len(r.Env) > maxRunWords {
@@ -640,14 +628,7 @@ func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
 // and HOME to the builder; every problem reported.
 func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
 	b := m.Build
-	switch {
-	case len(b.Command) == 0:
-		bad("build.command", "missing: the program that builds it and its arguments")
-	case len(b.Command) > maxRunWords:
-		bad("build.command", "%d words, at most %d", len(b.Command), maxRunWords)
-	case strings.TrimSpace(b.Command[0]) == "":
-		bad("build.command[0]", "is empty: name the program")
-	}
+	judgeCommand(bad, "build.command", b.Command, "the program that builds it and its arguments", "name the program")
 	if len(b.Outputs) == 0 {
 		bad("build.outputs", "missing: the paths the archive carries, such as \"bin/\"")
 	}
@@ -695,24 +676,32 @@ func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
 	}
 }
 
+// judgeCommand judges a command a host or builder execs: its words, at
+// most maxRunWords, the first naming the program, none with a NUL byte;
+// missing says what the command is, empty how to name the program.
+func judgeCommand(bad func(string, string, ...any), field string, words []string, missing, empty string) {
+	switch {
+	case len(words) == 0:
+		bad(field, "missing: %s", missing)
+	case len(words) > maxRunWords:
+		bad(field, "%d words, at most %d", len(words), maxRunWords)
+	case strings.TrimSpace(words[0]) == "":
+		bad(field+"[0]", "is empty: %s", empty)
+	}
+	for i, w := range words {
+		if strings.ContainsRune(w, 0) {
+			bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
+		}
+	}
+}
+
 // judgePrepare judges prepare: a command, and a timeout that is a
 // duration within [MinPrepareTimeout, MaxPrepareTimeout]; every problem
 // reported.
 func (m *Manifest) judgePrepare(bad func(string, string, ...any)) {
 	p := m.Prepare
-	switch {
-	case len(p.Command) == 0:
-		bad("prepare.command", "missing: the program that brings the data to this version's shape, and its arguments")
-	case len(p.Command) > maxRunWords:
-		bad("prepare.command", "%d words, at most %d", len(p.Command), maxRunWords)
-	case strings.TrimSpace(p.Command[0]) == "":
-		bad("prepare.command[0]", "is empty: name the program (a path in the version's directory, or a name on the host's PATH)")
-	}
-	for i, w := range p.Command {
-		if strings.ContainsRune(w, 0) {
-			bad(fmt.Sprintf("prepare.command[%d]", i), "contains a NUL byte")
-		}
-	}
+	judgeCommand(bad, "prepare.command", p.Command, "the program that brings the data to this version's shape, and its arguments",
+		"name the program (a path in the version's directory, or a name on the host's PATH)")
 	if p.Timeout != "" {
 		d, err := time.ParseDuration(p.Timeout)
 		switch {
