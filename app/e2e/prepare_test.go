@@ -146,7 +146,8 @@ func storeKeeping(version, prepare string) string {
 // refused on its canary, which runs on untouched; the same roll-out with
 // --without-snapshot --why goes through, the planner marking the module
 // for the nodes it moves, each node's line saying what its host did of
-// the data, the why kept in the hand act and upgrade --json showing it.
+// the data, the why kept in the hand act and upgrade --json showing it;
+// rolled back by hand, the data is left as it is, and that is said.
 func TestRollOut_WithoutSnapshot(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
@@ -197,6 +198,18 @@ func TestRollOut_WithoutSnapshot(t *testing.T) {
 	doc, _ := json.Marshal(shown)
 	if err != nil || !strings.Contains(string(doc), `"without_snapshot":true`) || !strings.Contains(string(doc), `"prepared":"prepare of 2.0.0 ran;`) {
 		t.Fatalf("upgrade --json: %s %v", doc, err)
+	}
+
+	// Back by hand: no snapshot was taken, so the data is left as it is.
+	v, err = m.c.Upgrade(ctx, app.UpgradeRequest{Module: "store", Action: "rollback", Why: "2.0.0 is slow", Wait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := rollOutNode(t, v, "db1"); c.Back != "returned" || c.Detail != "data left as it is: no snapshot was taken before prepare of 2.0.0 ran" {
+		t.Fatalf("the canary back: %+v", c)
+	}
+	if b, err := os.ReadFile(filepath.Join(h.root, "var/lib/store/schema")); err != nil || string(b) != "2\n" {
+		t.Fatalf("the data was not left as it is: %q %v", b, err)
 	}
 	t.Logf("took %s", time.Since(start))
 }

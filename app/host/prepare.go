@@ -682,7 +682,7 @@ func backDetail(mv move, back []*goingBack) string {
 	var detail string
 	switch {
 	case len(restored) == 0:
-		detail = "data left as " + mv.old.Version + "'s prepare left it: no snapshot was taken before it" + ran
+		return "data left as it is: no snapshot was taken before prepare of " + mv.old.Version + " ran"
 	case len(restored) == 1 && len(mv.back.Unsnapshotted) == 0:
 		detail = "data restored from the pre-upgrade snapshot " + short + ran
 	default:
@@ -690,7 +690,7 @@ func backDetail(mv move, back []*goingBack) string {
 	}
 	for _, un := range mv.back.Unsnapshotted {
 		name, _, _ := strings.Cut(un, ":")
-		detail += "; " + name + " left as it was (no snapshot)"
+		detail += "; " + name + " left as it is (no snapshot)"
 	}
 	return detail
 }
