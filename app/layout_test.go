@@ -3,6 +3,7 @@ package app_test
 import (
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
+	"mesh-controller/contexts/inventory/manifest"
 	"os"
 	"os/exec"
 	"strings"
@@ -132,5 +133,16 @@ func TestNameRules_Agree(t *testing.T) {
 		if protocol.ValidName(n) != inventory.ValidName(n) {
 			t.Errorf("%q: protocol says %v, inventory %v", n, protocol.ValidName(n), inventory.ValidName(n))
 		}
+	}
+}
+
+// One prepare bound: what module check lets a manifest say of its
+// prepare's timeout is what a host accepts in a declaration.
+func TestPrepareBounds_Agree(t *testing.T) {
+	if protocol.DefaultPrepareTimeout != manifest.DefaultPrepareTimeout || protocol.MinPrepareTimeout != manifest.MinPrepareTimeout ||
+		protocol.MaxPrepareTimeout != manifest.MaxPrepareTimeout {
+		t.Errorf("the protocol's prepare timeouts (%s, [%s, %s]) are not the manifest's (%s, [%s, %s])",
+			protocol.DefaultPrepareTimeout, protocol.MinPrepareTimeout, protocol.MaxPrepareTimeout,
+			manifest.DefaultPrepareTimeout, manifest.MinPrepareTimeout, manifest.MaxPrepareTimeout)
 	}
 }

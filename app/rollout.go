@@ -63,6 +63,8 @@ func CheckRollOut(r UpgradeRequest) error {
 		return fmt.Errorf("%w: --max-failures %d: say how many nodes may fail, 0 or more", ErrBadRollOut, r.MaxFailures)
 	case r.Soak < 0:
 		return fmt.Errorf("%w: --soak %s: a soak is 0 or longer", ErrBadRollOut, r.Soak)
+	case r.WithoutSnapshot && strings.TrimSpace(r.Why) == "":
+		return fmt.Errorf("%w: --without-snapshot needs --why: say why its nodes may upgrade with no snapshot of the data they cannot lose", ErrBadRollOut)
 	}
 	_, err := BatchSize(r.Batch, 1)
 	return err
@@ -133,7 +135,7 @@ func (c uses) recordRollOut(ctx context.Context, st *Stores, what rolled, kind s
 	id := make([]byte, 8)
 	rand.Read(id)
 	ro := inventory.RollOut{ID: hex.EncodeToString(id), Kind: kind, Module: what.key, To: v.Current, Canary: r.Canary, Batch: r.Batch,
-		Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures, Phase: inventory.RollOutRunning, Who: who()}
+		Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures, WithoutSnapshot: r.WithoutSnapshot, Phase: inventory.RollOutRunning, Who: who()}
 	if ro.Batch == "" {
 		ro.Batch = "1"
 	}
@@ -157,8 +159,17 @@ func (c uses) recordRollOut(ctx context.Context, st *Stores, what rolled, kind s
 	if kind == inventory.RollOutOfHost {
 		asked = "host upgrade --to " + v.Current
 	}
-	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: act, Why: "asked by '" + asked + "'", Cause: "roll-out", Who: ro.Who}); err != nil {
+	why := "asked by '" + asked + "'"
+	if ro.WithoutSnapshot {
+		// The person's why is kept with the act that allowed it.
+		act += ", allowed without a snapshot of irreplaceable data"
+		why = r.Why
+	}
+	if _, err := st.Health.RecordHandAct(ctx, health.HandAct{At: c.Now(), What: act, Why: why, Cause: "roll-out", Who: ro.Who}); err != nil {
 		return v, err
+	}
+	if ro.WithoutSnapshot {
+		r.Progress(fmt.Sprintf("its nodes may upgrade %s where its irreplaceable data cannot be snapshotted first (--without-snapshot: %s)", v.Module, r.Why))
 	}
 	if ro.Canary > 0 {
 		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: %s first, then batches of %d; the serving controller drives it", what.label, v.Current, Plural(min(ro.Canary, len(ro.Nodes)), "canary node"), size))
@@ -323,7 +334,7 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 	if n.Result != was.Result {
 		switch n.Result {
 		case "ready":
-			progress(fmt.Sprintf("%s runs %s %s: ready", n.Node, label, ro.To))
+			progress(fmt.Sprintf("%s runs %s %s: ready%s", n.Node, label, ro.To, inParens(n.Prepared)))
 		case "failed":
 			progress(fmt.Sprintf("%s failed: %s", n.Node, n.Error))
 		}
@@ -338,6 +349,14 @@ func sayNode(progress func(string), ro inventory.RollOut, was, n inventory.RollO
 	}
 }
 
+// inParens is " (s)", or "" when s is.
+func inParens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
 // nodeBack says what became of a node's return, with its host's word.
 func nodeBack(ro inventory.RollOut, n inventory.RollOutNode) string {
 	label := rolledOf(ro).label
@@ -345,10 +364,7 @@ func nodeBack(ro inventory.RollOut, n inventory.RollOutNode) string {
 	if n.Back == "not-returned" {
 		line = fmt.Sprintf("%s not back on %s %s: %s", n.Node, label, n.From, n.BackError)
 	}
-	if n.Detail != "" {
-		line += " (" + n.Detail + ")"
-	}
-	return line
+	return line + inParens(n.Detail)
 }
 
 // rollOutView is v with what the roll-out recorded of its nodes.
@@ -579,6 +595,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind roll
 		n, s := &ro.Nodes[idx[k]], v.Steps[k]
 		n.Applied = s.Applied
 		if s.Ready {
+			n.Prepared = s.Detail
 			ready = append(ready, k)
 		} else {
 			fail(k, s.Error)
@@ -633,6 +650,7 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind roll
 		} else if ro.Soak > 0 {
 			result = "ready through the " + ro.Soak.String() + " soak"
 		}
+		result += inParens(n.Prepared)
 		acts = append(acts, fmt.Sprintf("roll-out %s batch %d: %s on %s %s: %s", label, batch, n.Node, label, ro.To, result))
 	}
 	if ro.Phase == inventory.RollOutRollingBack {

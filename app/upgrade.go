@@ -26,6 +26,9 @@ type UpgradeStep struct {
 	// a module with no run section is done once applied.
 	Ready bool   `json:"ready"`
 	Error string `json:"error,omitempty"`
+	// Detail is its host's word on the module once ready (its prepare
+	// ran, on which snapshot), if it said one.
+	Detail string `json:"detail,omitempty"`
 }
 
 // UpgradeView is what happens when a module's current version moves.
@@ -60,7 +63,11 @@ type UpgradeRequest struct {
 	// MaxFailures is how many nodes may fail before the roll-out stops and
 	// every node it moved goes back.
 	MaxFailures int
-	// Why is why a rollback is asked (required).
+	// WithoutSnapshot lets a roll-out's nodes prepare the new version
+	// where the module's irreplaceable data cannot be snapshotted first.
+	WithoutSnapshot bool
+	// Why is why a rollback is asked, or a roll-out without a snapshot
+	// (required for both).
 	Why string
 	// Progress, if set, is told each step as it happens.
 	Progress func(string)
@@ -302,7 +309,7 @@ func (c uses) waitApplied(ctx context.Context, st *Stores, snap *inventory.Snaps
 			if m, ok := states[s.Node]; s.Applied && ok && m.Version == s.To {
 				switch m.State {
 				case protocol.StateReady:
-					s.Ready = true
+					s.Ready, s.Detail = true, m.Detail
 					r.Progress(fmt.Sprintf("%s runs %s %s: ready", s.Node, r.Module, s.To))
 					return true
 				case protocol.StateFailed, protocol.StateCrashLooping:

@@ -84,7 +84,7 @@ func (d *daemon) onBackedUp(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	if len(o.Why) > maxTextLen || len(o.Aside) > maxTextLen || len(o.ID) > 128 {
+	if len(o.Why) > maxTextLen || len(o.Aside) > maxTextLen || len(o.Reason) > maxTextLen || len(o.ID) > 128 {
 		d.refuse(m, node, "a backup outcome longer than a report may be")
 		return
 	}
@@ -94,7 +94,7 @@ func (d *daemon) onBackedUp(m *nats.Msg) {
 		reply = protocol.OKReply{Error: err.Error()}
 		d.log.Warn("a backup outcome not recorded", "node", node, "module", clip(o.Module), "data", clip(o.Data), "err", err)
 	} else {
-		d.log.Info("backed up", "node", node, "module", o.Module, "data", o.Data, "kind", o.Kind, "ok", o.OK, "snapshot", o.Snapshot, "why", o.Why)
+		d.log.Info("backed up", "node", node, "module", o.Module, "data", o.Data, "kind", o.Kind, "ok", o.OK, "snapshot", o.Snapshot, "why", o.Why, "reason", o.Reason)
 	}
 	d.respondTo(m, node, reply)
 	d.kick()

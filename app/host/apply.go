@@ -125,6 +125,9 @@ type applyJob struct {
 	// names, when it runs another (Runner.upgradeSelf): it returns only if
 	// it did not. Without it such a declaration is refused.
 	upgrade func(protocol.DeclaredHost) error
+	// up, if set, is what the apply does to the modules whose version it
+	// moves (prepare.go): a host that runs none has none.
+	up *upgrading
 
 	start time.Time
 	tiers []protocol.Tier
@@ -165,12 +168,16 @@ type applyPhase struct {
 
 // applyPhases are an apply's phases, in order: every path is judged and
 // every archive unpacked before any file is written, so that a
-// declaration refused for either is refused whole; the modules start
-// after (Runner.commit).
+// declaration refused for either is refused whole; then a module going
+// back has its pre-upgrade snapshots fetched, and one moving to a version
+// with a prepare is stopped, snapshotted and prepared (prepare.go); the
+// modules start after (Runner.commit).
 var applyPhases = []applyPhase{
 	{name: "verify", run: (*applyJob).verify},
 	{name: "host", run: (*applyJob).host, when: func(j *applyJob) bool { return j.d.Host != nil && j.d.Host.Version != Version }},
 	{name: "archives", run: (*applyJob).archives},
+	{name: "restore", run: (*applyJob).restoreBack, when: func(j *applyJob) bool { return j.up.has(j, moveBack) }},
+	{name: "prepare", run: (*applyJob).prepare, when: func(j *applyJob) bool { return j.up.has(j, movePrepare) }},
 	{name: "cutover", run: (*applyJob).cutover, when: func(j *applyJob) bool { return len(j.d.Taken) > 0 }},
 	{name: "files", run: (*applyJob).files},
 	{name: "secrets", run: (*applyJob).secrets},

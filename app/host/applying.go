@@ -185,7 +185,8 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 		// Heard at once, and in every beat until it ends.
 		r.applies.begin(dl.serial)
 		r.beatAgain()
-		job := &applyJob{st: r.State, r: root{dir: r.Root}, last: last, env: dl.env, ids: r.userIDs(), fetch: r.fetcher(nc), phase: r.applies.in}
+		job := &applyJob{st: r.State, r: root{dir: r.Root}, last: last, env: dl.env, ids: r.userIDs(), fetch: r.fetcher(nc), phase: r.applies.in,
+			up: r.upgrading(nc)}
 		job.upgrade = func(h protocol.DeclaredHost) error {
 			if why := r.refusedRelease(h); why != "" {
 				return errors.New(why)
@@ -193,9 +194,18 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 			return r.upgradeSelf(nc, dl.serial, h, job.fetch)
 		}
 		report, next = job.run()
-	}
-	if report.OK {
-		r.commit(nc, filter, next, &report)
+		if report.OK {
+			// A module going back has its data swapped in last.
+			if err := job.up.commit(); err != nil {
+				report.OK, report.Error = false, err.Error()
+			}
+		}
+		remembered := report.OK && r.commit(nc, filter, next, &report)
+		// The modules held start again: at their new version, or at
+		// their old one on their data as it was.
+		if said := job.up.finish(remembered); !report.OK {
+			report.Error += said
+		}
 	}
 	if report.OK {
 		if d, err := dl.env.Verify(r.State.ControllerKey); err == nil {
@@ -215,14 +225,16 @@ func (r *Runner) applyOne(nc *nats.Conn, dl delivery) {
 
 // commit makes an applied declaration the host's: remembered, its modules
 // started, its overlay and filter set. What fails of it makes report a
-// failed apply.
-func (r *Runner) commit(nc *nats.Conn, filter *protocol.DeclaredFilter, next applied, report *protocol.AppliedBody) {
+// failed apply; remembered says the declaration is the host's all the
+// same (its modules given to the supervisor).
+func (r *Runner) commit(nc *nats.Conn, filter *protocol.DeclaredFilter, next applied, report *protocol.AppliedBody) (remembered bool) {
 	r.mu.Lock()
 	filterWas := r.filter
 	ovWas := r.ov.fact
 	if err := saveApplied(r.State.Dir, next); err != nil {
 		report.OK, report.Error = false, "remember what was applied: "+err.Error()
 	} else {
+		remembered = true
 		r.last = next
 		// The files are applied: the modules follow. One that cannot
 		// start is reported in its state, not as a failed apply.
@@ -242,6 +254,7 @@ func (r *Runner) commit(nc *nats.Conn, filter *protocol.DeclaredFilter, next app
 	if filterMoved {
 		r.reportFacts(nc, true)
 	}
+	return remembered
 }
 
 // report logs an apply's outcome, sends it with the modules' states, and

@@ -356,7 +356,8 @@ func (r *Runner) repo(repository string, a protocol.BackupAccess) (restic.Repo, 
 // than restic's half hour), which would keep the holder from pruning and
 // drilling. A lock that refuses the backup still is removed once more if
 // stale, and the backup tried once again.
-func (r *Runner) backup(ctx context.Context, b protocol.DeclaredBackup, out *protocol.BackupOutcome) error {
+// More tags, if given, are added to the data set's.
+func (r *Runner) backup(ctx context.Context, b protocol.DeclaredBackup, out *protocol.BackupOutcome, more ...string) error {
 	rel, err := dataRel(b.Path)
 	if err == nil {
 		err = root{dir: r.Root}.check(rel)
@@ -381,14 +382,14 @@ func (r *Runner) backup(ctx context.Context, b protocol.DeclaredBackup, out *pro
 		return err
 	}
 	full := filepath.Join(r.Root, filepath.FromSlash(rel))
-	tag := protocol.BackupTag(b.Module, b.Data)
-	sum, err := repo.Backup(ctx, full, r.State.Node, tag)
+	tags := append([]string{protocol.BackupTag(b.Module, b.Data)}, more...)
+	sum, err := repo.Backup(ctx, full, r.State.Node, tags...)
 	if errors.Is(err, restic.ErrLocked) {
 		r.logf("backup %s of %s/%s: %v; removing stale locks and trying again", out.ID, b.Module, b.Data, err)
 		if uerr := repo.Unlock(ctx); uerr != nil {
 			return fmt.Errorf("%w; unlock: %v", err, uerr)
 		}
-		sum, err = repo.Backup(ctx, full, r.State.Node, tag)
+		sum, err = repo.Backup(ctx, full, r.State.Node, tags...)
 	}
 	if err != nil {
 		return err
@@ -405,10 +406,8 @@ func (r *Runner) beforeTimeout() time.Duration {
 	return DefaultBeforeTimeout
 }
 
-// before runs a backup's before hook as its module runs: as its user, in
-// its working directory, with its environment, in a process group of its
-// own that is ended with it (or at its timeout). Its output goes to the
-// module's log; a failure is said with its last line.
+// before runs a backup's before hook as its module runs (runHook); a
+// failure is said with its last line.
 func (r *Runner) before(ctx context.Context, b protocol.DeclaredBackup) error {
 	r.mu.Lock()
 	var rec *runRecord
@@ -426,24 +425,54 @@ func (r *Runner) before(ctx context.Context, b protocol.DeclaredBackup) error {
 	if rec == nil {
 		return fmt.Errorf("the before hook: module %s is not declared on %s", b.Module, r.State.Node)
 	}
-	prog, err := resolveCommand(workDir, b.Before[0])
-	if err != nil {
+	started, err := r.runHook(ctx, moduleHook{module: b.Module, argv: b.Before, dir: workDir, env: env, timeout: r.beforeTimeout(),
+		what: "backup of " + b.Data + ": before hook"})
+	switch {
+	case err == nil:
+		return nil
+	case !started:
 		return fmt.Errorf("the before hook: %w", err)
 	}
-	home := filepath.Join(r.Root, filepath.FromSlash(path.Join(protocol.ModulesDir, b.Module)))
-	cred, err := r.sup.credential(ModuleSpec{Module: b.Module, Dir: home})
+	return fmt.Errorf("the before hook %s failed: %w", b.Before[0], err)
+}
+
+// moduleHook is a command the host runs as its module runs: what a
+// backup's before hook and a version's prepare are.
+type moduleHook struct {
+	module string
+	argv   []string
+	// dir is where it runs (argv[0] relative to it, when it has a '/'),
+	// env its whole environment.
+	dir string
+	env []string
+	// timeout bounds it; what names it in the module's log.
+	timeout time.Duration
+	what    string
+}
+
+// runHook runs h as its module runs: as its user, in a process group of
+// its own that is ended with it (or at its timeout, or with ctx). Its
+// output goes to the module's log; its error says why it failed, with the
+// last line it wrote; started says it ran at all.
+func (r *Runner) runHook(ctx context.Context, h moduleHook) (started bool, err error) {
+	prog, err := resolveCommand(h.dir, h.argv[0])
 	if err != nil {
-		return fmt.Errorf("the before hook: %w", err)
+		return false, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.beforeTimeout())
+	home := filepath.Join(r.Root, filepath.FromSlash(path.Join(protocol.ModulesDir, h.module)))
+	cred, err := r.sup.credential(ModuleSpec{Module: h.module, Dir: home})
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
 	var output bytes.Buffer
-	lg := r.sup.logFor(b.Module)
-	lg.note("backup of %s: before hook %s", b.Data, strings.Join(b.Before, " "))
+	lg := r.sup.logFor(h.module)
+	lg.note("%s %s", h.what, strings.Join(h.argv, " "))
 	w := &limited{w: &output, left: maxHookOutput, tee: lg}
-	cmd := &exec.Cmd{Path: prog, Args: b.Before, Env: env, Dir: workDir, Stdout: w, Stderr: w, SysProcAttr: childAttr(cred), WaitDelay: 5 * time.Second}
+	cmd := &exec.Cmd{Path: prog, Args: h.argv, Env: h.env, Dir: h.dir, Stdout: w, Stderr: w, SysProcAttr: childAttr(cred), WaitDelay: 5 * time.Second}
 	if err := process.Start(cmd); err != nil {
-		return fmt.Errorf("the before hook: %w", startError(b.Before[0], err))
+		return false, startError(h.argv[0], err)
 	}
 	pid := cmd.Process.Pid
 	stopped := make(chan struct{})
@@ -458,18 +487,18 @@ func (r *Runner) before(ctx context.Context, b protocol.DeclaredBackup) error {
 	close(stopped)
 	unix.Kill(-pid, unix.SIGKILL) // what it left running goes with it
 	if err == nil {
-		lg.note("backup of %s: before hook done", b.Data)
-		return nil
+		lg.note("%s done", h.what)
+		return true, nil
 	}
 	why := err.Error()
-	if ctx.Err() != nil {
-		why = "stopped after " + r.beforeTimeout().String()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		why = "stopped after " + h.timeout.String()
 	}
-	lg.note("backup of %s: before hook failed: %s", b.Data, why)
+	lg.note("%s failed: %s", h.what, why)
 	if last := lastLine(output.String()); last != "" {
 		why += ": " + last
 	}
-	return fmt.Errorf("the before hook %s failed: %s", b.Before[0], why)
+	return true, errors.New(why)
 }
 
 // lastLine is the last line of s with something on it.
@@ -543,68 +572,16 @@ func orSelf(from, node string) string {
 
 // restore restores a snapshot of a data set in its place. The snapshot is
 // restored (and verified) into a scratch directory beside the data set,
-// while the module still runs; only then is the module stopped, the data
-// set's contents moved aside (never overwritten, never deleted), the
-// restored tree moved into place, and the module started again. Whatever
-// fails, what was there stays where it was, and the scratch goes.
+// while the module still runs (fetch); only then is the module stopped, the
+// data set's contents moved aside (never overwritten, never deleted), the
+// restored tree moved into place, and the module started again (swapIn).
+// Whatever fails, what was there stays where it was, and the scratch goes.
 func (r *Runner) restore(ctx context.Context, ask protocol.RestoreAsk, ds dataSet, repository, access string, out *protocol.BackupOutcome) error {
-	rt := root{dir: r.Root}
-	rel, err := dataRel(ds.Path)
-	if err == nil {
-		err = rt.check(rel)
-	}
+	f, err := r.fetch(ctx, ask, ds, repository, access, out)
 	if err != nil {
 		return err
 	}
-	a, err := r.openAccess(access)
-	if err != nil {
-		return err
-	}
-	repo, err := r.repo(repository, a)
-	if err != nil {
-		return err
-	}
-	snap, from, err := pickSnapshot(ctx, repo, ask)
-	if err != nil {
-		return err
-	}
-	out.Snapshot = snap.ID
-	// Beside the data set (one filesystem: the restored tree is moved,
-	// not copied), in a directory no module may write in.
-	beside, err := rt.hostsOwn(rel)
-	if err != nil {
-		return err
-	}
-	scratch := path.Join(beside, "."+path.Base(rel)+".restore-"+strings.ToLower(rand.Text()[:10]))
-	if err := rt.mkdirNew(scratch); err != nil {
-		return fmt.Errorf("make the scratch directory: %w", err)
-	}
-	defer func() {
-		if err := rt.removeAll(scratch); err != nil {
-			r.logf("restore %s: remove the scratch directory: %v", ask.ID, err)
-		}
-	}()
-	if err := repo.Restore(ctx, snap.ID, filepath.Join(r.Root, filepath.FromSlash(scratch))); err != nil {
-		return err
-	}
-	restored := path.Join(scratch, strings.TrimPrefix(from, "/"))
-	if exists, _, err := rt.dirState(restored); err != nil || !exists {
-		return fmt.Errorf("snapshot %s restored no directory %s (%v)", snap.ShortID, from, err)
-	}
-	// The module's, as a data directory the host made is (apply), when
-	// modules run as their own users: restic restores the owners of the
-	// machine the snapshot was taken on.
-	uid, gid := -1, -1
-	if ids := r.userIDs(); ids != nil && ds.Made && givable(ds.Path) {
-		if uid, gid, err = ids(ask.Module); err != nil {
-			return err
-		}
-	}
-	if err := rt.settle(restored, uid, gid); err != nil {
-		return fmt.Errorf("snapshot %s: %w", snap.ShortID, err)
-	}
-	out.Files, out.Bytes = rt.tally(restored)
-
+	defer f.drop(r)
 	// Restored whole: now the module stops, and nothing else moves the
 	// data set (an apply waits) while it is swapped.
 	release, err := r.sup.Hold(ask.Module)
@@ -612,13 +589,110 @@ func (r *Runner) restore(ctx context.Context, ask protocol.RestoreAsk, ds dataSe
 		return fmt.Errorf("stop %s: %w", ask.Module, err)
 	}
 	defer release()
+	return r.swapIn(f, out)
+}
+
+// fetched is a snapshot of a data set restored, verified and settled into
+// a scratch directory beside it: ready to be swapped in (swapIn), or
+// dropped.
+type fetched struct {
+	rt       root
+	rel      string // the data set, beneath the root
+	scratch  string
+	restored string // the snapshot's data set, inside scratch
+	// id and short are the snapshot's.
+	id, short string
+}
+
+// fetch restores the snapshot a restore asks for into a scratch
+// directory beside the data set, in a directory no module may write in,
+// verified, and settled as the module's; out says its snapshot, files
+// and bytes. Nothing of the data set is touched.
+func (r *Runner) fetch(ctx context.Context, ask protocol.RestoreAsk, ds dataSet, repository, access string, out *protocol.BackupOutcome) (*fetched, error) {
+	rt := root{dir: r.Root}
+	rel, err := dataRel(ds.Path)
+	if err == nil {
+		err = rt.check(rel)
+	}
+	if err != nil {
+		return nil, err
+	}
+	a, err := r.openAccess(access)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := r.repo(repository, a)
+	if err != nil {
+		return nil, err
+	}
+	snap, from, err := pickSnapshot(ctx, repo, ask)
+	if err != nil {
+		return nil, err
+	}
+	out.Snapshot = snap.ID
+	// Beside the data set (one filesystem: the restored tree is moved,
+	// not copied), in a directory no module may write in.
+	beside, err := rt.hostsOwn(rel)
+	if err != nil {
+		return nil, err
+	}
+	f := &fetched{rt: rt, rel: rel, scratch: path.Join(beside, "."+path.Base(rel)+".restore-"+strings.ToLower(rand.Text()[:10])), id: snap.ID, short: snap.ShortID}
+	if err := rt.mkdirNew(f.scratch); err != nil {
+		return nil, fmt.Errorf("make the scratch directory: %w", err)
+	}
+	if err := f.fill(ctx, r, repo, from, ask.Module, ds, out); err != nil {
+		f.drop(r)
+		return nil, err
+	}
+	return f, nil
+}
+
+// fill restores the snapshot into the scratch directory and settles it.
+func (f *fetched) fill(ctx context.Context, r *Runner, repo restic.Repo, from, module string, ds dataSet, out *protocol.BackupOutcome) error {
+	rt := f.rt
+	if err := repo.Restore(ctx, f.id, filepath.Join(r.Root, filepath.FromSlash(f.scratch))); err != nil {
+		return err
+	}
+	f.restored = path.Join(f.scratch, strings.TrimPrefix(from, "/"))
+	if exists, _, err := rt.dirState(f.restored); err != nil || !exists {
+		return fmt.Errorf("snapshot %s restored no directory %s (%v)", f.short, from, err)
+	}
+	// The module's, as a data directory the host made is (apply), when
+	// modules run as their own users: restic restores the owners of the
+	// machine the snapshot was taken on.
+	uid, gid := -1, -1
+	if ids := r.userIDs(); ids != nil && ds.Made && givable(ds.Path) {
+		var err error
+		if uid, gid, err = ids(module); err != nil {
+			return err
+		}
+	}
+	if err := rt.settle(f.restored, uid, gid); err != nil {
+		return fmt.Errorf("snapshot %s: %w", f.short, err)
+	}
+	out.Files, out.Bytes = rt.tally(f.restored)
+	return nil
+}
+
+// drop removes the scratch directory, with what is left in it.
+func (f *fetched) drop(r *Runner) {
+	if err := f.rt.removeAll(f.scratch); err != nil {
+		r.logf("restore: remove the scratch directory %s: %v", f.scratch, err)
+	}
+}
+
+// swapIn moves the data set's contents aside (out.Aside says where) and
+// the restored tree into its place; its module is held stopped by the
+// caller. Whatever fails, what was there is put back.
+func (r *Runner) swapIn(f *fetched, out *protocol.BackupOutcome) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	rt, rel := f.rt, f.rel
 	aside, err := r.moveAside(rt, rel)
 	if err != nil {
 		return err
 	}
-	if err := rt.rename(restored, rel); err != nil {
+	if err := rt.rename(f.restored, rel); err != nil {
 		if aside != "" {
 			if berr := rt.rename(aside, rel); berr != nil {
 				return fmt.Errorf("%w; and moving the data back from %s: %v", err, aside, berr)

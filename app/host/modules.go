@@ -69,7 +69,7 @@ func runRecords(d protocol.Declaration, raw []json.RawMessage, last []runRecord)
 	}
 	out := make([]runRecord, 0, len(d.Modules))
 	for i, m := range d.Modules {
-		sum := sha256.Sum256(raw[i])
+		sum := sha256.Sum256(runPart(raw[i]))
 		r := runRecord{Module: m.Module, Version: m.Version, Serial: d.Serial, DeclaredAt: d.IssuedAt, Digest: hex.EncodeToString(sum[:]), Run: m.Run, Ports: m.Ports,
 			MemoryMB: m.MemoryMB, WaitingFor: slices.Clip(m.WaitingFor), Data: map[string]string{}, Creds: m.BrokerCreds != ""}
 		if old, ok := before[m.Module]; ok && old.Digest == r.Digest {

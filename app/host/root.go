@@ -2,12 +2,15 @@ package host
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
+	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -677,4 +680,63 @@ func (r root) statParent(names []string, st *unix.Stat_t) error {
 	}
 	defer unix.Close(fd)
 	return unix.Fstat(fd, st)
+}
+
+// digest is a cheap digest of the tree rel beneath the root: every
+// entry's path, kind and mode, size and modification time, following no
+// link; "" when nothing is there. Anything written, made, removed or
+// renamed in the tree changes it (a directory's time moves with what is
+// made or removed in it); no file is read.
+func (r root) digest(rel string) (string, error) {
+	names, err := split(rel)
+	if err != nil {
+		return "", err
+	}
+	fd, err := r.openDir(names, false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return "", pathError(names, err)
+	}
+	fmt.Fprintf(h, ".\x00%o\x00%d\x00%d\n", st.Mode, st.Size, st.Mtim.Nano())
+	if err := digestAt(fd, ".", h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// digestAt writes what is in the open directory fd (at rel) to h, in
+// name order, and closes it.
+func digestAt(fd int, rel string, h io.Writer) error {
+	d := os.NewFile(uintptr(fd), rel)
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	sort.Strings(names)
+	for _, e := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, e, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("%s/%s: %w", rel, e, err)
+		}
+		fmt.Fprintf(h, "%s/%s\x00%o\x00%d\x00%d\n", rel, e, st.Mode, st.Size, st.Mtim.Nano())
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			sub, err := openChildDir(fd, e)
+			if err != nil {
+				return fmt.Errorf("%s/%s: %w", rel, e, err)
+			}
+			if err := digestAt(sub, rel+"/"+e, h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -84,6 +84,9 @@ type Runner struct {
 	exe      string
 	trial    *upgradeRecord
 	reverted *upgradeRecord
+	// ups is what the host remembers of its upgrades (prepare.go); the
+	// declarations' worker alone reads and writes it once Run began.
+	ups upgradesState
 }
 
 // DefaultFactsEvery is how often a host looks at its machine again for
@@ -171,6 +174,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	for _, line := range r.sup.Sweep() {
 		r.logf("left from the last run: %s", line)
+	}
+	if err := r.loadUpgrades(); err != nil {
+		return err
 	}
 	r.sup.Apply(specs(r.State, r.Root, r.last.Runs))
 	// Stopping the host stops its modules: none outlives it.

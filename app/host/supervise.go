@@ -87,7 +87,8 @@ type Supervisor struct {
 	live   map[*supervised]struct{} // every module goroutine not yet returned, including replaced runs
 	logs   map[string]*moduleLog    // one per module name ever run: lumberjack keeps a goroutine per logger
 	closed bool                     // StopAll or Handover was called: Apply starts nothing more
-	held   map[string]chan struct{} // modules held stopped (Hold), each closed by its release
+	held   map[string]holding       // modules held stopped (Hold), each closed by its release
+	notes  map[string]moduleNote    // what the host says of each module's data (Note)
 	// handing says Handover is under way: a module asked to stop is left
 	// running, and what it runs is put in handed for the next program.
 	handing bool
@@ -113,6 +114,7 @@ type supervised struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed when its goroutine returned, its processes gone
 	release  chan struct{} // non-nil: held (Hold); it starts once this is closed
+	heldWhy  string        // while what it is held: its state's detail says
 
 	// adopted is the run a previous program of this host handed over
 	// (Adopt): watched first, rather than a run started.
@@ -154,10 +156,11 @@ func (s *Supervisor) Apply(specs []ModuleSpec) {
 		if old != nil && !old.removed && old.spec.Fingerprint == spec.Fingerprint {
 			continue
 		}
-		m := &supervised{spec: spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: s.held[spec.Module]}
+		h := s.held[spec.Module]
+		m := &supervised{spec: spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: h.ch, heldWhy: h.why}
 		m.st = protocol.ModuleState{Module: spec.Module, Version: spec.Version, Archive: spec.Archive, State: protocol.StateStarting, Serial: spec.Serial, Since: time.Now()}
 		if m.release != nil {
-			m.st.State, m.st.Detail = protocol.StateStopped, heldDetail
+			m.st.State, m.st.Detail = protocol.StateStopped, "stopped while "+h.why
 		} else if len(spec.WaitingFor) > 0 {
 			m.st.State = protocol.StateWaiting
 			m.st.Detail = "for secrets: " + strings.Join(spec.WaitingFor, ", ")
@@ -181,8 +184,41 @@ func (s *Supervisor) Apply(specs []ModuleSpec) {
 	s.changed()
 }
 
-// heldDetail is a held module's state's detail.
-const heldDetail = "stopped while its data is restored"
+// restoring is while what a restore holds a module; heldDetail its
+// state's detail meanwhile.
+const (
+	restoring  = "its data is restored"
+	heldDetail = "stopped while " + restoring
+)
+
+// holding is a module held: closed by its release, held while why.
+type holding struct {
+	ch  chan struct{}
+	why string
+}
+
+// moduleNote is what the host says of a module's data while it runs a
+// version (Note).
+type moduleNote struct {
+	version, detail string
+}
+
+// Note has the host say detail of module while it runs version: its
+// state's Detail when nothing else is said there (what became of its data
+// on its last upgrade, say). An empty detail says nothing more.
+func (s *Supervisor) Note(module, version, detail string) {
+	s.mu.Lock()
+	if s.notes == nil {
+		s.notes = map[string]moduleNote{}
+	}
+	if detail == "" {
+		delete(s.notes, module)
+	} else {
+		s.notes[module] = moduleNote{version: version, detail: detail}
+	}
+	s.mu.Unlock()
+	s.changed()
+}
 
 // ErrHeld means a module is held already.
 var ErrHeld = errors.New("the module is stopped for a restore already")
@@ -194,6 +230,12 @@ var ErrHeld = errors.New("the module is stopped for a restore already")
 // once the module's processes are gone. A module held already is refused
 // (ErrHeld); one not running is held all the same.
 func (s *Supervisor) Hold(module string) (release func(), err error) {
+	return s.HoldWhile(module, restoring)
+}
+
+// HoldWhile is Hold, the module's state saying while what it is held ("2.0.0
+// prepares its data").
+func (s *Supervisor) HoldWhile(module, why string) (release func(), err error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -204,17 +246,17 @@ func (s *Supervisor) Hold(module string) (release func(), err error) {
 		return nil, ErrHeld
 	}
 	if s.held == nil {
-		s.held = map[string]chan struct{}{}
+		s.held = map[string]holding{}
 	}
 	ch := make(chan struct{})
-	s.held[module] = ch
+	s.held[module] = holding{ch: ch, why: why}
 	var stopped <-chan struct{}
 	if old := s.mods[module]; old != nil && !old.removed {
 		// The run is replaced by one of the same spec that waits: a
 		// restart, or an Apply of the same fingerprint, starts nothing.
-		m := &supervised{spec: old.spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: ch}
+		m := &supervised{spec: old.spec, prev: old, stopReq: make(chan struct{}), done: make(chan struct{}), release: ch, heldWhy: why}
 		m.st = old.st
-		m.st.Detail, m.restarts = "stopping while its data is restored", old.restarts
+		m.st.Detail, m.restarts = "stopping while "+why, old.restarts
 		old.stop()
 		s.mods[module] = m
 		s.live[m] = struct{}{}
@@ -247,6 +289,9 @@ func (s *Supervisor) States() []protocol.ModuleState {
 	for _, m := range s.mods {
 		st := m.st
 		st.LogTail = append([]string(nil), m.st.LogTail...)
+		if n, ok := s.notes[st.Module]; ok && st.Detail == "" && n.version == st.Version {
+			st.Detail = n.detail
+		}
 		for _, t := range m.restarts {
 			if t.After(hourAgo) {
 				st.Restarts1h++
@@ -307,7 +352,7 @@ func (s *Supervisor) drive(m *supervised) {
 	}
 	if m.release != nil {
 		s.update(m, func(st *protocol.ModuleState) {
-			st.State, st.Pid, st.Detail, st.LogTail = protocol.StateStopped, 0, heldDetail, nil
+			st.State, st.Pid, st.Detail, st.LogTail = protocol.StateStopped, 0, "stopped while "+m.heldWhy, nil
 		})
 		select {
 		case <-m.release:

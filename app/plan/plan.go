@@ -269,6 +269,12 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 		if m.Requires != nil {
 			pm.MemoryMB = m.Requires.MemoryMB
 		}
+		if m.Prepare != nil {
+			pm.Prepare = &protocol.Prepare{Command: m.Prepare.Command, Timeout: m.Prepare.Timeout}
+			// A roll-out a person allowed without a snapshot marks the
+			// version it moves this node to.
+			pm.WithoutSnapshot = snap.WithoutSnapshot[inventory.Holder{Node: node, Module: a.Module}] == a.Version
+		}
 		if built, ok := snap.Archives[a.Module+"@"+a.Version]; ok {
 			pm.Archive = &protocol.Archive{Digest: built.Digest, Bytes: built.Bytes, UnpackedBytes: built.UnpackedBytes}
 		}

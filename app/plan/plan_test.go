@@ -31,6 +31,7 @@ const (
 		"provides": [{"provision": "postgres", "port": 5432,
 			"per_consumer": {"credential": true, "data": {"keeps": "the consumer's database", "precious": "irreplaceable"}}}],
 		"secrets": [{"name": "superuser_password", "made_by": "mesh"}],
+		"prepare": {"command": ["bin/pg_upgrade-cluster"], "timeout": "30m"},
 		"data": [{"name": "cluster", "path": "/var/lib/postgres/data", "precious": "irreplaceable", "backup": "daily"}]}`
 	paperlessManifest = `{"module": "paperless", "version": "2.14.1",
 		"requires": {"arch": ["amd64"], "memory_mb": 1024},
@@ -151,7 +152,8 @@ var goldenCases = []goldenCase{
 		},
 	},
 	{
-		// Seats and provisions: db1 provides postgres to two consumers
+		// Seats and provisions: db1 provides postgres (a version with a
+		// prepare, allowed by its roll-out without a snapshot) to two consumers
 		// (one bound and sealed, one retired with its database kept), nas1
 		// holds the backup seat and is given every precious data set's
 		// line, with what was backed up and verified; the holder is reached
@@ -175,6 +177,8 @@ var goldenCases = []goldenCase{
 			s.Seats.BackupStates["db1/postgres/cluster"] = inventory.BackupState{VerifiedAt: &verified}
 			s.Seats.Access["db1"] = inventory.BackupAccess{Holder: "nas1", Sealed: "age-sealed-db1-access", IssuedAt: at}
 			s.Seats.Access["web1"] = inventory.BackupAccess{Holder: "nas0", Sealed: "age-sealed-by-a-former-holder", IssuedAt: at}
+			// A roll-out a person allowed to prepare 16.4.0 without a snapshot.
+			s.WithoutSnapshot = map[inventory.Holder]string{pg: "16.4.0"}
 			cred := inventory.CredentialName("web1", "paperless", "postgres")
 			sealed := map[string]Sealed{"db1/postgres/" + cred: {Name: cred, Version: 1, Sealed: "age-sealed-postgres-credential"}}
 			return New(s, sealed).WithRecipients(map[string]string{"db1": "age1db1", "web1": "age1web1"})

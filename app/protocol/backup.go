@@ -170,6 +170,10 @@ type BackupOutcome struct {
 	Kind   string `json:"kind"` // "backup" or "restore"
 	Module string `json:"module"`
 	Data   string `json:"data"`
+	// Reason is why the host did it of its own accord, when no ask did
+	// ("before the upgrade of M to V"; a restore of what a failed prepare
+	// left).
+	Reason string `json:"reason,omitempty"`
 	OK     bool   `json:"ok"`
 	// Why says, in one line, why it failed.
 	Why string `json:"why,omitempty"`

@@ -206,6 +206,11 @@ func (d Declaration) Problems() []string {
 				bad(f+".run"+p[0], "%s", p[1])
 			}
 		}
+		if p := m.Prepare; p != nil {
+			for _, pr := range p.problems() {
+				bad(f+".prepare"+pr[0], "%s", pr[1])
+			}
+		}
 		if m.MemoryMB < 0 {
 			bad(f+".memory_mb", "must not be negative")
 		}
@@ -346,6 +351,39 @@ var (
 	digestRule  = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
+// problems judges a prepare, as field suffix and what is wrong: a command
+// the host execs, a timeout within its bounds.
+func (p *Prepare) problems() [][2]string {
+	var ps [][2]string
+	ps = append(ps, commandProblems(".command", p.Command)...)
+	if p.Timeout != "" {
+		if d, err := time.ParseDuration(p.Timeout); err != nil || d < MinPrepareTimeout || d > MaxPrepareTimeout {
+			ps = append(ps, [2]string{".timeout", fmt.Sprintf("%q is not a duration in [%s, %s]", p.Timeout, MinPrepareTimeout, MaxPrepareTimeout)})
+		}
+	}
+	return ps
+}
+
+// commandProblems judges a command the host execs: words, the first
+// naming the program, no NUL byte.
+func commandProblems(field string, words []string) [][2]string {
+	var ps [][2]string
+	switch {
+	case len(words) == 0:
+		ps = append(ps, [2]string{field, "missing"})
+	case len(words) > MaxRunWords:
+		ps = append(ps, [2]string{field, fmt.Sprintf("%d words, at most %d", len(words), MaxRunWords)})
+	case words[0] == "":
+		ps = append(ps, [2]string{field + "[0]", "is empty"})
+	}
+	for i, w := range words {
+		if strings.ContainsRune(w, 0) {
+			ps = append(ps, [2]string{fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte"})
+		}
+	}
+	return ps
+}
+
 // problems judges how a module is run, as field suffix and what is wrong:
 // what the host execs and the environment it gives (never a shell, never a
 // variable of its own overridden).
@@ -355,19 +393,7 @@ func (r *Run) problems(ports []Port) [][2]string {
 		ps = append(ps, [2]string{field, fmt.Sprintf(format, args...)})
 	}
 	command := func(field string, words []string) {
-		switch {
-		case len(words) == 0:
-			bad(field, "missing")
-		case len(words) > MaxRunWords:
-			bad(field, "%d words, at most %d", len(words), MaxRunWords)
-		case words[0] == "":
-			bad(field+"[0]", "is empty")
-		}
-		for i, w := range words {
-			if strings.ContainsRune(w, 0) {
-				bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
-			}
-		}
+		ps = append(ps, commandProblems(field, words)...)
 	}
 	command(".command", r.Command)
 	if len(r.Env) > MaxRunWords {

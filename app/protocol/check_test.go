@@ -21,6 +21,7 @@ func good() Declaration {
 			Secrets:    []DeclaredSecret{{Name: "admin_password", Version: 1, Sealed: "x"}},
 			Bindings:   []DeclaredBinding{{Provision: "postgres", From: "db1/postgres", CredentialName: "consumer.web1.paperless.postgres"}},
 			WaitingFor: []string{"ocr_licence"},
+			Prepare:    &Prepare{Command: []string{"bin/migrate"}, Timeout: "10m"},
 		}, {
 			Module:    "postgres",
 			Version:   "16.2.0-rc.1+debian",
@@ -71,6 +72,10 @@ func TestDeclaration_Problems(t *testing.T) {
 		{"module slash", func(d *Declaration) { d.Modules[0].Module = "a/b" }, "modules[0].module", "not a valid name"},
 		{"module too long", func(d *Declaration) { d.Modules[0].Module = "a" + strings.Repeat("b", 63) }, "modules[0].module", "not a valid name"},
 		{"module twice", func(d *Declaration) { d.Modules[1].Module = "paperless" }, "modules[1].module", "declared twice (also modules[0])"},
+		{"prepare without a command", func(d *Declaration) { d.Modules[0].Prepare.Command = nil }, "modules[0].prepare.command", "missing"},
+		{"prepare of an empty program", func(d *Declaration) { d.Modules[0].Prepare.Command = []string{""} }, "modules[0].prepare.command[0]", "is empty"},
+		{"prepare for a week", func(d *Declaration) { d.Modules[0].Prepare.Timeout = "168h" }, "modules[0].prepare.timeout", `"168h" is not a duration in [1s, 24h0m0s]`},
+		{"prepare timeout not a duration", func(d *Declaration) { d.Modules[0].Prepare.Timeout = "soon" }, "modules[0].prepare.timeout", "not a duration"},
 		{"version missing", func(d *Declaration) { d.Modules[0].Version = "" }, "modules[0].version", "missing"},
 		{"version with v", func(d *Declaration) { d.Modules[0].Version = "v2.14.1" }, "modules[0].version", "not a semantic version"},
 		{"version short", func(d *Declaration) { d.Modules[0].Version = "2.14" }, "modules[0].version", "not a semantic version"},

@@ -160,6 +160,10 @@ type DeclaredModule struct {
 	Module   string `json:"module"`
 	// Ports are the ports it listens on.
 	Ports []Port `json:"ports,omitempty"`
+	// Prepare is how this version brings the module's data to its shape:
+	// its host runs it on an upgrade to this version, between the old
+	// version stopped (its precious data snapshotted) and this one started.
+	Prepare *Prepare `json:"prepare,omitempty"`
 	// Run is how the module is started, as its manifest says.
 	Run *Run `json:"run,omitempty"`
 	// Seats are the seats it holds, by their names now.
@@ -174,6 +178,35 @@ type DeclaredModule struct {
 	// WaitingForLicences names licences its manifest needs that it does
 	// not hold yet: its host does not start it without them either.
 	WaitingForLicences []string `json:"waiting_for_licences,omitempty"`
+	// WithoutSnapshot says a person allowed this version to be prepared
+	// without a snapshot of the module's irreplaceable data (upgrade M
+	// roll-out --without-snapshot --why): its host goes on, and says so,
+	// where no snapshot can be taken. It is not part of the module's run:
+	// its host restarts no module for it (runRecords).
+	WithoutSnapshot bool `json:"without_snapshot,omitempty"`
+}
+
+// Prepare is a version's prepare (manifest.md): a command and how long it
+// may run, a Go duration ("" is DefaultPrepareTimeout).
+type Prepare struct {
+	Command []string `json:"command"`
+	Timeout string   `json:"timeout,omitempty"`
+}
+
+// The bounds of a prepare's timeout, and its default.
+const (
+	DefaultPrepareTimeout = 10 * time.Minute
+	MinPrepareTimeout     = time.Second
+	MaxPrepareTimeout     = 24 * time.Hour
+)
+
+// PrepareTimeout is how long p may run.
+func (p Prepare) PrepareTimeout() time.Duration {
+	d, err := time.ParseDuration(p.Timeout)
+	if err != nil || d < MinPrepareTimeout || d > MaxPrepareTimeout {
+		return DefaultPrepareTimeout // judged by Problems: only "" is here
+	}
+	return d
 }
 
 // DeclaredLicence is one version of a licence's token, sealed to the node

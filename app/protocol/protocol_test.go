@@ -135,7 +135,7 @@ func TestDeclaration_EncodesCanonically(t *testing.T) {
 			Bindings:   []DeclaredBinding{{Provision: "pg", From: "n/m", Why: "why & so", CredentialName: "c", CredentialVersion: 2, Credential: "x"}},
 			Secrets:    []DeclaredSecret{{Name: "s", Version: 1, Sealed: "armor"}},
 			Consumers:  []DeclaredConsumer{{Consumer: "n/m", Provision: "pg", State: "active", CredentialName: "c", CredentialVersion: 1, Credential: "y"}},
-			WaitingFor: []string{"w"}}}}
+			WaitingFor: []string{"w"}, Prepare: &Prepare{Command: []string{"bin/m", "migrate"}, Timeout: "90s"}, WithoutSnapshot: true}}}
 	fast, err := d.Encode()
 	if err != nil {
 		t.Fatal(err)

@@ -538,16 +538,17 @@ func (c *PushCmd) Run(env *Env, md *app.Modules) error {
 
 // UpgradeCmd is upgrade.
 type UpgradeCmd struct {
-	Module      Name          `arg:"" help:"The module."`
-	Action      string        `arg:"" optional:"" enum:"show,roll-out,rollback,record" default:"show" help:"show (default): what a roll-out would send, and the last roll-out; roll-out: move the nodes, canary first, then batches, each waited for ready and through the soak, all rolled back past --max-failures; rollback: return the nodes the last roll-out moved (--why); record: record those nodes behind, send nothing."`
-	Together    bool          `help:"With roll-out: every node at once (the same as --canary 0 --batch 100%)."`
-	Canary      int           `default:"1" help:"With roll-out: how many nodes move first, on their own."`
-	Batch       string        `default:"1" help:"With roll-out: how many nodes move together after the canary: N nodes or P% of the nodes to move."`
-	Wait        time.Duration `default:"2m" help:"With roll-out: how long to wait for each batch to report ready (and a rollback for its nodes to be back)."`
-	Soak        time.Duration `default:"10s" help:"With roll-out: how long a batch must stay ready before the next moves."`
-	MaxFailures int           `default:"0" help:"With roll-out: how many nodes may fail before the roll-out stops and every node it moved goes back."`
-	Why         string        `help:"With rollback: why (required)."`
-	JSON        bool          `name:"json" help:"Print the upgrade (and the last roll-out's state) as JSON."`
+	Module          Name          `arg:"" help:"The module."`
+	Action          string        `arg:"" optional:"" enum:"show,roll-out,rollback,record" default:"show" help:"show (default): what a roll-out would send, and the last roll-out; roll-out: move the nodes, canary first, then batches, each waited for ready and through the soak, all rolled back past --max-failures; rollback: return the nodes the last roll-out moved (--why); record: record those nodes behind, send nothing."`
+	Together        bool          `help:"With roll-out: every node at once (the same as --canary 0 --batch 100%)."`
+	Canary          int           `default:"1" help:"With roll-out: how many nodes move first, on their own."`
+	Batch           string        `default:"1" help:"With roll-out: how many nodes move together after the canary: N nodes or P% of the nodes to move."`
+	Wait            time.Duration `default:"2m" help:"With roll-out: how long to wait for each batch to report ready (and a rollback for its nodes to be back)."`
+	Soak            time.Duration `default:"10s" help:"With roll-out: how long a batch must stay ready before the next moves."`
+	MaxFailures     int           `default:"0" help:"With roll-out: how many nodes may fail before the roll-out stops and every node it moved goes back."`
+	WithoutSnapshot bool          `name:"without-snapshot" help:"With roll-out: let its nodes prepare the new version where the module's irreplaceable data cannot be snapshotted first (no backup holder, no access, holder unreachable); needs --why."`
+	Why             string        `help:"With rollback, and roll-out --without-snapshot: why (required)."`
+	JSON            bool          `name:"json" help:"Print the upgrade (and the last roll-out's state) as JSON."`
 }
 
 // Run previews, rolls out, rolls back or records.
@@ -558,8 +559,11 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 	if c.Action == "rollback" && strings.TrimSpace(c.Why) == "" {
 		return clirun.UsageError{Msg: "rollback needs --why: say why the nodes go back"}
 	}
+	if c.WithoutSnapshot && c.Action != "roll-out" {
+		return clirun.UsageError{Msg: "--without-snapshot goes with roll-out"}
+	}
 	r := app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Canary: c.Canary, Batch: c.Batch,
-		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, Why: c.Why,
+		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, WithoutSnapshot: c.WithoutSnapshot, Why: c.Why,
 		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }}
 	if c.JSON {
 		r.Progress = nil
@@ -627,7 +631,11 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 
 // showRollOut says the module's last roll-out, node by node.
 func showRollOut(env *Env, r *inventory.RollOut) {
-	fmt.Fprintf(env.Stdout, "last roll-out: to %s, %s (started %s by %s)\n", r.To, r.Phase, r.StartedAt.Format(time.RFC3339), r.Who)
+	without := ""
+	if r.WithoutSnapshot {
+		without = ", allowed without a snapshot"
+	}
+	fmt.Fprintf(env.Stdout, "last roll-out: to %s, %s (started %s by %s%s)\n", r.To, r.Phase, r.StartedAt.Format(time.RFC3339), r.Who, without)
 	if r.Why != "" {
 		fmt.Fprintf(env.Stdout, "  why: %s\n", r.Why)
 	}
@@ -635,6 +643,9 @@ func showRollOut(env *Env, r *inventory.RollOut) {
 		line := fmt.Sprintf("  %s (batch %d, from %s): %s", n.Node, n.Batch, n.From, n.Result)
 		if n.Error != "" {
 			line += ": " + n.Error
+		}
+		if n.Prepared != "" {
+			line += " (" + n.Prepared + ")"
 		}
 		if n.Back != "" {
 			line += "; back: " + n.Back

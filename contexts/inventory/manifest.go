@@ -20,6 +20,8 @@ type (
 	Problem = manifest.Problem
 	// Build says how a builder turns a module's source into an archive (manifest.Build).
 	Build = manifest.Build
+	// Prepare is how a version brings its module's data to its shape (manifest.Prepare).
+	Prepare = manifest.Prepare
 	// Provision is something a module provides to others (manifest.Provision).
 	Provision = manifest.Provision
 	// Seat is a role a module can fill (manifest.Seat).

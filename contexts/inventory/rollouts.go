@@ -48,7 +48,11 @@ type RollOut struct {
 	Wait        time.Duration `json:"wait_ns"`
 	Soak        time.Duration `json:"soak_ns"`
 	MaxFailures int           `json:"max_failures"`
-	Phase       string        `json:"phase"`
+	// WithoutSnapshot says a person allowed its nodes to prepare the new
+	// version without a snapshot of the module's irreplaceable data
+	// (--without-snapshot; the why is the hand act's).
+	WithoutSnapshot bool   `json:"without_snapshot,omitempty"`
+	Phase           string `json:"phase"`
 	// Why is why it stopped or was rolled back.
 	Why       string        `json:"why,omitempty"`
 	Who       string        `json:"who,omitempty"`
@@ -77,6 +81,9 @@ type RollOutNode struct {
 	// failed (Error says why).
 	Result string `json:"result"`
 	Error  string `json:"error,omitempty"`
+	// Prepared is the host's word on the module's data once ready at the
+	// roll-out's version: its prepare ran, on which snapshot.
+	Prepared string `json:"prepared,omitempty"`
 	// Back is what became of its return to From in a rollback: returning,
 	// returned (ready at From) or not-returned (BackError says why).
 	Back       string `json:"back,omitempty"`
@@ -110,9 +117,9 @@ func (s *Store) StartRollOut(ctx context.Context, r RollOut, now time.Time) (err
 		if _, err := tx.ExecContext(ctx, `DELETE FROM rollouts WHERE module = ?`, r.Module); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO rollouts (module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, r.kind(), r.ID, r.To, r.Canary, r.Batch, r.Wait.Milliseconds(), r.Soak.Milliseconds(),
-			r.MaxFailures, r.Phase, r.Why, r.Who, sqlite.FormatTime(now), sqlite.FormatTime(now)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO rollouts (module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, without_snapshot, phase, why, who, started_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, r.kind(), r.ID, r.To, r.Canary, r.Batch, r.Wait.Milliseconds(), r.Soak.Milliseconds(),
+			r.MaxFailures, b2i(r.WithoutSnapshot), r.Phase, r.Why, r.Who, sqlite.FormatTime(now), sqlite.FormatTime(now)); err != nil {
 			return err
 		}
 		return writeRollOutNodes(ctx, tx, r)
@@ -133,9 +140,9 @@ func writeRollOutNodes(ctx context.Context, tx *sql.Tx, r RollOut) error {
 		return err
 	}
 	for _, n := range r.Nodes {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO rollout_nodes (module, node, from_version, batch, moved, serial, applied, result, error, back, back_serial, back_error, detail)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, n.Node, n.From, n.Batch, b2i(n.Moved), n.Serial, b2i(n.Applied),
-			n.Result, n.Error, n.Back, n.BackSerial, n.BackError, n.Detail); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO rollout_nodes (module, node, from_version, batch, moved, serial, applied, result, error, prepared, back, back_serial, back_error, detail)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, n.Node, n.From, n.Batch, b2i(n.Moved), n.Serial, b2i(n.Applied),
+			n.Result, n.Error, n.Prepared, n.Back, n.BackSerial, n.BackError, n.Detail); err != nil {
 			return err
 		}
 	}
@@ -192,10 +199,10 @@ func (s *Store) RollBackRollOut(ctx context.Context, module, why string, now tim
 func (s *Store) RollOut(ctx context.Context, module string) (_ RollOut, ok bool, err error) {
 	defer s.db.Failing(&err, "read the roll-out")
 	var r RollOut
-	var wait, soak int64
+	var wait, soak, without int64
 	var started, updated string
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, phase, why, who, started_at, updated_at
-		FROM rollouts WHERE module = ?`, module).Scan(&r.Module, &r.Kind, &r.ID, &r.To, &r.Canary, &r.Batch, &wait, &soak, &r.MaxFailures, &r.Phase, &r.Why, &r.Who, &started, &updated)
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT module, kind, id, to_version, canary, batch, wait_ms, soak_ms, max_failures, without_snapshot, phase, why, who, started_at, updated_at
+		FROM rollouts WHERE module = ?`, module).Scan(&r.Module, &r.Kind, &r.ID, &r.To, &r.Canary, &r.Batch, &wait, &soak, &r.MaxFailures, &without, &r.Phase, &r.Why, &r.Who, &started, &updated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return RollOut{}, false, nil
 	}
@@ -203,13 +210,14 @@ func (s *Store) RollOut(ctx context.Context, module string) (_ RollOut, ok bool,
 		return RollOut{}, false, err
 	}
 	r.Wait, r.Soak = time.Duration(wait)*time.Millisecond, time.Duration(soak)*time.Millisecond
+	r.WithoutSnapshot = without != 0
 	if r.StartedAt, err = sqlite.ParseTime(started); err != nil {
 		return RollOut{}, false, err
 	}
 	if r.UpdatedAt, err = sqlite.ParseTime(updated); err != nil {
 		return RollOut{}, false, err
 	}
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, from_version, batch, moved, serial, applied, result, error, back, back_serial, back_error, detail
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, from_version, batch, moved, serial, applied, result, error, prepared, back, back_serial, back_error, detail
 		FROM rollout_nodes WHERE module = ? ORDER BY batch, node`, module)
 	if err != nil {
 		return RollOut{}, false, err
@@ -218,7 +226,7 @@ func (s *Store) RollOut(ctx context.Context, module string) (_ RollOut, ok bool,
 	r.Nodes = []RollOutNode{}
 	for rows.Next() {
 		var n RollOutNode
-		if err := rows.Scan(&n.Node, &n.From, &n.Batch, &n.Moved, &n.Serial, &n.Applied, &n.Result, &n.Error, &n.Back, &n.BackSerial, &n.BackError, &n.Detail); err != nil {
+		if err := rows.Scan(&n.Node, &n.From, &n.Batch, &n.Moved, &n.Serial, &n.Applied, &n.Result, &n.Error, &n.Prepared, &n.Back, &n.BackSerial, &n.BackError, &n.Detail); err != nil {
 			return RollOut{}, false, err
 		}
 		r.Nodes = append(r.Nodes, n)
@@ -265,4 +273,22 @@ func (s *Store) RollOutFromVersions(ctx context.Context) (_ map[string][]string,
 		out[m] = append(out[m], v)
 	}
 	return out, rows.Err()
+}
+
+// withoutSnapshot reads, per node/module, the version a roll-out allows
+// to be prepared without a snapshot: its to version, on each of its nodes
+// (the planner marks the module there once it is at that version).
+func withoutSnapshot(ctx context.Context, tx *sql.Tx) (map[Holder]string, error) {
+	out := map[Holder]string{}
+	err := each(ctx, tx, `SELECT n.node, r.module, r.to_version FROM rollouts r JOIN rollout_nodes n ON n.module = r.module
+		WHERE r.without_snapshot = 1`, func(rows *sql.Rows) error {
+		var h Holder
+		var to string
+		if err := rows.Scan(&h.Node, &h.Module, &to); err != nil {
+			return err
+		}
+		out[h] = to
+		return nil
+	})
+	return out, err
 }

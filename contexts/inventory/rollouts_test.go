@@ -60,3 +60,42 @@ func TestRollOuts_OneAModule(t *testing.T) {
 		t.Fatalf("the second: %+v", got)
 	}
 }
+
+// A roll-out allowed without a snapshot says so when read back, and the
+// snapshot names, per node of it, the version it allows; the host's word
+// on each node's data is kept. One not allowed names none.
+func TestRollOuts_WithoutSnapshot(t *testing.T) {
+	s, _ := newStore(t)
+	ctx, now := context.Background(), time.Now()
+	ro := RollOut{ID: "a", Module: "store", To: "2.0.0", Batch: "1", WithoutSnapshot: true, Phase: RollOutRunning,
+		Nodes: []RollOutNode{{Node: "db1", From: "1.0.0", Result: "waiting"}, {Node: "db2", From: "1.0.0", Batch: 1, Result: "waiting"}}}
+	if err := s.StartRollOut(ctx, ro, now); err != nil {
+		t.Fatal(err)
+	}
+	ro.Nodes[0].Result, ro.Nodes[0].Prepared = "ready", "prepare of 2.0.0 ran; snapshot 1a2b3c4d of main first"
+	if err := s.SaveRollOut(ctx, ro, now); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.RollOut(ctx, "store")
+	if err != nil || !got.WithoutSnapshot || got.Nodes[0].Prepared != ro.Nodes[0].Prepared {
+		t.Fatalf("read back: %+v %v", got, err)
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.WithoutSnapshot) != 2 || snap.WithoutSnapshot[Holder{Node: "db2", Module: "store"}] != "2.0.0" {
+		t.Fatalf("the snapshot's: %v", snap.WithoutSnapshot)
+	}
+	ro.Phase = RollOutDone
+	if err := s.SaveRollOut(ctx, ro, now); err != nil {
+		t.Fatal(err)
+	}
+	next := RollOut{ID: "b", Module: "store", To: "3.0.0", Batch: "1", Phase: RollOutRunning, Nodes: []RollOutNode{{Node: "db1", From: "2.0.0", Result: "waiting"}}}
+	if err := s.StartRollOut(ctx, next, now); err != nil {
+		t.Fatal(err)
+	}
+	if snap, _ := s.Snapshot(ctx); len(snap.WithoutSnapshot) != 0 {
+		t.Fatalf("a roll-out not allowed: %v", snap.WithoutSnapshot)
+	}
+}

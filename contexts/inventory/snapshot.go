@@ -67,6 +67,10 @@ type Snapshot struct {
 	Overlay Overlay
 	// HostReleases are the host releases kept, by version.
 	HostReleases map[string]HostRelease
+	// WithoutSnapshot is, per node/module, the version a roll-out allows
+	// to be prepared there without a snapshot (RollOut.WithoutSnapshot):
+	// the planner marks the declared module so while it is at it.
+	WithoutSnapshot map[Holder]string
 
 	versions map[Holder]string
 }
@@ -227,6 +231,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	}
 	if snap.Routing, err = readRouting(ctx, tx); err != nil {
 		return nil, err
+	}
+	if snap.WithoutSnapshot, err = withoutSnapshot(ctx, tx); err != nil {
+		return nil, fmt.Errorf("read the roll-outs without a snapshot: %w", err)
 	}
 	err = each(ctx, tx, `SELECT module, node, body FROM settings_layers`, func(r *sql.Rows) error {
 		var module, node, body string

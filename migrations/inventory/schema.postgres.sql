@@ -255,7 +255,8 @@ CREATE TABLE rollout_nodes (
     back text NOT NULL DEFAULT ''::text,
     back_serial bigint NOT NULL DEFAULT 0,
     back_error text NOT NULL DEFAULT ''::text,
-    detail text NOT NULL DEFAULT ''::text
+    detail text NOT NULL DEFAULT ''::text,
+    prepared text NOT NULL DEFAULT ''::text
 );
 CREATE TABLE rollouts (
     module text NOT NULL,
@@ -271,7 +272,8 @@ CREATE TABLE rollouts (
     who text NOT NULL DEFAULT ''::text,
     started_at text NOT NULL,
     updated_at text NOT NULL,
-    kind text NOT NULL DEFAULT 'module'::text
+    kind text NOT NULL DEFAULT 'module'::text,
+    without_snapshot bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE schema_migrations (
     version integer NOT NULL,

@@ -240,7 +240,7 @@ CREATE TABLE rollout_nodes (
     back         TEXT NOT NULL DEFAULT '' CHECK (back IN ('', 'returning', 'returned', 'not-returned')),
     back_serial  INTEGER NOT NULL DEFAULT 0,
     back_error   TEXT NOT NULL DEFAULT '',
-    detail       TEXT NOT NULL DEFAULT '',
+    detail       TEXT NOT NULL DEFAULT '', prepared TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (module, node)
 ) STRICT;
 CREATE TABLE rollouts (
@@ -257,7 +257,7 @@ CREATE TABLE rollouts (
     who          TEXT NOT NULL DEFAULT '',
     started_at   TEXT NOT NULL,
     updated_at   TEXT NOT NULL
-, kind TEXT NOT NULL DEFAULT 'module' CHECK (kind IN ('module', 'host'))) STRICT;
+, kind TEXT NOT NULL DEFAULT 'module' CHECK (kind IN ('module', 'host')), without_snapshot INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE schema_migrations (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT NOT NULL,

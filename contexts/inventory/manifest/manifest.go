@@ -32,6 +32,7 @@ type Manifest struct {
 	Requires    *Requirements `json:"requires,omitempty"`
 	Run         *Run          `json:"run,omitempty"`
 	Build       *Build        `json:"build,omitempty"`
+	Prepare     *Prepare      `json:"prepare,omitempty"`
 	Ports       []Port        `json:"ports,omitempty"`
 	Emits       []string      `json:"emits,omitempty"`
 	Consumes    []string      `json:"consumes,omitempty"`
@@ -87,6 +88,26 @@ const DefaultBuildTimeout = 20 * time.Minute
 
 // MaxBuildTimeout bounds what a manifest may ask for.
 const MaxBuildTimeout = 24 * time.Hour
+
+// Prepare is how a version brings its module's data to the shape it
+// needs (the seed's "prepare"): on an upgrade to this version the host
+// stops the old version, snapshots the module's precious data, runs the
+// command (as the module's user, in this version's directory, with its
+// environment) and starts this version; one that fails or outlives its
+// timeout leaves the old version running on the data as it was.
+type Prepare struct {
+	Command []string `json:"command"`
+	// Timeout is a Go duration; empty is DefaultPrepareTimeout.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// DefaultPrepareTimeout is how long a prepare may run unless its manifest
+// says; MinPrepareTimeout and MaxPrepareTimeout bound what it may say.
+const (
+	DefaultPrepareTimeout = 10 * time.Minute
+	MinPrepareTimeout     = time.Second
+	MaxPrepareTimeout     = 24 * time.Hour
+)
 
 // Ready is one of: a declared port accepts TCP connections, a command
 // exits 0, or a time running without exiting.
@@ -242,11 +263,12 @@ func (p Problem) String() string { return p.Field + ": " + p.What }
 // shape is the fields each object of a manifest may have: any other is a
 // problem (a typo must not pass silently). "[]" marks an array of objects.
 var shape = map[string][]string{
-	"":                             {"module", "version", "description", "source", "requires", "run", "build", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "licences", "data", "tools", "stands_on"},
+	"":                             {"module", "version", "description", "source", "requires", "run", "build", "prepare", "ports", "emits", "consumes", "provides", "needs", "seats", "settings", "secrets", "licences", "data", "tools", "stands_on"},
 	"requires":                     {"arch", "memory_mb", "cores", "disk_mb", "runtimes"},
 	"run":                          {"command", "env", "stop_grace", "ready"},
 	"run.ready":                    {"port", "command", "after"},
 	"build":                        {"command", "outputs", "timeout", "env"},
+	"prepare":                      {"command", "timeout"},
 	"ports[]":                      {"name", "port", "expose"},
 	"provides[]":                   {"provision", "port", "per_consumer"},
 	"provides[].per_consumer":      {"credential", "data"},
@@ -501,6 +523,9 @@ func (m *Manifest) judge() []Problem {
 	if m.Build != nil {
 		m.judgeBuild(bad)
 	}
+	if m.Prepare != nil {
+		m.judgePrepare(bad)
+	}
 	for i, t := range m.Tools {
 		name(fmt.Sprintf("tools[%d].name", i), t.Name)
 	}
@@ -535,20 +560,8 @@ const maxRunWords = 100
 func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
 	r := m.Run
 	command := func(field string, words []string) {
-		switch {
-		case len(words) == 0:
-			bad(field, "missing: the program to start and its arguments")
-		case len(words) > maxRunWords:
-			bad(field, "%d words, at most %d", len(words), maxRunWords)
-		}
-		for i, w := range words {
-			if strings.ContainsRune(w, 0) {
-				bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
-			}
-		}
-		if len(words) > 0 && strings.TrimSpace(words[0]) == "" {
-			bad(field+"[0]", "is empty: name the program (an absolute path, a path in the module's directory, or a name on the host's PATH)")
-		}
+		judgeCommand(bad, field, words, "the program to start and its arguments",
+			"name the program (an absolute path, a path in the module's directory, or a name on the host's PATH)")
 	}
 	command("run.command", r.Command)
 	if len(r.Env) > maxRunWords {
@@ -615,14 +628,7 @@ func (m *Manifest) judgeRun(bad func(string, string, ...any)) {
 // and HOME to the builder; every problem reported.
 func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
 	b := m.Build
-	switch {
-	case len(b.Command) == 0:
-		bad("build.command", "missing: the program that builds it and its arguments")
-	case len(b.Command) > maxRunWords:
-		bad("build.command", "%d words, at most %d", len(b.Command), maxRunWords)
-	case strings.TrimSpace(b.Command[0]) == "":
-		bad("build.command[0]", "is empty: name the program")
-	}
+	judgeCommand(bad, "build.command", b.Command, "the program that builds it and its arguments", "name the program")
 	if len(b.Outputs) == 0 {
 		bad("build.outputs", "missing: the paths the archive carries, such as \"bin/\"")
 	}
@@ -666,6 +672,43 @@ func (m *Manifest) judgeBuild(bad func(string, string, ...any)) {
 		}
 		if strings.ContainsRune(b.Env[k], 0) {
 			bad("build.env."+k, "contains a NUL byte")
+		}
+	}
+}
+
+// judgeCommand judges a command a host or builder execs: its words, at
+// most maxRunWords, the first naming the program, none with a NUL byte;
+// missing says what the command is, empty how to name the program.
+func judgeCommand(bad func(string, string, ...any), field string, words []string, missing, empty string) {
+	switch {
+	case len(words) == 0:
+		bad(field, "missing: %s", missing)
+	case len(words) > maxRunWords:
+		bad(field, "%d words, at most %d", len(words), maxRunWords)
+	case strings.TrimSpace(words[0]) == "":
+		bad(field+"[0]", "is empty: %s", empty)
+	}
+	for i, w := range words {
+		if strings.ContainsRune(w, 0) {
+			bad(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
+		}
+	}
+}
+
+// judgePrepare judges prepare: a command, and a timeout that is a
+// duration within [MinPrepareTimeout, MaxPrepareTimeout]; every problem
+// reported.
+func (m *Manifest) judgePrepare(bad func(string, string, ...any)) {
+	p := m.Prepare
+	judgeCommand(bad, "prepare.command", p.Command, "the program that brings the data to this version's shape, and its arguments",
+		"name the program (a path in the version's directory, or a name on the host's PATH)")
+	if p.Timeout != "" {
+		d, err := time.ParseDuration(p.Timeout)
+		switch {
+		case err != nil:
+			bad("prepare.timeout", "%q is not a duration (like 10m)", p.Timeout)
+		case d < MinPrepareTimeout || d > MaxPrepareTimeout:
+			bad("prepare.timeout", "%s is outside [1s, 24h]", p.Timeout)
 		}
 	}
 }

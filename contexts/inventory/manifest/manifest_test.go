@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The example manifests are the inventory's test data (its store tests
@@ -118,6 +119,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"module":"a","version":"1.0.0","data":[{"name":"d","path":"/x","precious":"costly"}]}`))
+	f.Add([]byte(`{"module":"a","version":"2.0.0","prepare":{"command":["bin/migrate","--to","2"],"timeout":"90s"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, ps := Parse(data)
 		if len(ps) > 0 {
@@ -270,5 +272,38 @@ func TestParse_DataPathsAreClean(t *testing.T) {
 	}
 	if _, ps := Parse([]byte(`{"module": "a", "version": "1.0.0", "data": [{"name": "d", "path": "/srv/x", "precious": "rebuildable"}]}`)); len(ps) != 0 {
 		t.Errorf("a clean path refused: %v", ps)
+	}
+}
+
+// prepare is judged whole: a command, a timeout that parses, within
+// [1s, 24h]; each problem one line naming its field. Absent, the timeout
+// is the default.
+func TestParse_Prepare(t *testing.T) {
+	for doc, want := range map[string][]string{
+		`{"command": []}`: {`prepare.command: missing: the program that brings the data to this version's shape`},
+		`{"command": [" ", "x"], "timeout": "soon"}`: {`prepare.command[0]: is empty`, `prepare.timeout: "soon" is not a duration (like 10m)`},
+		`{"command": ["bin/m"], "timeout": "500ms"}`: {`prepare.timeout: 500ms is outside [1s, 24h]`},
+		`{"command": ["bin/m"], "timeout": "25h"}`:   {`prepare.timeout: 25h is outside [1s, 24h]`},
+		`{"command": ["bin/m"], "retries": 3}`:       {`prepare.retries: unknown field`},
+		`{"command": ["bin/m"], "timeout": "24h"}`:   nil,
+		`{"command": ["bin/m"]}`:                     nil,
+	} {
+		_, ps := Parse([]byte(`{"module": "m", "version": "2.0.0", "prepare": ` + doc + `}`))
+		var got []string
+		for _, p := range ps {
+			got = append(got, p.String())
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: %q, want %q", doc, got, want)
+			continue
+		}
+		for i, w := range want {
+			if !strings.HasPrefix(got[i], w) {
+				t.Errorf("%s: %q, want %q", doc, got[i], w)
+			}
+		}
+	}
+	if DefaultPrepareTimeout != 10*time.Minute {
+		t.Errorf("the default prepare timeout is %s", DefaultPrepareTimeout)
 	}
 }
