@@ -993,24 +993,45 @@ func (d *daemon) absorbWaiting(ctx context.Context, ev *event) bool {
 // taken over deposes this controller (d.lost), any other failure is sent on
 // failed, which ends serve.
 func (d *daemon) renew(ctx context.Context, holder string, failed chan<- error) {
-	t := time.NewTicker(d.o.LeaseTTL / 3)
+	every := d.o.LeaseTTL / 3
+	// held is until when the lease is ours for sure: renewed at start.
+	held := d.u.Now().Add(d.o.LeaseTTL)
+	t := time.NewTimer(every)
 	defer t.Stop()
+	said := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := d.st.Identity.RenewLease(ctx, holder, d.u.Now().Add(d.o.LeaseTTL), d.url); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			err = fmt.Errorf("renew the lease: %w", err)
-			if !d.deposed(err) {
-				failed <- err
-			}
+		now := d.u.Now()
+		err := d.st.Identity.RenewLease(ctx, holder, now.Add(d.o.LeaseTTL), d.url)
+		switch {
+		case err == nil:
+			held, said = now.Add(d.o.LeaseTTL), false
+			t.Reset(every)
+			continue
+		case ctx.Err() != nil:
 			return
 		}
+		err = fmt.Errorf("renew the lease: %w", err)
+		if d.deposed(err) {
+			return
+		}
+		// A store that cannot answer for a moment (PostgreSQL starting
+		// again) does not end the term: tried again while the lease still
+		// holds, which no other controller can take before it expires.
+		if retry := every / 5; now.Add(2 * retry).Before(held) {
+			if !said {
+				d.log.Warn("renew the lease: tried again while it holds", "err", err, "held_until", held)
+				said = true
+			}
+			t.Reset(retry)
+			continue
+		}
+		failed <- err
+		return
 	}
 }
 
