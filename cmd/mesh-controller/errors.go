@@ -189,6 +189,8 @@ func hint(err error) string {
 		return "name manifest files, or directories holding mesh.json files or .json manifests"
 	case errors.Is(err, app.ErrNotOnNode):
 		return "assign it there first with 'mesh-controller assign'"
+	case errors.Is(err, app.ErrRollOutRolledBack):
+		return "every node it moved runs the version it ran again (each said above): fix what failed, and roll out again"
 	case errors.Is(err, app.ErrRollOutStopped):
 		return "fix that node and roll out again: the nodes before it run the new version, those after it the old"
 	case errors.Is(err, secrets.ErrNoOperatorKey):

@@ -72,9 +72,14 @@ func TestREADME_Walkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README's walkthrough stopped: %v\n%s", err, out)
 	}
+	if os.Getenv("MESH_README_SHOW") != "" {
+		t.Logf("what the walkthrough printed:\n%s", out)
+	}
 	// What a reader is told to expect, there.
 	for _, want := range []string{"manifests, no problems", "the-ocr-licence", "the-translation-key", "waits for licence translation", "licence chat refreshed by nas1/refresher: version 2", "node.silent/web1", "What is wrong", "node rack20 removed",
-		"restored db1/postgres/cluster onto db1 from snapshot", "retired as cluster-before-restore-", "restored and verified on the holder", "/var/lib/postgres/data/PG_VERSION"} {
+		"restored db1/postgres/cluster onto db1 from snapshot", "retired as cluster-before-restore-", "restored and verified on the holder", "/var/lib/postgres/data/PG_VERSION",
+		"prepare of 2.0.0 ran", "data restored from the pre-upgrade snapshot", "opening balance 100", "ledger kept pid", "web9 back on mesh-host v0.3.0-walk",
+		"signing key rotated", "refused: the overlap runs"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the walkthrough's output lacks %q", want)
 		}
@@ -391,6 +396,9 @@ func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...
 	cmd.Dir = repo
 	tmp := t.TempDir()
 	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp, "HOME="+filepath.Join(tmp, "home")), env...)
+	// Go's caches stay the person's: a home of its own would have the
+	// README's go builds fetch every module and compile every package again.
+	cmd.Env = append(cmd.Env, goCaches(t)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// SIGTERM first, as a person's Ctrl-C would: hosts stop their modules.
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
@@ -415,6 +423,21 @@ func runScript(t *testing.T, repo, script string, timeout time.Duration, env ...
 		t.Fatal(rerr)
 	}
 	return string(b), err
+}
+
+// goCaches names the go command's build and module caches, as this
+// process's go sees them.
+func goCaches(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOCACHE", "GOMODCACHE").Output()
+	if err != nil {
+		t.Fatalf("go env: %v", err)
+	}
+	f := strings.Fields(string(out))
+	if len(f) != 2 {
+		t.Fatalf("go env GOCACHE GOMODCACHE: %q", out)
+	}
+	return []string{"GOCACHE=" + f[0], "GOMODCACHE=" + f[1]}
 }
 
 // stopScript ends what a script left running: SIGTERM to its process group,
