@@ -126,22 +126,47 @@ func BenchmarkRollOutTogether100(b *testing.B) {
 // (1s) spent on the silent node, forward and back.
 //
 //	go test -run '^$' -bench RollOutRollBack100 -benchtime 1x ./app/e2e/
-func BenchmarkRollOutRollBack100(b *testing.B) {
-	const hosts = 100
+func BenchmarkRollOutRollBack100(b *testing.B) { benchRollBack(b, 100, true) }
+
+// BenchmarkRollOutRollBack1000 rolls a new version out to 1,000 simulated
+// hosts: a canary, then batches of half; the last host of the last batch
+// reports the module failed at the new version (as a module that exits at
+// once), and every host moved goes back. It reports the whole roll-out,
+// the time to detect (the failing host sent its declaration, to the
+// roll-out saying it rolls back) and to return all (that, to the last host
+// back on the version it ran).
+//
+//	go test -run '^$' -bench RollOutRollBack1000 -benchtime 1x -timeout 30m ./app/e2e/
+func BenchmarkRollOutRollBack1000(b *testing.B) { benchRollBack(b, 1000, false) }
+
+// benchRollBack rolls out to hosts simulated hosts, the failure either a
+// node whose host never joined (silent) or the last host reporting failed.
+func benchRollBack(b *testing.B, hosts int, silent bool) {
 	m := newTestMesh(b)
 	ctx := context.Background()
 	tokens := filepath.Join(b.TempDir(), "tokens")
 	if _, err := m.c.TokenIssueMany(ctx, "sim", hosts, false, time.Hour, tokens); err != nil {
 		b.Fatal(err)
 	}
+	// The roll-out moves its nodes in name order: the last is the one to fail.
+	failing := "zzdead"
+	if !silent {
+		names := make([]string, hosts)
+		for i := range names {
+			names[i] = fmt.Sprintf("sim%d", i+1)
+		}
+		slices.Sort(names)
+		failing = names[len(names)-1]
+	}
 	sctx, stop := context.WithCancel(ctx)
 	simDone := make(chan error, 1)
 	go func() {
-		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Joins: 16, Out: &strings.Builder{}})
+		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Joins: 16, Out: &strings.Builder{},
+			Fails: func(node, module, version string) bool { return node == failing && version != "1.0.0" }})
 		simDone <- err
 	}()
 	b.Cleanup(func() { stop(); <-simDone })
-	checkFor(b, settle, func() error {
+	checkFor(b, 2*settle, func() error {
 		ns, err := m.c.NodeList(ctx)
 		if err != nil {
 			return err
@@ -157,23 +182,39 @@ func BenchmarkRollOutRollBack100(b *testing.B) {
 		}
 		return nil
 	})
-	if _, err := m.c.NodeAdd(ctx, "zzdead", false); err != nil {
-		b.Fatal(err)
+	if silent {
+		if _, err := m.c.NodeAdd(ctx, "zzdead", false); err != nil {
+			b.Fatal(err)
+		}
 	}
 	base, err := os.ReadFile(helloManifest)
 	if err != nil {
 		b.Fatal(err)
 	}
 	m.addModule(writeManifest(b, string(base)))
+	all := make([]string, 0, hosts+1)
 	for i := 1; i <= hosts; i++ {
-		if _, err := m.c.Assign(ctx, fmt.Sprintf("sim%d", i), []string{"hello"}); err != nil {
-			b.Fatal(err)
-		}
+		all = append(all, fmt.Sprintf("sim%d", i))
 	}
-	if _, err := m.c.Assign(ctx, "zzdead", []string{"hello"}); err != nil {
+	if silent {
+		all = append(all, "zzdead")
+	}
+	if _, err := m.c.AssignMany(ctx, app.ManyRequest{Nodes: all, Modules: []string{"hello"}}); err != nil {
 		b.Fatal(err)
 	}
-	var total, back []float64
+	checkFor(b, 2*settle, func() error {
+		ns, err := m.c.NodeList(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if n.Joined && n.SerialApplied != n.SerialDeclared {
+				return fmt.Errorf("%s applied %d of %d", n.Name, n.SerialApplied, n.SerialDeclared)
+			}
+		}
+		return nil
+	})
+	var total, detect, back []float64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -181,10 +222,13 @@ func BenchmarkRollOutRollBack100(b *testing.B) {
 		m.addModule(writeManifest(b, strings.Replace(string(base), `"1.0.0"`, `"`+v+`"`, 1)))
 		b.StartTimer()
 		start := time.Now()
-		var detected time.Time
+		var sent, detected time.Time
 		out, err := m.c.Upgrade(ctx, app.UpgradeRequest{Module: "hello", Action: "roll-out", Canary: 1, Batch: "50%", Wait: time.Second,
 			Progress: func(s string) {
-				if strings.HasPrefix(s, "rolling back") {
+				switch {
+				case strings.HasPrefix(s, failing+" sent declaration"):
+					sent = time.Now()
+				case strings.HasPrefix(s, "rolling back"):
 					detected = time.Now()
 				}
 			}})
@@ -201,8 +245,14 @@ func BenchmarkRollOutRollBack100(b *testing.B) {
 			b.Fatalf("%d of %d returned: %v", returned, hosts, err)
 		}
 		total = append(total, float64(time.Since(start).Milliseconds()))
+		if !sent.IsZero() {
+			detect = append(detect, float64(detected.Sub(sent).Milliseconds()))
+		}
 		back = append(back, float64(time.Since(detected).Milliseconds()))
 	}
 	b.ReportMetric(slices.Max(total), "rollout-ms")
+	if len(detect) > 0 {
+		b.ReportMetric(slices.Max(detect), "detect-ms")
+	}
 	b.ReportMetric(slices.Max(back), "return-all-ms")
 }

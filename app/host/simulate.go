@@ -28,6 +28,9 @@ type SimOptions struct {
 	Heartbeat  time.Duration
 	// ApplyDelay is how long each simulated apply takes.
 	ApplyDelay time.Duration
+	// Fails, if set, says which declared modules a simulated host reports
+	// failed rather than ready (a roll-out's failure, measured).
+	Fails func(node, module, version string) bool
 	// Report is how often a progress line is printed.
 	Report time.Duration
 	// Joins is how many joins are in flight at once.
@@ -253,7 +256,11 @@ func simHost(ctx context.Context, s *State, o SimOptions, st *simCounters, appli
 			data.Sets = []protocol.DataSet{}
 			for _, m := range d.Modules {
 				if m.Run != nil {
-					modules = append(modules, protocol.ModuleState{Module: m.Module, Version: m.Version, State: protocol.StateReady,
+					state, detail := protocol.StateReady, ""
+					if o.Fails != nil && o.Fails(s.Node, m.Module, m.Version) {
+						state, detail = protocol.StateFailed, "the simulation fails this version"
+					}
+					modules = append(modules, protocol.ModuleState{Module: m.Module, Version: m.Version, State: state, Detail: detail,
 						Serial: d.Serial, DeclaredAt: d.IssuedAt, Since: time.Now().UTC()})
 				}
 				for _, ds := range m.Data {
