@@ -35,6 +35,7 @@ func TestActs_TwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the binary hundreds of times")
 	}
+	t.Parallel()
 	bin := buildBinary(t)
 	rounds := 8 // MESH_ACT_ROUNDS=100 for a longer stress
 	if s := os.Getenv("MESH_ACT_ROUNDS"); s != "" {

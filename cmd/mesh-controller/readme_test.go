@@ -59,6 +59,9 @@ func TestREADME_Walkthrough(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs the whole walkthrough")
 	}
+	// Beside the scenarios: it mostly waits, on hosts and timers (137 s of
+	// make test's longest package, alone).
+	t.Parallel()
 	readmeTools(t, "bash", "jq", "curl", "restic")
 	repo, bin := buildForReadme(t, "mesh-controller", "mesh-host", "mesh-builder", "mesh-backup") // make build, as the README asks first
 	script := withBin(t, walkthrough(t, filepath.Join(repo, "README.md")), bin)
@@ -100,6 +103,7 @@ func TestREADME_Outgrowing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs a mesh on PostgreSQL and a NATS cluster")
 	}
+	t.Parallel()
 	required := os.Getenv("MESH_TEST_TOOLS") != "" || os.Getenv("CI") != ""
 	need := func(what, how string) {
 		if required {
