@@ -469,12 +469,14 @@ func TestAPI_SlowClient(t *testing.T) {
 	}
 	const cut = 300 * time.Millisecond
 	base := apiOn(t, c, is, func(s *http.Server) { s.ReadHeaderTimeout = cut })
+	// The server's clock starts once it has accepted, which may be before
+	// Dial returns here: start ours before dialling.
+	start := time.Now()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	start := time.Now()
 	fmt.Fprintf(conn, "GET /v1/status HTTP/1.1\r\nHost: x\r\n")
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, err = io.Copy(io.Discard, bufio.NewReader(conn))
