@@ -110,9 +110,10 @@ type shownNode struct {
 	HostVersion   string     `json:"host_version"`
 	Protocol      string     `json:"protocol"`
 	Modules       []struct {
-		Module string `json:"module"`
-		State  string `json:"state"`
-		Pid    int    `json:"pid"`
+		Module  string `json:"module"`
+		State   string `json:"state"`
+		Pid     int    `json:"pid"`
+		Version string `json:"version"`
 	} `json:"modules"`
 	Dropped []struct {
 		Reason string `json:"reason"`
