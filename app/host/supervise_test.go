@@ -501,13 +501,20 @@ func TestSupervisor_StopGrace(t *testing.T) {
 	t.Parallel()
 	s, _ := newSup(t)
 	dir := t.TempDir()
-	stubborn := testSpec("stubborn", dir, script(t, dir, "stubborn.sh", "trap '' TERM\nexec sleep 1000\n"))
+	// The mark says the trap is set: ready comes at start, before the
+	// shell has read its first line.
+	trapped := filepath.Join(dir, "trapped")
+	stubborn := testSpec("stubborn", dir, script(t, dir, "stubborn.sh", "trap '' TERM\ntouch "+trapped+"\nexec sleep 1000\n"))
 	stubborn.StopGrace = time.Second
 	polite := testSpec("polite", dir, script(t, dir, "polite.sh", "exec sleep 1000\n"))
 	polite.StopGrace = 5 * time.Second
 	s.Apply([]ModuleSpec{stubborn, polite})
 	pidS := waitState(t, s, "stubborn", protocol.StateReady).Pid
 	pidP := waitState(t, s, "polite", protocol.StateReady).Pid
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		_, err := os.Stat(trapped)
+		return err
+	})
 
 	t0 := time.Now()
 	stopped := make(chan struct{})
