@@ -265,8 +265,9 @@ PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 # lifecycles), not those whose time goes elsewhere: a build's cold go build
 # in the builder's sandbox, one host's thousand listeners, a disk too
 # small, the hosts upgrading themselves (real mesh-host processes; their
-# controller's side is the roll-outs' driver, raced by TestRollOut_)
-# (RACE_SKIP; about 45 s of its 270 under the race detector).
+# controller's side is the roll-outs' driver, raced by TestRollOut_), the
+# same mesh on PostgreSQL or a NATS cluster (the controller's code is the
+# SQLite runs'), restic's backups and restores (RACE_SKIP).
 # -timeout 14m only stops a hang: cmd/mesh-controller, the longest package,
 # took 10 minutes on this 2-core machine at a load of 10.
 # The end-to-end tests run four at a time (-parallel 4): each mostly waits
@@ -276,7 +277,7 @@ PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 GOTESTSUM := gotest.tools/gotestsum@v1.13.0
 TEST_ENV  := MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server
 RACE_RUN  := TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives|TestRunner_BeatsWhileApplying
-RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|TestBuild_ArchiveTooLargeForTheHostsDisk|TestHostUpgrade_
+RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|TestBuild_ArchiveTooLargeForTheHostsDisk|TestHostUpgrade_|TestMesh_PostgresRestart|TestMesh_OnPostgres|TestMesh_Cluster|TestBackup_KilledMidway|TestBackup_AskedAndReported|TestBackup_RestoreServesTheSameHosts
 test: tools nats-server gotestsum previous-release
 	@rm -f $(BIN)/test-main.json $(BIN)/test-race.json; status=0; \
 	echo "every test (go test ./..., beside a throw-away PostgreSQL)"; \

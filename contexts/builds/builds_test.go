@@ -246,6 +246,7 @@ func TestStore_Transitions(t *testing.T) {
 	for _, act := range acts {
 		for _, from := range all {
 			t.Run(act.name+" "+string(from), func(t *testing.T) {
+				t.Parallel() // each on a store of its own
 				s, a := askIn(t, from, false)
 				w, ok := act.want[from]
 				if !ok {
