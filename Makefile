@@ -265,7 +265,7 @@ PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 # lifecycles), not those whose time goes elsewhere: a build's cold go build
 # in the builder's sandbox, one host's thousand listeners, a disk too
 # small, the hosts upgrading themselves (real mesh-host processes; their
-# controller's side is the roll-outs' driver, raced by TestRollOut_), the
+# controller's side is the roll-outs' driver, raced by TestMesh_RollOut), the
 # same mesh on PostgreSQL or a NATS cluster (the controller's code is the
 # SQLite runs'), restic's backups and restores (RACE_SKIP).
 # -timeout 14m only stops a hang: cmd/mesh-controller, the longest package,
