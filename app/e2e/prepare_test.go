@@ -49,7 +49,7 @@ func TestRollOut_PrepareFailsRollsBack(t *testing.T) {
 	db2.install(t, "notes", "bin/notes", filepath.Join(b.db1.root, protocol.ModulesDir, "notes", "bin", "notes"))
 	b.assign(t, "db2", "notes")
 	// db1 has its access to its repository: it was backed up once.
-	checkFor(t, settle, b.backedUp(t))
+	checkFor(t, firstBackup, b.backedUp(t))
 	checkFor(t, settle, b.moduleIn("db2", "notes", "ready"))
 	want := tree(t, b.notes)
 	b.addModule(writeManifest(t, notesPreparing))
