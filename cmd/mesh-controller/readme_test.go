@@ -481,3 +481,32 @@ func runningBeneath(dir string) []int {
 	}
 	return pids
 }
+
+// The README's quick start runs as it is: a controller, one host, a module
+// of the reader's own answering curl. Its port, 18400, is one the test
+// chose free.
+func TestREADME_QuickStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs a controller and a host")
+	}
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3: the quick start's module is python3's http.server")
+	}
+	repo, bin := buildForReadme(t, "mesh-controller", "mesh-host")
+	script := withBin(t, readmeScript(t, filepath.Join(repo, "README.md"), "<!-- quick start", "<!-- end of the quick start -->", 1), bin)
+	if lines := strings.Count(script, "\n"); lines > 20 {
+		t.Errorf("the quick start is %d lines; it promises 20 at most", lines)
+	}
+	port := strconv.Itoa(freePorts(t, 1, 1)[0])
+	out, err := runScript(t, repo, strings.ReplaceAll(script, "18400", port), 2*time.Minute, "MESH_DATA=", "MESH_BROKER=")
+	if err != nil {
+		t.Fatalf("the README's quick start stopped: %v\n%s", err, out)
+	}
+	if os.Getenv("MESH_README_SHOW") != "" {
+		t.Logf("what the quick start printed:\n%s", out)
+	}
+	if !strings.Contains(out, "hello from box") {
+		t.Errorf("curl did not get the module's page:\n%s", out)
+	}
+}
