@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules nats-server previous-release run demo demo-ha test tools gotestsum lint bench bench-postgres soak measure-archives fuzz clean
+.PHONY: build modules nats-server previous-release run demo demo-ha test tools gotestsum redocly lint bench bench-postgres soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -278,7 +278,7 @@ GOTESTSUM := gotest.tools/gotestsum@v1.13.0
 TEST_ENV  := MESH_TEST_TOOLS=1 MESH_HOST_OVERLAY_INTERFACE=false MESH_NATS_SERVER=$(CURDIR)/$(BIN)/nats-server
 RACE_RUN  := TestMesh_|TestTake_|TestConverge_|TestUnmanagedListener|TestAlertWebhook_|TestUpgrade_|TestBackup_|TestData_|TestRunning_|TestSupervisor_|TestSweep_|TestBuild_|TestBuildPlan_|TestCollection_|TestArchives|TestRunner_BeatsWhileApplying
 RACE_SKIP := TestUnmanagedListener_OneANode|TestBuild_SourceToRunningModule|TestBuild_ArchiveTooLargeForTheHostsDisk|TestHostUpgrade_|TestMesh_PostgresRestart|TestMesh_OnPostgres|TestMesh_Cluster|TestBackup_KilledMidway|TestBackup_AskedAndReported|TestBackup_RestoreServesTheSameHosts
-test: tools nats-server gotestsum previous-release
+test: tools nats-server gotestsum previous-release redocly
 	@rm -f $(BIN)/test-main.json $(BIN)/test-race.json; status=0; \
 	echo "every test (go test ./..., beside a throw-away PostgreSQL)"; \
 	scripts/with-postgres env $(TEST_ENV) $(BIN)/gotestsum --format pkgname --jsonfile $(BIN)/test-main.json -- -count=1 -parallel 4 -timeout 14m ./... || status=$$?; \
@@ -288,6 +288,17 @@ test: tools nats-server gotestsum previous-release
 			-run '$(RACE_RUN)' -skip '$(RACE_SKIP)' ./app/ ./app/e2e/ ./app/host/ || status=$$?; \
 	fi; \
 	scripts/test-summary $(BIN)/test-main.json $(BIN)/test-race.json; exit $$status
+
+# redocly: the OpenAPI linter (Redocly's CLI) that TestAPI_OpenAPILint runs
+# on app/api/openapi.json, of the version REDOCLY names, from the npm
+# registry into bin/npm (git-ignored with bin/) with the machine's npm;
+# nothing to do when that version is there.
+REDOCLY := @redocly/cli@2.77.0
+redocly:
+	@grep -qs '"version": "$(lastword $(subst @, ,$(REDOCLY)))"' $(BIN)/npm/node_modules/@redocly/cli/package.json && exit 0; \
+	command -v npm >/dev/null || { echo "make test needs npm (Node.js's, from the npm registry: $(REDOCLY), the OpenAPI linter); install Node.js and run make test again"; exit 1; }; \
+	echo "make test: installing $(REDOCLY) into $(BIN)/npm (the OpenAPI document's linter)"; \
+	npm install --prefix $(BIN)/npm --no-save --no-audit --no-fund --loglevel=error $(REDOCLY) >/dev/null
 
 # gotestsum: make test's runner, of the version GOTESTSUM names, into bin/.
 gotestsum:

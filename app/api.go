@@ -5,6 +5,7 @@ package app
 // bearer token from an OpenID Connect issuer.
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,8 +23,10 @@ import (
 	"mesh-controller/contexts/inventory"
 )
 
-// APIMaxBody bounds a request body: an assign naming every node of a large
-// mesh fits; anything beyond is refused before it is read whole.
+// APIMaxBody bounds a request body: 64 KiB. The API's bodies are
+// {node, modules}, names of at most 63 bytes, so an act naming a thousand
+// modules fits; no route takes a manifest (module add is the command's).
+// A body over it is answered 413 once the bound is read, never read whole.
 const APIMaxBody = 64 << 10
 
 //go:embed api/openapi.json
@@ -51,23 +55,82 @@ type TokenVerifier interface {
 	Verify(ctx context.Context, raw string) (*oidc.IDToken, error)
 }
 
-// APIRoutes are the routes the API serves, as the mux patterns name them; the
-// OpenAPI document names the same (TestOpenAPIMatchesMux).
-var APIRoutes = []string{
-	"POST /v1/assign",
-	"POST /v1/unassign",
-	"GET /v1/status",
-	"GET /v1/nodes",
-	"GET /v1/nodes/{name}",
-	"GET /v1/plan/{node}",
-	"GET /v1/data",
-	"GET /v1/openapi.json",
+// APIRoute is one route of the API: the mux's pattern, who may call it,
+// and what the OpenAPI document says of it. The document is built from
+// these and from the Go types of what each route reads and answers
+// (TestAPI_OpenAPIDocument), so that it cannot say other than the code.
+type APIRoute struct {
+	// Pattern is the mux's: "GET /v1/nodes/{name}".
+	Pattern string
+	// OperationID names the operation in the OpenAPI document.
+	OperationID string
+	Summary     string
+	// Access is who may call it: the read group (or admin), the admin
+	// group, or anyone (apiPublic).
+	Access apiLevel
+	// Request is the type of the JSON body it reads, nil for none.
+	Request reflect.Type
+	// Answer is the type of the JSON it answers 200 with.
+	Answer reflect.Type
+	// Errors are the statuses it may answer besides 200, each with an
+	// APIError body.
+	Errors []int
+}
+
+// Public says anyone may call it, without a token.
+func (r APIRoute) Public() bool { return r.Access == apiPublic }
+
+// APIRoutes are the routes the API serves. The OpenAPI document names
+// the same (TestAPI_OpenAPIMatchesMux), with these statuses.
+var APIRoutes = []APIRoute{
+	{Pattern: "POST /v1/assign", OperationID: "assign", Summary: "Put modules on a node (mesh-controller assign)", Access: apiAdmin,
+		Request: reflect.TypeFor[APIAct](), Answer: reflect.TypeFor[AssignedMany](), Errors: []int{400, 401, 403, 404, 409, 413, 500}},
+	{Pattern: "POST /v1/unassign", OperationID: "unassign", Summary: "Take modules off a node (mesh-controller unassign)", Access: apiAdmin,
+		Request: reflect.TypeFor[APIAct](), Answer: reflect.TypeFor[UnassignedMany](), Errors: []int{400, 401, 403, 404, 409, 413, 500}},
+	{Pattern: "GET /v1/status", OperationID: "getStatus", Summary: "What is wrong, quiet, out of date (status --json)", Access: apiReader,
+		Answer: reflect.TypeFor[StatusView](), Errors: []int{401, 403, 500}},
+	{Pattern: "GET /v1/nodes", OperationID: "listNodes", Summary: "Every node (node list --json)", Access: apiReader,
+		Answer: reflect.TypeFor[[]NodeView](), Errors: []int{401, 403, 500}},
+	{Pattern: "GET /v1/nodes/{name}", OperationID: "getNode", Summary: "One node (node show --json)", Access: apiReader,
+		Answer: reflect.TypeFor[NodeDetail](), Errors: []int{400, 401, 403, 404, 500}},
+	{Pattern: "GET /v1/plan/{node}", OperationID: "getPlan", Summary: "What a node is declared, and why (plan --json)", Access: apiReader,
+		Answer: reflect.TypeFor[PlanShown](), Errors: []int{400, 401, 403, 404, 500}},
+	{Pattern: "GET /v1/data", OperationID: "listData", Summary: "Every data set (data --json)", Access: apiReader,
+		Answer: reflect.TypeFor[[]DataView](), Errors: []int{401, 403, 500}},
+	{Pattern: "GET /v1/openapi.json", OperationID: "getOpenAPI", Summary: "This document (OpenAPI 3.1)", Access: apiPublic,
+		Answer: reflect.TypeFor[map[string]any]()},
+}
+
+// APIStatuses says what each status the API answers means; the README's
+// table of them and the OpenAPI document's responses say the same
+// (TestAPI_READMEStatuses). 405 is answered to a method a path is not
+// served for, so no operation of the document names it.
+var APIStatuses = map[int]string{
+	200: "done, or what was asked for",
+	400: "the body is not one JSON object {node, modules} without other fields, or a name is not one (a lowercase letter, then up to 62 lowercase letters, digits or dashes)",
+	401: "no bearer token, or one refused (expired, another issuer or audience, a key the issuer does not hold): the error says why",
+	403: "the token's groups claim holds neither group the route needs",
+	404: "a node or module named is not known, or no such route; a module not registered is listed in problems with whatever else is wrong",
+	405: "the path is served for another method, named in Allow",
+	409: "refused by the judgement the command makes: every problem listed, nothing recorded",
+	413: fmt.Sprintf("the body is over %d bytes (%d KiB)", APIMaxBody, APIMaxBody>>10),
+	500: "the controller failed (its stores): the error says what",
+}
+
+// APIError is the body of every answer but 200: one line, and the
+// problems when a judgement refused the act.
+type APIError struct {
+	// Error is one line: what went wrong, then what to do.
+	Error string `json:"error"`
+	// Problems are every problem found, when a judgement refused it.
+	Problems []string `json:"problems,omitempty"`
 }
 
 type apiLevel int
 
 const (
-	apiReader apiLevel = iota + 1
+	apiPublic apiLevel = iota
+	apiReader
 	apiAdmin
 )
 
@@ -89,13 +152,13 @@ func NewAPI(c *Controller, all *Stores) API {
 func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 	s := &apiServer{api: api, v: v, a: a}
 	mux := http.NewServeMux()
-	handlers := map[string]http.HandlerFunc{
-		"POST /v1/assign":   s.need(apiAdmin, s.assign),
-		"POST /v1/unassign": s.need(apiAdmin, s.unassign),
-		"GET /v1/status": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+	handlers := map[string]func(http.ResponseWriter, *http.Request, string){
+		"POST /v1/assign":   s.assign,
+		"POST /v1/unassign": s.unassign,
+		"GET /v1/status": func(w http.ResponseWriter, r *http.Request, _ string) {
 			apiReply(w)(api.Health.Status(r.Context()))
-		}),
-		"GET /v1/nodes": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+		},
+		"GET /v1/nodes": func(w http.ResponseWriter, r *http.Request, _ string) {
 			nodes, err := api.Nodes.NodeList(r.Context())
 			if err != nil {
 				apiFail(w, err)
@@ -103,11 +166,11 @@ func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			WriteNodesJSON(w, nodes)
-		}),
-		"GET /v1/nodes/{name}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+		},
+		"GET /v1/nodes/{name}": func(w http.ResponseWriter, r *http.Request, _ string) {
 			apiReply(w)(api.Nodes.NodeShow(r.Context(), r.PathValue("name")))
-		}),
-		"GET /v1/plan/{node}": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+		},
+		"GET /v1/plan/{node}": func(w http.ResponseWriter, r *http.Request, _ string) {
 			v, err := api.Modules.PlanShow(r.Context(), r.PathValue("node"))
 			if err != nil {
 				apiFail(w, err)
@@ -115,18 +178,23 @@ func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Write(append(v.JSON, '\n'))
-		}),
-		"GET /v1/data": s.need(apiReader, func(w http.ResponseWriter, r *http.Request, _ string) {
+		},
+		"GET /v1/data": func(w http.ResponseWriter, r *http.Request, _ string) {
 			apiReply(w)(api.Seats.Data(r.Context()))
-		}),
+		},
 		// The document is public: it says what may be asked, not what is.
-		"GET /v1/openapi.json": func(w http.ResponseWriter, r *http.Request) {
+		"GET /v1/openapi.json": func(w http.ResponseWriter, r *http.Request, _ string) {
 			w.Header().Set("Content-Type", "application/json")
 			w.Write(APIOpenAPI)
 		},
 	}
 	for _, route := range APIRoutes {
-		mux.HandleFunc(route, handlers[route])
+		h := handlers[route.Pattern]
+		if route.Access == apiPublic {
+			mux.HandleFunc(route.Pattern, func(w http.ResponseWriter, r *http.Request) { h(w, r, "") })
+			continue
+		}
+		mux.HandleFunc(route.Pattern, s.need(route.Access, h))
 	}
 	// What no route takes is answered in JSON too: 405 with Allow when the
 	// path is served for another method, else 404.
@@ -248,9 +316,11 @@ func claimStrings(v any) []string {
 	return nil
 }
 
-// apiAct is the body of assign and unassign.
-type apiAct struct {
-	Node    string   `json:"node"`
+// APIAct is the body of assign and unassign.
+type APIAct struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+	// Modules are the modules' names, at least one.
 	Modules []string `json:"modules"`
 }
 
@@ -270,23 +340,29 @@ func (s *apiServer) unassign(w http.ResponseWriter, r *http.Request, who string)
 	apiReply(w)(s.api.Modules.UnassignMany(r.Context(), ManyRequest{Nodes: []string{req.Node}, Modules: req.Modules, Actor: who}))
 }
 
-// readAPIAct decodes a bounded body holding exactly one apiAct and
-// nothing else.
-func readAPIAct(w http.ResponseWriter, r *http.Request) (apiAct, bool) {
-	var req apiAct
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, APIMaxBody))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
-	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
-		err = errors.New("more than one JSON value")
-	}
+// readAPIAct decodes a body of at most APIMaxBody bytes holding exactly
+// one APIAct and nothing else.
+func readAPIAct(w http.ResponseWriter, r *http.Request) (APIAct, bool) {
+	var req APIAct
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, APIMaxBody))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
-		apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", APIMaxBody))
+		apiError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over %d bytes (%d KiB), the most the API reads; send one act {node, modules} at a time", APIMaxBody, APIMaxBody>>10))
 		return req, false
 	case err != nil:
-		apiError(w, http.StatusBadRequest, "body is not one JSON object {node, modules}: "+apiOneLine(err.Error()))
+		apiError(w, http.StatusBadRequest, "the body could not be read: "+err.Error())
+		return req, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&req)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("more than one JSON value")
+	}
+	switch {
+	case err != nil:
+		apiError(w, http.StatusBadRequest, "body is not one JSON object {node, modules}: "+err.Error())
 		return req, false
 	case req.Node == "" || len(req.Modules) == 0:
 		apiError(w, http.StatusBadRequest, "give node and modules")
@@ -315,16 +391,20 @@ func WriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// apiFail answers an error of the app with the status that says whose it is.
+// apiFail answers an error of the app with the status that says whose it
+// is: a name that names nothing is 404, even among other problems (they
+// are listed with it); a refusal of the judgement is 409.
 func apiFail(w http.ResponseWriter, err error) {
 	var problems *ProblemsError
 	switch {
 	case errors.Is(err, inventory.ErrNodeNotFound), errors.Is(err, inventory.ErrModuleNotFound):
 		apiError(w, http.StatusNotFound, err.Error())
 	case errors.As(err, &problems):
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusConflict)
-		json.NewEncoder(w).Encode(map[string]any{"error": apiOneLine(problems.Summary()), "problems": problems.Problems})
+		status := http.StatusConflict
+		if len(problems.Unknown) > 0 {
+			status = http.StatusNotFound
+		}
+		apiWriteError(w, status, APIError{Error: problems.Summary(), Problems: problems.Problems})
 	case errors.Is(err, ErrInvalidName):
 		apiError(w, http.StatusBadRequest, err.Error())
 	default:
@@ -333,9 +413,15 @@ func apiFail(w http.ResponseWriter, err error) {
 }
 
 func apiError(w http.ResponseWriter, status int, msg string) {
+	apiWriteError(w, status, APIError{Error: msg})
+}
+
+// apiWriteError writes e with its status, its error on one line.
+func apiWriteError(w http.ResponseWriter, status int, e APIError) {
+	e.Error = apiOneLine(e.Error)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]string{"error": apiOneLine(msg)})
+	json.NewEncoder(w).Encode(e)
 }
 
 func apiOneLine(s string) string {

@@ -104,6 +104,7 @@ func (c uses) assignMany(ctx context.Context, r ManyRequest) (AssignedMany, erro
 			continue
 		case snap.Current[name] == "":
 			problems = append(problems, fmt.Sprintf("module %s is not registered: add it with 'mesh-controller module add'", name))
+			ms.unknown = append(ms.unknown, name)
 			continue
 		}
 		seen[name] = true
@@ -135,7 +136,7 @@ func (c uses) assignMany(ctx context.Context, r ManyRequest) (AssignedMany, erro
 		}
 		progress("judged", i+1, len(r.Nodes))
 	}
-	if err := refuse(what, sameOnce(problems)); err != nil {
+	if err := ms.refuse(problems); err != nil {
 		return AssignedMany{}, err
 	}
 	// The mesh as it will be, judged and planned in memory from this one
@@ -163,8 +164,20 @@ type manyStart struct {
 	st       *Stores
 	snap     *inventory.Snapshot
 	problems []string
+	// unknown are the names given that name nothing (ProblemsError.Unknown).
+	unknown  []string
 	onNode   map[string][]inventory.Assignment
 	progress func(stage string, done, total int)
+}
+
+// refuse refuses the act when problems were found, every one listed once,
+// with the names given that name nothing.
+func (ms manyStart) refuse(problems []string) error {
+	err := refuse(ms.what, sameOnce(problems))
+	if pe, ok := err.(*ProblemsError); ok {
+		pe.Unknown = ms.unknown
+	}
+	return err
 }
 
 // startMany begins verb (assign, unassign) on the nodes of r. One node not
@@ -199,6 +212,7 @@ func (c uses) startMany(ctx context.Context, verb, prep string, r ManyRequest) (
 			return ms, fmt.Errorf("node %s %w", missing[0], inventory.ErrNodeNotFound)
 		}
 		ms.problems = append(ms.problems, fmt.Sprintf("%s not known: add %s with 'mesh-controller node add'", Plural(len(missing), "node"), nameList(missing)))
+		ms.unknown = append(ms.unknown, missing...)
 	}
 	ms.onNode = map[string][]inventory.Assignment{} // one pass, not one a node
 	for _, a := range ms.snap.Assignments {
@@ -372,6 +386,16 @@ func (c uses) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, 
 	if dup := namedTwice(r.Modules); len(dup) > 0 {
 		problems = append(problems, "named twice: "+strings.Join(dup, ", "))
 	}
+	// A module not registered is on no node: said once, as itself, not
+	// as "not on" each node.
+	registered := map[string]bool{}
+	for _, m := range r.Modules {
+		registered[m] = snap.Current[m] != ""
+		if !registered[m] && !slices.Contains(ms.unknown, m) {
+			problems = append(problems, fmt.Sprintf("module %s is not registered: see 'mesh-controller module list'", m))
+			ms.unknown = append(ms.unknown, m)
+		}
+	}
 	out := UnassignedMany{Nodes: []Unassigned{}}
 	ch := inventory.Change{}
 	bumps := []string{}
@@ -389,7 +413,9 @@ func (c uses) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, 
 		for _, m := range r.Modules {
 			a, ok := here[m]
 			if !ok {
-				problems = append(problems, fmt.Sprintf("%s is not on %s", m, node))
+				if registered[m] {
+					problems = append(problems, fmt.Sprintf("%s is not on %s", m, node))
+				}
 				continue
 			}
 			ch.Unassign = append(ch.Unassign, inventory.Holder{Node: node, Module: m})
@@ -409,7 +435,7 @@ func (c uses) unassignMany(ctx context.Context, r ManyRequest) (UnassignedMany, 
 	}
 	// A provider may not leave a consumer that still needs it with no other provider.
 	problems = append(problems, snap.LastProviders(bumps, r.Modules)...)
-	if err := refuse(what, sameOnce(problems)); err != nil {
+	if err := ms.refuse(problems); err != nil {
 		return UnassignedMany{}, err
 	}
 	// The mesh as it will be: their consumers' providers keep what they kept

@@ -11,6 +11,11 @@ type ProblemsError struct {
 	// What was refused, e.g. "assign web1 paperless postgres".
 	What     string
 	Problems []string
+	// Unknown are the names it was given that name nothing (a module not
+	// registered, a node not known), each also among the problems: the
+	// refusal is then first theirs, and the HTTP API answers 404 Not Found
+	// rather than 409 Conflict.
+	Unknown []string
 }
 
 func (e *ProblemsError) Error() string {

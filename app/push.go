@@ -393,6 +393,17 @@ type PlanView struct {
 	Routed []plan.Routed
 }
 
+// PlanShown is the plan as plan --json prints it (PlanView.JSON) and
+// GET /v1/plan/{node} answers it: the declaration its node is sent, with
+// the reasons for each module and what keeps it from being sent.
+type PlanShown struct {
+	protocol.Declaration
+	// Reasons are why each module is there, by module.
+	Reasons map[string][]string `json:"reasons"`
+	// Problems are what keeps the plan from being declared.
+	Problems []string `json:"problems,omitempty"`
+}
+
 // PlanShow computes one node's plan.
 func (c *Modules) PlanShow(ctx context.Context, node string) (PlanView, error) {
 	if err := CheckName(node); err != nil {
@@ -410,12 +421,7 @@ func (c *Modules) PlanShow(ctx context.Context, node string) (PlanView, error) {
 	if err != nil {
 		return PlanView{}, err
 	}
-	shown := struct {
-		protocol.Declaration
-		Reasons  map[string][]string `json:"reasons"`
-		Problems []string            `json:"problems,omitempty"`
-	}{p.Body, p.Reasons, p.Problems}
-	js, err := protocol.Canonical(shown)
+	js, err := protocol.Canonical(PlanShown{p.Body, p.Reasons, p.Problems})
 	if err != nil {
 		return PlanView{}, err
 	}

@@ -144,7 +144,8 @@ func apiOn(t testing.TB, c *apptest.Mesh, is *testIssuer, tweak func(*http.Serve
 }
 
 // call does one request and returns the status and the body; a body that
-// is not JSON fails the test (every answer, refusals too, is JSON).
+// is not JSON fails the test (every answer, refusals too, is JSON), and so
+// does an answer the OpenAPI document does not say (answersAsDocumented).
 func call(t testing.TB, method, url, token, body string) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -171,6 +172,9 @@ func call(t testing.TB, method, url, token, body string) (int, []byte) {
 		if json.Unmarshal(b, &e) != nil || e.Error == "" || strings.Contains(e.Error, "\n") {
 			t.Fatalf("%s %s: %d without a one-line error: %s", method, url, resp.StatusCode, b)
 		}
+	}
+	if err := answersAsDocumented(method, url, resp.StatusCode, b); err != nil {
+		t.Errorf("%v", err)
 	}
 	return resp.StatusCode, b
 }
@@ -363,6 +367,25 @@ func TestAPI_Endpoints(t *testing.T) {
 	if after := m.node("web1").SerialDeclared; after != before {
 		t.Fatalf("a refused assign declared: serial %d, then %d", before, after)
 	}
+	// A module not registered is 404, every problem still listed.
+	got, b = call(t, "POST", base+"/v1/assign", tok, `{"node": "web1", "modules": ["nope", "clash"]}`)
+	if json.Unmarshal(b, &refused); got != 404 || len(refused.Problems) != 2 || !slices.ContainsFunc(refused.Problems, func(p string) bool {
+		return strings.HasPrefix(p, "module nope is not registered")
+	}) {
+		t.Fatalf("an assign naming a module not registered: %d %s", got, b)
+	}
+	// The body's bound: at it, read and judged (fan is there already);
+	// one byte over, 413 in one line naming the bound.
+	atBound := `{"node": "web1", "modules": ["fan"]}`
+	atBound += strings.Repeat(" ", app.APIMaxBody-len(atBound))
+	if got, b := call(t, "POST", base+"/v1/assign", tok, atBound); got != 409 || !strings.Contains(string(b), "fan is already on web1") {
+		t.Fatalf("a body of %d bytes, the bound: %d %s", len(atBound), got, b)
+	}
+	got, b = call(t, "POST", base+"/v1/assign", tok, atBound+" ")
+	var tooBig struct{ Error string }
+	if json.Unmarshal(b, &tooBig); got != 413 || !strings.Contains(tooBig.Error, "over 65536 bytes (64 KiB)") {
+		t.Fatalf("a body of %d bytes, one over the bound: %d %s", len(atBound)+1, got, b)
+	}
 	refusals := []struct {
 		name, method, path, body string
 		want                     int
@@ -373,9 +396,9 @@ func TestAPI_Endpoints(t *testing.T) {
 		{"no modules", "POST", "/v1/assign", `{"node": "web1"}`, 400},
 		{"a bad name", "POST", "/v1/assign", `{"node": "Web 1", "modules": ["fan"]}`, 400},
 		{"a node not known", "POST", "/v1/assign", `{"node": "web9", "modules": ["fan"]}`, 404},
-		{"a module not registered", "POST", "/v1/assign", `{"node": "web1", "modules": ["nope"]}`, 409},
-		{"a huge body", "POST", "/v1/assign", `{"node": "` + strings.Repeat("a", app.APIMaxBody) + `", "modules": ["fan"]}`, 413},
+		{"a module not registered", "POST", "/v1/assign", `{"node": "web1", "modules": ["nope", "clash"]}`, 404},
 		{"unassign a node not known", "POST", "/v1/unassign", `{"node": "web9", "modules": ["fan"]}`, 404},
+		{"unassign a module not registered", "POST", "/v1/unassign", `{"node": "web1", "modules": ["nope"]}`, 404},
 		{"a node not known shown", "GET", "/v1/nodes/web9", "", 404},
 		{"a plan of a node not known", "GET", "/v1/plan/web9", "", 404},
 		{"no such route", "GET", "/v1/nothing", "", 404},
@@ -464,8 +487,13 @@ func TestAPI_SlowClient(t *testing.T) {
 	t.Parallel()
 	is := newTestIssuer(t)
 	c, _ := migrated(t)
-	if d := app.APIServer(nil); d.ReadHeaderTimeout == 0 || d.ReadTimeout == 0 || d.WriteTimeout == 0 || d.IdleTimeout == 0 {
+	d := app.APIServer(nil)
+	if d.ReadHeaderTimeout == 0 || d.ReadTimeout == 0 || d.WriteTimeout == 0 || d.IdleTimeout == 0 {
 		t.Fatalf("a timeout not set: %+v", d)
+	}
+	said := fmt.Sprintf("(headers %v s, a whole request %v s, writing an answer %v s)", d.ReadHeaderTimeout.Seconds(), d.ReadTimeout.Seconds(), d.WriteTimeout.Seconds())
+	if readme := strings.Join(readmeAPISection(t), " "); !strings.Contains(readme, said) {
+		t.Errorf("the README's section The HTTP API does not say the server's timeouts, %s", said)
 	}
 	const cut = 300 * time.Millisecond
 	base := apiOn(t, c, is, func(s *http.Server) { s.ReadHeaderTimeout = cut })
@@ -514,7 +542,11 @@ func TestAPI_OpenAPIMatchesMux(t *testing.T) {
 		}
 	}
 	slices.Sort(documented)
-	served := slices.Sorted(slices.Values(app.APIRoutes))
+	var served []string
+	for _, r := range app.APIRoutes {
+		served = append(served, r.Pattern)
+	}
+	slices.Sort(served)
 	if !slices.Equal(documented, served) {
 		t.Fatalf("documented %v\nserved %v", documented, served)
 	}

@@ -47,11 +47,15 @@ const HostOwnPath = "/etc/mesh"
 // directory its host writes logs into as root.
 const HostLogPath = "/var/log/mesh"
 
+// NamePattern is ValidName's rule, as a regular expression (the HTTP
+// API's OpenAPI document gives it for each name in a path).
+const NamePattern = `^[a-z][a-z0-9-]{0,62}$`
+
 // These are the same rules contexts/inventory applies to manifests
 // (nameRule, secretRule); a declaration is judged by them again because a
 // host trusts no name it is sent, even signed.
 var (
-	nameRule   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	nameRule   = regexp.MustCompile(NamePattern)
 	secretRule = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 	// credentialRule: consumer.<node>.<module>.<provision>, so dot-separated
 	// words that are never empty (no "..", no leading or trailing dot).
