@@ -123,7 +123,7 @@ func dash(s string) string {
 
 // ModuleMovedCmd is module moved.
 type ModuleMovedCmd struct {
-	Name   Name   `arg:"" help:"The module."`
+	Name   Name   `arg:"" predictor:"module" help:"The module."`
 	Commit string `arg:"" help:"The source's newer commit."`
 }
 
@@ -138,7 +138,7 @@ func (c *ModuleMovedCmd) Run(env *Env, md *app.Modules) error {
 
 // ModuleForgetCmd is module forget.
 type ModuleForgetCmd struct {
-	Name           Name   `arg:"" help:"The module."`
+	Name           Name   `arg:"" predictor:"module" help:"The module."`
 	AndWhatItHolds bool   `name:"and-what-it-holds" help:"Also discard the settings and secrets the mesh holds for it (a hand act: --why)."`
 	Why            string `help:"With --and-what-it-holds: why; recorded in the hand-act log with what was discarded."`
 }
@@ -170,7 +170,7 @@ func (c *ModuleForgetCmd) Run(env *Env, md *app.Modules) error {
 
 // ModuleIssueCmd is module issue.
 type ModuleIssueCmd struct {
-	Name Name `arg:"" help:"The module."`
+	Name Name `arg:"" predictor:"module" help:"The module."`
 	Node Name `required:"" help:"The node it runs on."`
 }
 
@@ -193,7 +193,7 @@ type SettingsCmd struct {
 
 // SettingsSetCmd is settings set.
 type SettingsSetCmd struct {
-	Module Name      `arg:"" help:"The module."`
+	Module Name      `arg:"" predictor:"module" help:"The module."`
 	File   InputFile `arg:"" help:"A JSON object."`
 	Node   Name      `help:"Set this node's layer rather than the mesh's."`
 }
@@ -218,7 +218,7 @@ func (c *SettingsSetCmd) Run(env *Env, md *app.Modules) error {
 
 // SettingsClearCmd is settings clear.
 type SettingsClearCmd struct {
-	Module Name `arg:"" help:"The module."`
+	Module Name `arg:"" predictor:"module" help:"The module."`
 	Node   Name `help:"Clear this node's layer rather than the mesh's."`
 }
 
@@ -302,8 +302,8 @@ func pushedWhy(pushed []app.Pushed) string {
 
 // AssignCmd is assign.
 type AssignCmd struct {
-	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
-	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to put on it, judged together."`
+	Node    Name   `arg:"" predictor:"node" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" predictor:"module" optional:"" name:"module" help:"Modules to put on it, judged together."`
 	Nodes   string `placeholder:"FILE|-" help:"Put the modules on every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
@@ -378,8 +378,8 @@ func names(ns []Name) []string {
 
 // UnassignCmd is unassign.
 type UnassignCmd struct {
-	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
-	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to take off it."`
+	Node    Name   `arg:"" predictor:"node" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" predictor:"module" optional:"" name:"module" help:"Modules to take off it."`
 	Nodes   string `placeholder:"FILE|-" help:"Take the modules off every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
@@ -434,7 +434,7 @@ func printUnassigned(env *Env, r app.Unassigned) {
 
 // PlanCmd is plan.
 type PlanCmd struct {
-	Node  Name `arg:"" help:"The node."`
+	Node  Name `arg:"" predictor:"node" help:"The node."`
 	Files bool `xor:"form" help:"List the files its host would write."`
 	JSON  bool `name:"json" xor:"form" help:"Print the declaration body it would be sent, with a reasons map."`
 }
@@ -509,7 +509,7 @@ func (c *PlanCmd) Run(env *Env, md *app.Modules) error {
 
 // PushCmd is push.
 type PushCmd struct {
-	Node   Name   `arg:"" optional:"" help:"The node."`
+	Node   Name   `arg:"" predictor:"node" optional:"" help:"The node."`
 	All    bool   `help:"Every node."`
 	Behind bool   `help:"Only nodes whose declaration is behind their plan, or not yet applied (of every node, or of the one named)."`
 	Why    string `help:"Record this push as a hand act, with why."`
@@ -538,7 +538,7 @@ func (c *PushCmd) Run(env *Env, md *app.Modules) error {
 
 // UpgradeCmd is upgrade.
 type UpgradeCmd struct {
-	Module          Name          `arg:"" help:"The module."`
+	Module          Name          `arg:"" predictor:"module" help:"The module."`
 	Action          string        `arg:"" optional:"" enum:"show,roll-out,rollback,record" default:"show" help:"show (default): what a roll-out would send, and the last roll-out; roll-out: move the nodes, canary first, then batches, each waited for ready and through the soak, all rolled back past --max-failures; rollback: return the nodes the last roll-out moved (--why); record: record those nodes behind, send nothing."`
 	Together        bool          `help:"With roll-out: every node at once (the same as --canary 0 --batch 100%)."`
 	Canary          int           `default:"1" help:"With roll-out: how many nodes move first, on their own."`
