@@ -34,49 +34,52 @@ type CLI struct {
 	// VersionFlag is --version: the same line as the version command.
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version stamped at link time, as 'mesh-controller version' does."`
 
-	Migrate    MigrateCmd           `cmd:"" help:"Bring every context's store up to date (made on first use)."`
-	Prepare    MigrateCmd           `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
-	Version    VersionCmd           `cmd:"" help:"Print the version stamped at link time."`
-	Help       HelpCmd              `cmd:"" help:"Show usage, and where each context's store is."`
-	Identity   IdentityCmd          `cmd:"" help:"The controller's signing identity."`
-	Node       NodeCmd              `cmd:"" help:"Machines the mesh knows."`
-	Host       HostCmd              `cmd:"" help:"The hosts themselves: mesh-host releases the controller keeps, and the hosts upgrading themselves to one (canary, batches, rolled back on failure)."`
-	Token      TokenCmd             `cmd:"" help:"One-time rights to join."`
-	Serve      ServeCmd             `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
-	Broker     BrokerCmd            `cmd:"" help:"The broker hosts dial."`
-	Declare    DeclareCmd           `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
-	Module     ModuleCmd            `cmd:"" help:"Modules: services described by manifests."`
-	Settings   SettingsCmd          `cmd:"" help:"A module's settings: the mesh's layer and each node's."`
-	Assign     AssignCmd            `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
-	Unassign   UnassignCmd          `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
-	Plan       PlanCmd              `cmd:"" help:"What a node would run and why."`
-	Take       TakeCmd              `cmd:"" help:"On an adopted node, preview a module's cutover from what runs there now, and its digest; --yes DIGEST cuts over exactly so."`
-	Logs       LogsCmd              `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
-	Build      BuildCmd             `cmd:"" help:"Builds: have a holder of the build seat build a repository (or --behind, --on: a plan), and what was built, the queue, plans and builders."`
-	Collection CollectionCmd        `cmd:"" help:"Kept archives, held and not held by any registered manifest, and what the sweep may let go."`
-	Ask        AskCmd               `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
-	Push       PushCmd              `cmd:"" help:"Send a node (or every node) its declaration."`
-	Converge   ConvergeCmd          `cmd:"" help:"Preview making a node converged (the mesh's whole) and, with --filter nftables, the packet filter it would own, with a digest; --yes DIGEST does exactly so."`
-	Overlay    OverlayCmd           `cmd:"" help:"The mesh's private network: where each node is (place), and the network as computed (show)."`
-	Adopt      AdoptCmd             `cmd:"" help:"Return a converged node to adopted: the mesh's packet filter removed; what was taken stays taken."`
-	Upgrade    UpgradeCmd           `cmd:"" help:"Move a module to its current version: preview, roll-out (canary, batches, health-gated, rolled back on failure), rollback or record."`
-	Operator   OperatorCmd          `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
-	Secret     SecretCmd            `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
-	Licence    LicenceCmd           `cmd:"" help:"Licences: access to a model or an outside service under the name a person calls it, sealed to the modules that hold it."`
-	Status     StatusCmd            `cmd:"" help:"What is wrong, what is quiet, what is out of date."`
-	Conditions ConditionsCmd        `cmd:"" help:"Open conditions, urgent first (show, silence, history)."`
-	Doctor     DoctorCmd            `cmd:"" help:"The self-check: the last verdict (run, probes, signals)."`
-	Healers    HealersCmd           `cmd:"" help:"The healers, what they did lately, and their brake (release)."`
-	HandActs   HandActsCmd          `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat (record)."`
-	Durations  DurationsCmd         `cmd:"" help:"Measured durations (apply, heartbeat, tier, build, start): count, p50, p90, p99, max."`
-	Board      BoardCmd             `cmd:"" help:"The three questions as a web page that holds nothing."`
-	API        APICmd               `cmd:"" name:"api" help:"Assign, unassign and the read views over HTTP, to bearers of a token the OpenID Connect issuer (--issuer) signed."`
-	Seat       SeatCmd              `cmd:"" help:"Seats: hand one over (NAME --to NODE/MODULE), add a holder (--add), list or rename them."`
-	Provision  ProvisionCmd         `cmd:"" help:"Provisions: which provider a node's consumers get one from (pin, unpin), and new credentials (rotate)."`
-	Retire     RetireCmd            `cmd:"" help:"Providers waiting for a person to approve a retirement (approve, reject)."`
-	Cleanup    CleanupCmd           `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
-	Data       DataCmd              `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
-	Store      StoreCmd             `cmd:"" help:"The stores as a whole: back them up, restore a backup, copy them onto PostgreSQL or back."`
+	Migrate    MigrateCmd    `cmd:"" help:"Bring every context's store up to date (made on first use)."`
+	Prepare    MigrateCmd    `cmd:"" help:"The same act as migrate, named as the mesh asks any module to prepare its state."`
+	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
+	Help       HelpCmd       `cmd:"" help:"Show usage, and where each context's store is."`
+	Identity   IdentityCmd   `cmd:"" help:"The controller's signing identity."`
+	Node       NodeCmd       `cmd:"" help:"Machines the mesh knows."`
+	Host       HostCmd       `cmd:"" help:"The hosts themselves: mesh-host releases the controller keeps, and the hosts upgrading themselves to one (canary, batches, rolled back on failure)."`
+	Token      TokenCmd      `cmd:"" help:"One-time rights to join."`
+	Serve      ServeCmd      `cmd:"" help:"The daemon: takes the lease, runs the broker, answers hosts. Prints one line beginning 'ready' when it serves."`
+	Broker     BrokerCmd     `cmd:"" help:"The broker hosts dial."`
+	Declare    DeclareCmd    `cmd:"" help:"Sign and send a node a hand-written declaration (a hand act: --why)."`
+	Module     ModuleCmd     `cmd:"" help:"Modules: services described by manifests."`
+	Settings   SettingsCmd   `cmd:"" help:"A module's settings: the mesh's layer and each node's."`
+	Assign     AssignCmd     `cmd:"" help:"Put modules on a node, judged together: all or nothing, every problem listed."`
+	Unassign   UnassignCmd   `cmd:"" help:"Take modules off a node; their data is retired and remembered, never forgotten."`
+	Plan       PlanCmd       `cmd:"" help:"What a node would run and why."`
+	Take       TakeCmd       `cmd:"" help:"On an adopted node, preview a module's cutover from what runs there now, and its digest; --yes DIGEST cuts over exactly so."`
+	Logs       LogsCmd       `cmd:"" help:"A running module's log, from its host over the broker (--follow until Ctrl-C)."`
+	Build      BuildCmd      `cmd:"" help:"Builds: have a holder of the build seat build a repository (or --behind, --on: a plan), and what was built, the queue, plans and builders."`
+	Collection CollectionCmd `cmd:"" help:"Kept archives, held and not held by any registered manifest, and what the sweep may let go."`
+	Ask        AskCmd        `cmd:"" help:"Ask a running module's tool; prints its answer (--node: the instance on that node)."`
+	Push       PushCmd       `cmd:"" help:"Send a node (or every node) its declaration."`
+	Converge   ConvergeCmd   `cmd:"" help:"Preview making a node converged (the mesh's whole) and, with --filter nftables, the packet filter it would own, with a digest; --yes DIGEST does exactly so."`
+	Overlay    OverlayCmd    `cmd:"" help:"The mesh's private network: where each node is (place), and the network as computed (show)."`
+	Adopt      AdoptCmd      `cmd:"" help:"Return a converged node to adopted: the mesh's packet filter removed; what was taken stays taken."`
+	Upgrade    UpgradeCmd    `cmd:"" help:"Move a module to its current version: preview, roll-out (canary, batches, health-gated, rolled back on failure), rollback or record."`
+	Operator   OperatorCmd   `cmd:"" help:"The operator key, kept off the mesh: every secret is also sealed to it."`
+	Secret     SecretCmd     `cmd:"" help:"Secrets: sealed with age to their node and the operator key, never stored plain."`
+	Licence    LicenceCmd    `cmd:"" help:"Licences: access to a model or an outside service under the name a person calls it, sealed to the modules that hold it."`
+	Status     StatusCmd     `cmd:"" help:"What is wrong, what is quiet, what is out of date."`
+	Conditions ConditionsCmd `cmd:"" help:"Open conditions, urgent first (show, silence, history)."`
+	Doctor     DoctorCmd     `cmd:"" help:"The self-check: the last verdict (run, probes, signals)."`
+	Healers    HealersCmd    `cmd:"" help:"The healers, what they did lately, and their brake (release)."`
+	HandActs   HandActsCmd   `cmd:"" name:"hand-acts" help:"What was done by hand lately, and which causes repeat (record)."`
+	Durations  DurationsCmd  `cmd:"" help:"Measured durations (apply, heartbeat, tier, build, start): count, p50, p90, p99, max."`
+	Board      BoardCmd      `cmd:"" help:"The three questions as a web page that holds nothing."`
+	API        APICmd        `cmd:"" name:"api" help:"Assign, unassign and the read views over HTTP, to bearers of a token the OpenID Connect issuer (--issuer) signed."`
+	Seat       SeatCmd       `cmd:"" help:"Seats: hand one over (NAME --to NODE/MODULE), add a holder (--add), list or rename them."`
+	Provision  ProvisionCmd  `cmd:"" help:"Provisions: which provider a node's consumers get one from (pin, unpin), and new credentials (rotate)."`
+	Retire     RetireCmd     `cmd:"" help:"Providers waiting for a person to approve a retirement (approve, reject)."`
+	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
+	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
+	Store      StoreCmd      `cmd:"" help:"The stores as a whole: back them up, restore a backup, copy them onto PostgreSQL or back."`
+
+	// Completion is the shell's: it prints a script, and the binary
+	// answers the lines that script hands it (clirun).
 	Completion clirun.CompletionCmd `cmd:"" help:"Print the script that has bash, zsh or fish complete mesh-controller's commands, flags, and node and module names ('mesh-controller completion bash > /etc/bash_completion.d/mesh-controller')."`
 
 	Former
@@ -123,10 +126,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var a *app.Controller
 	var st *app.Stores
 	return clirun.Program{
-		Name:       "mesh-controller",
-		Options:    kongOptions(),
-		Hint:       hint,
-		Predictors: map[string]complete.Predictor{"node": knownNames(func(n app.Names) []string { return n.Nodes }), "module": knownNames(func(n app.Names) []string { return n.Modules })},
+		Name:    "mesh-controller",
+		Options: kongOptions(),
+		Hint:    hint,
 		Bind: func(ctx context.Context) any {
 			a = app.New(cli.Globals.Data)
 			a.Broker = cli.Globals.Broker
@@ -154,6 +156,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if st != nil {
 				st.Close()
 			}
+		},
+		// What a node or module argument (predictor:"node", "module")
+		// completes with.
+		Predictors: map[string]complete.Predictor{
+			"node":   knownNames(func(n app.Names) []string { return n.Nodes }),
+			"module": knownNames(func(n app.Names) []string { return n.Modules }),
 		},
 	}.Run(&cli, args, stdout, stderr)
 }
