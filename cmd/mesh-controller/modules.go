@@ -179,7 +179,7 @@ func (c *ModuleForgetCmd) Run(env *Env, md *app.Modules) error {
 // ModuleIssueCmd is module issue.
 type ModuleIssueCmd struct {
 	Name Name `arg:"" predictor:"module" help:"The module."`
-	Node Name `required:"" help:"The node it runs on."`
+	Node Name `predictor:"node" required:"" help:"The node it runs on."`
 }
 
 // Run prints the .creds document.
@@ -203,7 +203,7 @@ type SettingsCmd struct {
 type SettingsSetCmd struct {
 	Module Name      `arg:"" predictor:"module" help:"The module."`
 	File   InputFile `arg:"" help:"A JSON object."`
-	Node   Name      `help:"Set this node's layer rather than the mesh's."`
+	Node   Name      `predictor:"node" help:"Set this node's layer rather than the mesh's."`
 }
 
 // Run sets the layer.
@@ -227,7 +227,7 @@ func (c *SettingsSetCmd) Run(env *Env, md *app.Modules) error {
 // SettingsClearCmd is settings clear.
 type SettingsClearCmd struct {
 	Module Name `arg:"" predictor:"module" help:"The module."`
-	Node   Name `help:"Clear this node's layer rather than the mesh's."`
+	Node   Name `predictor:"node" help:"Clear this node's layer rather than the mesh's."`
 }
 
 // Run clears the layer.

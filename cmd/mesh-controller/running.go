@@ -36,7 +36,7 @@ type AskCmd struct {
 	Module  Name          `arg:"" predictor:"module" help:"The module."`
 	Tool    Name          `arg:"" help:"The tool, as its manifest names it."`
 	Input   string        `arg:"" optional:"" help:"The tool's input: one JSON value ({} if none; - reads it from standard input)."`
-	Node    Name          `help:"Ask the instance on this node, not any running one."`
+	Node    Name          `predictor:"node" help:"Ask the instance on this node, not any running one."`
 	Timeout time.Duration `default:"10s" help:"How long to wait for the answer."`
 }
 
