@@ -233,10 +233,12 @@ demo-ha: build nats-server
 # joined by a veth pair), and wireguard-tools (the overlay's interfaces are
 # read back with wg), and restic (the backup module and every host back data
 # sets up with the real restic, and a test opens a repository with a stock
-# restic and its password alone). When missing and run as root (as CI is),
-# they are installed without recommends and nothing else on the system is
-# changed; otherwise one line says what to install.
-TOOLS := chromium sqlite3 jq curl git perl restic
+# restic and its password alone), and zsh and fish (the scripts
+# 'completion zsh' and 'completion fish' print are loaded by the real
+# shells). When missing and run as root (as CI is), they are installed
+# without recommends and nothing else on the system is changed; otherwise
+# one line says what to install.
+TOOLS := chromium sqlite3 jq curl git perl restic zsh fish
 # Tools whose Debian package is named otherwise, as tool:package, looked
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
 # namespaces, a veth pair) as root; the overlay's test reads its

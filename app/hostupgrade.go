@@ -39,6 +39,9 @@ type HostUpgradeRequest struct {
 	MaxFailures int
 	// Progress, if set, is told each step as it happens.
 	Progress func(string)
+	// Tally is UpgradeRequest's: how far the roll-out is, in place of a
+	// line a host.
+	Tally func(RollOutTally)
 }
 
 // HostNode is one node's host as the hosts' upgrade shows it.
@@ -99,7 +102,7 @@ func (c *Modules) HostUpgrade(ctx context.Context, r HostUpgradeRequest) (HostUp
 		hv.RollOut, hv.To = &ro, ro.To
 	}
 	ur := UpgradeRequest{Module: hostRolled.label, Canary: r.Canary, Batch: r.Batch, Wait: r.Wait, Soak: r.Soak, MaxFailures: r.MaxFailures,
-		Why: r.Why, Progress: r.Progress}
+		Why: r.Why, Progress: r.Progress, Tally: r.Tally}
 	var v UpgradeView
 	switch {
 	case r.Rollback:

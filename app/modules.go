@@ -30,6 +30,15 @@ type ManifestProblem struct {
 
 func (p ManifestProblem) String() string { return p.File + ": " + p.Field + ": " + p.What }
 
+// ManifestsJudged is module check's judgement as one document: OK when no
+// manifest has a problem. A problem is an error: a manifest with one is
+// refused by module add.
+type ManifestsJudged struct {
+	OK        bool              `json:"ok"`
+	Manifests []string          `json:"manifests"`
+	Problems  []ManifestProblem `json:"problems"`
+}
+
 // ErrNoManifests means module check was given paths holding no manifest.
 var ErrNoManifests = errors.New("no manifest found: a directory is searched for mesh.json files, and the .json files directly in it")
 

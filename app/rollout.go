@@ -176,7 +176,7 @@ func (c uses) recordRollOut(ctx context.Context, st *Stores, what rolled, kind s
 	} else {
 		r.Progress(fmt.Sprintf("roll-out of %s %s recorded: batches of %d; the serving controller drives it", what.label, v.Current, size))
 	}
-	return c.followRollOut(ctx, st, what, v, ro, r.Progress)
+	return c.followRollOut(ctx, st, what, v, ro, r.Progress, r.Tally)
 }
 
 // rollBackByHand marks the module's ended roll-out rolling back, for the
@@ -224,7 +224,7 @@ func (c uses) rollBackRolled(ctx context.Context, st *Stores, snap *inventory.Sn
 		return v, err
 	}
 	r.Progress(fmt.Sprintf("rollback of the roll-out of %s to %s recorded; the serving controller drives it", what.label, ro.To))
-	v, err = c.followRollOut(ctx, st, what, v, ro, r.Progress)
+	v, err = c.followRollOut(ctx, st, what, v, ro, r.Progress, r.Tally)
 	if !errors.Is(err, ErrRollOutRolledBack) {
 		return v, err
 	}
@@ -242,11 +242,17 @@ func (c uses) rollBackRolled(ctx context.Context, st *Stores, snap *inventory.Sn
 }
 
 // followRollOut reads the roll-out from the store until it ends, saying
-// each node's steps as they are recorded; ctx ending leaves it to serve.
-// What its nodes had done when it was started (a rollback of one that
-// ended) is not said again.
-func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v UpgradeView, from inventory.RollOut, progress func(string)) (UpgradeView, error) {
+// each node's steps as they are recorded, or, given a tally, telling it
+// the counts each time it is read; ctx ending leaves it to serve. What
+// its nodes had done when it was started (a rollback of one that ended)
+// is not said again.
+func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v UpgradeView, from inventory.RollOut, progress func(string), tally func(RollOutTally)) (UpgradeView, error) {
 	id := from.ID
+	// Said of a node or a batch: on a running line, its counts say it.
+	step := progress
+	if tally != nil {
+		step = func(string) {}
+	}
 	seen := map[string]inventory.RollOutNode{}
 	for _, n := range from.Nodes {
 		seen[n.Node] = n
@@ -289,20 +295,23 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v Upgr
 			return v, fmt.Errorf("the roll-out of %s followed was replaced by another: see '%s'", what.label, what.show)
 		}
 		for _, n := range ro.Nodes {
-			sayNode(progress, ro, seen[n.Node], n)
+			sayNode(step, ro, seen[n.Node], n)
 			seen[n.Node] = n
 		}
 		// After its nodes' steps: the phase moved once they were done.
 		if ro.Phase != phase {
 			switch ro.Phase {
 			case inventory.RollOutSoaking:
-				progress(fmt.Sprintf("the batch is ready: soaking %s (it must stay ready)", ro.Soak))
+				step(fmt.Sprintf("the batch is ready: soaking %s (it must stay ready)", ro.Soak))
 			case inventory.RollOutRollingBack:
 				progress("rolling back: " + ro.Why)
 			}
 			phase = ro.Phase
 		}
 		v = rollOutView(v, ro)
+		if tally != nil {
+			tally(TallyOf(ro))
+		}
 		if ro.Ended() {
 			return v, rollOutEnd(ro)
 		}
@@ -310,6 +319,55 @@ func (c uses) followRollOut(ctx context.Context, st *Stores, what rolled, v Upgr
 			return v, err
 		}
 	}
+}
+
+// RollOutTally is how far a roll-out is, counted over its nodes: those
+// through (ready), failed, and waiting (not yet sent, or sent and not yet
+// ready) of Total; once it goes back, over the nodes it returns: back,
+// not back, and still returning.
+type RollOutTally struct {
+	// To is the version rolled out; Phase the roll-out's (running,
+	// soaking, done, stopped, rolling-back, rolled-back); Batch the
+	// highest batch sent so far (0 is the canary).
+	To    string
+	Phase string
+	Batch int
+	// Back says the counts are of the nodes going back.
+	Back                         bool
+	Total, Done, Failed, Waiting int
+}
+
+// TallyOf counts a roll-out's nodes.
+func TallyOf(ro inventory.RollOut) RollOutTally {
+	t := RollOutTally{To: ro.To, Phase: ro.Phase}
+	t.Back = ro.Phase == inventory.RollOutRollingBack || ro.Phase == inventory.RollOutRolledBack
+	for _, n := range ro.Nodes {
+		if n.Serial != 0 && n.Batch > t.Batch {
+			t.Batch = n.Batch
+		}
+		if t.Back {
+			if n.Back == "" && (!n.Moved || n.From == ro.To) {
+				continue // never moved: nothing to return
+			}
+			t.Total++
+			switch n.Back {
+			case "returned":
+				t.Done++
+			case "not-returned":
+				t.Failed++
+			}
+			continue
+		}
+		t.Total++
+		switch n.Result {
+		case "ready":
+			t.Done++
+		case "failed":
+			t.Failed++
+		}
+	}
+	t.Waiting = t.Total - t.Done - t.Failed
+	return t
 }
 
 // pause waits for d, or until ctx ends (its error).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -71,6 +72,11 @@ type UpgradeRequest struct {
 	Why string
 	// Progress, if set, is told each step as it happens.
 	Progress func(string)
+	// Tally, if set, is told how far a followed roll-out (or rollback) is
+	// each time it is read, and Progress is then told only what is said
+	// once (recorded, rolling back, no controller serving), not what each
+	// node and each batch does: for one running line on a terminal.
+	Tally func(RollOutTally)
 }
 
 // ErrRollOutStopped means a roll-out stopped at a node; the error says where.
@@ -141,19 +147,7 @@ func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error
 	if !ok {
 		return UpgradeView{}, fmt.Errorf("module %s %w", r.Module, inventory.ErrModuleNotFound)
 	}
-	v := UpgradeView{Module: r.Module, Current: cur, Steps: []UpgradeStep{}}
-	for _, a := range snap.Assignments {
-		if a.Module != r.Module {
-			continue
-		}
-		switch {
-		case inventory.CompareVersions(a.Version, cur) < 0:
-			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur, Recorded: a.Pending == cur})
-		case r.Action == "roll-out" && snap.Nodes[a.Node].Undelivered():
-			// Declared, or about to be, but not yet applied by its host.
-			v.Steps = append(v.Steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur})
-		}
-	}
+	v := UpgradeView{Module: r.Module, Current: cur, Steps: behind(snap, r.Module, cur, r.Action == "roll-out")}
 	switch r.Action {
 	case "", "show":
 		if ro, ok, err := inv.RollOut(ctx, r.Module); err != nil || ok {
@@ -177,6 +171,50 @@ func (c uses) upgrade(ctx context.Context, r UpgradeRequest) (UpgradeView, error
 		return v, nil
 	}
 	return c.startRollOut(ctx, st, snap, v, r)
+}
+
+// behind are the steps that move module's nodes to cur: those whose
+// assignment is at an older version, and for a roll-out those whose host
+// has not applied the declaration that carries cur yet.
+func behind(snap *inventory.Snapshot, module, cur string, rollOut bool) []UpgradeStep {
+	steps := []UpgradeStep{}
+	for _, a := range snap.Assignments {
+		if a.Module != module {
+			continue
+		}
+		switch {
+		case inventory.CompareVersions(a.Version, cur) < 0:
+			steps = append(steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur, Recorded: a.Pending == cur})
+		case rollOut && snap.Nodes[a.Node].Undelivered():
+			// Declared, or about to be, but not yet applied by its host.
+			steps = append(steps, UpgradeStep{Node: a.Node, From: a.Version, To: cur})
+		}
+	}
+	return steps
+}
+
+// UpgradeAll previews every module's upgrade, by name: the nodes that run
+// an older version than its current one, and its last roll-out. It is
+// what 'upgrade' with no module shows.
+func (c *Modules) UpgradeAll(ctx context.Context) ([]UpgradeView, error) {
+	st, snap, err := c.storesAndSnapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := slices.Sorted(maps.Keys(snap.Current))
+	out := make([]UpgradeView, 0, len(names))
+	for _, m := range names {
+		v := UpgradeView{Module: m, Current: snap.Current[m], Steps: behind(snap, m, snap.Current[m], false)}
+		ro, ok, err := st.Inventory.RollOut(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			v.RollOut = &ro
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // rollMover moves a roll-out's nodes: one connection and one signing key

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/alecthomas/kong"
+	"github.com/posener/complete"
 )
 
 // UsageError is a command line that parsed but does not make sense; it exits 2.
@@ -40,6 +41,10 @@ type Program struct {
 	// Done, if set, is called once the command has run, to close what Bind
 	// opened (the stores a process opens once).
 	Done func()
+	// Predictors complete, for a shell, the arguments and flags whose kong
+	// tag names them (predictor:"node"); the rest complete from the
+	// model: commands, flags, enums.
+	Predictors map[string]complete.Predictor
 	// RunBare runs a program given no arguments (its flags come from its
 	// environment, as a module's do) rather than showing its help.
 	RunBare bool
@@ -72,6 +77,9 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
 		return 1
+	}
+	if status, done := p.completing(parser, stderr); done {
+		return status
 	}
 	if bare {
 		args = []string{"--help"}

@@ -8,7 +8,7 @@ import (
 
 // AdoptCmd is adopt.
 type AdoptCmd struct {
-	Node Name `arg:"" help:"The converged node to return to adopted."`
+	Node Name `arg:"" predictor:"node" help:"The converged node to return to adopted."`
 }
 
 // Run adopts the node and sends its declaration.

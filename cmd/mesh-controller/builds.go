@@ -241,7 +241,7 @@ func (c *CollectionCmd) Run(env *Env, md *app.Modules) error {
 
 // BuildsCmd is build list.
 type BuildsCmd struct {
-	Module Name `arg:"" optional:"" help:"Only this module's builds."`
+	Module Name `arg:"" predictor:"module" optional:"" help:"Only this module's builds."`
 	JSON   bool `name:"json" help:"Print one JSON array."`
 }
 
@@ -378,7 +378,7 @@ func (c *KillCmd) Run(env *Env, bld *app.Builds) error {
 
 // PauseCmd is build pause.
 type PauseCmd struct {
-	Node Name   `arg:"" optional:"" help:"The node whose builder takes nothing new; every builder if none."`
+	Node Name   `arg:"" predictor:"node" optional:"" help:"The node whose builder takes nothing new; every builder if none."`
 	Why  string `required:"" help:"Why, for the hand-act log."`
 }
 
@@ -403,7 +403,7 @@ func (c *PauseCmd) Run(env *Env, bld *app.Builds) error {
 
 // ResumeCmd is build resume.
 type ResumeCmd struct {
-	Node Name `arg:"" optional:"" help:"The node whose builder takes asks again; every builder if none."`
+	Node Name `arg:"" predictor:"node" optional:"" help:"The node whose builder takes asks again; every builder if none."`
 }
 
 // Run resumes.
@@ -429,7 +429,7 @@ type BuilderCmd struct {
 
 // BuilderIssueCmd is build issue.
 type BuilderIssueCmd struct {
-	Node Name `arg:"" help:"The node the build machine is."`
+	Node Name `arg:"" predictor:"node" help:"The node the build machine is."`
 }
 
 // Run prints the .creds document.

@@ -12,7 +12,7 @@ import (
 
 // ConvergeCmd is converge.
 type ConvergeCmd struct {
-	Node     Name   `arg:"" help:"The node to make converged (the mesh's whole)."`
+	Node     Name   `arg:"" predictor:"node" help:"The node to make converged (the mesh's whole)."`
 	Filter   string `enum:",nftables" default:"" help:"The packet filter the mesh is to own there: nftables (a table of its own)."`
 	CloseSSH bool   `name:"close-ssh" help:"Close the SSH port its host reports too (kept open otherwise, so that no one is locked out)."`
 	Yes      string `placeholder:"DIGEST" help:"Converge exactly as the preview with this digest showed (refused if it changed since)."`

@@ -9,7 +9,7 @@ import (
 
 // DeclareCmd is declare.
 type DeclareCmd struct {
-	Node Name      `arg:"" help:"The node."`
+	Node Name      `arg:"" predictor:"node" help:"The node."`
 	File InputFile `arg:"" help:"A JSON object: the declaration body; node, serial and issued_at are filled in."`
 	Why  string    `required:"" help:"Why this is declared by hand; recorded in the hand-act log."`
 }

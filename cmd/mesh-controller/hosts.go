@@ -95,6 +95,7 @@ type HostUpgradeCmd struct {
 	MaxFailures int           `default:"0" help:"With --to: how many hosts may fail before the roll-out stops and every host it moved goes back."`
 	Why         string        `help:"With rollback: why (required)."`
 	JSON        bool          `name:"json" help:"Print the hosts and the last roll-out's state as JSON."`
+	Verbose     bool          `short:"v" help:"With --to and rollback: a line a host as it goes, on a terminal too (elsewhere always so), in place of one running line."`
 }
 
 // Run shows, rolls out or rolls back.
@@ -116,9 +117,10 @@ func (c *HostUpgradeCmd) Run(env *Env, md *app.Modules) error {
 		}
 	}
 	r := app.HostUpgradeRequest{To: c.To, Nodes: c.Nodes, Rollback: rollback, Why: c.Why, Canary: c.Canary, Batch: c.Batch,
-		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }}
-	if c.JSON {
-		r.Progress = nil
+		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures}
+	end := func() {}
+	if !c.JSON {
+		r.Progress, r.Tally, end = followRollOut(env, "mesh-host", c.Verbose)
 	}
 	if c.To != "" {
 		if err := app.CheckRollOut(app.UpgradeRequest{Canary: c.Canary, Batch: c.Batch, Soak: c.Soak, MaxFailures: c.MaxFailures}); err != nil {
@@ -126,6 +128,7 @@ func (c *HostUpgradeCmd) Run(env *Env, md *app.Modules) error {
 		}
 	}
 	v, err := md.HostUpgrade(env.Ctx, r)
+	end()
 	if c.JSON {
 		if perr := printJSON(env.Stdout, v); perr != nil {
 			return perr

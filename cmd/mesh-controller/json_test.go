@@ -36,6 +36,9 @@ type listing struct {
 	data []string
 	// command is the command's path, e.g. "conditions list" for "conditions".
 	command string
+	// status is the exit status it must end with (module check finding
+	// a problem exits 1, its document printed all the same).
+	status int
 }
 
 // TestJSON_SnakeCase runs every command that offers --json against one real
@@ -52,6 +55,11 @@ func TestJSON_SnakeCase(t *testing.T) {
 		t.Fatal(err)
 	}
 	populate(t, dir, examples)
+	// A manifest module check finds a problem in: its problems' keys.
+	badManifest := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(badManifest, []byte(`{"module": "bad", "version": "1.0"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	var conditions []health.Condition
 	if err := json.Unmarshal([]byte(mc(t, "conditions", "--json")), &conditions); err != nil || len(conditions) == 0 {
@@ -69,6 +77,10 @@ func TestJSON_SnakeCase(t *testing.T) {
 		{args: []string{"broker", "show"}, data: []string{"trust.resolver_preload"}},
 		{args: []string{"module", "list"}},
 		{args: []string{"upgrade", "postgres"}},
+		{args: []string{"upgrade"}},
+		{args: []string{"module", "check", filepath.Join(examples, "postgres.json"), badManifest}, status: 1},
+		{args: []string{"migrate"}},
+		{args: []string{"version"}},
 		{args: []string{"host", "release", "list"}},
 		{args: []string{"host", "upgrade"}},
 		{args: []string{"plan", "web2"}, data: []string{"reasons", "modules[].settings"}},
@@ -116,6 +128,9 @@ func TestJSON_SnakeCase(t *testing.T) {
 		listings[i].command = kctx.Selected().Path()
 		ran[listings[i].command] = true
 	}
+	// prepare is migrate under the name the mesh asks modules to prepare
+	// by: the same command and document.
+	ran["prepare"] = true
 	// collection reads the serving controller's broker: its document's
 	// keys are checked where a controller serves (app, TestCollection_…).
 	ran["collection"] = true
@@ -141,7 +156,7 @@ func TestJSON_SnakeCase(t *testing.T) {
 	w := &keyWalker{filled: map[string]bool{}}
 	for _, l := range listings {
 		name := strings.Join(l.args, " ") + " --json"
-		out := mc(t, append(l.args, "--json")...)
+		out := mcExits(t, l.status, append(l.args, "--json")...)
 		dec := json.NewDecoder(strings.NewReader(out))
 		dec.UseNumber()
 		var doc any
@@ -333,9 +348,15 @@ const operatorKey = "age1qw9z92zmyjj7ef5qdauyxtg2t7qeanlwt0wsencparm9fryhkdcqyh2
 // mc runs the command line in this process and returns its stdout; it must exit 0.
 func mc(t *testing.T, args ...string) string {
 	t.Helper()
+	return mcExits(t, 0, args...)
+}
+
+// mcExits is mc for a command that must exit with status.
+func mcExits(t *testing.T, status int, args ...string) string {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("mesh-controller %s: exit %d: %s", strings.Join(args, " "), code, stderr.String())
+	if code := run(args, &stdout, &stderr); code != status {
+		t.Fatalf("mesh-controller %s: exit %d, want %d: %s", strings.Join(args, " "), code, status, stderr.String())
 	}
 	return stdout.String()
 }

@@ -9,9 +9,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
+	"github.com/posener/complete"
 
 	"mesh-controller/app"
 	"mesh-controller/cmd/clirun"
@@ -75,6 +77,10 @@ type CLI struct {
 	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
 	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
 	Store      StoreCmd      `cmd:"" help:"The stores as a whole: back them up, restore a backup, copy them onto PostgreSQL or back."`
+
+	// Completion is the shell's: it prints a script, and the binary
+	// answers the lines that script hands it (clirun).
+	Completion clirun.CompletionCmd `cmd:"" help:"Print the script that has bash, zsh or fish complete mesh-controller's commands, flags, and node and module names ('mesh-controller completion bash > /etc/bash_completion.d/mesh-controller')."`
 
 	Former
 }
@@ -151,7 +157,42 @@ func run(args []string, stdout, stderr io.Writer) int {
 				st.Close()
 			}
 		},
+		// What a node or module argument (predictor:"node", "module")
+		// completes with.
+		Predictors: map[string]complete.Predictor{
+			"node":   knownNames(func(n app.Names) []string { return n.Nodes }),
+			"module": knownNames(func(n app.Names) []string { return n.Modules }),
+		},
 	}.Run(&cli, args, stdout, stderr)
+}
+
+// knownNames completes a node's or a module's name from the inventory of
+// the data dir the line names (--data), else the environment's: the
+// shell asks before anything is parsed. Nothing is offered when there is
+// no store yet or it cannot be read at once.
+func knownNames(pick func(app.Names) []string) complete.Predictor {
+	return complete.PredictFunc(func(complete.Args) []string {
+		// The whole line: the arguments a predictor is given begin at its
+		// command, after a --data given before it.
+		data, words := os.Getenv("MESH_DATA"), strings.Fields(os.Getenv("COMP_LINE"))
+		for i, w := range words {
+			if v, ok := strings.CutPrefix(w, "--data="); ok {
+				data = v
+			} else if w == "--data" && i+1 < len(words) {
+				data = words[i+1]
+			}
+		}
+		if data == "" {
+			data = app.DefaultDataDir(os.Getenv)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		names, err := app.New(data).KnownNames(ctx)
+		if err != nil {
+			return nil
+		}
+		return pick(names)
+	})
 }
 
 // description opens the binary's help; it says the exit statuses every

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,7 +53,17 @@ func TestScripts(t *testing.T) {
 		// [postgres]: MESH_TEST_POSTGRES names a server to make databases
 		// on. Under CI or make test its absence fails the scenario: nothing is
 		// skipped there.
+		//
+		// [tool:NAME]: NAME is on PATH (zsh, fish). Under CI or make test,
+		// which installs them, its absence fails the scenario.
 		Condition: func(cond string) (bool, error) {
+			if tool, ok := strings.CutPrefix(cond, "tool:"); ok {
+				_, err := exec.LookPath(tool)
+				if err != nil && sqlitetest.Required() {
+					return false, fmt.Errorf("%s is not installed under CI or make test: make test installs it (TOOLS)", tool)
+				}
+				return err == nil, nil
+			}
 			if cond != "postgres" {
 				return false, fmt.Errorf("unknown condition %q", cond)
 			}

@@ -25,6 +25,7 @@ type ModuleCmd struct {
 // ModuleCheckCmd is module check.
 type ModuleCheckCmd struct {
 	Paths []InputPath `arg:"" name:"file|dir" help:"Manifest files, or directories searched for mesh.json."`
+	JSON  bool        `name:"json" help:"Print the judgement as one JSON object: ok, the manifests judged, every problem (file, field, what)."`
 }
 
 // Run prints every problem as file: field: what is wrong.
@@ -37,8 +38,15 @@ func (c *ModuleCheckCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range problems {
-		fmt.Fprintln(env.Stdout, p.String())
+	if c.JSON {
+		if err := printJSON(env.Stdout, app.ManifestsJudged{OK: len(problems) == 0, Manifests: files,
+			Problems: append([]app.ManifestProblem{}, problems...)}); err != nil {
+			return err
+		}
+	} else {
+		for _, p := range problems {
+			fmt.Fprintln(env.Stdout, p.String())
+		}
 	}
 	if len(problems) > 0 {
 		them := "them"
@@ -123,7 +131,7 @@ func dash(s string) string {
 
 // ModuleMovedCmd is module moved.
 type ModuleMovedCmd struct {
-	Name   Name   `arg:"" help:"The module."`
+	Name   Name   `arg:"" predictor:"module" help:"The module."`
 	Commit string `arg:"" help:"The source's newer commit."`
 }
 
@@ -138,7 +146,7 @@ func (c *ModuleMovedCmd) Run(env *Env, md *app.Modules) error {
 
 // ModuleForgetCmd is module forget.
 type ModuleForgetCmd struct {
-	Name           Name   `arg:"" help:"The module."`
+	Name           Name   `arg:"" predictor:"module" help:"The module."`
 	AndWhatItHolds bool   `name:"and-what-it-holds" help:"Also discard the settings and secrets the mesh holds for it (a hand act: --why)."`
 	Why            string `help:"With --and-what-it-holds: why; recorded in the hand-act log with what was discarded."`
 }
@@ -170,8 +178,8 @@ func (c *ModuleForgetCmd) Run(env *Env, md *app.Modules) error {
 
 // ModuleIssueCmd is module issue.
 type ModuleIssueCmd struct {
-	Name Name `arg:"" help:"The module."`
-	Node Name `required:"" help:"The node it runs on."`
+	Name Name `arg:"" predictor:"module" help:"The module."`
+	Node Name `predictor:"node" required:"" help:"The node it runs on."`
 }
 
 // Run prints the .creds document.
@@ -193,9 +201,9 @@ type SettingsCmd struct {
 
 // SettingsSetCmd is settings set.
 type SettingsSetCmd struct {
-	Module Name      `arg:"" help:"The module."`
+	Module Name      `arg:"" predictor:"module" help:"The module."`
 	File   InputFile `arg:"" help:"A JSON object."`
-	Node   Name      `help:"Set this node's layer rather than the mesh's."`
+	Node   Name      `predictor:"node" help:"Set this node's layer rather than the mesh's."`
 }
 
 // Run sets the layer.
@@ -218,8 +226,8 @@ func (c *SettingsSetCmd) Run(env *Env, md *app.Modules) error {
 
 // SettingsClearCmd is settings clear.
 type SettingsClearCmd struct {
-	Module Name `arg:"" help:"The module."`
-	Node   Name `help:"Clear this node's layer rather than the mesh's."`
+	Module Name `arg:"" predictor:"module" help:"The module."`
+	Node   Name `predictor:"node" help:"Clear this node's layer rather than the mesh's."`
 }
 
 // Run clears the layer.
@@ -302,8 +310,8 @@ func pushedWhy(pushed []app.Pushed) string {
 
 // AssignCmd is assign.
 type AssignCmd struct {
-	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
-	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to put on it, judged together."`
+	Node    Name   `arg:"" predictor:"node" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" predictor:"module" optional:"" name:"module" help:"Modules to put on it, judged together."`
 	Nodes   string `placeholder:"FILE|-" help:"Put the modules on every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
@@ -378,8 +386,8 @@ func names(ns []Name) []string {
 
 // UnassignCmd is unassign.
 type UnassignCmd struct {
-	Node    Name   `arg:"" optional:"" help:"The node (or, with --nodes, the first module)."`
-	Modules []Name `arg:"" optional:"" name:"module" help:"Modules to take off it."`
+	Node    Name   `arg:"" predictor:"node" optional:"" help:"The node (or, with --nodes, the first module)."`
+	Modules []Name `arg:"" predictor:"module" optional:"" name:"module" help:"Modules to take off it."`
 	Nodes   string `placeholder:"FILE|-" help:"Take the modules off every node named in FILE (- for stdin), one a line, judged together: all or nothing."`
 }
 
@@ -434,7 +442,7 @@ func printUnassigned(env *Env, r app.Unassigned) {
 
 // PlanCmd is plan.
 type PlanCmd struct {
-	Node  Name `arg:"" help:"The node."`
+	Node  Name `arg:"" predictor:"node" help:"The node."`
 	Files bool `xor:"form" help:"List the files its host would write."`
 	JSON  bool `name:"json" xor:"form" help:"Print the declaration body it would be sent, with a reasons map."`
 }
@@ -509,7 +517,7 @@ func (c *PlanCmd) Run(env *Env, md *app.Modules) error {
 
 // PushCmd is push.
 type PushCmd struct {
-	Node   Name   `arg:"" optional:"" help:"The node."`
+	Node   Name   `arg:"" predictor:"node" optional:"" help:"The node."`
 	All    bool   `help:"Every node."`
 	Behind bool   `help:"Only nodes whose declaration is behind their plan, or not yet applied (of every node, or of the one named)."`
 	Why    string `help:"Record this push as a hand act, with why."`
@@ -538,7 +546,7 @@ func (c *PushCmd) Run(env *Env, md *app.Modules) error {
 
 // UpgradeCmd is upgrade.
 type UpgradeCmd struct {
-	Module          Name          `arg:"" help:"The module."`
+	Module          Name          `arg:"" optional:"" predictor:"module" help:"The module; none: every module's nodes that run an older version, and its last roll-out."`
 	Action          string        `arg:"" optional:"" enum:"show,roll-out,rollback,record" default:"show" help:"show (default): what a roll-out would send, and the last roll-out; roll-out: move the nodes, canary first, then batches, each waited for ready and through the soak, all rolled back past --max-failures; rollback: return the nodes the last roll-out moved (--why); record: record those nodes behind, send nothing."`
 	Together        bool          `help:"With roll-out: every node at once (the same as --canary 0 --batch 100%)."`
 	Canary          int           `default:"1" help:"With roll-out: how many nodes move first, on their own."`
@@ -549,10 +557,14 @@ type UpgradeCmd struct {
 	WithoutSnapshot bool          `name:"without-snapshot" help:"With roll-out: let its nodes prepare the new version where the module's irreplaceable data cannot be snapshotted first (no backup holder, no access, holder unreachable); needs --why."`
 	Why             string        `help:"With rollback, and roll-out --without-snapshot: why (required)."`
 	JSON            bool          `name:"json" help:"Print the upgrade (and the last roll-out's state) as JSON."`
+	Verbose         bool          `short:"v" help:"With roll-out and rollback: a line a node as it goes, on a terminal too (elsewhere always so), in place of one running line."`
 }
 
 // Run previews, rolls out, rolls back or records.
 func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
+	if c.Module == "" {
+		return c.showAll(env, md)
+	}
 	if c.Together && c.Action != "roll-out" {
 		return clirun.UsageError{Msg: "--together goes with roll-out"}
 	}
@@ -563,10 +575,10 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 		return clirun.UsageError{Msg: "--without-snapshot goes with roll-out"}
 	}
 	r := app.UpgradeRequest{Module: string(c.Module), Action: c.Action, Together: c.Together, Canary: c.Canary, Batch: c.Batch,
-		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, WithoutSnapshot: c.WithoutSnapshot, Why: c.Why,
-		Progress: func(s string) { fmt.Fprintln(env.Stdout, s) }}
-	if c.JSON {
-		r.Progress = nil
+		Wait: c.Wait, Soak: c.Soak, MaxFailures: c.MaxFailures, WithoutSnapshot: c.WithoutSnapshot, Why: c.Why}
+	end := func() {}
+	if !c.JSON {
+		r.Progress, r.Tally, end = followRollOut(env, string(c.Module), c.Verbose)
 	}
 	if c.Action == "roll-out" {
 		if err := app.CheckRollOut(r); err != nil {
@@ -574,6 +586,7 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 		}
 	}
 	v, err := md.Upgrade(env.Ctx, r)
+	end()
 	if c.JSON {
 		if perr := printJSON(env.Stdout, v); perr != nil {
 			return perr
@@ -626,6 +639,48 @@ func (c *UpgradeCmd) Run(env *Env, md *app.Modules) error {
 				v.Current, v.Module, strings.Join(failed, ", "))
 		}
 	}
+	return nil
+}
+
+// showAll says, for every module, the nodes that run an older version
+// than its current one, and its last roll-out unless it ended well.
+func (c *UpgradeCmd) showAll(env *Env, md *app.Modules) error {
+	if c.Together || c.WithoutSnapshot || c.Why != "" || c.Verbose {
+		return clirun.UsageError{Msg: "with no module, upgrade shows every module's upgrade: roll-out, rollback and record name the module ('mesh-controller upgrade MODULE roll-out')"}
+	}
+	vs, err := md.UpgradeAll(env.Ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(env.Stdout, vs)
+	}
+	said := false
+	for _, v := range vs {
+		underWay := v.RollOut != nil && !v.RollOut.Ended()
+		if len(v.Steps) == 0 && !underWay {
+			continue
+		}
+		said = true
+		if len(v.Steps) > 0 {
+			fmt.Fprintf(env.Stdout, "%s is at %s; behind: ", v.Module, v.Current)
+			for i, s := range v.Steps {
+				if i > 0 {
+					fmt.Fprint(env.Stdout, ", ")
+				}
+				fmt.Fprintf(env.Stdout, "%s (%s)", s.Node, s.From)
+			}
+			fmt.Fprintln(env.Stdout)
+		}
+		if underWay {
+			fmt.Fprintf(env.Stdout, "%s: a roll-out to %s is under way (%s)\n", v.Module, v.RollOut.To, v.RollOut.Phase)
+		}
+	}
+	if !said {
+		fmt.Fprintln(env.Stdout, "every node runs the current version of its modules; nothing to do")
+		return nil
+	}
+	fmt.Fprintln(env.Stderr, "'mesh-controller upgrade MODULE' shows one module's, and its last roll-out node by node")
 	return nil
 }
 

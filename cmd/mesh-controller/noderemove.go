@@ -14,7 +14,7 @@ import (
 
 // NodeRemoveCmd is node remove.
 type NodeRemoveCmd struct {
-	Names       []Name `arg:"" optional:"" name:"name" help:"The nodes to remove."`
+	Names       []Name `arg:"" predictor:"node" optional:"" name:"name" help:"The nodes to remove."`
 	Nodes       string `placeholder:"FILE|-" help:"Read the names from a file (- for stdin), one a line; 'name token' lines as 'token issue --count --out' writes them are taken too."`
 	AndUnassign bool   `name:"and-unassign" help:"First take off whatever runs there, as unassign does: precious data retired and remembered."`
 	Why         string `help:"Why; recorded in the hand-act log."`

@@ -72,7 +72,7 @@ func (c *NodeListCmd) Run(env *Env, nd *app.Nodes) error {
 
 // NodeShowCmd is node show.
 type NodeShowCmd struct {
-	Name Name `arg:"" help:"The node."`
+	Name Name `arg:"" predictor:"node" help:"The node."`
 	JSON bool `name:"json" help:"Print one JSON object."`
 }
 

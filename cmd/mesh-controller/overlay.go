@@ -37,7 +37,7 @@ func (e *Endpoint) Decode(ctx *kong.DecodeContext) error {
 
 // OverlayPlaceCmd is overlay place.
 type OverlayPlaceCmd struct {
-	Name      Name     `arg:"" help:"The node."`
+	Name      Name     `arg:"" predictor:"node" help:"The node."`
 	Endpoint  Endpoint `help:"host:port where its peers dial it (203.0.113.7:51820, [2001:db8::7]:51820, gw.example.org:51820); its WireGuard listens on that port."`
 	Site      Name     `help:"The site it is on: nodes of one site reach each other directly."`
 	Public    bool     `xor:"reach" help:"Its endpoint can be dialled from anywhere (needs --endpoint)."`

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
+
+	"mesh-controller/app"
+	"mesh-controller/contexts/inventory"
 )
 
 // progressAfter is how long an act runs before its progress is shown.
@@ -27,8 +31,7 @@ type progress struct {
 
 // newProgress is a progress for what, written to env's standard error.
 func newProgress(env *Env, what string) *progress {
-	f, ok := env.Stderr.(*os.File)
-	return &progress{w: env.Stderr, what: what, start: time.Now(), on: ok && term.IsTerminal(int(f.Fd()))}
+	return &progress{w: env.Stderr, what: what, start: time.Now(), on: terminal(env.Stderr)}
 }
 
 // tell says that done of total are through stage.
@@ -52,4 +55,81 @@ func (p *progress) done() {
 		_ = p.bar.Finish()
 		p.bar = nil
 	}
+}
+
+// rollOutLine follows a roll-out (or its rollback) on a terminal: one
+// running line on standard error, the nodes done, failed and waiting of
+// all and the time it has taken, in place of a line a node; what is said
+// once (recorded, rolling back and why) still prints, above it.
+type rollOutLine struct {
+	env   *Env
+	label string
+	bar   *progressbar.ProgressBar
+	back  bool
+}
+
+// followRollOut is how a roll-out of label (a module, mesh-host) is shown
+// as it goes: progress for the lines, and tally unless the lines are
+// wanted whole — asked (--verbose), or standard output or error is not a
+// terminal (a script, a log and the README read those lines). end, called
+// once the roll-out ended, leaves the running line's last state on its
+// own line.
+func followRollOut(env *Env, label string, verbose bool) (progress func(string), tally func(app.RollOutTally), end func()) {
+	progress = func(s string) { fmt.Fprintln(env.Stdout, s) }
+	if verbose || !terminal(env.Stdout) || !terminal(env.Stderr) {
+		return progress, nil, func() {}
+	}
+	l := &rollOutLine{env: env, label: label}
+	return l.say, l.tally, l.end
+}
+
+// terminal says w is a terminal.
+func terminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// say prints a line said once above the running line.
+func (l *rollOutLine) say(s string) {
+	if l.bar != nil && !l.bar.IsFinished() {
+		_ = l.bar.Clear()
+	}
+	fmt.Fprintln(l.env.Stdout, s)
+	if l.bar != nil && !l.bar.IsFinished() {
+		_ = l.bar.RenderBlank()
+	}
+}
+
+// tally redraws the running line with the roll-out's counts.
+func (l *rollOutLine) tally(t app.RollOutTally) {
+	desc := fmt.Sprintf("%s %s: %d done, %d failed, %d waiting of %d", l.label, t.To, t.Done, t.Failed, t.Waiting, t.Total)
+	if t.Phase == inventory.RollOutSoaking {
+		desc += ", soaking"
+	}
+	if t.Back {
+		desc = fmt.Sprintf("%s back from %s: %d back, %d not back, %d returning of %d", l.label, t.To, t.Done, t.Failed, t.Waiting, t.Total)
+	}
+	if l.bar == nil || t.Back != l.back {
+		l.end()
+		l.back = t.Back
+		l.bar = progressbar.NewOptions(max(t.Total, 1), progressbar.OptionSetWriter(l.env.Stderr), progressbar.OptionSetDescription(desc),
+			progressbar.OptionSetWidth(10), progressbar.OptionSetElapsedTime(true), progressbar.OptionSetPredictTime(false))
+	}
+	if l.bar.GetMax() != max(t.Total, 1) {
+		l.bar.ChangeMax(max(t.Total, 1))
+	}
+	// Counted, then described: the description redraws the line, so the
+	// last drawn (finished or not) says the counts it shows.
+	_ = l.bar.Set(t.Done + t.Failed)
+	l.bar.Describe(desc)
+}
+
+// end leaves the running line as it last was, and goes to the next line.
+func (l *rollOutLine) end() {
+	if l.bar == nil {
+		return
+	}
+	_ = l.bar.Exit()
+	fmt.Fprintln(l.env.Stderr)
+	l.bar = nil
 }

@@ -49,7 +49,7 @@ func (n *Network) Decode(ctx *kong.DecodeContext) error {
 
 // NodePublicDomainCmd is node public-domain.
 type NodePublicDomainCmd struct {
-	Name   Name   `arg:"" help:"The node."`
+	Name   Name   `arg:"" predictor:"node" help:"The node."`
 	Domain Domain `arg:"" optional:"" help:"The domain its public ports are routed under, as <port>.<module>.<domain>: lower-case labels, at least two (example.org)."`
 	Clear  bool   `help:"Take its domain away: its public ports close."`
 	JSON   bool   `name:"json" help:"Print one JSON object."`
@@ -88,7 +88,7 @@ func (c *NodePublicDomainCmd) Run(env *Env, nd *app.Nodes) error {
 
 // NodeNetworksCmd is node networks.
 type NodeNetworksCmd struct {
-	Name     Name      `arg:"" help:"The node."`
+	Name     Name      `arg:"" predictor:"node" help:"The node."`
 	Networks []Network `arg:"" optional:"" name:"cidr" help:"The networks it routes for what it hosts, as CIDR prefixes written canonically (10.20.0.0/16, 2001:db8::/48): all of them, replacing those it had."`
 	Clear    bool      `help:"Take its networks away: it forwards nothing."`
 	JSON     bool      `name:"json" help:"Print one JSON object."`

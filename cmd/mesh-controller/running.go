@@ -14,8 +14,8 @@ import (
 
 // LogsCmd is logs.
 type LogsCmd struct {
-	Node   Name `arg:"" help:"The node."`
-	Module Name `arg:"" help:"The module."`
+	Node   Name `arg:"" predictor:"node" help:"The node."`
+	Module Name `arg:"" predictor:"module" help:"The module."`
 	Lines  int  `default:"100" help:"How many of the last lines (at most 10000)."`
 	Follow bool `short:"f" help:"Then print new lines as they are written, until Ctrl-C."`
 }
@@ -33,10 +33,10 @@ func (c *LogsCmd) Run(env *Env, md *app.Modules) error {
 
 // AskCmd is ask.
 type AskCmd struct {
-	Module  Name          `arg:"" help:"The module."`
+	Module  Name          `arg:"" predictor:"module" help:"The module."`
 	Tool    Name          `arg:"" help:"The tool, as its manifest names it."`
 	Input   string        `arg:"" optional:"" help:"The tool's input: one JSON value ({} if none; - reads it from standard input)."`
-	Node    Name          `help:"Ask the instance on this node, not any running one."`
+	Node    Name          `predictor:"node" help:"Ask the instance on this node, not any running one."`
 	Timeout time.Duration `default:"10s" help:"How long to wait for the answer."`
 }
 

@@ -112,10 +112,10 @@ type ProvisionCmd struct {
 
 // PinCmd is provision pin.
 type PinCmd struct {
-	Node      Name   `arg:"" help:"The consuming node."`
+	Node      Name   `arg:"" predictor:"node" help:"The consuming node."`
 	Provision Name   `arg:"" help:"The provision."`
-	FromNode  Name   `arg:"" name:"from-node" help:"The providing node."`
-	Module    Name   `arg:"" help:"The providing module."`
+	FromNode  Name   `arg:"" predictor:"node" name:"from-node" help:"The providing node."`
+	Module    Name   `arg:"" predictor:"module" help:"The providing module."`
 	Yes       bool   `help:"Move a binding even though its new provider starts without the data the old one keeps (recorded in the hand-act log: --why)."`
 	Why       string `help:"With --yes: why; recorded in the hand-act log."`
 }
@@ -140,7 +140,7 @@ func (c *PinCmd) Run(env *Env, sts *app.Seats) error {
 
 // UnpinCmd is provision unpin.
 type UnpinCmd struct {
-	Node      Name `arg:"" help:"The consuming node."`
+	Node      Name `arg:"" predictor:"node" help:"The consuming node."`
 	Provision Name `arg:"" help:"The provision."`
 }
 
@@ -217,8 +217,8 @@ func (c *RetireListCmd) Run(env *Env, sts *app.Seats) error {
 
 // RetireDecideCmd is retire approve and retire reject.
 type RetireDecideCmd struct {
-	Node   Name   `arg:"" help:"The provider's node."`
-	Module Name   `arg:"" help:"The provider's module."`
+	Node   Name   `arg:"" predictor:"node" help:"The provider's node."`
+	Module Name   `arg:"" predictor:"module" help:"The provider's module."`
 	Why    string `required:"" help:"Why; recorded in the hand-act log."`
 }
 
@@ -328,8 +328,8 @@ func printPreview(env *Env, cl app.Cleanable) {
 
 // CleanupDeleteCmd is cleanup delete.
 type CleanupDeleteCmd struct {
-	Node      Name   `arg:"" optional:"" help:"The provider's node."`
-	Module    Name   `arg:"" optional:"" help:"The provider's module."`
+	Node      Name   `arg:"" predictor:"node" optional:"" help:"The provider's node."`
+	Module    Name   `arg:"" predictor:"module" optional:"" help:"The provider's module."`
 	Target    string `arg:"" optional:"" name:"consumer" help:"The retired consumer (node/module), or the retired data set's name."`
 	OlderThan int    `name:"older-than" placeholder:"DAYS" help:"Every retired consumer and data set older than this many days."`
 	Why       string `required:"" help:"Why; recorded in the hand-act log."`

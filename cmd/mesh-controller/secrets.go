@@ -88,8 +88,8 @@ type SecretCmd struct {
 
 // SecretAcceptCmd is secret accept.
 type SecretAcceptCmd struct {
-	Node   Name      `arg:"" help:"The node."`
-	Module Name      `arg:"" help:"The module."`
+	Node   Name      `arg:"" predictor:"node" help:"The node."`
+	Module Name      `arg:"" predictor:"module" help:"The module."`
 	Name   string    `arg:"" help:"The secret, as the manifest names it."`
 	From   InputFile `placeholder:"FILE" help:"Read the value from this file (its exact bytes); otherwise from the terminal, without echo."`
 }
@@ -143,8 +143,8 @@ func readValue(env *Env, from InputFile, prompt, what string) (protocol.Secret, 
 
 // SecretRecoverCmd is secret recover.
 type SecretRecoverCmd struct {
-	Node       Name      `arg:"" optional:"" help:"The node."`
-	Module     Name      `arg:"" optional:"" help:"The module."`
+	Node       Name      `arg:"" predictor:"node" optional:"" help:"The node."`
+	Module     Name      `arg:"" predictor:"module" optional:"" help:"The module."`
 	Name       string    `arg:"" optional:"" help:"The secret."`
 	Licence    Name      `placeholder:"NAME" help:"Recover a licence's token (its operator copy) instead of a secret: name no node, module or secret."`
 	Version    int64     `name:"licence-version" placeholder:"N" help:"With --licence: that version (kept for its grace period once refreshed); default the current one, or the newest in --from-export."`

@@ -16,11 +16,19 @@ import (
 // MigrateCmd is migrate (and prepare).
 type MigrateCmd struct {
 	NewIdentity bool `name:"new-identity" help:"Make a new signing key although nodes joined under the lost one: every one of them must then join again."`
+	JSON        bool `name:"json" help:"Print one JSON array: per store, its context, where it is, its version before and after, and what else was done."`
 }
 
 // Run migrates every store and prints, per context, the version before and after.
 func (c *MigrateCmd) Run(env *Env) error {
 	done, err := env.App.MigrateWith(env.Ctx, app.MigrateOptions{NewIdentity: c.NewIdentity})
+	if c.JSON {
+		// What was done before a refusal is said too, then the refusal.
+		if perr := printJSON(env.Stdout, append([]app.Migrated{}, done...)); perr != nil {
+			return perr
+		}
+		return err
+	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
 	changed := false
 	for _, m := range done {
@@ -52,10 +60,15 @@ func (c *MigrateCmd) Run(env *Env) error {
 }
 
 // VersionCmd is version.
-type VersionCmd struct{}
+type VersionCmd struct {
+	JSON bool `name:"json" help:"Print one JSON object: the version (\"\" for a development build), the Go it was built with, the protocol it speaks, and the commit it was built from when stamped."`
+}
 
 // Run prints the stamped version, or says it is a development build.
 func (c *VersionCmd) Run(env *Env) error {
+	if c.JSON {
+		return printJSON(env.Stdout, app.BuiltAs(version))
+	}
 	fmt.Fprintln(env.Stdout, versionLine())
 	return nil
 }

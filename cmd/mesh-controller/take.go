@@ -11,8 +11,8 @@ import (
 
 // TakeCmd is take.
 type TakeCmd struct {
-	Node   Name   `arg:"" help:"The adopted node."`
-	Module Name   `arg:"" help:"The module to take onto it."`
+	Node   Name   `arg:"" predictor:"node" help:"The adopted node."`
+	Module Name   `arg:"" predictor:"module" help:"The module to take onto it."`
 	Yes    string `placeholder:"DIGEST" help:"Cut over exactly as the preview with this digest showed (refused if what runs there changed since)."`
 	JSON   bool   `name:"json" help:"Print one JSON object: the preview (and, with --yes, what was assigned)."`
 }

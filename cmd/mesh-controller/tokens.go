@@ -15,7 +15,7 @@ type TokenCmd struct {
 
 // TokenIssueCmd is token issue.
 type TokenIssueCmd struct {
-	Node    Name          `xor:"target" required:"" placeholder:"NAME" help:"Issue for an existing node record."`
+	Node    Name          `predictor:"node" xor:"target" required:"" placeholder:"NAME" help:"Issue for an existing node record."`
 	New     Name          `xor:"target" required:"" placeholder:"NAME" help:"Create the node record and issue for it in one act."`
 	Adopted bool          `help:"With --new: the machine is already in use."`
 	TTL     time.Duration `name:"ttl" default:"24h" help:"How long the token works, if unused."`

@@ -34,6 +34,10 @@ type CLI struct {
 	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
 	BackupDone BackupDoneCmd `cmd:"" name:"backup-done" help:"Tell the controller a backup line was done (for the backup module on the backup seat's holder)."`
 	Simulate   SimulateCmd   `cmd:"" help:"Play every host of a token file from one process, each with its own keys and connection, for load measurement."`
+
+	// Completion is the shell's: it prints a script, and the binary
+	// answers the lines that script hands it (clirun).
+	Completion clirun.CompletionCmd `cmd:"" help:"Print the script that has bash, zsh or fish complete mesh-host's commands and flags ('mesh-host completion bash > /etc/bash_completion.d/mesh-host')."`
 }
 
 // SimulateCmd is mesh-host simulate.
