@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"mesh-controller/app/boardsvg"
 	"mesh-controller/contexts/health"
 )
 
@@ -36,9 +37,14 @@ var boardTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return "last heard " + time.Duration(s.AgeS*float64(time.Second)).Round(time.Second).String() + " ago"
 	},
-	"bound":   func(s Signal) string { return time.Duration(s.BoundS * float64(time.Second)).String() },
-	"keyPath": func(key string) string { return "/condition/" + url.PathEscape(key) },
-	"add":     func(a, b int) int { return a + b },
+	"bound":       func(s Signal) string { return time.Duration(s.BoundS * float64(time.Second)).String() },
+	"keyPath":     func(key string) string { return "/condition/" + url.PathEscape(key) },
+	"add":         func(a, b int) int { return a + b },
+	"gridNodes":   func() int { return BoardGridNodes },
+	"gridModules": func() int { return BoardGridModules },
+	"graphNodes":  func() int { return BoardGraphNodes },
+	"graphLinks":  func() int { return BoardGraphLinks },
+	"labelsUpTo":  func() int { return boardsvg.LabelsUpTo },
 	"silenced": func(c health.Condition) bool {
 		return c.SilencedUntil != nil && c.SilencedUntil.After(time.Now())
 	},
@@ -60,7 +66,8 @@ var boardCSP = func() string {
 		"'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 }()
 
-// BoardHandler serves the three questions as a web page that holds nothing:
+// BoardHandler serves the three questions as a web page that holds nothing,
+// with pictures of the heartbeats, the module states and the overlay:
 // every request reads the stores afresh, and nothing is written. It answers
 // only requests whose Host is one of hosts (the address it listens on, and
 // names a person gave): a page of another site that a DNS rebinding points
@@ -72,7 +79,7 @@ func (c *Health) BoardHandler(hosts ...string) http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		v, err := c.Status(r.Context())
+		v, err := c.Board(r.Context(), ParseBoardPage(r.URL.Query()))
 		if err != nil {
 			boardError(w, err)
 			return

@@ -113,18 +113,30 @@ type StatusView struct {
 // do: the same answer as judging every node, without reading every node of
 // a well mesh (BenchmarkStatus10000).
 func (c *Health) Status(ctx context.Context) (StatusView, error) {
+	v, _, err := c.status(ctx)
+	return v, err
+}
+
+// statusRead is what status read to answer, which the board draws from too.
+type statusRead struct {
+	snap   *inventory.Snapshot // without nodes
+	states []health.ModuleState
+}
+
+func (c *Health) status(ctx context.Context) (StatusView, statusRead, error) {
+	var read statusRead
 	st, err := c.stores(ctx)
 	if err != nil {
-		return StatusView{}, err
+		return StatusView{}, read, err
 	}
 	inv, hs := st.Inventory, st.Health
 	v := StatusView{Quiet: []Signal{}, OutOfDate: []OutOfDate{}, NotReady: []health.ModuleState{}}
 	if v.Wrong, err = hs.Conditions(ctx); err != nil {
-		return v, err
+		return v, read, err
 	}
 	states, err := hs.ModuleStates(ctx, "")
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
 	if last, err := hs.LastVerdict(ctx); err == nil {
 		v.Checked = &last.At
@@ -133,15 +145,16 @@ func (c *Health) Status(ctx context.Context) (StatusView, error) {
 	judged, err := inv.NodesToJudge(ctx, inventory.Watch{Now: now, HeartbeatFactor: b.HeartbeatFactor,
 		DefaultInterval: protocol.DefaultHeartbeat, DataReport: b.DataReport})
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
 	snap, err := inv.SnapshotWithoutNodes(ctx)
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
+	read = statusRead{snap: snap, states: states}
 	data, err := inv.AllDataSets(ctx)
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
 	for _, s := range append(nodeSignals(judged, data, b, now), backupSignals(snap, data, now)...) {
 		if s.Quiet {
@@ -168,19 +181,19 @@ func (c *Health) Status(ctx context.Context) (StatusView, error) {
 	}
 	keys, err := keyStatus(ctx, st.Identity, now)
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
 	v.OutOfDate = append(v.OutOfDate, keys...)
 	mods, err := inv.Modules(ctx)
 	if err != nil {
-		return v, err
+		return v, read, err
 	}
 	for _, m := range mods {
 		if m.BehindSource() {
 			v.OutOfDate = append(v.OutOfDate, OutOfDate{Kind: "module", Name: m.Name, Why: "its source moved to " + m.MovedCommit})
 		}
 	}
-	return v, nil
+	return v, read, nil
 }
 
 // ConditionFilter narrows conditions.

@@ -105,6 +105,8 @@ func TestLayout_Dependencies(t *testing.T) {
 	}
 	bad("mesh-controller/app/nftables", "a filter is rendered here, applied by a host: no store, broker, network or process",
 		func(d string) bool { return io(d) && d != "os" && d != "syscall" })
+	bad("mesh-controller/app/boardsvg", "the board's pictures are drawn from what they are given: no store, broker, network or process",
+		func(d string) bool { return io(d) && d != "os" && d != "syscall" })
 	bad("mesh-controller/app/protocol", "messages are pure: no store, broker, network or process",
 		func(d string) bool { return io(d) && d != "os" && d != "syscall" })
 	for _, pkg := range append(goList(t, "./embedded/..."), "mesh-controller/app/protocol") {

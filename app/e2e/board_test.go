@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"mesh-controller/app"
+	"mesh-controller/contexts/health"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,8 +33,10 @@ func browser(t *testing.T) string {
 	return ""
 }
 
-// The board, in a real browser: the three sections, a condition's link to
-// its evidence and history, and a screenshot kept as an artifact.
+// The board, in a real browser: the three sections, the pictures (the
+// module grid, a heartbeat chart, the overlay graph) drawn and styled, a
+// condition's link to its evidence and history, and a screenshot kept as
+// an artifact.
 func TestBoard_InABrowser(t *testing.T) {
 	t.Parallel()
 	exe := browser(t)
@@ -51,6 +54,15 @@ func TestBoard_InABrowser(t *testing.T) {
 		}
 		return nil
 	})
+	// web2 is a record not joined: its row of the grid is postgres
+	// assigned and what its "host" said, with a version made to break out
+	// of the markup.
+	if _, err := m.c.NodeAdd(ctx, "web2", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.c.Assign(ctx, "web2", []string{"postgres"}); err != nil {
+		t.Fatal(err)
+	}
 	h.stop()
 	// The daemon stops too (it flushes what it heard), so its own checks do
 	// not change what the page shows while the browser reads it.
@@ -61,6 +73,15 @@ func TestBoard_InABrowser(t *testing.T) {
 		}
 		return m.opened(t, "node.silent/web1")()
 	})
+	st, err := m.c.Stores(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hostile = `16.4.0"><script>document.title='pwned'</script>`
+	if err := st.Health.RecordModuleStates(ctx, map[string][]health.ModuleState{"web2": {{Node: "web2", Module: "postgres", Version: hostile,
+		State: "starting", Since: time.Now(), HeardAt: time.Now(), ChangedAt: time.Now()}}}); err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config.Handler = m.c.BoardHandler(app.BoardHosts(srv.Listener.Addr().String())...)
 	srv.Start()
@@ -91,6 +112,37 @@ func TestBoard_InABrowser(t *testing.T) {
 	width, err := chromedp.Run(bctx, chromedp.Evaluate[string](`getComputedStyle(document.body).maxWidth`))
 	if err != nil || width != "960px" {
 		t.Fatalf("the page's style did not apply under its CSP: max-width %q %v", width, err)
+	}
+	// The pictures, as the browser drew them: a cell per node and module,
+	// each coloured by the style sheet (SVG's default is black); web1's
+	// heartbeat chart with its p50 and p99 lines; a circle per node of the
+	// overlay; the hostile version a title's text, not markup.
+	type drawn struct {
+		Cells, Black, Circles, Charts, P50, P99, Scripts int
+		Hostile, Title                                   string
+		Width                                            float64
+	}
+	pics, err := chromedp.Run(bctx, chromedp.Evaluate[drawn](`(() => {
+		const all = s => [...document.querySelectorAll(s)];
+		const points = s => all(s).reduce((n, p) => n + p.points.numberOfItems, 0);
+		return {
+			Cells: all('svg rect.cell').length,
+			Black: all('svg rect.cell').filter(r => getComputedStyle(r).fill === 'rgb(0, 0, 0)').length,
+			Circles: all('svg.graph circle.node').length,
+			Charts: all('#heartbeats svg.chart').length,
+			P50: points('svg.chart polyline.p50'), P99: points('svg.chart polyline.p99'),
+			Scripts: all('script').length,
+			Hostile: (document.querySelector('rect.cell.st-starting title') || {}).textContent || '',
+			Title: document.title,
+			Width: document.querySelector('svg.grid').getBoundingClientRect().width,
+		};
+	})()`))
+	if err != nil {
+		t.Fatalf("read the pictures: %v", err)
+	}
+	if pics.Cells != 2*2 || pics.Black != 0 || pics.Circles != 2 || pics.Charts != 1 || pics.P50 < 2 || pics.P99 < 2 || pics.Scripts != 0 ||
+		pics.Hostile != "web2 / postgres: starting, "+hostile || pics.Title != "status — mesh" || pics.Width <= 0 || pics.Width > 420 {
+		t.Fatalf("the pictures as drawn: %+v", pics)
 	}
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -130,26 +131,77 @@ func (s *Store) RecordHeartbeats(ctx context.Context, hs map[HourKey]Histogram) 
 // Heartbeats merges each node's hourly aggregates since a time.
 func (s *Store) Heartbeats(ctx context.Context, since time.Time) (_ map[string]Histogram, err error) {
 	defer s.db.Failing(&err, "read heartbeat aggregates")
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, count, sum_ms, max_ms, buckets FROM heartbeat_hours WHERE hour >= ?`, hourOf(since))
+	out := map[string]Histogram{}
+	err = s.eachHour(ctx, "", []any{hourOf(since)}, func(h HourHistogram) {
+		all := out[h.Node]
+		all.Merge(h.Histogram)
+		out[h.Node] = all
+	})
+	return out, err
+}
+
+// HourHistogram is one node's heartbeat intervals in one hour.
+type HourHistogram struct {
+	HourKey
+	Histogram
+}
+
+// HeartbeatHours returns the hourly aggregates of the nodes named since a
+// time, by node then hour: what the board draws a day of intervals from.
+func (s *Store) HeartbeatHours(ctx context.Context, since time.Time, nodes []string) (_ []HourHistogram, err error) {
+	defer s.db.Failing(&err, "read heartbeat hours")
+	out := []HourHistogram{}
+	sorted := slices.Sorted(slices.Values(nodes))
+	err = sqlite.InChunks(sorted, func(marks string, args []any) error {
+		return s.eachHour(ctx, `node IN (`+marks+`) AND `, append(args, hourOf(since)), func(h HourHistogram) { out = append(out, h) })
+	})
+	return out, err
+}
+
+// HeartbeatLongest is each node's longest interval since a time, read in
+// the store: a node's every hour is not brought out to find it.
+func (s *Store) HeartbeatLongest(ctx context.Context, since time.Time) (_ map[string]float64, err error) {
+	defer s.db.Failing(&err, "read the longest heartbeat intervals")
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, max(max_ms) FROM heartbeat_hours WHERE hour >= ? GROUP BY node`, hourOf(since))
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]Histogram{}
+	out := map[string]float64{}
 	for rows.Next() {
-		var node, buckets string
-		var h Histogram
-		if err := rows.Scan(&node, &h.Count, &h.SumMS, &h.MaxMS, &buckets); err != nil {
+		var node string
+		var ms float64
+		if err := rows.Scan(&node, &ms); err != nil {
 			return nil, err
 		}
-		if err := json.Unmarshal([]byte(buckets), &h.Buckets); err != nil {
-			return nil, fmt.Errorf("heartbeats of %s: %w", node, err)
-		}
-		all := out[node]
-		all.Merge(h)
-		out[node] = all
+		out[node] = ms
 	}
 	return out, rows.Err()
+}
+
+// eachHour calls f with every hourly aggregate since a time, by node then
+// hour; where is ANDed before the hour's bound, with its arguments first.
+func (s *Store) eachHour(ctx context.Context, where string, args []any, f func(HourHistogram)) error {
+	rows, err := s.db.Reader.QueryContext(ctx, `SELECT node, hour, count, sum_ms, max_ms, buckets FROM heartbeat_hours WHERE `+where+`hour >= ? ORDER BY node, hour`, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var hour, buckets string
+		var h HourHistogram
+		if err := rows.Scan(&h.Node, &hour, &h.Count, &h.SumMS, &h.MaxMS, &buckets); err != nil {
+			return err
+		}
+		if h.Hour, err = time.Parse("2006-01-02T15", hour); err != nil {
+			return fmt.Errorf("heartbeats of %s: hour %q: %w", h.Node, hour, err)
+		}
+		if err := json.Unmarshal([]byte(buckets), &h.Buckets); err != nil {
+			return fmt.Errorf("heartbeats of %s at %s: %w", h.Node, hour, err)
+		}
+		f(h)
+	}
+	return rows.Err()
 }
 
 // PruneMeasurements deletes every duration and refused join older than
