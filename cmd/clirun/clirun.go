@@ -167,3 +167,31 @@ func CPUProfile(file string) (stop func(), err error) {
 		f.Close()
 	}, nil
 }
+
+// VersionLine is what a program's version command and --version flag
+// print: its name and the version stamped at link time (-ldflags
+// "-X main.version=…", as make build and make release do), or
+// "development build", never a made-up number.
+func VersionLine(program, stamped string) string {
+	if stamped == "" || stamped == "development build" {
+		return program + " development build"
+	}
+	return program + " " + stamped
+}
+
+// Versioned is the version flag and command of a program whose kong
+// options hold the "version" variable (VersionLine): embedded in its CLI,
+// --version and the version command print the same line.
+type Versioned struct {
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version stamped at link time, as the version command does."`
+	Version     VersionCmd       `cmd:"" help:"Print the version stamped at link time."`
+}
+
+// VersionCmd prints the "version" variable, as kong.VersionFlag does.
+type VersionCmd struct{}
+
+// Run prints the version line.
+func (VersionCmd) Run(k *kong.Kong, vars kong.Vars) error {
+	_, err := fmt.Fprintln(k.Stdout, vars["version"])
+	return err
+}

@@ -29,9 +29,10 @@ var version string
 
 // CLI is every command mesh-host has.
 type CLI struct {
-	Join       JoinCmd       `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
-	Run        RunCmd        `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
-	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
+	Join JoinCmd `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
+	Run  RunCmd  `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
+	// Versioned is version and --version: the same line.
+	clirun.Versioned
 	BackupDone BackupDoneCmd `cmd:"" name:"backup-done" help:"Tell the controller a backup line was done (for the backup module on the backup seat's holder)."`
 	Simulate   SimulateCmd   `cmd:"" help:"Play every host of a token file from one process, each with its own keys and connection, for load measurement."`
 }
@@ -188,15 +189,6 @@ func joinedDir(dir string) error {
 	return nil
 }
 
-// VersionCmd is mesh-host version.
-type VersionCmd struct{}
-
-// Run prints the version.
-func (c *VersionCmd) Run(env *Env) error {
-	fmt.Fprintf(env.Stdout, "mesh-host %s\n", host.Version)
-	return nil
-}
-
 // The main goroutine stays on the process's main thread, which forks every
 // module: a host re-executing itself keeps its modules (process.Exec).
 func init() { runtime.LockOSThread() }
@@ -216,6 +208,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Options: []kong.Option{
 			kong.Description("The reference host of a mesh: joins with a token, applies signed declarations."),
 			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+			kong.Vars{"version": clirun.VersionLine("mesh-host", host.Version)},
 		},
 		Hint: func(err error) string {
 			switch {
