@@ -241,8 +241,9 @@ TOOLS := chromium sqlite3 jq curl git perl restic
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
 # namespaces, a veth pair) as root; the overlay's test reads its
 # interfaces with wg and checks its configuration with wg-quick, both of
-# wireguard-tools, and enters a host's namespaces with nsenter (util-linux).
-TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux
+# wireguard-tools, and enters a host's namespaces with nsenter (util-linux);
+# the services' units are checked by systemd-analyze verify (systemd).
+TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux systemd-analyze:systemd
 # PostgreSQL's server programs are not on PATH: Debian keeps them by version.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 
