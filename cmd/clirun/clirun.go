@@ -67,7 +67,7 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 		}
 	}()
 	opts := append([]kong.Option{kong.Name(p.Name), kong.Writers(stdout, stderr),
-		kong.Exit(func(code int) { panic(exit(code)) })}, p.Options...)
+		kong.Exit(func(code int) { panic(exit(code)) }), kong.ValueFormatter(HelpValue)}, p.Options...)
 	parser, err := kong.New(cli, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
@@ -121,6 +121,23 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 		return 1
 	}
 	return 0
+}
+
+// HelpValue is a flag's help as --help shows it: its default named
+// (unless the help already says what it is), then its variable, so that a
+// person reads what a service gets when its unit and config file say
+// nothing.
+func HelpValue(v *kong.Value) string {
+	shown := *v
+	if v.HasDefault && v.Default != "" && !strings.Contains(strings.ToLower(v.Help), "default") {
+		def := "(default " + v.Default + ")"
+		if h, ok := strings.CutSuffix(v.Help, "."); ok {
+			shown.Help = h + " " + def + "."
+		} else {
+			shown.Help = strings.TrimSpace(v.Help + " " + def)
+		}
+	}
+	return kong.DefaultHelpValueFormatter(&shown)
 }
 
 // commandPath names the command a parse error happened in, for its --help.
