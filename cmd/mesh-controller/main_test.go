@@ -51,8 +51,11 @@ func TestScripts(t *testing.T) {
 		},
 		// [postgres]: MESH_TEST_POSTGRES names a server to make databases
 		// on. Under CI or make test its absence fails the scenario: nothing is
-		// skipped there.
+		// skipped there. [root]: the scenario runs as root (root's defaults).
 		Condition: func(cond string) (bool, error) {
+			if cond == "root" {
+				return os.Geteuid() == 0, nil
+			}
 			if cond != "postgres" {
 				return false, fmt.Errorf("unknown condition %q", cond)
 			}
