@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION))
 export CGO_ENABLED := 0
 
-.PHONY: build modules nats-server previous-release run demo demo-ha test tools gotestsum redocly lint bench bench-postgres soak measure-archives fuzz clean
+.PHONY: build modules nats-server previous-release release run demo demo-ha test tools gotestsum redocly lint bench bench-postgres soak measure-archives fuzz clean
 
 # modules fetches the Go modules once, saying so: on an empty module cache
 # the first build otherwise sits silent for most of a minute.
@@ -38,6 +38,17 @@ nats-server: modules
 # tag and its commit is told to 'git fetch --tags'.
 previous-release: modules
 	@scripts/previous-release >/dev/null
+
+# release: what a release ships, into dist/ (made anew, git-ignored):
+# every program for linux/amd64 and linux/arm64, static and stamped with
+# VERSION (git describe, or VERSION=v1.2.3 on make's line), as
+# <program>_<version>_linux_<arch>; a .deb of mesh-controller and one of
+# mesh-host (with mesh-builder and mesh-backup) per arch, made by nfpm
+# (scripts/release runs it through the Go module proxy); and SHA256SUMS,
+# which 'sha256sum -c SHA256SUMS' checks in dist/.
+release: modules
+	rm -rf dist
+	$(GO) run ./scripts/release -version '$(VERSION)' -out dist
 
 # run migrates the default data dir (or $MESH_DATA) and serves until Ctrl-C.
 run: build
@@ -243,8 +254,10 @@ TOOLS := chromium sqlite3 jq curl git perl restic zsh fish
 # for in /usr/sbin and /sbin too: the filter test runs nft and ip (network
 # namespaces, a veth pair) as root; the overlay's test reads its
 # interfaces with wg and checks its configuration with wg-quick, both of
-# wireguard-tools, and enters a host's namespaces with nsenter (util-linux).
-TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux
+# wireguard-tools, and enters a host's namespaces with nsenter (util-linux);
+# the services' units are checked by systemd-analyze verify (systemd);
+# the release's .deb is read by dpkg-deb and installed by dpkg -i (dpkg).
+TOOL_PACKAGES := nft:nftables ip:iproute2 wg:wireguard-tools nsenter:util-linux systemd-analyze:systemd dpkg-deb:dpkg
 # PostgreSQL's server programs are not on PATH: Debian keeps them by version.
 PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
 

@@ -11,6 +11,7 @@ import (
 
 	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/service"
 	"mesh-controller/embedded/sqlite"
 )
 
@@ -63,9 +64,14 @@ func CheckNames(names ...string) error {
 	return nil
 }
 
-// DefaultDataDir is $XDG_DATA_HOME/mesh-controller, else
-// ~/.local/share/mesh-controller.
-func DefaultDataDir(getenv func(string) string) string {
+// DefaultDataDir is, for root (euid 0), /var/lib/mesh-controller, where
+// the service keeps it (service.Controller.DataDir), so that a person's
+// commands as root use the service's stores; for another user
+// $XDG_DATA_HOME/mesh-controller, else ~/.local/share/mesh-controller.
+func DefaultDataDir(getenv func(string) string, euid int) string {
+	if euid == 0 {
+		return service.Controller.DataDir()
+	}
 	if x := getenv("XDG_DATA_HOME"); x != "" {
 		return filepath.Join(x, "mesh-controller")
 	}

@@ -23,10 +23,14 @@ func TestCheckName(t *testing.T) {
 
 func TestDefaultDataDir(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	if got := DefaultDataDir(env(map[string]string{"XDG_DATA_HOME": "/x", "HOME": "/h"})); got != "/x/mesh-controller" {
+	if got := DefaultDataDir(env(map[string]string{"XDG_DATA_HOME": "/x", "HOME": "/h"}), 1000); got != "/x/mesh-controller" {
 		t.Errorf("with XDG_DATA_HOME: %s", got)
 	}
-	if got := DefaultDataDir(env(map[string]string{"HOME": "/h"})); got != "/h/.local/share/mesh-controller" {
+	if got := DefaultDataDir(env(map[string]string{"HOME": "/h"}), 1000); got != "/h/.local/share/mesh-controller" {
 		t.Errorf("with HOME: %s", got)
+	}
+	// root's is the service's, whatever HOME says
+	if got := DefaultDataDir(env(map[string]string{"XDG_DATA_HOME": "/x", "HOME": "/root"}), 0); got != "/var/lib/mesh-controller" {
+		t.Errorf("as root: %s", got)
 	}
 }

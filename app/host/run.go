@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/service"
 )
 
 // Runner is a joined host at work.
@@ -211,6 +212,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				r.logf("disconnected: %v; reconnecting", err)
+				service.Notifier{}.Status(fmt.Sprintf("running as %s, applying under %s; disconnected (%v), reconnecting", r.State.Node, r.Root, err))
 			}
 		}))...)
 	if err != nil {
@@ -287,12 +289,30 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer facts.Stop()
 	var asks asking
 	defer asks.end()
+	// Under systemd (Type=notify): READY=1 once what was last declared
+	// runs again and the host listens for declarations, connected or not
+	// (a broker away must not fail the start: the modules run on); STATUS=
+	// says whether it is connected; the watchdog is pinged from this loop,
+	// so a loop that stops turning is restarted.
+	var sd service.Notifier
+	sd.Ready(fmt.Sprintf("running as %s, applying under %s; connecting to %s", r.State.Node, r.Root, strings.Join(r.State.BrokerURLs, ",")))
+	defer sd.Stopping()
+	var watchdog <-chan time.Time
+	if every := sd.WatchdogEvery(); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		watchdog = t.C
+		sd.Alive()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-watchdog:
+			sd.Alive()
 		case <-connected:
 			r.logf("connected to %s", nc.ConnectedUrl())
+			sd.Status(fmt.Sprintf("running as %s, applying under %s; connected to %s", r.State.Node, r.Root, nc.ConnectedUrl()))
 			r.reportFacts(nc, true)
 			// Heard at once, not a heartbeat interval later.
 			soon.Reset(beatSoon)

@@ -27,10 +27,29 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/service"
 )
 
 // Version is the host's version, sent when joining.
 var Version = "development build"
+
+// DefaultStateDir is where the host keeps its keys and credentials unless
+// told: for root (euid 0) /var/lib/mesh-host, the service's
+// (service.Host.DataDir); for another user $XDG_STATE_HOME/mesh-host, else
+// ~/.local/state/mesh-host.
+func DefaultStateDir(getenv func(string) string, euid int) string {
+	if euid == 0 {
+		return service.Host.DataDir()
+	}
+	if x := getenv("XDG_STATE_HOME"); x != "" {
+		return filepath.Join(x, "mesh-host")
+	}
+	home := getenv("HOME")
+	if home == "" {
+		home, _ = os.UserHomeDir()
+	}
+	return filepath.Join(home, ".local", "state", "mesh-host")
+}
 
 // ErrRefused means the controller refused the join; the error says why.
 var ErrRefused = errors.New("the controller refused the join")

@@ -72,7 +72,7 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 		}
 	}()
 	opts := append([]kong.Option{kong.Name(p.Name), kong.Writers(stdout, stderr),
-		kong.Exit(func(code int) { panic(exit(code)) })}, p.Options...)
+		kong.Exit(func(code int) { panic(exit(code)) }), kong.ValueFormatter(HelpValue)}, p.Options...)
 	parser, err := kong.New(cli, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
@@ -131,6 +131,23 @@ func (p Program) Run(cli any, args []string, stdout, stderr io.Writer) (status i
 	return 0
 }
 
+// HelpValue is a flag's help as --help shows it: its default named
+// (unless the help already says what it is), then its variable, so that a
+// person reads what a service gets when its unit and config file say
+// nothing.
+func HelpValue(v *kong.Value) string {
+	shown := *v
+	if v.HasDefault && v.Default != "" && !strings.Contains(strings.ToLower(v.Help), "default") {
+		def := "(default " + v.Default + ")"
+		if h, ok := strings.CutSuffix(v.Help, "."); ok {
+			shown.Help = h + " " + def + "."
+		} else {
+			shown.Help = strings.TrimSpace(v.Help + " " + def)
+		}
+	}
+	return kong.DefaultHelpValueFormatter(&shown)
+}
+
 // commandPath names the command a parse error happened in, for its --help.
 func (p Program) commandPath(err error) string {
 	var perr *kong.ParseError
@@ -174,4 +191,32 @@ func CPUProfile(file string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// VersionLine is what a program's version command and --version flag
+// print: its name and the version stamped at link time (-ldflags
+// "-X main.version=…", as make build and make release do), or
+// "development build", never a made-up number.
+func VersionLine(program, stamped string) string {
+	if stamped == "" || stamped == "development build" {
+		return program + " development build"
+	}
+	return program + " " + stamped
+}
+
+// Versioned is the version flag and command of a program whose kong
+// options hold the "version" variable (VersionLine): embedded in its CLI,
+// --version and the version command print the same line.
+type Versioned struct {
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version stamped at link time, as the version command does."`
+	Version     VersionCmd       `cmd:"" help:"Print the version stamped at link time."`
+}
+
+// VersionCmd prints the "version" variable, as kong.VersionFlag does.
+type VersionCmd struct{}
+
+// Run prints the version line.
+func (VersionCmd) Run(k *kong.Kong, vars kong.Vars) error {
+	_, err := fmt.Fprintln(k.Stdout, vars["version"])
+	return err
 }

@@ -27,10 +27,15 @@ import (
 	"mesh-controller/cmd/clirun"
 )
 
-// CLI is mesh-backup's command line: one command, daemon (the default),
-// whose flags each default to what a host gives a module.
+// version is stamped at link time: -ldflags "-X main.version=v1.2.3".
+var version string
+
+// CLI is mesh-backup's command line: daemon (the default), whose flags
+// each default to what a host gives a module, and version.
 type CLI struct {
 	Daemon DaemonCmd `cmd:"" default:"1" help:"Serve the mesh's backups (the default)."`
+	// Versioned is version and --version: the same line.
+	clirun.Versioned
 }
 
 // DaemonCmd serves until SIGINT or SIGTERM.
@@ -120,8 +125,9 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
 	return clirun.Program{
-		Name:    "mesh-backup",
-		Options: []kong.Option{kong.Description("The reference backup module, run by a host on the backup seat's holder: keeps every node's restic repository, says what is due, prunes and drills restores.")},
+		Name: "mesh-backup",
+		Options: []kong.Option{kong.Description("The reference backup module, run by a host on the backup seat's holder: keeps every node's restic repository, says what is due, prunes and drills restores."),
+			kong.Vars{"version": clirun.VersionLine("mesh-backup", version)}},
 		Bind:    func(ctx context.Context) any { return &Env{Ctx: ctx, Stderr: stderr} },
 		RunBare: true,
 	}.Run(&cli, args, stdout, stderr)

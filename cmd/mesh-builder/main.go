@@ -18,9 +18,20 @@ import (
 	"mesh-controller/contexts/inventory/manifest"
 )
 
-// CLI is mesh-builder's command line: flags only, each defaulting to what
-// a host gives a module.
+// version is stamped at link time: -ldflags "-X main.version=v1.2.3".
+var version string
+
+// CLI is mesh-builder's command line: serve (the default, so that a host
+// runs it with no arguments) and version.
 type CLI struct {
+	Serve ServeCmd `cmd:"" default:"withargs" help:"Take the build asks addressed to this node and build them (the default)."`
+	// Versioned is version and --version: the same line.
+	clirun.Versioned
+}
+
+// ServeCmd serves until SIGINT or SIGTERM: flags only, each defaulting to
+// what a host gives a module.
+type ServeCmd struct {
 	Broker string `env:"MESH_BROKER" required:"" help:"The broker's URL (a host sets MESH_BROKER)."`
 	Creds  string `env:"MESH_BROKER_CREDS" required:"" type:"existingfile" help:"Its broker user's .creds file (a host sets MESH_BROKER_CREDS)."`
 	Node   string `env:"MESH_NODE" required:"" help:"The node it runs on: it takes the asks addressed there."`
@@ -37,7 +48,7 @@ type Env struct {
 }
 
 // Run serves until SIGINT or SIGTERM.
-func (c *CLI) Run(env *Env) error {
+func (c *ServeCmd) Run(env *Env) error {
 	credentials := ""
 	if c.Secrets != "" {
 		credentials = filepath.Join(c.Secrets, manifest.GitCredentialsSecret)
@@ -67,8 +78,9 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	var cli CLI
 	return clirun.Program{
-		Name:    "mesh-builder",
-		Options: []kong.Option{kong.Description("The reference builder, run by a host as the builder module: takes build asks, builds, stores archives.")},
+		Name: "mesh-builder",
+		Options: []kong.Option{kong.Description("The reference builder, run by a host as the builder module: takes build asks, builds, stores archives."),
+			kong.Vars{"version": clirun.VersionLine("mesh-builder", version)}},
 		Bind:    func(ctx context.Context) any { return &Env{Ctx: ctx, Stderr: stderr} },
 		RunBare: true,
 	}.Run(&cli, args, stdout, stderr)

@@ -16,6 +16,7 @@ import (
 	"github.com/posener/complete"
 
 	"mesh-controller/app"
+	"mesh-controller/app/service"
 	"mesh-controller/cmd/clirun"
 )
 
@@ -24,8 +25,11 @@ var version string
 
 // Globals are the flags every command takes.
 type Globals struct {
-	Data   string `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
-	Broker string `name:"broker" env:"MESH_BROKER" placeholder:"URL" help:"An external NATS instead of the serving controller's embedded broker: a cluster's servers, separated by commas (nats://a:4222,nats://b:4222,…; see 'broker show --config')."`
+	// Config is read before the other flags are resolved: what a service's
+	// unit would carry as flags, kept in a file.
+	ConfigFile clirun.ConfigFile `name:"config-file" env:"MESH_CONFIG_FILE" default:"${config_file}" placeholder:"FILE" help:"A TOML file of flag values (data = \"/srv/mesh\"; [serve] listen = \"0.0.0.0:4222\"); flags and their variables win over it, a key that is no flag is refused (default ${config_file}, read when it is there)."`
+	Data       string            `name:"data" env:"MESH_DATA" default:"${data_dir}" placeholder:"DIR" help:"Where the stores live unless moved by their own variable (default ${data_dir})."`
+	Broker     string            `name:"broker" env:"MESH_BROKER" placeholder:"URL" help:"An external NATS instead of the serving controller's embedded broker: a cluster's servers, separated by commas (nats://a:4222,nats://b:4222,…; see 'broker show --config')."`
 }
 
 // CLI is every command mesh-controller has. A command that is not built is not here.
@@ -77,6 +81,8 @@ type CLI struct {
 	Cleanup    CleanupCmd    `cmd:"" help:"Retired consumers and data sets per provider (delete)."`
 	Data       DataCmd       `cmd:"" help:"Every data set every machine declares: size, preciousness, state, last backup, backup holder."`
 	Store      StoreCmd      `cmd:"" help:"The stores as a whole: back them up, restore a backup, copy them onto PostgreSQL or back."`
+	Install    InstallCmd    `cmd:"" help:"Run serve as a systemd service: its unit written to /etc/systemd/system, the data dir /var/lib/mesh-controller made (0700), the unit enabled (not started)."`
+	Uninstall  UninstallCmd  `cmd:"" help:"Disable and stop the systemd service and remove its unit; the data dir is kept."`
 
 	// Completion is the shell's: it prints a script, and the binary
 	// answers the lines that script hands it (clirun).
@@ -183,7 +189,7 @@ func knownNames(pick func(app.Names) []string) complete.Predictor {
 			}
 		}
 		if data == "" {
-			data = app.DefaultDataDir(os.Getenv)
+			data = app.DefaultDataDir(os.Getenv, os.Geteuid())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -207,7 +213,9 @@ const description = "The control plane of a mesh: one binary, one SQLite store p
 func kongOptions() []kong.Option {
 	return []kong.Option{
 		kong.Description(description),
-		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv), "listen": app.DefaultListen, "version": versionLine()},
+		kong.Vars{"data_dir": app.DefaultDataDir(os.Getenv, os.Geteuid()), "listen": app.DefaultListen, "version": versionLine(),
+			"config_file": service.Controller.ConfigFile()},
+		kong.Configuration(clirun.TOML),
 		kong.Help(helpWithStores),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 	}

@@ -52,11 +52,14 @@ func TestScripts(t *testing.T) {
 		},
 		// [postgres]: MESH_TEST_POSTGRES names a server to make databases
 		// on. Under CI or make test its absence fails the scenario: nothing is
-		// skipped there.
+		// skipped there. [root]: the scenario runs as root (root's defaults).
 		//
 		// [tool:NAME]: NAME is on PATH (zsh, fish). Under CI or make test,
 		// which installs them, its absence fails the scenario.
 		Condition: func(cond string) (bool, error) {
+			if cond == "root" {
+				return os.Geteuid() == 0, nil
+			}
 			if tool, ok := strings.CutPrefix(cond, "tool:"); ok {
 				_, err := exec.LookPath(tool)
 				if err != nil && sqlitetest.Required() {

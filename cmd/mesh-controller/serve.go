@@ -16,6 +16,7 @@ import (
 	"mesh-controller/app"
 	"mesh-controller/app/alerthook"
 	"mesh-controller/app/metrics"
+	"mesh-controller/app/service"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/identity"
 )
@@ -88,6 +89,12 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		fmt.Fprintf(env.Stdout, "metrics: http://%s/metrics\n", metricsAt.Addr())
 		syncOut(env)
 	}
+	// Under systemd (Type=notify): READY=1 once this controller serves,
+	// and also once it stands by or aside, since that is its work then
+	// (STATUS= says which); the watchdog pinged at half its interval.
+	var sd service.Notifier
+	go sd.Watch(env.Ctx)
+	defer sd.Stopping()
 	err = srv.Serve(env.Ctx, app.ServeOptions{
 		Metrics:             metricsAt,
 		Listen:              c.Listen,
@@ -107,6 +114,7 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		Ready: func(r app.Ready) {
 			fmt.Fprintf(env.Stdout, "ready: broker %s, data %s\n", r.BrokerURL, r.DataDir)
 			syncOut(env)
+			sd.Ready(fmt.Sprintf("serving: broker %s, data %s", r.BrokerURL, r.DataDir))
 		},
 		Standing: func(l identity.Lease) {
 			older := ""
@@ -116,10 +124,12 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 			fmt.Fprintf(env.Stdout, "standby: pid %d on %s serves (lease generation %d) until %s; taking over when its lease lapses%s\n",
 				l.PID, l.Host, l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339), older)
 			syncOut(env)
+			sd.Ready(fmt.Sprintf("standby: pid %d on %s serves; taking over when its lease lapses", l.PID, l.Host))
 		},
 		Aside: func(why string) {
 			fmt.Fprintf(env.Stdout, "aside: %s; this controller never takes the lease\n", why)
 			syncOut(env)
+			sd.Ready("aside: " + why)
 		},
 		Migrated: func(done []app.Migrated) {
 			for _, m := range done {

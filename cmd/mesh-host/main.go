@@ -21,6 +21,7 @@ import (
 	"mesh-controller/app/host"
 	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
+	"mesh-controller/app/service"
 	"mesh-controller/cmd/clirun"
 )
 
@@ -29,11 +30,18 @@ var version string
 
 // CLI is every command mesh-host has.
 type CLI struct {
-	Join       JoinCmd       `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
-	Run        RunCmd        `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
-	Version    VersionCmd    `cmd:"" help:"Print the version stamped at link time."`
+	// ConfigFile is read before the other flags are resolved: what the
+	// service's unit would carry as flags, kept in a file.
+	ConfigFile clirun.ConfigFile `name:"config-file" env:"MESH_HOST_CONFIG_FILE" default:"${config_file}" placeholder:"FILE" help:"A TOML file of flag values (heartbeat = \"5s\"; [run] self-upgrade = false); flags and their variables win over it, a key that is no flag is refused (default ${config_file}, read when it is there)."`
+
+	Join JoinCmd `cmd:"" help:"Make this host's keys and join a mesh with a one-time token."`
+	Run  RunCmd  `cmd:"" help:"Beat, report, and apply the declarations the controller signs."`
+	// Versioned is version and --version: the same line.
+	clirun.Versioned
 	BackupDone BackupDoneCmd `cmd:"" name:"backup-done" help:"Tell the controller a backup line was done (for the backup module on the backup seat's holder)."`
 	Simulate   SimulateCmd   `cmd:"" help:"Play every host of a token file from one process, each with its own keys and connection, for load measurement."`
+	Install    InstallCmd    `cmd:"" help:"Run 'run --root /' as a systemd service: its unit written to /etc/systemd/system, the state dir /var/lib/mesh-host made (0700), the unit enabled (not started)."`
+	Uninstall  UninstallCmd  `cmd:"" help:"Disable and stop the systemd service and remove its unit; the state dir is kept."`
 
 	// Completion is the shell's: it prints a script, and the binary
 	// answers the lines that script hands it (clirun).
@@ -86,7 +94,7 @@ func (c *SimulateCmd) Run(env *Env) error {
 
 // BackupDoneCmd is mesh-host backup-done.
 type BackupDoneCmd struct {
-	State string    `required:"" type:"path" placeholder:"DIR" help:"The state dir made by join."`
+	State string    `default:"${state_dir}" type:"path" placeholder:"DIR" help:"The state dir made by join."`
 	Line  string    `arg:"" placeholder:"NODE/MODULE/DATA" help:"The backup line done."`
 	At    time.Time `help:"When the backup was taken (RFC 3339); now if not given."`
 }
@@ -127,7 +135,7 @@ type JoinCmd struct {
 	Broker string `required:"" placeholder:"URL" help:"The broker to dial (see 'mesh-controller broker show'); a cluster's servers separated by commas. The controller's answer gives every server, which the host dials from then on."`
 	Token  string `required:"" help:"The one-time token from 'mesh-controller token issue'."`
 	Node   string `required:"" help:"The node's name, as recorded by the controller."`
-	State  string `required:"" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700, with its parents, when missing)."`
+	State  string `default:"${state_dir}" type:"path" placeholder:"DIR" help:"Where the host keeps its keys and credentials (made 0700, with its parents, when missing): root's is the service's."`
 }
 
 // Run joins.
@@ -143,7 +151,7 @@ func (c *JoinCmd) Run(env *Env) error {
 
 // RunCmd is mesh-host run.
 type RunCmd struct {
-	State     string        `required:"" type:"path" placeholder:"DIR" help:"The state dir made by join."`
+	State     string        `default:"${state_dir}" type:"path" placeholder:"DIR" help:"The state dir made by join."`
 	Root      string        `required:"" type:"path" placeholder:"DIR" help:"Where declarations are applied: /var/lib/x becomes DIR/var/lib/x."`
 	Heartbeat time.Duration `default:"10s" help:"The interval between heartbeats."`
 	// FilterConfirm is short only in tests: a person's machine keeps the
@@ -192,13 +200,29 @@ func joinedDir(dir string) error {
 	return nil
 }
 
-// VersionCmd is mesh-host version.
-type VersionCmd struct{}
+// InstallCmd is mesh-host install.
+type InstallCmd struct {
+	Bin string `type:"path" placeholder:"PATH" help:"The binary the unit runs (default: this executable, its links followed; /usr/bin/mesh-host when installed from the .deb)."`
+	clirun.ServiceFlags
+}
 
-// Run prints the version.
-func (c *VersionCmd) Run(env *Env) error {
-	fmt.Fprintf(env.Stdout, "mesh-host %s\n", host.Version)
-	return nil
+// Run installs the unit.
+func (c *InstallCmd) Run(env *Env) error {
+	bin, err := clirun.ServiceBin(c.Bin)
+	if err != nil {
+		return err
+	}
+	return service.Install(c.Options(service.Host, bin, env.Stdout, env.Stderr))
+}
+
+// UninstallCmd is mesh-host uninstall.
+type UninstallCmd struct {
+	clirun.ServiceFlags
+}
+
+// Run removes the unit, keeping the state dir.
+func (c *UninstallCmd) Run(env *Env) error {
+	return service.Uninstall(c.Options(service.Host, "", env.Stdout, env.Stderr))
 }
 
 // The main goroutine stays on the process's main thread, which forks every
@@ -220,6 +244,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Options: []kong.Option{
 			kong.Description("The reference host of a mesh: joins with a token, applies signed declarations."),
 			kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+			kong.Vars{"state_dir": host.DefaultStateDir(os.Getenv, os.Geteuid()), "config_file": service.Host.ConfigFile(),
+				"version": clirun.VersionLine("mesh-host", host.Version)},
+			kong.Configuration(clirun.TOML),
 		},
 		Hint: func(err error) string {
 			switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -35,6 +36,13 @@ func TestScripts(t *testing.T) {
 		Cmds: scriptcmds.With(map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"controller": cmdController,
 		}),
+		// [root]: the scenario runs as root (root's defaults).
+		Condition: func(cond string) (bool, error) {
+			if cond != "root" {
+				return false, fmt.Errorf("unknown condition %q", cond)
+			}
+			return os.Geteuid() == 0, nil
+		},
 	})
 }
 

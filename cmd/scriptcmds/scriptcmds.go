@@ -1,7 +1,8 @@
 // Package scriptcmds holds the testscript commands both binaries' scenarios
 // use: exits (a command must fail with exactly this status), perm (a
-// file's permission bits), absent (a text no file holds) and grab (a value
-// from the last output, for the next command).
+// file's permission bits), absent (a text no file holds), grab (a value
+// from the last output, for the next command) and sdnotify (systemd's side
+// of sd_notify).
 package scriptcmds
 
 import (
@@ -20,10 +21,11 @@ import (
 
 // Cmds are the commands, by name, for testscript.Params.Cmds.
 var Cmds = map[string]func(ts *testscript.TestScript, neg bool, args []string){
-	"exits":  Exits,
-	"perm":   Perm,
-	"absent": Absent,
-	"grab":   Grab,
+	"exits":    Exits,
+	"perm":     Perm,
+	"absent":   Absent,
+	"grab":     Grab,
+	"sdnotify": SDNotify,
 }
 
 // Grab sets a variable to the first group of a regular expression matched
