@@ -2,7 +2,9 @@ package host
 
 // cgroup v2 for modules, where the host may make cgroups: each module in
 // <host's cgroup>/mesh-modules/<module>, its memory.max from MemoryMB, and
-// ended by cgroup.kill. Where it cannot, modules are still ended by process
+// ended by cgroup.kill. Under systemd, the unit's Delegate=yes makes its
+// cgroup the host's: the host moves itself into <unit's cgroup>/mesh-host
+// so that mesh-modules, beside it, can be given the memory controller. Where it cannot, modules are still ended by process
 // group and parent-death signal; only memory_mb goes unenforced, and a
 // grandchild outliving a SIGKILLed host waits for the next Sweep.
 
@@ -31,12 +33,25 @@ type cgroups struct {
 	memory bool   // the memory controller is enabled beneath base
 }
 
-// findCgroupBase makes the directory beneath the host's own cgroup that
-// holds the modules' cgroups. fsRoot is the cgroup v2 mount; selfCgroup is
-// the content of /proc/self/cgroup.
-func findCgroupBase(fsRoot string, selfCgroup []byte) (string, error) {
+// hostLeaf is the cgroup the host moves itself into, beside mesh-modules,
+// when it is alone in its own cgroup: a unit with Delegate=yes, whose
+// cgroup is the host's to arrange. cgroup v2 gives a cgroup's children a
+// controller only while no process lives in it ("no internal processes"):
+// with the host in its unit's cgroup, memory.max could not be given to
+// its modules' cgroups.
+const hostLeaf = "mesh-host"
+
+// setupCgroups arranges, beneath the cgroup that holds the host, the
+// cgroups of its modules: <that cgroup>/mesh-modules, with controller
+// (memory) enabled for the modules' cgroups where the kernel lets it.
+// fsRoot is the cgroup v2 mount; selfCgroup is the content of
+// /proc/self/cgroup; pid is the host's. Where the host is alone in its
+// cgroup it moves itself into <its cgroup>/mesh-host first, and says so;
+// a host found there already (re-executed after its upgrade, the same
+// pid) arranges the same cgroups beneath its parent.
+func setupCgroups(fsRoot string, selfCgroup []byte, pid int, controller string) (*cgroups, []string, error) {
 	if _, err := os.Stat(filepath.Join(fsRoot, "cgroup.controllers")); err != nil {
-		return "", errNoCgroupV2
+		return nil, nil, errNoCgroupV2
 	}
 	var own string
 	for _, line := range strings.Split(string(selfCgroup), "\n") {
@@ -45,20 +60,42 @@ func findCgroupBase(fsRoot string, selfCgroup []byte) (string, error) {
 		}
 	}
 	if !strings.HasPrefix(own, "/") {
-		return "", fmt.Errorf("%w: no unified entry in /proc/self/cgroup", errNoCgroupV2)
+		return nil, nil, fmt.Errorf("%w: no unified entry in /proc/self/cgroup", errNoCgroupV2)
 	}
-	base := filepath.Join(fsRoot, filepath.Clean(own), "mesh-modules")
+	var notes []string
+	ownDir := filepath.Join(fsRoot, filepath.Clean(own))
+	unit := ownDir
+	if filepath.Base(ownDir) == hostLeaf && ownDir != fsRoot {
+		unit = filepath.Dir(ownDir)
+	} else if procs := cgroupProcs(ownDir); len(procs) == 1 && procs[0] == pid {
+		leaf := filepath.Join(ownDir, hostLeaf)
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			notes = append(notes, fmt.Sprintf("the host stays in its cgroup: make %s: %v", leaf, err))
+		} else if err := writeCgroupFile(leaf, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+			notes = append(notes, fmt.Sprintf("the host stays in its cgroup: move into %s: %v", leaf, err))
+		} else {
+			notes = append(notes, fmt.Sprintf("the host moved itself into %s, beside its modules' cgroups, so that they can be given %s", leaf, controller))
+		}
+	}
+	base := filepath.Join(unit, "mesh-modules")
 	if err := os.Mkdir(base, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("make %s: %w", base, err)
+		return nil, notes, fmt.Errorf("make %s: %w", base, err)
 	}
-	return base, nil
+	// The host's own cgroup refuses while a process lives in it (cgroup v2
+	// has no controllers where processes live): then mesh-modules cannot
+	// offer the controller either, and memory_mb goes unenforced.
+	writeCgroupFile(unit, "cgroup.subtree_control", "+"+controller)
+	return &cgroups{base: base, memory: writeCgroupFile(base, "cgroup.subtree_control", "+"+controller) == nil}, notes, nil
 }
 
 // cgroupsHere finds out once whether modules can have cgroups; nil means not.
 func (s *Supervisor) cgroupsHere() *cgroups {
 	s.cgOnce.Do(func() {
 		self, _ := os.ReadFile("/proc/self/cgroup")
-		base, err := findCgroupBase(cgroupRoot, self)
+		cg, notes, err := setupCgroups(cgroupRoot, self, os.Getpid(), "memory")
+		for _, n := range notes {
+			s.logf("%s", n)
+		}
 		if errors.Is(err, errNoCgroupV2) {
 			s.logf("no cgroup v2 here: memory_mb not enforced; modules are ended by process group and parent-death signal")
 			return
@@ -67,13 +104,8 @@ func (s *Supervisor) cgroupsHere() *cgroups {
 			s.logf("no cgroup for modules (%v): memory_mb not enforced; modules are ended by process group and parent-death signal", err)
 			return
 		}
-		// The host's own cgroup may refuse (it holds the host: cgroup v2
-		// has no controllers where processes live); then mesh-modules
-		// cannot offer memory either, and memory_mb goes unenforced.
-		writeCgroupFile(filepath.Dir(base), "cgroup.subtree_control", "+memory")
-		cg := &cgroups{base: base, memory: writeCgroupFile(base, "cgroup.subtree_control", "+memory") == nil}
 		if !cg.memory {
-			s.logf("cgroup v2 without the memory controller for modules: memory_mb not enforced")
+			s.logf("cgroup v2 without the memory controller for modules: memory_mb not enforced (under systemd, the host's unit needs Delegate=yes)")
 		}
 		s.mu.Lock()
 		s.cg = cg

@@ -220,6 +220,30 @@ func TestSupervisorHelperProcess(t *testing.T) {
 		for {
 			time.Sleep(time.Hour)
 		}
+	case "cgroup":
+		// A host alone in its cgroup (a unit with Delegate=yes): arranges
+		// the modules' cgroups twice (the second as after re-executing
+		// itself), and says where each time and where it lives then.
+		fs := os.Getenv("MESH_CGROUP_FS")
+		for range 2 {
+			self, _ := os.ReadFile("/proc/self/cgroup")
+			cg, notes, err := setupCgroups(fs, self, os.Getpid(), "memory")
+			if err != nil {
+				fmt.Println("error:", err)
+				os.Exit(1)
+			}
+			fmt.Printf("base %s\n", strings.TrimPrefix(cg.base, fs))
+			for _, n := range notes {
+				fmt.Printf("note %s\n", n)
+			}
+		}
+		self, _ := os.ReadFile("/proc/self/cgroup")
+		for _, line := range strings.Split(string(self), "\n") {
+			if p, ok := strings.CutPrefix(line, "0::"); ok {
+				fmt.Printf("in %s\n", p)
+			}
+		}
+		os.Exit(0)
 	case "supervise":
 		// A host: supervises one module, says its pid, and waits to be killed.
 		dir := os.Getenv("MESH_SUPERVISE_DIR")
@@ -1041,19 +1065,22 @@ func TestSweep_SparesUnrelated(t *testing.T) {
 func TestSupervisor_NoCgroupV2(t *testing.T) {
 	t.Parallel()
 	fake := t.TempDir()
-	if _, err := findCgroupBase(fake, []byte("0::/a/b\n")); !errors.Is(err, errNoCgroupV2) {
+	if _, _, err := setupCgroups(fake, []byte("0::/a/b\n"), 1, "memory"); !errors.Is(err, errNoCgroupV2) {
 		t.Fatalf("without cgroup.controllers: %v", err)
 	}
 	os.WriteFile(filepath.Join(fake, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644)
 	os.MkdirAll(filepath.Join(fake, "a", "b"), 0o755)
-	if _, err := findCgroupBase(fake, []byte("4:memory:/x\n")); !errors.Is(err, errNoCgroupV2) {
+	if _, _, err := setupCgroups(fake, []byte("4:memory:/x\n"), 1, "memory"); !errors.Is(err, errNoCgroupV2) {
 		t.Fatalf("without a unified entry: %v", err)
 	}
-	base, err := findCgroupBase(fake, []byte("1:name=systemd:/\n0::/a/b\n"))
-	if want := filepath.Join(fake, "a", "b", "mesh-modules"); err != nil || base != want {
-		t.Fatalf("base %q, %v; want %q", base, err, want)
+	cg, _, err := setupCgroups(fake, []byte("1:name=systemd:/\n0::/a/b\n"), 1, "memory")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
+	if base, want := cg.base, filepath.Join(fake, "a", "b", "mesh-modules"); base != want {
+		t.Fatalf("base %q; want %q", base, want)
+	}
+	if fi, err := os.Stat(cg.base); err != nil || !fi.IsDir() {
 		t.Fatalf("base not made: %v", err)
 	}
 	if !isModuleCgroup("/sys/fs/cgroup/x/mesh-modules/m") || isModuleCgroup("/sys/fs/cgroup/x") || isModuleCgroup("/etc/mesh-modules/m") {

@@ -209,10 +209,10 @@ type BrokerShowCmd struct {
 	JSON bool `name:"json" help:"Print one JSON object."`
 	// Config and the flags after it print a cluster server's configuration.
 	Config        bool   `help:"Print the nats-server configuration of one server of a broker cluster (serve --broker with every server's URL): the controller keeps its resolver's account JWTs current."`
-	Name          string `placeholder:"NAME" help:"With --config: the server's name, unique in the cluster."`
+	Name          string `placeholder:"NAME" help:"With --config: the server's name, unique in the cluster (default: the placeholder NAME-OF-THIS-SERVER, to fill in)."`
 	Listen        string `placeholder:"ADDR" help:"With --config: where its clients dial (default 0.0.0.0:4222)."`
 	ClusterListen string `placeholder:"ADDR" help:"With --config: where the other servers route to (default 0.0.0.0:6222)."`
-	Routes        string `placeholder:"URLS" help:"With --config: every server's route URL, separated by commas (nats-route://host:6222,…)."`
+	Routes        string `placeholder:"URLS" help:"With --config: every server's route URL, separated by commas (nats-route://host:6222,…; default: placeholders SERVER-A, SERVER-B, SERVER-C, to fill in)."`
 	Dir           string `placeholder:"DIR" help:"With --config: where the server keeps the account JWTs and JetStream's files (default /var/lib/nats)."`
 }
 
