@@ -268,7 +268,9 @@ func Listen(ctx context.Context, l net.Listener, reg *prometheus.Registry, ready
 		<-ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+	// Closed by ctx, or its listener closed by its owner (serve closes
+	// it as it returns): a clean end either way.
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
 	return nil
