@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/coreos/go-oidc/v3/oidc"
 
+	"mesh-controller/app/probe"
 	"mesh-controller/contexts/inventory"
 )
 
@@ -141,17 +143,32 @@ type API struct {
 	Nodes   *Nodes
 	Modules *Modules
 	Seats   *Seats
+	// stores are the process's, asked by /readyz.
+	stores *Stores
 }
 
 // NewAPI is the API's services on the process's stores.
 func NewAPI(c *Controller, all *Stores) API {
-	return API{Health: NewHealth(c, all), Nodes: NewNodes(c, all), Modules: NewModules(c, all), Seats: NewSeats(c, all)}
+	return API{Health: NewHealth(c, all), Nodes: NewNodes(c, all), Modules: NewModules(c, all), Seats: NewSeats(c, all), stores: all}
 }
 
-// APIHandler serves the API, each token checked by v.
-func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
+// APIHandler serves the API, each token checked by v, and /healthz and
+// /readyz (ready while every store answers) to anyone. Every request is
+// logged to log (nil: nowhere) once answered: its method, path, status,
+// duration and who asked (the caller as hand acts keep it, once its token
+// is verified), never a token or a header; the probes at debug only.
+func (api API) APIHandler(v TokenVerifier, a APIAccess, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	s := &apiServer{api: api, v: v, a: a}
 	mux := http.NewServeMux()
+	probe.Handle(mux, func(ctx context.Context) error {
+		if api.stores == nil {
+			return errors.New("no stores")
+		}
+		return api.stores.answer(ctx, log)
+	})
 	handlers := map[string]func(http.ResponseWriter, *http.Request, string){
 		"POST /v1/assign":   s.assign,
 		"POST /v1/unassign": s.unassign,
@@ -214,8 +231,67 @@ func (api API) APIHandler(v TokenVerifier, a APIAccess) http.Handler {
 		}
 		apiError(w, http.StatusNotFound, "no such route: "+r.Method+" "+r.URL.Path+"; see /v1/openapi.json")
 	})
-	return mux
+	return logRequests(mux, log)
 }
+
+// apiCaller is who made a request, as the request log says it: set once
+// the token is verified, empty before.
+type apiCaller struct{ who string }
+
+type apiCallerKey struct{}
+
+// logRequests logs each request h answered: what was asked (method and
+// path, never the query, a header or the body), the status, how long it
+// took, and who asked. Probes, asked every few seconds, are logged at
+// debug only.
+func logRequests(h http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		caller := &apiCaller{}
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), apiCallerKey{}, caller)))
+		level := slog.LevelInfo
+		if probe.Is(r.URL.Path) {
+			level = slog.LevelDebug
+		}
+		if !log.Enabled(r.Context(), level) {
+			return
+		}
+		status := sw.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", apiClaim(r.URL.Path)), slog.Int("status", status),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000)}
+		if caller.who != "" {
+			attrs = append(attrs, slog.String("who", caller.who))
+		}
+		log.LogAttrs(r.Context(), level, "request", attrs...)
+	})
+}
+
+// statusWriter keeps the status a handler answered with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 type apiServer struct {
 	api API
@@ -244,6 +320,10 @@ func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, 
 			apiError(w, http.StatusUnauthorized, "token refused: "+apiOneLine(err.Error()))
 			return
 		}
+		who := apiActor(tok.Subject, claims)
+		if c, ok := r.Context().Value(apiCallerKey{}).(*apiCaller); ok {
+			c.who = who
+		}
 		groups := claimStrings(claims[s.a.GroupsClaim])
 		have := apiLevel(0)
 		for _, g := range groups {
@@ -262,7 +342,7 @@ func (s *apiServer) need(l apiLevel, h func(http.ResponseWriter, *http.Request, 
 			apiError(w, http.StatusForbidden, fmt.Sprintf("%s may not do this: the token's claim %s holds no %s", tok.Subject, s.a.GroupsClaim, want))
 			return
 		}
-		h(w, r, apiActor(tok.Subject, claims))
+		h(w, r, who)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"mesh-controller/app/daemon"
+	"mesh-controller/app/metrics"
 	"mesh-controller/contexts/identity"
 	"mesh-controller/embedded/sqlite"
 )
@@ -26,7 +27,7 @@ import (
 // migrateBehind migrates the stores this process found behind its schema
 // (Stores.behind) once no controller serves them, and makes this server
 // anew on them; nil when none was behind.
-func (c *Server) migrateBehind(ctx context.Context, o ServeOptions, log *slog.Logger) ([]Migrated, error) {
+func (c *Server) migrateBehind(ctx context.Context, o ServeOptions, m *metrics.Metrics, log *slog.Logger) ([]Migrated, error) {
 	st := c.all
 	if len(st.behind) == 0 {
 		return nil, nil
@@ -46,7 +47,7 @@ func (c *Server) migrateBehind(ctx context.Context, o ServeOptions, log *slog.Lo
 			if l != nil && l.ExpiresAt.After(c.Now()) {
 				return nil, &identity.LeaseHeldError{Lease: *l}
 			}
-		} else if err := daemon.StandBy(ctx, ids, c.Now, daemon.Options{LeaseTTL: o.LeaseTTL, Version: o.Version, Log: log, Standing: o.Standing}); err != nil {
+		} else if err := daemon.StandBy(ctx, ids, c.Now, daemon.Options{LeaseTTL: o.LeaseTTL, Version: o.Version, Log: log, Standing: o.Standing, Metrics: m}); err != nil {
 			return nil, err
 		}
 		done, err := c.migrateStores(ctx, st, ids)

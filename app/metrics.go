@@ -2,37 +2,81 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 
 	"mesh-controller/app/metrics"
+	"mesh-controller/app/protocol"
 )
 
-// serveMetrics answers /metrics on l until ctx ends: the daemon moves the
-// counters and histograms as things happen, the stores are asked for the
-// gauges when scraped (a few rows each, whatever the mesh's size), and
-// every store's writes are timed.
-func (c uses) serveMetrics(ctx context.Context, st *Stores, l net.Listener, log *slog.Logger) *metrics.Metrics {
-	m := metrics.New()
-	m.Read("mesh_nodes", "Nodes by state: joined (every node whose host joined), silent and behind (open node.silent and node.behind conditions).", []string{"state"},
+// startMetrics answers /metrics, /healthz and /readyz on l until ctx ends,
+// from before the lease is taken: a controller standing by is watched too,
+// and its /readyz says why it does not serve. The stores' gauges come once
+// they are open (readStores); until then /readyz says the controller is
+// starting.
+func startMetrics(ctx context.Context, l net.Listener, version string, log *slog.Logger) (*metrics.Metrics, *atomic.Pointer[Stores]) {
+	m := metrics.New(metrics.Build{Version: version, Protocol: protocol.Version})
+	var stores atomic.Pointer[Stores]
+	ready := func(ctx context.Context) error {
+		if serving, why := m.Serves(); !serving {
+			return errors.New(why)
+		}
+		st := stores.Load()
+		if st == nil {
+			return errors.New("starting: the stores are not open yet")
+		}
+		return st.answer(ctx, log)
+	}
+	go func() {
+		if err := m.Serve(ctx, l, ready); err != nil {
+			log.Error("metrics", "err", err)
+		}
+	}()
+	return m, &stores
+}
+
+// answer says whether every store answers now: nil, or which does not, in
+// words /readyz says to anyone; the error itself is logged (it may name a
+// file or a database server).
+func (st *Stores) answer(ctx context.Context, log *slog.Logger) error {
+	for _, name := range Contexts {
+		err := st.Failed(name)
+		if err == nil {
+			_, err = st.DB(name).Version(ctx, migrationsOf()[name])
+		}
+		if err != nil {
+			log.Warn("readiness: a store does not answer", "store", name, "err", err)
+			return fmt.Errorf("the %s store does not answer", name)
+		}
+	}
+	return nil
+}
+
+// readStores adds the gauges read from the stores when scraped (a few rows
+// each, whatever the mesh's size), and times every store's writes.
+func readStores(m *metrics.Metrics, st *Stores) {
+	m.Read("mesh_nodes", "Nodes by state, each node in one: not_joined (added, its host not joined yet), silent (open node.silent), behind (open node.behind, not silent), current (joined, neither).", []string{"state"},
 		func(ctx context.Context) ([]metrics.Reading, error) {
-			joined, err := st.Inventory.CountJoined(ctx)
+			all, joined, err := st.Inventory.CountNodes(ctx)
 			if err != nil {
 				return nil, err
 			}
-			open, err := st.Health.CountOpen(ctx)
+			silent, behind, err := st.Health.CountSilentBehind(ctx)
 			if err != nil {
 				return nil, err
 			}
-			n := map[string]int{}
-			for _, o := range open {
-				n[o.Kind] += o.N
-			}
+			// A condition outlives its node by a self-check at most: never
+			// more silent and behind nodes than joined ones.
+			silent = min(silent, joined)
+			behind = min(behind, joined-silent)
 			return []metrics.Reading{
-				{Labels: []string{"joined"}, Value: float64(joined)},
-				{Labels: []string{"silent"}, Value: float64(n["node.silent"])},
-				{Labels: []string{"behind"}, Value: float64(n["node.behind"])},
+				{Labels: []string{"not_joined"}, Value: float64(all - joined)},
+				{Labels: []string{"silent"}, Value: float64(silent)},
+				{Labels: []string{"behind"}, Value: float64(behind)},
+				{Labels: []string{"current"}, Value: float64(joined - silent - behind)},
 			}, nil
 		})
 	m.Read("mesh_conditions_open", "Open conditions by kind and severity.", []string{"kind", "severity"},
@@ -59,12 +103,6 @@ func (c uses) serveMetrics(ctx context.Context, st *Stores, l net.Listener, log 
 	for _, name := range fencedContexts {
 		st.DB(name).Observe = m.StoreWrite(name)
 	}
-	go func() {
-		if err := m.Serve(ctx, l); err != nil {
-			log.Error("metrics", "err", err)
-		}
-	}()
-	return m
 }
 
 // observeDeclare tells the metrics how long a declare's parts took.

@@ -21,7 +21,7 @@ import (
 //
 //	go test -run '^$' -bench MetricsScrape10000 ./app/
 func BenchmarkMetricsScrape10000(b *testing.B) {
-	c, st := migrated(b)
+	_, st := migrated(b)
 	ctx := context.Background()
 	now := time.Now()
 	names := make([]string, 10000)
@@ -48,11 +48,12 @@ func BenchmarkMetricsScrape10000(b *testing.B) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.serveMetrics(sctx, st, l, slog.New(slog.DiscardHandler))
+	m, _ := startMetrics(sctx, l, "", slog.New(slog.DiscardHandler))
+	readStores(m, st)
 	url := "http://" + l.Addr().String() + "/metrics"
 	s := scrapeOf(b, url)
-	if s.value("mesh_nodes", "state=joined") != 10000 || s.value("mesh_nodes", "state=silent") != 1000 {
-		b.Fatalf("joined %v, silent %v", s.value("mesh_nodes", "state=joined"), s.value("mesh_nodes", "state=silent"))
+	if s.value("mesh_nodes", "state=current") != 9000 || s.value("mesh_nodes", "state=silent") != 1000 {
+		b.Fatalf("current %v, silent %v", s.value("mesh_nodes", "state=current"), s.value("mesh_nodes", "state=silent"))
 	}
 	for b.Loop() {
 		resp, err := http.Get(url)

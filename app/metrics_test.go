@@ -1,9 +1,16 @@
 package app
 
 import (
+	"context"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"mesh-controller/contexts/health"
+	"mesh-controller/contexts/inventory"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -61,4 +68,40 @@ next:
 		}
 	}
 	return -1
+}
+
+// Each node is counted in one state of mesh_nodes: a node both silent and
+// behind is silent only, a joined node neither is current, and the states
+// add up to the mesh.
+func TestMetrics_NodesEachInOneState(t *testing.T) {
+	_, st := migrated(t)
+	ctx := context.Background()
+	now := time.Now()
+	if err := st.Inventory.AddNodes(ctx, []string{"added", "quiet", "late", "fine", "gone"}, inventory.Converged, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB("inventory").Writer.ExecContext(ctx, `UPDATE nodes SET joined_at = created_at WHERE name <> 'added'`); err != nil {
+		t.Fatal(err)
+	}
+	var found []health.Condition
+	for _, c := range [][2]string{{"node.silent", "quiet"}, {"node.behind", "quiet"}, {"node.behind", "late"}} {
+		found = append(found, health.Condition{Key: c[0] + "/" + c[1], Kind: c[0], Scope: "machine", Machine: c[1], Severity: health.Warning, Summary: c[1]})
+	}
+	if _, err := st.Health.Reconcile(ctx, found, map[string]bool{"node.silent": true, "node.behind": true}, now); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	m, _ := startMetrics(sctx, l, "", slog.New(slog.DiscardHandler))
+	readStores(m, st)
+	s := scrapeOf(t, "http://"+l.Addr().String()+"/metrics")
+	for state, want := range map[string]float64{"not_joined": 1, "silent": 1, "behind": 1, "current": 2} {
+		if got := s.value("mesh_nodes", "state="+state); got != want {
+			t.Errorf("mesh_nodes{state=%q} is %v, want %v", state, got, want)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"filippo.io/age"
@@ -22,6 +23,7 @@ import (
 	"mesh-controller/app/alerthook"
 	"mesh-controller/app/archive"
 	"mesh-controller/app/daemon"
+	"mesh-controller/app/logger"
 	"mesh-controller/app/metrics"
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/health"
@@ -47,10 +49,12 @@ type ServeOptions struct {
 	// Migrated is called when serve migrated stores it found behind its
 	// schema (an upgrade in place), before it takes the lease.
 	Migrated func([]Migrated)
-	// Log receives the daemon's log (log/slog records), as LogFormat says:
-	// "text" (the default) or "json".
+	// Log receives the daemon's log (log/slog records), as LogFormat says
+	// ("text", the default, or "json"), from LogLevel up ("debug", "info"
+	// (the default), "warn", "error").
 	Log       io.Writer
 	LogFormat string
+	LogLevel  string
 	// Version is the binary's, said in the log's start line.
 	Version string
 	// LeaseTTL, FlushEvery, CatchUpEvery, CheckEvery: zero means the
@@ -74,8 +78,8 @@ type ServeOptions struct {
 	BackupEvery time.Duration
 	BackupDir   string
 	BackupKeep  int
-	// Metrics, if set, is where /metrics is answered (serve --metrics);
-	// Serve closes it when it returns.
+	// Metrics, if set, is where /metrics, /healthz and /readyz are
+	// answered (serve --metrics); Serve closes it when it returns.
 	Metrics net.Listener
 	// AlertWebhook, if set, is a URL each raising and clearing is posted to
 	// (alerthook), bounded by AlertHook (zero: its defaults).
@@ -109,14 +113,21 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	log, err := daemon.NewLogger(o.Log, o.LogFormat)
+	log, err := logger.New(o.Log, o.LogFormat, o.LogLevel)
 	if err != nil {
 		return err
 	}
 	if o.Version == "" {
 		o.Version = c.Version
 	}
-	if done, err := c.migrateBehind(ctx, o, log); err != nil {
+	// The metrics listener answers from the start; the stores are read
+	// once they are open (after any migration, below).
+	var m *metrics.Metrics
+	var stores *atomic.Pointer[Stores]
+	if o.Metrics != nil {
+		m, stores = startMetrics(ctx, o.Metrics, o.Version, log)
+	}
+	if done, err := c.migrateBehind(ctx, o, m, log); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while standing by to migrate: a clean stop
 		}
@@ -132,9 +143,9 @@ func (c *Server) Serve(ctx context.Context, o ServeOptions) error {
 	if o.HostCredentials > 0 {
 		sv.hostTTL = o.HostCredentials
 	}
-	var m *metrics.Metrics
-	if o.Metrics != nil {
-		m = c.serveMetrics(ctx, st, o.Metrics, log)
+	if m != nil {
+		readStores(m, st)
+		stores.Store(st)
 		c.metrics = m
 		defer func() {
 			c.metrics = nil

@@ -510,14 +510,17 @@ func Run(ctx context.Context, st Stores, u UseCases, o Options) (err error) {
 		}
 		err := serve(ctx, st, u, o, holder, lg)
 		if o.Broker == "" || ctx.Err() != nil {
+			o.Metrics.NotServing("stopping")
 			return err
 		}
 		switch {
 		case errors.Is(err, identity.ErrLeaseHeld):
 			// Taken by another in the moment since the lease was read.
 		case errors.Is(err, identity.ErrLeaseLost):
+			o.Metrics.NotServing("deposed: another controller took the lease; standing by")
 			lg.log.Warn("deposed: this controller stopped writing and stands by", "err", err)
 		default:
+			o.Metrics.NotServing("stopped: " + err.Error())
 			return err
 		}
 	}
@@ -601,6 +604,14 @@ func standBy(ctx context.Context, ids *identity.Store, now func() time.Time, o O
 			free := l == nil || !l.ExpiresAt.After(t)
 			if free && newer() == "" {
 				return nil
+			}
+			// Said before the Standing line, so that /readyz says so by then.
+			switch {
+			case aside != "":
+				o.Metrics.NotServing("standing aside: " + aside)
+			case !free:
+				o.Metrics.NotServing(fmt.Sprintf("standing by: another controller serves (lease generation %d) until %s; this one takes over when that lease lapses",
+					l.Generation, l.ExpiresAt.UTC().Format(time.RFC3339)))
 			}
 			if l != nil && l.Holder != waited.Holder && !free {
 				waited = *l
@@ -719,6 +730,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	}
 	d.catchUp(ctx, true, "")
 	d.logServing(lease.Generation)
+	o.Metrics.Serving()
 	if o.Ready != nil {
 		o.Ready(Ready{BrokerURL: d.url, DataDir: o.DataDir})
 	}
@@ -1077,6 +1089,9 @@ func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 func (d *daemon) absorb(ctx context.Context, ev event) bool {
 	switch ev.kind {
 	case evBeat:
+		if d.log.Enabled(ctx, slog.LevelDebug) {
+			d.log.Debug("heartbeat absorbed", "node", ev.node, "serial_applied", ev.beat.SerialApplied, "modules", len(ev.beat.Modules), "applying", ev.beat.Applying != nil)
+		}
 		d.beats[ev.node] = inventory.Beat{Node: ev.node, HeardAt: ev.at, IntervalS: ev.beat.IntervalS, SerialApplied: ev.beat.SerialApplied, UptimeS: ev.beat.UptimeS,
 			Applying: applying(ev.beat.Applying), HostVersion: hostVersion(ev.beat.HostVersion)}
 		if last, ok := d.lastBeat[ev.node]; ok {

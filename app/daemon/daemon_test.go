@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -67,7 +68,7 @@ func TestBrakeWhy(t *testing.T) {
 // its period, always due, once starved heartbeats one event a turn, until
 // nodes that beat looked silent (CI failed so under the race detector).
 func TestAbsorbWaiting_TakesWhatWaitsUpToABound(t *testing.T) {
-	d := &daemon{events: make(chan *event, absorbBatch+10), beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{},
+	d := &daemon{logger: &logger{log: slog.New(slog.DiscardHandler)}, events: make(chan *event, absorbBatch+10), beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{},
 		intervals: map[health.HourKey]health.Histogram{}, peers: map[string]map[string]*peerState{}, moduleStates: map[string]string{},
 		modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{}, readyFor: map[string]int64{}, drops: map[[2]string]int64{},
 		statesAt: map[string]time.Time{}}
@@ -106,7 +107,7 @@ func TestAbsorbWaiting_TakesWhatWaitsUpToABound(t *testing.T) {
 // load); a report read after the beat, or from a host that does not say
 // when, is taken.
 func TestAbsorbModules_ReportOlderThanTheLastBeatIsDropped(t *testing.T) {
-	d := &daemon{beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{},
+	d := &daemon{logger: &logger{log: slog.New(slog.DiscardHandler)}, beats: map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{},
 		moduleStates: map[string]string{}, modulesDue: map[string][]health.ModuleState{}, lastState: map[string]string{},
 		readyFor: map[string]int64{}, statesAt: map[string]time.Time{}}
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)

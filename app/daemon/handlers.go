@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -526,6 +527,9 @@ func (d *daemon) onDeclarationAsk(m *nats.Msg) {
 	}
 	d.respondTo(m, node, EnvelopeOf(*decl))
 	d.o.Metrics.Declared(1)
+	if d.log.Enabled(d.bg, slog.LevelDebug) {
+		d.log.Debug("asked: latest declaration sent", "node", node, "serial", decl.Serial)
+	}
 }
 
 // joinWorker admits hosts off the heartbeat path, in batches of what is

@@ -1,35 +1,11 @@
 package daemon
 
 import (
-	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
 	"os"
 	"strings"
 )
-
-// LogFormats are the formats NewLogger writes (serve --log-format).
-var LogFormats = []string{"text", "json"}
-
-// NewLogger is the daemon's log on w: log/slog records as key=value text
-// (slog's TextHandler, whose quoting keeps a hostile value on its own line)
-// or as one JSON object a line. Times are UTC.
-func NewLogger(w io.Writer, format string) (*slog.Logger, error) {
-	o := &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if a.Key == slog.TimeKey && len(groups) == 0 {
-			a.Value = slog.TimeValue(a.Value.Time().UTC())
-		}
-		return a
-	}}
-	switch format {
-	case "text", "":
-		return slog.New(slog.NewTextHandler(w, o)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, o)), nil
-	}
-	return nil, fmt.Errorf("log format %q is not one of %s", format, strings.Join(LogFormats, ", "))
-}
 
 // StoreShown is a store as the start line says it: its context and where
 // it is, a file's path or a PostgreSQL URL without its password.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
@@ -126,11 +127,17 @@ const apiTestAudience = "mesh-controller"
 // verifying tokens of is; it returns the base URL.
 func apiOn(t testing.TB, c *apptest.Mesh, is *testIssuer, tweak func(*http.Server)) string {
 	t.Helper()
+	return apiLogging(t, c, is, tweak, nil)
+}
+
+// apiLogging is apiOn logging each request to log.
+func apiLogging(t testing.TB, c *apptest.Mesh, is *testIssuer, tweak func(*http.Server), log *slog.Logger) string {
+	t.Helper()
 	v, err := app.NewTokenVerifier(context.Background(), is.m.Issuer(), apiTestAudience, app.TokenVerifierOptions{RefetchEvery: is.refetch})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := app.APIServer(c.API.APIHandler(v, app.APIAccess{GroupsClaim: "groups", AdminGroup: "mesh-admin", ReadGroup: "mesh-read"}))
+	srv := app.APIServer(c.API.APIHandler(v, app.APIAccess{GroupsClaim: "groups", AdminGroup: "mesh-admin", ReadGroup: "mesh-read"}, log))
 	if tweak != nil {
 		tweak(srv)
 	}

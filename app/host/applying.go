@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -118,6 +119,9 @@ func (w *applyWork) applying() *protocol.Applying {
 // offer hands a delivery to the worker, saying which ones it let go.
 func (r *Runner) offer(dl delivery) {
 	serial, superseded, letGo := r.applies.offer(r.State, dl)
+	if r.logger().Enabled(r.ctx, slog.LevelDebug) {
+		r.logger().Debug("declaration received", "serial", serial, "asked", dl.asked, "verified", serial > 0)
+	}
 	for _, old := range superseded {
 		r.logf("declaration %d superseded by %d before it was applied", old.serial, serial)
 	}
@@ -261,13 +265,22 @@ func (r *Runner) commit(nc *nats.Conn, filter *protocol.DeclaredFilter, next app
 // after a good apply the data sets it leaves.
 func (r *Runner) report(nc *nats.Conn, report protocol.AppliedBody) {
 	report.Modules, report.StatesAt = r.states(), time.Now().UTC()
+	r.metrics.applied(report)
+	r.mu.Lock()
+	switch {
+	case report.OK:
+		r.failed = 0
+	case report.Serial > r.last.Serial:
+		r.failed = report.Serial
+	}
+	r.mu.Unlock()
 	if report.OK {
-		r.logf("applied declaration %d in %.1f ms", report.Serial, report.TotalMS)
+		r.logger().Info("applied declaration", "serial", report.Serial, "duration_ms", report.TotalMS, "modules", len(report.Modules))
 		for _, w := range report.Waiting {
 			r.logf("not started: %s", w)
 		}
 	} else {
-		r.logf("did not apply: %s", report.Error)
+		r.logger().Warn("did not apply: "+report.Error, "serial", report.Serial)
 	}
 	b, err := protocol.Sign(r.State.HostKey, report)
 	if err != nil {
@@ -275,9 +288,9 @@ func (r *Runner) report(nc *nats.Conn, report protocol.AppliedBody) {
 	}
 	var reply protocol.OKReply
 	if m, err := nc.Request(protocol.NodeSubject(r.State.Node, protocol.Applied), b, protocol.AnswerTimeout); err != nil {
-		r.logf("report the outcome: %v", err)
+		r.warnf("report the outcome: %v", err)
 	} else if json.Unmarshal(m.Data, &reply) == nil && reply.Error != "" {
-		r.logf("report the outcome: not recorded: %s", reply.Error)
+		r.warnf("report the outcome: not recorded: %s", reply.Error)
 	}
 	if report.OK {
 		r.mu.Lock()

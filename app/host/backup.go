@@ -188,7 +188,7 @@ func (r *Runner) taken(m *nats.Msg, taken bool, why string) {
 		err = m.Respond(b)
 	}
 	if err != nil {
-		r.logf("answer an ask: %v", err)
+		r.warnf("answer an ask: %v", err)
 	}
 }
 
@@ -277,10 +277,11 @@ func (r *Runner) work(nc *nats.Conn, out *protocol.BackupOutcome, busy []string,
 	r.bk.free(busy...)
 	out.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	out.At = time.Now().UTC()
+	r.metrics.backedUp(out.Kind, out.OK)
 	if out.OK {
 		r.logf("%s %s of %s/%s: snapshot %s, %d files, %d bytes in %.0f ms", out.Kind, out.ID, out.Module, out.Data, out.Snapshot, out.Files, out.Bytes, out.DurationMS)
 	} else {
-		r.logf("%s %s of %s/%s failed: %s", out.Kind, out.ID, out.Module, out.Data, out.Why)
+		r.warnf("%s %s of %s/%s failed: %s", out.Kind, out.ID, out.Module, out.Data, out.Why)
 	}
 	r.reportOutcome(nc, *out)
 }
@@ -307,13 +308,13 @@ func (r *Runner) reportOutcome(nc *nats.Conn, out protocol.BackupOutcome) {
 			}
 			if reply.Error != "" {
 				// Heard and refused: sending it again would change nothing.
-				r.logf("the controller refused the outcome of %s %s: %s", out.Kind, out.ID, reply.Error)
+				r.warnf("the controller refused the outcome of %s %s: %s", out.Kind, out.ID, reply.Error)
 				return
 			}
 			err = errors.New("the answer is not OK")
 		}
 		if time.Now().After(deadline) || r.ctx.Err() != nil {
-			r.logf("the outcome of %s %s could not be reported: %v", out.Kind, out.ID, err)
+			r.warnf("the outcome of %s %s could not be reported: %v", out.Kind, out.ID, err)
 			return
 		}
 		select {
@@ -385,7 +386,7 @@ func (r *Runner) backup(ctx context.Context, b protocol.DeclaredBackup, out *pro
 	tags := append([]string{protocol.BackupTag(b.Module, b.Data)}, more...)
 	sum, err := repo.Backup(ctx, full, r.State.Node, tags...)
 	if errors.Is(err, restic.ErrLocked) {
-		r.logf("backup %s of %s/%s: %v; removing stale locks and trying again", out.ID, b.Module, b.Data, err)
+		r.warnf("backup %s of %s/%s: %v; removing stale locks and trying again", out.ID, b.Module, b.Data, err)
 		if uerr := repo.Unlock(ctx); uerr != nil {
 			return fmt.Errorf("%w; unlock: %v", err, uerr)
 		}
@@ -677,7 +678,7 @@ func (f *fetched) fill(ctx context.Context, r *Runner, repo restic.Repo, from, m
 // drop removes the scratch directory, with what is left in it.
 func (f *fetched) drop(r *Runner) {
 	if err := f.rt.removeAll(f.scratch); err != nil {
-		r.logf("restore: remove the scratch directory %s: %v", f.scratch, err)
+		r.warnf("restore: remove the scratch directory %s: %v", f.scratch, err)
 	}
 }
 

@@ -69,7 +69,7 @@ func (r *Runner) renewLoop(ctx context.Context, nc *nats.Conn) {
 	for attempt := 0; ; {
 		due, expires, err := r.State.renewDue(started)
 		if err != nil {
-			r.logf("renew the broker credential: %v", err)
+			r.warnf("renew the broker credential: %v", err)
 			return
 		}
 		wait := time.Until(due)
@@ -98,7 +98,7 @@ func (r *Runner) renewLoop(ctx context.Context, nc *nats.Conn) {
 			}
 			attempt++
 			if attempt == 1 || attempt%10 == 0 {
-				r.logf("renew the broker credential: %v; trying again (%d tries)", err, attempt)
+				r.warnf("renew the broker credential: %v; trying again (%d tries)", err, attempt)
 			}
 			continue
 		}
@@ -142,7 +142,7 @@ func (r *Runner) renew(ctx context.Context, nc *nats.Conn, expired bool) error {
 		// The connection moves to the new user now, not when the old one
 		// expires under it.
 		if err := nc.ForceReconnect(); err != nil {
-			r.logf("reconnect with the renewed credential: %v", err)
+			r.warnf("reconnect with the renewed credential: %v", err)
 		}
 	}
 	return nil

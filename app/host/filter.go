@@ -298,7 +298,7 @@ func (r *Runner) keepFilter(nc *nats.Conn, serial int64) {
 	err := saveFilter(r.State.Dir, r.filter)
 	r.mu.Unlock()
 	if err != nil {
-		r.logf("remember the filter kept: %v", err)
+		r.warnf("remember the filter kept: %v", err)
 	}
 	r.logf("kept the packet filter of declaration %d: the controller was heard", serial)
 	r.reportFacts(nc, true)
@@ -338,9 +338,9 @@ func (r *Runner) rollBack(nc *nats.Conn, serial int64, signErr error) {
 	serr := saveFilter(r.State.Dir, r.filter)
 	r.mu.Unlock()
 	if serr != nil {
-		r.logf("remember the rollback: %v", serr)
+		r.warnf("remember the rollback: %v", serr)
 	}
-	r.logf("%s", why)
+	r.warnf("%s", why)
 	// Reported until the broker has it (and at every reconnection after):
 	// the connection may take a moment to come back once the filter is gone.
 	for attempt := 1; r.ctx.Err() == nil; attempt++ {

@@ -250,7 +250,7 @@ func (r *Runner) followKeys(ctx context.Context, nc *nats.Conn, env protocol.Env
 		r.refuseChain(nc, err)
 		return fmt.Sprintf("refused: %v, and the controller's chain of keys does not lead there: %v", unknown, err), false
 	case err != nil:
-		r.logf("%v: %v; it is applied when it comes again", unknown, err)
+		r.warnf("%v: %v; it is applied when it comes again", unknown, err)
 		return "", true
 	}
 	r.followed(followed)
@@ -280,7 +280,7 @@ func (r *Runner) onKeyNotice(ctx context.Context, nc *nats.Conn, m *nats.Msg) {
 			r.refuseChain(nc, err)
 			return
 		}
-		r.logf("follow the controller's new key: %v", err)
+		r.warnf("follow the controller's new key: %v", err)
 		return
 	}
 	r.followed(followed)
@@ -300,6 +300,6 @@ func (r *Runner) followed(fs []protocol.Followed) {
 
 // refuseChain logs a chain refused and tells the controller.
 func (r *Runner) refuseChain(nc *nats.Conn, err error) {
-	r.logf("refused: %v; still verifying with %s", err, r.State.KeyID())
+	r.warnf("refused: %v; still verifying with %s", err, r.State.KeyID())
 	r.publish(nc, protocol.KeyRefusedReport, protocol.KeyRefusal{Key: r.State.KeyID(), Refused: err.Error()})
 }

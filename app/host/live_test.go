@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -147,7 +148,7 @@ func (m *liveMesh) answer(subject string, f func(*nats.Msg) any) {
 // or m.stop is called, once it is heard beating.
 func (m *liveMesh) run(r *Runner) {
 	m.t.Helper()
-	r.State, r.Root, r.Log, r.NoOverlayInterface = m.st, m.root, m.log, true
+	r.State, r.Root, r.Log, r.NoOverlayInterface = m.st, m.root, slog.New(slog.NewTextHandler(m.log, nil)), true
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	beats, err := m.ctl.SubscribeSync(protocol.NodeSubject("n1", protocol.Heartbeat))

@@ -41,7 +41,7 @@ func (r *Runner) answerLook(m *nats.Msg) {
 		err = m.Respond(b)
 	}
 	if err != nil {
-		r.logf("answer a look: %v", err)
+		r.warnf("answer a look: %v", err)
 	}
 }
 

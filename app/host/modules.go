@@ -320,7 +320,7 @@ func (r *Runner) respond(nc *nats.Conn, reply string, a protocol.LogsAnswer) {
 	}
 	b, _ := json.Marshal(a)
 	if err := nc.Publish(reply, b); err != nil {
-		r.logf("answer a logs request: %v", err)
+		r.warnf("answer a logs request: %v", err)
 	}
 }
 
@@ -349,7 +349,7 @@ func (r *Runner) adoptRuns(dl delivery) bool {
 	next := r.last
 	next.Runs = runRecords(d, raw.Modules, nil)
 	if err := saveApplied(r.State.Dir, next); err != nil {
-		r.logf("remember the modules of declaration %d: %v", d.Serial, err)
+		r.warnf("remember the modules of declaration %d: %v", d.Serial, err)
 		return true
 	}
 	r.last = next
@@ -385,6 +385,7 @@ func (r *Runner) fetcher(nc *nats.Conn) fetcher {
 			os.Remove(file)
 			return "", fmt.Errorf("%w: %d bytes, declared %d", archive.ErrDigest, size, a.Bytes)
 		}
+		r.metrics.fetchedArchive(size)
 		return file, nil
 	}
 }

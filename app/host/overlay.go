@@ -417,7 +417,7 @@ func (r *Runner) setOverlay(o *protocol.DeclaredOverlay, serial int64) error {
 		l, err := openOverlay(r.logf)
 		if err != nil {
 			r.ov.fact = protocol.Fact{Name: protocol.FactOverlay, Value: protocol.OverlayDown, Why: err.Error()}
-			r.logf("overlay: %v", err)
+			r.warnf("overlay: %v", err)
 			return nil
 		}
 		r.ov.link = l
@@ -427,7 +427,7 @@ func (r *Runner) setOverlay(o *protocol.DeclaredOverlay, serial int64) error {
 		// Half configured is worse than down: what the host says is what is.
 		r.stopOverlay()
 		r.ov.fact = protocol.Fact{Name: protocol.FactOverlay, Value: protocol.OverlayDown, Why: err.Error()}
-		r.logf("overlay: %v", err)
+		r.warnf("overlay: %v", err)
 		return nil
 	}
 	r.setForwarding(relays(o), serial)
@@ -564,7 +564,7 @@ func (r *Runner) peerHandshakes() []protocol.PeerHandshake {
 	if r.ov.link != nil {
 		var err error
 		if seen, err = r.ov.link.handshakes(); err != nil {
-			r.logf("overlay: read the handshakes: %v", err)
+			r.warnf("overlay: read the handshakes: %v", err)
 		}
 	}
 	out := make([]protocol.PeerHandshake, 0, len(peers))

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -230,7 +231,7 @@ func TestHeartbeat_PeersSize(t *testing.T) {
 func TestRunner_OverlayConfigOnly(t *testing.T) {
 	st := savedState(t)
 	var log strings.Builder
-	r := &Runner{State: st, Log: &log, NoOverlayInterface: true}
+	r := &Runner{State: st, Log: slog.New(slog.NewTextHandler(&log, nil)), NoOverlayInterface: true}
 	o := testOverlay(t)
 	r.last.Overlay = o
 	if err := r.setOverlay(o, 3); err != nil {

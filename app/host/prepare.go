@@ -415,7 +415,7 @@ func (u *upgrading) prepareOne(p *preparing) error {
 		}
 		p.rec.Unsnapshotted = append(p.rec.Unsnapshotted, s.ds.Name+": "+said)
 		p.notes = append(p.notes, fmt.Sprintf("%s not snapshotted (%s)", s.ds.Name, said))
-		r.logf("upgrade of %s to %s: %s %s is not snapshotted first: %s", module, to, s.ds.Precious, s.ds.Name, said)
+		r.warnf("upgrade of %s to %s: %s %s is not snapshotted first: %s", module, to, s.ds.Precious, s.ds.Name, said)
 	}
 	rt := root{dir: r.Root}
 	for i := range p.sets {
@@ -469,11 +469,12 @@ func (r *Runner) outcome(nc *nats.Conn, out *protocol.BackupOutcome, start time.
 	}
 	out.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	out.At = time.Now().UTC()
+	r.metrics.backedUp(out.Kind, out.OK)
 	if out.OK {
 		r.logf("%s of %s/%s %s: snapshot %s, %d files, %d bytes in %.0f ms", out.Kind, out.Module, out.Data, out.Reason,
 			protocol.ShortSnapshot(out.Snapshot), out.Files, out.Bytes, out.DurationMS)
 	} else {
-		r.logf("%s of %s/%s %s failed: %s", out.Kind, out.Module, out.Data, out.Reason, out.Why)
+		r.warnf("%s of %s/%s %s failed: %s", out.Kind, out.Module, out.Data, out.Reason, out.Why)
 	}
 	if nc == nil {
 		return
@@ -625,7 +626,7 @@ func (u *upgrading) finish(applied bool) string {
 	}
 	if now, _ := json.Marshal(ups); !bytes.Equal(now, was) {
 		if err := saveJSON(r.State.Dir, fileUpgrades, ups); err != nil {
-			r.logf("remember the upgrades: %v", err)
+			r.warnf("remember the upgrades: %v", err)
 		}
 		r.ups = ups
 	}

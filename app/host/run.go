@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,8 +35,12 @@ type Runner struct {
 	// reports its facts if they changed (besides on connecting): a
 	// listener started or gone is heard within it.
 	FactsEvery time.Duration
-	// Log receives the host's log lines.
-	Log io.Writer
+	// Log receives the host's log (nil discards it); each line carries the
+	// node's name.
+	Log *slog.Logger
+	// Metrics, if set, is where /metrics, /healthz and /readyz are
+	// answered (mesh-host run --metrics) until Run returns; Run closes it.
+	Metrics net.Listener
 	// ModuleUsers runs each module as its own system user, mesh-<module>,
 	// when the host runs as root.
 	ModuleUsers bool
@@ -61,7 +67,16 @@ type Runner struct {
 
 	mu   sync.Mutex
 	last applied
-	sup  *Supervisor
+	// failed is the newest declaration the host was given that did not
+	// apply (0: none since the last that did), under mu: /readyz says so.
+	failed int64
+	sup    *Supervisor
+	// log is Log with the node's name.
+	log *slog.Logger
+	// nc is the connection to the broker once made: /readyz asks it.
+	nc atomic.Pointer[nats.Conn]
+	// metrics are moved as things happen; nil without Metrics.
+	metrics *hostMetrics
 	// beatAgain asks for a beat soon.
 	beatAgain func()
 	// factsMu guards factsSent, the facts last reported, less what moves
@@ -112,8 +127,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.FactsEvery <= 0 {
 		r.FactsEvery = DefaultFactsEvery
 	}
-	if r.Log == nil {
-		r.Log = io.Discard
+	r.log = r.logger().With("node", r.State.Node)
+	if r.Metrics != nil {
+		defer r.Metrics.Close()
 	}
 	if r.FilterConfirm <= 0 {
 		r.FilterConfirm = DefaultFilterConfirm
@@ -164,6 +180,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sup.Logf = r.logf
 	r.sup.OnChange = beatAgain
 	r.beatAgain = beatAgain
+	if r.Metrics != nil {
+		// Answered from here on: the modules' states are the supervisor's.
+		r.metrics = r.serveMetrics(ctx, r.Metrics)
+	}
 	// What the host's previous program handed over, re-executing itself,
 	// runs on; what a previous life left running otherwise is ended, then
 	// what was last declared runs again, before the controller is heard.
@@ -186,7 +206,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// in this process, and goes with it.
 	r.mu.Lock()
 	if err := r.setOverlay(r.last.Overlay, r.last.Serial); err != nil {
-		r.logf("overlay: %v", err)
+		r.warnf("overlay: %v", err)
 	}
 	r.mu.Unlock()
 	defer func() {
@@ -211,7 +231,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		nats.ConnectHandler(onConnect), nats.ReconnectHandler(onConnect),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				r.logf("disconnected: %v; reconnecting", err)
+				r.warnf("disconnected: %v; reconnecting", err)
 				service.Notifier{}.Status(fmt.Sprintf("running as %s, applying under %s; disconnected (%v), reconnecting", r.State.Node, r.Root, err))
 			}
 		}))...)
@@ -219,6 +239,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return fmt.Errorf("connect to %v: %w", r.State.BrokerURLs, err)
 	}
 	defer nc.Close()
+	r.nc.Store(nc)
 	// A filter still waiting to be confirmed when the host last stopped
 	// is given a whole window again from now.
 	r.mu.Lock()
@@ -234,7 +255,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if _, err := nc.Subscribe(protocol.DeclarationInbox(r.State.Node), func(m *nats.Msg) {
 		var env protocol.Envelope
 		if err := json.Unmarshal(m.Data, &env); err != nil {
-			r.logf("a declaration that is not JSON: %v", err)
+			r.warnf("a declaration that is not JSON: %v", err)
 			return
 		}
 		// Never blocks past Run: a handler left waiting would leak.
@@ -371,13 +392,38 @@ func (r *Runner) beat(nc *nats.Conn, started time.Time) {
 	serial := r.last.Serial
 	peers := r.peerHandshakes()
 	r.mu.Unlock()
+	modules, applying := r.states(), r.applies.applying()
 	r.publish(nc, protocol.Heartbeat, protocol.HeartbeatBody{At: time.Now().UTC(), IntervalS: r.Heartbeat.Seconds(), HostVersion: Version,
-		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: r.states(), Peers: peers, Applying: r.applies.applying(),
+		SerialApplied: serial, UptimeS: int64(time.Since(started).Seconds()), Modules: modules, Peers: peers, Applying: applying,
 		ControllerKey: r.State.KeyID()})
+	if r.logger().Enabled(r.ctx, slog.LevelDebug) {
+		r.logger().Debug("beat sent", "serial_applied", serial, "modules", len(modules), "applying", applying != nil)
+	}
 }
 
+// logf logs a line of what the host did, at info.
 func (r *Runner) logf(format string, args ...any) {
-	fmt.Fprintf(r.Log, "%s %s: %s\n", time.Now().UTC().Format(time.RFC3339), r.State.Node, fmt.Sprintf(format, args...))
+	r.logger().Info(fmt.Sprintf(format, args...))
+}
+
+// warnf logs a line of what went wrong, at warn.
+func (r *Runner) warnf(format string, args ...any) {
+	r.logger().Warn(fmt.Sprintf(format, args...))
+}
+
+// discard is the log of a runner given none.
+var discard = slog.New(slog.DiscardHandler)
+
+// logger is the host's log: Log with the node's name once Run began, Log
+// itself for what is done before (a test's runner), else nowhere.
+func (r *Runner) logger() *slog.Logger {
+	switch {
+	case r.log != nil:
+		return r.log
+	case r.Log != nil:
+		return r.Log
+	}
+	return discard
 }
 
 func (r *Runner) publish(nc *nats.Conn, what string, body any) {
@@ -386,7 +432,7 @@ func (r *Runner) publish(nc *nats.Conn, what string, body any) {
 		err = nc.Publish(protocol.NodeSubject(r.State.Node, what), b)
 	}
 	if err != nil {
-		r.logf("send %s: %v", what, err)
+		r.warnf("send %s: %v", what, err)
 	}
 }
 
@@ -403,13 +449,13 @@ func (r *Runner) askLatest(ctx context.Context, nc *nats.Conn, envelopes chan<- 
 	first := true
 	env, err := askLatest(ctx, nc, r.State, serial, func(err error) {
 		if first {
-			r.logf("ask for the latest declaration: %v; asking again", err)
+			r.warnf("ask for the latest declaration: %v; asking again", err)
 			first = false
 		}
 	})
 	if err != nil {
 		if ctx.Err() == nil {
-			r.logf("ask for the latest declaration: %v", err)
+			r.warnf("ask for the latest declaration: %v", err)
 		}
 		return
 	}

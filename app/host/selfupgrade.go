@@ -108,7 +108,7 @@ func (r *Runner) resumeUpgrade() {
 	rec, err := loadJSON[*upgradeRecord](r.upgradePath(), fileUpgrade)
 	if err != nil || rec == nil {
 		if err != nil {
-			r.logf("host upgrade: read %s: %v; forgotten", fileUpgrade, err)
+			r.warnf("host upgrade: read %s: %v; forgotten", fileUpgrade, err)
 			os.Remove(r.upgradePath(fileUpgrade))
 		}
 		return
@@ -121,7 +121,7 @@ func (r *Runner) resumeUpgrade() {
 			return
 		}
 		if err := saveJSON(r.upgradePath(), fileUpgrade, rec); err != nil {
-			r.logf("host upgrade: %v", err)
+			r.warnf("host upgrade: %v", err)
 		}
 		r.trial = rec
 		r.logf("upgraded from mesh-host %s to %s for declaration %d: start %d of %d on trial", rec.From, rec.To, rec.Serial, rec.Starts, maxTrialStarts)
@@ -130,7 +130,7 @@ func (r *Runner) resumeUpgrade() {
 		os.Remove(r.upgradePath(fileUpgrade))
 	case rec.Phase == upgradeReverted && Version == rec.From:
 		r.reverted = rec
-		r.logf("back on mesh-host %s: %s", rec.From, rec.Why)
+		r.warnf("back on mesh-host %s: %s", rec.From, rec.Why)
 	default:
 		os.Remove(r.upgradePath(fileUpgrade)) // another binary put in place by hand
 	}
@@ -141,7 +141,7 @@ func (r *Runner) resumeUpgrade() {
 func (r *Runner) revert(rec *upgradeRecord, why string) {
 	prev := r.upgradePath("previous", protocol.HostBinaryName)
 	if _, err := os.Stat(prev); err != nil {
-		r.logf("host upgrade: %s, and no previous binary is kept to go back to: going on", why)
+		r.warnf("host upgrade: %s, and no previous binary is kept to go back to: going on", why)
 		return
 	}
 	staged, err := stageBeside(r.exe, prev)
@@ -154,12 +154,12 @@ func (r *Runner) revert(rec *upgradeRecord, why string) {
 	}
 	if err != nil {
 		os.Remove(staged)
-		r.logf("host upgrade: %s, and the previous binary could not be put back: %v; going on", why, err)
+		r.warnf("host upgrade: %s, and the previous binary could not be put back: %v; going on", why, err)
 		return
 	}
-	r.logf("host upgrade: %s: going back to mesh-host %s", why, rec.From)
+	r.warnf("host upgrade: %s: going back to mesh-host %s", why, rec.From)
 	err = process.Exec(r.exe, os.Args, os.Environ())
-	r.logf("host upgrade: could not execute mesh-host %s again: %v; going on", rec.From, err)
+	r.warnf("host upgrade: could not execute mesh-host %s again: %v; going on", rec.From, err)
 }
 
 // upgraded is told each declaration applied: the first the new release
@@ -240,7 +240,7 @@ func (r *Runner) upgradeSelf(nc *nats.Conn, serial int64, h protocol.DeclaredHos
 	err = r.reexec(nc)
 	// Still here: the exec failed. The previous binary goes back, and the
 	// modules are taken back; the declaration is reported failed.
-	r.logf("host upgrade: re-execute %s: %v", r.exe, err)
+	r.warnf("host upgrade: re-execute %s: %v", r.exe, err)
 	if prev, perr := stageBeside(r.exe, r.upgradePath("previous", protocol.HostBinaryName)); perr == nil {
 		if perr = renameSynced(prev, r.exe); perr != nil {
 			os.Remove(prev)

@@ -89,6 +89,9 @@ type Supervisor struct {
 	closed bool                     // StopAll or Handover was called: Apply starts nothing more
 	held   map[string]holding       // modules held stopped (Hold), each closed by its release
 	notes  map[string]moduleNote    // what the host says of each module's data (Note)
+	// restarted counts, by module, the runs started again after one
+	// exited, since the supervisor was made (mesh_host_module_restarts_total).
+	restarted map[string]uint64
 	// handing says Handover is under way: a module asked to stop is left
 	// running, and what it runs is put in handed for the next program.
 	handing bool
@@ -279,6 +282,18 @@ func (s *Supervisor) HoldWhile(module, why string) (release func(), err error) {
 	}, nil
 }
 
+// Restarts counts, by module, the runs started again after one exited,
+// since the supervisor was made: modules no longer declared too.
+func (s *Supervisor) Restarts() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.restarted))
+	for module, n := range s.restarted {
+		out[module] = n
+	}
+	return out
+}
+
 // States reports every module of the last Apply, sorted by name, and the
 // removed ones until they have stopped.
 func (s *Supervisor) States() []protocol.ModuleState {
@@ -395,6 +410,10 @@ func (s *Supervisor) drive(m *supervised) {
 			s.mu.Lock()
 			now := time.Now()
 			m.restarts = append(m.restarts, now)
+			if s.restarted == nil {
+				s.restarted = map[string]uint64{}
+			}
+			s.restarted[m.spec.Module]++
 			for len(m.restarts) > maxRestartTimes || (len(m.restarts) > 0 && now.Sub(m.restarts[0]) > time.Hour) {
 				m.restarts = m.restarts[1:]
 			}

@@ -15,29 +15,63 @@ import (
 )
 
 // moduleLog is a module's log: its output and the supervisor's own notes,
-// rotated by lumberjack.
+// each line beginning with the time the host read it (StampLayout, UTC),
+// rotated by lumberjack. A module's own timestamps, if it writes any, are
+// kept as they are, after the host's.
 type moduleLog struct {
 	mu      sync.Mutex
 	lj      *lumberjack.Logger
 	midLine bool // the last byte written was not a newline
+	// now is the clock; nil is time.Now (tests set it).
+	now func() time.Time
 }
 
-// Write appends a module's output.
+// StampLayout is how the time a line was read begins each line of a
+// module's log: RFC 3339 in UTC, to the millisecond, then a space.
+const StampLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// stamp is the time a line is read, as it begins the line.
+func (l *moduleLog) stamp() []byte {
+	now := time.Now
+	if l.now != nil {
+		now = l.now
+	}
+	return append(now().UTC().AppendFormat(nil, StampLayout), ' ')
+}
+
+// Write appends a module's output, each line begun in it stamped with now:
+// a line written in pieces is stamped once, when its first piece is read.
 func (l *moduleLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n, err := l.lj.Write(p)
-	if n > 0 {
-		l.midLine = p[n-1] != '\n'
+	stamp := l.stamp()
+	out := make([]byte, 0, len(p)+len(stamp))
+	for rest := p; len(rest) > 0; {
+		if !l.midLine {
+			out = append(out, stamp...)
+		}
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			out = append(out, rest...)
+			l.midLine = true
+			break
+		}
+		out = append(out, rest[:i+1]...)
+		rest = rest[i+1:]
+		l.midLine = false
 	}
-	return n, err
+	if _, err := l.lj.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
-// note appends one line of the supervisor's own, on a line of its own.
+// note appends one line of the supervisor's own, stamped, on a line of its
+// own: a module's line cut short by it goes on, stamped anew, after it.
 func (l *moduleLog) note(format string, args ...any) {
-	line := "mesh-host: " + fmt.Sprintf(format, args...) + "\n"
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	line := string(l.stamp()) + "mesh-host: " + fmt.Sprintf(format, args...) + "\n"
 	if l.midLine {
 		line = "\n" + line
 	}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/natefinch/lumberjack.v2"
+
 	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
 )
@@ -465,7 +467,7 @@ func TestSupervisor_CrashLoop(t *testing.T) {
 		t.Errorf("gap at the cap %s, want below twice the cap", gap)
 	}
 	st := waitState(t, s, "m", protocol.StateCrashLooping)
-	if st.LastExit != "exit status 1" || st.Restarts1h < 5 || !slices.Contains(st.LogTail, "boom") || len(st.LogTail) > 20 {
+	if st.LastExit != "exit status 1" || st.Restarts1h < 5 || !slices.Contains(unstamped(t, st.LogTail), "boom") || len(st.LogTail) > 20 {
 		t.Fatalf("crash-looping state %+v", st)
 	}
 	seen := h.states()
@@ -754,7 +756,7 @@ func TestSupervisor_LogBounded(t *testing.T) {
 	line := strings.Repeat("x", 99) // 100 bytes with its newline
 	s.Apply([]ModuleSpec{testSpec("m", dir, script(t, dir, "run.sh", "yes "+line+" | head -n 80000\necho DONE\nexec sleep 1000\n"))})
 	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if last, _ := s.Tail("m", 1); !slices.Equal(last, []string{"DONE"}) {
+		if last, _ := s.Tail("m", 1); !slices.Equal(unstamped(t, last), []string{"DONE"}) {
 			return fmt.Errorf("last line %q", last)
 		}
 		return nil
@@ -795,7 +797,7 @@ func TestSupervisor_Tail(t *testing.T) {
 		}
 		checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 			got, err := s.Tail("m", 10)
-			if err != nil || !slices.Equal(got, want) {
+			if err != nil || !slices.Equal(unstamped(t, got), want) {
 				return fmt.Errorf("tail %q, %v", got, err)
 			}
 			return nil
@@ -862,7 +864,7 @@ func TestSupervisor_Follow(t *testing.T) {
 	body := "echo first\nwhile [ ! -e go ]; do sleep 0.02; done\nyes " + line + " | head -n 15000\necho MARKER\nexec sleep 1000\n"
 	s.Apply([]ModuleSpec{testSpec("m", dir, script(t, dir, "run.sh", body))})
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if got, _ := s.Tail("m", 1); !slices.Equal(got, []string{"first"}) {
+		if got, _ := s.Tail("m", 1); !slices.Equal(unstamped(t, got), []string{"first"}) {
 			return fmt.Errorf("tail %q", got)
 		}
 		return nil
@@ -884,7 +886,7 @@ func TestSupervisor_Follow(t *testing.T) {
 			if lines == nil {
 				idle++
 			}
-			got = append(got, lines...)
+			got = append(got, unstamped(t, lines)...)
 			return nil
 		})
 	}()
@@ -1149,7 +1151,7 @@ func TestSupervisor_Users(t *testing.T) {
 	}
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		lines, _ := s.Tail(module, 10)
-		if !slices.Contains(lines, u.Uid) {
+		if !slices.Contains(unstamped(t, lines), u.Uid) {
 			return fmt.Errorf("log %q does not show uid %s", lines, u.Uid)
 		}
 		return nil
@@ -1334,5 +1336,58 @@ func TestSupervisor_Hold(t *testing.T) {
 	waitState(t, s, "n", protocol.StateReady)
 	if b, _ := os.ReadFile(filepath.Join(dir, "nruns")); string(b) != "n\n" {
 		t.Fatalf("n ran %q", b)
+	}
+}
+
+// unstamped is a module log's lines without the time each begins with;
+// a line that begins with none fails the test.
+func unstamped(t testing.TB, lines []string) []string {
+	t.Helper()
+	out := make([]string, 0, len(lines))
+	for _, l := range lines {
+		stamp, text, ok := strings.Cut(l, " ")
+		if _, err := time.Parse(StampLayout, stamp); !ok || err != nil || len(stamp) != len("2006-01-02T15:04:05.000Z") {
+			t.Errorf("a module log line without its time: %q", l)
+			out = append(out, l)
+			continue
+		}
+		out = append(out, text)
+	}
+	return out
+}
+
+// Each line of a module's log begins with the time the host read it, in
+// UTC to the millisecond: a line written in pieces once, at its first
+// piece; the supervisor's notes too, a module's line cut by one going on
+// stamped anew after it.
+func TestModuleLog_StampsEachLine(t *testing.T) {
+	dir := t.TempDir()
+	clock := time.Date(2026, 3, 4, 5, 6, 7, 891_000_000, time.FixedZone("CET", 3600))
+	l := &moduleLog{lj: &lumberjack.Logger{Filename: filepath.Join(dir, "m.log")}, now: func() time.Time { return clock }}
+	defer l.close()
+	tick := func() { clock = clock.Add(1500 * time.Millisecond) }
+	for _, write := range []func(){
+		func() { l.Write([]byte("one\ntwo\nthr")) },
+		tick,
+		func() { l.Write([]byte("ee\nfour")) },
+		tick,
+		func() { l.note("exited: %s", "exit status 1") },
+		tick,
+		func() { l.Write([]byte(" and more\n")) },
+	} {
+		write()
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "m.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "2026-03-04T04:06:07.891Z one\n" +
+		"2026-03-04T04:06:07.891Z two\n" +
+		"2026-03-04T04:06:07.891Z three\n" +
+		"2026-03-04T04:06:09.391Z four\n" +
+		"2026-03-04T04:06:10.891Z mesh-host: exited: exit status 1\n" +
+		"2026-03-04T04:06:12.391Z  and more\n"
+	if string(b) != want {
+		t.Fatalf("the log:\n%s\nwant:\n%s", b, want)
 	}
 }

@@ -1,20 +1,26 @@
-// Package metrics holds what a serving controller exposes on /metrics in
-// the Prometheus text format: counters and histograms the daemon moves as
-// things happen, and gauges read when scraped. It keeps its own registry,
-// so nothing another library registers globally leaks into it.
+// Package metrics holds what a controller exposes on /metrics in the
+// Prometheus text format: counters and histograms the daemon moves as
+// things happen, gauges read when scraped, whether it serves, and the Go
+// runtime's and the process's own. It keeps its own registry, so nothing
+// another library registers globally leaks into it. The listener it
+// answers on (Listen) serves /healthz and /readyz beside /metrics; the
+// host's metrics are served the same way.
 package metrics
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"mesh-controller/app/probe"
 )
 
 // Metrics are a serving controller's. Every method is safe on a nil
@@ -34,11 +40,46 @@ type Metrics struct {
 	// clients counts the embedded broker's connections; nil with an
 	// external broker, whose connections are that server's to say.
 	clients atomic.Pointer[func() int]
+
+	// mu guards serving and why: whether this controller serves, and if
+	// not why (starting, standing by, standing aside, stopping).
+	mu      sync.Mutex
+	serving bool
+	why     string
 }
 
-// New makes the metrics in a registry of their own.
-func New() *Metrics {
+// Build is what a binary says of itself in its build_info metric.
+type Build struct {
+	// Version is the binary's ("" is a development build), Protocol the
+	// version of the mesh's protocol it speaks.
+	Version, Protocol string
+}
+
+// Runtime registers on reg the Go runtime's collector (go_*: goroutines,
+// memory, collections) and the process's (process_*: CPU, memory, open
+// files), and name, a gauge of 1 labelled with the build's version, Go
+// version and protocol, as Prometheus's own build_info metrics are.
+func Runtime(reg *prometheus.Registry, name string, b Build) {
+	version := b.Version
+	if version == "" {
+		version = "development build"
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: name,
+		Help:        "Always 1; its labels say which build answers: its version, the Go version it was built with, and the protocol it speaks.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version(), "protocol": b.Protocol}})
+	info.Set(1)
+	// prometheus's own constructors, not their collectors package's
+	// wrappers: that package links database/sql (its DB stats collector),
+	// which a host, a builder and a backup module keep out.
+	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}), info)
+}
+
+// New makes the metrics in a registry of their own, with the runtime's
+// and the process's, mesh_build_info and mesh_serving. Until Serving is
+// called the controller is starting: not serving.
+func New(b Build) *Metrics {
 	m := &Metrics{
+		why:      "starting: the lease is not taken yet",
 		Registry: prometheus.NewRegistry(),
 		beats: prometheus.NewCounter(prometheus.CounterOpts{Name: "mesh_heartbeats_absorbed_total",
 			Help: "Heartbeats verified and absorbed."}),
@@ -58,6 +99,15 @@ func New() *Metrics {
 			Help: "Times the healers' brake engaged."}),
 	}
 	m.Registry.MustRegister(m.beats, m.dropped, m.declarations, m.apply, m.declare, m.writes, m.healerActs, m.brake)
+	Runtime(m.Registry, "mesh_build_info", b)
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mesh_serving",
+		Help: "1 while this controller serves (holds the lease), 0 while it starts, stands by, stands aside or stops."},
+		func() float64 {
+			if on, _ := m.Serves(); on {
+				return 1
+			}
+			return 0
+		}))
 	m.Read("mesh_broker_connections", "Clients connected to the embedded broker (absent with an external broker).", nil,
 		func(context.Context) ([]Reading, error) {
 			if n := m.clients.Load(); n != nil {
@@ -138,6 +188,33 @@ func (m *Metrics) BrakeEngaged() {
 	}
 }
 
+// Serving says this controller serves now: it holds the lease, its broker
+// is up and it answers hosts.
+func (m *Metrics) Serving() {
+	if m != nil {
+		m.mu.Lock()
+		m.serving, m.why = true, ""
+		m.mu.Unlock()
+	}
+}
+
+// NotServing says this controller does not serve now, and why, in words
+// anyone asking /readyz may read.
+func (m *Metrics) NotServing(why string) {
+	if m != nil {
+		m.mu.Lock()
+		m.serving, m.why = false, why
+		m.mu.Unlock()
+	}
+}
+
+// Serves says whether this controller serves, and if not why.
+func (m *Metrics) Serves() (bool, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.serving, m.why
+}
+
 // Reading is one value of a gauge read at scrape time, with its labels'
 // values in the order the gauge names them.
 type Reading struct {
@@ -174,40 +251,26 @@ func (r *reader) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// ErrNotLoopback refuses a metrics address reachable from other machines
-// unless the operator said so.
-var ErrNotLoopback = errors.New("not a loopback address")
-
-// CheckAddress refuses addr unless it is a loopback host:port or public is
-// set: the metrics name nodes' counts and the stores' sizes, which are not
-// for anyone on the network unless the operator chooses.
-func CheckAddress(addr string, public bool) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if public {
-		return nil
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	return fmt.Errorf("%q: %w", addr, ErrNotLoopback)
+// Serve answers /metrics, /healthz and /readyz on l until ctx ends;
+// ready says whether the controller is ready (probe.Ready).
+func (m *Metrics) Serve(ctx context.Context, l net.Listener, ready probe.Ready) error {
+	return Listen(ctx, l, m.Registry, ready)
 }
 
-// Serve answers /metrics on l until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, l net.Listener) error {
+// Listen answers /metrics from reg, and /healthz and /readyz as ready
+// says, on l until ctx ends.
+func Listen(ctx context.Context, l net.Listener, reg *prometheus.Registry, ready probe.Ready) error {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	probe.Handle(mux, ready)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+	// Closed by ctx, or its listener closed by its owner (serve closes
+	// it as it returns): a clean end either way.
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/posener/complete"
+
+	"mesh-controller/app/probe"
 )
 
 // UsageError is a command line that parsed but does not make sense; it exits 2.
@@ -219,4 +222,27 @@ type VersionCmd struct{}
 func (VersionCmd) Run(k *kong.Kong, vars kong.Vars) error {
 	_, err := fmt.Fprintln(k.Stdout, vars["version"])
 	return err
+}
+
+// ListenMetrics opens a --metrics address, nil without one: a loopback
+// host:port unless public (--metrics-public) says other machines may read
+// what is there. A port taken fails the command before it starts its
+// work, rather than leaving it running unwatched.
+func ListenMetrics(addr string, public bool) (net.Listener, error) {
+	if addr == "" {
+		if public {
+			return nil, UsageError{Msg: "--metrics-public goes with --metrics"}
+		}
+		return nil, nil
+	}
+	if err := probe.CheckAddress(addr, public); errors.Is(err, probe.ErrNotLoopback) {
+		return nil, UsageError{Msg: fmt.Sprintf("--metrics %s is not a loopback address: give 127.0.0.1:PORT, or add --metrics-public to let other machines read the metrics", addr)}
+	} else if err != nil {
+		return nil, UsageError{Msg: fmt.Sprintf("--metrics %s: %v: give host:port", addr, err)}
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics: %w; choose another --metrics address", err)
+	}
+	return l, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"mesh-controller/app"
+	"mesh-controller/app/logger"
 	"mesh-controller/cmd/clirun"
 )
 
@@ -23,6 +24,8 @@ type APICmd struct {
 	ReadGroup   string `default:"mesh-read" placeholder:"GROUP" help:"The group that may read."`
 	TLSCert     string `name:"tls-cert" type:"existingfile" placeholder:"FILE" help:"A PEM certificate (chain) to serve HTTPS with."`
 	TLSKey      string `name:"tls-key" type:"existingfile" placeholder:"FILE" help:"Its PEM private key."`
+	LogFormat   string `name:"log-format" enum:"text,json" default:"text" help:"How the log on stderr is written: text (key=value) or json (one object a line). Each request is a line: method, path, status, duration and who (never a token or a header)."`
+	LogLevel    string `name:"log-level" enum:"debug,info,warn,error" default:"info" help:"The least a line of the log must matter to be written: debug also logs the probes (/healthz, /readyz)."`
 }
 
 // Run serves the API until SIGINT or SIGTERM.
@@ -40,6 +43,10 @@ func (c *APICmd) Run(env *Env, api app.API) error {
 	} else if !loopback(c.Listen) {
 		return fmt.Errorf("refusing to serve the API on %s in plain HTTP: bearer tokens would cross the network readable; give --tls-cert and --tls-key, or listen on 127.0.0.1", c.Listen)
 	}
+	log, err := logger.New(env.Stderr, c.LogFormat, c.LogLevel)
+	if err != nil {
+		return err
+	}
 	// One client for discovery and every later key fetch, so that an
 	// issuer that stops answering costs a bounded wait, not a hung request.
 	v, err := app.NewTokenVerifier(env.Ctx, c.Issuer, c.Audience, app.TokenVerifierOptions{Client: &http.Client{Timeout: 10 * time.Second}})
@@ -50,7 +57,7 @@ func (c *APICmd) Run(env *Env, api app.API) error {
 	if err != nil {
 		return err
 	}
-	srv := app.APIServer(api.APIHandler(v, app.APIAccess{GroupsClaim: c.GroupsClaim, AdminGroup: c.AdminGroup, ReadGroup: c.ReadGroup}))
+	srv := app.APIServer(api.APIHandler(v, app.APIAccess{GroupsClaim: c.GroupsClaim, AdminGroup: c.AdminGroup, ReadGroup: c.ReadGroup}, log))
 	srv.TLSConfig = tlsConf
 	scheme := "http"
 	if tlsConf != nil {

@@ -254,7 +254,9 @@ func TestREADME_Elsewhere(t *testing.T) {
 		`{"node":"web1","modules":["postgres"]}`, // an assign
 		`{"error":"board may not do this: the token's claim groups holds no mesh-admin"}`,
 		`api:ci-deploy (ops@example.org)`, // the hand-act
-		`mesh_nodes{state="joined"} 0`, `mesh_store_size_bytes{store="inventory"} `,
+		`mesh_nodes{state="not_joined"} 1`, `mesh_serving 1`, `mesh_store_size_bytes{store="inventory"} `,
+		"\nready\n", // /readyz, the api's and serve's
+		`msg=request method=POST path=/v1/assign status=200 duration_ms=`, // the request log, which the token check below reads too
 		`{"msg":"serving","version":"development build","broker":"nats://127.0.0.1:`,
 	} {
 		if !strings.Contains(out, want) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -15,7 +14,6 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/app/alerthook"
-	"mesh-controller/app/metrics"
 	"mesh-controller/app/service"
 	"mesh-controller/cmd/clirun"
 	"mesh-controller/contexts/identity"
@@ -33,10 +31,11 @@ type ServeCmd struct {
 	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
 	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
 	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
-	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public."`
+	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public; /healthz (alive) and /readyz (serving, its stores answering; 503 and why while it starts, stands by or stands aside) beside it."`
 	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
 	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
 	LogFormat           string        `name:"log-format" enum:"text,json" default:"text" help:"How the daemon's log on stderr is written: text (key=value) or json (one object a line); each line carries its subject (node, module, condition) as attributes. The ready line stays plain on stdout."`
+	LogLevel            string        `name:"log-level" enum:"debug,info,warn,error" default:"info" help:"The least a line of the log must matter to be written: debug also says what the hot paths do (each heartbeat absorbed, each declaration asked for)."`
 	HostCredentials     time.Duration `name:"host-credentials-ttl" default:"720h" placeholder:"D" help:"How long a host's broker user lasts: given at join and renewed by its host when a third of it is left (token-free: a request signed by its host key, for a new nkey), so a credential copied off a host's disk stops working on its own. A host away past it renews through the join path when it is back."`
 	HeapProfile         string        `name:"heap-profile" placeholder:"FILE" help:"On each SIGUSR1, write a heap profile of the daemon to FILE (replacing it; go tool pprof reads it) and log what its memory is made of, to measure what it keeps."`
 }
@@ -73,15 +72,13 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		return clirun.UsageError{Msg: "give --lease a second or more"}
 	case c.HostCredentials < 10*time.Second:
 		return clirun.UsageError{Msg: "give --host-credentials-ttl ten seconds or more"}
-	case c.MetricsPublic && c.Metrics == "":
-		return clirun.UsageError{Msg: "--metrics-public goes with --metrics"}
 	}
 	if c.AlertWebhook != "" {
 		if _, err := alerthook.Parse(c.AlertWebhook); err != nil {
 			return clirun.UsageError{Msg: "--alert-webhook: " + err.Error() + "; give an http or https URL"}
 		}
 	}
-	metricsAt, err := c.listenMetrics()
+	metricsAt, err := clirun.ListenMetrics(c.Metrics, c.MetricsPublic)
 	if err != nil {
 		return err
 	}
@@ -100,6 +97,7 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		Listen:              c.Listen,
 		Log:                 env.Stderr,
 		LogFormat:           c.LogFormat,
+		LogLevel:            c.LogLevel,
 		Version:             version,
 		LeaseTTL:            c.Lease,
 		CheckEvery:          c.CheckEvery,
@@ -145,24 +143,6 @@ func (c *ServeCmd) Run(env *Env, srv *app.Server) error {
 		return fmt.Errorf("the embedded broker cannot listen on %s: something else holds that port (another 'mesh-controller serve', or a NATS server); stop it, or choose another address with --listen HOST:PORT (port 0 picks a free one)", c.Listen)
 	}
 	return err
-}
-
-// listenMetrics opens --metrics's address, nil without it. A port taken
-// fails serve before it takes the lease, rather than serving unwatched.
-func (c *ServeCmd) listenMetrics() (net.Listener, error) {
-	if c.Metrics == "" {
-		return nil, nil
-	}
-	if err := metrics.CheckAddress(c.Metrics, c.MetricsPublic); errors.Is(err, metrics.ErrNotLoopback) {
-		return nil, clirun.UsageError{Msg: fmt.Sprintf("--metrics %s is not a loopback address: give 127.0.0.1:PORT, or add --metrics-public to let other machines read the metrics", c.Metrics)}
-	} else if err != nil {
-		return nil, clirun.UsageError{Msg: fmt.Sprintf("--metrics %s: %v: give host:port", c.Metrics, err)}
-	}
-	l, err := net.Listen("tcp", c.Metrics)
-	if err != nil {
-		return nil, fmt.Errorf("listen for metrics: %w; choose another --metrics address", err)
-	}
-	return l, nil
 }
 
 // syncOut flushes a line a script waits for.

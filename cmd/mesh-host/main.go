@@ -19,6 +19,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"mesh-controller/app/host"
+	"mesh-controller/app/logger"
 	"mesh-controller/app/process"
 	"mesh-controller/app/protocol"
 	"mesh-controller/app/service"
@@ -165,12 +166,29 @@ type RunCmd struct {
 	// module and no other program where the host brings it up itself.
 	// SelfUpgrade is on by default: a host release declared by 'host
 	// upgrade' is how the mesh upgrades its hosts.
-	SelfUpgrade      bool `default:"true" negatable:"" name:"self-upgrade" env:"MESH_HOST_SELF_UPGRADE" help:"Upgrade to the host release the controller declares: the release's binary verified, this executable replaced (its directory must be the host's to write) and re-executed, the modules running on (--no-self-upgrade: such a declaration is refused, for a host a package manager upgrades)."`
-	OverlayInterface bool `default:"true" negatable:"" env:"MESH_HOST_OVERLAY_INTERFACE" help:"As root with /dev/net/tun, bring the mesh's overlay up as the WireGuard interface mesh0, in this process (userspace WireGuard; wg show reads it). Its wg-quick configuration is written in the state dir (mesh0.conf, 0600) either way: --no-overlay-interface leaves bringing it up to wg-quick. The WireGuard private key (wireguard.key in the state dir) never leaves this machine."`
+	SelfUpgrade      bool   `default:"true" negatable:"" name:"self-upgrade" env:"MESH_HOST_SELF_UPGRADE" help:"Upgrade to the host release the controller declares: the release's binary verified, this executable replaced (its directory must be the host's to write) and re-executed, the modules running on (--no-self-upgrade: such a declaration is refused, for a host a package manager upgrades)."`
+	OverlayInterface bool   `default:"true" negatable:"" env:"MESH_HOST_OVERLAY_INTERFACE" help:"As root with /dev/net/tun, bring the mesh's overlay up as the WireGuard interface mesh0, in this process (userspace WireGuard; wg show reads it). Its wg-quick configuration is written in the state dir (mesh0.conf, 0600) either way: --no-overlay-interface leaves bringing it up to wg-quick. The WireGuard private key (wireguard.key in the state dir) never leaves this machine."`
+	Metrics          string `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public; /healthz (alive) and /readyz (connected to the broker, the last declaration given applied; 503 and why otherwise) beside it."`
+	MetricsPublic    bool   `help:"Let --metrics listen on an address other machines can reach: the metrics name the modules this host runs."`
+	LogFormat        string `name:"log-format" enum:"text,json" default:"text" help:"How the host's log on stderr is written: text (key=value) or json (one object a line); each line carries the node's name."`
+	LogLevel         string `name:"log-level" enum:"debug,info,warn,error" default:"info" help:"The least a line of the log must matter to be written: debug also says what the hot paths do (each beat sent, each declaration received)."`
 }
 
 // Run works until SIGINT or SIGTERM.
-func (c *RunCmd) Run(env *Env) error {
+func (c *RunCmd) Run(env *Env) (err error) {
+	log, err := logger.New(env.Stderr, c.LogFormat, c.LogLevel)
+	if err != nil {
+		return err
+	}
+	metricsAt, err := clirun.ListenMetrics(c.Metrics, c.MetricsPublic)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && metricsAt != nil {
+			metricsAt.Close() // Run closes it once it runs
+		}
+	}()
 	if err := joinedDir(c.State); err != nil {
 		return err
 	}
@@ -178,9 +196,12 @@ func (c *RunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: env.Stderr, ModuleUsers: c.ModuleUsers, FilterConfirm: c.FilterConfirm,
-		NoOverlayInterface: !c.OverlayInterface, SelfUpgrade: c.SelfUpgrade}
+	r := &host.Runner{State: st, Root: c.Root, Heartbeat: c.Heartbeat, Log: log, ModuleUsers: c.ModuleUsers, FilterConfirm: c.FilterConfirm,
+		NoOverlayInterface: !c.OverlayInterface, SelfUpgrade: c.SelfUpgrade, Metrics: metricsAt}
 	fmt.Fprintf(env.Stdout, "running as %s, applying under %s; module logs in %s\n", st.Node, c.Root, filepath.Join(c.Root, "var", "log", "mesh"))
+	if metricsAt != nil {
+		fmt.Fprintf(env.Stdout, "metrics: http://%s/metrics\n", metricsAt.Addr())
+	}
 	return r.Run(env.Ctx)
 }
 

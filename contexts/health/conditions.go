@@ -344,6 +344,20 @@ type OpenCount struct {
 	N              int
 }
 
+// CountSilentBehind counts the machines an open node.silent condition
+// names, and those an open node.behind one names that are not silent: a
+// machine both silent and behind is counted silent only, so that the two
+// and the rest of the nodes add up to the mesh. A few rows are read
+// whatever the mesh's size.
+func (s *Store) CountSilentBehind(ctx context.Context) (silent, behind int, err error) {
+	defer s.db.Failing(&err, "count the silent and behind nodes")
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT
+		(SELECT count(DISTINCT machine) FROM conditions WHERE kind = 'node.silent'),
+		(SELECT count(DISTINCT machine) FROM conditions WHERE kind = 'node.behind'
+			AND machine NOT IN (SELECT machine FROM conditions WHERE kind = 'node.silent'))`).Scan(&silent, &behind)
+	return silent, behind, err
+}
+
 // CountOpen counts the open conditions by kind and severity, without
 // reading each one: a scrape at 10,000 silent nodes reads a few rows.
 func (s *Store) CountOpen(ctx context.Context) (_ []OpenCount, err error) {

@@ -161,3 +161,21 @@ func TestStore_HistoryPerSubject(t *testing.T) {
 		t.Fatalf("forgotten, web1 has %d history rows", n)
 	}
 }
+
+// A machine both silent and behind is counted silent only; one behind
+// twice over (two conditions naming it) once.
+func TestStore_CountSilentBehind(t *testing.T) {
+	db, _ := sqlitetest.Open(t, "health")
+	s := NewStore(db)
+	ctx := context.Background()
+	var found []Condition
+	for _, c := range [][3]string{{"node.silent", "quiet", ""}, {"node.behind", "quiet", ""}, {"node.behind", "late", ""}, {"node.behind", "late", "/again"}, {"node.apply-failed", "other", ""}} {
+		found = append(found, Condition{Key: c[0] + "/" + c[1] + c[2], Kind: c[0], Scope: "machine", Machine: c[1], Severity: Warning, Summary: c[1]})
+	}
+	if _, err := s.Reconcile(ctx, found, map[string]bool{"node.silent": true, "node.behind": true, "node.apply-failed": true}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if silent, behind, err := s.CountSilentBehind(ctx); err != nil || silent != 1 || behind != 1 {
+		t.Fatalf("silent %d, behind %d, %v; want 1 and 1", silent, behind, err)
+	}
+}

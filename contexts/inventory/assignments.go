@@ -223,11 +223,10 @@ func (s *Store) AssignmentsOn(ctx context.Context, node string) (_ []Assignment,
 	return out, rows.Err()
 }
 
-// CountJoined counts the nodes that have joined (added nodes still waiting
-// for their host are not counted): one query, for a scrape at any size.
-func (s *Store) CountJoined(ctx context.Context) (_ int, err error) {
-	defer s.db.Failing(&err, "count the joined nodes")
-	var n int
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE joined_at IS NOT NULL`).Scan(&n)
-	return n, err
+// CountNodes counts every node, and those whose host joined (an added
+// node waits for its host until then): one query, for a scrape at any size.
+func (s *Store) CountNodes(ctx context.Context) (all, joined int, err error) {
+	defer s.db.Failing(&err, "count the nodes")
+	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*), count(joined_at) FROM nodes`).Scan(&all, &joined)
+	return all, joined, err
 }
