@@ -54,6 +54,17 @@ func TestBoard_InABrowser(t *testing.T) {
 		}
 		return nil
 	})
+	// web1's chart needs an interval between two beats, added to the
+	// store's hourly aggregates when the daemon stops: a beat heard after
+	// the one above (seen empty when the host stopped after its first beat
+	// on a loaded machine).
+	first := m.node("web1").LastHeard
+	checkFor(t, settle, func() error {
+		if n := m.node("web1"); n.LastHeard == nil || first == nil || !n.LastHeard.After(*first) {
+			return fmt.Errorf("web1 last heard at %v, as before", n.LastHeard)
+		}
+		return nil
+	})
 	// web2 is a record not joined: its row of the grid is postgres
 	// assigned and what its "host" said, with a version made to break out
 	// of the markup.
