@@ -88,9 +88,9 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 	web1.bin = twoBehind
 	web1.start(t)
 	mismatch := fmt.Sprintf("the host speaks protocol %s, this controller %s %s: upgrade the host", protocol.Version, controllerV, spoken)
-	web1.proc.wait(t, settle, "ask for the latest declaration: the controller refused this host: "+regexp.QuoteMeta(mismatch)+"; asking again$", 0)
+	web1.proc.wait(t, settle, `msg="ask for the latest declaration: the controller refused this host: `+regexp.QuoteMeta(mismatch)+`; asking again"`, 0)
 	cli(t, mc, data, "declare", "web1", body, "--why", "a declaration for a host two minors behind")
-	web1.proc.wait(t, settle, "report the outcome: not recorded: "+regexp.QuoteMeta(mismatch)+"$", 0)
+	web1.proc.wait(t, settle, `msg="report the outcome: not recorded: `+regexp.QuoteMeta(mismatch)+`"`, 0)
 	checkFor(t, settle, func() error {
 		n := showNode(t, mc, data, "web1")
 		for _, d := range n.Dropped {
