@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -95,17 +94,10 @@ func serveAgain(t *testing.T, mc, data, addr string) *serveProc {
 	var s *serveProc
 	checkFor(t, settle, func() error {
 		s = startProc(t, "controller", mc, "--data", data, "serve", "--listen", addr, "--lease", "2s", "--catch-up-every", "200ms")
-		ready := regexp.MustCompile(readyLine)
-		for {
-			if _, _, ok := s.find(ready, 0); ok {
-				return nil
-			}
-			select {
-			case <-s.done:
-				return fmt.Errorf("serve ended: %s", s.text())
-			case <-time.After(20 * time.Millisecond):
-			}
+		if !tookOver(s, settle) {
+			return fmt.Errorf("serve did not serve: %s", s.text())
 		}
+		return nil
 	})
 	return s
 }

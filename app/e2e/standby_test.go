@@ -305,12 +305,19 @@ func TestStandby_StartedAtOnce(t *testing.T) {
 	}
 }
 
-// tookOver says whether p said it serves within the bound.
+// tookOver says whether p said it serves within the bound, false as soon
+// as it ends.
 func tookOver(p *serveProc, within time.Duration) bool {
 	ready := regexp.MustCompile(readyLine)
-	for end := time.Now().Add(within); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	for end := time.Now().Add(within); time.Now().Before(end); {
 		if _, _, ok := p.find(ready, 0); ok {
 			return true
+		}
+		select {
+		case <-p.done:
+			_, _, ok := p.find(ready, 0)
+			return ok
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	return false

@@ -80,20 +80,16 @@ func Open(t testing.TB, contextName string) (*sqlite.DB, string) {
 		// each test's afresh took a fifth of a second on PostgreSQL, and
 		// some packages open hundreds.
 		dsn = newDatabaseFrom(t, migratedTemplate(t, contextName))
-		db, err := sqlite.Open(ctx, sqlite.Location{Context: contextName, DSN: dsn}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		return db, dsn
 	}
 	db, err := sqlite.Open(ctx, sqlite.Location{Context: contextName, DSN: dsn}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := migrate(ctx, db, contextName); err != nil {
-		t.Fatal(err)
+	if engine != "postgres" {
+		if err := migrate(ctx, db, contextName); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return db, dsn
 }
@@ -130,23 +126,17 @@ func migratedTemplate(t testing.TB, contextName string) string {
 		b := make([]byte, 6)
 		rand.Read(b)
 		name := "tpl_" + contextName + "_" + hex.EncodeToString(b)
-		admin, _, err := postgres.Open(context.Background(), admin)
+		server, _, err := postgres.Open(context.Background(), admin)
 		if err != nil {
 			tpl.err = err
 			return
 		}
-		defer admin.Close()
-		if _, err := admin.Exec(`CREATE DATABASE ` + name + ` TEMPLATE template0`); err != nil {
+		defer server.Close()
+		if _, err := server.Exec(`CREATE DATABASE ` + name + ` TEMPLATE template0`); err != nil {
 			tpl.err = err
 			return
 		}
-		p, err := url.Parse(AdminURL(t))
-		if err != nil {
-			tpl.err = err
-			return
-		}
-		p.Path = "/" + name
-		db, err := sqlite.Open(context.Background(), sqlite.Location{Context: contextName, DSN: p.String()}, true)
+		db, err := sqlite.Open(context.Background(), sqlite.Location{Context: contextName, DSN: WithDatabase(t, admin, name)}, true)
 		if err != nil {
 			tpl.err = err
 			return
