@@ -134,6 +134,14 @@ func hostPermissions(node string) broker.Permissions {
 	}
 }
 
+// HostPermissions are what the host of node may do on the broker: the load
+// bench gives the same to each connection of a bare nats-server, the floor
+// the controller's memory is measured beside.
+func HostPermissions(node string) broker.Permissions { return hostPermissions(node) }
+
+// ControllerPermissions are the controller's own user's, for the same bench.
+func ControllerPermissions() broker.Permissions { return controllerPermissions() }
+
 // brokerKeys reads the broker's keys from the identity store.
 func brokerKeys(ctx context.Context, ids *identity.Store) (broker.Keys, error) {
 	seeds, err := ids.BrokerSeeds(ctx)

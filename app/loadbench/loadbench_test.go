@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +29,6 @@ import (
 
 	"mesh-controller/app"
 	"mesh-controller/app/apptest"
-	"mesh-controller/contexts/inventory"
 	"mesh-controller/embedded/sqlite"
 	"mesh-controller/embedded/sqlite/sqlitetest"
 )
@@ -66,6 +66,8 @@ type controller struct {
 	listen string
 	// broker, if set, is serve's --broker: an external broker's URLs.
 	broker string
+	// args are more of serve's flags (--memory-limit).
+	args []string
 }
 
 func (c *controller) run(args ...string) (string, time.Duration) {
@@ -98,6 +100,7 @@ func (c *controller) serve() time.Duration {
 	if c.broker != "" {
 		args = append(args, "--broker", c.broker)
 	}
+	args = append(args, c.args...)
 	if c.profile != "" {
 		for _, ext := range []string{".cpu.pprof", ".heap.pprof", ".log"} {
 			os.Remove(c.profile + ext) // serve refuses to overwrite a CPU profile
@@ -256,21 +259,30 @@ func TestLoad(t *testing.T) {
 	add("limit: raw NATS publish/subscribe, 300-byte messages", fmt.Sprintf("%.0f msg/s", natsRate), "same machine, same run")
 	add("limit: raw SQLite batched insert (1,000 rows a transaction)", fmt.Sprintf("%.0f rows/s", sqliteRate), "same disk, same run")
 
-	for _, s := range []struct {
+	type load struct {
 		hosts    int
 		interval time.Duration
 		fanout   bool
-	}{{1000, 10 * time.Second, true}, {1000, time.Second, false}, {10000, 10 * time.Second, true}} {
-		// MESH_BENCH_HOSTS=1000 runs only the scenarios of that many hosts.
-		if only := os.Getenv("MESH_BENCH_HOSTS"); only != "" && only != strconv.Itoa(s.hosts) {
-			continue
+	}
+	loads := []load{{1000, 10 * time.Second, true}, {1000, time.Second, false}, {10000, 10 * time.Second, true}}
+	// MESH_BENCH_HOSTS=N runs the scenarios of that many hosts only, or
+	// (a count none has) one of N hosts beating every 10 s; the rows beside
+	// the floor are of its largest.
+	if only, err := strconv.Atoi(os.Getenv("MESH_BENCH_HOSTS")); err == nil {
+		loads = slices.DeleteFunc(loads, func(l load) bool { return l.hosts != only })
+		if len(loads) == 0 {
+			loads = []load{{only, 10 * time.Second, true}}
 		}
+	}
+	besideHosts = loads[len(loads)-1].hosts
+	for _, s := range loads {
 		scenario(t, mc, mh, s.hosts, s.interval, s.fanout, natsRate)
 	}
 	if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
 		fmt.Printf("\nprofiles of each scenario's controller (go tool pprof FILE): %s\n", dir)
 	}
-	restartUnderLoad(t, mc, mh, 10000)
+	restartUnderLoad(t, mc, mh, besideHosts)
+	floorRows(t, natsServer(t, dir))
 	fmt.Println()
 }
 
@@ -307,10 +319,14 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	// many as beat by then: the figures say how many hosts they are of).
 	c.untilBeating(hosts, interval, joinWait)
 	pid := c.cmd.Process.Pid
+	// The steady window is a CPU profile of its own (serve's --cpu-profile
+	// begins the next file on each SIGUSR2): .cpu.pprof.1.
+	c.cmd.Process.Signal(syscall.SIGUSR2)
 	t0, w0 := procTicks(pid), time.Now()
-	time.Sleep(20 * time.Second)
+	time.Sleep(steadyWindow)
 	cpu := float64(procTicks(pid)-t0) / 100 / time.Since(w0).Seconds()
 	rss := procRSS(pid)
+	c.cmd.Process.Signal(syscall.SIGUSR2)
 	cpuGoal, memGoal, statusGoal, listGoal := "goal: heartbeats on at most a third of a core", "goal < 512 MiB at 10,000", "goal < 50 ms", "whole process"
 	if hosts >= 10000 {
 		cpuGoal, memGoal, statusGoal, listGoal = "goal ≤ 20 % of one core", "goal ≤ 300 MiB", "goal ≤ 50 ms, whole process", "goal ≤ 100 ms, whole process"
@@ -319,6 +335,18 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	add(label+": controller resident memory", mib(rss), memGoal)
 	if m := regexp.MustCompile(`heap in use (\d+) MiB, goroutine stacks (\d+) MiB, .*, (\d+) goroutines`).FindStringSubmatch(c.heapProfile()); m != nil {
 		add(label+": controller heap / goroutine stacks", m[1]+" / "+m[2]+" MiB", m[3]+" goroutines; heap profile beside the log")
+	}
+	if c.profile != "" {
+		if brokers, own, err := heapSplit(c.profile + ".heap.pprof"); err == nil {
+			add(label+": heap in use per host: the controller's own / its broker's", fmt.Sprintf("%.1f / %.1f KB", float64(own)/float64(hosts)/1000,
+				float64(brokers)/float64(hosts)/1000), "goal: own ≤ 5 KB (heap profile: allocations under nats-server's package are the broker's)")
+			if hosts == besideHosts && interval == 10*time.Second {
+				beside.ownPerHost, beside.brokerPerHost = float64(own)/float64(hosts), float64(brokers)/float64(hosts)
+			}
+		}
+	}
+	if hosts == besideHosts && interval == 10*time.Second {
+		beside.hosts, beside.interval, beside.rss, beside.cpu = hosts, interval, rss, cpu
 	}
 	var nl, st []time.Duration
 	for i := 0; i < 5; i++ {
@@ -330,7 +358,9 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	add(label+": node list --json (median of 5)", median(nl).Round(time.Millisecond).String(), listGoal)
 	add(label+": status --json (median of 5)", median(st).Round(time.Millisecond).String(), statusGoal)
 	if fanout {
+		c.cmd.Process.Signal(syscall.SIGUSR2) // the fan-out's profile: .cpu.pprof.3
 		fanOut(t, c, hosts)
+		c.cmd.Process.Signal(syscall.SIGUSR2)
 	}
 	// Let the last beats land, then stop the hosts, then the controller
 	// (which writes what it absorbed as it stops).
@@ -347,6 +377,10 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	json.Unmarshal(simOut.Bytes(), &stats)
 	absorbed := absorbedBeats(t, c.data)
 	add(label+": heartbeats received / sent", fmt.Sprintf("%d / %d", absorbed, stats.BeatsSent), fmt.Sprintf("lost %d", stats.BeatsSent-absorbed))
+	if hosts == beside.hosts && interval == beside.interval {
+		beside.beatsLost = stats.BeatsSent - absorbed
+	}
+	c.nameProfiles()
 	rate := float64(hosts) / interval.Seconds()
 	add(label+": heartbeat rate vs raw NATS", fmt.Sprintf("%.0f beats/s", rate), fmt.Sprintf("%.3f%% of %.0f msg/s", 100*rate/natsRate, natsRate))
 }
@@ -462,8 +496,31 @@ func fanOut(t *testing.T, c *controller, hosts int) {
 	os.WriteFile(settings, []byte(`{"workers": 4}`), 0o600)
 	start = time.Now()
 	_, took = c.run("settings", "set", "fan", settings)
-	row("fan-out: a mesh-wide settings change", took, applied(start), "goal: all applied ≤ 1.5 s p99")
-	_ = inventory.Converged
+	lat := applied(start)
+	row("fan-out: a mesh-wide settings change", took, lat, "goal: all applied ≤ 1.5 s p99")
+	if hosts != beside.hosts {
+		return
+	}
+	if len(lat) > 0 {
+		beside.fanApplied, beside.fanP99 = len(lat), lat[min(int(0.99*float64(len(lat))), len(lat)-1)]
+	}
+	// The settings change's own parts: the last declare's four rows.
+	rows, err := st.DB("health").Reader.Query(`SELECT subject, ms FROM durations WHERE kind = 'declare' AND at = (SELECT max(at) FROM durations WHERE kind = 'declare')`)
+	if err == nil {
+		for rows.Next() {
+			var part string
+			var ms float64
+			rows.Scan(&part, &ms)
+			beside.parts[part] = time.Duration(ms * float64(time.Millisecond))
+		}
+		rows.Close()
+	}
+	// What the floor signs and sends: a declaration as this one made it.
+	if d, err := st.Inventory.LatestDeclaration(ctx, names[0]); err == nil && d != nil {
+		if err := json.Unmarshal([]byte(d.Body), &beside.decl); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // rawNATS is the plain publish/subscribe rate of an embedded server on this

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/alecthomas/kong"
@@ -177,22 +178,58 @@ func OneLine(s string) string {
 
 // CPUProfile writes a CPU profile of this process to file (made anew, 0600)
 // until stop is called; an empty file profiles nothing. go tool pprof
-// reads it.
+// reads it. On each SIGUSR2 the profile so far is closed and the next
+// begun in file.1, file.2, …: a load measurement cuts its phases apart
+// (steady beats, a fan-out) without profiling the whole run as one.
 func CPUProfile(file string) (stop func(), err error) {
 	if file == "" {
 		return func() {}, nil
 	}
-	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	start := func(name string) (*os.File, error) {
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return f, nil
+	}
+	f, err := start(file)
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
+	var mu sync.Mutex
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	done := make(chan struct{})
+	go func() {
+		for n := 1; ; n++ {
+			select {
+			case <-done:
+				return
+			case <-usr2:
+			}
+			mu.Lock()
+			if f != nil {
+				pprof.StopCPUProfile()
+				f.Close()
+				f, _ = start(fmt.Sprintf("%s.%d", file, n)) // a profile that cannot begin ends profiling
+			}
+			mu.Unlock()
+		}
+	}()
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
+		signal.Stop(usr2)
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		if f != nil {
+			pprof.StopCPUProfile()
+			f.Close()
+			f = nil
+		}
 	}, nil
 }
 

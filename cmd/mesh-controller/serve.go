@@ -30,7 +30,7 @@ type ServeCmd struct {
 	BackupEvery         time.Duration `placeholder:"D" help:"Back every store up this often (1s or more), sealed to the operator key, into --backup-dir."`
 	BackupDir           string        `placeholder:"DIR" help:"Where --backup-every keeps its backups (made 0700), named mesh-backup-<UTC time>.age."`
 	BackupKeep          int           `default:"7" placeholder:"N" help:"How many of its backups --backup-every keeps; it deletes only older ones of its own naming."`
-	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes."`
+	CPUProfile          string        `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the daemon to FILE until it stops (go tool pprof reads it), to measure where its time goes; each SIGUSR2 closes it and begins the next in FILE.1, FILE.2, …"`
 	Metrics             string        `placeholder:"ADDR" help:"Answer /metrics in the Prometheus text format at ADDR (host:port), a loopback address unless --metrics-public; /healthz (alive) and /readyz (serving, its stores answering; 503 and why while it starts, stands by or stands aside) beside it."`
 	MetricsPublic       bool          `help:"Let --metrics listen on an address other machines can reach: the metrics say how many nodes there are, their states and the stores' sizes."`
 	AlertWebhook        string        `placeholder:"URL" help:"Post each alert raised or cleared (what mesh.alert carries) as JSON to URL (http or https), retried with back-off; never holding the daemon up (a full queue drops, and says so in the log). Its userinfo and query values are never logged."`
