@@ -135,6 +135,9 @@ func (c *Cluster) Restart(i int) {
 	c.WaitHealthy()
 }
 
+// Pid is the server process's, for a measure of its memory and CPU.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 func (s *Server) stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
