@@ -150,11 +150,13 @@ func (c *controller) heapProfile() string {
 	if c.profile == "" {
 		return ""
 	}
-	c.cmd.Process.Signal(syscall.SIGUSR1)
 	re := regexp.MustCompile(`heap profile written to .*: (.*)`)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	b, _ := os.ReadFile(c.profile + ".log")
+	before := len(re.FindAllSubmatch(b, -1))
+	c.cmd.Process.Signal(syscall.SIGUSR1)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		b, _ := os.ReadFile(c.profile + ".log")
-		if m := re.FindAllSubmatch(b, -1); len(m) > 0 {
+		if m := re.FindAllSubmatch(b, -1); len(m) > before {
 			return string(m[len(m)-1][1])
 		}
 	}
