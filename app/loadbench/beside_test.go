@@ -117,7 +117,7 @@ func floorRows(t *testing.T, bin string) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		var ff floorFigures
-		ff.rss, ff.cpu = f.window(steadyWindow)
+		ff.rss, ff.cpu = window(f.cmd.Process.Pid, steadyWindow)
 		if fan && b.decl.Node != "" {
 			ff.sign, ff.send, ff.sendTo = f.fanOut(b.decl)
 		}

@@ -30,12 +30,7 @@ func TestClusterServerKilled(t *testing.T) {
 	dir := t.TempDir()
 	mc, mh := build(t, dir, "./cmd/mesh-controller", "mesh-controller"), build(t, dir, "./cmd/mesh-host", "mesh-host")
 	c := newController(t, mc)
-	cl := clustertest.Start(t, 3, func(n broker.ClusterNode) (string, error) {
-		out, _ := c.run("broker", "show", "--config", "--name", n.Name, "--listen", n.Listen, "--cluster-listen", n.ClusterListen,
-			"--routes", strings.Join(n.Routes, ","), "--dir", n.Dir)
-		return out, nil
-	})
-	c.broker = cl.URLs()
+	cl := c.cluster()
 	c.profile = filepath.Join(dir, "serve")
 	c.serve()
 	defer c.stop()
@@ -89,4 +84,16 @@ func TestClusterServerKilled(t *testing.T) {
 		}
 	}
 	fmt.Printf("  killed at %s\n", at.UTC().Format(time.RFC3339Nano))
+}
+
+// cluster starts three nats-server processes, each configured as broker
+// show --config prints for it, and makes them serve's --broker.
+func (c *controller) cluster() *clustertest.Cluster {
+	cl := clustertest.Start(c.t, 3, func(n broker.ClusterNode) (string, error) {
+		out, _ := c.run("broker", "show", "--config", "--name", n.Name, "--listen", n.Listen, "--cluster-listen", n.ClusterListen,
+			"--routes", strings.Join(n.Routes, ","), "--dir", n.Dir)
+		return out, nil
+	})
+	c.broker = cl.URLs()
+	return cl
 }

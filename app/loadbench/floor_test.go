@@ -186,10 +186,9 @@ func (f *floorBroker) beat(interval time.Duration, beat []byte) {
 	}
 }
 
-// window is the bare server's resident memory at the end of d and its
-// share of one core over it.
-func (f *floorBroker) window(d time.Duration) (rss int64, cpu float64) {
-	pid := f.cmd.Process.Pid
+// window is process pid's resident memory at the end of d and its share
+// of one core over it: the controller's and the floor's steady state alike.
+func window(pid int, d time.Duration) (rss int64, cpu float64) {
 	t0, w0 := procTicks(pid), time.Now()
 	time.Sleep(d)
 	return procRSS(pid), float64(procTicks(pid)-t0) / 100 / time.Since(w0).Seconds()

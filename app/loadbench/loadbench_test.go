@@ -324,10 +324,7 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	// The steady window is a CPU profile of its own (serve's --cpu-profile
 	// begins the next file on each SIGUSR2): .cpu.pprof.1.
 	c.cmd.Process.Signal(syscall.SIGUSR2)
-	t0, w0 := procTicks(pid), time.Now()
-	time.Sleep(steadyWindow)
-	cpu := float64(procTicks(pid)-t0) / 100 / time.Since(w0).Seconds()
-	rss := procRSS(pid)
+	rss, cpu := window(pid, steadyWindow)
 	c.cmd.Process.Signal(syscall.SIGUSR2)
 	cpuGoal, memGoal, statusGoal, listGoal := "goal: heartbeats on at most a third of a core", "goal < 512 MiB at 10,000", "goal < 50 ms", "whole process"
 	if hosts >= 10000 {

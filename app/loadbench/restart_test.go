@@ -108,11 +108,7 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 			add(fmt.Sprintf("--memory-limit %d: hosts heard again", limit), measured(time.Since(start), n), "")
 		}
 		time.Sleep(10 * time.Second) // the reconnection's garbage collected
-		pid := c.cmd.Process.Pid
-		t0, w0 := procTicks(pid), time.Now()
-		time.Sleep(steadyWindow)
-		cpu := float64(procTicks(pid)-t0) / 100 / time.Since(w0).Seconds()
-		rss := procRSS(pid)
+		rss, cpu := window(c.cmd.Process.Pid, steadyWindow)
 		add(fmt.Sprintf("--memory-limit %d under %d hosts: resident memory / CPU", limit, hosts), fmt.Sprintf("%s / %.0f%%", mib(rss), cpu*100), "the collector's work for the memory")
 		if hosts == beside.hosts {
 			beside.limits = append(beside.limits, limitFigures{mib: limit, rss: rss, cpu: cpu})

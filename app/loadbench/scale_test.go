@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"mesh-controller/embedded/broker"
 	"mesh-controller/embedded/broker/clustertest"
 )
 
@@ -45,19 +44,14 @@ func TestScaleCluster(t *testing.T) {
 	dir := t.TempDir()
 	mc, mh := build(t, dir, "./cmd/mesh-controller", "mesh-controller"), build(t, dir, "./cmd/mesh-host", "mesh-host")
 	c := newController(t, mc)
-	// Idle, before any host: what the per-host figures are counted above.
-	cl := clustertest.Start(t, 3, func(n broker.ClusterNode) (string, error) {
-		out, _ := c.run("broker", "show", "--config", "--name", n.Name, "--listen", n.Listen, "--cluster-listen", n.ClusterListen,
-			"--routes", strings.Join(n.Routes, ","), "--dir", n.Dir)
-		return out, nil
-	})
-	c.broker = cl.URLs()
+	cl := c.cluster()
 	if pd := os.Getenv("MESH_BENCH_PROFILES"); pd != "" {
 		os.MkdirAll(pd, 0o755)
 		c.profile = filepath.Join(pd, fmt.Sprintf("scale-%d-hosts", hosts))
 	}
 	c.serve()
 	defer c.stop()
+	// Idle, before any host: what the per-host figures are counted above.
 	time.Sleep(2 * time.Second)
 	idleRSS := procRSS(c.cmd.Process.Pid)
 	idleHeap := heapInUse(c)
@@ -75,7 +69,6 @@ func TestScaleCluster(t *testing.T) {
 	fmt.Printf("  %-58s %-22s %s\n", "FIGURE", "VALUE", "BESIDE IT")
 	st := openStores(t, c.data)
 	var sims []*exec.Cmd
-	start := time.Now()
 	for i := 0; i*simPerProcess < len(lines); i++ {
 		part := filepath.Join(c.data, fmt.Sprintf("tokens-%d.txt", i))
 		if err := os.WriteFile(part, []byte(strings.Join(lines[i*simPerProcess:min((i+1)*simPerProcess, len(lines))], "")), 0o600); err != nil {
@@ -99,7 +92,6 @@ func TestScaleCluster(t *testing.T) {
 	if n < hosts {
 		t.Logf("only %d of %d hosts beat: the figures are of them", n, hosts)
 	}
-	_ = start
 
 	// A whole interval for the crowd's garbage, then a window of two.
 	time.Sleep(interval)
