@@ -74,8 +74,10 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	// A refusal that changes nothing is decided by a read, without the
 	// writer: a flood of wrong tokens does not hold up this store's writes.
 	var pending []int
+	read := sqlite.Prepared(s.db.Reader)
+	defer read.Close()
 	for i, j := range joins {
-		if refusal, err := checkToken(ctx, s.db.Reader, j.Token, j.Host.Node, now); err != nil {
+		if refusal, err := checkToken(ctx, read, j.Token, j.Host.Node, now); err != nil {
 			out[i].Err = s.db.Failed(err, "join %s", j.Host.Node)
 		} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
 			out[i].Err = refusal
@@ -86,7 +88,10 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	if len(pending) == 0 {
 		return out
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err := s.db.Write(ctx, func(wtx *sql.Tx) error {
+		// Each join runs the same statements: parsed once for the batch.
+		tx := sqlite.Prepared(wtx)
+		defer tx.Close()
 		for _, i := range pending {
 			if _, err := tx.ExecContext(ctx, `SAVEPOINT host_join`); err != nil {
 				return err
@@ -120,7 +125,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 // joinOne is one join within tx: refused (and a used token's reuse
 // remembered), or the token marked used, the host's keys kept, its broker
 // user recorded and its node's earlier host users revoked.
-func joinOne(ctx context.Context, tx *sql.Tx, j HostJoin, now time.Time) (revoked int, refusal, err error) {
+func joinOne(ctx context.Context, tx writer, j HostJoin, now time.Time) (revoked int, refusal, err error) {
 	token, h := j.Token, j.Host
 	if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
 		if errors.Is(refusal, ErrTokenUsed) {
