@@ -602,12 +602,13 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 		}
 	}
 	revoked := 0
-	var rejoined []string
+	var admitted, rejoined []string
 	for i, j := range batch {
-		if renewals[i] {
+		if renewals[i] || !d.answerJoin(j.m, reqs[i], results[i]) {
 			continue
 		}
-		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
+		admitted = append(admitted, reqs[i].Node)
+		if results[i].Revoked > 0 {
 			revoked += results[i].Revoked
 			rejoined = append(rejoined, reqs[i].Node)
 		}
@@ -620,10 +621,32 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	case len(rejoined) > 1:
 		d.disconnectRevoked(fmt.Sprintf("re-joined: their earlier host users revoked (%d)", revoked), "nodes", strings.Join(rejoined, ","))
 	}
+	d.afterJoins(ctx, admitted)
+}
+
+// afterJoins hands the nodes just admitted that have something assigned
+// to the loop, whose catch-up makes the secrets sealed to them that they
+// waited for. Most nodes join with nothing assigned, and are asked about
+// here, a batch in one query, rather than on the loop, which absorbs
+// heartbeats. A query that failed hands them all over: the catch-up finds
+// out itself.
+func (d *daemon) afterJoins(ctx context.Context, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	assigned, err := d.st.Inventory.Assigned(ctx, nodes)
+	if err != nil && ctx.Err() == nil {
+		d.log.Error("after joins: read which have assignments", "nodes", len(nodes), "err", err)
+	}
+	for _, node := range nodes {
+		if assigned[node] || err != nil {
+			d.handOver(event{kind: evJoined, node: node})
+		}
+	}
 }
 
 // answerJoin answers one judged join and says whether it was admitted.
-func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
+func (d *daemon) answerJoin(m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
 	source := sourceOf(m)
 	var refusal *Refusal
 	switch err := res.Err; {
@@ -656,18 +679,6 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 	d.keys.heard(r.Node, protocol.Of(r.Protocol)) // recorded by the join itself
 	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
 	d.respondTo(m, "", res.Reply)
-	// A node joining with something assigned waited for secrets sealed to
-	// it: the loop's catch-up makes them. Most nodes join with nothing
-	// assigned, and are counted here rather than on the loop, which absorbs
-	// heartbeats. A count that failed is handed over too: the catch-up finds
-	// out itself.
-	n, err := d.st.Inventory.CountAssignments(ctx, r.Node)
-	if err != nil && ctx.Err() == nil {
-		d.log.Error("after a join: count its assignments", "node", r.Node, "err", err)
-	}
-	if n > 0 || err != nil {
-		d.handOver(event{kind: evJoined, node: r.Node})
-	}
 	return true
 }
 
