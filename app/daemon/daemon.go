@@ -329,6 +329,9 @@ type Admitted struct {
 	// Revoked counts the node's earlier host users the join revoked: the
 	// daemon closes their connections.
 	Revoked int
+	// Again means the host had joined with this request already, and asked
+	// again because its answer did not reach it: it is answered again.
+	Again bool
 }
 
 // JoinResult is what became of one join: what admitting it made, or Err:

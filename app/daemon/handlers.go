@@ -677,7 +677,11 @@ func (d *daemon) answerJoin(m *nats.Msg, r protocol.JoinRequest, res JoinResult)
 	}
 	d.keys.set(r.Node, res.HostKey)
 	d.keys.heard(r.Node, protocol.Of(r.Protocol)) // recorded by the join itself
-	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	if res.Again {
+		d.log.Info("joined, answered again: its first answer did not reach it", "node", r.Node, "source", source)
+	} else {
+		d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	}
 	d.respondTo(m, "", res.Reply)
 	return true
 }

@@ -400,6 +400,39 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 		}
 	})
 
+	t.Run("a join asked again is answered again, and only for the same keys", func(t *testing.T) {
+		it, err := m.c.TokenIssue(ctx, app.TokenRequest{Node: "web6", New: true, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, _ := m.anonymous(t)
+		ask := func(req []byte) protocol.JoinReply {
+			t.Helper()
+			msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reply protocol.JoinReply
+			if err := json.Unmarshal(msg.Data, &reply); err != nil {
+				t.Fatal(err)
+			}
+			return reply
+		}
+		// As a host whose first answer did not reach it asks again.
+		req := joinRequest(t, it.Token, "web6")
+		for i := range 2 {
+			if reply := ask(req); !reply.OK {
+				t.Fatalf("ask %d: %+v", i+1, reply)
+			}
+		}
+		if !strings.Contains(m.logs.String(), "answered again") {
+			t.Errorf("the log does not say the join was answered again:\n%s", m.logs.String())
+		}
+		if reply := ask(joinRequest(t, it.Token, "web6")); reply.OK || reply.Error != protocol.JoinRefused {
+			t.Fatalf("the used token with other keys: %+v", reply)
+		}
+	})
+
 	t.Run("300 wrong tokens in 10 s raise join.refused, with the count and the source", func(t *testing.T) {
 		nc, _ := m.anonymous(t)
 		start := time.Now()
