@@ -92,6 +92,11 @@ type State struct {
 	// ring is the controller keys the host accepts once it heard a
 	// rotation (keys.go); nil: ControllerKey alone.
 	ring *keyring
+	// parsed is Creds read (parsedCreds), kept until Creds changes: each
+	// connection asks for the user JWT and a signature with the nkey.
+	parsedCreds string
+	parsedJWT   string
+	parsedKey   nkeys.KeyPair
 }
 
 const (
@@ -418,15 +423,15 @@ func (s *State) EnsureWireGuardKey() error {
 // only it may read. The user is read at each (re)connection: a credential
 // renewed while the host runs is the one its next connection presents.
 func (s *State) ConnectOptions() ([]nats.Option, error) {
-	if _, _, err := parseCreds(s.creds()); err != nil {
+	if _, _, err := s.parsed(); err != nil {
 		return nil, err
 	}
 	user := func() (string, error) {
-		userJWT, _, err := parseCreds(s.creds())
+		userJWT, _, err := s.parsed()
 		return userJWT, err
 	}
 	sign := func(nonce []byte) ([]byte, error) {
-		_, kp, err := parseCreds(s.creds())
+		_, kp, err := s.parsed()
 		if err != nil {
 			return nil, err
 		}
@@ -434,6 +439,21 @@ func (s *State) ConnectOptions() ([]nats.Option, error) {
 	}
 	return []nats.Option{nats.UserJWT(user, sign), nats.Name("mesh-host " + s.Node),
 		nats.CustomInboxPrefix(protocol.HostInboxPrefix(s.Node))}, nil
+}
+
+// parsed is the host's creds read: the user JWT and the nkey, read again
+// only once they changed (renewed).
+func (s *State) parsed() (string, nkeys.KeyPair, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.parsedKey == nil || s.parsedCreds != s.Creds {
+		userJWT, kp, err := parseCreds(s.Creds)
+		if err != nil {
+			return "", nil, err
+		}
+		s.parsedCreds, s.parsedJWT, s.parsedKey = s.Creds, userJWT, kp
+	}
+	return s.parsedJWT, s.parsedKey, nil
 }
 
 // parseCreds reads a .creds document: the user JWT and the nkey.
@@ -447,11 +467,4 @@ func parseCreds(creds string) (string, nkeys.KeyPair, error) {
 		return "", nil, fmt.Errorf("%s: %w", fileCreds, err)
 	}
 	return userJWT, kp, nil
-}
-
-// creds is the host's .creds document as it stands.
-func (s *State) creds() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.Creds
 }
