@@ -288,16 +288,67 @@ func (d *daemon) onFacts(m *nats.Msg) {
 		}
 		found = append(found, fd)
 	}
-	refused, err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now())
+	select {
+	case d.facts <- inventory.FactsReport{Node: node, Facts: facts, Found: found, At: d.u.Now()}:
+	default:
+		// Its host reports again when it connects again, or when they
+		// change.
+		d.o.Counters.Dropped.Add(1)
+		d.o.Metrics.Drop("facts queue full")
+	}
+}
+
+// How facts reports wait for the facts writer: a rack joining or coming
+// back at once reports ten thousand times within seconds; kept one
+// transaction each, the reports held the inventory's writer from the
+// joins, kept up to factsBatch at once they take a few commits.
+const (
+	factsQueue = 1 << 13
+	factsBatch = 512
+)
+
+// factsWriter keeps facts reports until ctx ends: whatever waits is taken
+// together (up to factsBatch) and kept in one transaction.
+func (d *daemon) factsWriter(ctx context.Context) {
+	batch := make([]inventory.FactsReport, 0, factsBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case f := <-d.facts:
+			batch = append(batch[:0], f)
+		}
+	more:
+		for len(batch) < factsBatch {
+			select {
+			case f := <-d.facts:
+				batch = append(batch, f)
+			default:
+				break more
+			}
+		}
+		d.keepFacts(ctx, batch)
+	}
+}
+
+// keepFacts keeps a batch of facts reports and says what each refused.
+func (d *daemon) keepFacts(ctx context.Context, batch []inventory.FactsReport) {
+	kept, err := d.st.Inventory.RecordFactsMany(ctx, batch)
 	if err != nil {
 		d.deposed(err)
-		d.log.Error("record facts", "node", node, "err", err)
+		d.log.Error("record facts", "nodes", len(batch), "err", err)
 		return
 	}
-	if refused != nil {
-		// The rest of the report is kept; the self-check raises
-		// overlay.key-conflict from what the store keeps of it.
-		d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", refused.Holder)
+	for i, k := range kept {
+		node := batch[i].Node
+		switch {
+		case k.Err != nil:
+			d.log.Error("record facts", "node", node, "err", k.Err)
+		case k.Refused != nil:
+			// The rest of the report is kept; the self-check raises
+			// overlay.key-conflict from what the store keeps of it.
+			d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", k.Refused.Holder)
+		}
 	}
 }
 
