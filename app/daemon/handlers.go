@@ -310,25 +310,7 @@ const (
 // factsWriter keeps facts reports until ctx ends: whatever waits is taken
 // together (up to factsBatch) and kept in one transaction.
 func (d *daemon) factsWriter(ctx context.Context) {
-	batch := make([]inventory.FactsReport, 0, factsBatch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case f := <-d.facts:
-			batch = append(batch[:0], f)
-		}
-	more:
-		for len(batch) < factsBatch {
-			select {
-			case f := <-d.facts:
-				batch = append(batch, f)
-			default:
-				break more
-			}
-		}
-		d.keepFacts(ctx, batch)
-	}
+	inBatches(ctx, d.facts, factsBatch, func(batch []inventory.FactsReport) { d.keepFacts(ctx, batch) })
 }
 
 // keepFacts keeps a batch of facts reports and says what each refused.
@@ -408,24 +390,32 @@ func (d *daemon) onApplied(m *nats.Msg) {
 // together (up to appliedBatch), kept in one transaction, then answered,
 // so the hosts hear "recorded" only once it is.
 func (d *daemon) outcomeWriter(ctx context.Context) {
-	batch := make([]applied, 0, appliedBatch)
+	inBatches(ctx, d.applied, appliedBatch, func(batch []applied) { d.keepOutcomes(ctx, batch) })
+}
+
+// inBatches hands keep what waits in ch, as it comes, until ctx ends: all
+// that waits at once (up to most) in one batch, so that a crowd of reports
+// is kept in a few transactions rather than one each. The batch is keep's
+// only until it returns.
+func inBatches[T any](ctx context.Context, ch <-chan T, most int, keep func([]T)) {
+	batch := make([]T, 0, most)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case a := <-d.applied:
-			batch = append(batch[:0], a)
+		case x := <-ch:
+			batch = append(batch[:0], x)
 		}
 	more:
-		for len(batch) < appliedBatch {
+		for len(batch) < most {
 			select {
-			case a := <-d.applied:
-				batch = append(batch, a)
+			case x := <-ch:
+				batch = append(batch, x)
 			default:
 				break more
 			}
 		}
-		d.keepOutcomes(ctx, batch)
+		keep(batch)
 	}
 }
 

@@ -91,11 +91,7 @@ func TestStore_RecordFactsMany(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	for _, n := range []string{"web1", "web2"} {
-		if _, err := s.AddNode(ctx, n, Converged, now); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addNodes(t, s, now, "web1", "web2")
 	arch := func(v string) []Fact { return []Fact{{Name: "arch", Value: v, Why: "x"}} }
 	kept, err := s.RecordFactsMany(ctx, []FactsReport{
 		{Node: "web1", Facts: arch("amd64"), At: now},
