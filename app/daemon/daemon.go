@@ -329,6 +329,9 @@ type Admitted struct {
 	// Revoked counts the node's earlier host users the join revoked: the
 	// daemon closes their connections.
 	Revoked int
+	// Again means the host had joined with this request already, and asked
+	// again because its answer did not reach it: it is answered again.
+	Again bool
 }
 
 // JoinResult is what became of one join: what admitting it made, or Err:
@@ -424,6 +427,9 @@ type daemon struct {
 	// applied are hosts' verified apply reports, waiting for the outcome
 	// writer to keep them, many to a transaction.
 	applied chan applied
+	// facts are hosts' verified facts reports, waiting for the facts
+	// writer to keep them, many to a transaction.
+	facts chan inventory.FactsReport
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -668,6 +674,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}, protocols: map[string]string{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
+		facts:     make(chan inventory.FactsReport, factsQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
@@ -715,6 +722,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		workers.Go(func() { d.askWorker(ctx) })
 	}
 	workers.Go(func() { d.outcomeWriter(ctx) })
+	workers.Go(func() { d.factsWriter(ctx) })
 	go func() {
 		workers.Wait()
 		close(joinsDone)

@@ -288,16 +288,49 @@ func (d *daemon) onFacts(m *nats.Msg) {
 		}
 		found = append(found, fd)
 	}
-	refused, err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now())
+	select {
+	case d.facts <- inventory.FactsReport{Node: node, Facts: facts, Found: found, At: d.u.Now()}:
+	default:
+		// Its host reports again when it connects again, or when they
+		// change.
+		d.o.Counters.Dropped.Add(1)
+		d.o.Metrics.Drop("facts queue full")
+	}
+}
+
+// How facts reports wait for the facts writer: a rack joining or coming
+// back at once reports ten thousand times within seconds; kept one
+// transaction each, the reports held the inventory's writer from the
+// joins, kept up to factsBatch at once they take a few commits.
+const (
+	factsQueue = 1 << 13
+	factsBatch = 512
+)
+
+// factsWriter keeps facts reports until ctx ends: whatever waits is taken
+// together (up to factsBatch) and kept in one transaction.
+func (d *daemon) factsWriter(ctx context.Context) {
+	inBatches(ctx, d.facts, factsBatch, func(batch []inventory.FactsReport) { d.keepFacts(ctx, batch) })
+}
+
+// keepFacts keeps a batch of facts reports and says what each refused.
+func (d *daemon) keepFacts(ctx context.Context, batch []inventory.FactsReport) {
+	kept, err := d.st.Inventory.RecordFactsMany(ctx, batch)
 	if err != nil {
 		d.deposed(err)
-		d.log.Error("record facts", "node", node, "err", err)
+		d.log.Error("record facts", "nodes", len(batch), "err", err)
 		return
 	}
-	if refused != nil {
-		// The rest of the report is kept; the self-check raises
-		// overlay.key-conflict from what the store keeps of it.
-		d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", refused.Holder)
+	for i, k := range kept {
+		node := batch[i].Node
+		switch {
+		case k.Err != nil:
+			d.log.Error("record facts", "node", node, "err", k.Err)
+		case k.Refused != nil:
+			// The rest of the report is kept; the self-check raises
+			// overlay.key-conflict from what the store keeps of it.
+			d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", k.Refused.Holder)
+		}
 	}
 }
 
@@ -357,24 +390,32 @@ func (d *daemon) onApplied(m *nats.Msg) {
 // together (up to appliedBatch), kept in one transaction, then answered,
 // so the hosts hear "recorded" only once it is.
 func (d *daemon) outcomeWriter(ctx context.Context) {
-	batch := make([]applied, 0, appliedBatch)
+	inBatches(ctx, d.applied, appliedBatch, func(batch []applied) { d.keepOutcomes(ctx, batch) })
+}
+
+// inBatches hands keep what waits in ch, as it comes, until ctx ends: all
+// that waits at once (up to most) in one batch, so that a crowd of reports
+// is kept in a few transactions rather than one each. The batch is keep's
+// only until it returns.
+func inBatches[T any](ctx context.Context, ch <-chan T, most int, keep func([]T)) {
+	batch := make([]T, 0, most)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case a := <-d.applied:
-			batch = append(batch[:0], a)
+		case x := <-ch:
+			batch = append(batch[:0], x)
 		}
 	more:
-		for len(batch) < appliedBatch {
+		for len(batch) < most {
 			select {
-			case a := <-d.applied:
-				batch = append(batch, a)
+			case x := <-ch:
+				batch = append(batch, x)
 			default:
 				break more
 			}
 		}
-		d.keepOutcomes(ctx, batch)
+		keep(batch)
 	}
 }
 
@@ -602,12 +643,13 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 		}
 	}
 	revoked := 0
-	var rejoined []string
+	var admitted, rejoined []string
 	for i, j := range batch {
-		if renewals[i] {
+		if renewals[i] || !d.answerJoin(j.m, reqs[i], results[i]) {
 			continue
 		}
-		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
+		admitted = append(admitted, reqs[i].Node)
+		if results[i].Revoked > 0 {
 			revoked += results[i].Revoked
 			rejoined = append(rejoined, reqs[i].Node)
 		}
@@ -620,10 +662,32 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	case len(rejoined) > 1:
 		d.disconnectRevoked(fmt.Sprintf("re-joined: their earlier host users revoked (%d)", revoked), "nodes", strings.Join(rejoined, ","))
 	}
+	d.afterJoins(ctx, admitted)
+}
+
+// afterJoins hands the nodes just admitted that have something assigned
+// to the loop, whose catch-up makes the secrets sealed to them that they
+// waited for. Most nodes join with nothing assigned, and are asked about
+// here, a batch in one query, rather than on the loop, which absorbs
+// heartbeats. A query that failed hands them all over: the catch-up finds
+// out itself.
+func (d *daemon) afterJoins(ctx context.Context, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	assigned, err := d.st.Inventory.Assigned(ctx, nodes)
+	if err != nil && ctx.Err() == nil {
+		d.log.Error("after joins: read which have assignments", "nodes", len(nodes), "err", err)
+	}
+	for _, node := range nodes {
+		if assigned[node] || err != nil {
+			d.handOver(event{kind: evJoined, node: node})
+		}
+	}
 }
 
 // answerJoin answers one judged join and says whether it was admitted.
-func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
+func (d *daemon) answerJoin(m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
 	source := sourceOf(m)
 	var refusal *Refusal
 	switch err := res.Err; {
@@ -654,20 +718,12 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 	}
 	d.keys.set(r.Node, res.HostKey)
 	d.keys.heard(r.Node, protocol.Of(r.Protocol)) // recorded by the join itself
-	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	if res.Again {
+		d.log.Info("joined, answered again: its first answer did not reach it", "node", r.Node, "source", source)
+	} else {
+		d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	}
 	d.respondTo(m, "", res.Reply)
-	// A node joining with something assigned waited for secrets sealed to
-	// it: the loop's catch-up makes them. Most nodes join with nothing
-	// assigned, and are counted here rather than on the loop, which absorbs
-	// heartbeats. A count that failed is handed over too: the catch-up finds
-	// out itself.
-	n, err := d.st.Inventory.CountAssignments(ctx, r.Node)
-	if err != nil && ctx.Err() == nil {
-		d.log.Error("after a join: count its assignments", "node", r.Node, "err", err)
-	}
-	if n > 0 || err != nil {
-		d.handOver(event{kind: evJoined, node: r.Node})
-	}
 	return true
 }
 

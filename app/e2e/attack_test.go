@@ -318,6 +318,12 @@ func (m *testMesh) anonymous(t *testing.T) (*nats.Conn, violations) {
 func askJoin(t *testing.T, nc *nats.Conn) protocol.JoinReply {
 	t.Helper()
 	req, _ := json.Marshal(protocol.JoinRequest{Token: "meshjoin_nope", Node: "web9"})
+	return askJoinWith(t, nc, req)
+}
+
+// askJoinWith asks to join with req and returns the answer.
+func askJoinWith(t *testing.T, nc *nats.Conn, req []byte) protocol.JoinReply {
+	t.Helper()
 	msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -540,6 +546,27 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 			if !strings.Contains(m.logs.String(), ` err="`+reason+`: `) {
 				t.Errorf("the log does not keep the reason %q", reason)
 			}
+		}
+	})
+
+	t.Run("a join asked again is answered again, and only for the same keys", func(t *testing.T) {
+		it, err := m.c.TokenIssue(ctx, app.TokenRequest{Node: "web6", New: true, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, _ := m.anonymous(t)
+		// As a host whose first answer did not reach it asks again.
+		req := joinRequest(t, it.Token, "web6")
+		for i := range 2 {
+			if reply := askJoinWith(t, nc, req); !reply.OK {
+				t.Fatalf("ask %d: %+v", i+1, reply)
+			}
+		}
+		if !strings.Contains(m.logs.String(), "answered again") {
+			t.Errorf("the log does not say the join was answered again:\n%s", m.logs.String())
+		}
+		if reply := askJoinWith(t, nc, joinRequest(t, it.Token, "web6")); reply.OK || reply.Error != protocol.JoinRefused {
+			t.Fatalf("the used token with other keys: %+v", reply)
 		}
 	})
 

@@ -192,12 +192,30 @@ func scanRetirement(rows *sql.Rows) (Retirement, error) {
 	return r, err
 }
 
-// CountAssignments counts the modules assigned to a node.
-func (s *Store) CountAssignments(ctx context.Context, node string) (_ int, err error) {
-	defer s.db.Failing(&err, "count the assignments on %s", node)
-	var n int
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
-	return n, err
+// Assigned is which of nodes have a module assigned: a rack that joined
+// together is asked about in one query, not one each.
+func (s *Store) Assigned(ctx context.Context, nodes []string) (_ map[string]bool, err error) {
+	defer s.db.Failing(&err, "read which of %d nodes have assignments", len(nodes))
+	out := map[string]bool{}
+	err = sqlite.InChunks(nodes, func(marks string, args []any) error {
+		rows, err := s.db.Reader.QueryContext(ctx, `SELECT DISTINCT node FROM assignments WHERE node IN (`+marks+`)`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var node string
+			if err := rows.Scan(&node); err != nil {
+				return err
+			}
+			out[node] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // AssignmentsOn lists what is assigned to one node, by module.

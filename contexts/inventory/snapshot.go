@@ -252,8 +252,21 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	return snap, nil
 }
 
+// queryer runs a transaction's queries: a *sql.Tx, or one whose statements
+// are prepared once for a batch (sqlite.Statements).
+type queryer interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}
+
+// txer runs a transaction's statements, as queryer.
+type txer interface {
+	queryer
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}
+
 // each runs fn on every row a query gives.
-func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) error, args ...any) error {
+func each(ctx context.Context, tx queryer, query string, fn func(*sql.Rows) error, args ...any) error {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
