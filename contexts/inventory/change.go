@@ -207,7 +207,7 @@ func (s *Snapshot) Clone() *Snapshot {
 	c.Seats.Pins = maps.Clone(s.Seats.Pins)
 	c.Seats.Bindings = maps.Clone(s.Seats.Bindings)
 	c.Seats.Consumers = slices.Clone(s.Seats.Consumers)
-	c.versions = nil
+	c.versions, c.onNode, c.indexed = nil, nil, nil
 	return &c
 }
 
@@ -218,7 +218,7 @@ func (s *Snapshot) Assign(as ...Assignment) {
 	slices.SortFunc(s.Assignments, func(a, b Assignment) int {
 		return strings.Compare(a.Node+"\x00"+a.Module, b.Node+"\x00"+b.Module)
 	})
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // Unassign takes assignments out of the snapshot (in memory), with the
@@ -230,7 +230,7 @@ func (s *Snapshot) Unassign(hs ...Holder) {
 		s.Seats.Holders[seat] = slices.DeleteFunc(holders, func(h Holder) bool { return gone(h.Node, h.Module) })
 	}
 	maps.DeleteFunc(s.Seats.Bindings, func(_ string, b Binding) bool { return gone(b.Node, b.Module) })
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // SetVersion moves an assignment to another version (in memory).
@@ -240,7 +240,7 @@ func (s *Snapshot) SetVersion(node, module, version string) {
 			s.Assignments[i].Version = version
 		}
 	}
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // TakeUnheldSeats gives every seat no one holds to the first of these

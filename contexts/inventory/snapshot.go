@@ -73,6 +73,10 @@ type Snapshot struct {
 	WithoutSnapshot map[Holder]string
 
 	versions map[Holder]string
+	// onNode indexes Assignments by node (AssignmentsOf), made from the
+	// slice indexed: a slice put in its place is indexed again.
+	onNode  map[string][]int
+	indexed []Assignment
 }
 
 // VersionOn is the version of a module assigned on a node, "" if none.
@@ -267,15 +271,27 @@ func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) erro
 	return rows.Err()
 }
 
-// AssignmentsOf returns the snapshot's assignments on one node.
+// AssignmentsOf returns the snapshot's assignments on one node. An act on
+// every node asks it of each: the assignments are indexed by node once,
+// not scanned whole each time.
 func (s *Snapshot) AssignmentsOf(node string) []Assignment {
-	var out []Assignment
-	for _, a := range s.Assignments {
-		if a.Node == node {
-			out = append(out, a)
+	if s.onNode == nil || !sameSlice(s.indexed, s.Assignments) {
+		s.onNode = make(map[string][]int, len(s.Nodes))
+		for i, a := range s.Assignments {
+			s.onNode[a.Node] = append(s.onNode[a.Node], i)
 		}
+		s.indexed = s.Assignments
+	}
+	var out []Assignment
+	for _, i := range s.onNode[node] {
+		out = append(out, s.Assignments[i])
 	}
 	return out
+}
+
+// sameSlice says whether a and b are one slice: the same elements, as many.
+func sameSlice(a, b []Assignment) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // NodesRunning returns the nodes a module is assigned to, by name.
