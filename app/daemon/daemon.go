@@ -424,6 +424,9 @@ type daemon struct {
 	// applied are hosts' verified apply reports, waiting for the outcome
 	// writer to keep them, many to a transaction.
 	applied chan applied
+	// data are hosts' verified data reports, waiting for the data writer
+	// to keep them, many to a transaction.
+	data chan dataReport
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -668,6 +671,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}, protocols: map[string]string{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
+		data:      make(chan dataReport, dataQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
@@ -715,6 +719,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		workers.Go(func() { d.askWorker(ctx) })
 	}
 	workers.Go(func() { d.outcomeWriter(ctx) })
+	workers.Go(func() { d.dataWriter(ctx) })
 	go func() {
 		workers.Wait()
 		close(joinsDone)
@@ -1078,6 +1083,15 @@ func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 	if deposed {
 		d.logf("stopped serving: deposed")
 		return
+	}
+	// The data reports the writer had not taken, and those the handlers
+	// queued as the connections drained.
+	for len(d.data) > 0 {
+		batch := make([]dataReport, 0, min(len(d.data), dataBatch))
+		for len(batch) < cap(batch) {
+			batch = append(batch, <-d.data)
+		}
+		d.keepData(ctx, batch)
 	}
 	d.flush(ctx)
 	d.aggregate(ctx)

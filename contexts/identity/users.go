@@ -128,26 +128,29 @@ func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke [
 	defer s.db.Failing(&err, "keep module users")
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An upgrade moves every node's user of the module.
+		stmts := sqlite.NewStatements(tx)
+		defer stmts.Close()
 		for _, u := range moved {
-			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET version = ? WHERE pub = ? AND revoked_at IS NULL`, u.Version, u.Pub); err != nil {
+			if _, err := stmts.ExecContext(ctx, `UPDATE issued_users SET version = ? WHERE pub = ? AND revoked_at IS NULL`, u.Version, u.Pub); err != nil {
 				return fmt.Errorf("keep module user: %w", err)
 			}
 		}
 		for _, pub := range revoke {
-			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
+			if _, err := stmts.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
 				return fmt.Errorf("revoke module user: %w", err)
 			}
 		}
 		for _, u := range made {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE kind = 'module' AND node = ? AND module = ? AND version = ?
+			if err := stmts.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE kind = 'module' AND node = ? AND module = ? AND version = ?
 				AND sealed != '' AND revoked_at IS NULL`, u.Node, u.Module, u.Version).Scan(&n); err != nil {
 				return err
 			}
 			if n > 0 {
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, version, sealed, issued_at) VALUES (?, 'module', ?, ?, ?, ?, ?)`,
+			if _, err := stmts.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, version, sealed, issued_at) VALUES (?, 'module', ?, ?, ?, ?, ?)`,
 				u.Pub, u.Node, u.Module, u.Version, u.Sealed, at); err != nil {
 				return fmt.Errorf("record module user: %w", err)
 			}
