@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -125,6 +126,17 @@ func (d *daemon) subscribe(ctx context.Context) error {
 	for subject, h := range subs {
 		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
 			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+	}
+	// Apply reports are checked on as many goroutines as there are cores:
+	// after a change to every node they all come at once, and each
+	// subscription's messages are handled one after another. The broker
+	// hands each report to one member of the queue group; a host sends its
+	// next report once this one is answered (or its answer waited for in
+	// vain), so a host's reports keep their order.
+	for range runtime.GOMAXPROCS(0) - 1 {
+		if _, err := d.nc.QueueSubscribe(protocol.NodeWildcard(protocol.Applied), "controller", d.onApplied); err != nil {
+			return fmt.Errorf("subscribe %s: %w", protocol.NodeWildcard(protocol.Applied), err)
 		}
 	}
 	if err := d.nc.Flush(); err != nil {
