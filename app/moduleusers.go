@@ -46,7 +46,7 @@ func (c uses) ensureMade(ctx context.Context, st *Stores, snap *inventory.Snapsh
 // the serving controller is told, so the broker refuses them. The
 // plans of the nodes concerned move first, as ensureSecrets does.
 func (c uses) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
-	have, err := st.Identity.ModuleUsers(ctx)
+	have, err := st.Identity.ModuleUsersUnsealed(ctx)
 	if err != nil {
 		return nil, err
 	}

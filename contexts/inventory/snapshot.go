@@ -200,6 +200,15 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	if err != nil {
 		return nil, err
 	}
+	// Sized at once: a mesh of ten thousand nodes has as many assignments
+	// or more, and growing the slice row by row copied them over and over.
+	var count int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments`).Scan(&count); err != nil {
+		return nil, err
+	}
+	if count > 0 {
+		snap.Assignments = make([]Assignment, 0, count)
+	}
 	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified, coalesce(pending_version, ''), coalesce(taken, '') FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
 		var a Assignment
 		var at, unverified, taken string
@@ -221,7 +230,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 		if a.AssignedAt, err = sqlite.ParseTime(at); err != nil {
 			return err
 		}
-		if err := json.Unmarshal([]byte(unverified), &a.Unverified); err != nil {
+		if unverified == "[]" {
+			a.Unverified = []string{} // as decoded, without the decoder: most are
+		} else if err := json.Unmarshal([]byte(unverified), &a.Unverified); err != nil {
 			return err
 		}
 		snap.Assignments = append(snap.Assignments, a)
