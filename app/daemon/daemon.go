@@ -430,6 +430,9 @@ type daemon struct {
 	// facts are hosts' verified facts reports, waiting for the facts
 	// writer to keep them, many to a transaction.
 	facts chan inventory.FactsReport
+	// data are hosts' verified data reports, waiting for the data writer
+	// to keep them, many to a transaction.
+	data chan dataReport
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -675,6 +678,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
 		facts:     make(chan inventory.FactsReport, factsQueue),
+		data:      make(chan dataReport, dataQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
@@ -723,6 +727,7 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 	}
 	workers.Go(func() { d.outcomeWriter(ctx) })
 	workers.Go(func() { d.factsWriter(ctx) })
+	workers.Go(func() { d.dataWriter(ctx) })
 	go func() {
 		workers.Wait()
 		close(joinsDone)
@@ -1086,6 +1091,15 @@ func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 	if deposed {
 		d.logf("stopped serving: deposed")
 		return
+	}
+	// The data reports the writer had not taken, and those the handlers
+	// queued as the connections drained.
+	for len(d.data) > 0 {
+		batch := make([]dataReport, 0, min(len(d.data), dataBatch))
+		for len(batch) < cap(batch) {
+			batch = append(batch, <-d.data)
+		}
+		d.keepData(ctx, batch)
 	}
 	d.flush(ctx)
 	d.aggregate(ctx)

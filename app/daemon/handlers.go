@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -125,6 +126,17 @@ func (d *daemon) subscribe(ctx context.Context) error {
 	for subject, h := range subs {
 		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
 			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+	}
+	// Apply reports are checked on as many goroutines as there are cores:
+	// after a change to every node they all come at once, and each
+	// subscription's messages are handled one after another. The broker
+	// hands each report to one member of the queue group; a host sends its
+	// next report once this one is answered (or its answer waited for in
+	// vain), so a host's reports keep their order.
+	for range runtime.GOMAXPROCS(0) - 1 {
+		if _, err := d.nc.QueueSubscribe(protocol.NodeWildcard(protocol.Applied), "controller", d.onApplied); err != nil {
+			return fmt.Errorf("subscribe %s: %w", protocol.NodeWildcard(protocol.Applied), err)
 		}
 	}
 	if err := d.nc.Flush(); err != nil {
@@ -468,26 +480,71 @@ func (d *daemon) onData(m *nats.Msg) {
 		d.refuse(m, node, fmt.Sprintf("%d data sets and %d deletions, over %d", len(b.Sets), len(b.Deleted), maxDataSets))
 		return
 	}
-	ctx := d.bg
-	sets := make([]inventory.DataSet, 0, len(b.Sets))
+	r := dataReport{report: inventory.DataReport{Node: node, Sets: make([]inventory.DataSet, 0, len(b.Sets)), At: d.u.Now()}}
 	for _, s := range b.Sets {
-		sets = append(sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
+		r.report.Sets = append(r.report.Sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
 	}
-	if err := d.st.Inventory.RecordDataSets(ctx, node, sets, d.u.Now()); err != nil {
-		d.deposed(err)
-		d.log.Error("record data sets", "node", node, "err", err)
+	for _, del := range b.Deleted {
+		r.deleted = append(r.deleted, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
 	}
-	if len(b.Deleted) > 0 {
-		done := make([]inventory.Deletion, 0, len(b.Deleted))
-		for _, del := range b.Deleted {
-			done = append(done, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
+	select {
+	case d.data <- r:
+	default:
+		// Past the queue's bound the report is kept here, in turn.
+		d.keepData(d.bg, []dataReport{r})
+	}
+}
+
+// dataReport is one host's verified data report, waiting to be kept.
+type dataReport struct {
+	report  inventory.DataReport
+	deleted []inventory.Deletion
+}
+
+// How data reports wait for the data writer: after a change to every node
+// each host reports its data once it applied it; kept one transaction each
+// they kept the store's writer (and a core) busy for seconds beside the
+// apply reports, kept up to dataBatch at once they take a few commits.
+const (
+	dataQueue = 1 << 14
+	dataBatch = 1024
+)
+
+// dataWriter keeps data reports until ctx ends, whatever waits taken
+// together (up to dataBatch); what is still queued then is kept as the
+// daemon stops (stop).
+func (d *daemon) dataWriter(ctx context.Context) {
+	inBatches(ctx, d.data, dataBatch, func(batch []dataReport) { d.keepData(d.bg, batch) })
+}
+
+// keepData keeps data reports in the order they came: their data sets
+// many to a transaction, and a report's deletions once its data sets (and
+// those before it) are kept, as each report was kept on its own.
+func (d *daemon) keepData(ctx context.Context, batch []dataReport) {
+	var sets []inventory.DataReport
+	keep := func() {
+		if len(sets) == 0 {
+			return
 		}
-		if err := d.st.Inventory.DeletionsDone(ctx, node, done, d.u.Now()); err != nil {
+		if err := d.st.Inventory.RecordDataReports(ctx, sets); err != nil {
 			d.deposed(err)
-			d.log.Error("record deletions", "node", node, "err", err)
+			d.log.Error("record data sets", "nodes", len(sets), "err", err)
+		}
+		sets = sets[:0]
+	}
+	for _, r := range batch {
+		sets = append(sets, r.report)
+		if len(r.deleted) == 0 {
+			continue
+		}
+		keep()
+		if err := d.st.Inventory.DeletionsDone(ctx, r.report.Node, r.deleted, r.report.At); err != nil {
+			d.deposed(err)
+			d.log.Error("record deletions", "node", r.report.Node, "err", err)
 		}
 		d.kick()
 	}
+	keep()
 }
 
 // onBackup records a backup line done, said by a host whose node holds the

@@ -82,8 +82,17 @@ type Retirement struct {
 
 // bump moves the plans of nodes: their declarations are then behind.
 func bump(ctx context.Context, tx *sql.Tx, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	// Prepared once: an act may move every node's plan.
+	stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
 	for _, n := range nodes {
-		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`, n); err != nil {
+		if _, err := stmt.ExecContext(ctx, n); err != nil {
 			return err
 		}
 	}

@@ -528,18 +528,39 @@ func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) (err
 // RecordDataSets replaces a node's reported data sets.
 func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet, now time.Time) (err error) {
 	defer s.db.Failing(&err, "record the data sets of %s", node)
+	return s.RecordDataReports(ctx, []DataReport{{Node: node, Sets: sets, At: now}})
+}
+
+// DataReport is the data sets one node's host reported, and when.
+type DataReport struct {
+	Node string
+	Sets []DataSet
+	At   time.Time
+}
+
+// RecordDataReports replaces the reported data sets of each node, in order,
+// in one transaction: after a change to every node each host reports its
+// data, and ten thousand transactions of one report each kept the writer
+// busy for seconds.
+func (s *Store) RecordDataReports(ctx context.Context, reports []DataReport) (err error) {
+	defer s.db.Failing(&err, "record the data sets of %d nodes", len(reports))
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, node); err != nil {
-			return err
-		}
-		for _, d := range sets {
-			var backup sql.NullString
-			if d.LastBackup != nil {
-				backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET path = excluded.path, bytes = excluded.bytes, precious = excluded.precious, last_backup = excluded.last_backup, reported_at = excluded.reported_at`,
-				node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, sqlite.FormatTime(now)); err != nil {
+		stmts := sqlite.Prepared(tx)
+		defer stmts.Close()
+		for _, r := range reports {
+			at := sqlite.FormatTime(r.At)
+			if _, err := stmts.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, r.Node); err != nil {
 				return err
+			}
+			for _, d := range r.Sets {
+				var backup sql.NullString
+				if d.LastBackup != nil {
+					backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
+				}
+				if _, err := stmts.ExecContext(ctx, `INSERT INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET path = excluded.path, bytes = excluded.bytes, precious = excluded.precious, last_backup = excluded.last_backup, reported_at = excluded.reported_at`,
+					r.Node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, at); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
