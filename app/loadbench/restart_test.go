@@ -98,6 +98,9 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 			t.Fatal(err)
 		}
 		time.Sleep(away) // the measured outage itself
+		if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
+			c.profile = filepath.Join(dir, fmt.Sprintf("restart-%s-%d-hosts", away, hosts))
+		}
 		start := time.Now()
 		c.serve()
 		d, n := until(time.Minute, `SELECT count(*) FROM nodes n JOIN declarations d ON d.node = n.name
