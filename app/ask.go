@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/inventory"
@@ -63,17 +64,12 @@ func (c *Modules) Logs(ctx context.Context, node, module string, lines int, foll
 		return err
 	}
 	defer nc.Close()
-	// Two tokens after _INBOX: where a host may answer (answerInboxes).
-	inbox := nc.NewInbox() + ".logs"
-	sub, err := nc.SubscribeSync(inbox)
+	ask, _ := json.Marshal(protocol.LogsAsk{Module: module, Lines: min(max(lines, 0), protocol.MaxLogLines), Follow: follow})
+	sub, err := sendHost(nc, node, protocol.NodeSubject(node, protocol.LogsInbox), ask)
 	if err != nil {
 		return err
 	}
 	defer sub.Unsubscribe()
-	ask, _ := json.Marshal(protocol.LogsAsk{Module: module, Lines: min(max(lines, 0), protocol.MaxLogLines), Follow: follow})
-	if err := nc.PublishRequest(protocol.NodeSubject(node, protocol.LogsInbox), inbox, ask); err != nil {
-		return err
-	}
 	first := true
 	for {
 		wait := protocol.AnswerTimeout
@@ -91,7 +87,7 @@ func (c *Modules) Logs(ctx context.Context, node, module string, lines int, foll
 		case err != nil:
 			return fmt.Errorf("node %s %w: its host stopped sending the log (%s)", node, ErrNotConnected, silentSince(n))
 		}
-		if m.Header.Get("Status") == "503" {
+		if noResponders(m) {
 			return fmt.Errorf("node %s %w: no host listens for it (%s)", node, ErrNotConnected, silentSince(n))
 		}
 		first = false
@@ -107,15 +103,69 @@ func (c *Modules) Logs(ctx context.Context, node, module string, lines int, foll
 				return err
 			}
 		}
-		if m.Reply != "" {
+		if m.Reply != "" && inHostInbox(node, m.Reply) {
 			// A following host sends each part as a request: an answer
-			// says someone still reads.
+			// says someone still reads. It goes nowhere but the host's
+			// own inbox, whatever the part's reply subject says.
 			_ = m.Respond([]byte("{}"))
 		}
 		if a.End {
 			return nil
 		}
 	}
+}
+
+// sendHost asks node's host on subject with its answers due on a subject
+// of the node's own (protocol.AnswerSubject), subscribed to before the ask
+// is sent: a host answers there with the permissions it has for its own
+// reports, and nobody but that host and the controllers may publish or
+// read there. The caller reads the answers from the subscription and ends
+// it; a message with noResponders says no host listens on subject.
+func sendHost(nc *nats.Conn, node, subject string, body []byte) (*nats.Subscription, error) {
+	reply := protocol.AnswerSubject(node, nuid.Next())
+	sub, err := nc.SubscribeSync(reply)
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest(subject, reply, body); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return sub, nil
+}
+
+// requestHost asks node's host on subject (sendHost) and returns its one
+// answer: nats.ErrNoResponders if no host listens there, ctx's error if
+// none comes within protocol.AnswerTimeout.
+func requestHost(ctx context.Context, nc *nats.Conn, node, subject string, body []byte) (*nats.Msg, error) {
+	sub, err := sendHost(nc, node, subject, body)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	wctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
+	defer cancel()
+	m, err := sub.NextMsgWithContext(wctx)
+	if err != nil {
+		return nil, err
+	}
+	if noResponders(m) {
+		return nil, nats.ErrNoResponders
+	}
+	return m, nil
+}
+
+// noResponders says m is the broker's word that nobody listened to the
+// request m answers (a NATS 503 status), not an answer.
+func noResponders(m *nats.Msg) bool {
+	return len(m.Data) == 0 && m.Header.Get("Status") == "503"
+}
+
+// inHostInbox says reply lies in node's host's own inbox: the one place a
+// controller answers a host's request to it.
+func inHostInbox(node, reply string) bool {
+	prefix := protocol.HostInboxPrefix(node) + "."
+	return strings.HasPrefix(reply, prefix) && len(reply) > len(prefix)
 }
 
 // AskRequest is a tool asked of a module.

@@ -20,7 +20,7 @@ import (
 //	account  user                      publish                         subscribe                          largest message
 //	mesh     controller                mesh.>  _INBOX.>                mesh.>  _INBOX.>                   the server's (8 MiB)
 //	                                   $JS.API.>  $JS.FC.>  $O.>
-//	mesh     host of node N             mesh.node.N.>  _INBOX.*.*       mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
+//	mesh     host of node N            mesh.node.N.>                   mesh.node.N.inbox.>  _INBOX.N.>    1 MiB
 //	mesh     module M on node N        _INBOX.*.*  mesh.module.<emits> mesh.tool.M.*  mesh.tool.M.*.N  mesh.module.<consumes>  1 MiB
 //	                                   + a builder's, for the build seat's holder (builderPermissions)
 //	admit    controller (joins)        _R_.>                           mesh.join                          the server's
@@ -51,9 +51,11 @@ import (
 // lets such a user publish on any reply subject it was handed, its deny list
 // notwithstanding (embedded/broker's TestServer_ResponsePermissionIgnoresDeny),
 // so two modules could relay each other onto mesh.alert or a host's inbox.
-// A user that answers requests is allowed answerInboxes instead.
+// A module that answers requests is allowed answerInboxes instead; a host
+// answers under its own subjects, where every request to it asks to be
+// answered (protocol.AnswerSubject).
 
-// answerInboxes is where hosts and modules may answer a request: a
+// answerInboxes is where modules and builders may answer a request: a
 // requester's inbox as nats.go makes it by default (_INBOX.<id>.<n>), never
 // a mesh. subject, and never a host's inbox, which is one token deeper
 // (_INBOX.<node>.<id>.<n>); the join inbox is in another account.
@@ -123,12 +125,32 @@ func joinUser() broker.JoinUser {
 }
 
 // hostPermissions: a host reports under its node's subjects (its reads of
-// archives among them, mesh.node.N.archive) and hears its inbox.
+// archives among them, mesh.node.N.archive) and hears its inbox. The
+// broker keeps each connection's entries in trees of its own (about 1 KB
+// an entry, 10 MB at 10,000 hosts: BenchmarkBrokerConnection), so a host
+// has as few as its protocol allows: three.
+//
+// Publish is one entry: the controller's requests to a host (logs, look,
+// backup, restore) carry a reply subject under the host's own subjects
+// (protocol.AnswerSubject), so mesh.node.N.> covers its answers too, and a
+// host may answer in no other inbox. Hosts of protocol 1.0 and 1.1 answer
+// on whatever reply subject they are handed, so a host rolled back to one
+// of them keeps answering with these credentials.
+//
+// Subscribe stays two entries: a host hears the controller in
+// mesh.node.N.inbox.> and the answers to its own requests (its declaration,
+// its reports, a credential renewal, archive pieces) in _INBOX.N.>, the
+// inbox its connection names (protocol.HostInboxPrefix). No one subject
+// covers both and nothing more (the broker's wildcards match whole
+// tokens). A new host could take its answers under mesh.node.N.inbox., but a
+// host of protocol 1.0 or 1.1 (the releases before, to which a
+// self-upgrade rolls back) takes every answer under _INBOX.N.: holding
+// credentials without it, its subscription there is refused and every
+// request it makes (its declaration, its apply reports, a renewal) goes
+// unanswered.
 func hostPermissions(node string) broker.Permissions {
 	return broker.Permissions{
-		// answerInboxes: a host answers the controller's requests to it
-		// (mesh.node.N.inbox.logs, mesh.node.N.inbox.look).
-		Publish:    []string{"mesh.node." + node + ".>", answerInboxes},
+		Publish:    []string{"mesh.node." + node + ".>"},
 		Subscribe:  []string{"mesh.node." + node + ".inbox.>", protocol.HostInboxPrefix(node) + ".>"},
 		MaxPayload: memberMaxPayload,
 	}

@@ -126,8 +126,9 @@ func (c uses) askBackup(ctx context.Context, st *Stores, nc *nats.Conn, s plan.B
 }
 
 // askHost asks a node's host on its inbox subject and opens its signed
-// answer with the key it joined with: the answer comes to the asker's
-// inbox, where another host could publish too.
+// answer with the key it joined with, as every host message is opened,
+// though only that host and the controllers may publish where it comes
+// (requestHost).
 func (c uses) askHost(ctx context.Context, st *Stores, nc *nats.Conn, node, subject string, ask any) (protocol.BackupTaken, error) {
 	var taken protocol.BackupTaken
 	hosts, err := st.Identity.Hosts(ctx)
@@ -144,9 +145,7 @@ func (c uses) askHost(ctx context.Context, st *Stores, nc *nats.Conn, node, subj
 		return taken, fmt.Errorf("node %s %w", node, ErrNotJoined)
 	}
 	body, _ := json.Marshal(ask)
-	wctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
-	defer cancel()
-	m, err := nc.RequestWithContext(wctx, subject, body)
+	m, err := requestHost(ctx, nc, node, subject, body)
 	if err != nil {
 		return taken, err
 	}

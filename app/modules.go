@@ -512,20 +512,44 @@ func (c uses) changeSettings(ctx context.Context, r SettingsRequest, clear bool)
 		}
 		layers[r.Node] = body
 		if len(problems) == 0 {
-			for _, n := range affected {
-				for _, a := range snap.AssignmentsOf(n) {
-					if a.Module != r.Module {
-						continue
-					}
+			// Each version's schema compiled once, and the result of the
+			// nodes with no layer of their own judged once: on every node
+			// of a large mesh it is one result.
+			type judged struct {
+				judge func(node string) []string
+				// shared are the problems of a node with no layer of its own.
+				shared []string
+				done   bool
+			}
+			byVersion := map[string]*judged{}
+			for _, a := range snap.Assignments {
+				if a.Module != r.Module || (r.Node != "" && r.Node != a.Node) {
+					continue
+				}
+				j := byVersion[a.Version]
+				if j == nil {
 					man := snap.Manifests[a.Module][a.Version]
 					sch, err := man.SettingsSchema()
 					if err != nil {
 						return out, err
 					}
-					_, ps := plan.EffectiveSettings(man, sch, layers, n)
-					for _, p := range ps {
-						problems = append(problems, fmt.Sprintf("the result on %s:%s", n, p))
+					j = &judged{judge: func(node string) []string {
+						_, ps := plan.EffectiveSettings(man, sch, layers, node)
+						return ps
+					}}
+					byVersion[a.Version] = j
+				}
+				var ps []string
+				if _, own := layers[a.Node]; own || !j.done {
+					ps = j.judge(a.Node)
+					if !own {
+						j.shared, j.done = ps, true
 					}
+				} else {
+					ps = j.shared
+				}
+				for _, p := range ps {
+					problems = append(problems, fmt.Sprintf("the result on %s:%s", a.Node, p))
 				}
 			}
 		}

@@ -3,10 +3,12 @@ package app
 import (
 	"context"
 	"maps"
+	"runtime"
 	"slices"
 	"time"
 
 	"filippo.io/age"
+	"golang.org/x/sync/errgroup"
 
 	"mesh-controller/app/protocol"
 	"mesh-controller/contexts/identity"
@@ -46,7 +48,7 @@ func (c uses) ensureMade(ctx context.Context, st *Stores, snap *inventory.Snapsh
 // the serving controller is told, so the broker refuses them. The
 // plans of the nodes concerned move first, as ensureSecrets does.
 func (c uses) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory.Snapshot, bumped []string) ([]string, error) {
-	have, err := st.Identity.ModuleUsers(ctx)
+	have, err := st.Identity.ModuleUsersUnsealed(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +60,12 @@ func (c uses) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory
 	var revoke []string
 	nodes := map[string]bool{}
 	var keys *broker.Keys
+	// toMake are the users to make, sealed to their hosts' recipients.
+	type user struct {
+		a    inventory.Assignment
+		rcpt string
+	}
+	var toMake []user
 	for _, a := range snap.Assignments {
 		key := a.Node + "/" + a.Module
 		wanted[key] = true
@@ -89,15 +97,26 @@ func (c uses) ensureModuleUsers(ctx context.Context, st *Stores, snap *inventory
 			}
 			keys = &k
 		}
-		u, err := sealModuleUser(*keys, snap.Manifests[a.Module][a.Version], a.Node, a.Version, rcpt, c.Now())
-		if err != nil {
-			return nil, err
-		}
-		made = append(made, u)
+		toMake = append(toMake, user{a, rcpt})
 		if ok {
 			revoke = append(revoke, old.Pub)
 		}
 		nodes[a.Node] = true
+	}
+	// Made on every core: an assign to ten thousand nodes makes ten
+	// thousand, each a key pair, a signed JWT and a sealing.
+	made = make([]identity.ModuleUser, len(toMake))
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	now := c.Now()
+	for i, m := range toMake {
+		g.Go(func() (err error) {
+			made[i], err = sealModuleUser(*keys, snap.Manifests[m.a.Module][m.a.Version], m.a.Node, m.a.Version, m.rcpt, now)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	for key, u := range have {
 		if !wanted[key] {

@@ -171,7 +171,7 @@ func BenchmarkDeclare1000(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := &declarer{inv: inv, sec: st.Secrets, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
+	d := &declarer{inv: inv, sec: st.Secrets, lic: st.Licences, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		snap, err := inv.Snapshot(ctx)
@@ -202,7 +202,7 @@ func BenchmarkDeclare10000(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := &declarer{inv: st.Inventory, sec: st.Secrets, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
+	d := &declarer{inv: st.Inventory, sec: st.Secrets, lic: st.Licences, ids: st.Identity, key: key, now: time.Now, notSent: "benchmark"}
 	var sum DeclareTimes
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 
 	"mesh-controller/app/daemon"
 	"mesh-controller/app/plan"
@@ -56,6 +57,9 @@ type declarer struct {
 	// ifBehind declares only nodes whose latest declaration is still
 	// behind the plan read (the catch-up, beside acts that declare).
 	ifBehind bool
+	// dialled, if set, is closed once declareVia's dial ended (nc or
+	// notSent set): sending waits for it, planning and signing do not.
+	dialled chan struct{}
 }
 
 // DeclareTimes is how long declaring to many nodes took, part by part:
@@ -66,31 +70,40 @@ type DeclareTimes struct {
 	Plan, Sign, Store, Send time.Duration
 }
 
-// planner is the planner of snap with what every plan needs beside it:
-// the sealed secrets, the modules' credentials, the licences held and
-// managed, and the SSH port each node reported (for its filter).
+// planInputs are what every plan needs beside the snapshot: the sealed
+// secrets, the modules' credentials, the licences held and managed, the
+// SSH port each node reported (for its filter), and the hosts' recipients.
+type planInputs struct {
+	sealed        map[string]plan.Sealed
+	creds         map[string]string
+	held, managed map[string][]plan.Sealed
+	ssh           map[string]int
+	recipients    map[string]string
+	err           error
+}
+
+// readInputs reads the planner's inputs at once, each from its store: at
+// ten thousand nodes each is as many rows, and a change to every node
+// waits for them all.
+func (d *declarer) readInputs(ctx context.Context) planInputs {
+	var in planInputs
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { in.sealed, err = sealedCopies(gctx, d.sec); return err })
+	g.Go(func() (err error) { in.creds, err = moduleCreds(gctx, d.ids); return err })
+	g.Go(func() (err error) { in.held, in.managed, err = heldLicences(gctx, d.lic); return err })
+	g.Go(func() (err error) { in.ssh, err = sshPorts(gctx, d.inv); return err })
+	g.Go(func() (err error) { in.recipients, err = hostRecipients(gctx, d.ids); return err })
+	in.err = g.Wait()
+	return in
+}
+
+// planner is the planner of snap with its inputs.
 func (d *declarer) planner(ctx context.Context, snap *inventory.Snapshot) (*plan.Planner, error) {
-	sealed, err := sealedCopies(ctx, d.sec)
-	if err != nil {
-		return nil, err
+	in := d.readInputs(ctx)
+	if in.err != nil {
+		return nil, in.err
 	}
-	creds, err := moduleCreds(ctx, d.ids)
-	if err != nil {
-		return nil, err
-	}
-	held, managed, err := heldLicences(ctx, d.lic)
-	if err != nil {
-		return nil, err
-	}
-	ssh, err := sshPorts(ctx, d.inv)
-	if err != nil {
-		return nil, err
-	}
-	recipients, err := hostRecipients(ctx, d.ids)
-	if err != nil {
-		return nil, err
-	}
-	return plan.New(snap, sealed).WithCreds(creds).WithLicences(held).WithManaged(managed).WithFilter(filterRender(ssh)).WithRecipients(recipients), nil
+	return plan.New(snap, in.sealed).WithCreds(in.creds).WithLicences(in.held).WithManaged(in.managed).WithFilter(filterRender(in.ssh)).WithRecipients(in.recipients), nil
 }
 
 // declare computes, signs and keeps each node's plan as its next
@@ -148,6 +161,9 @@ func (d *declarer) declare(ctx context.Context, snap *inventory.Snapshot, nodes 
 		return out
 	}
 	tell("signed and kept", len(decls), len(decls))
+	if d.dialled != nil {
+		<-d.dialled
+	}
 	sendStart := time.Now()
 	defer func() { d.took.Send = time.Since(sendStart); d.keepTimes(ctx) }()
 	for k, decl := range decls {
@@ -245,7 +261,8 @@ func toSealed(copies map[string][]licences.Copy) map[string][]plan.Sealed {
 
 // sendPlans declares the plans of nodes from a person's command, on the
 // mesh as it is once the command's writes are done: it rereads the
-// snapshot, then declares (declarePlans).
+// snapshot, then declares. A declaration records the plan version it was
+// made from.
 func (c uses) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Pushed, error) {
 	if len(nodes) == 0 {
 		return nil, nil
@@ -253,18 +270,6 @@ func (c uses) sendPlans(ctx context.Context, st *Stores, nodes []string) ([]Push
 	snap, err := st.Inventory.Snapshot(ctx)
 	if err != nil {
 		return nil, err
-	}
-	return c.declarePlans(ctx, st, snap, nodes)
-}
-
-// declarePlans declares the plans of nodes, made from snap, numbered,
-// signed and kept in one transaction, and published in the order given: it
-// dials the broker once and, if none answers, keeps the declarations for
-// serve. snap must be read after the command's last inventory write: a
-// declaration records the plan version it was made from.
-func (c uses) declarePlans(ctx context.Context, st *Stores, snap *inventory.Snapshot, nodes []string) ([]Pushed, error) {
-	if len(nodes) == 0 {
-		return nil, nil
 	}
 	d, err := c.newDeclarer(ctx, st)
 	if err != nil {
@@ -274,14 +279,24 @@ func (c uses) declarePlans(ctx context.Context, st *Stores, snap *inventory.Snap
 }
 
 // declareVia declares over a connection of its own to the broker, dialled
-// once for every node (none answering: kept for serve, and said).
+// once for every node while the plans are made, signed and kept (none
+// answering: kept for serve, and said).
 func (d *declarer) declareVia(ctx context.Context, c uses, st *Stores, snap *inventory.Snapshot, nodes []string) []Pushed {
-	if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
-		d.notSent = err.Error()
-	} else {
-		defer nc.Close()
-		d.nc = nc
-	}
+	d.dialled = make(chan struct{})
+	go func() {
+		defer close(d.dialled)
+		if nc, err := c.dialBroker(ctx, st.Identity); err != nil {
+			d.notSent = err.Error()
+		} else {
+			d.nc = nc
+		}
+	}()
+	defer func() {
+		<-d.dialled
+		if d.nc != nil {
+			d.nc.Close()
+		}
+	}()
 	return d.declare(ctx, snap, nodes)
 }
 

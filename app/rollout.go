@@ -589,10 +589,6 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind roll
 		}
 		return c.rollOutActs(ctx, st, ro, fmt.Sprintf("roll-out %s to %s done: %s ready", label, ro.To, Plural(countResult(*ro, "ready"), "node")))
 	}
-	snap, err := inv.Snapshot(ctx)
-	if err != nil {
-		return err
-	}
 	v := UpgradeView{Module: label, Current: ro.To}
 	var idx, toMove []int // idx[k] is v.Steps[k]'s node in ro.Nodes
 	for i, n := range ro.Nodes {
@@ -643,6 +639,12 @@ func (c uses) rollBatch(ctx context.Context, st *Stores, m *rollMover, kind roll
 		if err := c.rollOutActs(ctx, st, ro, acts...); err != nil {
 			return err
 		}
+	}
+	// Read once the batch is sent, not before: what its wait and soak read
+	// of the mesh (the versions' manifests) delays no declaration.
+	snap, err := inv.Snapshot(ctx)
+	if err != nil {
+		return err
 	}
 	wait, err := c.waitFor(ctx, st, snap, kind, ro, &v, idx, func(n inventory.RollOutNode) bool { return n.Result == "moved" })
 	if ctx.Err() != nil {

@@ -323,6 +323,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 	st := sv.st
 	var joined []int
 	var nodes []inventory.Join
+	again := make([]bool, len(rs))
 	for k, j := range st.Identity.JoinMany(ctx, asks, now) {
 		i := asked[k]
 		if j.Err != nil {
@@ -334,18 +335,23 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 			}
 			continue
 		}
-		out[i].Revoked = j.Revoked
+		out[i].Revoked, again[i] = j.Revoked, j.Again
 		joined = append(joined, i)
+		if j.Again {
+			continue // recorded when it first asked: only its answer is made again
+		}
 		nodes = append(nodes, inventory.Join{Node: rs[i].Node, HostVersion: hostVersionOf(rs[i].HostVersion)})
 	}
 	if len(joined) == 0 {
 		return out
 	}
-	if err := st.Inventory.RecordJoins(ctx, nodes, now); err != nil {
-		for _, i := range joined {
-			out[i].Err = err
+	if len(nodes) > 0 {
+		if err := st.Inventory.RecordJoins(ctx, nodes, now); err != nil {
+			for _, i := range joined {
+				out[i].Err = err
+			}
+			return out
 		}
-		return out
 	}
 	// The key a host is given is the current one: rotated, it changes.
 	signer, err := st.Identity.SigningKey(ctx)
@@ -363,6 +369,7 @@ func (sv *serving) joinMany(ctx context.Context, rs []protocol.JoinRequest, urls
 		wg.Go(func() {
 			for i := range work {
 				out[i].Admitted, out[i].Err = sv.grant(rs[i], hostKeys[i], out[i].Revoked, urls, signer, expiresFor(rs[i]))
+				out[i].Again = again[i]
 			}
 		})
 	}

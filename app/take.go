@@ -177,9 +177,7 @@ func (c uses) look(ctx context.Context, st *Stores, node string, ask protocol.Lo
 	if err != nil {
 		return protocol.LookAnswer{}, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, protocol.AnswerTimeout)
-	defer cancel()
-	msg, err := nc.RequestWithContext(wctx, protocol.NodeSubject(node, protocol.LookInbox), b)
+	msg, err := requestHost(ctx, nc, node, protocol.NodeSubject(node, protocol.LookInbox), b)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return protocol.LookAnswer{}, fmt.Errorf("node %s %w: no host listens for a look (%s)", node, ErrNotConnected, silentSince(n))

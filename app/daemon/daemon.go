@@ -329,6 +329,9 @@ type Admitted struct {
 	// Revoked counts the node's earlier host users the join revoked: the
 	// daemon closes their connections.
 	Revoked int
+	// Again means the host had joined with this request already, and asked
+	// again because its answer did not reach it: it is answered again.
+	Again bool
 }
 
 // JoinResult is what became of one join: what admitting it made, or Err:
@@ -424,6 +427,12 @@ type daemon struct {
 	// applied are hosts' verified apply reports, waiting for the outcome
 	// writer to keep them, many to a transaction.
 	applied chan applied
+	// facts are hosts' verified facts reports, waiting for the facts
+	// writer to keep them, many to a transaction.
+	facts chan inventory.FactsReport
+	// data are hosts' verified data reports, waiting for the data writer
+	// to keep them, many to a transaction.
+	data chan dataReport
 	// refusalLog is the join worker's.
 	refusalLog refusalLog
 	// limits are each node's report budgets, used by the handlers.
@@ -668,6 +677,8 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		keys: hostKeys{m: map[string]ed25519.PublicKey{}, protocols: map[string]string{}}, events: make(chan *event, eventQueue), joins: make(chan queued, joinQueue),
 		asks:      make(chan queued, askQueue),
 		applied:   make(chan applied, appliedQueue),
+		facts:     make(chan inventory.FactsReport, factsQueue),
+		data:      make(chan dataReport, dataQueue),
 		buildKick: make(chan struct{}, 1),
 		limits:    limiter{buckets: map[[2]string]*bucket{}},
 		beats:     map[string]inventory.Beat{}, lastBeat: map[string]time.Time{}, peers: map[string]map[string]*peerState{}, intervals: map[health.HourKey]health.Histogram{},
@@ -715,6 +726,8 @@ func serve(ctx context.Context, st Stores, u UseCases, o Options, holder string,
 		workers.Go(func() { d.askWorker(ctx) })
 	}
 	workers.Go(func() { d.outcomeWriter(ctx) })
+	workers.Go(func() { d.factsWriter(ctx) })
+	workers.Go(func() { d.dataWriter(ctx) })
 	go func() {
 		workers.Wait()
 		close(joinsDone)
@@ -1078,6 +1091,15 @@ func (d *daemon) stop(joinsDone <-chan struct{}, deposed bool) {
 	if deposed {
 		d.logf("stopped serving: deposed")
 		return
+	}
+	// The data reports the writer had not taken, and those the handlers
+	// queued as the connections drained.
+	for len(d.data) > 0 {
+		batch := make([]dataReport, 0, min(len(d.data), dataBatch))
+		for len(batch) < cap(batch) {
+			batch = append(batch, <-d.data)
+		}
+		d.keepData(ctx, batch)
 	}
 	d.flush(ctx)
 	d.aggregate(ctx)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -125,6 +126,17 @@ func (d *daemon) subscribe(ctx context.Context) error {
 	for subject, h := range subs {
 		if _, err := d.nc.QueueSubscribe(subject, "controller", h); err != nil {
 			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+	}
+	// Apply reports are checked on as many goroutines as there are cores:
+	// after a change to every node they all come at once, and each
+	// subscription's messages are handled one after another. The broker
+	// hands each report to one member of the queue group; a host sends its
+	// next report once this one is answered (or its answer waited for in
+	// vain), so a host's reports keep their order.
+	for range runtime.GOMAXPROCS(0) - 1 {
+		if _, err := d.nc.QueueSubscribe(protocol.NodeWildcard(protocol.Applied), "controller", d.onApplied); err != nil {
+			return fmt.Errorf("subscribe %s: %w", protocol.NodeWildcard(protocol.Applied), err)
 		}
 	}
 	if err := d.nc.Flush(); err != nil {
@@ -288,16 +300,49 @@ func (d *daemon) onFacts(m *nats.Msg) {
 		}
 		found = append(found, fd)
 	}
-	refused, err := d.st.Inventory.RecordFacts(d.bg, node, facts, found, d.u.Now())
+	select {
+	case d.facts <- inventory.FactsReport{Node: node, Facts: facts, Found: found, At: d.u.Now()}:
+	default:
+		// Its host reports again when it connects again, or when they
+		// change.
+		d.o.Counters.Dropped.Add(1)
+		d.o.Metrics.Drop("facts queue full")
+	}
+}
+
+// How facts reports wait for the facts writer: a rack joining or coming
+// back at once reports ten thousand times within seconds; kept one
+// transaction each, the reports held the inventory's writer from the
+// joins, kept up to factsBatch at once they take a few commits.
+const (
+	factsQueue = 1 << 13
+	factsBatch = 512
+)
+
+// factsWriter keeps facts reports until ctx ends: whatever waits is taken
+// together (up to factsBatch) and kept in one transaction.
+func (d *daemon) factsWriter(ctx context.Context) {
+	inBatches(ctx, d.facts, factsBatch, func(batch []inventory.FactsReport) { d.keepFacts(ctx, batch) })
+}
+
+// keepFacts keeps a batch of facts reports and says what each refused.
+func (d *daemon) keepFacts(ctx context.Context, batch []inventory.FactsReport) {
+	kept, err := d.st.Inventory.RecordFactsMany(ctx, batch)
 	if err != nil {
 		d.deposed(err)
-		d.log.Error("record facts", "node", node, "err", err)
+		d.log.Error("record facts", "nodes", len(batch), "err", err)
 		return
 	}
-	if refused != nil {
-		// The rest of the report is kept; the self-check raises
-		// overlay.key-conflict from what the store keeps of it.
-		d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", refused.Holder)
+	for i, k := range kept {
+		node := batch[i].Node
+		switch {
+		case k.Err != nil:
+			d.log.Error("record facts", "node", node, "err", k.Err)
+		case k.Refused != nil:
+			// The rest of the report is kept; the self-check raises
+			// overlay.key-conflict from what the store keeps of it.
+			d.log.Warn("facts: WireGuard key refused: another node holds it, and keeps it", "node", node, "holder", k.Refused.Holder)
+		}
 	}
 }
 
@@ -357,24 +402,32 @@ func (d *daemon) onApplied(m *nats.Msg) {
 // together (up to appliedBatch), kept in one transaction, then answered,
 // so the hosts hear "recorded" only once it is.
 func (d *daemon) outcomeWriter(ctx context.Context) {
-	batch := make([]applied, 0, appliedBatch)
+	inBatches(ctx, d.applied, appliedBatch, func(batch []applied) { d.keepOutcomes(ctx, batch) })
+}
+
+// inBatches hands keep what waits in ch, as it comes, until ctx ends: all
+// that waits at once (up to most) in one batch, so that a crowd of reports
+// is kept in a few transactions rather than one each. The batch is keep's
+// only until it returns.
+func inBatches[T any](ctx context.Context, ch <-chan T, most int, keep func([]T)) {
+	batch := make([]T, 0, most)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case a := <-d.applied:
-			batch = append(batch[:0], a)
+		case x := <-ch:
+			batch = append(batch[:0], x)
 		}
 	more:
-		for len(batch) < appliedBatch {
+		for len(batch) < most {
 			select {
-			case a := <-d.applied:
-				batch = append(batch, a)
+			case x := <-ch:
+				batch = append(batch, x)
 			default:
 				break more
 			}
 		}
-		d.keepOutcomes(ctx, batch)
+		keep(batch)
 	}
 }
 
@@ -427,26 +480,71 @@ func (d *daemon) onData(m *nats.Msg) {
 		d.refuse(m, node, fmt.Sprintf("%d data sets and %d deletions, over %d", len(b.Sets), len(b.Deleted), maxDataSets))
 		return
 	}
-	ctx := d.bg
-	sets := make([]inventory.DataSet, 0, len(b.Sets))
+	r := dataReport{report: inventory.DataReport{Node: node, Sets: make([]inventory.DataSet, 0, len(b.Sets)), At: d.u.Now()}}
 	for _, s := range b.Sets {
-		sets = append(sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
+		r.report.Sets = append(r.report.Sets, inventory.DataSet{Module: clip(s.Module), Name: clip(s.Name), Path: clip(s.Path), Bytes: s.Bytes, Precious: clip(s.Precious), LastBackup: s.LastBackup})
 	}
-	if err := d.st.Inventory.RecordDataSets(ctx, node, sets, d.u.Now()); err != nil {
-		d.deposed(err)
-		d.log.Error("record data sets", "node", node, "err", err)
+	for _, del := range b.Deleted {
+		r.deleted = append(r.deleted, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
 	}
-	if len(b.Deleted) > 0 {
-		done := make([]inventory.Deletion, 0, len(b.Deleted))
-		for _, del := range b.Deleted {
-			done = append(done, inventory.Deletion{Module: del.Module, Kind: del.Kind, Target: del.Target})
+	select {
+	case d.data <- r:
+	default:
+		// Past the queue's bound the report is kept here, in turn.
+		d.keepData(d.bg, []dataReport{r})
+	}
+}
+
+// dataReport is one host's verified data report, waiting to be kept.
+type dataReport struct {
+	report  inventory.DataReport
+	deleted []inventory.Deletion
+}
+
+// How data reports wait for the data writer: after a change to every node
+// each host reports its data once it applied it; kept one transaction each
+// they kept the store's writer (and a core) busy for seconds beside the
+// apply reports, kept up to dataBatch at once they take a few commits.
+const (
+	dataQueue = 1 << 14
+	dataBatch = 1024
+)
+
+// dataWriter keeps data reports until ctx ends, whatever waits taken
+// together (up to dataBatch); what is still queued then is kept as the
+// daemon stops (stop).
+func (d *daemon) dataWriter(ctx context.Context) {
+	inBatches(ctx, d.data, dataBatch, func(batch []dataReport) { d.keepData(d.bg, batch) })
+}
+
+// keepData keeps data reports in the order they came: their data sets
+// many to a transaction, and a report's deletions once its data sets (and
+// those before it) are kept, as each report was kept on its own.
+func (d *daemon) keepData(ctx context.Context, batch []dataReport) {
+	var sets []inventory.DataReport
+	keep := func() {
+		if len(sets) == 0 {
+			return
 		}
-		if err := d.st.Inventory.DeletionsDone(ctx, node, done, d.u.Now()); err != nil {
+		if err := d.st.Inventory.RecordDataReports(ctx, sets); err != nil {
 			d.deposed(err)
-			d.log.Error("record deletions", "node", node, "err", err)
+			d.log.Error("record data sets", "nodes", len(sets), "err", err)
+		}
+		sets = sets[:0]
+	}
+	for _, r := range batch {
+		sets = append(sets, r.report)
+		if len(r.deleted) == 0 {
+			continue
+		}
+		keep()
+		if err := d.st.Inventory.DeletionsDone(ctx, r.report.Node, r.deleted, r.report.At); err != nil {
+			d.deposed(err)
+			d.log.Error("record deletions", "node", r.report.Node, "err", err)
 		}
 		d.kick()
 	}
+	keep()
 }
 
 // onBackup records a backup line done, said by a host whose node holds the
@@ -602,12 +700,13 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 		}
 	}
 	revoked := 0
-	var rejoined []string
+	var admitted, rejoined []string
 	for i, j := range batch {
-		if renewals[i] {
+		if renewals[i] || !d.answerJoin(j.m, reqs[i], results[i]) {
 			continue
 		}
-		if d.answerJoin(ctx, j.m, reqs[i], results[i]) && results[i].Revoked > 0 {
+		admitted = append(admitted, reqs[i].Node)
+		if results[i].Revoked > 0 {
 			revoked += results[i].Revoked
 			rejoined = append(rejoined, reqs[i].Node)
 		}
@@ -620,10 +719,32 @@ func (d *daemon) onJoins(ctx context.Context, batch []queued) {
 	case len(rejoined) > 1:
 		d.disconnectRevoked(fmt.Sprintf("re-joined: their earlier host users revoked (%d)", revoked), "nodes", strings.Join(rejoined, ","))
 	}
+	d.afterJoins(ctx, admitted)
+}
+
+// afterJoins hands the nodes just admitted that have something assigned
+// to the loop, whose catch-up makes the secrets sealed to them that they
+// waited for. Most nodes join with nothing assigned, and are asked about
+// here, a batch in one query, rather than on the loop, which absorbs
+// heartbeats. A query that failed hands them all over: the catch-up finds
+// out itself.
+func (d *daemon) afterJoins(ctx context.Context, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	assigned, err := d.st.Inventory.Assigned(ctx, nodes)
+	if err != nil && ctx.Err() == nil {
+		d.log.Error("after joins: read which have assignments", "nodes", len(nodes), "err", err)
+	}
+	for _, node := range nodes {
+		if assigned[node] || err != nil {
+			d.handOver(event{kind: evJoined, node: node})
+		}
+	}
 }
 
 // answerJoin answers one judged join and says whether it was admitted.
-func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
+func (d *daemon) answerJoin(m *nats.Msg, r protocol.JoinRequest, res JoinResult) bool {
 	source := sourceOf(m)
 	var refusal *Refusal
 	switch err := res.Err; {
@@ -654,20 +775,12 @@ func (d *daemon) answerJoin(ctx context.Context, m *nats.Msg, r protocol.JoinReq
 	}
 	d.keys.set(r.Node, res.HostKey)
 	d.keys.heard(r.Node, protocol.Of(r.Protocol)) // recorded by the join itself
-	d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	if res.Again {
+		d.log.Info("joined, answered again: its first answer did not reach it", "node", r.Node, "source", source)
+	} else {
+		d.log.Info("joined", "node", r.Node, "host_version", clip(r.HostVersion), "protocol", protocol.Of(r.Protocol), "source", source)
+	}
 	d.respondTo(m, "", res.Reply)
-	// A node joining with something assigned waited for secrets sealed to
-	// it: the loop's catch-up makes them. Most nodes join with nothing
-	// assigned, and are counted here rather than on the loop, which absorbs
-	// heartbeats. A count that failed is handed over too: the catch-up finds
-	// out itself.
-	n, err := d.st.Inventory.CountAssignments(ctx, r.Node)
-	if err != nil && ctx.Err() == nil {
-		d.log.Error("after a join: count its assignments", "node", r.Node, "err", err)
-	}
-	if n > 0 || err != nil {
-		d.handOver(event{kind: evJoined, node: r.Node})
-	}
 	return true
 }
 

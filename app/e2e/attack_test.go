@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -162,6 +163,148 @@ func TestAttack_ModulesRelayThroughEachOther(t *testing.T) {
 	})
 }
 
+// Issue 33: a host no longer answers in an inbox of the requester's
+// (_INBOX.*.*, which every host and module could publish to) but under its
+// own subjects: each request the controller sends it names a reply subject
+// mesh.node.N.answer.<unique> (protocol.AnswerSubject). No other host, no
+// module and no anonymous connection may read or forge an answer there,
+// and the controller, following a host's log, answers that host's parts
+// in that host's own inbox only, whatever reply subject a part names.
+func TestAttack_HostAnswerSubjects(t *testing.T) {
+	t.Parallel()
+	m := newTestMesh(t)
+	web1, web2 := m.join("web1"), m.join("web2")
+	web1.stop()
+	web2.stop() // the test answers as web2's host, with its credentials
+	ctx := context.Background()
+	m.addModule(writeManifest(t, `{"module": "teller", "version": "1.0.0"}`))
+	if _, err := m.c.Assign(ctx, "web1", []string{"teller"}); err != nil {
+		t.Fatal(err)
+	}
+	teller, tv := m.moduleConn(t, "teller", "web1")
+	opts1, err := web1.state.ConnectOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host1, hv := connectWith(t, m.url, opts1...)
+	anon, av := m.anonymous(t)
+	opts2, err := web2.state.ConnectOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host2, _ := connectWith(t, m.url, opts2...)
+	asks, err := host2.SubscribeSync(protocol.NodeSubject("web2", protocol.LogsInbox))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host2.Flush()
+	ctl := m.controllerConn(t)
+	hijacked := []*nats.Subscription{}
+	hijacks := []string{"mesh.node.web1.inbox.attack", "_INBOX.web1.x.1", "_INBOX.web2x.1"}
+	for _, subject := range hijacks {
+		sub, err := ctl.SubscribeSync(subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hijacked = append(hijacked, sub)
+	}
+	ctl.Flush()
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lines := make(chan string, 64)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.c.Logs(lctx, "web2", "teller", 10, true, func(ls []string) error {
+			for _, l := range ls {
+				lines <- l
+			}
+			return nil
+		})
+	}()
+	ask, err := asks.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the logs request did not reach web2's host: %v", err)
+	}
+	if !regexp.MustCompile(`^mesh\.node\.web2\.answer\.[A-Za-z0-9]+$`).MatchString(ask.Reply) {
+		t.Fatalf("the logs request asks to be answered on %q, not under web2's own subjects", ask.Reply)
+	}
+	part := func(line string, end bool) []byte {
+		b, _ := json.Marshal(protocol.LogsAnswer{Lines: []string{line}, End: end})
+		return b
+	}
+	// As a following host does: each part a request, answered in its inbox.
+	if _, err := host2.Request(ask.Reply, part("first", false), 5*time.Second); err != nil {
+		t.Fatalf("web2's first part, asked from its own inbox, was not answered: %v", err)
+	}
+
+	for _, a := range []struct {
+		name     string
+		nc       *nats.Conn
+		v        violations
+		subjects []string
+	}{
+		{"another host", host1, hv, []string{ask.Reply, "mesh.node.web2.answer.>"}},
+		{"a module", teller, tv, []string{ask.Reply, "mesh.node.web2.answer.>", "mesh.node.web1.answer.>"}},
+		{"an anonymous connection", anon, av, []string{ask.Reply, "mesh.node.*.answer.>"}},
+	} {
+		t.Run(a.name+" reads or forges web2's answer", func(t *testing.T) {
+			for _, subject := range a.subjects {
+				if _, err := a.nc.SubscribeSync(subject); err != nil {
+					t.Fatal(err)
+				}
+				a.nc.Flush()
+				a.v.expect(t, "subscription", subject)
+			}
+			a.nc.Publish(ask.Reply, part("forged by "+a.name, true))
+			a.nc.Flush()
+			a.v.expect(t, "publish", ask.Reply)
+		})
+	}
+	t.Run("a host answers into another node's subjects or an inbox not its own", func(t *testing.T) {
+		for _, subject := range []string{protocol.AnswerSubject("web2", "x1"), "_INBOX.Xq3kP9.1"} {
+			host1.Publish(subject, part("forged by web1", true))
+			host1.Flush()
+			hv.expect(t, "publish", subject)
+		}
+	})
+	t.Run("the controller answers web2's part outside web2's inbox", func(t *testing.T) {
+		for _, reply := range hijacks {
+			if err := host2.PublishRequest(ask.Reply, reply, part("to "+reply, false)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The parts are read in order: once this one is answered, so would
+		// the ones before have been.
+		if _, err := host2.Request(ask.Reply, part("last", false), 5*time.Second); err != nil {
+			t.Fatalf("web2's part from its own inbox was not answered: %v", err)
+		}
+		for i, sub := range hijacked {
+			nothingOn(t, sub, "the controller's answer to a part asking it onto "+hijacks[i])
+		}
+	})
+
+	if err := host2.Publish(ask.Reply, part("end", true)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("following ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("following did not end with web2's last part")
+	}
+	close(lines)
+	var got []string
+	for l := range lines {
+		got = append(got, l)
+	}
+	if want := "first to mesh.node.web1.inbox.attack to _INBOX.web1.x.1 to _INBOX.web2x.1 last end"; strings.Join(got, " ") != want {
+		t.Fatalf("the lines followed: %q, want %q (web2's own, nothing forged)", got, want)
+	}
+}
+
 // anonymous connects as a machine with no credentials does, with the join
 // inbox a joining host uses.
 func (m *testMesh) anonymous(t *testing.T) (*nats.Conn, violations) {
@@ -175,6 +318,12 @@ func (m *testMesh) anonymous(t *testing.T) (*nats.Conn, violations) {
 func askJoin(t *testing.T, nc *nats.Conn) protocol.JoinReply {
 	t.Helper()
 	req, _ := json.Marshal(protocol.JoinRequest{Token: "meshjoin_nope", Node: "web9"})
+	return askJoinWith(t, nc, req)
+}
+
+// askJoinWith asks to join with req and returns the answer.
+func askJoinWith(t *testing.T, nc *nats.Conn, req []byte) protocol.JoinReply {
+	t.Helper()
 	msg, err := nc.Request(protocol.JoinSubject, req, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -397,6 +546,27 @@ func TestAttack_JoinAnswersAndRefusals(t *testing.T) {
 			if !strings.Contains(m.logs.String(), ` err="`+reason+`: `) {
 				t.Errorf("the log does not keep the reason %q", reason)
 			}
+		}
+	})
+
+	t.Run("a join asked again is answered again, and only for the same keys", func(t *testing.T) {
+		it, err := m.c.TokenIssue(ctx, app.TokenRequest{Node: "web6", New: true, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, _ := m.anonymous(t)
+		// As a host whose first answer did not reach it asks again.
+		req := joinRequest(t, it.Token, "web6")
+		for i := range 2 {
+			if reply := askJoinWith(t, nc, req); !reply.OK {
+				t.Fatalf("ask %d: %+v", i+1, reply)
+			}
+		}
+		if !strings.Contains(m.logs.String(), "answered again") {
+			t.Errorf("the log does not say the join was answered again:\n%s", m.logs.String())
+		}
+		if reply := askJoinWith(t, nc, joinRequest(t, it.Token, "web6")); reply.OK || reply.Error != protocol.JoinRefused {
+			t.Fatalf("the used token with other keys: %+v", reply)
 		}
 	})
 

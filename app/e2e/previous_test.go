@@ -316,6 +316,16 @@ func TestPreviousRelease_ControllerUpgradedInPlace(t *testing.T) {
 		}
 		return nil
 	})
+	// The previous release's hosts answer this controller's requests on the
+	// reply subject they are handed, under their own subjects
+	// (protocol.AnswerSubject): web1 with the credentials the previous
+	// release issued, web3 with this controller's, which let a host publish
+	// in no inbox.
+	for _, n := range []string{"web1", "web3"} {
+		if out := cli(t, mc, data, "logs", n, "hello"+n[3:]); !strings.Contains(out, "on "+n+": start") {
+			t.Errorf("hello%s's log from %s (%s): %q", n[3:], n, prev.version, out)
+		}
+	}
 	// Every message of theirs was taken: none dropped for its protocol.
 	if strings.Contains(upgraded.text(), "protocol mismatch") {
 		t.Fatalf("the controller dropped messages of the previous release's hosts:\n%s", upgraded.text())

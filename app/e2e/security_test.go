@@ -102,8 +102,18 @@ func TestMesh_BrokerPermissions(t *testing.T) {
 			v.expect(t, "publish", subject)
 		}
 	})
-	t.Run("a host may answer a request into the asker's inbox", func(t *testing.T) {
-		nc.Publish("_INBOX.askersinbox.1", []byte("{}"))
+	t.Run("a host answers in no one's inbox", func(t *testing.T) {
+		// nats.go's own request inboxes (_INBOX.<id>.<n>), a module's or a
+		// person's command's: a host answers under its own subjects
+		// (protocol.AnswerSubject) instead.
+		for _, subject := range []string{"_INBOX.askersinbox.1", "_INBOX.askersinbox.logs", "_INBOX.x"} {
+			nc.Publish(subject, []byte("{}"))
+			nc.Flush()
+			v.expect(t, "publish", subject)
+		}
+	})
+	t.Run("a host may answer under its own subjects", func(t *testing.T) {
+		nc.Publish(protocol.AnswerSubject("web1", "x1"), []byte("{}"))
 		nc.Flush()
 		select {
 		case e := <-v:

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	restserver "github.com/restic/rest-server"
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/sys/unix"
@@ -136,7 +137,18 @@ func (m *bkMesh) start() {
 func (m *bkMesh) ask(what string, ask any) protocol.BackupTaken {
 	m.t.Helper()
 	b, _ := json.Marshal(ask)
-	msg, err := m.ctl.Request(protocol.NodeSubject("n1", "inbox."+what), b, protocol.AnswerTimeout)
+	// Answered where the controller asks to be (the host may publish
+	// nowhere else).
+	reply := protocol.AnswerSubject("n1", nuid.Next())
+	sub, err := m.ctl.SubscribeSync(reply)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := m.ctl.PublishRequest(protocol.NodeSubject("n1", "inbox."+what), reply, b); err != nil {
+		m.t.Fatal(err)
+	}
+	msg, err := sub.NextMsg(protocol.AnswerTimeout)
 	if err != nil {
 		m.t.Fatalf("ask a %s: %v", what, err)
 	}

@@ -44,7 +44,7 @@ const legacyRenewWithin = 10 * time.Minute
 // renewDue is when the host's credential is to be renewed, and when it
 // expires (zero: never).
 func (s *State) renewDue(started time.Time) (due, expires time.Time, err error) {
-	userJWT, _, err := parseCreds(s.creds())
+	userJWT, _, err := s.parsed()
 	if err != nil {
 		return time.Time{}, time.Time{}, err
 	}

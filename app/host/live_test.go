@@ -74,8 +74,9 @@ func newLiveMesh(t *testing.T, archives bool) *liveMesh {
 	kp, _ := nkeys.CreateUser()
 	pub, _ := kp.PublicKey()
 	seed, _ := kp.Seed()
+	// The host's user, as app/broker.go's hostPermissions.
 	hostJWT, err := keys.IssueUser("host n1", pub, broker.Permissions{
-		Publish:   []string{"mesh.node.n1.>", "_INBOX.*.*"},
+		Publish:   []string{"mesh.node.n1.>"},
 		Subscribe: []string{"mesh.node.n1.inbox.>", protocol.HostInboxPrefix("n1") + ".>"},
 	}, false)
 	if err != nil {

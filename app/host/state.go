@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,6 +92,11 @@ type State struct {
 	// ring is the controller keys the host accepts once it heard a
 	// rotation (keys.go); nil: ControllerKey alone.
 	ring *keyring
+	// parsed is Creds read (parsedCreds), kept until Creds changes: each
+	// connection asks for the user JWT and a signature with the nkey.
+	parsedCreds string
+	parsedJWT   string
+	parsedKey   nkeys.KeyPair
 }
 
 const (
@@ -213,34 +217,57 @@ var errNoAnswer = errors.New("no answer")
 
 // askToJoin asks the controller to join as the join user, and asks again a
 // moment later while the broker has no room for another connection without
-// credentials, or the controller answers that it is busy or not at all: a
-// rack of machines joining at once is admitted in turns. While the broker
-// says no one answers, it asks again for noRespondersFor.
+// credentials or no time to finish its handshake, or the controller answers
+// that it is busy or not at all: a rack of machines joining at once is
+// admitted in turns. While the broker says no one answers, it asks again
+// for noRespondersFor.
 func askToJoin(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
 	var noResponders time.Time
-	for {
+	for attempt := 1; ; attempt++ {
 		reply, err := askOnce(ctx, o, req)
 		if errors.Is(err, nats.ErrNoResponders) && noResponders.IsZero() {
 			noResponders = time.Now()
 		}
-		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || errors.Is(err, errNoAnswer) ||
+		busy := errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) || errors.Is(err, errNoAnswer) || errors.Is(err, errHandshake) ||
 			(err == nil && reply.Error == protocol.JoinBusy) ||
 			(errors.Is(err, nats.ErrNoResponders) && time.Since(noResponders) < noRespondersFor)
 		if !busy {
 			return reply, err
 		}
-		// A random pause, so machines that were turned away together do not
-		// come back together.
-		n, _ := rand.Int(rand.Reader, big.NewInt(int64(900*time.Millisecond)))
 		select {
 		case <-ctx.Done():
 			if err == nil {
 				err = errors.New(reply.Error)
 			}
 			return protocol.JoinReply{}, fmt.Errorf("ask to join: %w (is a controller serving?)", err)
-		case <-time.After(100*time.Millisecond + time.Duration(n.Int64())):
+		case <-time.After(backoff(attempt, joinRetryFirst, joinRetryMost)):
 		}
 	}
+}
+
+// How long a host turned away waits before it asks again: a random pause,
+// so machines that were turned away together do not come back together,
+// within a wait that doubles each time it is turned away (backoff). A rack
+// of ten thousand machines comes back spread over seconds rather than all
+// within the first, which would cost the broker a handshake for each one
+// it turns away again.
+const (
+	joinRetryFirst = time.Second
+	joinRetryMost  = 4 * time.Second
+)
+
+// errHandshake means the broker took the connection but did not finish its
+// handshake in time: busy with others, as when a rack connects at once
+// (the server pings a connection whose handshake it has not answered
+// within two seconds, which the client takes for a failed handshake).
+var errHandshake = errors.New("the broker took the connection but did not finish its handshake in time")
+
+// handshakeBusy says whether a connection's error is the broker's being
+// too busy to finish the handshake: it timed out, or the server's first
+// ping came before its answer to the client's.
+func handshakeBusy(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		strings.Contains(err.Error(), "expected 'PONG', got 'PING'")
 }
 
 func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply, error) {
@@ -250,6 +277,9 @@ func askOnce(ctx context.Context, o JoinOptions, req []byte) (protocol.JoinReply
 		nats.NoReconnect(), nats.CustomInboxPrefix(protocol.JoinInboxPrefix))
 	if errors.Is(err, nats.ErrMaxAccountConnectionsExceeded) {
 		return protocol.JoinReply{}, err
+	}
+	if err != nil && handshakeBusy(err) {
+		return protocol.JoinReply{}, fmt.Errorf("%w: %w", errHandshake, err)
 	}
 	if err != nil {
 		return protocol.JoinReply{}, &UnreachableError{URL: o.Broker, Err: err}
@@ -393,15 +423,15 @@ func (s *State) EnsureWireGuardKey() error {
 // only it may read. The user is read at each (re)connection: a credential
 // renewed while the host runs is the one its next connection presents.
 func (s *State) ConnectOptions() ([]nats.Option, error) {
-	if _, _, err := parseCreds(s.creds()); err != nil {
+	if _, _, err := s.parsed(); err != nil {
 		return nil, err
 	}
 	user := func() (string, error) {
-		userJWT, _, err := parseCreds(s.creds())
+		userJWT, _, err := s.parsed()
 		return userJWT, err
 	}
 	sign := func(nonce []byte) ([]byte, error) {
-		_, kp, err := parseCreds(s.creds())
+		_, kp, err := s.parsed()
 		if err != nil {
 			return nil, err
 		}
@@ -409,6 +439,21 @@ func (s *State) ConnectOptions() ([]nats.Option, error) {
 	}
 	return []nats.Option{nats.UserJWT(user, sign), nats.Name("mesh-host " + s.Node),
 		nats.CustomInboxPrefix(protocol.HostInboxPrefix(s.Node))}, nil
+}
+
+// parsed is the host's creds read: the user JWT and the nkey, read again
+// only once they changed (renewed).
+func (s *State) parsed() (string, nkeys.KeyPair, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.parsedKey == nil || s.parsedCreds != s.Creds {
+		userJWT, kp, err := parseCreds(s.Creds)
+		if err != nil {
+			return "", nil, err
+		}
+		s.parsedCreds, s.parsedJWT, s.parsedKey = s.Creds, userJWT, kp
+	}
+	return s.parsedJWT, s.parsedKey, nil
 }
 
 // parseCreds reads a .creds document: the user JWT and the nkey.
@@ -422,11 +467,4 @@ func parseCreds(creds string) (string, nkeys.KeyPair, error) {
 		return "", nil, fmt.Errorf("%s: %w", fileCreds, err)
 	}
 	return userJWT, kp, nil
-}
-
-// creds is the host's .creds document as it stands.
-func (s *State) creds() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.Creds
 }

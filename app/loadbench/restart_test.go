@@ -36,6 +36,14 @@ func TestRestartUnderLoad(t *testing.T) {
 func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 	c := newController(t, mc)
 	c.listen = freeAddr(t)
+	if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The joins' serve: its profile is written as it stops, before
+		// the restarts (which keep no profile).
+		c.profile = filepath.Join(dir, fmt.Sprintf("joins-%d-hosts", hosts))
+	}
 	c.serve()
 	defer func() {
 		if c.cmd.ProcessState == nil {
@@ -70,9 +78,16 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 		}
 	}
 	until(time.Minute, `SELECT count(*) FROM nodes WHERE heartbeat_interval_s IS NOT NULL`)
+	// MESH_BENCH_JOINS_ONLY=1 stops after the joins row: the restarts take
+	// minutes more.
+	joinsOnly := os.Getenv("MESH_BENCH_JOINS_ONLY") != ""
+	c.profile = ""
 
 	for _, away := range []time.Duration{0, 20 * time.Second} {
 		c.stop()
+		if joinsOnly {
+			break
+		}
 		// Something every node depends on changed while serve was away:
 		// each is declared anew when it starts again.
 		names, err := st.Inventory.JoinedNodes(ctx)
@@ -83,6 +98,9 @@ func restartUnderLoad(t *testing.T, mc, mh string, hosts int) {
 			t.Fatal(err)
 		}
 		time.Sleep(away) // the measured outage itself
+		if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
+			c.profile = filepath.Join(dir, fmt.Sprintf("restart-%s-%d-hosts", away, hosts))
+		}
 		start := time.Now()
 		c.serve()
 		d, n := until(time.Minute, `SELECT count(*) FROM nodes n JOIN declarations d ON d.node = n.name

@@ -80,7 +80,7 @@ func (pl *Planner) WithRecipients(r map[string]string) *Planner {
 // holder.
 func (pl *Planner) backupLines() []protocol.BackupLine {
 	lines := []protocol.BackupLine{}
-	for _, s := range BackupSets(pl.snap) {
+	for _, s := range pl.shared().backupSets {
 		d := s.Data
 		l := protocol.BackupLine{Node: s.Node, Module: s.Module, Data: d.Name, Path: d.Path, Precious: d.Precious, Cadence: BackupCadence(d).String(),
 			Keep: Retention(d), Recipient: pl.recipients[s.Node], Retired: s.Retired}
@@ -163,18 +163,13 @@ func (pl *Planner) Backup() BackupHolder {
 // with the holder's address and the node's access (once issued by this
 // holder).
 func (pl *Planner) backups(node string) []protocol.DeclaredBackup {
+	w := pl.shared()
 	var out []protocol.DeclaredBackup
-	var h *BackupHolder
-	for _, s := range BackupSets(pl.snap) {
-		if s.Node != node {
-			continue
-		}
-		if h == nil {
-			b := pl.Backup()
-			if b.Address == "" {
-				return nil
-			}
-			h = &b
+	h := w.holder
+	for _, i := range w.setsOf[node] {
+		s := w.backupSets[i]
+		if h.Address == "" {
+			return nil
 		}
 		b := protocol.DeclaredBackup{Module: s.Module, Data: s.Data.Name, Path: s.Data.Path, Cadence: CadenceWord(s.Data),
 			Before: s.Data.Backup.Before, Repository: Repository(h.Address, h.Port, node)}

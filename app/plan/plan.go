@@ -140,6 +140,69 @@ type Planner struct {
 	overlay *overlay.Mesh
 	// recipients are the hosts' age recipients, by node (WithRecipients).
 	recipients map[string]string
+	// meshWide is what every plan reads of the whole mesh, computed once
+	// (on the first plan that needs it) and indexed, so that a declare to
+	// every node costs in proportion to the mesh, not to its square.
+	meshWide *meshWide
+}
+
+// meshWide is what the plans of one snapshot share: each part a scan of
+// the whole mesh, made once and indexed by what one plan looks up.
+type meshWide struct {
+	// backupSets are BackupSets(snap); setsOf are their indexes by node.
+	backupSets []BackupSet
+	setsOf     map[string][]int
+	// holder is Backup(), once.
+	holder BackupHolder
+	// consumers are the seats' consumers by provider, not deleted.
+	consumers map[inventory.Holder][]inventory.Consumer
+	// deletions are the seats' deletions by node.
+	deletions map[string][]inventory.Deletion
+	// neededBy are neededBy's lines, by module@version of the provider.
+	neededBy map[string][]string
+}
+
+// shared computes what the plans of this snapshot share, once.
+func (pl *Planner) shared() *meshWide {
+	if pl.meshWide != nil {
+		return pl.meshWide
+	}
+	snap := pl.snap
+	w := &meshWide{setsOf: map[string][]int{}, consumers: map[inventory.Holder][]inventory.Consumer{},
+		deletions: map[string][]inventory.Deletion{}, neededBy: map[string][]string{}}
+	w.backupSets = BackupSets(snap)
+	for i, s := range w.backupSets {
+		w.setsOf[s.Node] = append(w.setsOf[s.Node], i)
+	}
+	w.holder = pl.Backup()
+	for _, cs := range snap.Seats.Consumers {
+		if cs.State != "deleted" {
+			w.consumers[cs.Provider] = append(w.consumers[cs.Provider], cs)
+		}
+	}
+	for _, d := range snap.Seats.Deletions {
+		w.deletions[d.Node] = append(w.deletions[d.Node], d)
+	}
+	// Who needs each provision, in the order of the assignments, read once.
+	consumersOf := map[string][]string{}
+	for _, a := range snap.Assignments {
+		for _, need := range snap.Manifests[a.Module][a.Version].Needs {
+			consumersOf[need.Provision] = append(consumersOf[need.Provision], a.Node+"/"+a.Module)
+		}
+	}
+	for _, versions := range snap.Manifests {
+		for v, m := range versions {
+			var out []string
+			for _, prov := range m.Provides {
+				if cs := consumersOf[prov.Provision]; len(cs) > 0 {
+					out = append(out, fmt.Sprintf("provides %s, needed by %s", prov.Provision, strings.Join(cs, ", ")))
+				}
+			}
+			w.neededBy[m.Module+"@"+v] = out
+		}
+	}
+	pl.meshWide = w
+	return w
 }
 
 // Overlay is the node's overlay part as computed from the snapshot, less
@@ -341,10 +404,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 				pm.HoldsBackup = true
 			}
 		}
-		for _, cs := range snap.Seats.Consumers {
-			if cs.Provider != holder || cs.State == "deleted" {
-				continue
-			}
+		for _, cs := range pl.shared().consumers[holder] {
 			pc := protocol.DeclaredConsumer{Consumer: cs.Consumer, Provision: cs.Provision, State: cs.State}
 			if cs.State == "active" || cs.State == "rejected" || cs.State == "waiting" {
 				cn, cm, _ := strings.Cut(cs.Consumer, "/")
@@ -358,7 +418,7 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			why = append(why, "requirements not yet verified: "+strings.Join(a.Unverified, ", "))
 		}
 		p.Body.Modules = append(p.Body.Modules, pm)
-		p.Reasons[a.Module] = append(why, neededBy(snap, m)...)
+		p.Reasons[a.Module] = append(why, pl.shared().neededBy[a.Module+"@"+a.Version]...)
 	}
 	sort.Strings(p.Body.Seats)
 	if rt, ok := snap.Routing[node]; ok {
@@ -367,10 +427,8 @@ func (pl *Planner) Plan(node string) (Plan, error) {
 			p.Body.Networks = rt.Networks
 		}
 	}
-	for _, d := range snap.Seats.Deletions {
-		if d.Node == node {
-			p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
-		}
+	for _, d := range pl.shared().deletions[node] {
+		p.Body.Delete = append(p.Body.Delete, protocol.DeclaredDeletion{Module: d.Module, Kind: d.Kind, Target: d.Target, Path: d.Path})
 	}
 	p.Body.Backups = pl.backups(node)
 	p.Body.Overlay = pl.Overlay(node)
@@ -424,26 +482,6 @@ func (pl *Planner) effective(m inventory.Manifest, sch *jsonschema.Schema, node 
 	doc, problems := EffectiveSettings(m, sch, layers, node)
 	pl.settings[key] = settingsResult{doc, problems}
 	return doc, problems
-}
-
-// neededBy says which assignments in the mesh need what a module provides.
-func neededBy(snap *inventory.Snapshot, provider inventory.Manifest) []string {
-	var out []string
-	for _, prov := range provider.Provides {
-		var consumers []string
-		for _, a := range snap.Assignments {
-			m := snap.Manifests[a.Module][a.Version]
-			for _, need := range m.Needs {
-				if need.Provision == prov.Provision {
-					consumers = append(consumers, a.Node+"/"+a.Module)
-				}
-			}
-		}
-		if len(consumers) > 0 {
-			out = append(out, fmt.Sprintf("provides %s, needed by %s", prov.Provision, strings.Join(consumers, ", ")))
-		}
-	}
-	return out
 }
 
 // effectiveSettings merges the manifest's defaults, then the mesh layer,

@@ -5,9 +5,9 @@ import "time"
 // LookInbox is the last tokens of the subject the controller asks a host
 // for a live look on (mesh.node.N.inbox.look): what runs on the machine now
 // beside what a module declares, for take. Only controller users may
-// publish there and only node N's host reads it; the host answers in the
-// asker's inbox (answerInboxes) with a LookAnswer signed by its host key,
-// like every host message.
+// publish there and only node N's host reads it; the host answers on the
+// request's reply subject (AnswerSubject) with a LookAnswer signed by its
+// host key, like every host message.
 const LookInbox = "inbox.look"
 
 // Bounds of a look: an ask or an answer larger than these is refused, and

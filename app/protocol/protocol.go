@@ -94,6 +94,21 @@ func DeclarationInbox(node string) string { return NodeSubject(node, "inbox.decl
 // may subscribe there, so no host reads another's answers.
 func HostInboxPrefix(node string) string { return "_INBOX." + node }
 
+// AnswerToken is the word after mesh.node.N. of where node N's host answers
+// a request the controller sends it (AnswerSubject).
+const AnswerToken = "answer"
+
+// AnswerSubject is the reply subject of one request to node N's host
+// (mesh.node.N.answer.<id>), id one token unique to that request (the
+// requester makes it, a NUID say, and subscribes to the subject before it
+// asks). It lies under the node's own subjects, which the host may publish
+// to already (mesh.node.N.>), so a host needs no permission to publish in
+// anyone's inbox to answer, and no other host, module or anonymous
+// connection may publish or subscribe there: only node N's host and
+// controllers. Hosts answer on whatever reply subject a request carries
+// (protocol 1.0 and 1.1 too), so this asks nothing new of them.
+func AnswerSubject(node, id string) string { return NodeSubject(node, AnswerToken+"."+id) }
+
 // JoinRequest is what a host sends to join.
 type JoinRequest struct {
 	Token        string `json:"token"`

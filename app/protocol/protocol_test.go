@@ -113,6 +113,8 @@ func TestNodeOfSubject(t *testing.T) {
 		"mesh.node.web1":                   "",
 		"mesh.join":                        "",
 		"other.node.web1.heartbeat":        "",
+		// an answer lies under its host's own subjects
+		AnswerSubject("web1", "Xq3kP9"): "web1",
 	} {
 		if got := NodeOfSubject(subject); got != want {
 			t.Errorf("NodeOfSubject(%q) = %q, want %q", subject, got, want)

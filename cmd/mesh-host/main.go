@@ -58,7 +58,7 @@ type SimulateCmd struct {
 	For       time.Duration `help:"Stop after this long (default: until SIGINT or SIGTERM)."`
 	Report    time.Duration `default:"5s" help:"How often to print how many hosts are joined, beating and applied."`
 	JSON      bool          `name:"json" help:"Print the summary as one JSON object at the end."`
-	Joins     int           `default:"32" help:"How many joins are in flight at once."`
+	Joins     int           `default:"1024" help:"How many joins are in flight at once: as many as the controller's broker admits without credentials (-1: no bound, every host dials at once)."`
 	// CPUProfile measures where the simulator's own time goes: it shares
 	// the machine with the controller it loads.
 	CPUProfile string `name:"cpu-profile" placeholder:"FILE" help:"Write a CPU profile of the simulator to FILE until it stops (go tool pprof reads it)."`

@@ -89,9 +89,12 @@ func needWhy(acts []HandAct) error {
 // insertHandActs keeps acts in tx and returns them with their ids.
 func insertHandActs(ctx context.Context, tx *sql.Tx, acts []HandAct) ([]HandAct, error) {
 	out := make([]HandAct, len(acts))
+	// Prepared once: a roll-out records an act for each node it moves.
+	stmts := sqlite.Prepared(tx)
+	defer stmts.Close()
 	for i, a := range acts {
 		// RETURNING, not LastInsertId: PostgreSQL's driver has no last id.
-		if err := tx.QueryRowContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?) RETURNING id`,
+		if err := stmts.QueryRowContext(ctx, `INSERT INTO hand_acts (at, what, why, cause, who, condition) VALUES (?, ?, ?, ?, ?, ?) RETURNING id`,
 			sqlite.FormatTime(a.At), a.What, a.Why, a.Cause, a.Who, a.Condition).Scan(&a.ID); err != nil {
 			return nil, err
 		}

@@ -42,7 +42,8 @@ type Host struct {
 // before it. revoked counts them; the caller disconnects them.
 //
 // A token presented again after its use is refused and remembered
-// (reused_count), so that a condition can be raised for it.
+// (reused_count), so that a condition can be raised for it; unless it is
+// the same host asking again (Joined.Again).
 func (s *Store) Join(ctx context.Context, token string, h Host, now time.Time) (revoked int, err error) {
 	out := s.JoinMany(ctx, []HostJoin{{Token: token, Host: h}}, now)
 	return out[0].Revoked, out[0].Err
@@ -61,8 +62,20 @@ type HostJoin struct {
 // it revoked, or why it was refused (an Err… value) or failed.
 type Joined struct {
 	Revoked int
-	Err     error
+	// Again means the host that used the token asked again, with the same
+	// keys, within AskedAgainWithin of its use: the answer to its first ask
+	// did not reach it (it came after the host stopped waiting, as under a
+	// flood of joins). Nothing is recorded anew; it is to be answered
+	// again. Whoever else presented that request could not use the answer:
+	// it is sealed to the host's age key, for the host's nkey.
+	Again bool
+	Err   error
 }
+
+// AskedAgainWithin is how long after a token's use the host that used it
+// may ask again for its answer: a host asks again for a minute at most
+// (mesh-host join).
+const AskedAgainWithin = 2 * time.Minute
 
 // JoinMany admits many hosts as Join admits one, each judged alone and
 // exactly as Join judges it, in one transaction: a rack of machines joining
@@ -74,8 +87,10 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	// A refusal that changes nothing is decided by a read, without the
 	// writer: a flood of wrong tokens does not hold up this store's writes.
 	var pending []int
+	read := sqlite.Prepared(s.db.Reader)
+	defer read.Close()
 	for i, j := range joins {
-		if refusal, err := checkToken(ctx, s.db.Reader, j.Token, j.Host.Node, now); err != nil {
+		if refusal, err := checkToken(ctx, read, j.Token, j.Host.Node, now); err != nil {
 			out[i].Err = s.db.Failed(err, "join %s", j.Host.Node)
 		} else if refusal != nil && !errors.Is(refusal, ErrTokenUsed) {
 			out[i].Err = refusal
@@ -86,12 +101,15 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 	if len(pending) == 0 {
 		return out
 	}
-	err := s.db.Write(ctx, func(tx *sql.Tx) error {
+	err := s.db.Write(ctx, func(wtx *sql.Tx) error {
+		// Each join runs the same statements: parsed once for the batch.
+		tx := sqlite.Prepared(wtx)
+		defer tx.Close()
 		for _, i := range pending {
 			if _, err := tx.ExecContext(ctx, `SAVEPOINT host_join`); err != nil {
 				return err
 			}
-			revoked, refusal, err := joinOne(ctx, tx, joins[i], now)
+			revoked, again, refusal, err := joinOne(ctx, tx, joins[i], now)
 			if err != nil {
 				// This join alone is undone; the others stand.
 				if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO host_join`); rerr != nil {
@@ -101,7 +119,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 			} else if refusal != nil {
 				out[i].Err = refusal
 			} else {
-				out[i].Revoked = revoked
+				out[i].Revoked, out[i].Again = revoked, again
 			}
 			if _, err := tx.ExecContext(ctx, `RELEASE host_join`); err != nil {
 				return err
@@ -119,40 +137,68 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 
 // joinOne is one join within tx: refused (and a used token's reuse
 // remembered), or the token marked used, the host's keys kept, its broker
-// user recorded and its node's earlier host users revoked.
-func joinOne(ctx context.Context, tx *sql.Tx, j HostJoin, now time.Time) (revoked int, refusal, err error) {
+// user recorded and its node's earlier host users revoked; or, for the host
+// that used the token asking again, nothing (again).
+func joinOne(ctx context.Context, tx writer, j HostJoin, now time.Time) (revoked int, again bool, refusal, err error) {
 	token, h := j.Token, j.Host
 	if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
 		if errors.Is(refusal, ErrTokenUsed) {
+			if again, err = askedAgain(ctx, tx, j, now); err != nil || again {
+				return 0, again, nil, err
+			}
 			_, err = tx.ExecContext(ctx, `UPDATE join_tokens SET reused_count = reused_count + 1, last_reused_at = ? WHERE hash = ?`,
 				sqlite.FormatTime(now), hashToken(token))
 		}
-		return 0, refusal, err
+		return 0, false, refusal, err
 	}
 	var issued int
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE pub = ?`, h.NKey).Scan(&issued); err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
 	if issued > 0 {
-		return 0, ErrNKeyUsed, nil
+		return 0, false, ErrNKeyUsed, nil
 	}
 	if revoked, err = revokeNodeUsers(ctx, tx, []string{h.Node}, "host", now); err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET used_at = ? WHERE hash = ?`, sqlite.FormatTime(now), hashToken(token)); err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO hosts (node, host_key, age_recipient, nkey, host_version, protocol, joined_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET host_key = excluded.host_key, age_recipient = excluded.age_recipient, nkey = excluded.nkey, host_version = excluded.host_version, protocol = excluded.protocol, joined_at = excluded.joined_at`,
 		h.Node, []byte(h.HostKey), h.AgeRecipient, h.NKey, h.HostVersion, h.Protocol, sqlite.FormatTime(now)); err != nil {
-		return 0, nil, err
-	}
-	var expires sql.NullString
-	if !j.Expires.IsZero() {
-		expires = sql.NullString{String: sqlite.FormatTime(j.Expires), Valid: true}
+		return 0, false, nil, err
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, issued_at, expires_at) VALUES (?, 'host', ?, ?, ?)`,
-		h.NKey, h.Node, sqlite.FormatTime(now), expires)
-	return revoked, nil, err
+		h.NKey, h.Node, sqlite.FormatTime(now), nullTime(j.Expires))
+	return revoked, false, nil, err
+}
+
+// askedAgain says whether j, presenting a used token, is the host that used
+// it asking again within AskedAgainWithin: its node's host has the keys it
+// presents, and that host's broker user is not revoked (no machine joined as
+// the node since, no one removed it). Its user's expiry becomes the one
+// the answer made again gives it.
+func askedAgain(ctx context.Context, tx writer, j HostJoin, now time.Time) (bool, error) {
+	h := j.Host
+	var n int
+	err := tx.QueryRowContext(ctx, `SELECT count(*) FROM join_tokens t
+		JOIN hosts h ON h.node = t.node
+		JOIN issued_users u ON u.pub = h.nkey AND u.node = h.node
+		WHERE t.hash = ? AND t.node = ? AND t.used_at >= ? AND h.host_key = ? AND h.age_recipient = ? AND h.nkey = ? AND u.revoked_at IS NULL`,
+		hashToken(j.Token), h.Node, sqlite.FormatTime(now.Add(-AskedAgainWithin)), []byte(h.HostKey), h.AgeRecipient, h.NKey).Scan(&n)
+	if err != nil || n == 0 {
+		return false, err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE issued_users SET expires_at = ? WHERE pub = ?`, nullTime(j.Expires), h.NKey)
+	return err == nil, err
+}
+
+// nullTime is t as the store keeps a time that may be none: NULL for zero.
+func nullTime(t time.Time) sql.NullString {
+	if t.IsZero() {
+		return sql.NullString{}
+	}
+	return sql.NullString{String: sqlite.FormatTime(t), Valid: true}
 }
 
 // checkToken says why a token does not admit node now (an Err… value), or

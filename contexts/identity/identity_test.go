@@ -149,6 +149,59 @@ func TestStore_JoinRevokesEarlierHosts(t *testing.T) {
 	})
 }
 
+// A host whose answer did not reach it asks again with the same request:
+// it is answered again, nothing recorded anew and no reuse counted; the
+// same token with any other keys, after another machine joined as the
+// node, or past AskedAgainWithin, is refused as used.
+func TestStore_JoinAskedAgain(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	key := func(b byte) []byte { k := make([]byte, 32); k[0] = b; return k }
+	host := Host{Node: "web1", HostKey: key(1), AgeRecipient: "age1x", NKey: "UA", HostVersion: "test"}
+	tok, _, _, err := s.IssueToken(ctx, "web1", time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(h Host, at time.Time) Joined {
+		t.Helper()
+		return s.JoinMany(ctx, []HostJoin{{Token: tok, Host: h, Expires: at.Add(time.Hour)}}, at)[0]
+	}
+	if j := ask(host, now); j.Err != nil || j.Again {
+		t.Fatalf("first ask: %+v", j)
+	}
+	if j := ask(host, now.Add(time.Minute)); j.Err != nil || !j.Again || j.Revoked != 0 {
+		t.Fatalf("asked again: %+v", j)
+	}
+	if n, _ := s.NodeTokenReuses(ctx, "web1"); n != 0 {
+		t.Fatalf("asking again counted as a reuse: %d", n)
+	}
+	if revoked, _ := s.Revoked(ctx); len(revoked) != 0 {
+		t.Fatalf("asking again revoked %v", revoked)
+	}
+	for name, h := range map[string]Host{
+		"another host key":      {Node: "web1", HostKey: key(2), AgeRecipient: "age1x", NKey: "UA"},
+		"another age recipient": {Node: "web1", HostKey: key(1), AgeRecipient: "age1y", NKey: "UA"},
+		"another nkey":          {Node: "web1", HostKey: key(1), AgeRecipient: "age1x", NKey: "UB"},
+	} {
+		if j := ask(h, now.Add(time.Minute)); !errors.Is(j.Err, ErrTokenUsed) {
+			t.Errorf("%s: %+v", name, j)
+		}
+	}
+	if j := ask(host, now.Add(AskedAgainWithin+time.Second)); !errors.Is(j.Err, ErrTokenUsed) {
+		t.Errorf("past AskedAgainWithin: %+v", j)
+	}
+	// Another machine joins as web1: the first one's request is refused.
+	tok2, _, _, _ := s.IssueToken(ctx, "web1", time.Hour, now)
+	other := Host{Node: "web1", HostKey: key(3), AgeRecipient: "age1z", NKey: "UC", HostVersion: "test"}
+	if n, err := s.Join(ctx, tok2, other, now.Add(2*time.Minute)); err != nil || n != 1 {
+		t.Fatalf("another machine's join: %d revoked, %v", n, err)
+	}
+	if j := ask(host, now.Add(2*time.Minute)); !errors.Is(j.Err, ErrTokenUsed) {
+		t.Errorf("after another machine joined: %+v", j)
+	}
+}
+
 // A batch of joins is judged one by one, in order, each exactly as Join
 // judges it: a token presented twice is refused the second time, an nkey
 // never admitted twice, and a refusal leaves the others standing.

@@ -99,11 +99,32 @@ type ModuleUser struct {
 }
 
 // ModuleUsers returns the live module users the mesh made (not those
-// issued by hand), by node/module.
+// issued by hand), by node/module, each with its sealed .creds.
 func (s *Store) ModuleUsers(ctx context.Context) (_ map[string]ModuleUser, err error) {
 	defer s.db.Failing(&err, "read module users")
-	rows, err := s.db.Reader.QueryContext(ctx, `SELECT pub, node, module, version, sealed FROM issued_users
-		WHERE kind = 'module' AND sealed != '' AND revoked_at IS NULL ORDER BY issued_at`)
+	return s.moduleUsers(ctx, true)
+}
+
+// ModuleUsersUnsealed is ModuleUsers without the sealed .creds: what
+// judging which users to make, keep or revoke needs. The sealed copies are
+// most of the bytes (about 2 KB a user).
+func (s *Store) ModuleUsersUnsealed(ctx context.Context) (_ map[string]ModuleUser, err error) {
+	defer s.db.Failing(&err, "read module users")
+	return s.moduleUsers(ctx, false)
+}
+
+// moduleUsers reads the live module users, the latest of a node/module
+// should two be live, in one read transaction: first which they are (in
+// the order they were issued), then, if asked, their sealed copies, by key
+// and unsorted (sorted, the sealed copies were carried through the sort).
+func (s *Store) moduleUsers(ctx context.Context, sealed bool) (map[string]ModuleUser, error) {
+	tx, err := s.db.Reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	const live = `FROM issued_users WHERE kind = 'module' AND sealed != '' AND revoked_at IS NULL`
+	rows, err := tx.QueryContext(ctx, `SELECT pub, node, module, version `+live+` ORDER BY issued_at`)
 	if err != nil {
 		return nil, err
 	}
@@ -111,10 +132,34 @@ func (s *Store) ModuleUsers(ctx context.Context) (_ map[string]ModuleUser, err e
 	out := map[string]ModuleUser{}
 	for rows.Next() {
 		var u ModuleUser
-		if err := rows.Scan(&u.Pub, &u.Node, &u.Module, &u.Version, &u.Sealed); err != nil {
+		if err := rows.Scan(&u.Pub, &u.Node, &u.Module, &u.Version); err != nil {
 			return nil, err
 		}
 		out[u.Node+"/"+u.Module] = u // the latest, should two be live
+	}
+	if err := rows.Err(); err != nil || !sealed {
+		return out, err
+	}
+	rows.Close()
+	keyOf := make(map[string]string, len(out))
+	for k, u := range out {
+		keyOf[u.Pub] = k
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT pub, sealed `+live)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pub, sealedCopy string
+		if err := rows.Scan(&pub, &sealedCopy); err != nil {
+			return nil, err
+		}
+		if k, ok := keyOf[pub]; ok {
+			u := out[k]
+			u.Sealed = sealedCopy
+			out[k] = u
+		}
 	}
 	return out, rows.Err()
 }
@@ -128,26 +173,29 @@ func (s *Store) KeepModuleUsers(ctx context.Context, made []ModuleUser, revoke [
 	defer s.db.Failing(&err, "keep module users")
 	at := sqlite.FormatTime(now)
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
+		// An upgrade moves every node's user of the module.
+		stmts := sqlite.Prepared(tx)
+		defer stmts.Close()
 		for _, u := range moved {
-			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET version = ? WHERE pub = ? AND revoked_at IS NULL`, u.Version, u.Pub); err != nil {
+			if _, err := stmts.ExecContext(ctx, `UPDATE issued_users SET version = ? WHERE pub = ? AND revoked_at IS NULL`, u.Version, u.Pub); err != nil {
 				return fmt.Errorf("keep module user: %w", err)
 			}
 		}
 		for _, pub := range revoke {
-			if _, err := tx.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
+			if _, err := stmts.ExecContext(ctx, `UPDATE issued_users SET revoked_at = ? WHERE pub = ? AND revoked_at IS NULL`, at, pub); err != nil {
 				return fmt.Errorf("revoke module user: %w", err)
 			}
 		}
 		for _, u := range made {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE kind = 'module' AND node = ? AND module = ? AND version = ?
+			if err := stmts.QueryRowContext(ctx, `SELECT count(*) FROM issued_users WHERE kind = 'module' AND node = ? AND module = ? AND version = ?
 				AND sealed != '' AND revoked_at IS NULL`, u.Node, u.Module, u.Version).Scan(&n); err != nil {
 				return err
 			}
 			if n > 0 {
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, version, sealed, issued_at) VALUES (?, 'module', ?, ?, ?, ?, ?)`,
+			if _, err := stmts.ExecContext(ctx, `INSERT INTO issued_users (pub, kind, node, module, version, sealed, issued_at) VALUES (?, 'module', ?, ?, ?, ?, ?)`,
 				u.Pub, u.Node, u.Module, u.Version, u.Sealed, at); err != nil {
 				return fmt.Errorf("record module user: %w", err)
 			}

@@ -82,8 +82,17 @@ type Retirement struct {
 
 // bump moves the plans of nodes: their declarations are then behind.
 func bump(ctx context.Context, tx *sql.Tx, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	// Prepared once: an act may move every node's plan.
+	stmt, err := tx.PrepareContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
 	for _, n := range nodes {
-		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1 WHERE name = ?`, n); err != nil {
+		if _, err := stmt.ExecContext(ctx, n); err != nil {
 			return err
 		}
 	}
@@ -192,12 +201,30 @@ func scanRetirement(rows *sql.Rows) (Retirement, error) {
 	return r, err
 }
 
-// CountAssignments counts the modules assigned to a node.
-func (s *Store) CountAssignments(ctx context.Context, node string) (_ int, err error) {
-	defer s.db.Failing(&err, "count the assignments on %s", node)
-	var n int
-	err = s.db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ?`, node).Scan(&n)
-	return n, err
+// Assigned is which of nodes have a module assigned: a rack that joined
+// together is asked about in one query, not one each.
+func (s *Store) Assigned(ctx context.Context, nodes []string) (_ map[string]bool, err error) {
+	defer s.db.Failing(&err, "read which of %d nodes have assignments", len(nodes))
+	out := map[string]bool{}
+	err = sqlite.InChunks(nodes, func(marks string, args []any) error {
+		rows, err := s.db.Reader.QueryContext(ctx, `SELECT DISTINCT node FROM assignments WHERE node IN (`+marks+`)`, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var node string
+			if err := rows.Scan(&node); err != nil {
+				return err
+			}
+			out[node] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // AssignmentsOn lists what is assigned to one node, by module.

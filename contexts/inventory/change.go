@@ -90,9 +90,12 @@ func (s *Store) Apply(ctx context.Context, ch Change, now time.Time) (err error)
 }
 
 func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
+	// A change to every node runs each statement ten thousand times.
+	stmts := sqlite.Prepared(tx)
+	defer stmts.Close()
 	for _, a := range ch.Assign {
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module).Scan(&n); err != nil {
+		if err := stmts.QueryRowContext(ctx, `SELECT count(*) FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module).Scan(&n); err != nil {
 			return err
 		}
 		if n > 0 {
@@ -107,31 +110,31 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 			}
 			taken = string(b)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified, taken) VALUES (?, ?, ?, ?, ?, ?)`,
+		if _, err := stmts.ExecContext(ctx, `INSERT INTO assignments (node, module, version, assigned_at, unverified, taken) VALUES (?, ?, ?, ?, ?, ?)`,
 			a.Node, a.Module, a.Version, sqlite.FormatTime(a.AssignedAt), string(unverified), taken); err != nil {
 			return err
 		}
 		// Its data, retired or dropped when it left, is its own again; data
 		// left on a removed node of the same name is not.
-		if _, err := tx.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated'
+		if _, err := stmts.ExecContext(ctx, `UPDATE retirements SET state = 'reactivated'
 			WHERE node = ? AND module = ? AND consumer = '' AND state IN ('retired', 'dropped') AND node_removed_at IS NULL`,
 			a.Node, a.Module); err != nil {
 			return err
 		}
 	}
 	for _, h := range ch.Unassign {
-		if err := execAssigned(ctx, tx, h.Node, h.Module, `DELETE FROM assignments WHERE node = ? AND module = ?`, h.Node, h.Module); err != nil {
+		if err := execAssigned(ctx, stmts, h.Node, h.Module, `DELETE FROM assignments WHERE node = ? AND module = ?`, h.Node, h.Module); err != nil {
 			return err
 		}
 	}
 	for _, r := range ch.Retirements {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, bytes, retired_at, why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		if _, err := stmts.ExecContext(ctx, `INSERT INTO retirements (node, module, data_set, path, precious, consumer, state, bytes, retired_at, why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			r.Node, r.Module, r.DataSet, r.Path, r.Precious, r.Consumer, r.State, r.Bytes, sqlite.FormatTime(r.RetiredAt), r.Why); err != nil {
 			return err
 		}
 	}
 	for _, a := range ch.Versions {
-		if err := execAssigned(ctx, tx, a.Node, a.Module, `UPDATE assignments SET version = ?, pending_version = NULL WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
+		if err := execAssigned(ctx, stmts, a.Node, a.Module, `UPDATE assignments SET version = ?, pending_version = NULL WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
 			return err
 		}
 	}
@@ -140,7 +143,7 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 		if h.Version != "" {
 			version = h.Version
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE nodes SET host_release = ? WHERE name = ?`, version, h.Node)
+		res, err := stmts.ExecContext(ctx, `UPDATE nodes SET host_release = ? WHERE name = ?`, version, h.Node)
 		if err != nil {
 			return err
 		}
@@ -151,7 +154,7 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 		}
 	}
 	for _, a := range ch.Pending {
-		if err := execAssigned(ctx, tx, a.Node, a.Module, `UPDATE assignments SET pending_version = ? WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
+		if err := execAssigned(ctx, stmts, a.Node, a.Module, `UPDATE assignments SET pending_version = ? WHERE node = ? AND module = ?`, a.Version, a.Node, a.Module); err != nil {
 			return err
 		}
 	}
@@ -183,8 +186,8 @@ func apply(ctx context.Context, tx *sql.Tx, ch Change, now time.Time) error {
 // execAssigned runs a statement on one node's assignment of a module,
 // which must be there: no row affected is ErrNotAssigned, and the whole
 // change is rolled back.
-func execAssigned(ctx context.Context, tx *sql.Tx, node, module, query string, args ...any) error {
-	res, err := tx.ExecContext(ctx, query, args...)
+func execAssigned(ctx context.Context, stmts *sqlite.Statements, node, module, query string, args ...any) error {
+	res, err := stmts.ExecContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -207,7 +210,7 @@ func (s *Snapshot) Clone() *Snapshot {
 	c.Seats.Pins = maps.Clone(s.Seats.Pins)
 	c.Seats.Bindings = maps.Clone(s.Seats.Bindings)
 	c.Seats.Consumers = slices.Clone(s.Seats.Consumers)
-	c.versions = nil
+	c.versions, c.onNode, c.indexed = nil, nil, nil
 	return &c
 }
 
@@ -218,19 +221,24 @@ func (s *Snapshot) Assign(as ...Assignment) {
 	slices.SortFunc(s.Assignments, func(a, b Assignment) int {
 		return strings.Compare(a.Node+"\x00"+a.Module, b.Node+"\x00"+b.Module)
 	})
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // Unassign takes assignments out of the snapshot (in memory), with the
 // seats they held and their bindings, as the store's foreign keys would.
 func (s *Snapshot) Unassign(hs ...Holder) {
-	gone := func(node, module string) bool { return slices.Contains(hs, Holder{Node: node, Module: module}) }
+	// A set: an act may take a module off every node.
+	leaving := make(map[Holder]bool, len(hs))
+	for _, h := range hs {
+		leaving[h] = true
+	}
+	gone := func(node, module string) bool { return leaving[Holder{Node: node, Module: module}] }
 	s.Assignments = slices.DeleteFunc(s.Assignments, func(a Assignment) bool { return gone(a.Node, a.Module) })
 	for seat, holders := range s.Seats.Holders {
 		s.Seats.Holders[seat] = slices.DeleteFunc(holders, func(h Holder) bool { return gone(h.Node, h.Module) })
 	}
 	maps.DeleteFunc(s.Seats.Bindings, func(_ string, b Binding) bool { return gone(b.Node, b.Module) })
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // SetVersion moves an assignment to another version (in memory).
@@ -240,7 +248,7 @@ func (s *Snapshot) SetVersion(node, module, version string) {
 			s.Assignments[i].Version = version
 		}
 	}
-	s.versions = nil
+	s.versions, s.onNode = nil, nil
 }
 
 // TakeUnheldSeats gives every seat no one holds to the first of these

@@ -84,6 +84,38 @@ func TestStore_FactNamed(t *testing.T) {
 	}
 }
 
+// Many reports are kept in one transaction, each as RecordFacts keeps it:
+// one whose node is not known (removed meanwhile) fails alone, and a
+// second report of a node in the same batch replaces its first.
+func TestStore_RecordFactsMany(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	addNodes(t, s, now, "web1", "web2")
+	arch := func(v string) []Fact { return []Fact{{Name: "arch", Value: v, Why: "x"}} }
+	kept, err := s.RecordFactsMany(ctx, []FactsReport{
+		{Node: "web1", Facts: arch("amd64"), At: now},
+		{Node: "gone", Facts: arch("amd64"), At: now},
+		{Node: "web2", Facts: arch("arm64"), At: now},
+		{Node: "web1", Facts: arch("riscv64"), At: now},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, wantErr := range []bool{false, true, false, false} {
+		if (kept[i].Err != nil) != wantErr {
+			t.Errorf("report %d: %v", i, kept[i].Err)
+		}
+	}
+	got, err := s.FactNamed(ctx, "arch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["web1"].Value != "riscv64" || got["web2"].Value != "arm64" {
+		t.Fatalf("kept %+v", got)
+	}
+}
+
 // A port a host found at several addresses, or held by several processes,
 // is kept as one listener with all of them; ListenersOf reads the
 // listeners of many nodes, services left out.

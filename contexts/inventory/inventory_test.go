@@ -15,6 +15,16 @@ func newStore(t *testing.T) (*Store, *sqlite.DB) {
 	return NewStore(db), db
 }
 
+// addNodes adds converged nodes.
+func addNodes(t *testing.T, s *Store, at time.Time, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := s.AddNode(context.Background(), n, Converged, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestStore_AddNode(t *testing.T) {
 	s, db := newStore(t)
 	ctx := context.Background()

@@ -203,62 +203,115 @@ func (s *Store) RecordBeats(ctx context.Context, beats []Beat) (err error) {
 // before keys were judged so), if it was recorded first (the lower
 // overlay index), as the overlay's computation keeps it.
 func (s *Store) RecordFacts(ctx context.Context, node string, facts []Fact, found []Found, now time.Time) (refused *KeyRefusal, err error) {
-	defer s.db.Failing(&err, "record the facts of %s", node)
-	err = s.db.Write(ctx, func(tx *sql.Tx) error {
-		refused = nil
-		var oldKey, newKey string
-		err := tx.QueryRowContext(ctx, `SELECT value FROM node_facts WHERE node = ? AND name = ?`, node, factWireGuardKey).Scan(&oldKey)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		for _, f := range facts {
-			if f.Name == factWireGuardKey {
-				newKey = f.Value
+	out, err := s.RecordFactsMany(ctx, []FactsReport{{Node: node, Facts: facts, Found: found, At: now}})
+	if err != nil {
+		return nil, err
+	}
+	return out[0].Refused, out[0].Err
+}
+
+// FactsReport is one host's facts report, as RecordFactsMany keeps it.
+type FactsReport struct {
+	Node  string
+	Facts []Fact
+	Found []Found
+	At    time.Time
+}
+
+// FactsKept is what became of one FactsReport: the WireGuard key it
+// refused, or why it could not be kept (its node removed meanwhile).
+type FactsKept struct {
+	Refused *KeyRefusal
+	Err     error
+}
+
+// RecordFactsMany keeps many hosts' facts reports, each exactly as
+// RecordFacts keeps one, in one transaction whose statements are prepared
+// once: a rack that joins or comes back at once reports ten thousand times
+// within seconds, and kept one transaction each the reports took the
+// writer from the joins. Each stands or falls alone (a savepoint each);
+// err is the transaction's. out[i] is reports[i]'s.
+func (s *Store) RecordFactsMany(ctx context.Context, reports []FactsReport) (out []FactsKept, err error) {
+	defer s.db.Failing(&err, "record the facts of %d nodes", len(reports))
+	err = s.db.Write(ctx, func(wtx *sql.Tx) error {
+		out = make([]FactsKept, len(reports))
+		tx := sqlite.Prepared(wtx)
+		defer tx.Close()
+		for i, r := range reports {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT facts`); err != nil {
+				return err
 			}
-		}
-		holder, err := keyHolder(ctx, tx, node, newKey, oldKey == newKey)
-		if err != nil {
-			return err
-		}
-		if holder != "" {
-			refused = &KeyRefusal{Node: node, Holder: holder, Key: newKey, Since: now}
-			newKey = ""
-		}
-		if err := keepKeyRefusal(ctx, tx, node, refused); err != nil {
-			return err
-		}
-		if oldKey != newKey {
-			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1
-				WHERE name = ?1 OR name IN (SELECT node FROM node_facts WHERE name = ?2)`, node, factWireGuardKey); err != nil {
+			refused, err := recordFacts(ctx, tx, r)
+			if err != nil {
+				if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO facts`); rerr != nil {
+					return rerr
+				}
+				out[i].Err = s.db.Failed(err, "record the facts of %s", r.Node)
+			}
+			out[i].Refused = refused
+			if _, err := tx.ExecContext(ctx, `RELEASE facts`); err != nil {
 				return err
 			}
 		}
-		for _, q := range []string{`DELETE FROM node_facts WHERE node = ?`, `DELETE FROM node_found WHERE node = ?`} {
-			if _, err := tx.ExecContext(ctx, q, node); err != nil {
-				return err
-			}
-		}
-		for _, f := range facts {
-			if f.Name == factWireGuardKey && refused != nil {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?) ON CONFLICT (node, name) DO UPDATE SET value = excluded.value, why = excluded.why`, node, f.Name, f.Value, f.Why); err != nil {
-				return err
-			}
-		}
-		for _, f := range mergeFound(found) {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO node_found (node, kind, name, detail, addresses, commands) VALUES (?, ?, ?, ?, ?, ?)`,
-				node, f.Kind, f.Name, f.Detail, strings.Join(f.Addresses, " "), strings.Join(f.Commands, " ")); err != nil {
-				return err
-			}
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return refused, nil
+	return out, nil
+}
+
+// recordFacts keeps one report within tx.
+func recordFacts(ctx context.Context, tx txer, r FactsReport) (refused *KeyRefusal, err error) {
+	node, facts, found, now := r.Node, r.Facts, r.Found, r.At
+	var oldKey, newKey string
+	err = tx.QueryRowContext(ctx, `SELECT value FROM node_facts WHERE node = ? AND name = ?`, node, factWireGuardKey).Scan(&oldKey)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, err
+	}
+	for _, f := range facts {
+		if f.Name == factWireGuardKey {
+			newKey = f.Value
+		}
+	}
+	holder, err := keyHolder(ctx, tx, node, newKey, oldKey == newKey)
+	if err != nil {
+		return nil, err
+	}
+	if holder != "" {
+		refused = &KeyRefusal{Node: node, Holder: holder, Key: newKey, Since: now}
+		newKey = ""
+	}
+	if err := keepKeyRefusal(ctx, tx, node, refused); err != nil {
+		return nil, err
+	}
+	if oldKey != newKey {
+		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET plan_version = plan_version + 1
+			WHERE name = ?1 OR name IN (SELECT node FROM node_facts WHERE name = ?2)`, node, factWireGuardKey); err != nil {
+			return nil, err
+		}
+	}
+	for _, q := range []string{`DELETE FROM node_facts WHERE node = ?`, `DELETE FROM node_found WHERE node = ?`} {
+		if _, err := tx.ExecContext(ctx, q, node); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range facts {
+		if f.Name == factWireGuardKey && refused != nil {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO node_facts (node, name, value, why) VALUES (?, ?, ?, ?) ON CONFLICT (node, name) DO UPDATE SET value = excluded.value, why = excluded.why`, node, f.Name, f.Value, f.Why); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range mergeFound(found) {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO node_found (node, kind, name, detail, addresses, commands) VALUES (?, ?, ?, ?, ?, ?)`,
+			node, f.Kind, f.Name, f.Detail, strings.Join(f.Addresses, " "), strings.Join(f.Commands, " ")); err != nil {
+			return nil, err
+		}
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE nodes SET facts_at = ?, last_heard = ? WHERE name = ?`, sqlite.FormatTime(now), sqlite.FormatTime(now), node)
+	return refused, err
 }
 
 // KeyRefusal is a WireGuard key a node's host reported while another node,
@@ -272,7 +325,7 @@ type KeyRefusal struct {
 // keyHolder is the node that holds key before node may ("" for none, or
 // no key): another node holding it, if node did not hold it already
 // (held), else one of them recorded before node.
-func keyHolder(ctx context.Context, tx *sql.Tx, node, key string, held bool) (string, error) {
+func keyHolder(ctx context.Context, tx queryer, node, key string, held bool) (string, error) {
 	if key == "" {
 		return "", nil
 	}
@@ -295,7 +348,7 @@ func keyHolder(ctx context.Context, tx *sql.Tx, node, key string, held bool) (st
 
 // keepKeyRefusal keeps a node's refused key (r), the time first refused
 // kept while the same key is refused, or forgets it (r nil).
-func keepKeyRefusal(ctx context.Context, tx *sql.Tx, node string, r *KeyRefusal) error {
+func keepKeyRefusal(ctx context.Context, tx txer, node string, r *KeyRefusal) error {
 	if r == nil {
 		_, err := tx.ExecContext(ctx, `DELETE FROM overlay_key_refusals WHERE node = ?`, node)
 		return err
@@ -475,18 +528,39 @@ func (s *Store) RecordOutcomes(ctx context.Context, outcomes []NodeOutcome) (err
 // RecordDataSets replaces a node's reported data sets.
 func (s *Store) RecordDataSets(ctx context.Context, node string, sets []DataSet, now time.Time) (err error) {
 	defer s.db.Failing(&err, "record the data sets of %s", node)
+	return s.RecordDataReports(ctx, []DataReport{{Node: node, Sets: sets, At: now}})
+}
+
+// DataReport is the data sets one node's host reported, and when.
+type DataReport struct {
+	Node string
+	Sets []DataSet
+	At   time.Time
+}
+
+// RecordDataReports replaces the reported data sets of each node, in order,
+// in one transaction: after a change to every node each host reports its
+// data, and ten thousand transactions of one report each kept the writer
+// busy for seconds.
+func (s *Store) RecordDataReports(ctx context.Context, reports []DataReport) (err error) {
+	defer s.db.Failing(&err, "record the data sets of %d nodes", len(reports))
 	return s.db.Write(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, node); err != nil {
-			return err
-		}
-		for _, d := range sets {
-			var backup sql.NullString
-			if d.LastBackup != nil {
-				backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET path = excluded.path, bytes = excluded.bytes, precious = excluded.precious, last_backup = excluded.last_backup, reported_at = excluded.reported_at`,
-				node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, sqlite.FormatTime(now)); err != nil {
+		stmts := sqlite.Prepared(tx)
+		defer stmts.Close()
+		for _, r := range reports {
+			at := sqlite.FormatTime(r.At)
+			if _, err := stmts.ExecContext(ctx, `DELETE FROM node_data_sets WHERE node = ?`, r.Node); err != nil {
 				return err
+			}
+			for _, d := range r.Sets {
+				var backup sql.NullString
+				if d.LastBackup != nil {
+					backup = sql.NullString{String: sqlite.FormatTime(*d.LastBackup), Valid: true}
+				}
+				if _, err := stmts.ExecContext(ctx, `INSERT INTO node_data_sets (node, module, name, path, bytes, precious, last_backup, reported_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node, module, name) DO UPDATE SET path = excluded.path, bytes = excluded.bytes, precious = excluded.precious, last_backup = excluded.last_backup, reported_at = excluded.reported_at`,
+					r.Node, d.Module, d.Name, d.Path, d.Bytes, d.Precious, backup, at); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

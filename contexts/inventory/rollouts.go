@@ -139,8 +139,11 @@ func writeRollOutNodes(ctx context.Context, tx *sql.Tx, r RollOut) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM rollout_nodes WHERE module = ?`, r.Module); err != nil {
 		return err
 	}
+	// Prepared once: a roll-out --together has every node.
+	stmts := sqlite.Prepared(tx)
+	defer stmts.Close()
 	for _, n := range r.Nodes {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO rollout_nodes (module, node, from_version, batch, moved, serial, applied, result, error, prepared, back, back_serial, back_error, detail)
+		if _, err := stmts.ExecContext(ctx, `INSERT INTO rollout_nodes (module, node, from_version, batch, moved, serial, applied, result, error, prepared, back, back_serial, back_error, detail)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, r.Module, n.Node, n.From, n.Batch, b2i(n.Moved), n.Serial, b2i(n.Applied),
 			n.Result, n.Error, n.Prepared, n.Back, n.BackSerial, n.BackError, n.Detail); err != nil {
 			return err

@@ -73,6 +73,10 @@ type Snapshot struct {
 	WithoutSnapshot map[Holder]string
 
 	versions map[Holder]string
+	// onNode indexes Assignments by node (AssignmentsOf), made from the
+	// slice indexed: a slice put in its place is indexed again.
+	onNode  map[string][]int
+	indexed []Assignment
 }
 
 // VersionOn is the version of a module assigned on a node, "" if none.
@@ -196,6 +200,15 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	if err != nil {
 		return nil, err
 	}
+	// Sized at once: a mesh of ten thousand nodes has as many assignments
+	// or more, and growing the slice row by row copied them over and over.
+	var count int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM assignments`).Scan(&count); err != nil {
+		return nil, err
+	}
+	if count > 0 {
+		snap.Assignments = make([]Assignment, 0, count)
+	}
 	err = each(ctx, tx, `SELECT node, module, version, assigned_at, unverified, coalesce(pending_version, ''), coalesce(taken, '') FROM assignments ORDER BY node, module`, func(r *sql.Rows) error {
 		var a Assignment
 		var at, unverified, taken string
@@ -217,7 +230,9 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 		if a.AssignedAt, err = sqlite.ParseTime(at); err != nil {
 			return err
 		}
-		if err := json.Unmarshal([]byte(unverified), &a.Unverified); err != nil {
+		if unverified == "[]" {
+			a.Unverified = []string{} // as decoded, without the decoder: most are
+		} else if err := json.Unmarshal([]byte(unverified), &a.Unverified); err != nil {
 			return err
 		}
 		snap.Assignments = append(snap.Assignments, a)
@@ -252,8 +267,21 @@ func (s *Store) snapshot(ctx context.Context, withNodes bool) (*Snapshot, error)
 	return snap, nil
 }
 
+// queryer runs a transaction's queries: a *sql.Tx, or one whose statements
+// are prepared once for a batch (sqlite.Statements).
+type queryer interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}
+
+// txer runs a transaction's statements, as queryer.
+type txer interface {
+	queryer
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}
+
 // each runs fn on every row a query gives.
-func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) error, args ...any) error {
+func each(ctx context.Context, tx queryer, query string, fn func(*sql.Rows) error, args ...any) error {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
@@ -267,15 +295,27 @@ func each(ctx context.Context, tx *sql.Tx, query string, fn func(*sql.Rows) erro
 	return rows.Err()
 }
 
-// AssignmentsOf returns the snapshot's assignments on one node.
+// AssignmentsOf returns the snapshot's assignments on one node. An act on
+// every node asks it of each: the assignments are indexed by node once,
+// not scanned whole each time.
 func (s *Snapshot) AssignmentsOf(node string) []Assignment {
-	var out []Assignment
-	for _, a := range s.Assignments {
-		if a.Node == node {
-			out = append(out, a)
+	if s.onNode == nil || !sameSlice(s.indexed, s.Assignments) {
+		s.onNode = make(map[string][]int, len(s.Nodes))
+		for i, a := range s.Assignments {
+			s.onNode[a.Node] = append(s.onNode[a.Node], i)
 		}
+		s.indexed = s.Assignments
+	}
+	var out []Assignment
+	for _, i := range s.onNode[node] {
+		out = append(out, s.Assignments[i])
 	}
 	return out
+}
+
+// sameSlice says whether a and b are one slice: the same elements, as many.
+func sameSlice(a, b []Assignment) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // NodesRunning returns the nodes a module is assigned to, by name.
