@@ -186,6 +186,9 @@ func (m *testMesh) start() {
 	case r := <-ready:
 		m.url = r.BrokerURL
 	case err := <-m.done:
+		// Serve has returned: nothing is left for stop to wait on.
+		m.cancel()
+		m.cancel = nil
 		m.t.Fatalf("serve: %v", err)
 	case <-time.After(20 * time.Second):
 		m.t.Fatal("serve not ready after 20s")

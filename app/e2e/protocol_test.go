@@ -72,19 +72,24 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli(t, mc, data, "declare", "web1", body, "--why", "a declaration for a host one minor behind")
+	// At least: a node's plan also moves when a host's facts name a new
+	// overlay key (its own or a peer's), and the catch-up declares it
+	// again, as late as those facts are kept.
 	heard := func(node, speaks string, applied int64) func() error {
 		return func() error {
 			n := showNode(t, mc, data, node)
-			if n.Protocol != speaks || n.LastHeard == nil || n.SerialApplied != applied {
-				return fmt.Errorf("%s: protocol %q, heard %v, applied %d; want %s heard, %d applied", node, n.Protocol, n.LastHeard, n.SerialApplied, speaks, applied)
+			if n.Protocol != speaks || n.LastHeard == nil || n.SerialApplied < applied {
+				return fmt.Errorf("%s: protocol %q, heard %v, applied %d; want %s heard, %d applied or later", node, n.Protocol, n.LastHeard, n.SerialApplied, speaks, applied)
 			}
 			return nil
 		}
 	}
 	checkFor(t, settle, allOf(heard("web1", behindV.String(), 1), heard("web2", aheadV.String(), 0)))
 
-	// web1 downgraded to this tree's host: two behind.
+	// web1 downgraded to this tree's host: two behind. What it applied
+	// stays while it is not heard.
 	web1.stop()
+	applied := showNode(t, mc, data, "web1").SerialApplied
 	web1.bin = twoBehind
 	web1.start(t)
 	mismatch := fmt.Sprintf("the host speaks protocol %s, this controller %s %s: upgrade the host", protocol.Version, controllerV, spoken)
@@ -94,7 +99,7 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 	checkFor(t, settle, func() error {
 		n := showNode(t, mc, data, "web1")
 		for _, d := range n.Dropped {
-			if d.Reason == "protocol mismatch" && d.Count > 2 && n.Protocol == protocol.Version && n.SerialApplied == 1 {
+			if d.Reason == "protocol mismatch" && d.Count > 2 && n.Protocol == protocol.Version && n.SerialApplied == applied {
 				return nil
 			}
 		}
@@ -117,7 +122,7 @@ func TestProtocol_HostsOfOtherVersions(t *testing.T) {
 	web1.stop()
 	web1.bin = oneBehind
 	web1.start(t)
-	checkFor(t, settle, heard("web1", behindV.String(), 2))
+	checkFor(t, settle, heard("web1", behindV.String(), applied+1))
 	cli(t, mc, data, "doctor", "run")
 	if open := cli(t, mc, data, "conditions"); strings.Contains(open, key) {
 		t.Fatalf("%s still open once web1 speaks %s:\n%s", key, behindV, open)
