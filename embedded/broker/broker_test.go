@@ -471,3 +471,30 @@ func TestServer_JetStreamAnswersAnywhere(t *testing.T) {
 	nc.Publish("mesh.alert", []byte("itself"))
 	e.refused(t, "mesh.alert")
 }
+
+// A client whose CONNECT was checked late (a crowd of hosts coming back
+// at once) is not pinged before its handshake's PONG: nats.go takes a
+// PING there for a failed handshake and drops the connection. By default
+// the server pings 2 to 2.4 s after CONNECT; this one waits its ping
+// interval.
+func TestServer_NoEarlyPing(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, newKeys(t))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	if _, err := r.ReadString('\n'); err != nil { // INFO
+		t.Fatal(err)
+	}
+	// CONNECT alone: the handshake's PING, and so its PONG, not yet sent.
+	fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\n")
+	conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if line, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("the server sent %q within 3 s of CONNECT, before the client's PING", line)
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("the connection ended: %v", err)
+	}
+}
