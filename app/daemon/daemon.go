@@ -975,18 +975,21 @@ func (d *daemon) loop(ctx context.Context, end context.CancelFunc, holder string
 			}
 		case <-settled.C:
 			settling = false
-			d.flush(ctx)
+			// Flushed on the handlers' context, not the loop's: a stop
+			// arriving mid-write would cancel it and lose the batch
+			// taken (logged as "context canceled" at each stop under load).
+			d.flush(d.bg)
 			d.selfCheck(ctx, holder)
 		case <-flush.C:
-			d.flush(ctx)
+			d.flush(d.bg)
 		case <-aggregate.C:
-			d.aggregate(ctx)
+			d.aggregate(d.bg)
 		case <-catchUp.C:
 			d.catchUp(ctx, false, "")
 		case <-check.C:
 			// The check judges the heartbeats absorbed so far, not those of
 			// the last flush.
-			d.flush(ctx)
+			d.flush(d.bg)
 			d.selfCheck(ctx, holder)
 		case i := <-due:
 			jobs[i].Run(ctx)

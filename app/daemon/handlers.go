@@ -320,9 +320,11 @@ const (
 )
 
 // factsWriter keeps facts reports until ctx ends: whatever waits is taken
-// together (up to factsBatch) and kept in one transaction.
+// together (up to factsBatch) and kept in one transaction. As every
+// writer's, its writes are on the handlers' context: a stop does not
+// cancel a batch already taken.
 func (d *daemon) factsWriter(ctx context.Context) {
-	inBatches(ctx, d.facts, factsBatch, func(batch []inventory.FactsReport) { d.keepFacts(ctx, batch) })
+	inBatches(ctx, d.facts, factsBatch, func(batch []inventory.FactsReport) { d.keepFacts(d.bg, batch) })
 }
 
 // keepFacts keeps a batch of facts reports and says what each refused.
@@ -402,7 +404,7 @@ func (d *daemon) onApplied(m *nats.Msg) {
 // together (up to appliedBatch), kept in one transaction, then answered,
 // so the hosts hear "recorded" only once it is.
 func (d *daemon) outcomeWriter(ctx context.Context) {
-	inBatches(ctx, d.applied, appliedBatch, func(batch []applied) { d.keepOutcomes(ctx, batch) })
+	inBatches(ctx, d.applied, appliedBatch, func(batch []applied) { d.keepOutcomes(d.bg, batch) })
 }
 
 // inBatches hands keep what waits in ch, as it comes, until ctx ends: all
