@@ -36,23 +36,8 @@ import (
 //	go test -run '^$' -bench BrokerConnection -benchtime 1x ./app/
 func BenchmarkBrokerConnection(b *testing.B) {
 	const hosts = 1000
-	op, acc, sys, err := broker.NewSeeds()
-	if err != nil {
-		b.Fatal(err)
-	}
-	keys, err := broker.KeysFromSeeds(op, acc, sys)
-	if err != nil {
-		b.Fatal(err)
-	}
-	trust, err := keys.Trust(joinUser(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := broker.StartWith(broker.Config{Listen: "127.0.0.1:0", Trust: trust, StoreDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown()
+	bb := startBenchBroker(b, b.TempDir())
+	srv, keys := bb.srv, bb.keys
 	addr := strings.TrimPrefix(srv.ClientURL(), "nats://")
 	// The users are made first: their keys and JWTs are the hosts', not the broker's.
 	type user struct {
@@ -146,4 +131,36 @@ func hostConnect(addr, node, userJWT string, kp nkeys.KeyPair) (net.Conn, *bufio
 			return nil, nil, fmt.Errorf("%s: %s", node, strings.TrimSpace(line))
 		}
 	}
+}
+
+// benchBroker is a broker of a benchmark's own, with new keys.
+type benchBroker struct {
+	srv  *broker.Server
+	keys broker.Keys
+	// op, acc and sys are the keys' seeds (operator, account, system).
+	op, acc, sys []byte
+}
+
+// startBenchBroker starts a broker with new keys on a loopback port (its
+// JetStream store in storeDir, none if ""), shut down as b ends.
+func startBenchBroker(b *testing.B, storeDir string) benchBroker {
+	b.Helper()
+	op, acc, sys, err := broker.NewSeeds()
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys, err := broker.KeysFromSeeds(op, acc, sys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	trust, err := keys.Trust(joinUser(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := broker.StartWith(broker.Config{Listen: "127.0.0.1:0", Trust: trust, StoreDir: storeDir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
+	return benchBroker{srv: srv, keys: keys, op: op, acc: acc, sys: sys}
 }

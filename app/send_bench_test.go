@@ -67,24 +67,9 @@ func BenchmarkDeclareSend10000(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	op, acc, sys, err := broker.NewSeeds()
-	if err != nil {
-		b.Fatal(err)
-	}
-	keys, err := broker.KeysFromSeeds(op, acc, sys)
-	if err != nil {
-		b.Fatal(err)
-	}
-	trust, err := keys.Trust(joinUser(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := broker.StartWith(broker.Config{Listen: "127.0.0.1:0", Trust: trust})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown()
-	got := startSendBenchHosts(b, sendBenchConfig{Addr: strings.TrimPrefix(srv.ClientURL(), "nats://"), Operator: op, Account: acc, System: sys, Hosts: hosts})
+	bb := startBenchBroker(b, "")
+	srv, keys := bb.srv, bb.keys
+	got := startSendBenchHosts(b, sendBenchConfig{Addr: strings.TrimPrefix(srv.ClientURL(), "nats://"), Operator: bb.op, Account: bb.acc, System: bb.sys, Hosts: hosts})
 	userJWT, seed, err := keys.NewUser("controller-command", controllerPermissions())
 	if err != nil {
 		b.Fatal(err)

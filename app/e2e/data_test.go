@@ -326,10 +326,16 @@ func TestData_NoBackupClearsWhenABackupIsHeard(t *testing.T) {
 	if err := host.BackupDone(ctx, nas1.state, line); err != nil {
 		t.Fatal(err)
 	}
-	check()
-	if m.open(t, key) {
-		t.Fatal("data.no-backup still open after a backup was heard")
-	}
+	// The serving controller judges too: a check of its that read the
+	// mesh before the backup was kept may raise the condition again once,
+	// and the next check clears it.
+	checkFor(t, settle, func() error {
+		check()
+		if m.open(t, key) {
+			return errors.New("data.no-backup still open after a backup was heard")
+		}
+		return nil
+	})
 	ds, _ := m.c.Data(ctx)
 	for _, dv := range ds {
 		if dv.Node == "web1" && dv.Name == "cluster" && (dv.LastBackup == nil || dv.BackupHolder != "nas1/backup") {

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,17 +27,7 @@ func BenchmarkFanOut2000(b *testing.B) {
 	const hosts = 2000
 	m := newTestMesh(b)
 	ctx := context.Background()
-	tokens := filepath.Join(b.TempDir(), "tokens")
-	if _, err := m.c.TokenIssueMany(ctx, "sim", hosts, false, time.Hour, tokens); err != nil {
-		b.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	simDone := make(chan error, 1)
-	go func() {
-		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: 10 * time.Second, Out: &strings.Builder{}})
-		simDone <- err
-	}()
-	b.Cleanup(func() { stop(); <-simDone })
+	m.simulate(b, hosts, host.SimOptions{Heartbeat: 10 * time.Second})
 	st, err := m.c.Stores(ctx)
 	if err != nil {
 		b.Fatal(err)
@@ -48,16 +36,7 @@ func BenchmarkFanOut2000(b *testing.B) {
 	// busy machine a few may not).
 	var nodes []string
 	for deadline := time.Now().Add(3 * time.Minute); len(nodes) < hosts && time.Now().Before(deadline); time.Sleep(time.Second) {
-		ns, err := m.c.NodeList(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		nodes = nodes[:0]
-		for _, n := range ns {
-			if n.Joined {
-				nodes = append(nodes, n.Name)
-			}
-		}
+		nodes = m.joinedNodes(b)
 	}
 	if len(nodes) < hosts*9/10 {
 		b.Fatalf("%d of %d simulated hosts joined", len(nodes), hosts)

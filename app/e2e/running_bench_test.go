@@ -60,30 +60,10 @@ func BenchmarkRollOutTogether100(b *testing.B) {
 	const hosts = 100
 	m := newTestMesh(b)
 	ctx := context.Background()
-	tokens := filepath.Join(b.TempDir(), "tokens")
-	if _, err := m.c.TokenIssueMany(ctx, "sim", hosts, false, time.Hour, tokens); err != nil {
-		b.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	simDone := make(chan error, 1)
-	go func() {
-		_, err := host.Simulate(sctx, host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, Joins: 16, Out: &strings.Builder{}})
-		simDone <- err
-	}()
-	b.Cleanup(func() { stop(); <-simDone })
+	m.simulate(b, hosts, host.SimOptions{Heartbeat: time.Second, Joins: 16})
 	checkFor(b, settle, func() error {
-		ns, err := m.c.NodeList(ctx)
-		if err != nil {
-			return err
-		}
-		joined := 0
-		for _, n := range ns {
-			if n.Joined {
-				joined++
-			}
-		}
-		if joined != hosts {
-			return fmt.Errorf("%d of %d simulated hosts joined", joined, hosts)
+		if joined := m.joinedNodes(b); len(joined) != hosts {
+			return fmt.Errorf("%d of %d simulated hosts joined", len(joined), hosts)
 		}
 		return nil
 	})
@@ -255,4 +235,38 @@ func benchRollBack(b *testing.B, hosts int, silent bool) {
 		b.ReportMetric(slices.Max(detect), "detect-ms")
 	}
 	b.ReportMetric(slices.Max(back), "return-all-ms")
+}
+
+// simulate plays hosts simulated hosts (sim1…) against the mesh, with o's
+// options (its broker and tokens set here), until the benchmark ends.
+func (m *testMesh) simulate(b *testing.B, hosts int, o host.SimOptions) {
+	b.Helper()
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	if _, err := m.c.TokenIssueMany(context.Background(), "sim", hosts, false, time.Hour, tokens); err != nil {
+		b.Fatal(err)
+	}
+	o.Broker, o.TokensFile, o.Out = m.url, tokens, &strings.Builder{}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := host.Simulate(ctx, o)
+		done <- err
+	}()
+	b.Cleanup(func() { stop(); <-done })
+}
+
+// joinedNodes are the names of the mesh's joined nodes.
+func (m *testMesh) joinedNodes(b *testing.B) []string {
+	b.Helper()
+	ns, err := m.c.NodeList(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var joined []string
+	for _, n := range ns {
+		if n.Joined {
+			joined = append(joined, n.Name)
+		}
+	}
+	return joined
 }

@@ -215,10 +215,14 @@ func TestRunning_NotFoundIsFailedNotApplyFailed(t *testing.T) {
 	m.assign(t, "web1", "hello")
 	m.settled(t, "web1")
 	checkFor(t, settle, m.moduleIn("web1", "hello", protocol.StateFailed))
-	n := m.node("web1")
-	if n.LastApply == nil || !n.LastApply.OK {
-		t.Fatalf("the apply: %+v", n.LastApply)
-	}
+	// The apply's outcome is kept by a writer of its own, maybe after the
+	// module's state.
+	checkFor(t, settle, func() error {
+		if n := m.node("web1"); n.LastApply == nil || !n.LastApply.OK {
+			return fmt.Errorf("the apply: %+v", n.LastApply)
+		}
+		return nil
+	})
 	if s := m.moduleState("web1", "hello"); !strings.Contains(s.Detail, "not found") {
 		t.Fatalf("detail %q", s.Detail)
 	}

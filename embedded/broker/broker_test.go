@@ -323,15 +323,7 @@ func TestServer_JoinAccount(t *testing.T) {
 // server's limit would, and returns what the server answered.
 func rawPublish(t *testing.T, url, subject string, size int) string {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "nats://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	r := bufio.NewReader(conn)
-	if _, err := r.ReadString('\n'); err != nil { // INFO
-		t.Fatal(err)
-	}
+	conn, r := rawConn(t, url)
 	fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\nPING\r\n")
 	if line, _ := r.ReadString('\n'); !strings.HasPrefix(line, "PONG") {
 		t.Fatalf("connect: %q", line)
@@ -347,6 +339,22 @@ func rawPublish(t *testing.T, url, subject string, size int) string {
 			return got.String()
 		}
 	}
+}
+
+// rawConn is a connection to the server at url, as a client that speaks
+// the protocol itself, its INFO read; closed as t ends.
+func rawConn(t *testing.T, url string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := bufio.NewReader(conn)
+	if _, err := r.ReadString('\n'); err != nil { // INFO
+		t.Fatal(err)
+	}
+	return conn, r
 }
 
 func startJetStream(t *testing.T, k Keys, dir string) *Server {
@@ -480,15 +488,7 @@ func TestServer_JetStreamAnswersAnywhere(t *testing.T) {
 func TestServer_NoEarlyPing(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, newKeys(t))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.ClientURL(), "nats://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	r := bufio.NewReader(conn)
-	if _, err := r.ReadString('\n'); err != nil { // INFO
-		t.Fatal(err)
-	}
+	conn, r := rawConn(t, s.ClientURL())
 	// CONNECT alone: the handshake's PING, and so its PONG, not yet sent.
 	fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\n")
 	conn.SetReadDeadline(time.Now().Add(3 * time.Second))
