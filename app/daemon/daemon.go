@@ -874,9 +874,41 @@ func (d *daemon) connect(ctx context.Context) (stop func(), err error) {
 				// until it can be done.
 				go d.connectedLater(ctx, replicas)
 			}
+		} else if d.srv == nil && jetStream && replicas < 3 {
+			// A cluster that answered as fewer than three servers (one
+			// whose meta group was still settling, asked under load, or
+			// one grown since): its bucket gets three copies once it
+			// says it has three servers.
+			go d.copiesLater(ctx)
 		}
 	}
 	return stop, nil
+}
+
+// copiesEvery is how often an external broker whose archives bucket has
+// fewer than three copies is asked how many JetStream servers it has.
+const copiesEvery = 10 * time.Second
+
+// copiesLater asks the broker's servers every copiesEvery how many there
+// are and, once three or more, gives the archives bucket three copies; it
+// returns then or when ctx ends.
+func (d *daemon) copiesLater(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(copiesEvery):
+		}
+		if n, err := broker.JetStreamClusterSize(d.sc, brokerTimeout); err != nil || n < 3 {
+			continue
+		}
+		if err := d.u.Archives.Connected(ctx, d.nc, 3); err == nil {
+			d.logf("the broker has three JetStream servers: the archives bucket keeps three copies")
+			return
+		} else if ctx.Err() == nil {
+			d.log.Warn("give the archives bucket three copies", "err", err)
+		}
+	}
 }
 
 // connectedRetry is how often Connected is tried again on an external
