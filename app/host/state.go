@@ -257,9 +257,10 @@ const (
 )
 
 // errHandshake means the broker took the connection but did not finish its
-// handshake in time: busy with others, as when a rack connects at once
-// (the server pings a connection whose handshake it has not answered
-// within two seconds, which the client takes for a failed handshake).
+// handshake in time: busy with others, as when a rack connects at once (a
+// cluster of one's own nats-servers, unlike the embedded broker, pings a
+// connection whose handshake it has not answered within two seconds, which
+// the client takes for a failed handshake).
 var errHandshake = errors.New("the broker took the connection but did not finish its handshake in time")
 
 // handshakeBusy says whether a connection's error is the broker's being

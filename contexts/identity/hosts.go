@@ -139,7 +139,7 @@ func (s *Store) JoinMany(ctx context.Context, joins []HostJoin, now time.Time) [
 // remembered), or the token marked used, the host's keys kept, its broker
 // user recorded and its node's earlier host users revoked; or, for the host
 // that used the token asking again, nothing (again).
-func joinOne(ctx context.Context, tx writer, j HostJoin, now time.Time) (revoked int, again bool, refusal, err error) {
+func joinOne(ctx context.Context, tx sqlite.Runner, j HostJoin, now time.Time) (revoked int, again bool, refusal, err error) {
 	token, h := j.Token, j.Host
 	if refusal, err = checkToken(ctx, tx, token, h.Node, now); err != nil || refusal != nil {
 		if errors.Is(refusal, ErrTokenUsed) {
@@ -178,7 +178,7 @@ func joinOne(ctx context.Context, tx writer, j HostJoin, now time.Time) (revoked
 // presents, and that host's broker user is not revoked (no machine joined as
 // the node since, no one removed it). Its user's expiry becomes the one
 // the answer made again gives it.
-func askedAgain(ctx context.Context, tx writer, j HostJoin, now time.Time) (bool, error) {
+func askedAgain(ctx context.Context, tx sqlite.Runner, j HostJoin, now time.Time) (bool, error) {
 	h := j.Host
 	var n int
 	err := tx.QueryRowContext(ctx, `SELECT count(*) FROM join_tokens t

@@ -99,13 +99,6 @@ type querier interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }
 
-// writer runs a write transaction's statements: a *sql.Tx, or one whose
-// statements are prepared once for a batch (sqlite.Statements).
-type writer interface {
-	querier
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}
-
 func signingKey(ctx context.Context, q querier) (SigningKey, error) {
 	var pub, priv []byte
 	var created string

@@ -31,7 +31,7 @@ func (s *Store) RevokeNodeUsers(ctx context.Context, node string, now time.Time)
 // kind if kind is "". A host that joined before host users were recorded is
 // known by the nkey its hosts row keeps: it is recorded first, so that it is
 // revoked too.
-func revokeNodeUsers(ctx context.Context, tx writer, nodes []string, kind string, now time.Time) (int, error) {
+func revokeNodeUsers(ctx context.Context, tx sqlite.Runner, nodes []string, kind string, now time.Time) (int, error) {
 	only := ""
 	if kind != "" {
 		only = " AND kind = ?"

@@ -262,7 +262,7 @@ func (s *Store) RecordFactsMany(ctx context.Context, reports []FactsReport) (out
 }
 
 // recordFacts keeps one report within tx.
-func recordFacts(ctx context.Context, tx txer, r FactsReport) (refused *KeyRefusal, err error) {
+func recordFacts(ctx context.Context, tx sqlite.Runner, r FactsReport) (refused *KeyRefusal, err error) {
 	node, facts, found, now := r.Node, r.Facts, r.Found, r.At
 	var oldKey, newKey string
 	err = tx.QueryRowContext(ctx, `SELECT value FROM node_facts WHERE node = ? AND name = ?`, node, factWireGuardKey).Scan(&oldKey)
@@ -348,7 +348,7 @@ func keyHolder(ctx context.Context, tx queryer, node, key string, held bool) (st
 
 // keepKeyRefusal keeps a node's refused key (r), the time first refused
 // kept while the same key is refused, or forgets it (r nil).
-func keepKeyRefusal(ctx context.Context, tx txer, node string, r *KeyRefusal) error {
+func keepKeyRefusal(ctx context.Context, tx sqlite.Runner, node string, r *KeyRefusal) error {
 	if r == nil {
 		_, err := tx.ExecContext(ctx, `DELETE FROM overlay_key_refusals WHERE node = ?`, node)
 		return err

@@ -273,13 +273,6 @@ type queryer interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }
 
-// txer runs a transaction's statements, as queryer.
-type txer interface {
-	queryer
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}
-
 // each runs fn on every row a query gives.
 func each(ctx context.Context, tx queryer, query string, fn func(*sql.Rows) error, args ...any) error {
 	rows, err := tx.QueryContext(ctx, query, args...)

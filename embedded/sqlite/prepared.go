@@ -17,6 +17,17 @@ type Statements struct {
 	stmts map[string]*sql.Stmt
 }
 
+// Runner runs statements: a *sql.Tx, a *sql.DB, or Statements over
+// either. Code that takes one runs the same within a transaction and
+// within a batch whose statements are prepared once.
+type Runner interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}
+
+var _ Runner = (*Statements)(nil)
+
 // preparer is a *sql.Tx or a *sql.DB.
 type preparer interface {
 	PrepareContext(context.Context, string) (*sql.Stmt, error)
