@@ -581,7 +581,7 @@ const (
 
 // AuthTimeout is how long the broker waits for a new connection to
 // present its credentials before closing it.
-const AuthTimeout = 30 * time.Second
+const AuthTimeout = 10 * time.Second
 
 // ErrStoreInUse means another server (in this process or another) runs on
 // the store directory: two would corrupt it, and nats-server itself does
