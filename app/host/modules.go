@@ -284,19 +284,22 @@ func (r *Runner) answerLogs(ctx context.Context, nc *nats.Conn, m *nats.Msg) {
 		r.respond(nc, m.Reply, protocol.LogsAnswer{Error: "a logs request names one module", End: true})
 		return
 	}
-	lines, err := r.sup.Tail(ask.Module, min(max(ask.Lines, 0), protocol.MaxLogLines))
-	if err != nil {
-		r.respond(nc, m.Reply, protocol.LogsAnswer{Error: "no log of " + ask.Module + " on " + r.State.Node + ": " + err.Error(), End: true})
-		return
-	}
-	parts := chunks(lines)
+	n := min(max(ask.Lines, 0), protocol.MaxLogLines)
 	if !ask.Follow {
+		lines, err := r.sup.Tail(ask.Module, n)
+		if err != nil {
+			r.respond(nc, m.Reply, r.noLog(ask.Module, err))
+			return
+		}
+		parts := chunks(lines)
 		for i, p := range parts {
 			r.respond(nc, m.Reply, protocol.LogsAnswer{Lines: p, End: i == len(parts)-1})
 		}
 		return
 	}
+	sent := false
 	send := func(lines []string) error {
+		sent = true
 		for _, p := range chunks(lines) {
 			b, _ := json.Marshal(protocol.LogsAnswer{Lines: p})
 			if _, err := nc.Request(m.Reply, b, protocol.AnswerTimeout); err != nil {
@@ -305,10 +308,16 @@ func (r *Runner) answerLogs(ctx context.Context, nc *nats.Conn, m *nats.Msg) {
 		}
 		return nil
 	}
-	if send(lines) != nil {
-		return
+	// The last lines and the new ones come from one Follow, so a line
+	// written between them is neither lost nor sent twice.
+	if err := r.sup.Follow(ctx, ask.Module, n, send); err != nil && !sent {
+		r.respond(nc, m.Reply, r.noLog(ask.Module, err))
 	}
-	_ = r.sup.Follow(ctx, ask.Module, send)
+}
+
+// noLog is the answer when a module's log cannot be read.
+func (r *Runner) noLog(module string, err error) protocol.LogsAnswer {
+	return protocol.LogsAnswer{Error: "no log of " + module + " on " + r.State.Node + ": " + err.Error(), End: true}
 }
 
 func (r *Runner) respond(nc *nats.Conn, reply string, a protocol.LogsAnswer) {

@@ -140,40 +140,53 @@ func (s *Supervisor) Tail(module string, n int) ([]string, error) {
 	if !s.hasLog(module) {
 		return nil, fmt.Errorf("tail %s: %w", module, ErrUnknownModule)
 	}
+	f, err := os.Open(s.logPath(module))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("tail %s: %w", module, err)
+	}
+	var end int64
+	if f != nil {
+		defer f.Close()
+		if end, err = f.Seek(0, io.SeekEnd); err != nil {
+			return nil, fmt.Errorf("tail %s: %w", module, err)
+		}
+	}
+	return s.tail(module, f, end, n)
+}
+
+// tail returns the last n lines of a module's log that end before end in
+// f (nil when there is no log file yet), then, when f holds fewer, those
+// of its newest backup.
+func (s *Supervisor) tail(module string, f *os.File, end int64, n int) ([]string, error) {
 	n = min(n, maxTailLines)
 	if n <= 0 {
 		return nil, nil
 	}
-	lines, err := tailFile(s.logPath(module), n)
-	if err != nil {
-		return nil, fmt.Errorf("tail %s: %w", module, err)
+	var lines []string
+	if f != nil {
+		var err error
+		if lines, err = tailFile(f, end, n); err != nil {
+			return nil, fmt.Errorf("tail %s: %w", module, err)
+		}
 	}
 	if len(lines) < n {
 		if b := newestBackup(s.LogDir, module); b != "" {
-			older, err := tailFile(b, n-len(lines))
-			if err == nil {
-				lines = append(older, lines...)
+			if bf, err := os.Open(b); err == nil {
+				if bend, err := bf.Seek(0, io.SeekEnd); err == nil {
+					if older, err := tailFile(bf, bend, n-len(lines)); err == nil {
+						lines = append(older, lines...)
+					}
+				}
+				bf.Close()
 			}
 		}
 	}
 	return lines, nil
 }
 
-// tailFile reads the last n lines of a file backwards in blocks, at most
-// maxTailBytes of them; a missing file has no lines.
-func tailFile(name string, n int) ([]string, error) {
-	f, err := os.Open(name)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	end, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return nil, err
-	}
+// tailFile reads the last n lines of f before end backwards in blocks, at
+// most maxTailBytes of them.
+func tailFile(f *os.File, end int64, n int) ([]string, error) {
 	const block = 16 << 10
 	var buf []byte
 	pos := end
@@ -240,11 +253,14 @@ func newestBackup(dir, module string) string {
 	return best
 }
 
-// Follow sends a module's new log lines as they are written, polling about
-// every 250ms and following rotation; when idle it calls send(nil) at least
-// every 5s, so the caller notices a follower gone. It returns nil when ctx
-// ends, or the error send returned.
-func (s *Supervisor) Follow(ctx context.Context, module string, send func(lines []string) error) error {
+// Follow first sends the last n lines of a module's log (none when n is 0,
+// and then send(nil), so the caller hears at once), then its new lines as
+// they are written, polling about every 250ms and following rotation; when
+// idle it calls send(nil) at least every 5s, so the caller notices a
+// follower gone. The last lines and the new ones meet at one offset: a line
+// written meanwhile is sent once. It returns nil when ctx ends, or the
+// error send returned.
+func (s *Supervisor) Follow(ctx context.Context, module string, n int, send func(lines []string) error) error {
 	if !s.hasLog(module) {
 		return fmt.Errorf("follow %s: %w", module, ErrUnknownModule)
 	}
@@ -257,6 +273,13 @@ func (s *Supervisor) Follow(ctx context.Context, module string, send func(lines 
 	if f, err := os.Open(fl.path); err == nil {
 		fl.f = f
 		fl.off, _ = f.Seek(0, io.SeekEnd) // only what is written from now on
+	}
+	last, err := s.tail(module, fl.f, fl.off, n)
+	if err != nil {
+		return err
+	}
+	if err := send(last); err != nil {
+		return err
 	}
 	const every = 250 * time.Millisecond
 	tick := time.NewTicker(every)

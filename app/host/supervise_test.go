@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -843,6 +844,15 @@ func TestSupervisor_Tail(t *testing.T) {
 			fmt.Fprintf(&b, "line %d\n", i)
 		}
 		os.WriteFile(f, []byte(b.String()), 0o600)
+		tailFile := func(name string, n int) ([]string, error) {
+			f, err := os.Open(name)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			end, _ := f.Seek(0, io.SeekEnd)
+			return tailFile(f, end, n)
+		}
 		got, err := tailFile(f, 3)
 		if err != nil || !slices.Equal(got, []string{"line 19997", "line 19998", "line 19999"}) {
 			t.Fatalf("tail %q, %v", got, err)
@@ -877,7 +887,7 @@ func TestSupervisor_Follow(t *testing.T) {
 	errGone := errors.New("follower gone")
 	done := make(chan error, 1)
 	go func() {
-		done <- s.Follow(context.Background(), "m", func(lines []string) error {
+		done <- s.Follow(context.Background(), "m", 0, func(lines []string) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if failing {
@@ -938,7 +948,7 @@ func TestSupervisor_Follow(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done2 := make(chan error, 1)
-	go func() { done2 <- s.Follow(ctx, "m", func([]string) error { return nil }) }()
+	go func() { done2 <- s.Follow(ctx, "m", 0, func([]string) error { return nil }) }()
 	cancel()
 	select {
 	case err := <-done2:
@@ -948,8 +958,61 @@ func TestSupervisor_Follow(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Follow did not return when its context ended")
 	}
-	if err := s.Follow(ctx, "nope", nil); !errors.Is(err, ErrUnknownModule) {
+	if err := s.Follow(ctx, "nope", 0, nil); !errors.Is(err, ErrUnknownModule) {
 		t.Fatalf("follow of an unknown module: %v", err)
+	}
+}
+
+// The last lines and the new ones meet at one offset: a line written
+// while the last ones are being sent is followed, not lost, and not sent
+// twice.
+func TestSupervisor_FollowFromTheTail(t *testing.T) {
+	t.Parallel()
+	s, _ := newSup(t)
+	dir := t.TempDir()
+	s.Apply([]ModuleSpec{testSpec("m", dir, script(t, dir, "run.sh", "echo first\nwhile [ ! -e go ]; do sleep 0.02; done\necho second\nexec sleep 1000\n"))})
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if got, _ := s.Tail("m", 1); !slices.Equal(unstamped(t, got), []string{"first"}) {
+			return fmt.Errorf("tail %q", got)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got []string
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Follow(ctx, "m", 1, func(lines []string) error {
+			if got == nil {
+				// While the last line is sent, the module writes another.
+				if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o600); err != nil {
+					return err
+				}
+				checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+					if last, _ := s.Tail("m", 1); !slices.Equal(unstamped(t, last), []string{"second"}) {
+						return fmt.Errorf("tail %q", last)
+					}
+					return nil
+				})
+				got = []string{}
+			}
+			got = append(got, unstamped(t, lines)...)
+			if slices.Contains(got, "second") {
+				cancel()
+			}
+			return nil
+		})
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the line written while the last ones were sent was not followed: %q", got)
+	}
+	if !slices.Equal(got, []string{"first", "second"}) {
+		t.Fatalf("followed %q, want first then second, each once", got)
 	}
 }
 
