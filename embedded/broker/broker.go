@@ -8,10 +8,12 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -376,7 +378,7 @@ type Server struct {
 	srv      *server.Server
 	resolver *server.MemAccResolver
 	// store is the store directory's lock file, held while the server runs.
-	store *os.File
+	store *storeLock
 }
 
 // Config shapes the embedded server.
@@ -462,7 +464,7 @@ func StartWith(c Config) (*Server, error) {
 		// minute. The first ping waits the ping interval instead.
 		DisableShortFirstPing: true,
 	}
-	var store *os.File
+	var store *storeLock
 	if c.StoreDir != "" {
 		if store, err = lockStore(c.StoreDir); err != nil {
 			return nil, fmt.Errorf("embedded broker: %w", err)
@@ -483,7 +485,7 @@ func StartWith(c Config) (*Server, error) {
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		if store != nil {
-			store.Close()
+			store.unlock()
 		}
 		return nil, fmt.Errorf("embedded broker: %w", err)
 	}
@@ -566,7 +568,7 @@ func (s *Server) Shutdown() {
 	s.srv.Shutdown()
 	s.srv.WaitForShutdown()
 	if s.store != nil {
-		s.store.Close()
+		s.store.unlock()
 	}
 }
 
@@ -588,25 +590,72 @@ const AuthTimeout = 10 * time.Second
 // not refuse.
 var ErrStoreInUse = errors.New("the broker's store directory is in use by another broker: stop it first")
 
-// lockStore makes dir (0700) and takes its lock, an flock on dir/.lock:
-// held by the open file, whatever else opens or closes it, and let go when
+// lockedStores are the store directories a server of this process holds:
+// a record lock does not keep out the process that holds it.
+var lockedStores = struct {
+	sync.Mutex
+	dirs map[string]bool
+}{dirs: map[string]bool{}}
+
+// storeLock is a held store directory: its lock file, and its name among
+// lockedStores.
+type storeLock struct {
+	f   *os.File
+	dir string
+}
+
+// lockStore makes dir (0700) and takes its lock: a record lock (fcntl) on
+// dir/.lock against other processes, and lockedStores within this one.
+// Not flock: a flock is held by every copy of its file descriptor, and a
+// child this process forks holds one until it has exec'd, so a server
+// stopped and started again in a busy process (a test's restart, a
+// standby's new term) was refused while some module's fork was still
+// starting. A record lock is not inherited by a fork, and is let go when
 // the process ends however it ends.
-func lockStore(dir string) (*os.File, error) {
+func lockStore(dir string) (*storeLock, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("the store directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the store directory: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	lockedStores.Lock()
+	defer lockedStores.Unlock()
+	if lockedStores.dirs[abs] {
+		return nil, fmt.Errorf("%s: %w", dir, ErrStoreInUse)
+	}
+	f, err := os.OpenFile(filepath.Join(abs, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("the store directory: %w", err)
+	}
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lk); err != nil {
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
 			return nil, fmt.Errorf("%s: %w", dir, ErrStoreInUse)
 		}
 		return nil, fmt.Errorf("lock the store directory %s: %w", dir, err)
 	}
-	return f, nil
+	lockedStores.dirs[abs] = true
+	return &storeLock{f: f, dir: abs}, nil
+}
+
+// unlock lets the store directory go, once however often it is called:
+// closing the file ends the record lock (no other descriptor of it is
+// open in this process).
+func (l *storeLock) unlock() {
+	lockedStores.Lock()
+	defer lockedStores.Unlock()
+	if l.f == nil {
+		return
+	}
+	l.f.Close()
+	l.f = nil
+	delete(lockedStores.dirs, l.dir)
 }
 
 // JWTBlock is the JWT half of a .creds document, for a party that holds the

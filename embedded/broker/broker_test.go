@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -438,6 +440,64 @@ func TestServer_JetStream(t *testing.T) {
 	if err != nil || string(m.Data) != "kept" {
 		t.Fatalf("after a restart: %v", err)
 	}
+}
+
+// The store's lock is not held by a child this process started while the
+// server ran (as a fork holds it until it has exec'd): a server stopped
+// and started again on the same store is not refused for it. Another
+// process that holds the lock keeps a server out.
+func TestServer_StoreLockAndChildren(t *testing.T) {
+	k := newKeys(t)
+	dir := t.TempDir()
+	s := startJetStream(t, k, dir)
+	// The child is given the lock file's descriptor, as a fork would be.
+	child := exec.Command("sleep", "60")
+	child.ExtraFiles = []*os.File{s.store.f}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
+	s.Shutdown()
+	startJetStream(t, k, dir).Shutdown()
+
+	helper := exec.Command(os.Args[0], "-test.run=^TestHelperStoreLock$")
+	helper.Env = append(os.Environ(), "BROKER_LOCK_HELPER="+dir)
+	out, err := helper.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { helper.Process.Kill(); helper.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		t.Fatalf("the helper did not take the lock: %q, %v", line, err)
+	}
+	tr, err := k.Trust(testJoin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second, err := StartWith(Config{Listen: "127.0.0.1:0", Trust: tr, StoreDir: dir}); !errors.Is(err, ErrStoreInUse) {
+		if second != nil {
+			second.Shutdown()
+		}
+		t.Fatalf("a server on a store another process holds: %v", err)
+	}
+}
+
+// TestHelperStoreLock takes the store lock of $BROKER_LOCK_HELPER, says
+// so and holds it until killed.
+func TestHelperStoreLock(t *testing.T) {
+	dir := os.Getenv("BROKER_LOCK_HELPER")
+	if dir == "" {
+		t.Skip("only run as the helper of TestServer_StoreLockAndChildren")
+	}
+	if _, err := lockStore(dir); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("locked")
+	time.Sleep(time.Minute)
 }
 
 // Whoever may use the JetStream API chooses where the server answers (the
