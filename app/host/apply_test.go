@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
@@ -168,12 +169,16 @@ func TestApply_BackupLines(t *testing.T) {
 	sup, _ := newSup(t)
 	sup.Apply(specs(st, root, last.Runs))
 	first := waitState(t, sup, "backup", protocol.StateReady)
-	env, _ := os.ReadFile(filepath.Join(dir, "env.txt"))
-	for _, want := range []string{protocol.BackupLinesEnv + "=" + file, "MESH_PORT_REST=8420", "MESH_PORT_METRICS_HTTP=9100"} {
-		if !strings.Contains(string(env), want+"\n") {
-			t.Fatalf("the module's environment has no %s:\n%s", want, env)
+	// Ready says the process runs, not that it has written its environment.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		env, _ := os.ReadFile(filepath.Join(dir, "env.txt"))
+		for _, want := range []string{protocol.BackupLinesEnv + "=" + file, "MESH_PORT_REST=8420", "MESH_PORT_METRICS_HTTP=9100"} {
+			if !strings.Contains(string(env), want+"\n") {
+				return fmt.Errorf("the module's environment has no %s:\n%s", want, env)
+			}
 		}
-	}
+		return nil
+	})
 
 	report, last = apply(st, root, last, decl(2, []any{"backup"}, two), ids, nil)
 	if !report.OK {

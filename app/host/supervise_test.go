@@ -719,10 +719,15 @@ func TestSupervisor_Env(t *testing.T) {
 	t.Parallel()
 	s, _ := newSup(t)
 	dir := t.TempDir()
-	spec := testSpec("m", dir, script(t, dir, "run.sh", "env > env.out\npwd > pwd.out\nexec sleep 1000\n"))
+	spec := testSpec("m", dir, script(t, dir, "run.sh", "env > env.out\npwd > pwd.out\ntouch written\nexec sleep 1000\n"))
 	spec.Env = append(spec.Env, "MESH_MODULE=m")
 	s.Apply([]ModuleSpec{spec})
 	waitState(t, s, "m", protocol.StateReady)
+	// Ready says the process runs, not that the script got this far.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		_, err := os.Stat(filepath.Join(dir, "written"))
+		return err
+	})
 	b, _ := os.ReadFile(filepath.Join(dir, "env.out"))
 	got := map[string]bool{}
 	for _, kv := range strings.Split(strings.TrimSpace(string(b)), "\n") {
@@ -1397,9 +1402,12 @@ func TestSupervisor_Hold(t *testing.T) {
 	}
 	release()
 	waitState(t, s, "n", protocol.StateReady)
-	if b, _ := os.ReadFile(filepath.Join(dir, "nruns")); string(b) != "n\n" {
-		t.Fatalf("n ran %q", b)
-	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if b, _ := os.ReadFile(filepath.Join(dir, "nruns")); string(b) != "n\n" {
+			return fmt.Errorf("n ran %q", b)
+		}
+		return nil
+	})
 }
 
 // unstamped is a module log's lines without the time each begins with;
