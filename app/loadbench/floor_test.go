@@ -188,6 +188,26 @@ func (f *floorBroker) beat(interval time.Duration, beat []byte) {
 
 // window is process pid's resident memory at the end of d and its share
 // of one core over it: the controller's and the floor's steady state alike.
+// ticks is a count of clock ticks (/proc's, 100 a second) as a duration.
+func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
+
+// machineCPU is the CPU time the machine spent on an act, by process: the
+// controller's serve (with its broker), the simulated hosts, the command.
+type machineCPU struct {
+	serve, hosts, command time.Duration
+}
+
+func (m machineCPU) total() time.Duration { return m.serve + m.hosts + m.command }
+
+// wall is the least wall time the act could take on cores, all of them
+// busy with it and nothing else.
+func (m machineCPU) wall(cores int) time.Duration { return m.total() / time.Duration(max(cores, 1)) }
+
+func (m machineCPU) String() string {
+	r := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
+	return fmt.Sprintf("%s (serve %s, hosts %s, command %s)", r(m.total()), r(m.serve), r(m.hosts), r(m.command))
+}
+
 func window(pid int, d time.Duration) (rss int64, cpu float64) {
 	t0, w0 := procTicks(pid), time.Now()
 	time.Sleep(d)

@@ -68,6 +68,8 @@ type controller struct {
 	broker string
 	// args are more of serve's flags (--memory-limit).
 	args []string
+	// lastCPU is the CPU time (user and system) of the last command run.
+	lastCPU time.Duration
 }
 
 func (c *controller) run(args ...string) (string, time.Duration) {
@@ -83,8 +85,12 @@ func (c *controller) run(args ...string) (string, time.Duration) {
 // did not hear every host within its wait), not the bench's.
 func (c *controller) try(args ...string) (string, time.Duration, error) {
 	start := time.Now()
-	out, err := exec.Command(c.bin, append([]string{"--data", c.data}, args...)...).Output()
+	cmd := exec.Command(c.bin, append([]string{"--data", c.data}, args...)...)
+	out, err := cmd.Output()
 	took := time.Since(start)
+	if cmd.ProcessState != nil {
+		c.lastCPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
 		// What the command said, not only how it exited: its last line.
@@ -283,6 +289,11 @@ func TestLoad(t *testing.T) {
 	if dir := os.Getenv("MESH_BENCH_PROFILES"); dir != "" {
 		fmt.Printf("\nprofiles of each scenario's controller (go tool pprof FILE): %s\n", dir)
 	}
+	// MESH_BENCH_QUICK=1 stops after the scenarios: about 2 minutes for
+	// 10,000 hosts, to try a change to the fan-out or the steady state.
+	if os.Getenv("MESH_BENCH_QUICK") != "" {
+		return
+	}
 	restartUnderLoad(t, mc, mh, besideHosts)
 	floorRows(t, natsServer(t, dir))
 	fmt.Println()
@@ -358,7 +369,7 @@ func scenario(t *testing.T, mc, mh string, hosts int, interval time.Duration, fa
 	add(label+": status --json (median of 5)", median(st).Round(time.Millisecond).String(), statusGoal)
 	if fanout {
 		c.cmd.Process.Signal(syscall.SIGUSR2) // the fan-out's profile: .cpu.pprof.3
-		fanOut(t, c, hosts)
+		fanOut(t, c, hosts, sim.Process.Pid)
 		c.cmd.Process.Signal(syscall.SIGUSR2)
 	}
 	// Let the last beats land, then stop the hosts, then the controller
@@ -408,8 +419,9 @@ func absorbedBeats(t *testing.T, data string) int64 {
 // it to a new version with one roll-out --together, then changes its
 // mesh-wide settings: each the time until every host reports it applied,
 // and the declare's parts (plan, sign, store, send) as the controller
-// measured them.
-func fanOut(t *testing.T, c *controller, hosts int) {
+// measured them; for the settings change, also the CPU the machine spent
+// on it (serve, the simulator whose pid is sim, the command).
+func fanOut(t *testing.T, c *controller, hosts, sim int) {
 	ctx := context.Background()
 	a := apptest.New(c.data)
 	defer a.Close()
@@ -493,16 +505,21 @@ func fanOut(t *testing.T, c *controller, hosts int) {
 	add("fan-out: roll-out --together, the controller's parts (max of the acts so far)", parts(), "durations --kind declare")
 	settings := filepath.Join(c.data, "settings.json")
 	os.WriteFile(settings, []byte(`{"workers": 4}`), 0o600)
+	serveTicks, simTicks := procTicks(c.cmd.Process.Pid), procTicks(sim)
 	start = time.Now()
 	_, took = c.run("settings", "set", "fan", settings)
 	lat := applied(start)
+	spent := machineCPU{serve: ticks(procTicks(c.cmd.Process.Pid) - serveTicks), hosts: ticks(procTicks(sim) - simTicks), command: c.lastCPU}
 	row("fan-out: a mesh-wide settings change", took, lat, "goal: all applied ≤ 1.5 s p99")
+	add("fan-out: a settings change, the machine's CPU until all applied", spent.String(),
+		fmt.Sprintf("on %d cores no less than %s of wall time", runtimeCores(), spent.wall(runtimeCores()).Round(10*time.Millisecond)))
 	if hosts != beside.hosts {
 		return
 	}
 	if len(lat) > 0 {
 		beside.fanApplied, beside.fanP99 = len(lat), lat[min(int(0.99*float64(len(lat))), len(lat)-1)]
 	}
+	beside.fanCPU = spent
 	// The settings change's own parts: the last declare's four rows.
 	rows, err := st.DB("health").Reader.Query(`SELECT subject, ms FROM durations WHERE kind = 'declare' AND at = (SELECT max(at) FROM durations WHERE kind = 'declare')`)
 	if err == nil {
