@@ -454,13 +454,9 @@ func TestArchives_PutAndGet(t *testing.T) {
 	t.Run("bytes that are not the digest are not named by it", func(t *testing.T) {
 		other := strings.Repeat("ab", 32)
 		srv.allow("web1", other, "build1", "b-3")
-		start := time.Now()
 		err := upload(ctx, builder, "build1", "b-3", other, 3<<20, bytes.NewReader(make([]byte, 3<<20)))
 		if !errors.Is(err, archive.ErrDigest) {
 			t.Fatalf("upload: %v", err)
-		}
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("the refusal took %v", took)
 		}
 		if _, err := fetch(ctx, host, "web1", other, io.Discard); !errors.Is(err, archive.ErrNotStored) {
 			t.Fatalf("fetch: %v", err)

@@ -568,14 +568,12 @@ const sleeper = `["sh","-c","sleep 1000 & sleep 1000"]`
 
 func TestBuilder_Timeout(t *testing.T) {
 	h := newHarness(t)
-	start := time.Now()
+	// The sleeper would run 1000 s: an outcome at all says the timeout
+	// ended it.
 	mark, done := markedBuild(t, h, t.Context(), `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"2s",MARK}`, 3)
 	o := outcome(t, done, 30*time.Second)
 	if !o.Failed || !strings.Contains(o.Why, "build outlived its timeout of 2s and was killed") {
 		t.Fatalf("outcome: failed %v, why %q", o.Failed, o.Why)
-	}
-	if took := time.Since(start); took > 20*time.Second {
-		t.Errorf("a 2s timeout took %v", took)
 	}
 	checkGone(t, h, mark)
 }
@@ -585,14 +583,10 @@ func TestBuilder_Killed(t *testing.T) {
 	ctx, kill := context.WithCancelCause(t.Context())
 	defer kill(nil)
 	mark, done := markedBuild(t, h, ctx, `{"command":`+sleeper+`,"outputs":["bin/"],"timeout":"1h",MARK}`, 3)
-	killed := time.Now()
 	kill(errors.New("killed by hand"))
 	o := outcome(t, done, 15*time.Second)
 	if !o.Failed || !strings.Contains(o.Why, "stopped: killed by hand") {
 		t.Fatalf("outcome: failed %v, why %q", o.Failed, o.Why)
-	}
-	if took := time.Since(killed); took > 5*time.Second {
-		t.Errorf("the kill took %v to end the build", took)
 	}
 	checkGone(t, h, mark)
 }
