@@ -68,7 +68,7 @@ func TestRollOut_ControllerKilled(t *testing.T) {
 
 	// Back: a version that cannot start, moved together, killed while
 	// going back.
-	cli(t, mc, data, "module", "add", manifest("3.0.0", "exit 3"))
+	cli(t, mc, data, "module", "add", writeManifest(t, storeUp("3.0.0", "exit 3")))
 	follow = startProc(t, "upgrade store roll-out", mc, "--data", data, "upgrade", "store", "roll-out", "--together", "--wait", "20s")
 	follow.wait(t, settle, `^db\d going back to store 2\.0\.0 \(declaration \d+\)$`, 0)
 	kill(t, s)

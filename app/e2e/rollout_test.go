@@ -16,9 +16,21 @@ import (
 const runningStore = `{"module": "store", "version": "1.0.0", "run": {"command": ["sh", "-c", "exec sleep 1000"], "ready": {"after": "100ms"}}}`
 
 // storeRunning is store at version with this shell script as its process,
-// ready 100 ms after it starts (a script that exits before is failed).
+// ready 100 ms after it starts.
 func storeRunning(version, script string) string {
 	return fmt.Sprintf(`{"module": "store", "version": %q, "run": {"command": ["sh", "-c", %q], "ready": {"after": "100ms"}}}`, version, script)
+}
+
+// up is what a script of storeUp runs to say it is ready.
+const up = `touch "$HOME/up-$MESH_VERSION"; `
+
+// storeUp is store at version with this shell script as its process,
+// ready once the script has run up: a script that exits first is failed
+// however slowly a busy machine starts it (ready 100 ms after the start,
+// it could be judged ready before it had run at all).
+func storeUp(version, script string) string {
+	return fmt.Sprintf(`{"module": "store", "version": %q, "run": {"command": ["sh", "-c", %q], "ready": {"command": ["sh", "-c", "test -e \"$HOME/up-$MESH_VERSION\""]}}}`,
+		version, script)
 }
 
 // rollOutMesh is a mesh whose hosts run store 1.0.0 (ready), with store
@@ -111,7 +123,7 @@ func (m *testMesh) handActsSay(t *testing.T, wants ...string) {
 func TestRollOut_CanaryFailsRollsBack(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2", "db3")
+	m, hosts := rollOutMesh(t, storeUp("2.0.0", "exit 3"), "db1", "db2", "db3")
 	declared := map[string]int64{}
 	for _, n := range []string{"db2", "db3"} {
 		declared[n] = m.node(n).SerialDeclared
@@ -159,7 +171,7 @@ func TestRollOut_BatchFailurePastMaxFailures(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
 	// db3 alone cannot run 2.0.0.
-	next := storeRunning("2.0.0", `case "$MESH_NODE" in db3) exit 3;; esac; exec sleep 1000`)
+	next := storeUp("2.0.0", `case "$MESH_NODE" in db3) exit 3;; esac; `+up+`exec sleep 1000`)
 	t.Run("rolled back", func(t *testing.T) {
 		m, _ := rollOutMesh(t, next, "db1", "db2", "db3", "db4")
 		v, said, err := m.rollOut(context.Background(), app.UpgradeRequest{Canary: 1, Batch: "2"})
@@ -339,7 +351,7 @@ func TestRollOut_ServeRestartedResumes(t *testing.T) {
 func TestRollOut_ServeRestartedRollingBack(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	m, hosts := rollOutMesh(t, storeRunning("2.0.0", "exit 3"), "db1", "db2")
+	m, hosts := rollOutMesh(t, storeUp("2.0.0", "exit 3"), "db1", "db2")
 	hosts[1].stop()
 	ctx := context.Background()
 	stopped := make(chan struct{})
