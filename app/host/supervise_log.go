@@ -140,18 +140,32 @@ func (s *Supervisor) Tail(module string, n int) ([]string, error) {
 	if !s.hasLog(module) {
 		return nil, fmt.Errorf("tail %s: %w", module, ErrUnknownModule)
 	}
-	f, err := os.Open(s.logPath(module))
-	if err != nil && !os.IsNotExist(err) {
+	f, end, err := openAtEnd(s.logPath(module))
+	if err != nil {
 		return nil, fmt.Errorf("tail %s: %w", module, err)
 	}
-	var end int64
 	if f != nil {
 		defer f.Close()
-		if end, err = f.Seek(0, io.SeekEnd); err != nil {
-			return nil, fmt.Errorf("tail %s: %w", module, err)
-		}
 	}
 	return s.tail(module, f, end, n)
+}
+
+// openAtEnd opens a file to read and says where it ends; a missing file
+// is a nil one, not an error.
+func openAtEnd(name string) (*os.File, int64, error) {
+	f, err := os.Open(name)
+	if os.IsNotExist(err) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, end, nil
 }
 
 // tail returns the last n lines of a module's log that end before end in
@@ -170,15 +184,11 @@ func (s *Supervisor) tail(module string, f *os.File, end int64, n int) ([]string
 		}
 	}
 	if len(lines) < n {
-		if b := newestBackup(s.LogDir, module); b != "" {
-			if bf, err := os.Open(b); err == nil {
-				if bend, err := bf.Seek(0, io.SeekEnd); err == nil {
-					if older, err := tailFile(bf, bend, n-len(lines)); err == nil {
-						lines = append(older, lines...)
-					}
-				}
-				bf.Close()
+		if bf, bend, err := openAtEnd(newestBackup(s.LogDir, module)); err == nil && bf != nil {
+			if older, err := tailFile(bf, bend, n-len(lines)); err == nil {
+				lines = append(older, lines...)
 			}
+			bf.Close()
 		}
 	}
 	return lines, nil

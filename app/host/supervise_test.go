@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -850,12 +849,11 @@ func TestSupervisor_Tail(t *testing.T) {
 		}
 		os.WriteFile(f, []byte(b.String()), 0o600)
 		tailFile := func(name string, n int) ([]string, error) {
-			f, err := os.Open(name)
+			f, end, err := openAtEnd(name)
 			if err != nil {
 				return nil, err
 			}
 			defer f.Close()
-			end, _ := f.Seek(0, io.SeekEnd)
 			return tailFile(f, end, n)
 		}
 		got, err := tailFile(f, 3)

@@ -186,8 +186,6 @@ func (f *floorBroker) beat(interval time.Duration, beat []byte) {
 	}
 }
 
-// window is process pid's resident memory at the end of d and its share
-// of one core over it: the controller's and the floor's steady state alike.
 // ticks is a count of clock ticks (/proc's, 100 a second) as a duration.
 func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
@@ -197,21 +195,25 @@ type machineCPU struct {
 	serve, hosts, command time.Duration
 }
 
+// total is every process's CPU for the act.
 func (m machineCPU) total() time.Duration { return m.serve + m.hosts + m.command }
 
 // wall is the least wall time the act could take on cores, all of them
 // busy with it and nothing else.
 func (m machineCPU) wall(cores int) time.Duration { return m.total() / time.Duration(max(cores, 1)) }
 
+// String says the total, then each process's part.
 func (m machineCPU) String() string {
 	r := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
 	return fmt.Sprintf("%s (serve %s, hosts %s, command %s)", r(m.total()), r(m.serve), r(m.hosts), r(m.command))
 }
 
+// window is process pid's resident memory at the end of d and its share
+// of one core over it: the controller's and the floor's steady state alike.
 func window(pid int, d time.Duration) (rss int64, cpu float64) {
 	t0, w0 := procTicks(pid), time.Now()
 	time.Sleep(d)
-	return procRSS(pid), float64(procTicks(pid)-t0) / 100 / time.Since(w0).Seconds()
+	return procRSS(pid), ticks(procTicks(pid)-t0).Seconds() / time.Since(w0).Seconds()
 }
 
 // fanOut signs decl for every host as the controller signs a declaration
