@@ -51,6 +51,25 @@ func simulatedEvery(t *testing.T, m *testMesh, hosts int, beat time.Duration) (s
 	return stop
 }
 
+// simulate --for counts from when the joins are over: however short, it
+// cuts no join (a busy machine's joins took longer than a --for 1s, and
+// were counted failed).
+func TestSimulate_ForAfterTheJoins(t *testing.T) {
+	t.Parallel()
+	m := newTestMesh(t)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if _, err := m.c.TokenIssueMany(context.Background(), "sim", 5, false, time.Hour, tokens); err != nil {
+		t.Fatal(err)
+	}
+	s, err := host.Simulate(context.Background(), host.SimOptions{Broker: m.url, TokensFile: tokens, Heartbeat: time.Second, For: time.Millisecond, Out: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Joined != 5 || s.JoinFailed != 0 {
+		t.Fatalf("%d of 5 joined, %d failed", s.Joined, s.JoinFailed)
+	}
+}
+
 // countNodes polls query, a count of nodes, until it reaches want.
 func countNodes(t *testing.T, m *testMesh, within time.Duration, want int, what, query string, args ...any) {
 	t.Helper()

@@ -36,6 +36,10 @@ type SimOptions struct {
 	// Joins bounds how many joins are in flight at once (DefaultSimJoins
 	// if 0; negative: no bound, every host dials at once).
 	Joins int
+	// For, if set, is how long the hosts run once every one has joined or
+	// failed to: a rack's joins are not cut short by it, and a join still
+	// under way is not counted failed because the time was up.
+	For time.Duration
 	Out   io.Writer
 
 	// facts are what every simulated host reports on connecting: this
@@ -135,14 +139,20 @@ func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
 	}
 	var mu sync.Mutex
 	serials := map[string]int64{}
+	// The hosts run on until ctx ends or, with For, For after the joins.
+	hostsCtx, stopHosts := context.WithCancel(ctx)
+	defer stopHosts()
+	var joining sync.WaitGroup
 	for _, tk := range tokens {
 		wg.Add(1)
+		joining.Add(1)
 		go func(name, token string) {
 			defer wg.Done()
 			if sem != nil {
 				select {
 				case sem <- struct{}{}:
 				case <-ctx.Done():
+					joining.Done()
 					return
 				}
 			}
@@ -150,18 +160,29 @@ func Simulate(ctx context.Context, o SimOptions) (SimStats, error) {
 			if sem != nil {
 				<-sem
 			}
+			joining.Done()
 			if err != nil {
 				st.joinFailed.Add(1)
 				fmt.Fprintf(o.Out, "%s: %v\n", name, err)
 				return
 			}
 			st.joined.Add(1)
-			simHost(ctx, s, o, &st, func(serial int64) {
+			simHost(hostsCtx, s, o, &st, func(serial int64) {
 				mu.Lock()
 				serials[name] = serial
 				mu.Unlock()
 			})
 		}(tk[0], tk[1])
+	}
+	if o.For > 0 {
+		go func() {
+			joining.Wait()
+			select {
+			case <-time.After(o.For):
+				stopHosts()
+			case <-hostsCtx.Done():
+			}
+		}()
 	}
 	tick := time.NewTicker(o.Report)
 	defer tick.Stop()

@@ -55,7 +55,7 @@ type SimulateCmd struct {
 	Tokens    string        `required:"" type:"existingfile" placeholder:"FILE" help:"'name token' lines, as 'mesh-controller token issue --count' writes them."`
 	Heartbeat time.Duration `default:"10s" help:"The interval between each host's heartbeats."`
 	ApplyMS   int           `name:"apply-ms" default:"0" help:"How long each simulated apply takes, in milliseconds."`
-	For       time.Duration `help:"Stop after this long (default: until SIGINT or SIGTERM)."`
+	For       time.Duration `help:"Stop this long after every host has joined or failed to (default: until SIGINT or SIGTERM)."`
 	Report    time.Duration `default:"5s" help:"How often to print how many hosts are joined, beating and applied."`
 	JSON      bool          `name:"json" help:"Print the summary as one JSON object at the end."`
 	Joins     int           `default:"1024" help:"How many joins are in flight at once: as many as the controller's broker admits without credentials (-1: no bound, every host dials at once)."`
@@ -67,11 +67,6 @@ type SimulateCmd struct {
 // Run simulates until stopped.
 func (c *SimulateCmd) Run(env *Env) error {
 	ctx := env.Ctx
-	if c.For > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.For)
-		defer cancel()
-	}
 	stopProfile, err := clirun.CPUProfile(c.CPUProfile)
 	if err != nil {
 		return err
@@ -79,7 +74,7 @@ func (c *SimulateCmd) Run(env *Env) error {
 	defer stopProfile()
 	out := env.Stderr
 	s, err := host.Simulate(ctx, host.SimOptions{Broker: c.Broker, TokensFile: c.Tokens, Heartbeat: c.Heartbeat,
-		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Joins: c.Joins, Out: out})
+		ApplyDelay: time.Duration(c.ApplyMS) * time.Millisecond, Report: c.Report, Joins: c.Joins, For: c.For, Out: out})
 	if err != nil {
 		return err
 	}
