@@ -40,7 +40,7 @@ type SimOptions struct {
 	// failed to: a rack's joins are not cut short by it, and a join still
 	// under way is not counted failed because the time was up.
 	For time.Duration
-	Out   io.Writer
+	Out io.Writer
 
 	// facts are what every simulated host reports on connecting: this
 	// machine's, read once.
